@@ -1,0 +1,47 @@
+//! Domain identifiers shared by the whole engine.
+use std::fmt;
+
+/// Label carrying the application id on every executor pod.
+pub const APP_ID_LABEL: &str = "spark-app-selector";
+/// Label carrying the pod's role (`executor` or `driver`).
+pub const ROLE_LABEL: &str = "spark-role";
+/// Value of [`ROLE_LABEL`] on executor pods.
+pub const EXECUTOR_ROLE: &str = "executor";
+/// Label carrying the executor id.
+pub const EXECUTOR_ID_LABEL: &str = "spark-exec-id";
+/// Label carrying the resource profile id.
+pub const RESOURCE_PROFILE_ID_LABEL: &str = "spark-exec-resourceprofile-id";
+/// Pods with this label set to `true` are ignored everywhere.
+pub const EXECUTOR_INACTIVE_LABEL: &str = "spark-exec-inactive";
+
+/// An executor id: positive, unique within an application, never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExecutorId(pub u64);
+
+impl fmt::Display for ExecutorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A resource profile id (0 is the default profile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ResourceProfileId(pub i32);
+
+impl fmt::Display for ResourceProfileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch. Injected by the caller so the engine
+/// stays deterministic; wall clock because pod creationTimestamps are wall clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// Milliseconds elapsed from `earlier` to `self` (negative if `earlier` is later).
+    pub fn millis_since(self, earlier: Timestamp) -> i64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}

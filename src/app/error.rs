@@ -1,0 +1,24 @@
+//! The one error type of the application layer; the gRPC edge maps it to a status code.
+
+/// Why an application call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// No application with this id runs here.
+    #[error("application {0} is not running in this service")]
+    NotFound(String),
+    /// The id is already used by an application in another namespace.
+    #[error("application {app_id} already runs in namespace {namespace}")]
+    AlreadyExists { app_id: String, namespace: String },
+    /// The request cannot be served in the current state (e.g. missing driver pod).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A field is invalid.
+    #[error("{field}: {message}")]
+    InvalidArgument { field: String, message: String },
+    /// The Kubernetes API failed.
+    #[error("kubernetes: {0}")]
+    Kubernetes(#[from] kube::Error),
+    /// The service is shutting down.
+    #[error("the service is shutting down")]
+    ShuttingDown,
+}

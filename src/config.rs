@@ -1,0 +1,1 @@
+//! Layered configuration: defaults < file < environment. (Being built: issue 4.)

@@ -1,0 +1,27 @@
+//! spark-pod-allocator: executor-pod allocation for Spark drivers on Kubernetes, as a
+//! gRPC service shared by many drivers.
+//!
+//! - [`allocator`]: the pure, clock-driven allocation engine (no I/O).
+//! - [`k8s`]: everything that talks to Kubernetes (shared watches, resync, create/delete).
+//! - [`app`]: one actor per application, joining the engine to Kubernetes.
+//! - [`grpc`]: the tonic service; validates requests at the edge.
+//! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
+//! - [`config`]: layered configuration (defaults < file < environment).
+#![forbid(unsafe_code)]
+
+pub mod allocator;
+pub mod app;
+pub mod config;
+pub mod grpc;
+pub mod k8s;
+pub mod sim;
+
+/// Generated protobuf and gRPC code of the v1 API.
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("spark.allocator.v1");
+
+    /// The encoded file descriptor set, served by gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/allocator_descriptor.bin"));
+}

@@ -1,0 +1,2 @@
+//! CLI wiring only. (Being built: issue 4.)
+fn main() {}
