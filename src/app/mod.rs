@@ -23,8 +23,27 @@ pub struct AppId(String);
 
 impl AppId {
     /// Validates `value` as a label value; the error says why.
-    pub fn parse(_value: &str) -> Result<Self, String> {
-        todo!("service")
+    pub fn parse(value: &str) -> Result<Self, String> {
+        if value.is_empty() {
+            return Err("must not be empty".to_string());
+        }
+        if value.len() > 63 {
+            return Err(format!(
+                "must be at most 63 characters (has {})",
+                value.len()
+            ));
+        }
+        let bytes = value.as_bytes();
+        let inner_ok = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+        let ends_ok = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.last().is_some_and(u8::is_ascii_alphanumeric);
+        if !ends_ok || !bytes.iter().all(inner_ok) {
+            return Err(format!(
+                "{value:?} is not a label value: letters, digits, '-', '_' and '.', \
+                 starting and ending with a letter or digit"
+            ));
+        }
+        Ok(Self(value.to_string()))
     }
     /// The id as a string.
     pub fn as_str(&self) -> &str {

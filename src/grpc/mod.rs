@@ -1,1 +1,187 @@
-//! The tonic service: validates requests at the edge, maps errors in one place. (Being built: issue 4.)
+//! The tonic service: validates requests at the edge ([`validate`]), calls the application
+//! registry, maps errors in one place ([`error`]). No allocation logic lives here.
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::allocator::AllocatorStatus;
+use crate::app::{AppError, Applications};
+use crate::proto;
+use crate::proto::executor_allocator_server::ExecutorAllocator;
+
+pub mod error;
+pub mod server;
+pub mod validate;
+
+pub use error::to_status;
+pub use server::{ServeError, ServeSettings, serve};
+pub use validate::StartDefaults;
+
+/// The `spark.allocator.v1.ExecutorAllocator` service over the application registry.
+#[derive(Clone)]
+pub struct AllocatorService {
+    applications: Applications,
+    defaults: Arc<StartDefaults>,
+}
+
+impl AllocatorService {
+    /// A service answering for `applications`, filling unset Start fields from `defaults`.
+    pub fn new(applications: Applications, defaults: StartDefaults) -> Self {
+        Self {
+            applications,
+            defaults: Arc::new(defaults),
+        }
+    }
+}
+
+/// The span of one call: every log line of it carries the method and application.
+fn rpc_span(method: &'static str, application_id: &str) -> tracing::Span {
+    tracing::info_span!("rpc", method, app = %application_id)
+}
+
+/// Ids are `u64` inside and `int64` on the wire; they never come near `i64::MAX` in practice,
+/// but saturating keeps a corrupt label from turning into a negative id.
+fn wire_id(id: u64) -> i64 {
+    i64::try_from(id).unwrap_or(i64::MAX)
+}
+
+fn status_message(status: AllocatorStatus) -> proto::ApplicationStatus {
+    proto::ApplicationStatus {
+        profiles: status
+            .profiles
+            .into_iter()
+            .map(|(profile, c)| proto::ProfileStatus {
+                resource_profile_id: profile.0,
+                target: c.target,
+                running: c.running,
+                pending: c.pending,
+                newly_created: c.newly_created,
+            })
+            .collect(),
+        deleted_executor_ids: status.deleted.into_iter().map(|id| wire_id(id.0)).collect(),
+        last_executor_id: wire_id(status.last_executor_id),
+        outstanding: status.outstanding,
+    }
+}
+
+/// Runs one call inside its span and turns its error into a status (logged once here).
+async fn answer<T>(
+    method: &'static str,
+    application_id: &str,
+    call: impl Future<Output = Result<T, AppError>>,
+) -> Result<Response<T>, Status> {
+    let span = rpc_span(method, application_id);
+    match call.instrument(span.clone()).await {
+        Ok(reply) => Ok(Response::new(reply)),
+        Err(err) => {
+            let status = to_status(err);
+            span.in_scope(|| log_failure(&status));
+            Err(status)
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ExecutorAllocator for AllocatorService {
+    async fn start(
+        &self,
+        request: Request<proto::StartRequest>,
+    ) -> Result<Response<proto::StartResponse>, Status> {
+        let req = request.into_inner();
+        let app_id = req.application_id.clone();
+        answer("Start", &app_id, async {
+            let start = validate::start(req, &self.defaults)?;
+            let started = self.applications.start(start).await?;
+            tracing::info!(
+                resumed = started.resumed,
+                last_executor_id = started.last_executor_id,
+                "started"
+            );
+            Ok(proto::StartResponse {
+                resumed: started.resumed,
+                last_executor_id: wire_id(started.last_executor_id),
+            })
+        })
+        .await
+    }
+
+    async fn set_total_expected(
+        &self,
+        request: Request<proto::SetTotalExpectedRequest>,
+    ) -> Result<Response<proto::SetTotalExpectedResponse>, Status> {
+        let req = request.into_inner();
+        let app_id = req.application_id.clone();
+        answer("SetTotalExpected", &app_id, async {
+            let (app, targets) = validate::set_total_expected(req)?;
+            self.applications.set_total_expected(&app, targets).await?;
+            Ok(proto::SetTotalExpectedResponse {})
+        })
+        .await
+    }
+
+    async fn is_deleted(
+        &self,
+        request: Request<proto::IsDeletedRequest>,
+    ) -> Result<Response<proto::IsDeletedResponse>, Status> {
+        let req = request.into_inner();
+        let app_id = req.application_id.clone();
+        answer("IsDeleted", &app_id, async {
+            let (app, id) = validate::is_deleted(req)?;
+            let deleted = self.applications.is_deleted(&app, id).await?;
+            Ok(proto::IsDeletedResponse { deleted })
+        })
+        .await
+    }
+
+    async fn update_registered_executors(
+        &self,
+        request: Request<proto::UpdateRegisteredExecutorsRequest>,
+    ) -> Result<Response<proto::UpdateRegisteredExecutorsResponse>, Status> {
+        let req = request.into_inner();
+        let app_id = req.application_id.clone();
+        answer("UpdateRegisteredExecutors", &app_id, async {
+            let (app, ids) = validate::update_registered(req)?;
+            self.applications.update_registered(&app, ids).await?;
+            Ok(proto::UpdateRegisteredExecutorsResponse {})
+        })
+        .await
+    }
+
+    async fn stop(
+        &self,
+        request: Request<proto::StopRequest>,
+    ) -> Result<Response<proto::StopResponse>, Status> {
+        let app_id = request.into_inner().application_id;
+        answer("Stop", &app_id, async {
+            let app = validate::application_id(&app_id)?;
+            let deleted_pods = self.applications.stop(&app).await?;
+            tracing::info!(deleted_pods, "stopped");
+            Ok(proto::StopResponse { deleted_pods })
+        })
+        .await
+    }
+
+    async fn get_status(
+        &self,
+        request: Request<proto::GetStatusRequest>,
+    ) -> Result<Response<proto::ApplicationStatus>, Status> {
+        let app_id = request.into_inner().application_id;
+        answer("GetStatus", &app_id, async {
+            let app = validate::application_id(&app_id)?;
+            Ok(status_message(self.applications.status(&app).await?))
+        })
+        .await
+    }
+}
+
+/// Client mistakes are logged quietly; failures of ours or of Kubernetes loudly.
+fn log_failure(status: &Status) {
+    use tonic::Code;
+    match status.code() {
+        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition => {
+            tracing::debug!(code = ?status.code(), message = status.message(), "refused")
+        }
+        _ => tracing::warn!(code = ?status.code(), message = status.message(), "failed"),
+    }
+}

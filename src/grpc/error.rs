@@ -1,0 +1,126 @@
+//! The one place where application errors become gRPC statuses, so every RPC answers the
+//! same failure with the same code.
+use tonic::{Code, Status};
+
+use crate::app::AppError;
+
+/// The status a driver sees for `err`; Kubernetes failures keep the API server's message.
+pub fn to_status(err: AppError) -> Status {
+    match err {
+        AppError::NotFound(_) => Status::not_found(err.to_string()),
+        AppError::AlreadyExists { .. } => Status::already_exists(err.to_string()),
+        AppError::FailedPrecondition(message) => Status::failed_precondition(message),
+        AppError::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
+        AppError::ShuttingDown => Status::unavailable(err.to_string()),
+        AppError::Kubernetes(kube_err) => kubernetes_status(&kube_err),
+    }
+}
+
+impl From<AppError> for Status {
+    fn from(err: AppError) -> Self {
+        to_status(err)
+    }
+}
+
+fn kubernetes_status(err: &kube::Error) -> Status {
+    match err {
+        kube::Error::Api(status) => {
+            let code = match (status.code, status.reason.as_str()) {
+                (403, _) => Code::PermissionDenied,
+                (404, _) => Code::NotFound,
+                (409, "AlreadyExists") => Code::AlreadyExists,
+                (409, _) => Code::Aborted,
+                (422, _) => Code::InvalidArgument,
+                (429, _) => Code::ResourceExhausted,
+                _ => Code::Unavailable,
+            };
+            let message = if status.message.is_empty() {
+                "no message"
+            } else {
+                &status.message
+            };
+            let reason = if status.reason.is_empty() {
+                ""
+            } else {
+                &status.reason
+            };
+            Status::new(
+                code,
+                format!("kubernetes API {} {reason}: {message}", status.code),
+            )
+        }
+        other => Status::unavailable(format!("kubernetes API unreachable: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16, reason: &str, message: &str) -> AppError {
+        AppError::Kubernetes(kube::Error::Api(
+            kube::core::Status::failure(message, reason)
+                .with_code(code)
+                .boxed(),
+        ))
+    }
+
+    #[test]
+    fn application_errors_get_their_codes() {
+        assert_eq!(
+            to_status(AppError::NotFound("a".into())).code(),
+            Code::NotFound
+        );
+        assert_eq!(
+            to_status(AppError::AlreadyExists {
+                app_id: "a".into(),
+                namespace: "n".into()
+            })
+            .code(),
+            Code::AlreadyExists
+        );
+        let s = to_status(AppError::FailedPrecondition(
+            "No pod was found named d".into(),
+        ));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::FailedPrecondition, "No pod was found named d")
+        );
+        let s = to_status(AppError::InvalidArgument {
+            field: "settings.batch_size".into(),
+            message: "must be > 0".into(),
+        });
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::InvalidArgument, "settings.batch_size: must be > 0")
+        );
+        assert_eq!(to_status(AppError::ShuttingDown).code(), Code::Unavailable);
+    }
+
+    #[test]
+    fn kubernetes_errors_keep_the_api_servers_message() {
+        let quota = "pods \"q4\" is forbidden: exceeded quota: rq, requested: pods=1, used: pods=1, limited: pods=1";
+        let cases = [
+            (403, "Forbidden", Code::PermissionDenied),
+            (404, "NotFound", Code::NotFound),
+            (409, "AlreadyExists", Code::AlreadyExists),
+            (409, "Conflict", Code::Aborted),
+            (422, "Invalid", Code::InvalidArgument),
+            (429, "TooManyRequests", Code::ResourceExhausted),
+            (500, "InternalError", Code::Unavailable),
+            (410, "Expired", Code::Unavailable),
+        ];
+        for (http, reason, code) in cases {
+            let s = to_status(api(http, reason, quota));
+            assert_eq!(s.code(), code, "{http} {reason}");
+            assert!(s.message().contains(quota), "{}", s.message());
+        }
+    }
+
+    #[test]
+    fn an_unreachable_api_server_is_unavailable() {
+        let err = kube::Error::LinesCodecMaxLineLengthExceeded;
+        let s = to_status(AppError::Kubernetes(err));
+        assert_eq!(s.code(), Code::Unavailable);
+    }
+}

@@ -1,0 +1,134 @@
+//! Serving: the allocator service, gRPC health and server reflection on one listener, with
+//! a graceful shutdown that leaves every executor pod in place for a restarted service.
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use super::{AllocatorService, StartDefaults};
+use crate::app::Applications;
+use crate::proto::executor_allocator_server::ExecutorAllocatorServer;
+
+/// How the gRPC server behaves around its calls.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    /// Filled into Start requests that leave fields unset.
+    pub defaults: StartDefaults,
+    /// How long in-flight calls (and open health watches) may run after shutdown begins.
+    pub drain_timeout: Duration,
+    /// How often health checks whether the Kubernetes watches have synced.
+    pub health_poll: Duration,
+}
+
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self {
+            defaults: StartDefaults::default(),
+            drain_timeout: Duration::from_secs(10),
+            health_poll: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The reflection descriptors did not load (a build problem, not a runtime one).
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The listener failed.
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The name health reports the allocator under (`spark.allocator.v1.ExecutorAllocator`).
+pub const SERVICE_NAME: &str = <ExecutorAllocatorServer<AllocatorService> as NamedService>::NAME;
+
+/// Serves until `shutdown` resolves, then stops accepting, lets in-flight calls finish (up to
+/// `drain_timeout`) and returns. Executor pods are left alone: shutting the application
+/// actors down is the caller's next step, and a restarted service resumes the applications.
+pub async fn serve(
+    settings: ServeSettings,
+    applications: Applications,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::NotServing).await;
+    let readiness = tokio::spawn(report_when_synced(
+        health.clone(),
+        applications.clone(),
+        settings.health_poll,
+    ));
+
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let service = AllocatorService::new(applications, settings.defaults.clone());
+
+    let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
+    let signal = {
+        let health = health.clone();
+        let readiness = readiness.abort_handle();
+        async move {
+            shutdown.await;
+            readiness.abort();
+            tracing::info!("shutting down: no new calls, finishing in-flight ones");
+            set_health(&health, ServingStatus::NotServing).await;
+            let _ = draining_tx.send(());
+        }
+    };
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(ExecutorAllocatorServer::new(service))
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), signal);
+
+    let drain_timeout = settings.drain_timeout;
+    let result = tokio::select! {
+        result = server => result.map_err(ServeError::from),
+        () = async move {
+            if draining_rx.await.is_ok() {
+                tokio::time::sleep(drain_timeout).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(?drain_timeout, "calls still open after the drain timeout; closing them");
+            Ok(())
+        }
+    };
+    readiness.abort();
+    result
+}
+
+/// Reflection over our API and the health service (grpcurl lists and describes both).
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// Overall health ("") and the allocator's own entry move together.
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health.set_service_status(SERVICE_NAME, status).await;
+}
+
+/// NOT_SERVING until the Kubernetes watches have synced once, then SERVING.
+async fn report_when_synced(health: HealthReporter, applications: Applications, poll: Duration) {
+    let mut tick = tokio::time::interval(poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if applications.is_synced() {
+            tracing::info!("kubernetes watches synced: serving");
+            set_health(&health, ServingStatus::Serving).await;
+            return;
+        }
+    }
+}

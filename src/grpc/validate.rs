@@ -1,0 +1,545 @@
+//! Requests → typed values. Every invalid field becomes [`AppError::InvalidArgument`] naming
+//! the field as the client spelled it (`settings.batch_delay_ms`, `executor_ids[2]`), so a
+//! driver can tell what to fix without reading server logs.
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId, SettingsError};
+use crate::app::{AppError, AppId, StartApplication};
+use crate::proto;
+
+/// What the server fills in when a Start request leaves a field unset.
+#[derive(Debug, Clone, Default)]
+pub struct StartDefaults {
+    /// Allocation settings under the request's `settings`.
+    pub settings: AllocationSettings,
+    /// The executor pod template used when `executor_pod_template` is empty.
+    pub executor_pod_template: Option<Pod>,
+}
+
+/// Longest `pod_name_prefix` that still leaves room for `-exec-<u64>` in a 253-char pod name.
+const MAX_POD_NAME_PREFIX: usize = 253 - "-exec-".len() - 20;
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> AppError {
+    AppError::InvalidArgument {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// The `application_id` of any request.
+pub fn application_id(value: &str) -> Result<AppId, AppError> {
+    AppId::parse(value).map_err(|reason| invalid("application_id", reason))
+}
+
+/// Start: every field checked, templates parsed, settings merged over the server defaults.
+pub fn start(
+    req: proto::StartRequest,
+    defaults: &StartDefaults,
+) -> Result<StartApplication, AppError> {
+    let app_id = application_id(&req.application_id)?;
+    if req.namespace.is_empty() {
+        return Err(invalid("namespace", "must not be empty"));
+    }
+    dns1123_label(&req.namespace).map_err(|reason| invalid("namespace", reason))?;
+    let driver_pod_name = if req.driver_pod_name.is_empty() {
+        None
+    } else {
+        dns1123_subdomain(&req.driver_pod_name)
+            .map_err(|reason| invalid("driver_pod_name", reason))?;
+        Some(req.driver_pod_name)
+    };
+    let pod_name_prefix = if req.pod_name_prefix.is_empty() {
+        None
+    } else {
+        pod_name_prefix(&req.pod_name_prefix)
+            .map_err(|reason| invalid("pod_name_prefix", reason))?;
+        Some(req.pod_name_prefix)
+    };
+
+    let mut templates = BTreeMap::new();
+    let default_template = if req.executor_pod_template.trim().is_empty() {
+        defaults.executor_pod_template.clone().ok_or_else(|| {
+            invalid(
+                "executor_pod_template",
+                "required: the server has no default executor pod template",
+            )
+        })?
+    } else {
+        pod_template("executor_pod_template", &req.executor_pod_template)?
+    };
+    templates.insert(ResourceProfileId(0), default_template);
+    // Sorted, so that with several bad entries the error is always about the lowest id.
+    let extra: BTreeMap<i32, String> = req.resource_profile_templates.into_iter().collect();
+    for (profile, text) in extra {
+        let field = format!("resource_profile_templates[{profile}]");
+        if profile < 0 {
+            return Err(invalid(field, "a resource profile id must be >= 0"));
+        }
+        if profile == 0 {
+            return Err(invalid(
+                field,
+                "resource profile 0 takes its template from executor_pod_template",
+            ));
+        }
+        templates.insert(ResourceProfileId(profile), pod_template(&field, &text)?);
+    }
+
+    let settings = settings(req.settings.as_ref(), &defaults.settings)?;
+    Ok(StartApplication {
+        app_id,
+        namespace: req.namespace,
+        driver_pod_name,
+        templates,
+        pod_name_prefix,
+        settings,
+    })
+}
+
+/// The request's settings over `defaults`, then checked by the engine's rules.
+pub fn settings(
+    requested: Option<&proto::AllocationSettings>,
+    defaults: &AllocationSettings,
+) -> Result<AllocationSettings, AppError> {
+    let mut merged = defaults.clone();
+    if let Some(s) = requested {
+        if let Some(v) = s.batch_size {
+            merged.batch_size = v;
+        }
+        if let Some(v) = s.batch_delay_ms {
+            merged.batch_delay = Duration::from_millis(v);
+        }
+        if let Some(v) = s.executor_timeout_ms {
+            merged.executor_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = s.executor_idle_timeout_ms {
+            merged.executor_idle_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = s.max_pending_pods {
+            merged.max_pending_pods = Some(v);
+        }
+        if let Some(v) = s.max_pending_pods_per_profile {
+            merged.max_pending_pods_per_profile = Some(v);
+        }
+        if let Some(v) = s.max_executors {
+            merged.max_executors = Some(v);
+        }
+        if let Some(v) = s.delete_on_termination {
+            merged.delete_on_termination = v;
+        }
+    }
+    merged
+        .validate()
+        .map_err(|SettingsError::Invalid { name, reason }| {
+            invalid(format!("settings.{name}"), reason)
+        })?;
+    Ok(merged)
+}
+
+/// SetTotalExpected: the application and its targets per resource profile.
+pub fn set_total_expected(
+    req: proto::SetTotalExpectedRequest,
+) -> Result<(AppId, BTreeMap<ResourceProfileId, u32>), AppError> {
+    let app_id = application_id(&req.application_id)?;
+    let mut targets = BTreeMap::new();
+    let sorted: BTreeMap<i32, u32> = req.executors_per_profile.into_iter().collect();
+    for (profile, count) in sorted {
+        if profile < 0 {
+            return Err(invalid(
+                format!("executors_per_profile[{profile}]"),
+                "a resource profile id must be >= 0",
+            ));
+        }
+        targets.insert(ResourceProfileId(profile), count);
+    }
+    Ok((app_id, targets))
+}
+
+/// IsDeleted: the application and one executor id.
+pub fn is_deleted(req: proto::IsDeletedRequest) -> Result<(AppId, ExecutorId), AppError> {
+    let app_id = application_id(&req.application_id)?;
+    let id = executor_id(&req.executor_id).map_err(|reason| invalid("executor_id", reason))?;
+    Ok((app_id, id))
+}
+
+/// UpdateRegisteredExecutors: the application and the full set of registered executors.
+pub fn update_registered(
+    req: proto::UpdateRegisteredExecutorsRequest,
+) -> Result<(AppId, BTreeSet<ExecutorId>), AppError> {
+    let app_id = application_id(&req.application_id)?;
+    let ids = req
+        .executor_ids
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            executor_id(raw).map_err(|reason| invalid(format!("executor_ids[{i}]"), reason))
+        })
+        .collect::<Result<BTreeSet<_>, _>>()?;
+    Ok((app_id, ids))
+}
+
+/// An executor id as the driver sends it: a positive decimal number, nothing around it.
+pub fn executor_id(raw: &str) -> Result<ExecutorId, String> {
+    if raw.is_empty() {
+        return Err("must not be empty".to_string());
+    }
+    if !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "{raw:?} is not an executor id (a positive decimal number)"
+        ));
+    }
+    match raw.parse::<u64>() {
+        Ok(0) => Err("executor ids start at 1".to_string()),
+        Ok(id) => Ok(ExecutorId(id)),
+        Err(_) => Err(format!("{raw:?} is too large for an executor id")),
+    }
+}
+
+/// A Pod from YAML or JSON (JSON is YAML); errors give the line and column.
+pub fn pod_template(field: &str, text: &str) -> Result<Pod, AppError> {
+    let value: serde_yaml::Value = serde_yaml::from_str(text)
+        .map_err(|e| invalid(field, format!("not valid YAML or JSON: {}", yaml_error(&e))))?;
+    if !value.is_mapping() {
+        return Err(invalid(field, "not a Pod: expected a YAML or JSON object"));
+    }
+    serde_yaml::from_str::<Pod>(text)
+        .map_err(|e| invalid(field, format!("not a Pod: {}", yaml_error(&e))))
+}
+
+/// serde_yaml's message with the position spelt out the same way every time.
+fn yaml_error(e: &serde_yaml::Error) -> String {
+    let message = e.to_string();
+    match e.location() {
+        Some(loc) if !message.contains("line ") => {
+            format!("{message} (line {}, column {})", loc.line(), loc.column())
+        }
+        _ => message,
+    }
+}
+
+/// A DNS-1123 label (namespaces): ≤ 63 lowercase alphanumerics or '-', alphanumeric ends.
+pub fn dns1123_label(value: &str) -> Result<(), String> {
+    if value.len() > 63 {
+        return Err(format!(
+            "must be at most 63 characters (has {})",
+            value.len()
+        ));
+    }
+    if !is_label(value) {
+        return Err(format!(
+            "{value:?} is not a DNS-1123 label: lowercase letters, digits and '-', \
+             starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// A DNS-1123 subdomain (pod names): ≤ 253 characters, dot-separated labels.
+pub fn dns1123_subdomain(value: &str) -> Result<(), String> {
+    if value.len() > 253 {
+        return Err(format!(
+            "must be at most 253 characters (has {})",
+            value.len()
+        ));
+    }
+    if !value.split('.').all(is_label) {
+        return Err(format!(
+            "{value:?} is not a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', \
+             starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+fn is_label(value: &str) -> bool {
+    let b = value.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// The prefix is sanitised to a DNS label when pods are named; it must leave something to
+/// sanitise and fit in a pod name.
+fn pod_name_prefix(value: &str) -> Result<(), String> {
+    if value.len() > MAX_POD_NAME_PREFIX {
+        return Err(format!(
+            "must be at most {MAX_POD_NAME_PREFIX} characters (has {})",
+            value.len()
+        ));
+    }
+    if !value.chars().any(|c| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "{value:?} has no letter or digit to build pod names from"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
+
+    fn field_of(err: AppError) -> (String, String) {
+        match err {
+            AppError::InvalidArgument { field, message } => (field, message),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    fn start_req() -> proto::StartRequest {
+        proto::StartRequest {
+            application_id: "spark-app-1".into(),
+            namespace: "team-a".into(),
+            executor_pod_template: TEMPLATE.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn application_id_follows_the_label_value_rule() {
+        for ok in ["a", "spark-1234.x_y", "A9", &"a".repeat(63)] {
+            assert!(application_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "a b", "ü", ".a", &"a".repeat(64)] {
+            let (field, _) = field_of(application_id(bad).unwrap_err());
+            assert_eq!(field, "application_id", "{bad}");
+        }
+    }
+
+    #[test]
+    fn namespace_and_driver_pod_name_follow_dns_rules() {
+        assert!(dns1123_label("team-a1").is_ok());
+        for bad in ["Team", "a_b", "-a", "a.b", &"a".repeat(64)] {
+            assert!(dns1123_label(bad).is_err(), "{bad}");
+        }
+        assert!(dns1123_subdomain("driver-0.x").is_ok());
+        for bad in ["Driver", "a..b", ".a", "a_b", &"a".repeat(254)] {
+            assert!(dns1123_subdomain(bad).is_err(), "{bad}");
+        }
+        let (field, _) = field_of(
+            start(
+                proto::StartRequest {
+                    namespace: "".into(),
+                    ..start_req()
+                },
+                &StartDefaults::default(),
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(field, "namespace");
+        let (field, _) = field_of(
+            start(
+                proto::StartRequest {
+                    namespace: "Bad_NS".into(),
+                    ..start_req()
+                },
+                &StartDefaults::default(),
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(field, "namespace");
+        let (field, _) = field_of(
+            start(
+                proto::StartRequest {
+                    driver_pod_name: "Driver!".into(),
+                    ..start_req()
+                },
+                &StartDefaults::default(),
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(field, "driver_pod_name");
+    }
+
+    #[test]
+    fn a_valid_start_becomes_typed_values() {
+        let mut req = start_req();
+        req.driver_pod_name = "driver-0".into();
+        req.pod_name_prefix = "My App".into();
+        req.resource_profile_templates = HashMap::from([(2, TEMPLATE.to_string())]);
+        req.settings = Some(proto::AllocationSettings {
+            batch_size: Some(5),
+            max_pending_pods: Some(40),
+            ..Default::default()
+        });
+        let defaults = StartDefaults::default();
+        let s = start(req, &defaults).unwrap();
+        assert_eq!(s.app_id.as_str(), "spark-app-1");
+        assert_eq!(s.namespace, "team-a");
+        assert_eq!(s.driver_pod_name.as_deref(), Some("driver-0"));
+        assert_eq!(s.pod_name_prefix.as_deref(), Some("My App"));
+        assert_eq!(
+            s.templates.keys().copied().collect::<Vec<_>>(),
+            vec![ResourceProfileId(0), ResourceProfileId(2)]
+        );
+        assert_eq!(s.settings.batch_size, 5);
+        assert_eq!(s.settings.max_pending_pods, Some(40));
+        assert_eq!(s.settings.batch_delay, defaults.settings.batch_delay);
+    }
+
+    #[test]
+    fn templates_accept_json_and_report_the_line_of_an_error() {
+        let json =
+            r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"name":"x","image":"y"}]}}"#;
+        let pod = pod_template("executor_pod_template", json).unwrap();
+        assert_eq!(pod.spec.unwrap().containers[0].name, "x");
+
+        let broken = "apiVersion: v1\nkind: Pod\nspec:\n  containers: [\n";
+        let (field, message) = field_of(pod_template("executor_pod_template", broken).unwrap_err());
+        assert_eq!(field, "executor_pod_template");
+        assert!(message.contains("line "), "{message}");
+
+        let wrong_type = "apiVersion: v1\nkind: Pod\nspec:\n  containers: 7\n";
+        let (_, message) = field_of(pod_template("executor_pod_template", wrong_type).unwrap_err());
+        assert!(
+            message.contains("not a Pod") && message.contains("line 4"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_template_that_is_not_a_pod_is_refused() {
+        for text in [
+            "apiVersion: apps/v1\nkind: Deployment\n",
+            "just text",
+            "[1, 2]",
+        ] {
+            let (field, message) =
+                field_of(pod_template("executor_pod_template", text).unwrap_err());
+            assert_eq!(field, "executor_pod_template");
+            assert!(message.contains("not a Pod"), "{text}: {message}");
+        }
+    }
+
+    #[test]
+    fn the_template_is_required_unless_the_server_has_one() {
+        let req = proto::StartRequest {
+            executor_pod_template: String::new(),
+            ..start_req()
+        };
+        let (field, message) = field_of(start(req.clone(), &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "executor_pod_template");
+        assert!(message.contains("required"), "{message}");
+
+        let default_pod = pod_template("t", TEMPLATE).unwrap();
+        let defaults = StartDefaults {
+            executor_pod_template: Some(default_pod.clone()),
+            ..Default::default()
+        };
+        let s = start(req, &defaults).unwrap();
+        assert_eq!(s.templates[&ResourceProfileId(0)], default_pod);
+    }
+
+    #[test]
+    fn profile_templates_need_a_positive_profile_and_name_it() {
+        for (profile, text) in [(-1, TEMPLATE), (0, TEMPLATE), (3, "kind: Service\n")] {
+            let req = proto::StartRequest {
+                resource_profile_templates: HashMap::from([(profile, text.to_string())]),
+                ..start_req()
+            };
+            let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+            assert_eq!(field, format!("resource_profile_templates[{profile}]"));
+        }
+    }
+
+    #[test]
+    fn settings_are_merged_then_checked_and_named() {
+        let req = proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                batch_delay_ms: Some(50),
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "settings.batch_delay_ms");
+
+        let req = proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                batch_size: Some(0),
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "settings.batch_size");
+    }
+
+    #[test]
+    fn pod_name_prefix_must_leave_a_name() {
+        for bad in ["---", &"a".repeat(MAX_POD_NAME_PREFIX + 1)] {
+            let req = proto::StartRequest {
+                pod_name_prefix: bad.to_string(),
+                ..start_req()
+            };
+            let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+            assert_eq!(field, "pod_name_prefix");
+        }
+    }
+
+    #[test]
+    fn executor_ids_are_positive_decimals() {
+        assert_eq!(executor_id("7"), Ok(ExecutorId(7)));
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "+1",
+            " 1",
+            "1e3",
+            "abc",
+            "99999999999999999999999",
+        ] {
+            assert!(executor_id(bad).is_err(), "{bad}");
+        }
+        let (field, _) = field_of(
+            is_deleted(proto::IsDeletedRequest {
+                application_id: "a".into(),
+                executor_id: "x".into(),
+            })
+            .unwrap_err(),
+        );
+        assert_eq!(field, "executor_id");
+        let (field, _) = field_of(
+            update_registered(proto::UpdateRegisteredExecutorsRequest {
+                application_id: "a".into(),
+                executor_ids: vec!["1".into(), "2".into(), "two".into()],
+            })
+            .unwrap_err(),
+        );
+        assert_eq!(field, "executor_ids[2]");
+        let (_, ids) = update_registered(proto::UpdateRegisteredExecutorsRequest {
+            application_id: "a".into(),
+            executor_ids: vec!["3".into(), "1".into()],
+        })
+        .unwrap();
+        assert_eq!(ids, BTreeSet::from([ExecutorId(1), ExecutorId(3)]));
+    }
+
+    #[test]
+    fn targets_need_non_negative_profiles() {
+        let (field, _) = field_of(
+            set_total_expected(proto::SetTotalExpectedRequest {
+                application_id: "a".into(),
+                executors_per_profile: HashMap::from([(0, 3), (-2, 1)]),
+            })
+            .unwrap_err(),
+        );
+        assert_eq!(field, "executors_per_profile[-2]");
+        let (_, targets) = set_total_expected(proto::SetTotalExpectedRequest {
+            application_id: "a".into(),
+            executors_per_profile: HashMap::from([(0, 3), (1, 0)]),
+        })
+        .unwrap();
+        assert_eq!(
+            targets,
+            BTreeMap::from([(ResourceProfileId(0), 3), (ResourceProfileId(1), 0)])
+        );
+    }
+}
