@@ -12,6 +12,7 @@
 pub mod allocator;
 pub mod app;
 pub mod config;
+pub mod demo;
 pub mod grpc;
 pub mod k8s;
 pub mod sim;
