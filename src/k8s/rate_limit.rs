@@ -1,0 +1,93 @@
+//! Client-side rate limit on mutating Kubernetes requests, shared by every application so
+//! many drivers together cannot flood the API server.
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A token bucket (as a theoretical-arrival-time schedule): `qps` sustained, `burst` at once.
+#[derive(Debug, Clone)]
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    interval: Duration,
+    tolerance: Duration,
+    next_free: Mutex<Option<Instant>>,
+}
+
+impl RateLimiter {
+    /// `qps` and `burst` are clamped to at least 1.
+    pub fn new(qps: u32, burst: u32) -> Self {
+        let interval = Duration::from_secs(1) / qps.max(1);
+        let tolerance = interval * burst.max(1).saturating_sub(1);
+        Self {
+            inner: Arc::new(Inner {
+                interval,
+                tolerance,
+                next_free: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Waits until one more request may be sent, and takes its slot.
+    pub async fn acquire(&self) {
+        let wait_until = self.reserve(Instant::now());
+        if wait_until > Instant::now() {
+            tokio::time::sleep_until(wait_until).await;
+        }
+    }
+
+    /// Reserves the next slot and returns when it may be used.
+    fn reserve(&self, now: Instant) -> Instant {
+        let mut next_free = match self.inner.next_free.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let start = next_free.map_or(now, |t| t.max(now));
+        *next_free = Some(start + self.inner.interval);
+        start
+            .checked_sub(self.inner.tolerance)
+            .map_or(now, |t| t.max(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burst_is_free_then_requests_are_spaced_by_the_interval() {
+        let limiter = RateLimiter::new(10, 3);
+        let now = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(limiter.reserve(now), now);
+        }
+        assert_eq!(limiter.reserve(now), now + Duration::from_millis(100));
+        assert_eq!(limiter.reserve(now), now + Duration::from_millis(200));
+    }
+
+    #[test]
+    fn idle_time_refills_the_bucket_up_to_burst_only() {
+        let limiter = RateLimiter::new(10, 2);
+        let now = Instant::now();
+        limiter.reserve(now);
+        limiter.reserve(now);
+        let later = now + Duration::from_secs(60);
+        assert_eq!(limiter.reserve(later), later);
+        assert_eq!(limiter.reserve(later), later);
+        assert_eq!(limiter.reserve(later), later + Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_waits_for_the_slot() {
+        let limiter = RateLimiter::new(2, 1);
+        let start = Instant::now();
+        limiter.acquire().await;
+        limiter.acquire().await;
+        limiter.acquire().await;
+        assert!(Instant::now() - start >= Duration::from_secs(1));
+    }
+}
