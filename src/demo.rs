@@ -8,16 +8,24 @@
 //! deleting their pods — the allocator never deletes a running executor.
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
-use tonic::transport::Channel;
+use tokio::net::TcpListener;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
 use crate::allocator::{ExecutorState, StateRules, executor_pod_from};
+use crate::app::{Applications, ServiceContext, SystemClock};
+use crate::grpc::{self, ServeSettings};
 use crate::proto;
+use crate::sim::{SimCluster, SimSettings};
 use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
 
 /// The application the demo driver runs.
@@ -91,6 +99,78 @@ pub struct DemoSummary {
     pub last_executor_id: i64,
     /// Pods the final Stop deleted.
     pub deleted_by_stop: u32,
+}
+
+/// Runs the whole demo on loopback ports and prints the table and summary to stdout.
+pub async fn run() -> anyhow::Result<DemoSummary> {
+    let began = Instant::now();
+    let mut sim_settings = SimSettings::default();
+    sim_settings.kubelet.fail_fraction = 0.05;
+    sim_settings.kubelet.start_delay_min_ms = 100;
+    sim_settings.kubelet.start_delay_max_ms = 800;
+    let cluster = SimCluster::start(sim_settings)
+        .await
+        .context("starting the simulated cluster")?;
+    let applications = Applications::new(ServiceContext {
+        client: cluster.client(),
+        clock: Arc::new(SystemClock),
+    });
+    let listener = TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .context("binding a loopback port for the service")?;
+    let address = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(grpc::serve(
+        ServeSettings::default(),
+        applications.clone(),
+        listener,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+
+    let mut screen = Screen::stdout();
+    screen.note(&format!(
+        "simulated cluster at {}, service at {address} (5% of executors fail at start)",
+        cluster.base_url()
+    ))?;
+    let channel = Endpoint::from_shared(format!("http://{address}"))?
+        .connect()
+        .await
+        .context("connecting to the service")?;
+    wait_until_serving(channel.clone()).await?;
+    let driver = ScriptedDriver::new(
+        ExecutorAllocatorClient::new(channel),
+        cluster.client(),
+        DriverSettings::default(),
+    );
+    let result = driver.run(&mut screen).await;
+
+    let _ = stop_tx.send(());
+    match server.await {
+        Ok(served) => served.context("the gRPC server failed")?,
+        Err(err) => anyhow::bail!("the gRPC server task failed: {err}"),
+    }
+    applications.shutdown().await;
+    let summary = result?;
+    screen.summary(&summary, began.elapsed())?;
+    Ok(summary)
+}
+
+/// Waits (on the health Watch stream, no polling) until the service reports SERVING.
+pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
+    let mut health = HealthClient::new(channel);
+    let mut updates = health
+        .watch(HealthCheckRequest { service: grpc::server::SERVICE_NAME.into() })
+        .await
+        .context("health Watch")?
+        .into_inner();
+    while let Some(update) = updates.message().await.context("health Watch")? {
+        if update.status == ServingStatus::Serving as i32 {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("the health Watch ended before the service was serving")
 }
 
 /// One executor pod as the driver has seen it.

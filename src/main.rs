@@ -1,2 +1,237 @@
-//! CLI wiring only. (Being built: issue 4.)
-fn main() {}
+//! CLI wiring only: configuration, logging, signals, and which parts to start.
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio::net::TcpListener;
+
+use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
+use spark_pod_allocator::config::{LogFormat, Settings};
+use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
+use spark_pod_allocator::sim::SimCluster;
+use spark_pod_allocator::{demo, k8s};
+
+/// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Configuration file (TOML or YAML); environment `SPARK_POD_ALLOCATOR__…` overrides it.
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Log line format (default: the configuration's `log.format`, else text).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormatArg>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the gRPC API until SIGINT or SIGTERM (executor pods are left in place).
+    Serve {
+        /// Run against an embedded simulated cluster instead of a real one.
+        #[arg(long)]
+        simulate: bool,
+        /// Listen address (overrides the configuration's `listen`).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+    /// Run the simulated cluster alone, for kubectl or a separately started service.
+    Simulate {
+        /// Address of the simulated API server (overrides `simulator.listen`).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Where to write a kubeconfig pointing at it.
+        #[arg(long, value_name = "PATH")]
+        kubeconfig: PathBuf,
+    },
+    /// The simulated cluster, the service and a scripted driver, in one process.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let format = match cli.log_format {
+        Some(LogFormatArg::Json) => LogFormat::Json,
+        Some(LogFormatArg::Text) => LogFormat::Text,
+        None => settings.log.format,
+    };
+    // The demo's table owns the terminal: only warnings unless RUST_LOG asks for more.
+    let default_filter = match cli.command {
+        Command::Demo => "warn",
+        _ => settings.log.filter.as_str(),
+    };
+    if let Err(err) = init_tracing(format, default_filter) {
+        eprintln!("error: {err:#}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve { simulate, listen } => serve(settings, simulate, listen).await,
+            Command::Simulate { listen, kubeconfig } => {
+                simulate(settings, listen, &kubeconfig).await
+            }
+            Command::Demo => demo::run().await.map(|_| ()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `RUST_LOG` wins over the configured filter.
+fn init_tracing(format: LogFormat, default_filter: &str) -> anyhow::Result<()> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(value) if !value.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&value)
+            .with_context(|| format!("RUST_LOG={value:?} is not a valid filter"))?,
+        _ => tracing_subscriber::EnvFilter::try_new(default_filter)
+            .with_context(|| format!("log.filter {default_filter:?} is not a valid filter"))?,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    installed.map_err(|err| anyhow::anyhow!("cannot install the logger: {err}"))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the service");
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+    tracing::info!("signal received");
+}
+
+async fn serve(
+    settings: Settings,
+    simulate: bool,
+    listen: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    let defaults = StartDefaults {
+        settings: settings.allocation_defaults(),
+        executor_pod_template: match &settings.default_executor_pod_template {
+            Some(path) => Some(default_template(path)?),
+            None => None,
+        },
+    };
+    // Kept alive for as long as the service runs.
+    let mut sim = None;
+    let client = if simulate {
+        let cluster = SimCluster::start(settings.simulator.clone())
+            .await
+            .context("starting the simulated cluster")?;
+        tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
+        let client = cluster.client();
+        sim = Some(cluster);
+        client
+    } else {
+        k8s::connect(&settings.kubernetes)
+            .await
+            .context("connecting to Kubernetes")?
+    };
+    let applications = Applications::new(ServiceContext {
+        client,
+        clock: Arc::new(SystemClock),
+    });
+    let address = listen.unwrap_or(settings.listen);
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address}"))?;
+    tracing::info!(address = %listener.local_addr().unwrap_or(address), "serving gRPC");
+    let serve_settings = ServeSettings {
+        defaults,
+        ..ServeSettings::default()
+    };
+    grpc::serve(
+        serve_settings,
+        applications.clone(),
+        listener,
+        shutdown_signal(),
+    )
+    .await?;
+    applications.shutdown().await;
+    drop(sim);
+    tracing::info!("stopped; executor pods left in place");
+    Ok(())
+}
+
+/// The configured default template, parsed by the same rules as a request's.
+fn default_template(path: &Path) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("default_executor_pod_template: cannot read {}", path.display()))?;
+    grpc::validate::pod_template("default_executor_pod_template", &text)
+        .map_err(|err| anyhow::anyhow!("{err} (file {})", path.display()))
+}
+
+async fn simulate(
+    settings: Settings,
+    listen: Option<String>,
+    kubeconfig: &Path,
+) -> anyhow::Result<()> {
+    let mut sim_settings = settings.simulator.clone();
+    if let Some(listen) = listen {
+        sim_settings.listen = listen;
+    }
+    let cluster = SimCluster::start(sim_settings)
+        .await
+        .context("starting the simulated cluster")?;
+    cluster
+        .write_kubeconfig(kubeconfig)
+        .with_context(|| format!("writing {}", kubeconfig.display()))?;
+    println!(
+        "simulated Kubernetes API server at {}; kubeconfig written to {}",
+        cluster.base_url(),
+        kubeconfig.display()
+    );
+    shutdown_signal().await;
+    drop(cluster);
+    Ok(())
+}
