@@ -1,0 +1,213 @@
+//! Serving over real gRPC: the happy path of a driver, health, reflection (v1 and v1alpha)
+//! and a graceful shutdown that leaves executor pods in place.
+mod grpc_support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use futures::StreamExt;
+use grpc_support::{Harness, start_request};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher;
+use spark_pod_allocator::grpc::server::SERVICE_NAME;
+use spark_pod_allocator::proto;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// Guards against a hang only; the waits below end on events, not on time.
+const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// Waits, on a watch of the API server, until `count` executor pods of `app` exist.
+async fn until_pods_exist(h: &Harness, namespace: &str, app: &str, count: usize) -> BTreeSet<String> {
+    let api: Api<Pod> = Api::namespaced(h.sim.client(), namespace);
+    let config = watcher::Config::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
+    let mut events = watcher(api, config).boxed();
+    let mut names = BTreeSet::new();
+    let wait = async {
+        while let Some(event) = events.next().await {
+            match event.expect("watch event") {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    names.insert(pod.metadata.name.clone().unwrap_or_default());
+                }
+                watcher::Event::Delete(pod) => {
+                    names.remove(&pod.metadata.name.clone().unwrap_or_default());
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+            if names.len() >= count {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(HANG_GUARD, wait).await.expect("pods appear");
+    names
+}
+
+#[tokio::test]
+async fn a_driver_starts_scales_asks_and_stops() {
+    let mut h = Harness::start().await;
+    let app = "spark-happy";
+    let started = h.client.start(start_request(app, "team-a")).await.expect("start").into_inner();
+    assert_eq!((started.resumed, started.last_executor_id), (false, 0));
+
+    h.client
+        .set_total_expected(proto::SetTotalExpectedRequest {
+            application_id: app.into(),
+            executors_per_profile: HashMap::from([(0, 3)]),
+        })
+        .await
+        .expect("set total");
+    // Nothing was outstanding, so the round ran at once: three pods, without the clock moving.
+    let names = until_pods_exist(&h, "team-a", app, 3).await;
+    assert_eq!(
+        names,
+        BTreeSet::from(["spark-happy-exec-1".into(), "spark-happy-exec-2".into(), "spark-happy-exec-3".into()])
+    );
+
+    let status = h
+        .client
+        .get_status(proto::GetStatusRequest { application_id: app.into() })
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(status.last_executor_id, 3);
+    let p0 = status.profiles.iter().find(|p| p.resource_profile_id == 0).expect("profile 0");
+    assert_eq!(p0.target, 3);
+    assert_eq!(p0.running, 0);
+    assert_eq!(p0.pending + p0.newly_created, 3, "{p0:?}");
+    assert!(status.outstanding);
+    assert!(status.deleted_executor_ids.is_empty());
+
+    let deleted = h
+        .client
+        .is_deleted(proto::IsDeletedRequest { application_id: app.into(), executor_id: "2".into() })
+        .await
+        .expect("is deleted")
+        .into_inner();
+    assert!(!deleted.deleted);
+    h.client
+        .update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
+            application_id: app.into(),
+            executor_ids: vec!["1".into(), "2".into()],
+        })
+        .await
+        .expect("registered");
+
+    let stopped = h.client.stop(proto::StopRequest { application_id: app.into() }).await.expect("stop").into_inner();
+    assert_eq!(stopped.deleted_pods, 3);
+    assert!(h.pods("team-a", app).await.is_empty());
+    let status = h
+        .client
+        .get_status(proto::GetStatusRequest { application_id: app.into() })
+        .await
+        .expect_err("forgotten");
+    assert_eq!(status.code(), tonic::Code::NotFound);
+    h.stop_server().await;
+}
+
+#[tokio::test]
+async fn health_is_not_serving_until_the_kubernetes_watch_has_synced() {
+    let mut sim = grpc_support::quiet_cluster();
+    // Every API request fails until the fault is lifted: the service cannot sync.
+    sim.faults.error_500_fraction = 1.0;
+    let mut h = Harness::start_with(sim, Default::default()).await;
+    let mut health = HealthClient::new(h.channel.clone());
+    let mut updates = health
+        .watch(HealthCheckRequest { service: SERVICE_NAME.into() })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = updates.message().await.expect("first").expect("an update");
+    assert_eq!(first.status, ServingStatus::NotServing as i32);
+    let overall = health.check(HealthCheckRequest { service: String::new() }).await.expect("check").into_inner();
+    assert_eq!(overall.status, ServingStatus::NotServing as i32);
+
+    let mut faults = h.sim.faults();
+    faults.error_500_fraction = 0.0;
+    h.sim.set_faults(faults);
+    let next = tokio::time::timeout(HANG_GUARD, updates.message())
+        .await
+        .expect("an update after the fault is lifted")
+        .expect("stream")
+        .expect("an update");
+    assert_eq!(next.status, ServingStatus::Serving as i32);
+    let overall = health.check(HealthCheckRequest { service: String::new() }).await.expect("check").into_inner();
+    assert_eq!(overall.status, ServingStatus::Serving as i32);
+    h.stop_server().await;
+}
+
+mod reflection {
+    use super::*;
+    use http::uri::PathAndQuery;
+    use tonic_prost::ProstCodec;
+
+    /// Lists services through one reflection version (`v1` or `v1alpha`).
+    macro_rules! list_services {
+        ($channel:expr, $version:ident) => {{
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            use tonic_reflection::pb::$version::{ServerReflectionRequest, ServerReflectionResponse};
+            let mut grpc = tonic::client::Grpc::new($channel);
+            grpc.ready().await.expect("ready");
+            let path = PathAndQuery::from_static(concat!(
+                "/grpc.reflection.",
+                stringify!($version),
+                ".ServerReflection/ServerReflectionInfo"
+            ));
+            let request = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let codec = ProstCodec::<ServerReflectionRequest, ServerReflectionResponse>::default();
+            let mut replies = grpc
+                .streaming(tonic::Request::new(futures::stream::iter([request])), path, codec)
+                .await
+                .expect("reflection call")
+                .into_inner();
+            let reply = replies.message().await.expect("reply").expect("one reply");
+            match reply.message_response {
+                Some(MessageResponse::ListServicesResponse(list)) => {
+                    list.service.into_iter().map(|s| s.name).collect::<BTreeSet<String>>()
+                }
+                other => panic!("unexpected reflection reply {other:?}"),
+            }
+        }};
+    }
+
+    #[tokio::test]
+    async fn both_versions_list_the_allocator_and_health() {
+        let mut h = Harness::start().await;
+        for names in [list_services!(h.channel.clone(), v1alpha), list_services!(h.channel.clone(), v1)] {
+            assert!(names.contains("spark.allocator.v1.ExecutorAllocator"), "{names:?}");
+            assert!(names.contains("grpc.health.v1.Health"), "{names:?}");
+        }
+        h.stop_server().await;
+    }
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
+    let mut h = Harness::start().await;
+    let app = "spark-kept";
+    h.client.start(start_request(app, "team-b")).await.expect("start");
+    h.client
+        .set_total_expected(proto::SetTotalExpectedRequest {
+            application_id: app.into(),
+            executors_per_profile: HashMap::from([(0, 2)]),
+        })
+        .await
+        .expect("set total");
+    until_pods_exist(&h, "team-b", app, 2).await;
+
+    h.stop_server().await;
+    h.applications.shutdown().await;
+    assert_eq!(h.pods("team-b", app).await.len(), 2);
+    // The listener is closed: new calls fail.
+    let reconnect = tonic::transport::Endpoint::from_shared(format!("http://{}", h.address))
+        .expect("endpoint")
+        .connect()
+        .await;
+    assert!(reconnect.is_err());
+}

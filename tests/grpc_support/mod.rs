@@ -1,0 +1,110 @@
+//! The harness of the gRPC tests: a simulated cluster, the real application registry and
+//! the real gRPC server on 127.0.0.1:0, reached by the generated client over real HTTP/2.
+#![allow(dead_code)]
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+use spark_pod_allocator::allocator::Timestamp;
+use spark_pod_allocator::app::{Applications, ManualClock, ServiceContext};
+use spark_pod_allocator::grpc::{self, ServeError, ServeSettings};
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+
+/// A pod template every test can use for profile 0.
+pub const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
+
+pub struct Harness {
+    pub sim: SimCluster,
+    pub applications: Applications,
+    pub clock: ManualClock,
+    pub address: SocketAddr,
+    pub channel: Channel,
+    pub client: ExecutorAllocatorClient<Channel>,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+/// A cluster whose nodes do nothing on their own (pods stay Pending), as a real API server
+/// without kubelets: what the tests see depends only on what the service does.
+pub fn quiet_cluster() -> SimSettings {
+    let mut settings = SimSettings::default();
+    settings.kubelet.mode = KubeletMode::Manual;
+    settings.namespaces = vec!["default".into(), "team-a".into(), "team-b".into()];
+    settings
+}
+
+impl Harness {
+    pub async fn start() -> Self {
+        Self::start_with(quiet_cluster(), ServeSettings::default()).await
+    }
+
+    pub async fn start_with(sim_settings: SimSettings, serve_settings: ServeSettings) -> Self {
+        let sim = SimCluster::start(sim_settings).await.expect("simulated cluster");
+        let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+        let applications = Applications::new(ServiceContext {
+            client: sim.client(),
+            clock: Arc::new(clock.clone()),
+        });
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(grpc::serve(serve_settings, applications.clone(), listener, async {
+            let _ = stop_rx.await;
+        }));
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let client = ExecutorAllocatorClient::new(channel.clone());
+        Self { sim, applications, clock, address, channel, client, stop: Some(stop_tx), server: Some(server) }
+    }
+
+    /// Stops the server gracefully and waits for it.
+    pub async fn stop_server(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.expect("server task").expect("server result");
+        }
+    }
+
+    /// The executor pods of `app` in `namespace`, as the API server has them.
+    pub async fn pods(&self, namespace: &str, app: &str) -> Vec<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.sim.client(), namespace);
+        api.list(&ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor")))
+            .await
+            .expect("list pods")
+            .items
+    }
+}
+
+/// A Start request that passes validation.
+pub fn start_request(app: &str, namespace: &str) -> proto::StartRequest {
+    proto::StartRequest {
+        application_id: app.into(),
+        namespace: namespace.into(),
+        executor_pod_template: TEMPLATE.into(),
+        ..Default::default()
+    }
+}
+
+/// Asserts an INVALID_ARGUMENT status naming `field` first.
+#[track_caller]
+pub fn assert_invalid(status: &tonic::Status, field: &str) {
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with(&format!("{field}: ")),
+        "expected the message to name {field}: {:?}",
+        status.message()
+    );
+}
