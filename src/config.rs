@@ -201,10 +201,7 @@ impl Settings {
             .with_list_parse_key("allowed_namespaces")
             .ignore_empty(true)
             .source(env);
-        let settings: Settings = builder
-            .add_source(environment)
-            .build()?
-            .try_deserialize()?;
+        let settings: Settings = builder.add_source(environment).build()?.try_deserialize()?;
         settings.validate()?;
         Ok(settings)
     }
@@ -360,7 +357,10 @@ mod tests {
         assert_eq!(s.resync_interval(), Duration::from_secs(30));
         assert!(s.allowed_namespaces.is_empty());
         assert_eq!(s.log.format, LogFormat::Text);
-        assert_eq!(s.allocation.executor_container_name, DEFAULT_EXECUTOR_CONTAINER);
+        assert_eq!(
+            s.allocation.executor_container_name,
+            DEFAULT_EXECUTOR_CONTAINER
+        );
         assert_eq!(s.allocation_defaults(), AllocationSettings::default());
     }
 
@@ -416,12 +416,10 @@ mod tests {
 
     #[test]
     fn unknown_log_format_names_the_key() {
-        let err = Settings::load_with_env(
-            None,
-            env(&[("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml")]),
-        )
-        .unwrap_err()
-        .to_string();
+        let err =
+            Settings::load_with_env(None, env(&[("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml")]))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("log.format"), "{err}");
     }
 
@@ -437,11 +435,27 @@ mod tests {
     #[test]
     fn invalid_values_name_their_key() {
         for (key, value, named) in [
-            ("SPARK_POD_ALLOCATOR__KUBERNETES__BURST", "0", "kubernetes.burst"),
+            (
+                "SPARK_POD_ALLOCATOR__KUBERNETES__BURST",
+                "0",
+                "kubernetes.burst",
+            ),
             ("SPARK_POD_ALLOCATOR__LISTEN", "nowhere", "listen"),
-            ("SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES", "Bad_NS", "allowed_namespaces"),
-            ("SPARK_POD_ALLOCATOR__RESYNC_INTERVAL_MS", "10", "resync_interval_ms"),
-            ("SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_SIZE", "0", "allocation.batch_size"),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES",
+                "Bad_NS",
+                "allowed_namespaces",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__RESYNC_INTERVAL_MS",
+                "10",
+                "resync_interval_ms",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_SIZE",
+                "0",
+                "allocation.batch_size",
+            ),
         ] {
             let err = Settings::load_with_env(None, env(&[(key, value)]))
                 .unwrap_err()
@@ -452,7 +466,10 @@ mod tests {
 
     #[test]
     fn default_template_is_loaded_and_checked() {
-        let pod = file("yaml", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: x\n    image: busybox\n");
+        let pod = file(
+            "yaml",
+            "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: x\n    image: busybox\n",
+        );
         let s = Settings::load_with_env(
             None,
             env(&[(
@@ -465,7 +482,10 @@ mod tests {
         assert_eq!(template.spec.unwrap().containers[0].name, "x");
         let err = Settings::load_with_env(
             None,
-            env(&[("SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE", "/nonexistent/pod.yaml")]),
+            env(&[(
+                "SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE",
+                "/nonexistent/pod.yaml",
+            )]),
         )
         .unwrap_err()
         .to_string();

@@ -63,12 +63,9 @@ impl ActorHandle {
     pub fn spawn(actor: Actor, subscription: Subscription) -> Self {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let app_id = actor.app_id.clone();
-        let span = tracing::info_span!("application", app = %actor.app_id, namespace = %actor.namespace);
-        let task = tokio::spawn(
-            State::new(actor)
-                .run(rx, subscription)
-                .instrument(span),
-        );
+        let span =
+            tracing::info_span!("application", app = %actor.app_id, namespace = %actor.namespace);
+        let task = tokio::spawn(State::new(actor).run(rx, subscription).instrument(span));
         Self {
             tx,
             task: Arc::new(std::sync::Mutex::new(Some(task))),
@@ -82,7 +79,12 @@ impl ActorHandle {
         command: impl FnOnce(oneshot::Sender<R>) -> Command,
     ) -> Result<R, AppError> {
         let (reply, answer) = oneshot::channel();
-        let gone = || AppError::Internal(format!("the actor of application {} has ended", self.app_id));
+        let gone = || {
+            AppError::Internal(format!(
+                "the actor of application {} has ended",
+                self.app_id
+            ))
+        };
         self.tx.send(command(reply)).await.map_err(|_| gone())?;
         answer.await.map_err(|_| gone())
     }
@@ -201,7 +203,9 @@ impl State {
                     .iter()
                     .filter_map(|pod| executor_pod_from(pod, rules))
                     .collect();
-                self.actor.store.replace_all(executors, self.actor.clock.now());
+                self.actor
+                    .store
+                    .replace_all(executors, self.actor.clock.now());
             }
         }
     }
@@ -241,13 +245,23 @@ impl State {
             let result = self
                 .actor
                 .pods
-                .delete_executors(&self.actor.namespace, &self.actor.app_id, &request.ids, only_pending)
+                .delete_executors(
+                    &self.actor.namespace,
+                    &self.actor.app_id,
+                    &request.ids,
+                    only_pending,
+                )
                 .await;
             match result {
-                Ok(deleted) => tracing::info!(executors = ?request.ids, only_pending, deleted, "executor pods deleted"),
+                Ok(deleted) => {
+                    tracing::info!(executors = ?request.ids, only_pending, deleted, "executor pods deleted")
+                }
                 Err(_) => {
                     // Already logged with the API server's reason; the next round retries.
-                    self.retry_deletes.entry(only_pending).or_default().extend(ids);
+                    self.retry_deletes
+                        .entry(only_pending)
+                        .or_default()
+                        .extend(ids);
                 }
             }
         }
@@ -268,7 +282,11 @@ impl State {
             }
         }
         let requested = pods.len();
-        let results = self.actor.pods.create_all(&self.actor.namespace, pods).await;
+        let results = self
+            .actor
+            .pods
+            .create_all(&self.actor.namespace, pods)
+            .await;
         let mut failed = 0usize;
         for (id, result) in results {
             if result.is_err() {

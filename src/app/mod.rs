@@ -37,11 +37,17 @@ impl AppId {
             return Err("must not be empty".to_string());
         }
         if value.len() > 63 {
-            return Err(format!("must be at most 63 characters (has {})", value.len()));
+            return Err(format!(
+                "must be at most 63 characters (has {})",
+                value.len()
+            ));
         }
         let bytes = value.as_bytes();
         let inner_ok = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-        if let Some(bad) = value.chars().find(|c| !(c.is_ascii() && inner_ok(&(*c as u8)))) {
+        if let Some(bad) = value
+            .chars()
+            .find(|c| !(c.is_ascii() && inner_ok(&(*c as u8))))
+        {
             return Err(format!(
                 "{bad:?} is not allowed: use letters, digits, '-', '_' and '.' only"
             ));
@@ -239,7 +245,10 @@ impl Applications {
         }
         let driver = self.driver_owner(&req).await?;
         let rules = self.inner.ctx.options.state_rules.clone();
-        let prefix = req.pod_name_prefix.clone().unwrap_or_else(|| req.app_id.to_string());
+        let prefix = req
+            .pod_name_prefix
+            .clone()
+            .unwrap_or_else(|| req.app_id.to_string());
         let builder = ExecutorPodBuilder::new(
             req.app_id.as_str(),
             &prefix,
@@ -250,7 +259,10 @@ impl Applications {
         .map_err(template_error)?;
 
         // Subscribe before listing so no event between the LIST and the actor is lost.
-        let subscription = self.inner.watches.subscribe(&req.namespace, req.app_id.as_str());
+        let subscription = self
+            .inner
+            .watches
+            .subscribe(&req.namespace, req.app_id.as_str());
         let found = self
             .inner
             .pods
@@ -261,7 +273,10 @@ impl Applications {
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
         if resumed {
-            let executors = found.iter().filter_map(|pod| executor_pod_from(pod, &rules)).collect();
+            let executors = found
+                .iter()
+                .filter_map(|pod| executor_pod_from(pod, &rules))
+                .collect();
             store.replace_all(executors, now);
             tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.len(), last_executor_id, "resuming application from its executor pods");
         }
@@ -303,7 +318,9 @@ impl Applications {
 
     /// IsDeleted for one executor.
     pub async fn is_deleted(&self, app: &AppId, id: ExecutorId) -> Result<bool, AppError> {
-        self.actor(app)?.call(|reply| Command::IsDeleted(id, reply)).await
+        self.actor(app)?
+            .call(|reply| Command::IsDeleted(id, reply))
+            .await
     }
 
     /// Replaces the scheduler-known executors.
@@ -486,11 +503,15 @@ mod tests {
     #[test]
     fn template_errors_name_the_request_field() {
         let err = template_error(TemplateError::NoTemplate(ResourceProfileId(0)));
-        assert!(matches!(err, AppError::InvalidArgument { field, .. } if field == "executor_pod_template"));
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "executor_pod_template")
+        );
         let err = template_error(TemplateError::Invalid {
             profile: ResourceProfileId(3),
             reason: "reserved label".into(),
         });
-        assert!(matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]"));
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
+        );
     }
 }
