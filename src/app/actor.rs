@@ -10,8 +10,9 @@ use tracing::Instrument;
 
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, DeleteRequest, ExecutorId, ExecutorPodBuilder, ExecutorState,
-    ResourceProfileId, SnapshotStore, StateRules, executor_pod_from,
+    Allocator, AllocatorStatus, DeleteRequest, ExecutorId, ExecutorPodBuilder,
+    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules,
+    executor_pod_from,
 };
 use crate::k8s::{ExecutorPods, PodEvent, Subscription};
 
@@ -24,6 +25,7 @@ pub(crate) enum Command {
     IsDeleted(ExecutorId, oneshot::Sender<bool>),
     UpdateRegistered(BTreeSet<ExecutorId>, oneshot::Sender<()>),
     Report(oneshot::Sender<ActorReport>),
+    Snapshot(oneshot::Sender<ExecutorPodsSnapshot>),
     Stop,
 }
 
@@ -181,6 +183,9 @@ impl State {
                     rounds: self.rounds,
                 });
             }
+            Command::Snapshot(reply) => {
+                let _ = reply.send(self.actor.store.current().clone());
+            }
             Command::Stop => {}
         }
     }
@@ -217,7 +222,6 @@ impl State {
         let Some(batch) = self.actor.store.poll(now) else {
             return;
         };
-        self.rounds += 1;
         let plan = self.actor.allocator.round(batch, now);
         if !plan.timed_out.is_empty() {
             tracing::warn!(executors = ?plan.timed_out, "executors not seen within the executor timeout; forgotten and re-requested");
@@ -234,6 +238,8 @@ impl State {
         self.delete_planned().await;
         self.create_planned(plan.creates).await;
         self.clean_up_finished().await;
+        // Counted once carried out, so an observer seeing the count sees the round's effects.
+        self.rounds += 1;
     }
 
     async fn delete_planned(&mut self) {

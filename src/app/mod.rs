@@ -12,7 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
-    ResourceProfileId, SettingsError, SnapshotStore, StateRules, TemplateError, executor_pod_from,
+    ExecutorPodsSnapshot, ResourceProfileId, SettingsError, SnapshotStore, StateRules,
+    TemplateError, executor_pod_from,
 };
 use crate::config::Settings;
 use crate::k8s::pods::highest_executor_id;
@@ -369,6 +370,11 @@ impl Applications {
     /// How many allocation rounds the application's actor has run (observability, tests).
     pub async fn rounds(&self, app: &AppId) -> Result<u64, AppError> {
         Ok(self.report(app).await?.rounds)
+    }
+
+    /// The application's current snapshot as its actor has ingested it (observability, tests).
+    pub async fn snapshot(&self, app: &AppId) -> Result<ExecutorPodsSnapshot, AppError> {
+        self.actor(app)?.call(Command::Snapshot).await
     }
 
     /// True once the Kubernetes watches have synced at least once (health).
