@@ -66,10 +66,7 @@ pub(crate) fn no_snapshot() -> SnapshotBatch {
 }
 
 pub(crate) fn targets(pairs: &[(i32, u32)]) -> BTreeMap<ResourceProfileId, u32> {
-    pairs
-        .iter()
-        .map(|(p, t)| (ResourceProfileId(*p), *t))
-        .collect()
+    pairs.iter().map(|(p, t)| (ResourceProfileId(*p), *t)).collect()
 }
 
 pub(crate) fn registered(ns: &[u64]) -> BTreeSet<ExecutorId> {
@@ -107,8 +104,5 @@ pub(crate) fn creates(plan: &RoundPlan) -> Vec<(u64, i32)> {
 }
 
 pub(crate) fn delete(ns: &[u64], only_pending: bool) -> DeleteRequest {
-    DeleteRequest {
-        ids: ids(ns),
-        only_pending,
-    }
+    DeleteRequest { ids: ids(ns), only_pending }
 }
