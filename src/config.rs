@@ -81,7 +81,7 @@ pub enum InCluster {
 /// Allocation defaults, with the proto's `AllocationSettings` field names; unset = Spark's
 /// default (batch 10, delay 1000 ms, timeout 600000 ms, idle 60000 ms, no caps, delete on
 /// termination).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AllocationConfig {
     pub batch_size: Option<u32>,
@@ -124,14 +124,28 @@ impl Default for Settings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             kubernetes: KubernetesSettings::default(),
-            allocation: AllocationConfig {
-                executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
-                ..AllocationConfig::default()
-            },
+            allocation: AllocationConfig::default(),
             resync_interval_ms: 30_000,
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
             log: LogSettings::default(),
+        }
+    }
+}
+
+impl Default for AllocationConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: None,
+            batch_delay_ms: None,
+            executor_timeout_ms: None,
+            executor_idle_timeout_ms: None,
+            max_pending_pods: None,
+            max_pending_pods_per_profile: None,
+            max_executors: None,
+            delete_on_termination: None,
+            executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
+            check_all_containers: false,
         }
     }
 }
@@ -187,10 +201,7 @@ impl Settings {
             .with_list_parse_key("allowed_namespaces")
             .ignore_empty(true)
             .source(env);
-        let settings: Settings = builder
-            .add_source(environment)
-            .build()?
-            .try_deserialize()?;
+        let settings: Settings = builder.add_source(environment).build()?.try_deserialize()?;
         settings.validate()?;
         Ok(settings)
     }
@@ -234,7 +245,23 @@ impl Settings {
             });
         }
         tracing_filter_check(&self.log.filter)?;
+        self.default_template()?;
         Ok(())
+    }
+
+    /// The Pod of `default_executor_pod_template` (YAML or JSON), if configured.
+    pub fn default_template(&self) -> Result<Option<k8s_openapi::api::core::v1::Pod>, ConfigError> {
+        let Some(path) = &self.default_executor_pod_template else {
+            return Ok(None);
+        };
+        let invalid = |reason: String| ConfigError::Invalid {
+            key: "default_executor_pod_template".to_string(),
+            reason: format!("{}: {reason}", path.display()),
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+        serde_yaml::from_str(&text)
+            .map(Some)
+            .map_err(|e| invalid(format!("not a Pod: {e}")))
     }
 
     /// The server-side defaults of an application's allocation settings.
@@ -330,7 +357,10 @@ mod tests {
         assert_eq!(s.resync_interval(), Duration::from_secs(30));
         assert!(s.allowed_namespaces.is_empty());
         assert_eq!(s.log.format, LogFormat::Text);
-        assert_eq!(s.allocation.executor_container_name, DEFAULT_EXECUTOR_CONTAINER);
+        assert_eq!(
+            s.allocation.executor_container_name,
+            DEFAULT_EXECUTOR_CONTAINER
+        );
         assert_eq!(s.allocation_defaults(), AllocationSettings::default());
     }
 
@@ -386,12 +416,10 @@ mod tests {
 
     #[test]
     fn unknown_log_format_names_the_key() {
-        let err = Settings::load_with_env(
-            None,
-            env(&[("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml")]),
-        )
-        .unwrap_err()
-        .to_string();
+        let err =
+            Settings::load_with_env(None, env(&[("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml")]))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("log.format"), "{err}");
     }
 
@@ -407,17 +435,61 @@ mod tests {
     #[test]
     fn invalid_values_name_their_key() {
         for (key, value, named) in [
-            ("SPARK_POD_ALLOCATOR__KUBERNETES__BURST", "0", "kubernetes.burst"),
+            (
+                "SPARK_POD_ALLOCATOR__KUBERNETES__BURST",
+                "0",
+                "kubernetes.burst",
+            ),
             ("SPARK_POD_ALLOCATOR__LISTEN", "nowhere", "listen"),
-            ("SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES", "Bad_NS", "allowed_namespaces"),
-            ("SPARK_POD_ALLOCATOR__RESYNC_INTERVAL_MS", "10", "resync_interval_ms"),
-            ("SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_SIZE", "0", "allocation.batch_size"),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES",
+                "Bad_NS",
+                "allowed_namespaces",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__RESYNC_INTERVAL_MS",
+                "10",
+                "resync_interval_ms",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_SIZE",
+                "0",
+                "allocation.batch_size",
+            ),
         ] {
             let err = Settings::load_with_env(None, env(&[(key, value)]))
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{key}={value}: {err}");
         }
+    }
+
+    #[test]
+    fn default_template_is_loaded_and_checked() {
+        let pod = file(
+            "yaml",
+            "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: x\n    image: busybox\n",
+        );
+        let s = Settings::load_with_env(
+            None,
+            env(&[(
+                "SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE",
+                pod.path().to_str().unwrap(),
+            )]),
+        )
+        .unwrap();
+        let template = s.default_template().unwrap().unwrap();
+        assert_eq!(template.spec.unwrap().containers[0].name, "x");
+        let err = Settings::load_with_env(
+            None,
+            env(&[(
+                "SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE",
+                "/nonexistent/pod.yaml",
+            )]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("default_executor_pod_template"), "{err}");
     }
 
     #[test]

@@ -26,3 +26,6 @@ pub use settings::{AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
 pub use types::{ExecutorId, ResourceProfileId, Timestamp};
+
+#[cfg(test)]
+mod tests;

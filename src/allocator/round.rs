@@ -185,6 +185,11 @@ impl Allocator {
             let executors = &self.last_snapshot.executors;
             self.deleted.retain(|id| executors.contains_key(id));
         }
+        // Never reuse an id that exists in the cluster, even one this allocator did not
+        // hand out (e.g. a resume that under-reported the last id).
+        if let Some(highest) = batch.seen_ids.last() {
+            self.last_executor_id = self.last_executor_id.max(highest.0);
+        }
 
         // 5. Tally per profile (ascending id), downscale, decide who may ask for more.
         let mut tallies: Vec<Tally> = self

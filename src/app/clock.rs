@@ -14,7 +14,10 @@ pub trait Clock: Send + Sync + 'static {
     /// Now, as wall-clock milliseconds.
     fn now(&self) -> Timestamp;
     /// Resolves once `now() >= deadline`.
-    fn sleep_until(&self, deadline: Timestamp) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+    fn sleep_until(
+        &self,
+        deadline: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
 /// The real clock.
@@ -37,7 +40,10 @@ impl Clock for SystemClock {
         Self::wall_now()
     }
 
-    fn sleep_until(&self, deadline: Timestamp) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+    fn sleep_until(
+        &self,
+        deadline: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         Box::pin(async move {
             // Wall-clock deadline: re-check after waking in case the clock was stepped.
             loop {
@@ -88,7 +94,10 @@ impl Clock for ManualClock {
         *self.now.borrow()
     }
 
-    fn sleep_until(&self, deadline: Timestamp) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+    fn sleep_until(
+        &self,
+        deadline: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
         let mut rx = self.now.subscribe();
         Box::pin(async move {
             // The sender lives as long as any clone of the clock; if all are gone, time

@@ -11,7 +11,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use super::describe_error;
 use super::rate_limit::RateLimiter;
 use crate::allocator::ExecutorId;
-use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
+use crate::allocator::types::{
+    APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
+};
 
 /// Ids per collection delete, so the label selector stays well under URL limits.
 const IDS_PER_DELETE: usize = 200;
@@ -98,7 +100,11 @@ impl ExecutorPods {
         self.delete_collection(namespace, &lp).await
     }
 
-    async fn delete_collection(&self, namespace: &str, lp: &ListParams) -> Result<u32, kube::Error> {
+    async fn delete_collection(
+        &self,
+        namespace: &str,
+        lp: &ListParams,
+    ) -> Result<u32, kube::Error> {
         self.limiter.acquire().await;
         match self
             .api(namespace)
@@ -134,13 +140,21 @@ impl ExecutorPods {
     }
 
     /// Every executor pod of the application, inactive ones included (they hold ids too).
-    pub async fn list_executors(&self, namespace: &str, app_id: &str) -> Result<Vec<Pod>, kube::Error> {
+    pub async fn list_executors(
+        &self,
+        namespace: &str,
+        app_id: &str,
+    ) -> Result<Vec<Pod>, kube::Error> {
         let lp = ListParams::default().labels(&app_selector(app_id));
         self.api(namespace).list(&lp).await.map(|list| list.items)
     }
 
     /// The driver pod, or `None` when it does not exist.
-    pub async fn driver_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, kube::Error> {
+    pub async fn driver_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Pod>, kube::Error> {
         self.api(namespace).get_opt(name).await
     }
 }
@@ -170,7 +184,12 @@ mod tests {
     fn pod(labels: &[(&str, &str)]) -> Pod {
         Pod {
             metadata: ObjectMeta {
-                labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
                 ..Default::default()
             },
             ..Default::default()

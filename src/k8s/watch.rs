@@ -158,7 +158,10 @@ impl PodWatches {
     }
 
     fn start_namespace(&self, namespace: &str) -> NamespaceWatch {
-        tracing::info!(namespace, "first application here; starting executor pod watch");
+        tracing::info!(
+            namespace,
+            "first application here; starting executor pod watch"
+        );
         let subscribers: Subscribers = Arc::default();
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         let watch_task = tokio::spawn(run_watch(
