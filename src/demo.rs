@@ -111,10 +111,7 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     let cluster = SimCluster::start(sim_settings)
         .await
         .context("starting the simulated cluster")?;
-    let applications = Applications::new(ServiceContext {
-        client: cluster.client(),
-        clock: Arc::new(SystemClock),
-    });
+    let applications = Applications::new(ServiceContext::new(cluster.client(), Arc::new(SystemClock)));
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port for the service")?;

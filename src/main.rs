@@ -177,10 +177,11 @@ async fn serve(
             .await
             .context("connecting to Kubernetes")?
     };
-    let applications = Applications::new(ServiceContext {
+    let applications = Applications::new(ServiceContext::from_settings(
         client,
-        clock: Arc::new(SystemClock),
-    });
+        Arc::new(SystemClock),
+        &settings,
+    ));
     let address = listen.unwrap_or(settings.listen);
     let listener = TcpListener::bind(address)
         .await

@@ -49,10 +49,7 @@ impl Harness {
     pub async fn start_with(sim_settings: SimSettings, serve_settings: ServeSettings) -> Self {
         let sim = SimCluster::start(sim_settings).await.expect("simulated cluster");
         let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-        let applications = Applications::new(ServiceContext {
-            client: sim.client(),
-            clock: Arc::new(clock.clone()),
-        });
+        let applications = Applications::new(ServiceContext::new(sim.client(), Arc::new(clock.clone())));
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
         let address = listener.local_addr().expect("address");
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
