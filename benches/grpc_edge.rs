@@ -151,7 +151,7 @@ async fn bench_round_trips() {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(grpc::serve(ServeSettings::default(), applications.clone(), listener, async {
+    let server = tokio::spawn(grpc::serve(ServeSettings::default(), applications, listener, async {
         let _ = stop_rx.await;
     }));
     let channel = Endpoint::from_shared(format!("http://{address}"))
@@ -230,7 +230,6 @@ async fn bench_round_trips() {
         .expect("stop");
     let _ = stop_tx.send(());
     let _ = server.await;
-    applications.shutdown().await;
     drop(sim);
 }
 

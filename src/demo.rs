@@ -119,7 +119,7 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(grpc::serve(
         ServeSettings::default(),
-        applications.clone(),
+        applications,
         listener,
         async {
             let _ = stop_rx.await;
@@ -148,7 +148,6 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
         Ok(served) => served.context("the gRPC server failed")?,
         Err(err) => anyhow::bail!("the gRPC server task failed: {err}"),
     }
-    applications.shutdown().await;
     let summary = result?;
     screen.summary(&summary, began.elapsed())?;
     Ok(summary)

@@ -193,12 +193,11 @@ async fn serve(
     };
     grpc::serve(
         serve_settings,
-        applications.clone(),
+        applications,
         listener,
         shutdown_signal(),
     )
     .await?;
-    applications.shutdown().await;
     drop(sim);
     tracing::info!("stopped; executor pods left in place");
     Ok(())

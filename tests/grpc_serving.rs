@@ -202,8 +202,13 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
     until_pods_exist(&h, "team-b", app, 2).await;
 
     h.stop_server().await;
-    h.applications.shutdown().await;
     assert_eq!(h.pods("team-b", app).await.len(), 2);
+    // The actors are stopped, not the application: its pods wait for a restarted service.
+    let app_id = spark_pod_allocator::app::AppId::parse(app).expect("id");
+    assert!(matches!(
+        h.applications.status(&app_id).await,
+        Err(spark_pod_allocator::app::AppError::ShuttingDown)
+    ));
     // The listener is closed: new calls fail.
     let reconnect = tonic::transport::Endpoint::from_shared(format!("http://{}", h.address))
         .expect("endpoint")

@@ -49,8 +49,8 @@ pub enum ServeError {
 pub const SERVICE_NAME: &str = <ExecutorAllocatorServer<AllocatorService> as NamedService>::NAME;
 
 /// Serves until `shutdown` resolves, then stops accepting, lets in-flight calls finish (up to
-/// `drain_timeout`) and returns. Executor pods are left alone: shutting the application
-/// actors down is the caller's next step, and a restarted service resumes the applications.
+/// `drain_timeout`), stops every application actor and returns. Executor pods are left
+/// alone: a restarted service resumes the applications.
 pub async fn serve(
     settings: ServeSettings,
     applications: Applications,
@@ -67,7 +67,7 @@ pub async fn serve(
 
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let service = AllocatorService::new(applications, settings.defaults.clone());
+    let service = AllocatorService::new(applications.clone(), settings.defaults.clone());
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = {
@@ -103,6 +103,8 @@ pub async fn serve(
         }
     };
     readiness.abort();
+    // Every call has ended: stop the actors, leaving their pods for a restarted service.
+    applications.shutdown().await;
     result
 }
 
