@@ -135,6 +135,8 @@ async fn health_is_not_serving_until_the_kubernetes_watch_has_synced() {
     assert_eq!(next.status, ServingStatus::Serving as i32);
     let overall = health.check(HealthCheckRequest { service: String::new() }).await.expect("check").into_inner();
     assert_eq!(overall.status, ServingStatus::Serving as i32);
+    // An open Watch would hold the graceful shutdown until the drain timeout.
+    drop(updates);
     h.stop_server().await;
 }
 
@@ -201,7 +203,24 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
         .expect("set total");
     until_pods_exist(&h, "team-b", app, 2).await;
 
-    h.stop_server().await;
+    // A call in flight when the shutdown begins (a health Watch) is still served.
+    let mut health = HealthClient::new(h.channel.clone());
+    let mut updates = health
+        .watch(HealthCheckRequest { service: SERVICE_NAME.into() })
+        .await
+        .expect("watch")
+        .into_inner();
+    loop {
+        let update = updates.message().await.expect("update").expect("an update");
+        if update.status == ServingStatus::Serving as i32 {
+            break;
+        }
+    }
+    h.signal_stop();
+    let update = updates.message().await.expect("update").expect("an update");
+    assert_eq!(update.status, ServingStatus::NotServing as i32);
+    drop(updates);
+    h.wait_stopped().await;
     assert_eq!(h.pods("team-b", app).await.len(), 2);
     // The actors are stopped, not the application: its pods wait for a restarted service.
     let app_id = spark_pod_allocator::app::AppId::parse(app).expect("id");

@@ -67,9 +67,19 @@ impl Harness {
 
     /// Stops the server gracefully and waits for it.
     pub async fn stop_server(&mut self) {
+        self.signal_stop();
+        self.wait_stopped().await;
+    }
+
+    /// Begins the graceful shutdown (as SIGTERM would).
+    pub fn signal_stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+
+    /// Waits for the server to finish its shutdown.
+    pub async fn wait_stopped(&mut self) {
         if let Some(server) = self.server.take() {
             server.await.expect("server task").expect("server result");
         }
