@@ -26,6 +26,10 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
         }),
         ("executor_pod_template", |r| r.executor_pod_template = "spec: [unclosed\n".into()),
         ("executor_pod_template", |r| r.executor_pod_template = "just words".into()),
+        ("executor_pod_template", |r| {
+            r.executor_pod_template =
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n    spark-exec-id: \"9\"\n".into()
+        }),
         ("resource_profile_templates[-1]", |r| {
             r.resource_profile_templates = HashMap::from([(-1, TEMPLATE.into())])
         }),
