@@ -16,7 +16,10 @@ pub struct DriverOwner {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
     #[error("resource profile {profile}: {reason}")]
-    Invalid { profile: ResourceProfileId, reason: String },
+    Invalid {
+        profile: ResourceProfileId,
+        reason: String,
+    },
     #[error("resource profile {0} has no pod template")]
     NoTemplate(ResourceProfileId),
 }
@@ -41,7 +44,11 @@ impl ExecutorPodBuilder {
         todo!("engine")
     }
     /// The executor pod for `id` in `profile`.
-    pub fn build(&self, _id: ExecutorId, _profile: ResourceProfileId) -> Result<Pod, TemplateError> {
+    pub fn build(
+        &self,
+        _id: ExecutorId,
+        _profile: ResourceProfileId,
+    ) -> Result<Pod, TemplateError> {
         todo!("engine")
     }
 }

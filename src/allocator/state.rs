@@ -13,7 +13,11 @@ pub enum ExecutorState {
     /// Finished with exit code 0.
     Succeeded { exit_code: Option<i32> },
     /// Finished with a non-zero exit code (or phase Failed).
-    Failed { exit_code: Option<i32>, reason: Option<String>, message: Option<String> },
+    Failed {
+        exit_code: Option<i32>,
+        reason: Option<String>,
+        message: Option<String>,
+    },
     /// Deleted (deletionTimestamp set and not Running), or seen as a DELETED watch event.
     Deleted,
     /// Phase Terminating.
