@@ -12,8 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::watcher;
 use tokio::net::TcpListener;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
@@ -25,8 +28,8 @@ use crate::allocator::{ExecutorState, StateRules, executor_pod_from};
 use crate::app::{Applications, ServiceContext, SystemClock};
 use crate::grpc::{self, ServeSettings};
 use crate::proto;
-use crate::sim::{SimCluster, SimSettings};
 use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
+use crate::sim::{SimCluster, SimSettings};
 
 /// The application the demo driver runs.
 pub const DEMO_APP_ID: &str = "spark-demo-0001";
@@ -111,7 +114,8 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     let cluster = SimCluster::start(sim_settings)
         .await
         .context("starting the simulated cluster")?;
-    let applications = Applications::new(ServiceContext::new(cluster.client(), Arc::new(SystemClock)));
+    let applications =
+        Applications::new(ServiceContext::new(cluster.client(), Arc::new(SystemClock)));
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port for the service")?;
@@ -157,7 +161,9 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
 pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
     let mut health = HealthClient::new(channel);
     let mut updates = health
-        .watch(HealthCheckRequest { service: grpc::server::SERVICE_NAME.into() })
+        .watch(HealthCheckRequest {
+            service: grpc::server::SERVICE_NAME.into(),
+        })
         .await
         .context("health Watch")?
         .into_inner();
@@ -174,7 +180,6 @@ pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
 struct SeenPod {
     profile: i32,
     uid: String,
-    state: ExecutorState,
     failed: bool,
     gone: bool,
 }
@@ -197,6 +202,12 @@ pub struct ScriptedDriver {
     pods: Api<Pod>,
     settings: DriverSettings,
     rules: StateRules,
+    /// Every executor pod event of the application, from a watch of the API server.
+    events: BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>>,
+    /// Executor pods that exist now, and their state.
+    current: BTreeMap<u64, ExecutorState>,
+    /// Ids listed so far during a (re)list of the watch.
+    relisted: Option<BTreeSet<u64>>,
     registered: BTreeSet<u64>,
     seen: BTreeMap<u64, SeenPod>,
     killed: BTreeSet<u64>,
@@ -210,9 +221,15 @@ impl ScriptedDriver {
         kube: kube::Client,
         settings: DriverSettings,
     ) -> Self {
+        let pods: Api<Pod> = Api::namespaced(kube, DEMO_NAMESPACE);
+        let selector = format!("{APP_ID_LABEL}={DEMO_APP_ID},{ROLE_LABEL}={EXECUTOR_ROLE}");
+        let events = watcher(pods.clone(), watcher::Config::default().labels(&selector)).boxed();
         Self {
             client,
-            pods: Api::namespaced(kube, DEMO_NAMESPACE),
+            pods,
+            events,
+            current: BTreeMap::new(),
+            relisted: None,
             settings,
             rules: StateRules::default(),
             registered: BTreeSet::new(),
@@ -259,7 +276,7 @@ impl ScriptedDriver {
                 targets[0],
                 targets[1]
             );
-            out.note(&title)?;
+            out.heading(&title)?;
             let took = self.scale_to(targets, &title, out).await?;
             out.note(&format!("reached in {:.1} s", took.as_secs_f64()))?;
             summary.steps.push((targets.to_vec(), took));
@@ -303,9 +320,19 @@ impl ScriptedDriver {
         let mut tick = tokio::time::interval(self.settings.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
-            let pods = self.observe_pods().await?;
-            self.register(&pods).await?;
+            tokio::select! {
+                event = self.events.next() => {
+                    match event {
+                        Some(Ok(event)) => self.observe(event)?,
+                        // The watcher retries by itself; a failed attempt is only news.
+                        Some(Err(err)) => tracing::warn!(%err, "executor pod watch"),
+                        None => bail!("the executor pod watch ended"),
+                    }
+                    continue;
+                }
+                _ = tick.tick() => {}
+            }
+            self.register().await?;
             self.kill_surplus(&wanted).await?;
             let status = self.status().await?;
             let rows = self.rows(&wanted, &status);
@@ -338,74 +365,98 @@ impl ScriptedDriver {
             .into_inner())
     }
 
-    /// Lists the application's executor pods; records new, failed and vanished ones.
-    async fn observe_pods(&mut self) -> anyhow::Result<BTreeMap<u64, ExecutorState>> {
-        let selector = format!("{APP_ID_LABEL}={DEMO_APP_ID},{ROLE_LABEL}={EXECUTOR_ROLE}");
-        let list = self
-            .pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .context("listing executor pods")?;
-        let mut now = BTreeMap::new();
-        for pod in &list.items {
-            let Some(executor) = executor_pod_from(pod, &self.rules) else {
-                continue;
-            };
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let id = executor.id.0;
-            let failed = matches!(executor.state, ExecutorState::Failed { .. });
-            match self.seen.get_mut(&id) {
-                Some(seen) if seen.uid != uid => {
-                    bail!(
-                        "executor id {id} was used for two pods ({} and {uid})",
-                        seen.uid
-                    )
-                }
-                Some(seen) => {
-                    seen.state = executor.state.clone();
-                    seen.failed |= failed;
-                }
-                None => {
-                    self.seen.insert(
-                        id,
-                        SeenPod {
-                            profile: executor.profile.0,
-                            uid,
-                            state: executor.state.clone(),
-                            failed,
-                            gone: false,
-                        },
-                    );
+    /// Applies one watch event to what the driver knows: new, failed and vanished pods.
+    fn observe(&mut self, event: watcher::Event<Pod>) -> anyhow::Result<()> {
+        match event {
+            watcher::Event::Apply(pod) => {
+                self.observe_pod(&pod)?;
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(id) = self.observe_pod(&pod)? {
+                    self.current.remove(&id);
+                    if let Some(seen) = self.seen.get_mut(&id) {
+                        seen.gone = true;
+                    }
                 }
             }
-            now.insert(id, executor.state);
-        }
-        for (id, seen) in self.seen.iter_mut() {
-            if !now.contains_key(id) {
-                seen.gone = true;
-                seen.state = ExecutorState::Deleted;
+            watcher::Event::Init => self.relisted = Some(BTreeSet::new()),
+            watcher::Event::InitApply(pod) => {
+                if let Some(id) = self.observe_pod(&pod)? {
+                    self.relisted.get_or_insert_default().insert(id);
+                }
+            }
+            watcher::Event::InitDone => {
+                // After a relist, pods missing from it are gone.
+                let listed = self.relisted.take().unwrap_or_default();
+                let vanished: Vec<u64> = self
+                    .current
+                    .keys()
+                    .filter(|id| !listed.contains(id))
+                    .copied()
+                    .collect();
+                for id in vanished {
+                    self.current.remove(&id);
+                    if let Some(seen) = self.seen.get_mut(&id) {
+                        seen.gone = true;
+                    }
+                }
             }
         }
-        Ok(now)
+        Ok(())
+    }
+
+    fn observe_pod(&mut self, pod: &Pod) -> anyhow::Result<Option<u64>> {
+        let Some(executor) = executor_pod_from(pod, &self.rules) else {
+            return Ok(None);
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let id = executor.id.0;
+        let failed = matches!(executor.state, ExecutorState::Failed { .. });
+        match self.seen.get_mut(&id) {
+            Some(seen) if seen.uid != uid => {
+                bail!(
+                    "executor id {id} was used for two pods ({} and {uid})",
+                    seen.uid
+                )
+            }
+            Some(seen) => seen.failed |= failed,
+            None => {
+                self.seen.insert(
+                    id,
+                    SeenPod {
+                        profile: executor.profile.0,
+                        uid,
+                        failed,
+                        gone: false,
+                    },
+                );
+            }
+        }
+        self.current.insert(id, executor.state);
+        Ok(Some(id))
     }
 
     /// Registers executors whose pods run (unless IsDeleted refuses them) and drops those
     /// whose pods stopped running, then reports the set.
-    async fn register(&mut self, pods: &BTreeMap<u64, ExecutorState>) -> anyhow::Result<()> {
+    async fn register(&mut self) -> anyhow::Result<()> {
+        let pods = &self.current;
         let mut registered: BTreeSet<u64> = self
             .registered
             .iter()
             .copied()
             .filter(|id| pods.get(id) == Some(&ExecutorState::Running))
             .collect();
-        for (&id, state) in pods {
-            let fresh = *state == ExecutorState::Running
-                && !registered.contains(&id)
-                && !self.refused.contains(&id)
-                && !self.killed.contains(&id);
-            if !fresh {
-                continue;
-            }
+        let fresh: Vec<u64> = pods
+            .iter()
+            .filter(|(id, state)| {
+                **state == ExecutorState::Running
+                    && !registered.contains(id)
+                    && !self.refused.contains(id)
+                    && !self.killed.contains(id)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in fresh {
             let deleted = self
                 .client
                 .is_deleted(proto::IsDeletedRequest {
@@ -478,9 +529,12 @@ impl ScriptedDriver {
     /// Running, not-killed executors per profile, as the driver sees them.
     fn running_pods(&self, wanted: &BTreeMap<i32, u32>) -> BTreeMap<i32, u32> {
         let mut counts: BTreeMap<i32, u32> = wanted.keys().map(|p| (*p, 0)).collect();
-        for (id, pod) in &self.seen {
-            if pod.state == ExecutorState::Running && !self.killed.contains(id) {
-                *counts.entry(pod.profile).or_default() += 1;
+        for (id, state) in &self.current {
+            let profile = self.seen.get(id).map(|p| p.profile);
+            if let (ExecutorState::Running, Some(profile)) = (state, profile) {
+                if !self.killed.contains(id) {
+                    *counts.entry(profile).or_default() += 1;
+                }
             }
         }
         counts
@@ -545,6 +599,17 @@ impl Screen {
         self.last_rows.clear();
         writeln!(self.out, "{line}")?;
         self.out.flush()
+    }
+
+    /// A heading for what follows; on a terminal the table's own title says it.
+    fn heading(&mut self, line: &str) -> std::io::Result<()> {
+        if self.ansi {
+            self.drawn_lines = 0;
+            self.last_rows.clear();
+            Ok(())
+        } else {
+            self.note(line)
+        }
     }
 
     fn table(&mut self, title: &str, elapsed: Duration, rows: &[Row]) -> std::io::Result<()> {

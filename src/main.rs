@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
-use spark_pod_allocator::sim::SimCluster;
+use spark_pod_allocator::sim::{SimCluster, SimSettings};
 use spark_pod_allocator::{demo, k8s};
 
 /// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
@@ -165,7 +165,7 @@ async fn serve(
     // Kept alive for as long as the service runs.
     let mut sim = None;
     let client = if simulate {
-        let cluster = SimCluster::start(settings.simulator.clone())
+        let cluster = SimCluster::start(simulator_settings(&settings))
             .await
             .context("starting the simulated cluster")?;
         tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
@@ -191,13 +191,7 @@ async fn serve(
         defaults,
         ..ServeSettings::default()
     };
-    grpc::serve(
-        serve_settings,
-        applications,
-        listener,
-        shutdown_signal(),
-    )
-    .await?;
+    grpc::serve(serve_settings, applications, listener, shutdown_signal()).await?;
     drop(sim);
     tracing::info!("stopped; executor pods left in place");
     Ok(())
@@ -205,8 +199,12 @@ async fn serve(
 
 /// The configured default template, parsed by the same rules as a request's.
 fn default_template(path: &Path) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("default_executor_pod_template: cannot read {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "default_executor_pod_template: cannot read {}",
+            path.display()
+        )
+    })?;
     grpc::validate::pod_template("default_executor_pod_template", &text)
         .map_err(|err| anyhow::anyhow!("{err} (file {})", path.display()))
 }
@@ -216,7 +214,7 @@ async fn simulate(
     listen: Option<String>,
     kubeconfig: &Path,
 ) -> anyhow::Result<()> {
-    let mut sim_settings = settings.simulator.clone();
+    let mut sim_settings = simulator_settings(&settings);
     if let Some(listen) = listen {
         sim_settings.listen = listen;
     }
@@ -234,4 +232,10 @@ async fn simulate(
     shutdown_signal().await;
     drop(cluster);
     Ok(())
+}
+
+/// The simulated cluster's settings.
+// TODO(config): read the `[simulator]` section once the configuration has it.
+fn simulator_settings(_settings: &Settings) -> SimSettings {
+    SimSettings::default()
 }

@@ -11,7 +11,9 @@ pub fn to_status(err: AppError) -> Status {
         AppError::AlreadyExists { .. } => Status::already_exists(err.to_string()),
         AppError::FailedPrecondition(message) => Status::failed_precondition(message),
         AppError::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
+        AppError::PermissionDenied(message) => Status::permission_denied(message),
         AppError::ShuttingDown => Status::unavailable(err.to_string()),
+        AppError::Internal(_) => Status::internal(err.to_string()),
         AppError::Kubernetes(kube_err) => kubernetes_status(&kube_err),
     }
 }
@@ -95,6 +97,20 @@ mod tests {
             (Code::InvalidArgument, "settings.batch_size: must be > 0")
         );
         assert_eq!(to_status(AppError::ShuttingDown).code(), Code::Unavailable);
+        let s = to_status(AppError::PermissionDenied(
+            "namespace kube-system is not allowed".into(),
+        ));
+        assert_eq!(
+            (s.code(), s.message()),
+            (
+                Code::PermissionDenied,
+                "namespace kube-system is not allowed"
+            )
+        );
+        assert_eq!(
+            to_status(AppError::Internal("actor ended".into())).code(),
+            Code::Internal
+        );
     }
 
     #[test]
