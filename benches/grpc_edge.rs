@@ -102,10 +102,9 @@ fn report(name: &str, subject: Duration, baseline_name: &str, baseline: Duration
 }
 
 fn bench_validation() {
-    let template_json = serde_json::to_string(
-        &serde_yaml::from_str::<Pod>(TEMPLATE_YAML).expect("template"),
-    )
-    .expect("json");
+    let template_json =
+        serde_json::to_string(&serde_yaml::from_str::<Pod>(TEMPLATE_YAML).expect("template"))
+            .expect("json");
     let request = proto::StartRequest {
         application_id: "spark-0123456789abcdef".into(),
         namespace: "analytics".into(),
@@ -129,38 +128,66 @@ fn bench_validation() {
     let yaml_and_json = median_per_call(200, || {
         black_box(validate::start(black_box(request.clone()), &defaults).ok());
     });
-    report("validate Start (YAML + JSON templates)", yaml_and_json, "2x serde_json Pod", baseline);
-    let json_only = proto::StartRequest { executor_pod_template: template_json.clone(), ..request.clone() };
+    report(
+        "validate Start (YAML + JSON templates)",
+        yaml_and_json,
+        "2x serde_json Pod",
+        baseline,
+    );
+    let json_only = proto::StartRequest {
+        executor_pod_template: template_json.clone(),
+        ..request.clone()
+    };
     let json = median_per_call(200, || {
         black_box(validate::start(black_box(json_only.clone()), &defaults).ok());
     });
-    report("validate Start (2 JSON templates)", json, "2x serde_json Pod", baseline);
+    report(
+        "validate Start (2 JSON templates)",
+        json,
+        "2x serde_json Pod",
+        baseline,
+    );
     let mut bad = request.clone();
-    bad.settings = Some(proto::AllocationSettings { batch_delay_ms: Some(50), ..Default::default() });
+    bad.settings = Some(proto::AllocationSettings {
+        batch_delay_ms: Some(50),
+        ..Default::default()
+    });
     let refused = median_per_call(200, || {
         black_box(validate::start(black_box(bad.clone()), &defaults).err());
     });
-    report("validate Start refused (batch_delay_ms=50)", refused, "2x serde_json Pod", baseline);
+    report(
+        "validate Start refused (batch_delay_ms=50)",
+        refused,
+        "2x serde_json Pod",
+        baseline,
+    );
 }
 
 async fn bench_round_trips() {
     let mut sim_settings = SimSettings::default();
     sim_settings.kubelet.mode = KubeletMode::Manual;
-    let sim = SimCluster::start(sim_settings).await.expect("simulated cluster");
+    let sim = SimCluster::start(sim_settings)
+        .await
+        .expect("simulated cluster");
     let applications = Applications::new(ServiceContext::new(sim.client(), Arc::new(SystemClock)));
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(grpc::serve(ServeSettings::default(), applications, listener, async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(grpc::serve(
+        ServeSettings::default(),
+        applications,
+        listener,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
     let channel = Endpoint::from_shared(format!("http://{address}"))
         .expect("endpoint")
         .connect()
         .await
         .expect("connect");
     let mut client = ExecutorAllocatorClient::new(channel.clone());
-    let mut health = HealthClient::new(channel);
+    let health = HealthClient::new(channel);
     client
         .start(proto::StartRequest {
             application_id: "spark-bench".into(),
@@ -174,7 +201,14 @@ async fn bench_round_trips() {
     let baseline = median_per_call_async(300, || {
         let mut health = health.clone();
         async move {
-            black_box(health.check(HealthCheckRequest { service: String::new() }).await.ok());
+            black_box(
+                health
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .ok(),
+            );
         }
     })
     .await;
@@ -183,7 +217,9 @@ async fn bench_round_trips() {
         async move {
             black_box(
                 client
-                    .get_status(proto::GetStatusRequest { application_id: "spark-bench".into() })
+                    .get_status(proto::GetStatusRequest {
+                        application_id: "spark-bench".into(),
+                    })
                     .await
                     .ok(),
             );
@@ -222,10 +258,17 @@ async fn bench_round_trips() {
         }
     })
     .await;
-    report("IsDeleted refused (non-numeric id)", refused, "Health/Check", baseline);
+    report(
+        "IsDeleted refused (non-numeric id)",
+        refused,
+        "Health/Check",
+        baseline,
+    );
 
     client
-        .stop(proto::StopRequest { application_id: "spark-bench".into() })
+        .stop(proto::StopRequest {
+            application_id: "spark-bench".into(),
+        })
         .await
         .expect("stop");
     let _ = stop_tx.send(());

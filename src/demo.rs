@@ -531,10 +531,10 @@ impl ScriptedDriver {
         let mut counts: BTreeMap<i32, u32> = wanted.keys().map(|p| (*p, 0)).collect();
         for (id, state) in &self.current {
             let profile = self.seen.get(id).map(|p| p.profile);
-            if let (ExecutorState::Running, Some(profile)) = (state, profile) {
-                if !self.killed.contains(id) {
-                    *counts.entry(profile).or_default() += 1;
-                }
+            if let (ExecutorState::Running, Some(profile)) = (state, profile)
+                && !self.killed.contains(id)
+            {
+                *counts.entry(profile).or_default() += 1;
             }
         }
         counts

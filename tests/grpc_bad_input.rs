@@ -14,18 +14,26 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
     type Mutation = fn(&mut proto::StartRequest);
     let cases: Vec<(&str, Mutation)> = vec![
         ("application_id", |r| r.application_id = String::new()),
-        ("application_id", |r| r.application_id = "-starts-with-dash".into()),
+        ("application_id", |r| {
+            r.application_id = "-starts-with-dash".into()
+        }),
         ("application_id", |r| r.application_id = "has space".into()),
         ("application_id", |r| r.application_id = "a".repeat(64)),
         ("namespace", |r| r.namespace = String::new()),
         ("namespace", |r| r.namespace = "Team_A".into()),
         ("driver_pod_name", |r| r.driver_pod_name = "Driver!".into()),
-        ("executor_pod_template", |r| r.executor_pod_template = String::new()),
+        ("executor_pod_template", |r| {
+            r.executor_pod_template = String::new()
+        }),
         ("executor_pod_template", |r| {
             r.executor_pod_template = "apiVersion: apps/v1\nkind: Deployment\n".into()
         }),
-        ("executor_pod_template", |r| r.executor_pod_template = "spec: [unclosed\n".into()),
-        ("executor_pod_template", |r| r.executor_pod_template = "just words".into()),
+        ("executor_pod_template", |r| {
+            r.executor_pod_template = "spec: [unclosed\n".into()
+        }),
+        ("executor_pod_template", |r| {
+            r.executor_pod_template = "just words".into()
+        }),
         ("executor_pod_template", |r| {
             r.executor_pod_template =
                 "apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n    spark-exec-id: \"9\"\n".into()
@@ -41,10 +49,16 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
         }),
         ("pod_name_prefix", |r| r.pod_name_prefix = "---".into()),
         ("settings.batch_delay_ms", |r| {
-            r.settings = Some(proto::AllocationSettings { batch_delay_ms: Some(50), ..Default::default() })
+            r.settings = Some(proto::AllocationSettings {
+                batch_delay_ms: Some(50),
+                ..Default::default()
+            })
         }),
         ("settings.batch_size", |r| {
-            r.settings = Some(proto::AllocationSettings { batch_size: Some(0), ..Default::default() })
+            r.settings = Some(proto::AllocationSettings {
+                batch_size: Some(0),
+                ..Default::default()
+            })
         }),
         ("settings.executor_timeout_ms", |r| {
             r.settings = Some(proto::AllocationSettings {
@@ -54,10 +68,16 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
             })
         }),
         ("settings.max_pending_pods", |r| {
-            r.settings = Some(proto::AllocationSettings { max_pending_pods: Some(0), ..Default::default() })
+            r.settings = Some(proto::AllocationSettings {
+                max_pending_pods: Some(0),
+                ..Default::default()
+            })
         }),
         ("settings.max_executors", |r| {
-            r.settings = Some(proto::AllocationSettings { max_executors: Some(0), ..Default::default() })
+            r.settings = Some(proto::AllocationSettings {
+                max_executors: Some(0),
+                ..Default::default()
+            })
         }),
     ];
     for (field, mutate) in cases {
@@ -76,7 +96,9 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
     // Nothing of the refused application exists.
     let status = h
         .client
-        .get_status(proto::GetStatusRequest { application_id: "spark-bad".into() })
+        .get_status(proto::GetStatusRequest {
+            application_id: "spark-bad".into(),
+        })
         .await
         .expect_err("never started");
     assert_eq!(status.code(), Code::NotFound);
@@ -90,20 +112,34 @@ async fn every_rpc_refuses_an_invalid_application_id() {
     for bad in ["", "no/slash", "-x"] {
         let c = &mut h.client;
         let statuses = [
-            c.set_total_expected(proto::SetTotalExpectedRequest { application_id: bad.into(), ..Default::default() })
-                .await
-                .expect_err("SetTotalExpected"),
-            c.is_deleted(proto::IsDeletedRequest { application_id: bad.into(), executor_id: "1".into() })
-                .await
-                .expect_err("IsDeleted"),
+            c.set_total_expected(proto::SetTotalExpectedRequest {
+                application_id: bad.into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("SetTotalExpected"),
+            c.is_deleted(proto::IsDeletedRequest {
+                application_id: bad.into(),
+                executor_id: "1".into(),
+            })
+            .await
+            .expect_err("IsDeleted"),
             c.update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
                 application_id: bad.into(),
                 executor_ids: vec![],
             })
             .await
             .expect_err("UpdateRegisteredExecutors"),
-            c.stop(proto::StopRequest { application_id: bad.into() }).await.expect_err("Stop"),
-            c.get_status(proto::GetStatusRequest { application_id: bad.into() }).await.expect_err("GetStatus"),
+            c.stop(proto::StopRequest {
+                application_id: bad.into(),
+            })
+            .await
+            .expect_err("Stop"),
+            c.get_status(proto::GetStatusRequest {
+                application_id: bad.into(),
+            })
+            .await
+            .expect_err("GetStatus"),
         ];
         for status in &statuses {
             assert_invalid(status, "application_id");
@@ -124,17 +160,28 @@ async fn every_rpc_on_an_unknown_application_is_not_found() {
         })
         .await
         .expect_err("SetTotalExpected"),
-        c.is_deleted(proto::IsDeletedRequest { application_id: app.clone(), executor_id: "1".into() })
-            .await
-            .expect_err("IsDeleted"),
+        c.is_deleted(proto::IsDeletedRequest {
+            application_id: app.clone(),
+            executor_id: "1".into(),
+        })
+        .await
+        .expect_err("IsDeleted"),
         c.update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
             application_id: app.clone(),
             executor_ids: vec!["1".into()],
         })
         .await
         .expect_err("UpdateRegisteredExecutors"),
-        c.stop(proto::StopRequest { application_id: app.clone() }).await.expect_err("Stop"),
-        c.get_status(proto::GetStatusRequest { application_id: app.clone() }).await.expect_err("GetStatus"),
+        c.stop(proto::StopRequest {
+            application_id: app.clone(),
+        })
+        .await
+        .expect_err("Stop"),
+        c.get_status(proto::GetStatusRequest {
+            application_id: app.clone(),
+        })
+        .await
+        .expect_err("GetStatus"),
     ];
     for status in &statuses {
         assert_eq!(status.code(), Code::NotFound, "{status:?}");
@@ -148,12 +195,18 @@ async fn every_rpc_on_an_unknown_application_is_not_found() {
 async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
     let mut h = Harness::start().await;
     let app = "spark-ids";
-    h.client.start(start_request(app, "team-a")).await.expect("start");
+    h.client
+        .start(start_request(app, "team-a"))
+        .await
+        .expect("start");
 
     for bad in ["", "abc", "-3", "0", "1.5", " 7"] {
         let status = h
             .client
-            .is_deleted(proto::IsDeletedRequest { application_id: app.into(), executor_id: bad.into() })
+            .is_deleted(proto::IsDeletedRequest {
+                application_id: app.into(),
+                executor_id: bad.into(),
+            })
             .await
             .expect_err(bad);
         assert_invalid(&status, "executor_id");
@@ -192,7 +245,9 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
     // None of the refused calls set a target: no executor was requested.
     let report = h
         .client
-        .get_status(proto::GetStatusRequest { application_id: app.into() })
+        .get_status(proto::GetStatusRequest {
+            application_id: app.into(),
+        })
         .await
         .expect("status")
         .into_inner();
@@ -215,7 +270,9 @@ async fn a_missing_driver_pod_is_a_failed_precondition_with_spark_s_message() {
     );
     let status = h
         .client
-        .get_status(proto::GetStatusRequest { application_id: "spark-driverless".into() })
+        .get_status(proto::GetStatusRequest {
+            application_id: "spark-driverless".into(),
+        })
         .await
         .expect_err("not started");
     assert_eq!(status.code(), Code::NotFound);
@@ -225,13 +282,27 @@ async fn a_missing_driver_pod_is_a_failed_precondition_with_spark_s_message() {
 #[tokio::test]
 async fn start_is_idempotent_per_namespace_and_exclusive_across_namespaces() {
     let mut h = Harness::start().await;
-    let first = h.client.start(start_request("spark-twice", "team-a")).await.expect("first").into_inner();
+    let first = h
+        .client
+        .start(start_request("spark-twice", "team-a"))
+        .await
+        .expect("first")
+        .into_inner();
     assert!(!first.resumed);
-    let again = h.client.start(start_request("spark-twice", "team-a")).await.expect("again").into_inner();
+    let again = h
+        .client
+        .start(start_request("spark-twice", "team-a"))
+        .await
+        .expect("again")
+        .into_inner();
     assert!(again.resumed, "{again:?}");
     assert_eq!(again.last_executor_id, first.last_executor_id);
 
-    let status = h.client.start(start_request("spark-twice", "team-b")).await.expect_err("other namespace");
+    let status = h
+        .client
+        .start(start_request("spark-twice", "team-b"))
+        .await
+        .expect_err("other namespace");
     assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
     assert!(status.message().contains("team-a"), "{status:?}");
     h.stop_server().await;

@@ -20,9 +20,15 @@ use tonic_health::pb::health_client::HealthClient;
 const HANG_GUARD: Duration = Duration::from_secs(30);
 
 /// Waits, on a watch of the API server, until `count` executor pods of `app` exist.
-async fn until_pods_exist(h: &Harness, namespace: &str, app: &str, count: usize) -> BTreeSet<String> {
+async fn until_pods_exist(
+    h: &Harness,
+    namespace: &str,
+    app: &str,
+    count: usize,
+) -> BTreeSet<String> {
     let api: Api<Pod> = Api::namespaced(h.sim.client(), namespace);
-    let config = watcher::Config::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
+    let config =
+        watcher::Config::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
     let mut events = watcher(api, config).boxed();
     let mut names = BTreeSet::new();
     let wait = async {
@@ -41,7 +47,9 @@ async fn until_pods_exist(h: &Harness, namespace: &str, app: &str, count: usize)
             }
         }
     };
-    tokio::time::timeout(HANG_GUARD, wait).await.expect("pods appear");
+    tokio::time::timeout(HANG_GUARD, wait)
+        .await
+        .expect("pods appear");
     names
 }
 
@@ -49,7 +57,12 @@ async fn until_pods_exist(h: &Harness, namespace: &str, app: &str, count: usize)
 async fn a_driver_starts_scales_asks_and_stops() {
     let mut h = Harness::start().await;
     let app = "spark-happy";
-    let started = h.client.start(start_request(app, "team-a")).await.expect("start").into_inner();
+    let started = h
+        .client
+        .start(start_request(app, "team-a"))
+        .await
+        .expect("start")
+        .into_inner();
     assert_eq!((started.resumed, started.last_executor_id), (false, 0));
 
     h.client
@@ -63,17 +76,27 @@ async fn a_driver_starts_scales_asks_and_stops() {
     let names = until_pods_exist(&h, "team-a", app, 3).await;
     assert_eq!(
         names,
-        BTreeSet::from(["spark-happy-exec-1".into(), "spark-happy-exec-2".into(), "spark-happy-exec-3".into()])
+        BTreeSet::from([
+            "spark-happy-exec-1".into(),
+            "spark-happy-exec-2".into(),
+            "spark-happy-exec-3".into()
+        ])
     );
 
     let status = h
         .client
-        .get_status(proto::GetStatusRequest { application_id: app.into() })
+        .get_status(proto::GetStatusRequest {
+            application_id: app.into(),
+        })
         .await
         .expect("status")
         .into_inner();
     assert_eq!(status.last_executor_id, 3);
-    let p0 = status.profiles.iter().find(|p| p.resource_profile_id == 0).expect("profile 0");
+    let p0 = status
+        .profiles
+        .iter()
+        .find(|p| p.resource_profile_id == 0)
+        .expect("profile 0");
     assert_eq!(p0.target, 3);
     assert_eq!(p0.running, 0);
     assert_eq!(p0.pending + p0.newly_created, 3, "{p0:?}");
@@ -82,7 +105,10 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     let deleted = h
         .client
-        .is_deleted(proto::IsDeletedRequest { application_id: app.into(), executor_id: "2".into() })
+        .is_deleted(proto::IsDeletedRequest {
+            application_id: app.into(),
+            executor_id: "2".into(),
+        })
         .await
         .expect("is deleted")
         .into_inner();
@@ -95,12 +121,21 @@ async fn a_driver_starts_scales_asks_and_stops() {
         .await
         .expect("registered");
 
-    let stopped = h.client.stop(proto::StopRequest { application_id: app.into() }).await.expect("stop").into_inner();
+    let stopped = h
+        .client
+        .stop(proto::StopRequest {
+            application_id: app.into(),
+        })
+        .await
+        .expect("stop")
+        .into_inner();
     assert_eq!(stopped.deleted_pods, 3);
     assert!(h.pods("team-a", app).await.is_empty());
     let status = h
         .client
-        .get_status(proto::GetStatusRequest { application_id: app.into() })
+        .get_status(proto::GetStatusRequest {
+            application_id: app.into(),
+        })
         .await
         .expect_err("forgotten");
     assert_eq!(status.code(), tonic::Code::NotFound);
@@ -115,13 +150,21 @@ async fn health_is_not_serving_until_the_kubernetes_watch_has_synced() {
     let mut h = Harness::start_with(sim, Default::default()).await;
     let mut health = HealthClient::new(h.channel.clone());
     let mut updates = health
-        .watch(HealthCheckRequest { service: SERVICE_NAME.into() })
+        .watch(HealthCheckRequest {
+            service: SERVICE_NAME.into(),
+        })
         .await
         .expect("watch")
         .into_inner();
     let first = updates.message().await.expect("first").expect("an update");
     assert_eq!(first.status, ServingStatus::NotServing as i32);
-    let overall = health.check(HealthCheckRequest { service: String::new() }).await.expect("check").into_inner();
+    let overall = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("check")
+        .into_inner();
     assert_eq!(overall.status, ServingStatus::NotServing as i32);
 
     let mut faults = h.sim.faults();
@@ -133,7 +176,13 @@ async fn health_is_not_serving_until_the_kubernetes_watch_has_synced() {
         .expect("stream")
         .expect("an update");
     assert_eq!(next.status, ServingStatus::Serving as i32);
-    let overall = health.check(HealthCheckRequest { service: String::new() }).await.expect("check").into_inner();
+    let overall = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("check")
+        .into_inner();
     assert_eq!(overall.status, ServingStatus::Serving as i32);
     // An open Watch would hold the graceful shutdown until the drain timeout.
     drop(updates);
@@ -150,7 +199,9 @@ mod reflection {
         ($channel:expr, $version:ident) => {{
             use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
             use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
-            use tonic_reflection::pb::$version::{ServerReflectionRequest, ServerReflectionResponse};
+            use tonic_reflection::pb::$version::{
+                ServerReflectionRequest, ServerReflectionResponse,
+            };
             let mut grpc = tonic::client::Grpc::new($channel);
             grpc.ready().await.expect("ready");
             let path = PathAndQuery::from_static(concat!(
@@ -164,15 +215,21 @@ mod reflection {
             };
             let codec = ProstCodec::<ServerReflectionRequest, ServerReflectionResponse>::default();
             let mut replies = grpc
-                .streaming(tonic::Request::new(futures::stream::iter([request])), path, codec)
+                .streaming(
+                    tonic::Request::new(futures::stream::iter([request])),
+                    path,
+                    codec,
+                )
                 .await
                 .expect("reflection call")
                 .into_inner();
             let reply = replies.message().await.expect("reply").expect("one reply");
             match reply.message_response {
-                Some(MessageResponse::ListServicesResponse(list)) => {
-                    list.service.into_iter().map(|s| s.name).collect::<BTreeSet<String>>()
-                }
+                Some(MessageResponse::ListServicesResponse(list)) => list
+                    .service
+                    .into_iter()
+                    .map(|s| s.name)
+                    .collect::<BTreeSet<String>>(),
                 other => panic!("unexpected reflection reply {other:?}"),
             }
         }};
@@ -181,8 +238,14 @@ mod reflection {
     #[tokio::test]
     async fn both_versions_list_the_allocator_and_health() {
         let mut h = Harness::start().await;
-        for names in [list_services!(h.channel.clone(), v1alpha), list_services!(h.channel.clone(), v1)] {
-            assert!(names.contains("spark.allocator.v1.ExecutorAllocator"), "{names:?}");
+        for names in [
+            list_services!(h.channel.clone(), v1alpha),
+            list_services!(h.channel.clone(), v1),
+        ] {
+            assert!(
+                names.contains("spark.allocator.v1.ExecutorAllocator"),
+                "{names:?}"
+            );
             assert!(names.contains("grpc.health.v1.Health"), "{names:?}");
         }
         h.stop_server().await;
@@ -193,7 +256,10 @@ mod reflection {
 async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
     let mut h = Harness::start().await;
     let app = "spark-kept";
-    h.client.start(start_request(app, "team-b")).await.expect("start");
+    h.client
+        .start(start_request(app, "team-b"))
+        .await
+        .expect("start");
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
@@ -206,7 +272,9 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
     // A call in flight when the shutdown begins (a health Watch) is still served.
     let mut health = HealthClient::new(h.channel.clone());
     let mut updates = health
-        .watch(HealthCheckRequest { service: SERVICE_NAME.into() })
+        .watch(HealthCheckRequest {
+            service: SERVICE_NAME.into(),
+        })
         .await
         .expect("watch")
         .into_inner();

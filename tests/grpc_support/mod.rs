@@ -47,22 +47,39 @@ impl Harness {
     }
 
     pub async fn start_with(sim_settings: SimSettings, serve_settings: ServeSettings) -> Self {
-        let sim = SimCluster::start(sim_settings).await.expect("simulated cluster");
+        let sim = SimCluster::start(sim_settings)
+            .await
+            .expect("simulated cluster");
         let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-        let applications = Applications::new(ServiceContext::new(sim.client(), Arc::new(clock.clone())));
+        let applications =
+            Applications::new(ServiceContext::new(sim.client(), Arc::new(clock.clone())));
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
         let address = listener.local_addr().expect("address");
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let server = tokio::spawn(grpc::serve(serve_settings, applications.clone(), listener, async {
-            let _ = stop_rx.await;
-        }));
+        let server = tokio::spawn(grpc::serve(
+            serve_settings,
+            applications.clone(),
+            listener,
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
         let channel = Endpoint::from_shared(format!("http://{address}"))
             .expect("endpoint")
             .connect()
             .await
             .expect("connect");
         let client = ExecutorAllocatorClient::new(channel.clone());
-        Self { sim, applications, clock, address, channel, client, stop: Some(stop_tx), server: Some(server) }
+        Self {
+            sim,
+            applications,
+            clock,
+            address,
+            channel,
+            client,
+            stop: Some(stop_tx),
+            server: Some(server),
+        }
     }
 
     /// Stops the server gracefully and waits for it.
@@ -88,10 +105,12 @@ impl Harness {
     /// The executor pods of `app` in `namespace`, as the API server has them.
     pub async fn pods(&self, namespace: &str, app: &str) -> Vec<Pod> {
         let api: Api<Pod> = Api::namespaced(self.sim.client(), namespace);
-        api.list(&ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor")))
-            .await
-            .expect("list pods")
-            .items
+        api.list(
+            &ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor")),
+        )
+        .await
+        .expect("list pods")
+        .items
     }
 }
 
