@@ -1,4 +1,5 @@
 //! CLI wiring only: configuration, logging, signals, and which parts to start.
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -116,6 +117,7 @@ fn init_tracing(format: LogFormat, default_filter: &str) -> anyhow::Result<()> {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Json => builder.json().try_init(),
@@ -157,10 +159,7 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let defaults = StartDefaults {
         settings: settings.allocation_defaults(),
-        executor_pod_template: match &settings.default_executor_pod_template {
-            Some(path) => Some(default_template(path)?),
-            None => None,
-        },
+        executor_pod_template: settings.default_template()?,
     };
     // Kept alive for as long as the service runs.
     let mut sim = None;
@@ -195,18 +194,6 @@ async fn serve(
     drop(sim);
     tracing::info!("stopped; executor pods left in place");
     Ok(())
-}
-
-/// The configured default template, parsed by the same rules as a request's.
-fn default_template(path: &Path) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!(
-            "default_executor_pod_template: cannot read {}",
-            path.display()
-        )
-    })?;
-    grpc::validate::pod_template("default_executor_pod_template", &text)
-        .map_err(|err| anyhow::anyhow!("{err} (file {})", path.display()))
 }
 
 async fn simulate(

@@ -1,0 +1,229 @@
+//! The binary as a user runs it: `serve --simulate` answering gRPC and stopping cleanly on
+//! SIGTERM, `simulate` writing a usable kubeconfig, `demo` finishing with exit 0, and bad
+//! configuration refused with a message naming the key (no panic).
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ListParams};
+use spark_pod_allocator::demo::wait_until_serving;
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStderr, Command};
+use tonic::transport::Endpoint;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+/// Guards against a hang only; every wait ends on output or exit, not on time.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+fn command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Reads JSON log lines until one has `message`; returns that line's fields.
+async fn until_logged(
+    lines: &mut Lines<BufReader<ChildStderr>>,
+    message: &str,
+) -> serde_json::Value {
+    let wait = async {
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if entry["fields"]["message"] == message {
+                return entry["fields"].clone();
+            }
+        }
+        panic!("the process ended before logging {message:?}");
+    };
+    tokio::time::timeout(HANG_GUARD, wait)
+        .await
+        .expect("log line")
+}
+
+fn terminate(child: &Child) {
+    let pid = child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
+    let mut child = command(&[
+        "--log-format",
+        "json",
+        "serve",
+        "--simulate",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let fields = until_logged(&mut lines, "serving gRPC").await;
+    let address = fields["address"].as_str().expect("address").to_string();
+
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    wait_until_serving(channel.clone()).await.expect("serving");
+    let mut client = ExecutorAllocatorClient::new(channel);
+    let started = client
+        .start(proto::StartRequest {
+            application_id: "spark-cli".into(),
+            namespace: "default".into(),
+            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start")
+        .into_inner();
+    assert!(!started.resumed);
+    let status = client
+        .get_status(proto::GetStatusRequest {
+            application_id: "spark-cli".into(),
+        })
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(status.last_executor_id, 0);
+
+    terminate(&child);
+    until_logged(&mut lines, "stopped; executor pods left in place").await;
+    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
+        .await
+        .expect("exit")
+        .expect("wait");
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test]
+async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut child = command(&[
+        "simulate",
+        "--listen",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("utf-8 path"),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(HANG_GUARD, stdout.next_line())
+        .await
+        .expect("announcement")
+        .expect("stdout")
+        .expect("a line");
+    assert!(
+        line.starts_with("simulated Kubernetes API server at http://127.0.0.1:"),
+        "{line}"
+    );
+
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    let namespaces: Api<Namespace> = Api::all(client);
+    let names: Vec<String> = namespaces
+        .list(&ListParams::default())
+        .await
+        .expect("list namespaces")
+        .items
+        .into_iter()
+        .filter_map(|ns| ns.metadata.name)
+        .collect();
+    assert!(names.contains(&"default".to_string()), "{names:?}");
+
+    terminate(&child);
+    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
+        .await
+        .expect("exit")
+        .expect("wait");
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test]
+async fn a_bad_configuration_value_is_refused_naming_its_key() {
+    let out = command(&["serve", "--simulate"])
+        .env("SPARK_POD_ALLOCATOR__KUBERNETES__QPS", "fast")
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("kubernetes.qps"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_missing_default_template_file_is_refused_naming_its_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("allocator.toml");
+    std::fs::write(
+        &config,
+        "default_executor_pod_template = \"/nonexistent/template.yaml\"\n",
+    )
+    .expect("write");
+    let out = command(&[
+        "--config",
+        config.to_str().expect("utf-8 path"),
+        "serve",
+        "--simulate",
+    ])
+    .output()
+    .await
+    .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("default_executor_pod_template"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_demo_runs_to_its_summary_and_exits_zero() {
+    let out = tokio::time::timeout(HANG_GUARD * 2, command(&["demo"]).output())
+        .await
+        .expect("demo finishes")
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Not a terminal: plain lines, no ANSI redraws.
+    assert!(!stdout.contains('\u{1b}'), "{stdout}");
+    for expected in [
+        "reached 200 executors (profile 0: 150, profile 1:  50)",
+        "reached  50 executors (profile 0:  30, profile 1:  20)",
+        "reached   0 executors",
+        "executor ids used: 1..=",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in\n{stdout}"
+        );
+    }
+}
