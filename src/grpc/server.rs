@@ -86,7 +86,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(ExecutorAllocatorServer::new(service))
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), signal);
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), signal);
 
     let drain_timeout = settings.drain_timeout;
     let result = tokio::select! {
