@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
@@ -30,7 +31,11 @@ impl Mean {
     }
     fn nanos(&self) -> f64 {
         let m = self.0.borrow();
-        if m.1 == 0 { f64::NAN } else { m.0.as_nanos() as f64 / m.1 as f64 }
+        if m.1 == 0 {
+            f64::NAN
+        } else {
+            m.0.as_nanos() as f64 / m.1 as f64
+        }
     }
 }
 
@@ -59,26 +64,48 @@ fn round_setup(total: u64) -> (Allocator, SnapshotBatch) {
     for profile in 0..PROFILES {
         for i in 0..existing {
             id += 1;
-            let state = if i < pending { ExecutorState::Pending } else { ExecutorState::Running };
+            let state = if i < pending {
+                ExecutorState::Pending
+            } else {
+                ExecutorState::Running
+            };
             if i % 2 == 1 || state == ExecutorState::Running {
                 registered.insert(ExecutorId(id));
             }
-            executors.insert(ExecutorId(id), pod(id, profile, state, Timestamp(T0.0 - 600_000)));
+            executors.insert(
+                ExecutorId(id),
+                pod(id, profile, state, Timestamp(T0.0 - 600_000)),
+            );
         }
     }
-    let settings = AllocationSettings { batch_size: newly as u32, ..AllocationSettings::default() };
+    let settings = AllocationSettings {
+        batch_size: newly as u32,
+        ..AllocationSettings::default()
+    };
     let mut allocator = Allocator::new(settings, id);
     allocator.set_registered(registered);
     // Profiles 0..=2 request `newly` executors each; profile 3 is on target.
     let first: BTreeMap<_, _> = (0..PROFILES)
-        .map(|p| (ResourceProfileId(p), if p < 3 { per_profile as u32 } else { existing as u32 }))
+        .map(|p| {
+            (
+                ResourceProfileId(p),
+                if p < 3 {
+                    per_profile as u32
+                } else {
+                    existing as u32
+                },
+            )
+        })
         .collect();
     allocator.set_targets(&first);
-    let snapshot = ExecutorPodsSnapshot { executors, full_resync_at: T0 };
+    let snapshot = ExecutorPodsSnapshot {
+        executors,
+        full_resync_at: T0,
+    };
     let start = SnapshotBatch {
         snapshot_count: 1,
         seen_ids: snapshot.executors.keys().copied().collect(),
-        latest: snapshot.clone(),
+        latest: Arc::new(snapshot.clone()),
     };
     let plan = allocator.round(start, T0);
     assert_eq!(plan.creates.len() as u64, 3 * newly);
@@ -93,20 +120,33 @@ fn round_setup(total: u64) -> (Allocator, SnapshotBatch) {
     .map(|(p, t)| (ResourceProfileId(p), t))
     .collect();
     allocator.set_targets(&second);
-    let changed = snapshot.executors.keys().step_by((total as usize / 100).max(1)).copied().collect();
-    let batch = SnapshotBatch { snapshot_count: 100, seen_ids: changed, latest: snapshot };
+    let changed = snapshot
+        .executors
+        .keys()
+        .step_by((total as usize / 100).max(1))
+        .copied()
+        .collect();
+    let batch = SnapshotBatch {
+        snapshot_count: 100,
+        seen_ids: changed,
+        latest: Arc::new(snapshot),
+    };
     (allocator, batch)
 }
 
 fn bench_round(c: &mut Criterion, total: u64, mean: &Mean, changed: bool) {
     let (allocator, mut batch) = round_setup(total);
-    let name = if changed { format!("round_{total}_executors") } else {
+    let name = if changed {
+        format!("round_{total}_executors")
+    } else {
         // A tick where nothing changed: no snapshot to take over.
         batch = SnapshotBatch::default();
         format!("round_{total}_executors_no_snapshot")
     };
     // Check the shape once: the round both deletes and creates.
-    let plan = allocator.clone().round(batch.clone(), Timestamp(T0.0 + 1_000));
+    let plan = allocator
+        .clone()
+        .round(batch.clone(), Timestamp(T0.0 + 1_000));
     assert!(!plan.creates.is_empty(), "{plan:?}");
     assert!(!changed || !plan.deletes.is_empty(), "{plan:?}");
     let mut group = c.benchmark_group("allocator_round");
@@ -135,14 +175,20 @@ fn updates(round: u64) -> Vec<ExecutorPod> {
     (0..UPDATES)
         .map(|i| {
             let id = (round * UPDATES + i) % 10_000 + 1;
-            let state = if round % 2 == 0 { ExecutorState::Running } else { ExecutorState::Pending };
+            let state = if round.is_multiple_of(2) {
+                ExecutorState::Running
+            } else {
+                ExecutorState::Pending
+            };
             pod(id, (id % 4) as i32, state, T0)
         })
         .collect()
 }
 
 fn bench_ingest(c: &mut Criterion, store_mean: &Mean, map_mean: &Mean) {
-    let initial: Vec<ExecutorPod> = (1..=10_000).map(|id| pod(id, (id % 4) as i32, ExecutorState::Pending, T0)).collect();
+    let initial: Vec<ExecutorPod> = (1..=10_000)
+        .map(|id| pod(id, (id % 4) as i32, ExecutorState::Pending, T0))
+        .collect();
     let mut group = c.benchmark_group("allocator_ingest");
     group.throughput(Throughput::Elements(UPDATES));
     group.bench_function("snapshot_store_update_pod", |b| {
@@ -160,7 +206,7 @@ fn bench_ingest(c: &mut Criterion, store_mean: &Mean, map_mean: &Mean) {
                 }
                 elapsed += start.elapsed();
                 // The subscriber drains the store once per batch delay.
-                if round % 50 == 0 {
+                if round.is_multiple_of(50) {
                     black_box(store.poll(Timestamp(T0.0 + round as i64 * 1_000)));
                 }
             }
@@ -169,7 +215,8 @@ fn bench_ingest(c: &mut Criterion, store_mean: &Mean, map_mean: &Mean) {
         })
     });
     group.bench_function("baseline_btreemap_insert", |b| {
-        let mut map: BTreeMap<ExecutorId, ExecutorPod> = initial.iter().map(|p| (p.id, p.clone())).collect();
+        let mut map: BTreeMap<ExecutorId, ExecutorPod> =
+            initial.iter().map(|p| (p.id, p.clone())).collect();
         let mut round = 0;
         b.iter_custom(|iters| {
             let mut elapsed = Duration::ZERO;
@@ -200,11 +247,32 @@ fn main() {
     c.final_summary();
 
     println!("\n== allocation engine: summary (means over every timed iteration) ==");
-    println!("round, 100 executors (baseline):   {:>10.1} us", small.nanos() / 1e3);
-    println!("round, 10,000 executors:            {:>10.1} us  (goal <= 200 us)", large.nanos() / 1e3);
-    println!("round, 10,000, no new snapshot:     {:>10.1} us", quiet.nanos() / 1e3);
-    println!("ratio 10,000 / 100:                 {:>10.1} x  (100 x the executors)", large.nanos() / small.nanos());
-    println!("store update_pod:                   {:>10.0} updates/s  (goal >= 500,000)", 1e9 / store.nanos());
-    println!("baseline BTreeMap insert:           {:>10.0} inserts/s", 1e9 / map.nanos());
-    println!("ratio update_pod / BTreeMap insert: {:>10.2} x time per update", store.nanos() / map.nanos());
+    println!(
+        "round, 100 executors (baseline):   {:>10.1} us",
+        small.nanos() / 1e3
+    );
+    println!(
+        "round, 10,000 executors:            {:>10.1} us  (goal <= 200 us)",
+        large.nanos() / 1e3
+    );
+    println!(
+        "round, 10,000, no new snapshot:     {:>10.1} us",
+        quiet.nanos() / 1e3
+    );
+    println!(
+        "ratio 10,000 / 100:                 {:>10.1} x  (100 x the executors)",
+        large.nanos() / small.nanos()
+    );
+    println!(
+        "store update_pod:                   {:>10.0} updates/s  (goal >= 500,000)",
+        1e9 / store.nanos()
+    );
+    println!(
+        "baseline BTreeMap insert:           {:>10.0} inserts/s",
+        1e9 / map.nanos()
+    );
+    println!(
+        "ratio update_pod / BTreeMap insert: {:>10.2} x time per update",
+        store.nanos() / map.nanos()
+    );
 }

@@ -18,6 +18,7 @@ pub mod round;
 pub mod settings;
 pub mod snapshot;
 pub mod state;
+mod tracked;
 pub mod types;
 
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};

@@ -15,7 +15,11 @@ fn pruned_to_the_last_snapshot() {
     // (next round's batch, expected is_deleted for 1 and 2)
     let cases: Vec<(&str, SnapshotBatch, [bool; 2])> = vec![
         ("no snapshot keeps the set", no_snapshot(), [true, true]),
-        ("both still there", snapshot(&[pending(1, 0, 0), pending(2, 0, 0)]), [true, true]),
+        (
+            "both still there",
+            snapshot(&[pending(1, 0, 0), pending(2, 0, 0)]),
+            [true, true],
+        ),
         (
             "still there as Deleted",
             snapshot(&[exec(1, 0, ExecutorState::Deleted, 0), pending(2, 0, 0)]),
@@ -29,7 +33,10 @@ fn pruned_to_the_last_snapshot() {
         a.round(batch, secs(101));
         let got = [a.is_deleted(ExecutorId(1)), a.is_deleted(ExecutorId(2))];
         assert_eq!(got, expected, "case {name}");
-        let in_status: Vec<bool> = [1, 2].iter().map(|i| a.status().deleted.contains(&ExecutorId(*i))).collect();
+        let in_status: Vec<bool> = [1, 2]
+            .iter()
+            .map(|i| a.status().deleted.contains(&ExecutorId(*i)))
+            .collect();
         assert_eq!(in_status, expected.to_vec(), "case {name}");
     }
 }

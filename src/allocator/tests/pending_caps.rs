@@ -5,13 +5,55 @@ use super::*;
 #[test]
 fn global_cap_split_with_remainder() {
     // (max pending, batch size, targets, pods already there, expected creates per profile)
-    type Case = (&'static str, u32, u32, Vec<(i32, u32)>, Vec<ExecutorPod>, Vec<(i32, usize)>);
+    type Case = (
+        &'static str,
+        u32,
+        u32,
+        Vec<(i32, u32)>,
+        Vec<ExecutorPod>,
+        Vec<(i32, usize)>,
+    );
     let cases: Vec<Case> = vec![
-        ("7 over 3 profiles", 7, 10, vec![(0, 10), (1, 10), (2, 10)], vec![], vec![(0, 3), (1, 2), (2, 2)]),
-        ("8 over 3 profiles", 8, 10, vec![(0, 10), (1, 10), (2, 10)], vec![], vec![(0, 3), (1, 3), (2, 2)]),
-        ("fewer slots than profiles", 2, 10, vec![(0, 10), (1, 10), (2, 10)], vec![], vec![(0, 1), (1, 1)]),
-        ("batch size below share", 100, 4, vec![(0, 10), (1, 10)], vec![], vec![(0, 4), (1, 4)]),
-        ("target below share", 100, 10, vec![(0, 1), (1, 3)], vec![], vec![(0, 1), (1, 3)]),
+        (
+            "7 over 3 profiles",
+            7,
+            10,
+            vec![(0, 10), (1, 10), (2, 10)],
+            vec![],
+            vec![(0, 3), (1, 2), (2, 2)],
+        ),
+        (
+            "8 over 3 profiles",
+            8,
+            10,
+            vec![(0, 10), (1, 10), (2, 10)],
+            vec![],
+            vec![(0, 3), (1, 3), (2, 2)],
+        ),
+        (
+            "fewer slots than profiles",
+            2,
+            10,
+            vec![(0, 10), (1, 10), (2, 10)],
+            vec![],
+            vec![(0, 1), (1, 1)],
+        ),
+        (
+            "batch size below share",
+            100,
+            4,
+            vec![(0, 10), (1, 10)],
+            vec![],
+            vec![(0, 4), (1, 4)],
+        ),
+        (
+            "target below share",
+            100,
+            10,
+            vec![(0, 1), (1, 3)],
+            vec![],
+            vec![(0, 1), (1, 3)],
+        ),
         (
             "pending pods use slots, running do not",
             5,
@@ -80,10 +122,31 @@ fn newly_created_count_against_the_cap() {
 #[test]
 fn per_profile_cap() {
     // (per-profile cap, global cap, targets, pods, expected creates per profile)
-    type Case = (&'static str, u32, Option<u32>, Vec<(i32, u32)>, Vec<ExecutorPod>, Vec<(i32, usize)>);
+    type Case = (
+        &'static str,
+        u32,
+        Option<u32>,
+        Vec<(i32, u32)>,
+        Vec<ExecutorPod>,
+        Vec<(i32, usize)>,
+    );
     let cases: Vec<Case> = vec![
-        ("cap each profile", 2, None, vec![(0, 10), (1, 10)], vec![], vec![(0, 2), (1, 2)]),
-        ("pending uses the profile's room", 2, None, vec![(0, 10)], vec![pending(1, 0, 0)], vec![(0, 1)]),
+        (
+            "cap each profile",
+            2,
+            None,
+            vec![(0, 10), (1, 10)],
+            vec![],
+            vec![(0, 2), (1, 2)],
+        ),
+        (
+            "pending uses the profile's room",
+            2,
+            None,
+            vec![(0, 10)],
+            vec![pending(1, 0, 0)],
+            vec![(0, 1)],
+        ),
         (
             "full profile leaves its share to others",
             2,

@@ -22,16 +22,20 @@ fn arb_settings(max_executors: bool) -> impl Strategy<Value = AllocationSettings
         any::<bool>(),
         prop_oneof![Just(None), (1u64..60).prop_map(Some)],
     )
-        .prop_map(move |(batch, max_pending, per_rp, timeout, idle, delete, max_exec)| AllocationSettings {
-            batch_size: batch,
-            batch_delay: Duration::from_secs(1),
-            executor_timeout: Duration::from_secs(timeout),
-            executor_idle_timeout: Duration::from_secs(idle),
-            max_pending_pods: max_pending,
-            max_pending_pods_per_profile: per_rp,
-            max_executors: if max_executors { max_exec } else { None },
-            delete_on_termination: delete,
-        })
+        .prop_map(
+            move |(batch, max_pending, per_rp, timeout, idle, delete, max_exec)| {
+                AllocationSettings {
+                    batch_size: batch,
+                    batch_delay: Duration::from_secs(1),
+                    executor_timeout: Duration::from_secs(timeout),
+                    executor_idle_timeout: Duration::from_secs(idle),
+                    max_pending_pods: max_pending,
+                    max_pending_pods_per_profile: per_rp,
+                    max_executors: if max_executors { max_exec } else { None },
+                    delete_on_termination: delete,
+                }
+            },
+        )
 }
 
 #[derive(Debug, Clone)]
@@ -120,12 +124,21 @@ impl World {
     fn churn(&mut self) {
         let ids: Vec<ExecutorId> = self.cluster.keys().copied().collect();
         for id in ids {
-            let Some(pod) = self.cluster.get(&id).cloned() else { continue };
+            let Some(pod) = self.cluster.get(&id).cloned() else {
+                continue;
+            };
             let roll: f64 = self.rng.r#gen();
             match pod.state {
-                ExecutorState::Pending if roll < 0.5 => self.set_pod(ExecutorPod { state: ExecutorState::Running, ..pod }),
+                ExecutorState::Pending if roll < 0.5 => self.set_pod(ExecutorPod {
+                    state: ExecutorState::Running,
+                    ..pod
+                }),
                 ExecutorState::Running if roll < 0.1 => self.set_pod(ExecutorPod {
-                    state: ExecutorState::Failed { exit_code: Some(52), reason: None, message: None },
+                    state: ExecutorState::Failed {
+                        exit_code: Some(52),
+                        reason: None,
+                        message: None,
+                    },
                     ..pod
                 }),
                 _ if roll > 0.95 => self.remove_pod(id),
@@ -149,7 +162,9 @@ impl World {
     /// Polls the store; if due, runs a round, checks every invariant and carries the plan out.
     fn tick(&mut self, advance_ms: i64) -> Result<Option<RoundPlan>, TestCaseError> {
         self.now = Timestamp(self.now.0 + advance_ms);
-        let Some(batch) = self.store.poll(self.now) else { return Ok(None) };
+        let Some(batch) = self.store.poll(self.now) else {
+            return Ok(None);
+        };
         for id in &batch.seen_ids {
             self.in_flight.remove(id);
             self.highest_id = self.highest_id.max(id.0);
@@ -166,17 +181,34 @@ impl World {
         Ok(Some(plan))
     }
 
-    fn check_plan(&mut self, plan: &RoundPlan, in_flight_before: &BTreeMap<ExecutorId, ResourceProfileId>) -> Result<(), TestCaseError> {
+    fn check_plan(
+        &mut self,
+        plan: &RoundPlan,
+        in_flight_before: &BTreeMap<ExecutorId, ResourceProfileId>,
+    ) -> Result<(), TestCaseError> {
         // Ids strictly increase, never reused, never past the lifetime cap.
         for (id, profile) in &plan.creates {
-            prop_assert!(id.0 > self.highest_id, "id {} reused (highest {})", id, self.highest_id);
-            prop_assert!(self.settings.max_executors.is_none_or(|m| id.0 <= m), "id {} past max", id);
+            prop_assert!(
+                id.0 > self.highest_id,
+                "id {} reused (highest {})",
+                id,
+                self.highest_id
+            );
+            prop_assert!(
+                self.settings.max_executors.is_none_or(|m| id.0 <= m),
+                "id {} past max",
+                id
+            );
             prop_assert!(self.targets.contains_key(profile));
             self.highest_id = id.0;
         }
         prop_assert_eq!(self.allocator.last_executor_id(), self.highest_id);
         if !plan.refused.is_empty() {
-            prop_assert!(self.settings.max_executors.is_some_and(|m| self.highest_id >= m));
+            prop_assert!(
+                self.settings
+                    .max_executors
+                    .is_some_and(|m| self.highest_id >= m)
+            );
         }
         // Per profile: never more than the batch size.
         for profile in self.targets.keys() {
@@ -186,10 +218,19 @@ impl World {
         // Deletes: never Running, never scheduler-known; timeouts only for unseen requests.
         for request in &plan.deletes {
             for id in &request.ids {
-                prop_assert!(!self.registered.contains(id), "deleted scheduler-known {}", id);
+                prop_assert!(
+                    !self.registered.contains(id),
+                    "deleted scheduler-known {}",
+                    id
+                );
                 if request.only_pending {
                     let state = self.last_snapshot.get(id).map(|p| &p.state);
-                    prop_assert!(state.is_none() || state == Some(&ExecutorState::Pending), "deleted {} in {:?}", id, state);
+                    prop_assert!(
+                        state.is_none() || state == Some(&ExecutorState::Pending),
+                        "deleted {} in {:?}",
+                        id,
+                        state
+                    );
                     prop_assert!(state.is_some() || in_flight_before.contains_key(id));
                     prop_assert!(self.allocator.is_deleted(*id));
                 } else {
@@ -198,7 +239,11 @@ impl World {
             }
         }
         for id in &plan.timed_out {
-            prop_assert!(in_flight_before.contains_key(id), "timed out {} was not in flight", id);
+            prop_assert!(
+                in_flight_before.contains_key(id),
+                "timed out {} was not in flight",
+                id
+            );
             prop_assert!(!self.registered.contains(id));
         }
         Ok(())
@@ -211,7 +256,10 @@ impl World {
         for request in &plan.deletes {
             for id in &request.ids {
                 self.in_flight.remove(id);
-                let pending = self.cluster.get(id).is_some_and(|p| p.state == ExecutorState::Pending);
+                let pending = self
+                    .cluster
+                    .get(id)
+                    .is_some_and(|p| p.state == ExecutorState::Pending);
                 if !request.only_pending || pending {
                     self.remove_pod(*id);
                 }
@@ -247,7 +295,10 @@ impl World {
         let mut total_not_running = 0u64;
         let mut any_creates = false;
         for (profile, target) in &self.targets {
-            let pods = self.last_snapshot.values().filter(|p| p.profile == *profile && live(&p.state, &p.id));
+            let pods = self
+                .last_snapshot
+                .values()
+                .filter(|p| p.profile == *profile && live(&p.state, &p.id));
             let (running, pending) = pods.fold((0u64, 0u64), |(r, p), pod| match pod.state {
                 ExecutorState::Running => (r + 1, p),
                 _ => (r, p + 1),
@@ -258,15 +309,30 @@ impl World {
             total_not_running += not_running;
             if created > 0 {
                 any_creates = true;
-                prop_assert!(running + not_running <= u64::from(*target),
-                    "profile {}: {} running + {} not running > target {}", profile, running, not_running, target);
+                prop_assert!(
+                    running + not_running <= u64::from(*target),
+                    "profile {}: {} running + {} not running > target {}",
+                    profile,
+                    running,
+                    not_running,
+                    target
+                );
                 if let Some(cap) = self.settings.max_pending_pods_per_profile {
-                    prop_assert!(not_running <= u64::from(cap), "profile {} pending cap", profile);
+                    prop_assert!(
+                        not_running <= u64::from(cap),
+                        "profile {} pending cap",
+                        profile
+                    );
                 }
             }
         }
         if any_creates && let Some(cap) = self.settings.max_pending_pods {
-            prop_assert!(total_not_running <= u64::from(cap), "{} not running > cap {}", total_not_running, cap);
+            prop_assert!(
+                total_not_running <= u64::from(cap),
+                "{} not running > cap {}",
+                total_not_running,
+                cap
+            );
         }
         Ok(())
     }
@@ -276,16 +342,25 @@ impl World {
     fn cooperate(&mut self) {
         let ids: Vec<ExecutorId> = self.cluster.keys().copied().collect();
         for id in ids {
-            let Some(pod) = self.cluster.get(&id).cloned() else { continue };
+            let Some(pod) = self.cluster.get(&id).cloned() else {
+                continue;
+            };
             if !matches!(pod.state, ExecutorState::Pending | ExecutorState::Running) {
                 self.remove_pod(id);
             } else if pod.state == ExecutorState::Pending {
-                self.set_pod(ExecutorPod { state: ExecutorState::Running, ..pod });
+                self.set_pod(ExecutorPod {
+                    state: ExecutorState::Running,
+                    ..pod
+                });
             }
         }
         for (profile, target) in self.targets.clone() {
-            let running: Vec<ExecutorId> =
-                self.cluster.values().filter(|p| p.profile == profile).map(|p| p.id).collect();
+            let running: Vec<ExecutorId> = self
+                .cluster
+                .values()
+                .filter(|p| p.profile == profile)
+                .map(|p| p.id)
+                .collect();
             for id in running.iter().skip(target as usize) {
                 self.remove_pod(*id);
             }
@@ -304,7 +379,10 @@ impl World {
                 .count();
             running == *target as usize
         });
-        let all_running = self.cluster.values().all(|p| p.state == ExecutorState::Running);
+        let all_running = self
+            .cluster
+            .values()
+            .all(|p| p.state == ExecutorState::Running);
         on_target && all_running && self.in_flight.is_empty() && !self.allocator.outstanding()
     }
 }

@@ -9,13 +9,25 @@ fn unseen_requests_time_out_strictly_after_the_timeout() {
     type Case = (i64, bool, Vec<u64>, Vec<DeleteRequest>, Vec<(u64, i32)>);
     let cases: Vec<Case> = vec![
         (600, true, vec![], vec![], vec![]),
-        (601, true, vec![1, 2], vec![delete(&[1, 2], false)], vec![(3, 0), (4, 0)]),
+        (
+            601,
+            true,
+            vec![1, 2],
+            vec![delete(&[1, 2], false)],
+            vec![(3, 0), (4, 0)],
+        ),
         (601, false, vec![1, 2], vec![], vec![(3, 0), (4, 0)]),
     ];
     for (at, delete_on_termination, timed_out, deletes, want_creates) in cases {
-        let s = AllocationSettings { delete_on_termination, ..settings() };
+        let s = AllocationSettings {
+            delete_on_termination,
+            ..settings()
+        };
         let mut a = allocator(s, &[(0, 2)]);
-        assert_eq!(creates(&a.round(snapshot(&[]), secs(0))), vec![(1, 0), (2, 0)]);
+        assert_eq!(
+            creates(&a.round(snapshot(&[]), secs(0))),
+            vec![(1, 0), (2, 0)]
+        );
         let plan = a.round(no_snapshot(), secs(at));
         let case = format!("at {at}s, delete {delete_on_termination}");
         assert_eq!(plan.timed_out, ids(&timed_out), "{case}");
@@ -38,7 +50,10 @@ fn seen_and_scheduler_known_requests_never_time_out() {
 
 #[test]
 fn configured_timeout() {
-    let s = AllocationSettings { executor_timeout: Duration::from_secs(10), ..settings() };
+    let s = AllocationSettings {
+        executor_timeout: Duration::from_secs(10),
+        ..settings()
+    };
     let mut a = allocator(s, &[(0, 1)]);
     a.round(snapshot(&[]), secs(0));
     assert!(a.round(no_snapshot(), secs(10)).timed_out.is_empty());
