@@ -134,15 +134,31 @@ fn round_setup(total: u64) -> (Allocator, SnapshotBatch) {
     (allocator, batch)
 }
 
-fn bench_round(c: &mut Criterion, total: u64, mean: &Mean, changed: bool) {
+/// Which batch the measured round gets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tick {
+    /// 100 pods changed since the last round (the usual tick).
+    Changes,
+    /// Nothing changed: no snapshot.
+    Quiet,
+    /// A full resync happened: every id is seen and the index is rebuilt (every 30 s).
+    Resync,
+}
+
+fn bench_round(c: &mut Criterion, total: u64, mean: &Mean, tick: Tick) {
     let (allocator, mut batch) = round_setup(total);
-    let name = if changed {
-        format!("round_{total}_executors")
-    } else {
-        // A tick where nothing changed: no snapshot to take over.
-        batch = SnapshotBatch::default();
-        format!("round_{total}_executors_no_snapshot")
+    let name = match tick {
+        Tick::Changes => format!("round_{total}_executors"),
+        Tick::Quiet => {
+            batch = SnapshotBatch::default();
+            format!("round_{total}_executors_no_snapshot")
+        }
+        Tick::Resync => {
+            batch.seen_ids = batch.latest.executors.keys().copied().collect();
+            format!("round_{total}_executors_after_resync")
+        }
     };
+    let changed = tick != Tick::Quiet;
     // Check the shape once: the round both deletes and creates.
     let plan = allocator
         .clone()
@@ -238,41 +254,54 @@ fn bench_ingest(c: &mut Criterion, store_mean: &Mean, map_mean: &Mean) {
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();
-    let (small, large, quiet) = (Mean::default(), Mean::default(), Mean::default());
-    bench_round(&mut c, 100, &small, true);
-    bench_round(&mut c, 10_000, &large, true);
-    bench_round(&mut c, 10_000, &quiet, false);
+    let (small, large, quiet, resync) = (
+        Mean::default(),
+        Mean::default(),
+        Mean::default(),
+        Mean::default(),
+    );
+    bench_round(&mut c, 100, &small, Tick::Changes);
+    bench_round(&mut c, 10_000, &large, Tick::Changes);
+    bench_round(&mut c, 10_000, &quiet, Tick::Quiet);
+    bench_round(&mut c, 10_000, &resync, Tick::Resync);
     let (store, map) = (Mean::default(), Mean::default());
     bench_ingest(&mut c, &store, &map);
     c.final_summary();
 
     println!("\n== allocation engine: summary (means over every timed iteration) ==");
-    println!(
-        "round, 100 executors (baseline):   {:>10.1} us",
-        small.nanos() / 1e3
-    );
-    println!(
-        "round, 10,000 executors:            {:>10.1} us  (goal <= 200 us)",
-        large.nanos() / 1e3
-    );
-    println!(
-        "round, 10,000, no new snapshot:     {:>10.1} us",
-        quiet.nanos() / 1e3
-    );
-    println!(
-        "ratio 10,000 / 100:                 {:>10.1} x  (100 x the executors)",
-        large.nanos() / small.nanos()
-    );
-    println!(
-        "store update_pod:                   {:>10.0} updates/s  (goal >= 500,000)",
-        1e9 / store.nanos()
-    );
-    println!(
-        "baseline BTreeMap insert:           {:>10.0} inserts/s",
-        1e9 / map.nanos()
-    );
-    println!(
-        "ratio update_pod / BTreeMap insert: {:>10.2} x time per update",
-        store.nanos() / map.nanos()
-    );
+    let lines = [
+        ("round, 100 executors (baseline)", small.nanos() / 1e3, "us"),
+        (
+            "round, 10,000 executors (goal <= 200 us)",
+            large.nanos() / 1e3,
+            "us",
+        ),
+        ("round, 10,000, no new snapshot", quiet.nanos() / 1e3, "us"),
+        (
+            "round, 10,000, after a full resync",
+            resync.nanos() / 1e3,
+            "us",
+        ),
+        (
+            "ratio round 10,000 / round 100",
+            large.nanos() / small.nanos(),
+            "x",
+        ),
+        (
+            "store update_pod (goal >= 500,000/s)",
+            1e9 / store.nanos(),
+            "updates/s",
+        ),
+        ("baseline BTreeMap insert", 1e9 / map.nanos(), "inserts/s"),
+        (
+            "ratio update_pod / BTreeMap insert",
+            store.nanos() / map.nanos(),
+            "x time per update",
+        ),
+    ];
+    for (what, value, unit) in lines {
+        if value.is_finite() {
+            println!("{what:<42} {value:>12.1} {unit}");
+        }
+    }
 }

@@ -45,40 +45,89 @@ impl TrackedExecutors {
     /// batch is in `seen_ids`; ids that vanished (a resync dropped them) are detected by size.
     pub(crate) fn apply(&mut self, batch: &SnapshotBatch) {
         let latest = &batch.latest.executors;
-        if batch.seen_ids.len() >= latest.len() / 2 {
+        if self.executors.is_empty() {
             self.rebuild(latest);
-            return;
-        }
-        for id in &batch.seen_ids {
-            match latest.get(id) {
-                Some(pod) => self.track(pod),
-                None => self.untrack(*id),
+        } else if batch.seen_ids.len() >= latest.len() / 2 {
+            self.resync(latest);
+        } else {
+            for id in &batch.seen_ids {
+                match latest.get(id) {
+                    Some(pod) => self.track(pod),
+                    None => self.untrack(*id),
+                }
             }
-        }
-        if self.executors.len() != latest.len() {
-            self.rebuild(latest);
+            if self.executors.len() != latest.len() {
+                self.resync(latest);
+            }
         }
     }
 
-    fn rebuild(&mut self, latest: &BTreeMap<ExecutorId, ExecutorPod>) {
-        self.executors.clear();
-        self.profiles.clear();
+    /// Brings the index in line with `latest` by one ordered walk of both, touching only
+    /// what differs (a resync usually changes little).
+    fn resync(&mut self, latest: &BTreeMap<ExecutorId, ExecutorPod>) {
+        let mut changed: Vec<&ExecutorPod> = Vec::new();
+        let mut removed: Vec<ExecutorId> = Vec::new();
+        let mut old = self.executors.iter().peekable();
         for pod in latest.values() {
+            while let Some((id, _)) = old.next_if(|(id, _)| **id < pod.id) {
+                removed.push(*id);
+            }
+            match old.next_if(|(id, _)| **id == pod.id) {
+                Some((_, tracked)) if *tracked == tracked_of(pod) => {}
+                _ => changed.push(pod),
+            }
+        }
+        removed.extend(old.map(|(id, _)| *id));
+        for id in removed {
+            self.untrack(id);
+        }
+        for pod in changed {
             self.track(pod);
         }
     }
 
+    /// Builds the index from scratch in one ordered pass (bulk-loaded maps, no rebalancing).
+    fn rebuild(&mut self, latest: &BTreeMap<ExecutorId, ExecutorPod>) {
+        let mut running: BTreeMap<ResourceProfileId, u64> = BTreeMap::new();
+        let mut pending: BTreeMap<ResourceProfileId, Vec<(ExecutorId, Option<Timestamp>)>> =
+            BTreeMap::new();
+        self.executors = latest
+            .values()
+            .map(|pod| {
+                let tracked = tracked_of(pod);
+                match tracked.kind {
+                    Kind::Running => *running.entry(pod.profile).or_insert(0) += 1,
+                    Kind::Pending => pending
+                        .entry(pod.profile)
+                        .or_default()
+                        .push((pod.id, pod.created_at)),
+                    Kind::Other => {}
+                }
+                (pod.id, tracked)
+            })
+            .collect();
+        self.profiles = running
+            .keys()
+            .chain(pending.keys())
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(|profile| {
+                let index = ProfileIndex {
+                    running: running.get(&profile).copied().unwrap_or(0),
+                    pending: pending
+                        .remove(&profile)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect(),
+                };
+                (profile, index)
+            })
+            .collect();
+    }
+
     fn track(&mut self, pod: &ExecutorPod) {
-        let kind = match pod.state {
-            ExecutorState::Running => Kind::Running,
-            ExecutorState::Pending => Kind::Pending,
-            _ => Kind::Other,
-        };
-        let tracked = Tracked {
-            profile: pod.profile,
-            kind,
-            created_at: pod.created_at,
-        };
+        let tracked = tracked_of(pod);
         match self.executors.insert(pod.id, tracked) {
             Some(old) if old == tracked => return,
             Some(old) => self.account(pod.id, old, false),
@@ -137,5 +186,18 @@ impl TrackedExecutors {
             }
         }
         running
+    }
+}
+
+fn tracked_of(pod: &ExecutorPod) -> Tracked {
+    let kind = match pod.state {
+        ExecutorState::Running => Kind::Running,
+        ExecutorState::Pending => Kind::Pending,
+        _ => Kind::Other,
+    };
+    Tracked {
+        profile: pod.profile,
+        kind,
+        created_at: pod.created_at,
     }
 }
