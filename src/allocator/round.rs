@@ -307,12 +307,13 @@ impl Allocator {
                     .min(room_in_profile);
                 // 7. Each new executor takes the next id, unless past the lifetime cap.
                 for created in 0..wanted {
-                    let next = self.last_executor_id + 1;
-                    if self.settings.max_executors.is_some_and(|max| next > max) {
+                    let max = self.settings.max_executors.unwrap_or(u64::MAX);
+                    let Some(next) = self.last_executor_id.checked_add(1).filter(|n| *n <= max)
+                    else {
                         let refused = u32::try_from(wanted - created).unwrap_or(u32::MAX);
                         *plan.refused.entry(tally.profile).or_insert(0) += refused;
                         break;
-                    }
+                    };
                     self.last_executor_id = next;
                     let id = ExecutorId(next);
                     self.newly_created.insert(

@@ -102,3 +102,14 @@ fn replacements_are_refused_once_the_cap_is_spent() {
     assert_eq!(plan.refused, BTreeMap::from([(rp(0), 1)]));
     assert_eq!(a.last_executor_id(), 2);
 }
+
+#[test]
+fn ids_run_out_at_u64_max_without_wrapping() {
+    // A pod labelled with the largest id pushes the counter to its end: refuse, never wrap.
+    let mut a = Allocator::new(settings(), 0);
+    a.set_targets(&targets(&[(0, 2)]));
+    let plan = a.round(snapshot(&[running(u64::MAX, 0, 0)]), secs(0));
+    assert!(plan.creates.is_empty());
+    assert_eq!(plan.refused, BTreeMap::from([(rp(0), 1)]));
+    assert_eq!(a.last_executor_id(), u64::MAX);
+}
