@@ -44,6 +44,8 @@ pub struct SnapshotStore {
     seen_ids: BTreeSet<ExecutorId>,
     next_due: Timestamp,
     last_poll: Timestamp,
+    /// "Notify now" was called since the last poll.
+    notified: bool,
 }
 
 impl SnapshotStore {
@@ -59,6 +61,7 @@ impl SnapshotStore {
             seen_ids: BTreeSet::new(),
             next_due: now,
             last_poll: now,
+            notified: false,
         }
     }
     /// One pod changed (watch ADDED/MODIFIED).
@@ -87,18 +90,26 @@ impl SnapshotStore {
     }
     /// Makes the subscriber due immediately ("notify now").
     pub fn notify_now(&mut self) {
-        self.next_due = self.next_due.min(self.last_poll);
+        self.notified = true;
     }
     /// When the subscriber is next due.
     pub fn next_due(&self) -> Timestamp {
-        self.next_due
+        if self.notified {
+            self.next_due.min(self.last_poll)
+        } else {
+            self.next_due
+        }
     }
     /// If the subscriber is due at `now`, drains the buffer and restarts the delay.
     pub fn poll(&mut self, now: Timestamp) -> Option<SnapshotBatch> {
-        if now < self.next_due {
+        // The clock is wall time: if it went back before the last poll, start over from now
+        // rather than wait for a due time that may be far ahead.
+        let due = self.notified || now >= self.next_due || now < self.last_poll;
+        if !due {
             return None;
         }
         self.last_poll = now;
+        self.notified = false;
         self.next_due = Timestamp(now.0.saturating_add(self.batch_delay_ms));
         let snapshot_count = std::mem::take(&mut self.buffered);
         let latest = if snapshot_count > 0 {

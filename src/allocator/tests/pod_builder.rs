@@ -10,7 +10,7 @@ fn template(value: Value) -> Pod {
 
 fn basic_template() -> Pod {
     template(json!({
-        "metadata": { "labels": { "team": "data" }, "uid": "old", "resourceVersion": "9" },
+        "metadata": { "labels": { "team": "data" }, "uid": "old", "resourceVersion": "9", "namespace": "elsewhere" },
         "spec": { "containers": [
             { "name": "sidecar", "image": "envoy" },
             { "name": "spark-kubernetes-executor", "image": "spark:4",
@@ -61,6 +61,7 @@ fn stamps_name_labels_env_hostname_owner() {
         })
     );
     assert_eq!(pod["metadata"].get("uid"), None);
+    assert_eq!(pod["metadata"].get("namespace"), None);
     assert_eq!(pod["metadata"].get("resourceVersion"), None);
     assert_eq!(pod.get("status"), None);
     assert_eq!(

@@ -133,3 +133,25 @@ fn empty_poll_carries_no_snapshot() {
     assert!(batch.seen_ids.is_empty());
     assert_eq!(s.buffered(), 0);
 }
+
+#[test]
+fn a_wall_clock_going_back_does_not_stall_the_subscriber() {
+    let mut s = store();
+    assert!(s.poll(secs(100)).is_some());
+    // The clock jumps back an hour: polled at once, then every batch delay from there.
+    assert!(s.poll(secs(100 - 3600)).is_some());
+    assert_eq!(s.next_due(), secs(101 - 3600));
+    assert!(s.poll(Timestamp((100 - 3600) * 1000 + 500)).is_none());
+    assert!(s.poll(secs(101 - 3600)).is_some());
+}
+
+#[test]
+fn notify_now_survives_a_clock_going_back() {
+    let mut s = store();
+    assert!(s.poll(secs(100)).is_some());
+    s.notify_now();
+    assert!(s.next_due() <= secs(100));
+    assert!(s.poll(secs(99)).is_some());
+    // Notification consumed: the next call is periodic again.
+    assert!(s.poll(Timestamp(99_500)).is_none());
+}
