@@ -33,6 +33,11 @@
 //! - Downscale deletes of all profiles go in one `DeleteRequest` (Spark sends one per profile).
 //! - Ids seen in any snapshot raise `last_executor_id` (no reuse even after a resume that
 //!   under-reported it); refused requests consume no id; at `u64::MAX` requests are refused.
+//! - Built pods carry no namespace (the create request's namespace applies) and none of
+//!   the template's server-set fields; the driver replaces any controller owner.
+//! - The store's clock is wall time: a poll at a time before the last poll is due at once.
+//! - Pods count toward the profile in their label even when only one profile has a target
+//!   (Spark lumps everything into profile 0 in that case).
 //! - Not here, by design: Stop's collection delete, lifecycle reports to the driver (states
 //!   carry exit code, reason and message for them), and any backoff for failing creates
 //!   (`create_failed` just forgets the request, as Spark does; the service owns retries).
