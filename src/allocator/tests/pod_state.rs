@@ -361,3 +361,26 @@ fn default_rules() {
     assert_eq!(rules.executor_container, "spark-kubernetes-executor");
     assert!(!rules.check_all_containers);
 }
+
+#[test]
+fn finished_states() {
+    let cases = [
+        (ExecutorState::Pending, false),
+        (ExecutorState::Running, false),
+        (ExecutorState::Terminating, false),
+        (ExecutorState::Unknown, false),
+        (ExecutorState::Deleted, true),
+        (ExecutorState::Succeeded { exit_code: Some(0) }, true),
+        (
+            ExecutorState::Failed {
+                exit_code: Some(52),
+                reason: None,
+                message: None,
+            },
+            true,
+        ),
+    ];
+    for (state, finished) in cases {
+        assert_eq!(state.is_finished(), finished, "{state:?}");
+    }
+}
