@@ -210,3 +210,12 @@ fn ids_seen_in_the_cluster_are_never_reused() {
     assert_eq!(creates(&plan), vec![(8, 0)]);
     assert_eq!(a.last_executor_id(), 8);
 }
+
+#[test]
+fn engine_state_can_move_into_an_actor_task() {
+    fn send_and_sync<T: Send + Sync + 'static>() {}
+    send_and_sync::<Allocator>();
+    send_and_sync::<SnapshotStore>();
+    send_and_sync::<SnapshotBatch>();
+    send_and_sync::<ExecutorPodBuilder>();
+}
