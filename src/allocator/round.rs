@@ -2,8 +2,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::settings::AllocationSettings;
-use super::snapshot::{ExecutorPodsSnapshot, SnapshotBatch};
-use super::state::ExecutorState;
+use super::snapshot::SnapshotBatch;
+use super::tracked::TrackedExecutors;
 use super::types::{ExecutorId, ResourceProfileId, Timestamp};
 
 /// A collection delete to carry out by label `spark-exec-id in (ids)`.
@@ -47,6 +47,9 @@ pub struct AllocatorStatus {
     pub outstanding: bool,
 }
 
+/// How many batch delays a downscale delete gets to show in a snapshot before it is retried.
+pub const DELETE_RETRY_BATCH_DELAYS: i64 = 5;
+
 /// A request created but not yet seen in any snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct NewlyCreated {
@@ -88,9 +91,10 @@ pub struct Allocator {
     newly_created: BTreeMap<ExecutorId, NewlyCreated>,
     /// Requested, not yet in any snapshot, already registered with the driver.
     known_newly_created: BTreeMap<ExecutorId, ResourceProfileId>,
-    /// Executors this allocator deleted (read by IsDeleted).
-    deleted: BTreeSet<ExecutorId>,
-    last_snapshot: ExecutorPodsSnapshot,
+    /// Executors this allocator deleted (read by IsDeleted), with when it last asked.
+    deleted: BTreeMap<ExecutorId, Timestamp>,
+    /// The last snapshot, indexed.
+    tracked: TrackedExecutors,
     last_executor_id: u64,
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
@@ -107,8 +111,8 @@ impl Allocator {
             registered: BTreeSet::new(),
             newly_created: BTreeMap::new(),
             known_newly_created: BTreeMap::new(),
-            deleted: BTreeSet::new(),
-            last_snapshot: ExecutorPodsSnapshot::default(),
+            deleted: BTreeMap::new(),
+            tracked: TrackedExecutors::default(),
             last_executor_id,
             unknown_pending: 0,
             outstanding: false,
@@ -181,13 +185,14 @@ impl Allocator {
 
         // 4. Keep the last snapshot; prune the deleted set to what it still holds.
         if batch.snapshot_count > 0 {
-            self.last_snapshot = batch.latest;
-            let executors = &self.last_snapshot.executors;
-            self.deleted.retain(|id| executors.contains_key(id));
+            self.tracked.apply(&batch);
+            let tracked = &self.tracked;
+            self.deleted.retain(|id, _| tracked.contains(*id));
         }
+        drop(batch);
         // Never reuse an id that exists in the cluster, even one this allocator did not
         // hand out (e.g. a resume that under-reported the last id).
-        if let Some(highest) = batch.seen_ids.last() {
+        if let Some(highest) = self.tracked.highest_id() {
             self.last_executor_id = self.last_executor_id.max(highest.0);
         }
 
@@ -234,30 +239,27 @@ impl Allocator {
                     .map(|(id, _)| *id)
                     .take(excess)
                     .collect();
-                let pending: Vec<ExecutorId> = if newly.len() < excess && tally.unknown_pending > 0
-                {
-                    self.last_snapshot
-                        .executors
-                        .values()
-                        .filter(|p| {
-                            p.profile == tally.profile
-                                && p.state == ExecutorState::Pending
-                                && !self.deleted.contains(&p.id)
-                                && !self.registered.contains(&p.id)
-                                && p.created_at.is_some_and(|c| now.millis_since(c) > idle)
+                let pending: Vec<ExecutorId> = match self.tracked.profile(tally.profile) {
+                    Some(index) if newly.len() < excess && tally.unknown_pending > 0 => index
+                        .pending
+                        .iter()
+                        .filter(|(id, created_at)| {
+                            !self.deleted.contains_key(id)
+                                && !self.registered.contains(id)
+                                && created_at.is_some_and(|c| now.millis_since(c) > idle)
                         })
-                        .map(|p| p.id)
+                        .map(|(id, _)| *id)
                         .take(excess - newly.len())
-                        .collect()
-                } else {
-                    Vec::new()
+                        .collect(),
+                    _ => Vec::new(),
                 };
                 for id in &newly {
                     self.newly_created.remove(id);
                 }
                 tally.unknown_newly_created -= newly.len() as u64;
                 tally.unknown_pending -= pending.len() as u64;
-                self.deleted.extend(newly.iter().chain(&pending).copied());
+                self.deleted
+                    .extend(newly.iter().chain(&pending).map(|id| (*id, now)));
                 to_delete.extend(newly);
                 to_delete.extend(pending);
             }
@@ -271,6 +273,7 @@ impl Allocator {
                 askers.push((index, count));
             }
         }
+        self.retry_deletes(now, &mut to_delete);
         if !to_delete.is_empty() {
             to_delete.sort_unstable();
             tracing::info!(executors = ?to_delete, "deleting excess pod requests");
@@ -309,12 +312,13 @@ impl Allocator {
                     .min(room_in_profile);
                 // 7. Each new executor takes the next id, unless past the lifetime cap.
                 for created in 0..wanted {
-                    let next = self.last_executor_id + 1;
-                    if self.settings.max_executors.is_some_and(|max| next > max) {
+                    let max = self.settings.max_executors.unwrap_or(u64::MAX);
+                    let Some(next) = self.last_executor_id.checked_add(1).filter(|n| *n <= max)
+                    else {
                         let refused = u32::try_from(wanted - created).unwrap_or(u32::MAX);
                         *plan.refused.entry(tally.profile).or_insert(0) += refused;
                         break;
-                    }
+                    };
                     self.last_executor_id = next;
                     let id = ExecutorId(next);
                     self.newly_created.insert(
@@ -364,24 +368,47 @@ impl Allocator {
         plan
     }
 
-    /// Counts the last snapshot's executors per profile, skipping those we deleted.
-    fn tally_snapshot(&self, tallies: &mut [Tally]) {
-        if tallies.is_empty() {
-            return;
-        }
-        let check_deleted = !self.deleted.is_empty();
-        for pod in self.last_snapshot.executors.values() {
-            let counted = matches!(pod.state, ExecutorState::Running | ExecutorState::Pending);
-            if !counted || (check_deleted && self.deleted.contains(&pod.id)) {
-                continue;
+    /// Beyond Spark: a downscale delete finds nothing when the pod is created just after it
+    /// (the request was still in flight), and the pod would then stay Pending, uncounted,
+    /// until Stop. Executors deleted at least [`DELETE_RETRY_BATCH_DELAYS`] batch delays ago
+    /// that the last snapshot still shows Pending (so without a deletionTimestamp) and the
+    /// driver does not know are deleted again.
+    fn retry_deletes(&mut self, now: Timestamp, to_delete: &mut Vec<ExecutorId>) {
+        let wait = self
+            .settings
+            .batch_delay_ms()
+            .saturating_mul(DELETE_RETRY_BATCH_DELAYS);
+        for (id, asked_at) in &mut self.deleted {
+            let stale = now.millis_since(*asked_at) >= wait;
+            if stale && self.tracked.is_pending(*id) && !self.registered.contains(id) {
+                *asked_at = now;
+                to_delete.push(*id);
             }
-            let Some(tally) = tally_of(tallies, pod.profile) else {
+        }
+    }
+
+    /// Counts the last snapshot's executors per profile, leaving out those we deleted.
+    fn tally_snapshot(&self, tallies: &mut [Tally]) {
+        let deleted_running = if self.deleted.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.tracked.running_among(self.deleted.keys())
+        };
+        for tally in tallies {
+            let Some(index) = self.tracked.profile(tally.profile) else {
                 continue;
             };
-            match pod.state {
-                ExecutorState::Running => tally.running += 1,
-                _ if self.registered.contains(&pod.id) => tally.known_pending += 1,
-                _ => tally.unknown_pending += 1,
+            let gone = deleted_running.get(&tally.profile).copied().unwrap_or(0);
+            tally.running = index.running.saturating_sub(gone);
+            for id in index.pending.keys() {
+                if self.deleted.contains_key(id) {
+                    continue;
+                }
+                if self.registered.contains(id) {
+                    tally.known_pending += 1;
+                } else {
+                    tally.unknown_pending += 1;
+                }
             }
         }
     }
@@ -394,7 +421,7 @@ impl Allocator {
     }
     /// True iff the allocator deleted `id` and it is still in the last snapshot.
     pub fn is_deleted(&self, id: ExecutorId) -> bool {
-        self.deleted.contains(&id)
+        self.deleted.contains_key(&id)
     }
     /// The highest executor id used so far.
     pub fn last_executor_id(&self) -> u64 {
@@ -404,7 +431,7 @@ impl Allocator {
     pub fn status(&self) -> AllocatorStatus {
         AllocatorStatus {
             profiles: self.counts.clone(),
-            deleted: self.deleted.clone(),
+            deleted: self.deleted.keys().copied().collect(),
             last_executor_id: self.last_executor_id,
             outstanding: self.outstanding,
         }
