@@ -511,7 +511,10 @@ mod tests {
         assert_eq!(s.simulator.kubelet.mode, crate::sim::KubeletMode::Manual);
         let err = Settings::load_with_env(
             None,
-            env(&[("SPARK_POD_ALLOCATOR__SIMULATOR__FAULTS__QUOTA_FRACTION", "2.5")]),
+            env(&[(
+                "SPARK_POD_ALLOCATOR__SIMULATOR__FAULTS__QUOTA_FRACTION",
+                "2.5",
+            )]),
         )
         .unwrap_err()
         .to_string();

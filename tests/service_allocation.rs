@@ -114,7 +114,14 @@ async fn cluster_ids(sim: &SimCluster, namespace: &str, app: &str) -> BTreeSet<u
         .expect("list pods")
         .items
         .iter()
-        .filter_map(|p| p.metadata.labels.as_ref()?.get("spark-exec-id")?.parse().ok())
+        .filter_map(|p| {
+            p.metadata
+                .labels
+                .as_ref()?
+                .get("spark-exec-id")?
+                .parse()
+                .ok()
+        })
         .collect()
 }
 
@@ -154,10 +161,14 @@ async fn advance_round(h: &Harness, app: &str, by: Duration) {
 /// Sets targets and waits for the round it triggers (nothing outstanding → notify now).
 async fn set_targets_and_round(h: &Harness, app: &str, n: u32) {
     let before = h.apps.rounds(&id(app)).await.expect("rounds");
-    h.apps.set_total_expected(&id(app), targets(n)).await.expect("set targets");
-    wait_for(&format!("the round after SetTotalExpected of {app}"), || async {
-        h.apps.rounds(&id(app)).await.expect("rounds") > before
-    })
+    h.apps
+        .set_total_expected(&id(app), targets(n))
+        .await
+        .expect("set targets");
+    wait_for(
+        &format!("the round after SetTotalExpected of {app}"),
+        || async { h.apps.rounds(&id(app)).await.expect("rounds") > before },
+    )
     .await;
 }
 
@@ -254,7 +265,14 @@ async fn unseen_creates_block_the_next_batch_and_time_out_into_new_ids() {
         ..FaultSettings::default()
     });
     set_targets_and_round(&h, "app-lost", 25).await;
-    assert_eq!(h.apps.status(&id("app-lost")).await.unwrap().last_executor_id, 10);
+    assert_eq!(
+        h.apps
+            .status(&id("app-lost"))
+            .await
+            .unwrap()
+            .last_executor_id,
+        10
+    );
     // Rounds go by (within the 10 s executor timeout): no new batch while 10 are unseen.
     for _ in 0..5 {
         advance_round(&h, "app-lost", BATCH_DELAY).await;
@@ -288,24 +306,44 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
     }
     wait_for("running pods seen", || async {
         let snap = h.apps.snapshot(&id("app-down")).await.unwrap();
-        snap.executors.values().filter(|e| e.state == ExecutorState::Running).count() == 3
+        snap.executors
+            .values()
+            .filter(|e| e.state == ExecutorState::Running)
+            .count()
+            == 3
     })
     .await;
 
     // Pending pods become deletable once older than the idle timeout (60 s). (Pending
     // pods are outstanding, so the new target waits for the next round.)
-    h.apps.set_total_expected(&id("app-down"), targets(4)).await.unwrap();
+    h.apps
+        .set_total_expected(&id("app-down"), targets(4))
+        .await
+        .unwrap();
     advance_round(&h, "app-down", Duration::from_secs(61)).await;
     advance_round(&h, "app-down", BATCH_DELAY).await;
     let status = h.apps.status(&id("app-down")).await.unwrap();
     let deleted: BTreeSet<u64> = status.deleted.iter().map(|e| e.0).collect();
     assert_eq!(deleted.len(), 4, "excess of 4 pending deleted: {deleted:?}");
-    assert!(deleted.iter().all(|d| (4..=8).contains(d)), "never a running one: {deleted:?}");
+    assert!(
+        deleted.iter().all(|d| (4..=8).contains(d)),
+        "never a running one: {deleted:?}"
+    );
     for d in &deleted {
-        assert!(h.apps.is_deleted(&id("app-down"), ExecutorId(*d)).await.unwrap());
+        assert!(
+            h.apps
+                .is_deleted(&id("app-down"), ExecutorId(*d))
+                .await
+                .unwrap()
+        );
     }
     // Running executors are never reported deleted.
-    assert!(!h.apps.is_deleted(&id("app-down"), ExecutorId(1)).await.unwrap());
+    assert!(
+        !h.apps
+            .is_deleted(&id("app-down"), ExecutorId(1))
+            .await
+            .unwrap()
+    );
     let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
     for d in &deleted {
         let pod = api.get(&format!("app-down-exec-{d}")).await.unwrap();
@@ -337,7 +375,12 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
     wait_seen(&h, "app-down", live.clone()).await;
     advance_round(&h, "app-down", BATCH_DELAY).await;
     for d in &deleted {
-        assert!(!h.apps.is_deleted(&id("app-down"), ExecutorId(*d)).await.unwrap());
+        assert!(
+            !h.apps
+                .is_deleted(&id("app-down"), ExecutorId(*d))
+                .await
+                .unwrap()
+        );
     }
     assert_eq!(cluster_ids(&h.sim, NS, "app-down").await, live);
     h.apps.stop(&id("app-down")).await.unwrap();
@@ -361,7 +404,10 @@ async fn failed_pods_are_deleted_and_replaced_with_new_ids() {
     })
     .await;
     advance_round(&h, "app-fail", BATCH_DELAY).await;
-    assert_eq!(cluster_ids(&h.sim, NS, "app-fail").await, BTreeSet::from([1, 3, 4]));
+    assert_eq!(
+        cluster_ids(&h.sim, NS, "app-fail").await,
+        BTreeSet::from([1, 3, 4])
+    );
     assert_eq!(h.apps.stop(&id("app-fail")).await.unwrap(), 3);
 }
 
@@ -374,11 +420,17 @@ async fn stop_leaves_no_pod_and_forgets_the_application() {
     assert_eq!(h.apps.watched_namespaces(), vec![NS.to_string()]);
     assert_eq!(h.apps.stop(&id("app-stop")).await.unwrap(), 5);
     assert!(cluster_ids(&h.sim, NS, "app-stop").await.is_empty());
-    assert!(h.apps.watched_namespaces().is_empty(), "last app left: watch stopped");
+    assert!(
+        h.apps.watched_namespaces().is_empty(),
+        "last app left: watch stopped"
+    );
     for result in [
         h.apps.stop(&id("app-stop")).await.map(|_| ()),
         h.apps.set_total_expected(&id("app-stop"), targets(1)).await,
-        h.apps.is_deleted(&id("app-stop"), ExecutorId(1)).await.map(|_| ()),
+        h.apps
+            .is_deleted(&id("app-stop"), ExecutorId(1))
+            .await
+            .map(|_| ()),
         h.apps.status(&id("app-stop")).await.map(|_| ()),
     ] {
         assert!(matches!(result, Err(AppError::NotFound(_))), "{result:?}");
@@ -410,14 +462,25 @@ async fn applications_in_one_namespace_share_a_watch_but_not_pods() {
     })
     .await;
     let x_before = h.apps.snapshot(&id("app-x")).await.unwrap();
-    assert!(x_before.executors.values().all(|e| e.state == ExecutorState::Pending));
+    assert!(
+        x_before
+            .executors
+            .values()
+            .all(|e| e.state == ExecutorState::Pending)
+    );
     advance_round(&h, "app-y", BATCH_DELAY).await;
-    assert_eq!(cluster_ids(&h.sim, NS, "app-y").await, BTreeSet::from([2, 3]));
+    assert_eq!(
+        cluster_ids(&h.sim, NS, "app-y").await,
+        BTreeSet::from([2, 3])
+    );
     assert_eq!(cluster_ids(&h.sim, NS, "app-x").await, range(1, 3));
     // Stopping x leaves y untouched.
     assert_eq!(h.apps.stop(&id("app-x")).await.unwrap(), 3);
     assert_eq!(h.apps.watched_namespaces(), vec![NS.to_string()]);
-    assert_eq!(cluster_ids(&h.sim, NS, "app-y").await, BTreeSet::from([2, 3]));
+    assert_eq!(
+        cluster_ids(&h.sim, NS, "app-y").await,
+        BTreeSet::from([2, 3])
+    );
     advance_round(&h, "app-y", BATCH_DELAY).await;
     assert_eq!(h.apps.stop(&id("app-y")).await.unwrap(), 2);
 }
@@ -439,7 +502,10 @@ async fn start_is_idempotent_and_checks_its_inputs() {
     assert!(matches!(other, AppError::AlreadyExists { .. }), "{other:?}");
 
     let denied = apps.start(request("app-j", "elsewhere")).await.unwrap_err();
-    assert!(matches!(denied, AppError::PermissionDenied(_)), "{denied:?}");
+    assert!(
+        matches!(denied, AppError::PermissionDenied(_)),
+        "{denied:?}"
+    );
 
     let mut no_driver = request("app-k", NS);
     no_driver.driver_pod_name = Some("driver-0".into());
@@ -504,7 +570,11 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
         h.apps.status(&id("app-r")).await,
         Err(AppError::ShuttingDown)
     ));
-    assert_eq!(cluster_ids(&h.sim, NS, "app-r").await, range(1, 5), "shutdown keeps pods");
+    assert_eq!(
+        cluster_ids(&h.sim, NS, "app-r").await,
+        range(1, 5),
+        "shutdown keeps pods"
+    );
 
     let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
     let started = restarted.start(request("app-r", NS)).await.unwrap();
@@ -517,7 +587,10 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
     })
     .await;
     let before = restarted.rounds(&id("app-r")).await.unwrap();
-    restarted.set_total_expected(&id("app-r"), targets(7)).await.unwrap();
+    restarted
+        .set_total_expected(&id("app-r"), targets(7))
+        .await
+        .unwrap();
     h.clock.advance(BATCH_DELAY);
     wait_for("resumed round", || async {
         restarted.rounds(&id("app-r")).await.unwrap() > before
@@ -540,7 +613,7 @@ async fn kubernetes_errors_do_not_kill_the_actor() {
     set_targets_and_round(&h, "app-err", 3).await;
     let status = h.apps.status(&id("app-err")).await.unwrap();
     assert_eq!(status.last_executor_id, 3);
-    assert_eq!(status.profiles[&P0].newly_created, 0);
+    assert!(!status.outstanding, "failed creates are forgotten");
     assert!(cluster_ids(&h.sim, NS, "app-err").await.is_empty());
 
     // Internal errors (500) on every request, the periodic LIST included.
@@ -564,17 +637,28 @@ async fn kubernetes_errors_do_not_kill_the_actor() {
 #[tokio::test]
 async fn periodic_resync_recovers_dropped_watch_events() {
     let h = harness().await;
-    h.apps.start(request("app-sync", NS)).await.unwrap();
-    wait_for("watch synced", || async { h.apps.is_synced() }).await;
+    // The simulated cluster applies a watch's faults when the watch opens.
     h.sim.set_faults(FaultSettings {
         watch_drop_fraction: 1.0,
         ..FaultSettings::default()
     });
+    // Long executor timeout: the unseen creates must not time out before the resync.
+    let mut req = request("app-sync", NS);
+    req.settings.executor_timeout = Duration::from_secs(600);
+    h.apps.start(req).await.unwrap();
+    wait_for("namespace watch listed", || async {
+        h.apps.is_namespace_synced(NS)
+    })
+    .await;
     set_targets_and_round(&h, "app-sync", 2).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-sync").await, range(1, 2));
-    assert!(snapshot_ids(&h.apps, "app-sync").await.is_empty());
+    advance_round(&h, "app-sync", BATCH_DELAY).await;
+    assert!(
+        snapshot_ids(&h.apps, "app-sync").await.is_empty(),
+        "events dropped"
+    );
     // The full LIST every 30 s replaces the snapshot.
-    h.clock.advance(Duration::from_secs(30));
+    h.clock.advance(Duration::from_secs(29));
     wait_seen(&h, "app-sync", range(1, 2)).await;
     h.sim.set_faults(FaultSettings::default());
     h.apps.stop(&id("app-sync")).await.unwrap();
