@@ -663,3 +663,64 @@ async fn periodic_resync_recovers_dropped_watch_events() {
     h.sim.set_faults(FaultSettings::default());
     h.apps.stop(&id("app-sync")).await.unwrap();
 }
+
+#[tokio::test]
+async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
+    let h = harness().await;
+    let mut req = request("app-keep", NS);
+    req.settings.delete_on_termination = false;
+    h.apps.start(req).await.unwrap();
+    set_targets_and_round(&h, "app-keep", 2).await;
+    set_running(&h.sim, "app-keep", 1).await;
+    set_failed(&h.sim, "app-keep", 1).await;
+    wait_for("failure seen", || async {
+        let snap = h.apps.snapshot(&id("app-keep")).await.unwrap();
+        matches!(
+            snap.executors.get(&ExecutorId(1)).map(|e| &e.state),
+            Some(ExecutorState::Failed { .. })
+        )
+    })
+    .await;
+    advance_round(&h, "app-keep", BATCH_DELAY).await;
+    // Kept for inspection, labelled inactive, and replaced by executor 3.
+    let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
+    let kept = api.get("app-keep-exec-1").await.unwrap();
+    assert_eq!(
+        kept.metadata.labels.unwrap().get("spark-exec-inactive").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(cluster_ids(&h.sim, NS, "app-keep").await, range(1, 3));
+    // The inactive pod leaves the snapshot (the watch selector excludes it).
+    wait_for("inactive pod ignored", || async {
+        let snap = h.apps.snapshot(&id("app-keep")).await.unwrap();
+        snap.executors
+            .get(&ExecutorId(1))
+            .is_none_or(|e| e.state == ExecutorState::Deleted)
+    })
+    .await;
+    // Stop deletes every executor pod, the inactive one too.
+    assert_eq!(h.apps.stop(&id("app-keep")).await.unwrap(), 3);
+    assert!(cluster_ids(&h.sim, NS, "app-keep").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_stop_can_be_retried_and_loses_no_pod() {
+    let h = harness().await;
+    h.apps.start(request("app-retry", NS)).await.unwrap();
+    set_targets_and_round(&h, "app-retry", 2).await;
+    h.sim.set_faults(FaultSettings {
+        error_500_fraction: 1.0,
+        ..FaultSettings::default()
+    });
+    let err = h.apps.stop(&id("app-retry")).await.unwrap_err();
+    assert!(matches!(err, AppError::Kubernetes(_)), "{err:?}");
+    // Stopped (no more rounds) but not forgotten: its pods are still to delete.
+    assert!(matches!(
+        h.apps.status(&id("app-retry")).await,
+        Err(AppError::NotFound(_))
+    ));
+    h.sim.set_faults(FaultSettings::default());
+    assert_eq!(cluster_ids(&h.sim, NS, "app-retry").await, range(1, 2));
+    assert_eq!(h.apps.stop(&id("app-retry")).await.unwrap(), 2);
+    assert!(cluster_ids(&h.sim, NS, "app-retry").await.is_empty());
+}
