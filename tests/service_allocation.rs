@@ -15,6 +15,7 @@ use spark_pod_allocator::allocator::{
 };
 use spark_pod_allocator::app::{
     AppError, AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication,
+    Started,
 };
 use spark_pod_allocator::sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
 
@@ -84,6 +85,18 @@ fn id(app: &str) -> AppId {
 
 fn targets(n: u32) -> BTreeMap<ResourceProfileId, u32> {
     BTreeMap::from([(P0, n)])
+}
+
+/// Starts an application and waits for its start round (due at once, no targets yet),
+/// so later round counts are the test's own.
+async fn start(apps: &Applications, req: StartApplication) -> Started {
+    let app = req.app_id.clone();
+    let started = apps.start(req).await.expect("start");
+    wait_for("start round", || async {
+        apps.rounds(&app).await.expect("rounds") >= 1
+    })
+    .await;
+    started
 }
 
 /// Polls `check` until it holds; fails the test after a generous deadline.
@@ -229,7 +242,7 @@ async fn bind(sim: &SimCluster, app: &str, exec: u64) {
 #[tokio::test]
 async fn batches_are_respected_and_targets_reached() {
     let h = harness().await;
-    let started = h.apps.start(request("app-a", NS)).await.unwrap();
+    let started = start(&h.apps, request("app-a", NS)).await;
     assert!(!started.resumed);
     assert_eq!(started.last_executor_id, 0);
 
@@ -258,7 +271,7 @@ async fn batches_are_respected_and_targets_reached() {
 #[tokio::test]
 async fn unseen_creates_block_the_next_batch_and_time_out_into_new_ids() {
     let h = harness().await;
-    h.apps.start(request("app-lost", NS)).await.unwrap();
+    start(&h.apps, request("app-lost", NS)).await;
     // Every create answers 201 but the pod is never stored.
     h.sim.set_faults(FaultSettings {
         lost_create_fraction: 1.0,
@@ -294,7 +307,7 @@ async fn unseen_creates_block_the_next_batch_and_time_out_into_new_ids() {
 #[tokio::test]
 async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
     let h = harness().await;
-    h.apps.start(request("app-down", NS)).await.unwrap();
+    start(&h.apps, request("app-down", NS)).await;
     set_targets_and_round(&h, "app-down", 8).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-down").await, range(1, 8));
     for exec in 1..=3 {
@@ -389,7 +402,7 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
 #[tokio::test]
 async fn failed_pods_are_deleted_and_replaced_with_new_ids() {
     let h = harness().await;
-    h.apps.start(request("app-fail", NS)).await.unwrap();
+    start(&h.apps, request("app-fail", NS)).await;
     set_targets_and_round(&h, "app-fail", 3).await;
     for exec in 1..=3 {
         set_running(&h.sim, "app-fail", exec).await;
@@ -414,7 +427,7 @@ async fn failed_pods_are_deleted_and_replaced_with_new_ids() {
 #[tokio::test]
 async fn stop_leaves_no_pod_and_forgets_the_application() {
     let h = harness().await;
-    h.apps.start(request("app-stop", NS)).await.unwrap();
+    start(&h.apps, request("app-stop", NS)).await;
     set_targets_and_round(&h, "app-stop", 5).await;
     set_running(&h.sim, "app-stop", 1).await;
     assert_eq!(h.apps.watched_namespaces(), vec![NS.to_string()]);
@@ -440,8 +453,8 @@ async fn stop_leaves_no_pod_and_forgets_the_application() {
 #[tokio::test]
 async fn applications_in_one_namespace_share_a_watch_but_not_pods() {
     let h = harness().await;
-    h.apps.start(request("app-x", NS)).await.unwrap();
-    h.apps.start(request("app-y", NS)).await.unwrap();
+    start(&h.apps, request("app-x", NS)).await;
+    start(&h.apps, request("app-y", NS)).await;
     assert_eq!(h.apps.watched_namespaces(), vec![NS.to_string()]);
     set_targets_and_round(&h, "app-x", 3).await;
     set_targets_and_round(&h, "app-y", 2).await;
@@ -549,7 +562,7 @@ async fn driver_pod_owns_the_executors() {
     let driver = api.create(&PostParams::default(), &driver).await.unwrap();
     let mut req = request("app-own", NS);
     req.driver_pod_name = Some("driver-1".into());
-    h.apps.start(req).await.unwrap();
+    start(&h.apps, req).await;
     set_targets_and_round(&h, "app-own", 1).await;
     let pod = api.get("app-own-exec-1").await.unwrap();
     let owner = &pod.metadata.owner_references.unwrap()[0];
@@ -562,7 +575,7 @@ async fn driver_pod_owns_the_executors() {
 #[tokio::test]
 async fn a_restarted_service_resumes_without_reusing_ids() {
     let h = harness().await;
-    h.apps.start(request("app-r", NS)).await.unwrap();
+    start(&h.apps, request("app-r", NS)).await;
     set_targets_and_round(&h, "app-r", 5).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-r").await, range(1, 5));
     h.apps.shutdown().await;
@@ -604,7 +617,7 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
 #[tokio::test]
 async fn kubernetes_errors_do_not_kill_the_actor() {
     let h = harness().await;
-    h.apps.start(request("app-err", NS)).await.unwrap();
+    start(&h.apps, request("app-err", NS)).await;
     // Quota refusals (403): the round's creates fail; the executors are forgotten.
     h.sim.set_faults(FaultSettings {
         quota_fraction: 1.0,
@@ -613,7 +626,10 @@ async fn kubernetes_errors_do_not_kill_the_actor() {
     set_targets_and_round(&h, "app-err", 3).await;
     let status = h.apps.status(&id("app-err")).await.unwrap();
     assert_eq!(status.last_executor_id, 3);
-    assert!(!status.outstanding, "failed creates are forgotten");
+    assert!(
+        !status.outstanding,
+        "failed creates are forgotten: {status:?}"
+    );
     assert!(cluster_ids(&h.sim, NS, "app-err").await.is_empty());
 
     // Internal errors (500) on every request, the periodic LIST included.
@@ -645,7 +661,7 @@ async fn periodic_resync_recovers_dropped_watch_events() {
     // Long executor timeout: the unseen creates must not time out before the resync.
     let mut req = request("app-sync", NS);
     req.settings.executor_timeout = Duration::from_secs(600);
-    h.apps.start(req).await.unwrap();
+    start(&h.apps, req).await;
     wait_for("namespace watch listed", || async {
         h.apps.is_namespace_synced(NS)
     })
@@ -669,7 +685,7 @@ async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
     let h = harness().await;
     let mut req = request("app-keep", NS);
     req.settings.delete_on_termination = false;
-    h.apps.start(req).await.unwrap();
+    start(&h.apps, req).await;
     set_targets_and_round(&h, "app-keep", 2).await;
     set_running(&h.sim, "app-keep", 1).await;
     set_failed(&h.sim, "app-keep", 1).await;
@@ -686,7 +702,11 @@ async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
     let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
     let kept = api.get("app-keep-exec-1").await.unwrap();
     assert_eq!(
-        kept.metadata.labels.unwrap().get("spark-exec-inactive").map(String::as_str),
+        kept.metadata
+            .labels
+            .unwrap()
+            .get("spark-exec-inactive")
+            .map(String::as_str),
         Some("true")
     );
     assert_eq!(cluster_ids(&h.sim, NS, "app-keep").await, range(1, 3));
@@ -706,7 +726,7 @@ async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
 #[tokio::test]
 async fn a_failed_stop_can_be_retried_and_loses_no_pod() {
     let h = harness().await;
-    h.apps.start(request("app-retry", NS)).await.unwrap();
+    start(&h.apps, request("app-retry", NS)).await;
     set_targets_and_round(&h, "app-retry", 2).await;
     h.sim.set_faults(FaultSettings {
         error_500_fraction: 1.0,
@@ -723,4 +743,39 @@ async fn a_failed_stop_can_be_retried_and_loses_no_pod() {
     assert_eq!(cluster_ids(&h.sim, NS, "app-retry").await, range(1, 2));
     assert_eq!(h.apps.stop(&id("app-retry")).await.unwrap(), 2);
     assert!(cluster_ids(&h.sim, NS, "app-retry").await.is_empty());
+}
+
+#[tokio::test]
+async fn the_actor_answers_while_rate_limited_creates_are_in_flight() {
+    let sim = manual_cluster().await;
+    let clock = ManualClock::starting_now();
+    // One create per second: 30 creates would take half a minute.
+    let options = ServiceOptions {
+        qps: 1,
+        burst: 1,
+        ..ServiceOptions::default()
+    };
+    let apps = applications(&sim, &clock, options);
+    let mut req = request("app-slow", NS);
+    req.settings.batch_size = 30;
+    start(&apps, req).await;
+    apps.set_total_expected(&id("app-slow"), targets(30))
+        .await
+        .unwrap();
+    // The round has planned all 30 while their creates trickle out.
+    wait_for("round planned", || async {
+        apps.status(&id("app-slow")).await.unwrap().last_executor_id == 30
+    })
+    .await;
+    assert!(
+        !apps
+            .is_deleted(&id("app-slow"), ExecutorId(1))
+            .await
+            .unwrap()
+    );
+    // Stop skips the creates not yet sent and waits for those in flight: nothing is left,
+    // and nothing lands afterwards (the actor has ended before the DELETE).
+    let deleted = apps.stop(&id("app-slow")).await.unwrap();
+    assert!(deleted < 30, "unsent creates were skipped: {deleted}");
+    assert!(cluster_ids(&sim, NS, "app-slow").await.is_empty());
 }
