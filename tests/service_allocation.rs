@@ -779,3 +779,29 @@ async fn the_actor_answers_while_rate_limited_creates_are_in_flight() {
     assert!(deleted < 30, "unsent creates were skipped: {deleted}");
     assert!(cluster_ids(&sim, NS, "app-slow").await.is_empty());
 }
+
+#[tokio::test]
+async fn a_watch_expired_by_compaction_relists_into_a_resync() {
+    let h = harness().await;
+    // Live watch events are lost and every watch closes after a second.
+    h.sim.set_faults(FaultSettings {
+        watch_drop_fraction: 1.0,
+        watch_close_after_seconds: Some(1),
+        ..FaultSettings::default()
+    });
+    let mut req = request("app-410", NS);
+    req.settings.executor_timeout = Duration::from_secs(600);
+    start(&h.apps, req).await;
+    wait_for("namespace watch listed", || async {
+        h.apps.is_namespace_synced(NS)
+    })
+    .await;
+    set_targets_and_round(&h, "app-410", 2).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-410").await, range(1, 2));
+    // The history is compacted: the re-watch from the last resourceVersion gets 410
+    // Expired, the watcher relists, and the listing replaces the snapshot (no clock move).
+    h.sim.compact_history();
+    wait_seen(&h, "app-410", range(1, 2)).await;
+    h.sim.set_faults(FaultSettings::default());
+    h.apps.stop(&id("app-410")).await.unwrap();
+}
