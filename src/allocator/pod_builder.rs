@@ -121,6 +121,8 @@ impl ExecutorPodBuilder {
         let meta = &mut pod.metadata;
         meta.name = Some(name.clone());
         meta.generate_name = None;
+        // The create request's URL decides the namespace (a different one would be refused).
+        meta.namespace = None;
         meta.uid = None;
         meta.resource_version = None;
         meta.creation_timestamp = None;

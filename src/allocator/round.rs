@@ -2,8 +2,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::settings::AllocationSettings;
-use super::snapshot::{ExecutorPodsSnapshot, SnapshotBatch};
-use super::state::ExecutorState;
+use super::snapshot::SnapshotBatch;
+use super::tracked::TrackedExecutors;
 use super::types::{ExecutorId, ResourceProfileId, Timestamp};
 
 /// A collection delete to carry out by label `spark-exec-id in (ids)`.
@@ -90,7 +90,8 @@ pub struct Allocator {
     known_newly_created: BTreeMap<ExecutorId, ResourceProfileId>,
     /// Executors this allocator deleted (read by IsDeleted).
     deleted: BTreeSet<ExecutorId>,
-    last_snapshot: ExecutorPodsSnapshot,
+    /// The last snapshot, indexed.
+    tracked: TrackedExecutors,
     last_executor_id: u64,
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
@@ -108,7 +109,7 @@ impl Allocator {
             newly_created: BTreeMap::new(),
             known_newly_created: BTreeMap::new(),
             deleted: BTreeSet::new(),
-            last_snapshot: ExecutorPodsSnapshot::default(),
+            tracked: TrackedExecutors::default(),
             last_executor_id,
             unknown_pending: 0,
             outstanding: false,
@@ -181,13 +182,14 @@ impl Allocator {
 
         // 4. Keep the last snapshot; prune the deleted set to what it still holds.
         if batch.snapshot_count > 0 {
-            self.last_snapshot = batch.latest;
-            let executors = &self.last_snapshot.executors;
-            self.deleted.retain(|id| executors.contains_key(id));
+            self.tracked.apply(&batch);
+            let tracked = &self.tracked;
+            self.deleted.retain(|id| tracked.contains(*id));
         }
+        drop(batch);
         // Never reuse an id that exists in the cluster, even one this allocator did not
         // hand out (e.g. a resume that under-reported the last id).
-        if let Some(highest) = batch.seen_ids.last() {
+        if let Some(highest) = self.tracked.highest_id() {
             self.last_executor_id = self.last_executor_id.max(highest.0);
         }
 
@@ -234,23 +236,19 @@ impl Allocator {
                     .map(|(id, _)| *id)
                     .take(excess)
                     .collect();
-                let pending: Vec<ExecutorId> = if newly.len() < excess && tally.unknown_pending > 0
-                {
-                    self.last_snapshot
-                        .executors
-                        .values()
-                        .filter(|p| {
-                            p.profile == tally.profile
-                                && p.state == ExecutorState::Pending
-                                && !self.deleted.contains(&p.id)
-                                && !self.registered.contains(&p.id)
-                                && p.created_at.is_some_and(|c| now.millis_since(c) > idle)
+                let pending: Vec<ExecutorId> = match self.tracked.profile(tally.profile) {
+                    Some(index) if newly.len() < excess && tally.unknown_pending > 0 => index
+                        .pending
+                        .iter()
+                        .filter(|(id, created_at)| {
+                            !self.deleted.contains(id)
+                                && !self.registered.contains(id)
+                                && created_at.is_some_and(|c| now.millis_since(c) > idle)
                         })
-                        .map(|p| p.id)
+                        .map(|(id, _)| *id)
                         .take(excess - newly.len())
-                        .collect()
-                } else {
-                    Vec::new()
+                        .collect(),
+                    _ => Vec::new(),
                 };
                 for id in &newly {
                     self.newly_created.remove(id);
@@ -309,12 +307,13 @@ impl Allocator {
                     .min(room_in_profile);
                 // 7. Each new executor takes the next id, unless past the lifetime cap.
                 for created in 0..wanted {
-                    let next = self.last_executor_id + 1;
-                    if self.settings.max_executors.is_some_and(|max| next > max) {
+                    let max = self.settings.max_executors.unwrap_or(u64::MAX);
+                    let Some(next) = self.last_executor_id.checked_add(1).filter(|n| *n <= max)
+                    else {
                         let refused = u32::try_from(wanted - created).unwrap_or(u32::MAX);
                         *plan.refused.entry(tally.profile).or_insert(0) += refused;
                         break;
-                    }
+                    };
                     self.last_executor_id = next;
                     let id = ExecutorId(next);
                     self.newly_created.insert(
@@ -364,24 +363,28 @@ impl Allocator {
         plan
     }
 
-    /// Counts the last snapshot's executors per profile, skipping those we deleted.
+    /// Counts the last snapshot's executors per profile, leaving out those we deleted.
     fn tally_snapshot(&self, tallies: &mut [Tally]) {
-        if tallies.is_empty() {
-            return;
-        }
-        let check_deleted = !self.deleted.is_empty();
-        for pod in self.last_snapshot.executors.values() {
-            let counted = matches!(pod.state, ExecutorState::Running | ExecutorState::Pending);
-            if !counted || (check_deleted && self.deleted.contains(&pod.id)) {
-                continue;
-            }
-            let Some(tally) = tally_of(tallies, pod.profile) else {
+        let deleted_running = if self.deleted.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.tracked.running_among(&self.deleted)
+        };
+        for tally in tallies {
+            let Some(index) = self.tracked.profile(tally.profile) else {
                 continue;
             };
-            match pod.state {
-                ExecutorState::Running => tally.running += 1,
-                _ if self.registered.contains(&pod.id) => tally.known_pending += 1,
-                _ => tally.unknown_pending += 1,
+            let gone = deleted_running.get(&tally.profile).copied().unwrap_or(0);
+            tally.running = index.running.saturating_sub(gone);
+            for id in index.pending.keys() {
+                if self.deleted.contains(id) {
+                    continue;
+                }
+                if self.registered.contains(id) {
+                    tally.known_pending += 1;
+                } else {
+                    tally.unknown_pending += 1;
+                }
             }
         }
     }

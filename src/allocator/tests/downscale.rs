@@ -17,7 +17,11 @@ fn newly_created_are_protected_during_the_idle_timeout() {
         let mut a = with_requests(5);
         a.set_targets(&targets(&[(0, 2)]));
         let plan = a.round(no_snapshot(), secs(at));
-        let want = if expected.is_empty() { vec![] } else { vec![delete(&expected, true)] };
+        let want = if expected.is_empty() {
+            vec![]
+        } else {
+            vec![delete(&expected, true)]
+        };
         assert_eq!(plan.deletes, want, "at {at}s");
         assert!(plan.creates.is_empty(), "at {at}s");
     }
@@ -30,7 +34,10 @@ fn deletes_newly_created_first_then_unknown_pending() {
     let mut a = Allocator::new(settings(), 13);
     a.set_targets(&targets(&[(0, 6)]));
     let plan = a.round(snapshot(&[]), secs(0));
-    assert_eq!(creates(&plan), (14..=19).map(|i| (i, 0)).collect::<Vec<_>>());
+    assert_eq!(
+        creates(&plan),
+        (14..=19).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
     // 15..=19 show up as running later; only 14 stays unseen.
     a.set_targets(&targets(&[(0, 1)]));
     a.set_registered(registered(&[11]));
@@ -65,7 +72,13 @@ fn takes_only_the_excess_oldest_first() {
     // Deleted pods no longer count: the next round (pods still Pending) deletes nothing more
     // and asks for nothing.
     let plan = a.round(snapshot(&pods), secs(101));
-    assert_eq!(plan, RoundPlan { outstanding: true, ..RoundPlan::default() });
+    assert_eq!(
+        plan,
+        RoundPlan {
+            outstanding: true,
+            ..RoundPlan::default()
+        }
+    );
 }
 
 #[test]
@@ -73,7 +86,12 @@ fn running_and_scheduler_known_are_never_deleted() {
     let mut a = Allocator::new(settings(), 10);
     a.set_targets(&targets(&[(0, 0)]));
     a.set_registered(registered(&[3, 4]));
-    let pods = vec![running(1, 0, 0), running(2, 0, 0), pending(3, 0, 0), pending(4, 0, 0)];
+    let pods = vec![
+        running(1, 0, 0),
+        running(2, 0, 0),
+        pending(3, 0, 0),
+        pending(4, 0, 0),
+    ];
     let plan = a.round(snapshot(&pods), secs(1000));
     assert!(plan.deletes.is_empty());
     assert!(!plan.outstanding);
@@ -92,7 +110,10 @@ fn one_delete_request_across_profiles() {
     let plan = a.round(snapshot(&pods), secs(100));
     assert_eq!(plan.deletes, vec![delete(&[1, 3], true)]);
     // Profile 2 is below target and has no unknown newly created: it asks for more.
-    assert_eq!(creates(&plan), (11..=14).map(|i| (i, 2)).collect::<Vec<_>>());
+    assert_eq!(
+        creates(&plan),
+        (11..=14).map(|i| (i, 2)).collect::<Vec<_>>()
+    );
 }
 
 #[test]

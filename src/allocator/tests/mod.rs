@@ -15,6 +15,7 @@ mod round_basics;
 mod settings;
 mod snapshot_store;
 mod timeouts;
+mod tracked;
 
 /// Test time: seconds on the manual clock, as engine milliseconds.
 pub(crate) fn secs(s: i64) -> Timestamp {
@@ -53,10 +54,10 @@ pub(crate) fn snapshot(pods: &[ExecutorPod]) -> SnapshotBatch {
     SnapshotBatch {
         snapshot_count: 1,
         seen_ids: pods.iter().map(|p| p.id).collect(),
-        latest: ExecutorPodsSnapshot {
+        latest: std::sync::Arc::new(ExecutorPodsSnapshot {
             executors: pods.iter().map(|p| (p.id, p.clone())).collect(),
             full_resync_at: Timestamp(0),
-        },
+        }),
     }
 }
 
@@ -66,7 +67,10 @@ pub(crate) fn no_snapshot() -> SnapshotBatch {
 }
 
 pub(crate) fn targets(pairs: &[(i32, u32)]) -> BTreeMap<ResourceProfileId, u32> {
-    pairs.iter().map(|(p, t)| (ResourceProfileId(*p), *t)).collect()
+    pairs
+        .iter()
+        .map(|(p, t)| (ResourceProfileId(*p), *t))
+        .collect()
 }
 
 pub(crate) fn registered(ns: &[u64]) -> BTreeSet<ExecutorId> {
@@ -104,5 +108,8 @@ pub(crate) fn creates(plan: &RoundPlan) -> Vec<(u64, i32)> {
 }
 
 pub(crate) fn delete(ns: &[u64], only_pending: bool) -> DeleteRequest {
-    DeleteRequest { ids: ids(ns), only_pending }
+    DeleteRequest {
+        ids: ids(ns),
+        only_pending,
+    }
 }

@@ -22,10 +22,16 @@ fn scale_up_goes_one_batch_per_round_and_waits_for_newly_created() {
     // Seen as Pending: pending pods alone do not block (SPARK-33262).
     let pods: Vec<_> = (1..=10).map(|i| pending(i, 0, 1)).collect();
     let plan = a.round(snapshot(&pods), secs(2));
-    assert_eq!(creates(&plan), (11..=20).map(|i| (i, 0)).collect::<Vec<_>>());
+    assert_eq!(
+        creates(&plan),
+        (11..=20).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
     let mut pods: Vec<_> = (1..=20).map(|i| pending(i, 0, 2)).collect();
     let plan = a.round(snapshot(&pods), secs(3));
-    assert_eq!(creates(&plan), (21..=25).map(|i| (i, 0)).collect::<Vec<_>>());
+    assert_eq!(
+        creates(&plan),
+        (21..=25).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
     pods.extend((21..=25).map(|i| running(i, 0, 3)));
     let plan = a.round(snapshot(&pods), secs(4));
     assert!(plan.creates.is_empty());
@@ -45,7 +51,14 @@ fn ids_continue_after_last_executor_id() {
 #[test]
 fn finished_executors_are_replaced() {
     let cases: Vec<(&str, ExecutorState)> = vec![
-        ("failed", ExecutorState::Failed { exit_code: Some(52), reason: None, message: None }),
+        (
+            "failed",
+            ExecutorState::Failed {
+                exit_code: Some(52),
+                reason: None,
+                message: None,
+            },
+        ),
         ("succeeded", ExecutorState::Succeeded { exit_code: Some(0) }),
         ("deleted", ExecutorState::Deleted),
         ("terminating", ExecutorState::Terminating),
@@ -54,7 +67,10 @@ fn finished_executors_are_replaced() {
     for (name, state) in cases {
         let mut a = Allocator::new(settings(), 2);
         a.set_targets(&targets(&[(0, 2)]));
-        let plan = a.round(snapshot(&[running(1, 0, 0), exec(2, 0, state, 0)]), secs(10));
+        let plan = a.round(
+            snapshot(&[running(1, 0, 0), exec(2, 0, state, 0)]),
+            secs(10),
+        );
         assert_eq!(creates(&plan), vec![(3, 0)], "case {name}");
     }
 }
@@ -62,7 +78,10 @@ fn finished_executors_are_replaced() {
 #[test]
 fn newly_created_registered_with_the_driver_do_not_block() {
     let mut a = allocator(settings_with(2, None, None), &[(0, 4)]);
-    assert_eq!(creates(&a.round(snapshot(&[]), secs(0))), vec![(1, 0), (2, 0)]);
+    assert_eq!(
+        creates(&a.round(snapshot(&[]), secs(0))),
+        vec![(1, 0), (2, 0)]
+    );
     assert!(a.round(no_snapshot(), secs(1)).creates.is_empty());
     a.set_registered(registered(&[1, 2]));
     let plan = a.round(no_snapshot(), secs(2));
@@ -82,9 +101,24 @@ fn newly_created_registered_with_the_driver_do_not_block() {
 fn outstanding_counts_unknown_pending_and_newly_created_only() {
     // (pods, registered, expected outstanding)
     let cases: Vec<(&str, Vec<ExecutorPod>, Vec<u64>, bool)> = vec![
-        ("all running", vec![running(1, 0, 0), running(2, 0, 0)], vec![], false),
-        ("unknown pending", vec![running(1, 0, 0), pending(2, 0, 0)], vec![], true),
-        ("scheduler-known pending", vec![running(1, 0, 0), pending(2, 0, 0)], vec![2], false),
+        (
+            "all running",
+            vec![running(1, 0, 0), running(2, 0, 0)],
+            vec![],
+            false,
+        ),
+        (
+            "unknown pending",
+            vec![running(1, 0, 0), pending(2, 0, 0)],
+            vec![],
+            true,
+        ),
+        (
+            "scheduler-known pending",
+            vec![running(1, 0, 0), pending(2, 0, 0)],
+            vec![2],
+            false,
+        ),
     ];
     for (name, pods, known, expected) in cases {
         let mut a = Allocator::new(settings(), 2);
@@ -112,7 +146,10 @@ fn set_targets_keeps_profiles_left_out() {
 #[test]
 fn failed_create_is_re_requested_with_a_new_id() {
     let mut a = allocator(settings(), &[(0, 2)]);
-    assert_eq!(creates(&a.round(snapshot(&[]), secs(0))), vec![(1, 0), (2, 0)]);
+    assert_eq!(
+        creates(&a.round(snapshot(&[]), secs(0))),
+        vec![(1, 0), (2, 0)]
+    );
     a.create_failed(ExecutorId(2));
     // Request 1 still blocks the profile until it shows up.
     assert!(a.round(no_snapshot(), secs(1)).creates.is_empty());
@@ -129,7 +166,10 @@ fn failed_creates_clear_outstanding() {
     a.create_failed(ExecutorId(2));
     assert!(!a.outstanding());
     assert!(a.set_targets(&targets(&[(0, 2)])));
-    assert_eq!(creates(&a.round(no_snapshot(), secs(1))), vec![(3, 0), (4, 0)]);
+    assert_eq!(
+        creates(&a.round(no_snapshot(), secs(1))),
+        vec![(3, 0), (4, 0)]
+    );
 }
 
 #[test]
@@ -141,11 +181,21 @@ fn status_reports_each_profile() {
     let status = a.status();
     assert_eq!(
         status.profiles[&rp(0)],
-        ProfileCounts { target: 3, running: 1, pending: 1, newly_created: 1 }
+        ProfileCounts {
+            target: 3,
+            running: 1,
+            pending: 1,
+            newly_created: 1
+        }
     );
     assert_eq!(
         status.profiles[&rp(5)],
-        ProfileCounts { target: 1, running: 0, pending: 0, newly_created: 1 }
+        ProfileCounts {
+            target: 1,
+            running: 0,
+            pending: 0,
+            newly_created: 1
+        }
     );
     assert_eq!(status.last_executor_id, 4);
     assert!(status.outstanding);

@@ -9,7 +9,9 @@ fn store() -> SnapshotStore {
 
 /// (snapshot count, seen ids) of a poll, for compact comparisons.
 fn summary(batch: &Option<SnapshotBatch>) -> Option<(usize, Vec<u64>)> {
-    batch.as_ref().map(|b| (b.snapshot_count, b.seen_ids.iter().map(|id| id.0).collect()))
+    batch
+        .as_ref()
+        .map(|b| (b.snapshot_count, b.seen_ids.iter().map(|id| id.0).collect()))
 }
 
 #[test]
@@ -54,7 +56,9 @@ fn at_most_once_per_batch_delay() {
             Op::Update(id) => s.update_pod(pending(id, 0, 90)),
             Op::Delete(id) => s.delete_pod(pending(id, 0, 90)),
             Op::Notify => s.notify_now(),
-            Op::Poll(ms, expected) => assert_eq!(summary(&s.poll(Timestamp(ms))), expected, "step {step}"),
+            Op::Poll(ms, expected) => {
+                assert_eq!(summary(&s.poll(Timestamp(ms))), expected, "step {step}")
+            }
         }
     }
 }
@@ -82,10 +86,17 @@ fn latest_snapshot_and_deletes() {
     s.delete_pod(pending(2, 0, 91));
     let batch = s.poll(secs(101)).expect("due");
     assert_eq!(batch.snapshot_count, 4);
-    let states: Vec<(u64, ExecutorState)> =
-        batch.latest.executors.values().map(|p| (p.id.0, p.state.clone())).collect();
-    assert_eq!(states, vec![(1, ExecutorState::Running), (2, ExecutorState::Deleted)]);
-    assert_eq!(s.current(), &batch.latest);
+    let states: Vec<(u64, ExecutorState)> = batch
+        .latest
+        .executors
+        .values()
+        .map(|p| (p.id.0, p.state.clone()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![(1, ExecutorState::Running), (2, ExecutorState::Deleted)]
+    );
+    assert_eq!(s.current(), &*batch.latest);
 }
 
 #[test]
@@ -94,10 +105,21 @@ fn full_resync_replaces_everything() {
     s.poll(secs(100));
     s.update_pod(pending(1, 0, 90));
     s.update_pod(pending(2, 0, 90));
-    s.replace_all(vec![running(2, 0, 90), pending(3, 0, 95)], Timestamp(100_700));
+    s.replace_all(
+        vec![running(2, 0, 90), pending(3, 0, 95)],
+        Timestamp(100_700),
+    );
     let batch = s.poll(secs(101)).expect("due");
     assert_eq!(summary(&Some(batch.clone())), Some((3, vec![1, 2, 3])));
-    assert_eq!(batch.latest.executors.keys().map(|id| id.0).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(
+        batch
+            .latest
+            .executors
+            .keys()
+            .map(|id| id.0)
+            .collect::<Vec<_>>(),
+        vec![2, 3]
+    );
     assert_eq!(batch.latest.full_resync_at, Timestamp(100_700));
     assert_eq!(s.current().executors.len(), 2);
 }
@@ -110,4 +132,26 @@ fn empty_poll_carries_no_snapshot() {
     assert_eq!(batch.snapshot_count, 0);
     assert!(batch.seen_ids.is_empty());
     assert_eq!(s.buffered(), 0);
+}
+
+#[test]
+fn a_wall_clock_going_back_does_not_stall_the_subscriber() {
+    let mut s = store();
+    assert!(s.poll(secs(100)).is_some());
+    // The clock jumps back an hour: polled at once, then every batch delay from there.
+    assert!(s.poll(secs(100 - 3600)).is_some());
+    assert_eq!(s.next_due(), secs(101 - 3600));
+    assert!(s.poll(Timestamp((100 - 3600) * 1000 + 500)).is_none());
+    assert!(s.poll(secs(101 - 3600)).is_some());
+}
+
+#[test]
+fn notify_now_survives_a_clock_going_back() {
+    let mut s = store();
+    assert!(s.poll(secs(100)).is_some());
+    s.notify_now();
+    assert!(s.next_due() <= secs(100));
+    assert!(s.poll(secs(99)).is_some());
+    // Notification consumed: the next call is periodic again.
+    assert!(s.poll(Timestamp(99_500)).is_none());
 }
