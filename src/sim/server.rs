@@ -537,7 +537,7 @@ fn encode_continue(rv: u64, ns: &str, name: &str) -> String {
 }
 
 fn decode_continue(token: &str) -> Option<(u64, String, String)> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())
@@ -1365,6 +1365,11 @@ fn resource_list(group: &str) -> Value {
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
 }
 
+/// Creates an object from inside the server (initial namespaces), without injected faults.
+pub(crate) fn create_internal(sh: &Shared, kind: Kind, obj: Value) -> Result<(), ApiError> {
+    create(sh, kind, "", obj, false).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1378,9 +1383,4 @@ mod tests {
         );
         assert_eq!(decode_continue("zz"), None);
     }
-}
-
-/// Creates an object from inside the server (initial namespaces), without injected faults.
-pub(crate) fn create_internal(sh: &Shared, kind: Kind, obj: Value) -> Result<(), ApiError> {
-    create(sh, kind, "", obj, false).map(|_| ())
 }
