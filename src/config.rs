@@ -44,7 +44,8 @@ pub struct Settings {
     pub allowed_namespaces: Vec<String>,
     /// A Pod (YAML or JSON file) used when Start gives no executor pod template.
     pub default_executor_pod_template: Option<PathBuf>,
-    // TODO(sim-merge): `simulator: crate::sim::SimSettings` once the sim branch is merged.
+    /// The simulated cluster of `serve --simulate`, `simulate` and `demo`.
+    pub simulator: crate::sim::SimSettings,
     pub log: LogSettings,
 }
 
@@ -128,6 +129,7 @@ impl Default for Settings {
             resync_interval_ms: 30_000,
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
+            simulator: crate::sim::SimSettings::default(),
             log: LogSettings::default(),
         }
     }
@@ -245,6 +247,12 @@ impl Settings {
             });
         }
         tracing_filter_check(&self.log.filter)?;
+        if let Err(reason) = self.simulator.validate() {
+            return Err(ConfigError::Invalid {
+                key: "simulator".to_string(),
+                reason,
+            });
+        }
         self.default_template()?;
         Ok(())
     }
@@ -490,6 +498,27 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("default_executor_pod_template"), "{err}");
+    }
+
+    #[test]
+    fn simulator_section_is_loaded_and_checked() {
+        let f = file(
+            "toml",
+            "[simulator]\nseed = 7\n[simulator.kubelet]\nmode = \"manual\"\n",
+        );
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.simulator.seed, 7);
+        assert_eq!(s.simulator.kubelet.mode, crate::sim::KubeletMode::Manual);
+        let err = Settings::load_with_env(
+            None,
+            env(&[(
+                "SPARK_POD_ALLOCATOR__SIMULATOR__FAULTS__QUOTA_FRACTION",
+                "2.5",
+            )]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("simulator"), "{err}");
     }
 
     #[test]

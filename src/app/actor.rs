@@ -14,7 +14,8 @@ use crate::allocator::{
     ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules,
     executor_pod_from,
 };
-use crate::k8s::{ExecutorPods, PodEvent, Subscription};
+use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
+use tokio_util::sync::CancellationToken;
 
 /// Commands the handle sends; each carries its reply channel.
 pub(crate) enum Command {
@@ -67,7 +68,7 @@ impl ActorHandle {
         let app_id = actor.app_id.clone();
         let span =
             tracing::info_span!("application", app = %actor.app_id, namespace = %actor.namespace);
-        let task = tokio::spawn(State::new(actor).run(rx, subscription).instrument(span));
+        let task = tokio::spawn(State::run(actor, rx, subscription).instrument(span));
         Self {
             tx,
             task: Arc::new(std::sync::Mutex::new(Some(task))),
@@ -114,21 +115,59 @@ struct State {
     retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
     /// Finished executors whose pod was already deleted (or labelled inactive).
     finished_handled: BTreeSet<ExecutorId>,
+    /// Rounds carried out completely (their creates answered).
     rounds: u64,
+    /// Rounds whose creates are still in flight.
+    creates_in_flight: usize,
+    /// Where create tasks report; the receiver lives in `run`.
+    creates_done: mpsc::UnboundedSender<CreateResults>,
+    /// Fired on Stop: creates not yet sent are skipped.
+    cancel: CancellationToken,
 }
 
+/// The outcome of one round's creates.
+type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
+
 impl State {
-    fn new(actor: Actor) -> Self {
+    fn new(actor: Actor, creates_done: mpsc::UnboundedSender<CreateResults>) -> Self {
         Self {
             actor,
             retry_deletes: BTreeMap::new(),
             finished_handled: BTreeSet::new(),
             rounds: 0,
+            creates_in_flight: 0,
+            creates_done,
+            cancel: CancellationToken::new(),
         }
     }
 
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>, mut subscription: Subscription) {
+    async fn run(
+        actor: Actor,
+        mut commands: mpsc::Receiver<Command>,
+        mut subscription: Subscription,
+    ) {
         tracing::info!("application actor started");
+        let (creates_done, mut created) = mpsc::unbounded_channel();
+        let mut this = Self::new(actor, creates_done);
+        this.serve(&mut commands, &mut subscription, &mut created)
+            .await;
+        // No create may land after Stop's DELETE: skip unsent ones, await those in flight.
+        this.cancel.cancel();
+        while this.creates_in_flight > 0 {
+            match created.recv().await {
+                Some(results) => this.creates_answered(results),
+                None => break,
+            }
+        }
+        tracing::info!("application actor stopped");
+    }
+
+    async fn serve(
+        &mut self,
+        commands: &mut mpsc::Receiver<Command>,
+        subscription: &mut Subscription,
+        created: &mut mpsc::UnboundedReceiver<CreateResults>,
+    ) {
         let mut events_open = true;
         loop {
             let due = self.actor.store.next_due();
@@ -145,10 +184,10 @@ impl State {
                         events_open = false;
                     }
                 },
+                Some(results) = created.recv() => self.creates_answered(results),
                 () = self.actor.clock.sleep_until(due) => self.round().await,
             }
         }
-        tracing::info!("application actor stopped");
     }
 
     fn handle(&mut self, command: Command) {
@@ -236,10 +275,12 @@ impl State {
                 .extend(request.ids);
         }
         self.delete_planned().await;
-        self.create_planned(plan.creates).await;
         self.clean_up_finished().await;
-        // Counted once carried out, so an observer seeing the count sees the round's effects.
-        self.rounds += 1;
+        // Counted once carried out (creates answered), so an observer seeing the count
+        // sees the round's effects.
+        if !self.create_planned(plan.creates) {
+            self.rounds += 1;
+        }
     }
 
     async fn delete_planned(&mut self) {
@@ -273,10 +314,9 @@ impl State {
         }
     }
 
-    async fn create_planned(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) {
-        if creates.is_empty() {
-            return;
-        }
+    /// Sends the round's creates from a separate task, so the actor keeps answering while
+    /// they are in flight (rate limit, slow API server). Returns whether any was sent.
+    fn create_planned(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) -> bool {
         let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
         for (id, profile) in creates {
             match self.actor.builder.build(id, profile) {
@@ -287,12 +327,30 @@ impl State {
                 }
             }
         }
-        let requested = pods.len();
-        let results = self
-            .actor
-            .pods
-            .create_all(&self.actor.namespace, pods)
-            .await;
+        if pods.is_empty() {
+            return false;
+        }
+        self.creates_in_flight += 1;
+        let client = self.actor.pods.clone();
+        let namespace = self.actor.namespace.clone();
+        let cancel = self.cancel.clone();
+        let done = self.creates_done.clone();
+        tokio::spawn(
+            async move {
+                let results = client.create_all(&namespace, pods, &cancel).await;
+                // The actor outlives its create tasks (it awaits them before ending).
+                let _ = done.send(results);
+            }
+            .in_current_span(),
+        );
+        true
+    }
+
+    /// A round's creates were answered: forget the failed ones (a later round asks again
+    /// with new ids).
+    fn creates_answered(&mut self, results: CreateResults) {
+        self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+        let requested = results.len();
         let mut failed = 0usize;
         for (id, result) in results {
             if result.is_err() {
@@ -300,7 +358,8 @@ impl State {
                 self.actor.allocator.create_failed(id);
             }
         }
-        tracing::info!(requested, failed, "executor pods created");
+        tracing::info!(requested, failed, "executor pod creates answered");
+        self.rounds += 1;
     }
 
     /// Failed and succeeded executors: delete their pods (delete-on-termination) or label

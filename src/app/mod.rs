@@ -382,6 +382,11 @@ impl Applications {
         self.inner.watches.is_synced()
     }
 
+    /// True once the shared watch of `namespace` runs and has completed its first listing.
+    pub fn is_namespace_synced(&self, namespace: &str) -> bool {
+        self.inner.watches.is_namespace_synced(namespace)
+    }
+
     /// Namespaces whose shared executor pod watch is running.
     pub fn watched_namespaces(&self) -> Vec<String> {
         self.inner.watches.watched_namespaces()

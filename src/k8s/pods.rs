@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
 
 use super::describe_error;
 use super::rate_limit::RateLimiter;
@@ -14,6 +15,17 @@ use crate::allocator::ExecutorId;
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
+
+/// Why one executor pod was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The API server refused or failed the create.
+    #[error("{}", describe_error(.0))]
+    Kubernetes(#[from] kube::Error),
+    /// The application stopped before the create was sent.
+    #[error("not sent: the application is stopping")]
+    Cancelled,
+}
 
 /// Ids per collection delete, so the label selector stays well under URL limits.
 const IDS_PER_DELETE: usize = 200;
@@ -42,23 +54,32 @@ impl ExecutorPods {
     }
 
     /// Creates `pods` concurrently (up to the configured limit); one result per executor,
-    /// in completion order.
+    /// in completion order. Once `cancel` fires, creates not yet sent are skipped
+    /// ([`CreateError::Cancelled`]); those already sent are awaited, so none lands later.
     pub async fn create_all(
         &self,
         namespace: &str,
         pods: Vec<(ExecutorId, Pod)>,
-    ) -> Vec<(ExecutorId, Result<(), kube::Error>)> {
+        cancel: &CancellationToken,
+    ) -> Vec<(ExecutorId, Result<(), CreateError>)> {
         let api = self.api(namespace);
         futures::stream::iter(pods)
             .map(|(id, pod)| {
                 let api = api.clone();
                 async move {
-                    self.limiter.acquire().await;
+                    tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
+                        () = self.limiter.acquire() => {}
+                    }
+                    if cancel.is_cancelled() {
+                        return (id, Err(CreateError::Cancelled));
+                    }
                     let result = api.create(&PostParams::default(), &pod).await.map(|_| ());
                     if let Err(err) = &result {
                         tracing::warn!(executor = id.0, namespace, error = %describe_error(err), "executor pod create failed");
                     }
-                    (id, result)
+                    (id, result.map_err(CreateError::from))
                 }
             })
             .buffer_unordered(self.create_concurrency)

@@ -32,25 +32,30 @@ impl RateLimiter {
         }
     }
 
-    /// Waits until one more request may be sent, and takes its slot.
+    /// Waits until one more request may be sent, and takes its slot. A waiter that is
+    /// dropped (cancelled) holds no slot: slots are taken only when usable at once.
     pub async fn acquire(&self) {
-        let wait_until = self.reserve(Instant::now());
-        if wait_until > Instant::now() {
-            tokio::time::sleep_until(wait_until).await;
+        loop {
+            match self.try_take(Instant::now()) {
+                Ok(()) => return,
+                Err(usable_at) => tokio::time::sleep_until(usable_at).await,
+            }
         }
     }
 
-    /// Reserves the next slot and returns when it may be used.
-    fn reserve(&self, now: Instant) -> Instant {
+    /// Takes a slot if one is usable at `now`; otherwise says when one will be.
+    fn try_take(&self, now: Instant) -> Result<(), Instant> {
         let mut next_free = match self.inner.next_free.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
         let start = next_free.map_or(now, |t| t.max(now));
+        let usable_at = start.checked_sub(self.inner.tolerance).unwrap_or(now);
+        if usable_at > now {
+            return Err(usable_at);
+        }
         *next_free = Some(start + self.inner.interval);
-        start
-            .checked_sub(self.inner.tolerance)
-            .map_or(now, |t| t.max(now))
+        Ok(())
     }
 }
 
@@ -63,22 +68,32 @@ mod tests {
         let limiter = RateLimiter::new(10, 3);
         let now = Instant::now();
         for _ in 0..3 {
-            assert_eq!(limiter.reserve(now), now);
+            assert_eq!(limiter.try_take(now), Ok(()));
         }
-        assert_eq!(limiter.reserve(now), now + Duration::from_millis(100));
-        assert_eq!(limiter.reserve(now), now + Duration::from_millis(200));
+        let next = now + Duration::from_millis(100);
+        assert_eq!(limiter.try_take(now), Err(next));
+        // Asking again takes nothing: the answer is unchanged.
+        assert_eq!(limiter.try_take(now), Err(next));
+        assert_eq!(limiter.try_take(next), Ok(()));
+        assert_eq!(
+            limiter.try_take(next),
+            Err(next + Duration::from_millis(100))
+        );
     }
 
     #[test]
     fn idle_time_refills_the_bucket_up_to_burst_only() {
         let limiter = RateLimiter::new(10, 2);
         let now = Instant::now();
-        limiter.reserve(now);
-        limiter.reserve(now);
+        assert_eq!(limiter.try_take(now), Ok(()));
+        assert_eq!(limiter.try_take(now), Ok(()));
         let later = now + Duration::from_secs(60);
-        assert_eq!(limiter.reserve(later), later);
-        assert_eq!(limiter.reserve(later), later);
-        assert_eq!(limiter.reserve(later), later + Duration::from_millis(100));
+        assert_eq!(limiter.try_take(later), Ok(()));
+        assert_eq!(limiter.try_take(later), Ok(()));
+        assert_eq!(
+            limiter.try_take(later),
+            Err(later + Duration::from_millis(100))
+        );
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use super::describe_error;
 use super::pods::labels;
+use crate::allocator::Timestamp;
 use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
 use crate::app::Clock;
 
@@ -49,6 +50,8 @@ type Subscribers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<PodEvent>>>>;
 /// The watch and resync tasks of one namespace; dropping it stops them.
 struct NamespaceWatch {
     subscribers: Subscribers,
+    /// Set once this namespace's watch completed its initial listing.
+    synced: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -150,6 +153,13 @@ impl PodWatches {
         }
     }
 
+    /// True once the watch of `namespace` runs and has completed its initial listing.
+    pub fn is_namespace_synced(&self, namespace: &str) -> bool {
+        lock(&self.inner.namespaces)
+            .get(namespace)
+            .is_some_and(|watch| watch.synced.load(Ordering::Relaxed))
+    }
+
     /// Namespaces with a running watch (for status and tests).
     pub fn watched_namespaces(&self) -> Vec<String> {
         let mut names: Vec<String> = lock(&self.inner.namespaces).keys().cloned().collect();
@@ -163,21 +173,28 @@ impl PodWatches {
             "first application here; starting executor pod watch"
         );
         let subscribers: Subscribers = Arc::default();
+        let synced = Arc::new(AtomicBool::new(false));
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         let watch_task = tokio::spawn(run_watch(
             api.clone(),
             Arc::clone(&subscribers),
+            Arc::clone(&synced),
             Arc::clone(&self.inner),
             namespace.to_string(),
         ));
+        // The first full LIST is due one interval after the watch starts (not after the
+        // task first gets to run).
+        let first_resync = after(self.inner.clock.now(), self.inner.resync_interval);
         let resync_task = tokio::spawn(run_resync(
             api,
+            first_resync,
             Arc::clone(&subscribers),
             Arc::clone(&self.inner),
             namespace.to_string(),
         ));
         NamespaceWatch {
             subscribers,
+            synced,
             tasks: vec![watch_task, resync_task],
         }
     }
@@ -185,7 +202,13 @@ impl PodWatches {
 
 /// The kube-runtime watcher of one namespace: relists after 410 and re-watches with
 /// backoff; its restarts (Init … InitDone) become a resync of every subscriber.
-async fn run_watch(api: Api<Pod>, subscribers: Subscribers, inner: Arc<Inner>, namespace: String) {
+async fn run_watch(
+    api: Api<Pod>,
+    subscribers: Subscribers,
+    synced: Arc<AtomicBool>,
+    inner: Arc<Inner>,
+    namespace: String,
+) {
     let config = watcher::Config::default().labels(&executor_selector());
     let mut stream = watcher(api, config).default_backoff().boxed();
     let mut relisting: Option<HashMap<String, Vec<Pod>>> = None;
@@ -201,6 +224,7 @@ async fn run_watch(api: Api<Pod>, subscribers: Subscribers, inner: Arc<Inner>, n
             }
             Ok(watcher::Event::InitDone) => {
                 resync_all(&subscribers, relisting.take().unwrap_or_default());
+                synced.store(true, Ordering::Relaxed);
                 inner.synced.store(true, Ordering::Relaxed);
                 tracing::debug!(%namespace, "executor pod watch (re)listed");
             }
@@ -212,12 +236,18 @@ async fn run_watch(api: Api<Pod>, subscribers: Subscribers, inner: Arc<Inner>, n
 }
 
 /// The periodic full LIST of one namespace (the backstop for missed watch events).
-async fn run_resync(api: Api<Pod>, subscribers: Subscribers, inner: Arc<Inner>, namespace: String) {
-    let interval = i64::try_from(inner.resync_interval.as_millis()).unwrap_or(i64::MAX);
+async fn run_resync(
+    api: Api<Pod>,
+    first: Timestamp,
+    subscribers: Subscribers,
+    inner: Arc<Inner>,
+    namespace: String,
+) {
     let lp = ListParams::default().labels(&executor_selector());
+    let mut next = first;
     loop {
-        let next = crate::allocator::Timestamp(inner.clock.now().0.saturating_add(interval));
         inner.clock.sleep_until(next).await;
+        next = after(inner.clock.now(), inner.resync_interval);
         match api.list(&lp).await {
             Ok(list) => {
                 let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
@@ -233,6 +263,11 @@ async fn run_resync(api: Api<Pod>, subscribers: Subscribers, inner: Arc<Inner>, 
             }
         }
     }
+}
+
+fn after(now: Timestamp, interval: Duration) -> Timestamp {
+    let interval = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+    Timestamp(now.0.saturating_add(interval))
 }
 
 fn app_of(pod: &Pod) -> Option<&str> {

@@ -73,7 +73,7 @@ fn node_index(name: &str) -> Option<usize> {
 pub(crate) async fn run(sh: Arc<Shared>) {
     let settings = &sh.settings.kubelet;
     let mut k = Kubelet {
-        rng: SmallRng::seed_from_u64(sh.settings.seed ^ 0x6b75_6265_6c65_74),
+        rng: SmallRng::seed_from_u64(sh.settings.seed ^ 0x006b_7562_656c_6574),
         load: vec![0; settings.nodes as usize],
         pods: HashMap::new(),
         waiting: VecDeque::new(),
@@ -92,7 +92,7 @@ pub(crate) async fn run(sh: Arc<Shared>) {
                 Ok(ev) => {
                     if ev.kind == Kind::Pod {
                         let key = (ev.namespace.clone(), name_of(&ev.object.value));
-                        let value = (ev.event_type != EventType::Deleted).then(|| (*ev.object.value).clone());
+                        let value = (ev.event_type != EventType::Deleted).then(|| ev.object.value.clone());
                         k.on_pod(key, value);
                     }
                 }
@@ -143,7 +143,7 @@ impl Kubelet {
             self.on_pod(key, None);
         }
         for (ns, name, v) in pods {
-            self.on_pod((ns, name), Some((*v).clone()));
+            self.on_pod((ns, name), Some(v));
         }
     }
 
@@ -169,7 +169,7 @@ impl Kubelet {
         }
     }
 
-    fn on_pod(&mut self, key: Key, pod: Option<Value>) {
+    fn on_pod(&mut self, key: Key, pod: Option<Arc<Value>>) {
         let Some(pod) = pod else {
             self.release(&key);
             self.pods.remove(&key);
@@ -327,7 +327,7 @@ impl Kubelet {
                 continue;
             }
             if let Some(stored) = self.sh.store.get(Kind::Pod, &key.0, &key.1) {
-                let pod = (*stored.value).clone();
+                let pod = stored.value;
                 if !is_bound(&pod) && pod.pointer("/metadata/deletionTimestamp").is_none() {
                     self.place(key, &pod);
                 }

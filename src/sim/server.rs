@@ -238,6 +238,18 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 &resource_list("coordination.k8s.io"),
             ));
         }
+        (Method::GET, ["openapi", "v3"]) => {
+            return Ok(value_response(StatusCode::OK, &openapi_v3_index()));
+        }
+        (Method::GET, ["openapi", "v3", "api", "v1"]) => {
+            return Ok(value_response(StatusCode::OK, &openapi_v3_group("")));
+        }
+        (Method::GET, ["openapi", "v3", "apis", "coordination.k8s.io", "v1"]) => {
+            return Ok(value_response(
+                StatusCode::OK,
+                &openapi_v3_group("coordination.k8s.io"),
+            ));
+        }
         (_, ["sim", rest @ ..]) => {
             let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
             return admin(sh, method, &rest, req).await;
@@ -525,7 +537,7 @@ fn encode_continue(rv: u64, ns: &str, name: &str) -> String {
 }
 
 fn decode_continue(token: &str) -> Option<(u64, String, String)> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())
@@ -1271,6 +1283,48 @@ fn api_groups() -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group]})
 }
 
+/// The OpenAPI v3 index kubectl reads to learn which group versions are described.
+fn openapi_v3_index() -> Value {
+    json!({"paths": {
+        "api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=sim"},
+        "apis/coordination.k8s.io/v1": {"serverRelativeURL": "/openapi/v3/apis/coordination.k8s.io/v1?hash=sim"}
+    }})
+}
+
+/// A minimal OpenAPI v3 document for one group version: only the PATCH operations with
+/// their group-version-kind and the `fieldValidation` parameter, which is what kubectl
+/// checks to choose server-side validation. No schemas are published.
+fn openapi_v3_group(group: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    for kind in Kind::ALL.into_iter().filter(|k| k.group() == group) {
+        let prefix = if group.is_empty() {
+            "/api/v1".to_string()
+        } else {
+            format!("/apis/{group}/v1")
+        };
+        let path = if kind.namespaced() {
+            format!(
+                "{prefix}/namespaces/{{namespace}}/{}/{{name}}",
+                kind.plural()
+            )
+        } else {
+            format!("{prefix}/{}/{{name}}", kind.plural())
+        };
+        let op = json!({
+            "operationId": format!("patch{}", kind.kind()),
+            "x-kubernetes-action": "patch",
+            "x-kubernetes-group-version-kind": {"group": group, "version": "v1", "kind": kind.kind()},
+            "parameters": [
+                {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}}
+            ],
+            "responses": {"200": {"description": "OK"}}
+        });
+        paths.insert(path, json!({"patch": op}));
+    }
+    json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"}, "paths": paths, "components": {}})
+}
+
 fn resource_list(group: &str) -> Value {
     let verbs = json!([
         "create",
@@ -1311,6 +1365,11 @@ fn resource_list(group: &str) -> Value {
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
 }
 
+/// Creates an object from inside the server (initial namespaces), without injected faults.
+pub(crate) fn create_internal(sh: &Shared, kind: Kind, obj: Value) -> Result<(), ApiError> {
+    create(sh, kind, "", obj, false).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1324,9 +1383,4 @@ mod tests {
         );
         assert_eq!(decode_continue("zz"), None);
     }
-}
-
-/// Creates an object from inside the server (initial namespaces), without injected faults.
-pub(crate) fn create_internal(sh: &Shared, kind: Kind, obj: Value) -> Result<(), ApiError> {
-    create(sh, kind, "", obj, false).map(|_| ())
 }
