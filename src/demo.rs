@@ -152,6 +152,7 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
         Ok(served) => served.context("the gRPC server failed")?,
         Err(err) => anyhow::bail!("the gRPC server task failed: {err}"),
     }
+    cluster.shutdown().await;
     let summary = result?;
     screen.summary(&summary, began.elapsed())?;
     Ok(summary)

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
-use spark_pod_allocator::sim::{SimCluster, SimSettings};
+use spark_pod_allocator::sim::SimCluster;
 use spark_pod_allocator::{demo, k8s};
 
 /// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
@@ -164,7 +164,7 @@ async fn serve(
     // Kept alive for as long as the service runs.
     let mut sim = None;
     let client = if simulate {
-        let cluster = SimCluster::start(simulator_settings(&settings))
+        let cluster = SimCluster::start(settings.simulator.clone())
             .await
             .context("starting the simulated cluster")?;
         tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
@@ -201,7 +201,7 @@ async fn simulate(
     listen: Option<String>,
     kubeconfig: &Path,
 ) -> anyhow::Result<()> {
-    let mut sim_settings = simulator_settings(&settings);
+    let mut sim_settings = settings.simulator.clone();
     if let Some(listen) = listen {
         sim_settings.listen = listen;
     }
@@ -217,12 +217,7 @@ async fn simulate(
         kubeconfig.display()
     );
     shutdown_signal().await;
-    drop(cluster);
+    cluster.shutdown().await;
     Ok(())
 }
 
-/// The simulated cluster's settings.
-// TODO(config): read the `[simulator]` section once the configuration has it.
-fn simulator_settings(_settings: &Settings) -> SimSettings {
-    SimSettings::default()
-}
