@@ -220,4 +220,3 @@ async fn simulate(
     cluster.shutdown().await;
     Ok(())
 }
-
