@@ -92,7 +92,13 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = req.application_id.clone();
         answer("Start", &app_id, async {
             let start = validate::start(req, &self.defaults)?;
-            let started = self.applications.start(start).await?;
+            // In a task of its own, outside the call's span: the actor spawned here outlives
+            // the call, and its `application` span must not claim to be part of this Start
+            // forever. (It also lets a Start finish when its client gives up half-way.)
+            let applications = self.applications.clone();
+            let started = tokio::spawn(async move { applications.start(start).await })
+                .await
+                .map_err(|err| AppError::Internal(format!("Start did not finish: {err}")))??;
             tracing::info!(
                 resumed = started.resumed,
                 last_executor_id = started.last_executor_id,
