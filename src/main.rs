@@ -161,20 +161,18 @@ async fn serve(
         settings: settings.allocation_defaults(),
         executor_pod_template: settings.default_template()?,
     };
-    // Kept alive for as long as the service runs.
-    let mut sim = None;
-    let client = if simulate {
+    // The simulated cluster, if any, lives as long as the service.
+    let (client, sim) = if simulate {
         let cluster = SimCluster::start(settings.simulator.clone())
             .await
             .context("starting the simulated cluster")?;
         tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
-        let client = cluster.client();
-        sim = Some(cluster);
-        client
+        (cluster.client(), Some(cluster))
     } else {
-        k8s::connect(&settings.kubernetes)
+        let client = k8s::connect(&settings.kubernetes)
             .await
-            .context("connecting to Kubernetes")?
+            .context("connecting to Kubernetes")?;
+        (client, None)
     };
     let applications = Applications::new(ServiceContext::from_settings(
         client,
@@ -191,8 +189,10 @@ async fn serve(
         ..ServeSettings::default()
     };
     grpc::serve(serve_settings, applications, listener, shutdown_signal()).await?;
-    drop(sim);
     tracing::info!("stopped; executor pods left in place");
+    if let Some(cluster) = sim {
+        cluster.shutdown().await;
+    }
     Ok(())
 }
 
