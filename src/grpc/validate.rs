@@ -447,6 +447,25 @@ mod tests {
     }
 
     #[test]
+    fn hostile_templates_are_refused_not_expanded() {
+        // A billion laughs: nine levels of nine aliases each.
+        let mut bomb = String::from("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for (prev, next) in ('a'..='h').zip('b'..='i') {
+            let refs = vec![format!("*{prev}"); 9].join(", ");
+            bomb.push_str(&format!("{next}: &{next} [{refs}]\n"));
+        }
+        bomb.push_str("metadata:\n  labels: *i\n");
+        let deep_yaml = "[".repeat(10_000);
+        let deep_json = "{\"a\":".repeat(10_000);
+        for text in [bomb.as_str(), &deep_yaml, &deep_json] {
+            let (field, message) =
+                field_of(pod_template("executor_pod_template", text).unwrap_err());
+            assert_eq!(field, "executor_pod_template");
+            assert!(message.starts_with("not valid"), "{message}");
+        }
+    }
+
+    #[test]
     fn the_template_is_required_unless_the_server_has_one() {
         let req = proto::StartRequest {
             executor_pod_template: String::new(),
