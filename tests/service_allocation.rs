@@ -14,8 +14,8 @@ use spark_pod_allocator::allocator::{
     AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
 };
 use spark_pod_allocator::app::{
-    AppError, AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication,
-    Started,
+    AppError, AppId, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
+    StartApplication, Started,
 };
 use spark_pod_allocator::sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
 
@@ -631,22 +631,48 @@ async fn kubernetes_errors_do_not_kill_the_actor() {
         "failed creates are forgotten: {status:?}"
     );
     assert!(cluster_ids(&h.sim, NS, "app-err").await.is_empty());
+    // Every create failed: the next round backs off (2 batch delays) instead of burning
+    // a batch of ids every batch delay.
+    let after_secs = |secs: i64| h.clock.now().0 + secs * 1000;
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(2)
+    );
 
     // Internal errors (500) on every request, the periodic LIST included.
     h.sim.set_faults(FaultSettings {
         error_500_fraction: 1.0,
         ..FaultSettings::default()
     });
-    advance_round(&h, "app-err", BATCH_DELAY).await;
+    advance_round(&h, "app-err", Duration::from_secs(2)).await;
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(4)
+    );
     advance_round(&h, "app-err", Duration::from_secs(31)).await;
-    assert!(h.apps.status(&id("app-err")).await.is_ok());
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(8)
+    );
+    assert_eq!(
+        h.apps
+            .status(&id("app-err"))
+            .await
+            .unwrap()
+            .last_executor_id,
+        9
+    );
 
-    // The cluster recovers: the next round creates with ids never used before.
+    // The cluster recovers: the next round creates with ids never used before, and the
+    // schedule is back to one batch delay.
     h.sim.set_faults(FaultSettings::default());
-    advance_round(&h, "app-err", BATCH_DELAY).await;
+    advance_round(&h, "app-err", Duration::from_secs(8)).await;
     let ids = cluster_ids(&h.sim, NS, "app-err").await;
-    assert_eq!(ids.len(), 3);
-    assert!(ids.iter().all(|i| *i > 6), "fresh ids: {ids:?}");
+    assert_eq!(ids, range(10, 12), "fresh ids");
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(1)
+    );
     assert_eq!(h.apps.stop(&id("app-err")).await.unwrap(), 3);
 }
 
