@@ -831,3 +831,45 @@ async fn a_watch_expired_by_compaction_relists_into_a_resync() {
     h.sim.set_faults(FaultSettings::default());
     h.apps.stop(&id("app-410")).await.unwrap();
 }
+
+#[tokio::test]
+async fn concurrent_starts_of_one_application_make_one_actor() {
+    let h = harness().await;
+    let (a, b) = tokio::join!(
+        h.apps.start(request("app-twice", NS)),
+        h.apps.start(request("app-twice", NS))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    // One of them started it, the other found it running.
+    assert_eq!(
+        [a.resumed, b.resumed].iter().filter(|r| **r).count(),
+        1,
+        "{a:?} {b:?}"
+    );
+    wait_for("start round", || async {
+        h.apps.rounds(&id("app-twice")).await.unwrap() >= 1
+    })
+    .await;
+    set_targets_and_round(&h, "app-twice", 2).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-twice").await, range(1, 2));
+    assert_eq!(h.apps.stop(&id("app-twice")).await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn health_follows_the_api_server() {
+    // Nothing listens on port 9: the API server never answers.
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let unreachable = Applications::new(ServiceContext::new(
+        kube::Client::try_from(config).unwrap(),
+        Arc::new(ManualClock::starting_now()),
+    ));
+    assert!(!unreachable.is_synced());
+    let err = unreachable.start(request("app-h", NS)).await.unwrap_err();
+    assert!(matches!(err, AppError::Kubernetes(_)), "{err:?}");
+    assert!(!unreachable.is_synced());
+
+    // A reachable API server: healthy even before any application starts.
+    let h = harness().await;
+    wait_for("synced", || async { h.apps.is_synced() }).await;
+    assert!(h.apps.watched_namespaces().is_empty());
+}
