@@ -873,3 +873,34 @@ async fn health_follows_the_api_server() {
     wait_for("synced", || async { h.apps.is_synced() }).await;
     assert!(h.apps.watched_namespaces().is_empty());
 }
+
+#[tokio::test]
+async fn connect_uses_the_configured_kubeconfig() {
+    let sim = manual_cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&path).unwrap();
+    let settings = spark_pod_allocator::config::KubernetesSettings {
+        kubeconfig: Some(path),
+        in_cluster: spark_pod_allocator::config::InCluster::False,
+        ..Default::default()
+    };
+    let client = spark_pod_allocator::k8s::connect(&settings).await.unwrap();
+    let api: Api<Pod> = Api::namespaced(client, NS);
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    let missing = spark_pod_allocator::config::KubernetesSettings {
+        kubeconfig: Some(dir.path().join("nope")),
+        ..Default::default()
+    };
+    let Err(err) = spark_pod_allocator::k8s::connect(&missing).await else {
+        panic!("a missing kubeconfig file must be refused");
+    };
+    assert!(err.to_string().contains("kubeconfig"), "{err}");
+}
