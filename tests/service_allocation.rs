@@ -904,3 +904,36 @@ async fn connect_uses_the_configured_kubeconfig() {
     };
     assert!(err.to_string().contains("kubeconfig"), "{err}");
 }
+
+#[tokio::test]
+async fn executors_registered_with_the_driver_are_never_deleted_on_downscale() {
+    let h = harness().await;
+    start(&h.apps, request("app-reg", NS)).await;
+    set_targets_and_round(&h, "app-reg", 4).await;
+    wait_seen(&h, "app-reg", range(1, 4)).await;
+    h.apps
+        .update_registered(
+            &id("app-reg"),
+            BTreeSet::from([ExecutorId(1), ExecutorId(2)]),
+        )
+        .await
+        .unwrap();
+    h.apps
+        .set_total_expected(&id("app-reg"), targets(1))
+        .await
+        .unwrap();
+    // Older than the idle timeout: the unknown pending ones may go, the registered may not.
+    advance_round(&h, "app-reg", Duration::from_secs(61)).await;
+    let deleted: BTreeSet<u64> = h
+        .apps
+        .status(&id("app-reg"))
+        .await
+        .unwrap()
+        .deleted
+        .iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(deleted, BTreeSet::from([3, 4]));
+    assert_eq!(cluster_ids(&h.sim, NS, "app-reg").await, range(1, 2));
+    h.apps.stop(&id("app-reg")).await.unwrap();
+}
