@@ -31,6 +31,8 @@
 //! - Per-profile pending cap: a profile may ask for at most `cap − its not-running`; a
 //!   profile with no room takes no share of `max_pending_pods`, so the split goes to others.
 //! - Downscale deletes of all profiles go in one `DeleteRequest` (Spark sends one per profile).
+//! - Beyond Spark: a downscale delete that missed its pod (created just after the delete)
+//!   is sent again while the pod still shows Pending, at most every 5 batch delays.
 //! - Ids seen in any snapshot raise `last_executor_id` (no reuse even after a resume that
 //!   under-reported it); refused requests consume no id; at `u64::MAX` requests are refused.
 //! - Built pods carry no namespace (the create request's namespace applies) and none of

@@ -47,6 +47,9 @@ pub struct AllocatorStatus {
     pub outstanding: bool,
 }
 
+/// How many batch delays a downscale delete gets to show in a snapshot before it is retried.
+pub const DELETE_RETRY_BATCH_DELAYS: i64 = 5;
+
 /// A request created but not yet seen in any snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct NewlyCreated {
@@ -88,8 +91,8 @@ pub struct Allocator {
     newly_created: BTreeMap<ExecutorId, NewlyCreated>,
     /// Requested, not yet in any snapshot, already registered with the driver.
     known_newly_created: BTreeMap<ExecutorId, ResourceProfileId>,
-    /// Executors this allocator deleted (read by IsDeleted).
-    deleted: BTreeSet<ExecutorId>,
+    /// Executors this allocator deleted (read by IsDeleted), with when it last asked.
+    deleted: BTreeMap<ExecutorId, Timestamp>,
     /// The last snapshot, indexed.
     tracked: TrackedExecutors,
     last_executor_id: u64,
@@ -108,7 +111,7 @@ impl Allocator {
             registered: BTreeSet::new(),
             newly_created: BTreeMap::new(),
             known_newly_created: BTreeMap::new(),
-            deleted: BTreeSet::new(),
+            deleted: BTreeMap::new(),
             tracked: TrackedExecutors::default(),
             last_executor_id,
             unknown_pending: 0,
@@ -184,7 +187,7 @@ impl Allocator {
         if batch.snapshot_count > 0 {
             self.tracked.apply(&batch);
             let tracked = &self.tracked;
-            self.deleted.retain(|id| tracked.contains(*id));
+            self.deleted.retain(|id, _| tracked.contains(*id));
         }
         drop(batch);
         // Never reuse an id that exists in the cluster, even one this allocator did not
@@ -241,7 +244,7 @@ impl Allocator {
                         .pending
                         .iter()
                         .filter(|(id, created_at)| {
-                            !self.deleted.contains(id)
+                            !self.deleted.contains_key(id)
                                 && !self.registered.contains(id)
                                 && created_at.is_some_and(|c| now.millis_since(c) > idle)
                         })
@@ -255,7 +258,8 @@ impl Allocator {
                 }
                 tally.unknown_newly_created -= newly.len() as u64;
                 tally.unknown_pending -= pending.len() as u64;
-                self.deleted.extend(newly.iter().chain(&pending).copied());
+                self.deleted
+                    .extend(newly.iter().chain(&pending).map(|id| (*id, now)));
                 to_delete.extend(newly);
                 to_delete.extend(pending);
             }
@@ -269,6 +273,7 @@ impl Allocator {
                 askers.push((index, count));
             }
         }
+        self.retry_deletes(now, &mut to_delete);
         if !to_delete.is_empty() {
             to_delete.sort_unstable();
             tracing::info!(executors = ?to_delete, "deleting excess pod requests");
@@ -363,12 +368,31 @@ impl Allocator {
         plan
     }
 
+    /// Beyond Spark: a downscale delete finds nothing when the pod is created just after it
+    /// (the request was still in flight), and the pod would then stay Pending, uncounted,
+    /// until Stop. Executors deleted at least [`DELETE_RETRY_BATCH_DELAYS`] batch delays ago
+    /// that the last snapshot still shows Pending (so without a deletionTimestamp) and the
+    /// driver does not know are deleted again.
+    fn retry_deletes(&mut self, now: Timestamp, to_delete: &mut Vec<ExecutorId>) {
+        let wait = self
+            .settings
+            .batch_delay_ms()
+            .saturating_mul(DELETE_RETRY_BATCH_DELAYS);
+        for (id, asked_at) in &mut self.deleted {
+            let stale = now.millis_since(*asked_at) >= wait;
+            if stale && self.tracked.is_pending(*id) && !self.registered.contains(id) {
+                *asked_at = now;
+                to_delete.push(*id);
+            }
+        }
+    }
+
     /// Counts the last snapshot's executors per profile, leaving out those we deleted.
     fn tally_snapshot(&self, tallies: &mut [Tally]) {
         let deleted_running = if self.deleted.is_empty() {
             BTreeMap::new()
         } else {
-            self.tracked.running_among(&self.deleted)
+            self.tracked.running_among(self.deleted.keys())
         };
         for tally in tallies {
             let Some(index) = self.tracked.profile(tally.profile) else {
@@ -377,7 +401,7 @@ impl Allocator {
             let gone = deleted_running.get(&tally.profile).copied().unwrap_or(0);
             tally.running = index.running.saturating_sub(gone);
             for id in index.pending.keys() {
-                if self.deleted.contains(id) {
+                if self.deleted.contains_key(id) {
                     continue;
                 }
                 if self.registered.contains(id) {
@@ -397,7 +421,7 @@ impl Allocator {
     }
     /// True iff the allocator deleted `id` and it is still in the last snapshot.
     pub fn is_deleted(&self, id: ExecutorId) -> bool {
-        self.deleted.contains(&id)
+        self.deleted.contains_key(&id)
     }
     /// The highest executor id used so far.
     pub fn last_executor_id(&self) -> u64 {
@@ -407,7 +431,7 @@ impl Allocator {
     pub fn status(&self) -> AllocatorStatus {
         AllocatorStatus {
             profiles: self.counts.clone(),
-            deleted: self.deleted.clone(),
+            deleted: self.deleted.keys().copied().collect(),
             last_executor_id: self.last_executor_id,
             outstanding: self.outstanding,
         }

@@ -159,6 +159,13 @@ impl TrackedExecutors {
         }
     }
 
+    /// Whether the last snapshot shows `id` Pending.
+    pub(crate) fn is_pending(&self, id: ExecutorId) -> bool {
+        self.executors
+            .get(&id)
+            .is_some_and(|t| t.kind == Kind::Pending)
+    }
+
     /// Whether the last snapshot holds `id` (in any state).
     pub(crate) fn contains(&self, id: ExecutorId) -> bool {
         self.executors.contains_key(&id)
@@ -175,9 +182,9 @@ impl TrackedExecutors {
     }
 
     /// Running executors among `ids`, per profile (to leave deleted ones out of the counts).
-    pub(crate) fn running_among(
+    pub(crate) fn running_among<'a>(
         &self,
-        ids: &BTreeSet<ExecutorId>,
+        ids: impl Iterator<Item = &'a ExecutorId>,
     ) -> BTreeMap<ResourceProfileId, u64> {
         let mut running = BTreeMap::new();
         for id in ids {

@@ -59,3 +59,35 @@ fn deleted_pods_that_started_anyway_do_not_count() {
     assert_eq!(creates(&plan), vec![(3, 0)]);
     assert!(a.is_deleted(ExecutorId(1)));
 }
+
+#[test]
+fn a_delete_that_missed_its_pod_is_retried() {
+    // Request 1 is deleted as excess before its pod exists; the pod shows up Pending after.
+    let mut a = allocator(settings(), &[(0, 1)]);
+    assert_eq!(creates(&a.round(snapshot(&[]), secs(0))), vec![(1, 0)]);
+    a.set_targets(&targets(&[(0, 0)]));
+    assert_eq!(
+        a.round(no_snapshot(), secs(61)).deletes,
+        vec![delete(&[1], true)]
+    );
+    // (time, state of pod 1 in the snapshot, registered, expected deletes)
+    let late = |state: ExecutorState| snapshot(&[exec(1, 0, state, 61)]);
+    let steps: Vec<(i64, SnapshotBatch, Vec<u64>, Vec<DeleteRequest>)> = vec![
+        (62, late(ExecutorState::Pending), vec![], vec![]),
+        (65, no_snapshot(), vec![], vec![]),
+        (66, no_snapshot(), vec![], vec![delete(&[1], true)]),
+        (67, late(ExecutorState::Pending), vec![], vec![]),
+        (71, no_snapshot(), vec![], vec![delete(&[1], true)]),
+        (80, late(ExecutorState::Deleted), vec![], vec![]),
+        (90, late(ExecutorState::Running), vec![], vec![]),
+        (100, late(ExecutorState::Pending), vec![1], vec![]),
+        (110, no_snapshot(), vec![], vec![delete(&[1], true)]),
+    ];
+    for (at, batch, known, deletes) in steps {
+        a.set_registered(registered(&known));
+        let plan = a.round(batch, secs(at));
+        assert_eq!(plan.deletes, deletes, "at {at}s");
+        assert!(plan.creates.is_empty(), "at {at}s");
+        assert!(a.is_deleted(ExecutorId(1)), "at {at}s");
+    }
+}

@@ -273,3 +273,28 @@ fn the_driver_replaces_a_template_controller() {
         .unwrap_or_default();
     assert_eq!(owners, vec!["cm", "driver-pod"]);
 }
+
+fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let ok_char = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
+    !name.is_empty()
+        && name.len() <= 63
+        && bytes.iter().all(ok_char)
+        && bytes.first().is_some_and(|b| *b != b'-')
+        && bytes.last().is_some_and(|b| *b != b'-')
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    /// Whatever prefix the driver sends, every pod name (and hostname) is a DNS-1123 label
+    /// that ends in `-exec-<id>`.
+    #[test]
+    fn names_are_always_dns_labels(prefix in "\\PC{0,80}", id in 1u64..=u64::MAX) {
+        let b = builder(vec![(0, basic_template())], &prefix).expect("valid");
+        let name = b.pod_name(ExecutorId(id));
+        proptest::prop_assert!(is_dns_label(&name), "{name:?}");
+        let suffix = format!("-exec-{id}");
+        proptest::prop_assert!(name.ends_with(&suffix), "{name:?}");
+    }
+}

@@ -86,6 +86,9 @@ fn newly_created_registered_with_the_driver_do_not_block() {
     a.set_registered(registered(&[1, 2]));
     let plan = a.round(no_snapshot(), secs(2));
     assert_eq!(creates(&plan), vec![(3, 0), (4, 0)]);
+    let mut waiting: Vec<u64> = a.newly_created().map(|(id, _)| id.0).collect();
+    waiting.sort_unstable();
+    assert_eq!(waiting, vec![1, 2, 3, 4]);
     // Scheduler-known newly created still count toward the target.
     let plan = a.round(snapshot(&[running(3, 0, 2), running(4, 0, 2)]), secs(3));
     assert!(plan.creates.is_empty());
@@ -209,4 +212,13 @@ fn ids_seen_in_the_cluster_are_never_reused() {
     let plan = a.round(snapshot(&[running(7, 0, 0)]), secs(0));
     assert_eq!(creates(&plan), vec![(8, 0)]);
     assert_eq!(a.last_executor_id(), 8);
+}
+
+#[test]
+fn engine_state_can_move_into_an_actor_task() {
+    fn send_and_sync<T: Send + Sync + 'static>() {}
+    send_and_sync::<Allocator>();
+    send_and_sync::<SnapshotStore>();
+    send_and_sync::<SnapshotBatch>();
+    send_and_sync::<ExecutorPodBuilder>();
 }
