@@ -62,7 +62,12 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
     }
     let elapsed = started.elapsed();
     let api: Api<Pod> = Api::namespaced(sim.client(), "default");
-    let created = api.list(&ListParams::default()).await.expect("list").items.len();
+    let created = api
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .len();
     assert_eq!(created, pods as usize, "every create reached the cluster");
     apps.stop(&app).await.expect("stop");
     sim.shutdown().await;

@@ -14,8 +14,8 @@ use spark_pod_allocator::allocator::{
     AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
 };
 use spark_pod_allocator::app::{
-    AppError, AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication,
-    Started,
+    AppError, AppId, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
+    StartApplication, Started,
 };
 use spark_pod_allocator::sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
 
@@ -631,22 +631,48 @@ async fn kubernetes_errors_do_not_kill_the_actor() {
         "failed creates are forgotten: {status:?}"
     );
     assert!(cluster_ids(&h.sim, NS, "app-err").await.is_empty());
+    // Every create failed: the next round backs off (2 batch delays) instead of burning
+    // a batch of ids every batch delay.
+    let after_secs = |secs: i64| h.clock.now().0 + secs * 1000;
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(2)
+    );
 
     // Internal errors (500) on every request, the periodic LIST included.
     h.sim.set_faults(FaultSettings {
         error_500_fraction: 1.0,
         ..FaultSettings::default()
     });
-    advance_round(&h, "app-err", BATCH_DELAY).await;
+    advance_round(&h, "app-err", Duration::from_secs(2)).await;
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(4)
+    );
     advance_round(&h, "app-err", Duration::from_secs(31)).await;
-    assert!(h.apps.status(&id("app-err")).await.is_ok());
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(8)
+    );
+    assert_eq!(
+        h.apps
+            .status(&id("app-err"))
+            .await
+            .unwrap()
+            .last_executor_id,
+        9
+    );
 
-    // The cluster recovers: the next round creates with ids never used before.
+    // The cluster recovers: the next round creates with ids never used before, and the
+    // schedule is back to one batch delay.
     h.sim.set_faults(FaultSettings::default());
-    advance_round(&h, "app-err", BATCH_DELAY).await;
+    advance_round(&h, "app-err", Duration::from_secs(8)).await;
     let ids = cluster_ids(&h.sim, NS, "app-err").await;
-    assert_eq!(ids.len(), 3);
-    assert!(ids.iter().all(|i| *i > 6), "fresh ids: {ids:?}");
+    assert_eq!(ids, range(10, 12), "fresh ids");
+    assert_eq!(
+        h.apps.next_round_at(&id("app-err")).await.unwrap().0,
+        after_secs(1)
+    );
     assert_eq!(h.apps.stop(&id("app-err")).await.unwrap(), 3);
 }
 
@@ -804,4 +830,110 @@ async fn a_watch_expired_by_compaction_relists_into_a_resync() {
     wait_seen(&h, "app-410", range(1, 2)).await;
     h.sim.set_faults(FaultSettings::default());
     h.apps.stop(&id("app-410")).await.unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_starts_of_one_application_make_one_actor() {
+    let h = harness().await;
+    let (a, b) = tokio::join!(
+        h.apps.start(request("app-twice", NS)),
+        h.apps.start(request("app-twice", NS))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    // One of them started it, the other found it running.
+    assert_eq!(
+        [a.resumed, b.resumed].iter().filter(|r| **r).count(),
+        1,
+        "{a:?} {b:?}"
+    );
+    wait_for("start round", || async {
+        h.apps.rounds(&id("app-twice")).await.unwrap() >= 1
+    })
+    .await;
+    set_targets_and_round(&h, "app-twice", 2).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-twice").await, range(1, 2));
+    assert_eq!(h.apps.stop(&id("app-twice")).await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn health_follows_the_api_server() {
+    // Nothing listens on port 9: the API server never answers.
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let unreachable = Applications::new(ServiceContext::new(
+        kube::Client::try_from(config).unwrap(),
+        Arc::new(ManualClock::starting_now()),
+    ));
+    assert!(!unreachable.is_synced());
+    let err = unreachable.start(request("app-h", NS)).await.unwrap_err();
+    assert!(matches!(err, AppError::Kubernetes(_)), "{err:?}");
+    assert!(!unreachable.is_synced());
+
+    // A reachable API server: healthy even before any application starts.
+    let h = harness().await;
+    wait_for("synced", || async { h.apps.is_synced() }).await;
+    assert!(h.apps.watched_namespaces().is_empty());
+}
+
+#[tokio::test]
+async fn connect_uses_the_configured_kubeconfig() {
+    let sim = manual_cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&path).unwrap();
+    let settings = spark_pod_allocator::config::KubernetesSettings {
+        kubeconfig: Some(path),
+        in_cluster: spark_pod_allocator::config::InCluster::False,
+        ..Default::default()
+    };
+    let client = spark_pod_allocator::k8s::connect(&settings).await.unwrap();
+    let api: Api<Pod> = Api::namespaced(client, NS);
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    let missing = spark_pod_allocator::config::KubernetesSettings {
+        kubeconfig: Some(dir.path().join("nope")),
+        ..Default::default()
+    };
+    let Err(err) = spark_pod_allocator::k8s::connect(&missing).await else {
+        panic!("a missing kubeconfig file must be refused");
+    };
+    assert!(err.to_string().contains("kubeconfig"), "{err}");
+}
+
+#[tokio::test]
+async fn executors_registered_with_the_driver_are_never_deleted_on_downscale() {
+    let h = harness().await;
+    start(&h.apps, request("app-reg", NS)).await;
+    set_targets_and_round(&h, "app-reg", 4).await;
+    wait_seen(&h, "app-reg", range(1, 4)).await;
+    h.apps
+        .update_registered(
+            &id("app-reg"),
+            BTreeSet::from([ExecutorId(1), ExecutorId(2)]),
+        )
+        .await
+        .unwrap();
+    h.apps
+        .set_total_expected(&id("app-reg"), targets(1))
+        .await
+        .unwrap();
+    // Older than the idle timeout: the unknown pending ones may go, the registered may not.
+    advance_round(&h, "app-reg", Duration::from_secs(61)).await;
+    let deleted: BTreeSet<u64> = h
+        .apps
+        .status(&id("app-reg"))
+        .await
+        .unwrap()
+        .deleted
+        .iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(deleted, BTreeSet::from([3, 4]));
+    assert_eq!(cluster_ids(&h.sim, NS, "app-reg").await, range(1, 2));
+    h.apps.stop(&id("app-reg")).await.unwrap();
 }

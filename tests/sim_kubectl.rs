@@ -100,9 +100,19 @@ async fn kubectl_lists_with_a_set_based_selector() {
         out.lines().collect::<Vec<_>>(),
         ["pod/exec-1", "pod/exec-2"]
     );
+    // The server prints a Table, so kubectl shows the same columns as against a real cluster.
     let table = k.run(&["get", "pods"]).await;
-    assert!(table.lines().next().unwrap().starts_with("NAME"), "{table}");
-    assert_eq!(table.lines().count(), 4, "{table}");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
+        "{table}"
+    );
+    assert_eq!(rows.len(), 4, "{table}");
+    assert_eq!(rows[1][..4], ["exec-1", "0/1", "Pending", "0"], "{table}");
     let json_out = k.run(&["get", "pod", "exec-3", "-o", "json"]).await;
     let v: serde_json::Value = serde_json::from_str(&json_out).unwrap();
     assert_eq!(v["status"]["phase"], "Pending");

@@ -3,6 +3,7 @@
 //! the snapshot store is due; a Kubernetes failure is logged and retried by a later round.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{mpsc, oneshot};
@@ -11,7 +12,7 @@ use tracing::Instrument;
 use super::{AppError, Clock};
 use crate::allocator::{
     Allocator, AllocatorStatus, DeleteRequest, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules,
+    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
     executor_pod_from,
 };
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
@@ -35,6 +36,7 @@ pub(crate) enum Command {
 pub(crate) struct ActorReport {
     pub status: AllocatorStatus,
     pub rounds: u64,
+    pub next_round_at: Timestamp,
 }
 
 /// Everything an actor owns.
@@ -123,7 +125,14 @@ struct State {
     creates_done: mpsc::UnboundedSender<CreateResults>,
     /// Fired on Stop: creates not yet sent are skipped.
     cancel: CancellationToken,
+    /// Consecutive rounds whose creates all failed at the API server.
+    failed_create_rounds: u32,
+    /// No round before this (backoff after failed create rounds; 0 = none).
+    backoff_until: Timestamp,
 }
+
+/// Longest backoff after failed create rounds (unless the batch delay is longer).
+const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(60);
 
 /// The outcome of one round's creates.
 type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
@@ -138,6 +147,8 @@ impl State {
             creates_in_flight: 0,
             creates_done,
             cancel: CancellationToken::new(),
+            failed_create_rounds: 0,
+            backoff_until: Timestamp(0),
         }
     }
 
@@ -170,7 +181,7 @@ impl State {
     ) {
         let mut events_open = true;
         loop {
-            let due = self.actor.store.next_due();
+            let due = self.next_round_at();
             tokio::select! {
                 biased;
                 command = commands.recv() => match command {
@@ -188,6 +199,11 @@ impl State {
                 () = self.actor.clock.sleep_until(due) => self.round().await,
             }
         }
+    }
+
+    /// When the next round may run: the store's schedule, held back by any backoff.
+    fn next_round_at(&self) -> Timestamp {
+        self.actor.store.next_due().max(self.backoff_until)
     }
 
     fn handle(&mut self, command: Command) {
@@ -220,6 +236,7 @@ impl State {
                 let _ = reply.send(ActorReport {
                     status: self.actor.allocator.status(),
                     rounds: self.rounds,
+                    next_round_at: self.next_round_at(),
                 });
             }
             Command::Snapshot(reply) => {
@@ -347,18 +364,41 @@ impl State {
     }
 
     /// A round's creates were answered: forget the failed ones (a later round asks again
-    /// with new ids).
+    /// with new ids). When every create of the round failed at the API server (quota,
+    /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
+    /// minute) instead of burning a batch of ids every batch delay.
     fn creates_answered(&mut self, results: CreateResults) {
         self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
         let requested = results.len();
         let mut failed = 0usize;
+        let mut first_error = None;
         for (id, result) in results {
-            if result.is_err() {
-                failed += 1;
+            if let Err(err) = result {
                 self.actor.allocator.create_failed(id);
+                if matches!(err, CreateError::Kubernetes(_)) {
+                    failed += 1;
+                    first_error.get_or_insert(err);
+                }
             }
         }
-        tracing::info!(requested, failed, "executor pod creates answered");
+        if failed == 0 {
+            tracing::info!(requested, "executor pods created");
+            self.failed_create_rounds = 0;
+            self.backoff_until = Timestamp(0);
+        } else if failed < requested {
+            tracing::warn!(requested, failed, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
+            self.failed_create_rounds = 0;
+            self.backoff_until = Timestamp(0);
+        } else {
+            self.failed_create_rounds = self.failed_create_rounds.saturating_add(1);
+            let delay = self.actor.allocator.settings().batch_delay;
+            let backoff = delay
+                .saturating_mul(1 << self.failed_create_rounds.min(6))
+                .min(MAX_CREATE_BACKOFF.max(delay));
+            let backoff_ms = i64::try_from(backoff.as_millis()).unwrap_or(i64::MAX);
+            self.backoff_until = Timestamp(self.actor.clock.now().0.saturating_add(backoff_ms));
+            tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
+        }
         self.rounds += 1;
     }
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
     ExecutorPodsSnapshot, ResourceProfileId, SettingsError, SnapshotStore, StateRules,
-    TemplateError, executor_pod_from,
+    TemplateError, Timestamp, executor_pod_from,
 };
 use crate::config::Settings;
 use crate::k8s::pods::highest_executor_id;
@@ -370,6 +370,12 @@ impl Applications {
     /// How many allocation rounds the application's actor has run (observability, tests).
     pub async fn rounds(&self, app: &AppId) -> Result<u64, AppError> {
         Ok(self.report(app).await?.rounds)
+    }
+
+    /// When the application's next round may run (the batch delay's schedule, or later
+    /// while backing off after rounds whose creates all failed).
+    pub async fn next_round_at(&self, app: &AppId) -> Result<Timestamp, AppError> {
+        Ok(self.report(app).await?.next_round_at)
     }
 
     /// The application's current snapshot as its actor has ingested it (observability, tests).

@@ -54,7 +54,7 @@ impl ExecutorPods {
     }
 
     /// Creates `pods` concurrently (up to the configured limit); one result per executor,
-    /// in completion order. Once `cancel` fires, creates not yet sent are skipped
+    /// in completion order (the caller logs a summary of the failures). Once `cancel` fires, creates not yet sent are skipped
     /// ([`CreateError::Cancelled`]); those already sent are awaited, so none lands later.
     pub async fn create_all(
         &self,
@@ -77,7 +77,7 @@ impl ExecutorPods {
                     }
                     let result = api.create(&PostParams::default(), &pod).await.map(|_| ());
                     if let Err(err) = &result {
-                        tracing::warn!(executor = id.0, namespace, error = %describe_error(err), "executor pod create failed");
+                        tracing::debug!(executor = id.0, namespace, error = %describe_error(err), "executor pod create failed");
                     }
                     (id, result.map_err(CreateError::from))
                 }

@@ -117,10 +117,14 @@ impl PodWatches {
     /// a background task; retries with backoff.
     pub fn spawn_probe(&self) -> Option<JoinHandle<()>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let inner = Arc::clone(&self.inner);
+        // Weak: the probe ends once the watches are dropped, even if never answered.
+        let weak = Arc::downgrade(&self.inner);
         Some(handle.spawn(async move {
             let mut delay = Duration::from_millis(100);
             loop {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
                 match inner.client.apiserver_version().await {
                     Ok(_) => {
                         inner.synced.store(true, Ordering::Relaxed);
@@ -128,10 +132,11 @@ impl PodWatches {
                     }
                     Err(err) => {
                         tracing::warn!(error = %describe_error(&err), "kubernetes API server not reachable yet");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(10));
                     }
                 }
+                drop(inner);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
             }
         }))
     }

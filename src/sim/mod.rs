@@ -9,6 +9,7 @@ mod server;
 mod settings;
 pub mod status;
 mod store;
+mod table;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};

@@ -370,7 +370,10 @@ impl PatchType {
             "application/json-patch+json" => Ok(PatchType::Json),
             "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
             "application/apply-patch+yaml" | "application/apply-patch+json" => Ok(PatchType::Apply),
-            other => Err(ApiError::unsupported_media_type(other)),
+            other => Err(ApiError::unsupported_media_type(
+                other,
+                "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml",
+            )),
         }
     }
 

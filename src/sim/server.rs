@@ -23,6 +23,7 @@ use super::selector::{FieldSelector, LabelSelector, Selector};
 use super::settings::{FaultSettings, SimSettings};
 use super::status::ApiError;
 use super::store::{Deletion, Event, EventType, Kind, Store, Stored};
+use super::table::{IncludeObject, pod_table, wants_table};
 
 /// State shared by every request, the kubelet and the garbage collector.
 pub(crate) struct Shared {
@@ -261,12 +262,34 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     };
     inject_request_faults(sh).await?;
     let q = query_of(&req);
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let table = (matches!(
+        &target,
+        Target::Collection {
+            kind: Kind::Pod,
+            ..
+        } | Target::Object {
+            kind: Kind::Pod,
+            ..
+        }
+    ) && wants_table(accept))
+    .then(|| IncludeObject::parse(q.get("includeObject").map(String::as_str)));
+    if req.method() != Method::PATCH && content_type(&req).contains("protobuf") {
+        return Err(ApiError::unsupported_media_type(
+            &content_type(&req),
+            "application/json, application/yaml",
+        ));
+    }
     match (method, target) {
         (Method::GET, Target::Collection { kind, ns }) => {
             if flag(&q, "watch") {
-                watch(sh, kind, ns, &q)
+                watch(sh, kind, ns, &q, table)
             } else {
-                list(sh, kind, ns.as_deref(), &q)
+                list(sh, kind, ns.as_deref(), &q, table)
             }
         }
         (Method::POST, Target::Collection { kind, ns }) => {
@@ -279,7 +302,20 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             let body = read_body(req).await?;
             delete_collection(sh, kind, ns.as_deref(), &q, &body)
         }
-        (Method::GET, Target::Object { kind, ns, name }) => get(sh, kind, &ns, &name),
+        (Method::GET, Target::Object { kind, ns, name }) => match table {
+            Some(include) => {
+                let stored = sh
+                    .store
+                    .get(kind, &ns, &name)
+                    .ok_or_else(|| ApiError::not_found(kind.plural(), kind.group(), &name))?;
+                let meta = json!({"resourceVersion": sh.store.resource_version().to_string()});
+                Ok(value_response(
+                    StatusCode::OK,
+                    &pod_table(&[&*stored.value], include, meta),
+                ))
+            }
+            None => get(sh, kind, &ns, &name),
+        },
         (Method::PUT, Target::Object { kind, ns, name }) => {
             let body = read_body(req).await?;
             replace(sh, kind, &ns, &name, None, &body)
@@ -550,7 +586,13 @@ fn decode_continue(token: &str) -> Option<(u64, String, String)> {
     Some((rv, parts.next()?.to_string(), parts.next()?.to_string()))
 }
 
-fn list(sh: &Shared, kind: Kind, ns: Option<&str>, q: &Query) -> Result<Response, ApiError> {
+fn list(
+    sh: &Shared,
+    kind: Kind,
+    ns: Option<&str>,
+    q: &Query,
+    table: Option<IncludeObject>,
+) -> Result<Response, ApiError> {
     let sel = selector_of(kind, q)?;
     let limit = parse_u64(q, "limit")?.unwrap_or(0) as usize;
     let rv_param = parse_u64(q, "resourceVersion")?;
@@ -595,6 +637,13 @@ fn list(sh: &Shared, kind: Kind, ns: Option<&str>, q: &Query) -> Result<Response
             .and_then(Value::as_str)
             .unwrap_or("");
         meta["continue"] = Value::String(encode_continue(list_rv, lns, lname));
+    }
+    if let Some(include) = table {
+        let values: Vec<&Value> = items.iter().map(|s| &*s.value).collect();
+        return Ok(value_response(
+            StatusCode::OK,
+            &pod_table(&values, include, meta),
+        ));
     }
     Ok(json_response(
         StatusCode::OK,
@@ -875,6 +924,14 @@ pub(crate) fn delete_object(
     check: impl FnOnce(&Value) -> Result<(), ApiError>,
 ) -> Result<(Stored, bool), ApiError> {
     if kind == Kind::Namespace {
+        if ["default", "kube-system", "kube-public"].contains(&name) {
+            return Err(ApiError::forbidden(
+                "namespaces",
+                "",
+                name,
+                "this namespace may not be deleted".into(),
+            ));
+        }
         return store.delete_namespace(name).map(|s| (s, true));
     }
     store.delete(kind, ns, name, |cur| {
@@ -1064,9 +1121,30 @@ pub(crate) fn set_condition(
 /// Renders one event for one watcher, or nothing when the watcher does not see it. An
 /// object leaving the selector is a DELETED event carrying its previous state, as the
 /// real watch cache sends.
-fn render(ev: &Event, ns: Option<&str>, sel: &Selector) -> Option<Bytes> {
+fn render(
+    ev: &Event,
+    ns: Option<&str>,
+    sel: &Selector,
+    table: Option<IncludeObject>,
+) -> Option<Bytes> {
     if ns.is_some_and(|n| n != ev.namespace) {
         return None;
+    }
+    if let Some(include) = table {
+        let line = render(ev, None, sel, None)?;
+        // Re-shape the chosen event's object as a one-row Table.
+        let parsed: Value = serde_json::from_slice(&line).ok()?;
+        let event_type = parsed
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("MODIFIED")
+            .to_string();
+        let object = parsed.get("object")?;
+        let meta = json!({"resourceVersion": ev.rv.to_string()});
+        return Some(event_line(
+            &event_type,
+            &Bytes::from(pod_table(&[object], include, meta).to_string()),
+        ));
     }
     if sel.is_empty() {
         return Some(event_line(ev.event_type.as_str(), &ev.object.json));
@@ -1114,6 +1192,7 @@ fn watch(
     kind: Kind,
     ns: Option<String>,
     q: &Query,
+    table: Option<IncludeObject>,
 ) -> Result<Response, ApiError> {
     let sel = selector_of(kind, q)?;
     let from = match q.get("resourceVersion").map(String::as_str) {
@@ -1150,7 +1229,7 @@ fn watch(
         let drop_fraction = faults.watch_drop_fraction;
         let dropped = |sh: &Shared| drop_fraction > 0.0 && sh.roll() < drop_fraction;
         for ev in &ws.backlog {
-            if let Some(line) = render(ev, ns.as_deref(), &sel)
+            if let Some(line) = render(ev, ns.as_deref(), &sel, table)
                 && !dropped(&sh)
             {
                 yield Ok(line);
@@ -1180,7 +1259,7 @@ fn watch(
                         if ev.kind != kind {
                             continue;
                         }
-                        if let Some(line) = render(&ev, ns.as_deref(), &sel)
+                        if let Some(line) = render(&ev, ns.as_deref(), &sel, table)
                             && !dropped(&sh)
                         {
                             yield Ok(line);

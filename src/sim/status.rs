@@ -149,13 +149,13 @@ impl ApiError {
         .with_details(json!({}))
     }
 
-    /// 415 for a patch type the server does not understand.
-    pub fn unsupported_media_type(content_type: &str) -> ApiError {
+    /// 415 for a body format the server does not understand (protobuf, unknown patch type).
+    pub fn unsupported_media_type(content_type: &str, accepted: &str) -> ApiError {
         ApiError::new(
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {content_type:?})"
+                "the body of the request was in an unknown format - accepted media types include: {accepted} (got {content_type:?})"
             ),
         )
     }
