@@ -761,3 +761,68 @@ async fn discovery_answers_what_kube_rs_asks() {
         .unwrap();
     assert_eq!(leases.resources[0].name, "leases");
 }
+
+#[tokio::test]
+async fn wrongly_typed_fields_are_refused_and_nothing_is_stored() {
+    let sim = manual_cluster().await;
+    let client = sim.client();
+    let (code, _, body) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        Some(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "typed"}, "spec": {"containers": [{"name": "c", "image": 5}]}})),
+    )
+    .await;
+    assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Pod in version \"v1\" cannot be handled as a Pod"),
+        "{body}"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    assert!(pods.get_opt("typed").await.unwrap().is_none());
+
+    pods.create(&PostParams::default(), &executor_pod("p", 1))
+        .await
+        .unwrap();
+    for bad in [
+        json!({"status": 5}),
+        json!({"status": {"containerStatuses": [5]}}),
+        json!({"status": {"phase": 1}}),
+    ] {
+        let (code, _, _) = raw(
+            &client,
+            "PATCH",
+            "/api/v1/namespaces/default/pods/p/status",
+            "application/merge-patch+json",
+            Some(bad.clone()),
+        )
+        .await;
+        assert_eq!(code, 400, "{bad}");
+    }
+    assert_eq!(
+        pods.get("p")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Pending")
+    );
+    let (code, _, body) = raw(
+        &client,
+        "PATCH",
+        "/api/v1/namespaces/default/pods/p",
+        "text/plain",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (415, Some("UnsupportedMediaType"))
+    );
+}

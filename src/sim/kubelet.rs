@@ -431,7 +431,7 @@ impl Kubelet {
                     Box::new(|cur| {
                         let mut next = cur.clone();
                         if let Some(statuses) = next.pointer_mut("/status/containerStatuses").and_then(Value::as_array_mut) {
-                            for s in statuses {
+                            for s in statuses.iter_mut().filter(|s| s.is_object()) {
                                 if s.pointer("/state/waiting/reason").and_then(Value::as_str) == Some("ErrImagePull") {
                                     let image = str_at(s, "/image");
                                     s["state"] = json!({"waiting": {"reason": "ImagePullBackOff", "message": format!("Back-off pulling image \"{image}\"")}});
@@ -549,7 +549,7 @@ fn stopped(cur: &Value, code: i32, reason: &str) -> Value {
         .and_then(Value::as_array_mut)
     {
         for s in statuses {
-            if s.pointer("/state/terminated").is_some() {
+            if !s.is_object() || s.pointer("/state/terminated").is_some() {
                 continue;
             }
             let started_at = s

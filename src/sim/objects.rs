@@ -33,6 +33,26 @@ fn invalid(field: &str, value: &str, why: &str) -> Cause {
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
 
+/// Checks the object decodes as its Kubernetes type (field types, not just JSON), as the
+/// real server's decoder does: a wrongly typed field is a 400 and nothing is stored. This
+/// also guarantees every stored object decodes in kube-rs clients.
+pub fn check_schema(kind: Kind, obj: &Value) -> Result<(), ApiError> {
+    use k8s_openapi::api::{coordination::v1::Lease, core::v1};
+    let result = match kind {
+        Kind::Pod => serde_json::from_value::<v1::Pod>(obj.clone()).map(drop),
+        Kind::Namespace => serde_json::from_value::<v1::Namespace>(obj.clone()).map(drop),
+        Kind::ConfigMap => serde_json::from_value::<v1::ConfigMap>(obj.clone()).map(drop),
+        Kind::Lease => serde_json::from_value::<Lease>(obj.clone()).map(drop),
+    };
+    result.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version \"v1\" cannot be handled as a {}: {e}",
+            kind.kind(),
+            kind.kind()
+        ))
+    })
+}
+
 /// Field-level problems of an object about to be stored (empty when valid).
 pub fn validate(kind: Kind, obj: &Value, name: &str) -> Vec<Cause> {
     let mut causes = Vec::new();

@@ -502,6 +502,7 @@ fn create(
         }
     };
     let probe = name_for();
+    objects::check_schema(kind, &obj)?;
     let causes = objects::validate(kind, &obj, &probe);
     if !causes.is_empty() {
         return Err(objects::invalid_error(kind, &probe, causes));
@@ -709,6 +710,10 @@ fn finish_update(
     if sub == Some("status") {
         let mut next = current.clone();
         next["status"] = proposed.get("status").cloned().unwrap_or_else(|| json!({}));
+        if !next["status"].is_object() {
+            return Err(ApiError::bad_request("status must be an object"));
+        }
+        objects::check_schema(kind, &next)?;
         return Ok(next);
     }
     proposed["kind"] = Value::String(kind.kind().to_string());
@@ -753,6 +758,7 @@ fn finish_update(
     if !causes.is_empty() {
         return Err(objects::invalid_error(kind, &name, causes));
     }
+    objects::check_schema(kind, &proposed)?;
     Ok(proposed)
 }
 
