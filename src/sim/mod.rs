@@ -139,18 +139,18 @@ impl SimCluster {
     }
 
     /// A kube-rs client for this cluster.
+    ///
+    /// # Panics
+    /// Only if kube-rs cannot build an HTTP client at all (its TLS stack failed to
+    /// initialise), which no input or cluster state can cause; see [`Self::try_client`].
     pub fn client(&self) -> kube::Client {
-        match kube::Client::try_from(self.kube_config()) {
-            Ok(client) => client,
-            // Building a client from a plain http:// URL does not fail in practice; a client
-            // whose requests all fail is the least surprising answer if it ever does.
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build a kube client for the simulated cluster");
-                let fallback = kube::Config::new(http::Uri::from_static("http://127.0.0.1:1"));
-                kube::Client::try_from(fallback)
-                    .unwrap_or_else(|_| unreachable!("a plain http config always builds"))
-            }
-        }
+        self.try_client()
+            .expect("kube-rs builds a client for a plain http:// URL")
+    }
+
+    /// A kube-rs client for this cluster, or why kube-rs could not build one.
+    pub fn try_client(&self) -> Result<kube::Client, kube::Error> {
+        kube::Client::try_from(self.kube_config())
     }
 
     /// A kubeconfig file for kubectl (context `sim`, namespace `default`).

@@ -225,15 +225,13 @@ pub fn qos_class(spec: &Value) -> &'static str {
     }
 }
 
-fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
-    if !obj.get("metadata").is_some_and(Value::is_object) {
-        obj["metadata"] = json!({});
+/// The object's metadata map, created when missing (`None` only for a non-object value).
+fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    let map = obj.as_object_mut()?;
+    if !map.get("metadata").is_some_and(Value::is_object) {
+        map.insert("metadata".into(), json!({}));
     }
-    // Just ensured to be an object.
-    match obj.get_mut("metadata") {
-        Some(Value::Object(m)) => m,
-        _ => unreachable!("metadata was set to an object above"),
-    }
+    map.get_mut("metadata").and_then(Value::as_object_mut)
 }
 
 /// Completes a new object as the API server does on create: system metadata, defaults, and
@@ -241,7 +239,7 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
 pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &str, now: &str) {
     obj["kind"] = Value::String(kind.kind().to_string());
     obj["apiVersion"] = Value::String(kind.api_version().to_string());
-    let meta = meta_mut(obj);
+    let Some(meta) = meta_mut(obj) else { return };
     meta.insert("name".into(), Value::String(name.to_string()));
     if kind.namespaced() {
         meta.insert("namespace".into(), Value::String(ns.to_string()));
@@ -263,13 +261,14 @@ pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &s
     match kind {
         Kind::Pod => default_pod(obj, now),
         Kind::Namespace => {
-            let meta = meta_mut(obj);
-            let labels = meta.entry("labels").or_insert_with(|| json!({}));
-            if let Some(l) = labels.as_object_mut() {
-                l.insert(
-                    "kubernetes.io/metadata.name".into(),
-                    Value::String(name.to_string()),
-                );
+            if let Some(meta) = meta_mut(obj) {
+                let labels = meta.entry("labels").or_insert_with(|| json!({}));
+                if let Some(l) = labels.as_object_mut() {
+                    l.insert(
+                        "kubernetes.io/metadata.name".into(),
+                        Value::String(name.to_string()),
+                    );
+                }
             }
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
             obj["status"] = json!({"phase": "Active"});
@@ -465,7 +464,9 @@ pub fn pod_deletion(pod: &Value, requested_grace: Option<i64>, now: &str) -> Del
         return Deletion::Unchanged;
     }
     let mut marked = pod.clone();
-    let meta = meta_mut(&mut marked);
+    let Some(meta) = meta_mut(&mut marked) else {
+        return Deletion::Now(None);
+    };
     if !already || grace == 0 {
         meta.insert("deletionTimestamp".into(), Value::String(now.to_string()));
     }
