@@ -262,6 +262,12 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     };
     inject_request_faults(sh).await?;
     let q = query_of(&req);
+    if q.get("dryRun").is_some_and(|v| !v.is_empty()) {
+        // Refused rather than ignored: ignoring it would store what the client meant to try.
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the simulated cluster",
+        ));
+    }
     let accept = req
         .headers()
         .get(header::ACCEPT)
