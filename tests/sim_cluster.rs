@@ -439,3 +439,30 @@ async fn settings_load_from_toml_with_defaults_and_bad_values_are_refused() {
         "a used port is a clear error"
     );
 }
+
+#[tokio::test]
+async fn shutdown_ends_watches_and_stops_listening() {
+    let sim = manual_cluster().await;
+    let client = sim.client();
+    let req = http::Request::get("/api/v1/namespaces/default/pods?watch=1")
+        .body(kube::client::Body::from(Vec::new()))
+        .unwrap();
+    // The response head has arrived: the watch is open on the server.
+    let resp = client.send(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = tokio::spawn(resp.into_body().collect_bytes());
+    let addr = sim.local_addr();
+    sim.shutdown().await;
+    let rest = tokio::time::timeout(std::time::Duration::from_secs(30), body)
+        .await
+        .expect("the watch ends when the server shuts down")
+        .unwrap();
+    assert!(
+        rest.map(|b| b.is_empty()).unwrap_or(true),
+        "no event was pending"
+    );
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "nothing listens after shutdown"
+    );
+}

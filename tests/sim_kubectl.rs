@@ -337,3 +337,44 @@ async fn everyday_kubectl_commands_work() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn kubectl_get_watch_prints_table_rows_for_each_change() {
+    let sim = cluster_with_executors(1).await;
+    let k = Kubectl::new(&sim);
+    let mut child = tokio::process::Command::new("kubectl")
+        .args(k.args(&["get", "pods", "-w"]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let header = read_line(&mut lines).await.unwrap();
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    );
+    let first = read_line(&mut lines).await.unwrap();
+    assert_eq!(
+        first.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["exec-1", "0/1", "Pending"]
+    );
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    pods.patch_status(
+        "exec-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "containerStatuses": [{"name": "spark-kubernetes-executor", "image": "spark:3.5.1", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}}]}})),
+    )
+    .await
+    .unwrap();
+    let running = read_line(&mut lines).await.unwrap();
+    assert_eq!(
+        running.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["exec-1", "1/1", "Running"]
+    );
+    pods.delete("exec-1", &Default::default()).await.unwrap();
+    let terminating = read_line(&mut lines).await.unwrap();
+    assert_eq!(terminating.split_whitespace().nth(2), Some("Terminating"));
+    child.kill().await.unwrap();
+}

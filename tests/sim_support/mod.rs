@@ -55,7 +55,11 @@ pub async fn raw(
 }
 
 /// Reads a whole (ending) watch response as a list of events.
-pub async fn raw_watch_events(client: &Client, path: &str) -> (u16, Vec<Value>) {
+pub async fn raw_watch_events(
+    client: impl std::borrow::Borrow<Client>,
+    path: impl AsRef<str>,
+) -> (u16, Vec<Value>) {
+    let (client, path) = (client.borrow(), path.as_ref());
     let req = http::Request::builder()
         .method("GET")
         .uri(path)
