@@ -466,3 +466,47 @@ async fn shutdown_ends_watches_and_stops_listening() {
         "nothing listens after shutdown"
     );
 }
+
+#[tokio::test]
+async fn run_until_writes_a_kubeconfig_clients_can_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sim.kubeconfig");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run_path = path.clone();
+    let running = tokio::spawn(async move {
+        let mut settings = SimSettings::default();
+        settings.kubelet.mode = KubeletMode::Manual;
+        spark_pod_allocator::sim::run_until(settings, Some(&run_path), async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    eventually("kubeconfig written", || async {
+        path.exists().then_some(())
+    })
+    .await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    pods.create(&PostParams::default(), &executor_pod("via-kubeconfig", 1))
+        .await
+        .unwrap();
+    stop_tx.send(()).unwrap();
+    running.await.unwrap().unwrap();
+
+    let err = spark_pod_allocator::sim::run_until(
+        SimSettings::default(),
+        Some(&dir.path().join("missing/dir/kc")),
+        async {},
+    )
+    .await;
+    assert!(
+        matches!(
+            err,
+            Err(spark_pod_allocator::sim::SimError::Kubeconfig { .. })
+        ),
+        "{err:?}"
+    );
+}

@@ -32,6 +32,14 @@ pub enum SimError {
     /// A setting is out of range.
     #[error("invalid simulator settings: {0}")]
     InvalidSettings(String),
+    /// The kubeconfig file could not be written.
+    #[error("cannot write kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Where it was to be written.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// The listen address could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Listen {
@@ -170,9 +178,13 @@ impl SimCluster {
         )
     }
 
-    /// Writes [`Self::kubeconfig_yaml`] to `path`.
+    /// Writes [`Self::kubeconfig_yaml`] to `path` (through a temporary file and a rename, so
+    /// a reader polling for the file never sees half of it).
     pub fn write_kubeconfig(&self, path: &std::path::Path) -> std::io::Result<()> {
-        std::fs::write(path, self.kubeconfig_yaml())
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, self.kubeconfig_yaml())?;
+        std::fs::rename(&tmp, path)
     }
 
     /// Replaces the injected faults (takes effect for the next request or watch).
@@ -220,6 +232,27 @@ impl SimCluster {
             task.abort();
         }
     }
+}
+
+/// Runs a cluster until `stop` completes, after writing a kubeconfig for it when asked:
+/// the body of `spark-pod-allocator simulate --listen ADDR --kubeconfig PATH`.
+pub async fn run_until(
+    settings: SimSettings,
+    kubeconfig: Option<&std::path::Path>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), SimError> {
+    let sim = SimCluster::start(settings).await?;
+    if let Some(path) = kubeconfig {
+        sim.write_kubeconfig(path)
+            .map_err(|source| SimError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            })?;
+    }
+    tracing::info!(url = %sim.base_url(), kubeconfig = ?kubeconfig, "simulated cluster serving");
+    stop.await;
+    sim.shutdown().await;
+    Ok(())
 }
 
 impl Drop for SimCluster {
