@@ -200,8 +200,16 @@ async fn manual_mode_moves_nothing_and_gc_removes_orphans() {
         unmoved.spec.unwrap().node_name.is_none(),
         "manual mode never binds"
     );
+    // An owner of a kind the simulator does not serve is taken to exist.
+    let mut foreign = executor_pod("exec-2", 2);
+    foreign.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication", "name": "app", "uid": "0000-gone"
+    }))
+    .unwrap()]);
+    pods.create(&PostParams::default(), &foreign).await.unwrap();
     assert_eq!(sim.collect_garbage(), 1);
     assert!(pods.get_opt("exec-1").await.unwrap().is_none());
+    assert!(pods.get_opt("exec-2").await.unwrap().is_some());
 }
 
 #[tokio::test]
