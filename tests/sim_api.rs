@@ -3,7 +3,7 @@
 
 mod sim_support;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{
@@ -295,7 +295,10 @@ async fn watch_from_list_version_sees_changes_in_order() {
 
     let mut seen = Vec::new();
     while seen.len() < 4 {
-        let ev = stream.try_next().await.unwrap().expect("watch stays open");
+        let ev = next_within(&mut stream)
+            .await
+            .expect("watch stays open")
+            .unwrap();
         seen.push(match ev {
             WatchEvent::Added(p) => (
                 "ADDED",
@@ -712,7 +715,7 @@ async fn configmaps_and_leases_support_the_verbs_the_service_uses() {
         .await
         .unwrap()
         .boxed();
-    match lw.try_next().await.unwrap() {
+    match next_within(&mut lw).await.transpose().unwrap() {
         Some(WatchEvent::Added(l)) => assert_eq!(l.metadata.name.as_deref(), Some("leader")),
         other => panic!("expected the lease as ADDED, got {other:?}"),
     }
@@ -825,4 +828,67 @@ async fn wrongly_typed_fields_are_refused_and_nothing_is_stored() {
         (code, body["reason"].as_str()),
         (415, Some("UnsupportedMediaType"))
     );
+}
+
+#[tokio::test]
+async fn server_side_apply_is_approximated_by_create_or_merge() {
+    let sim = manual_cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client(), "default");
+    let desired = |v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"k": v}});
+    let created = cms
+        .patch(
+            "applied",
+            &PatchParams::apply("allocator"),
+            &Patch::Apply(desired("1")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.data.unwrap()["k"], "1");
+    let updated = cms
+        .patch(
+            "applied",
+            &PatchParams::apply("allocator"),
+            &Patch::Apply(desired("2")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated.data.unwrap()["k"], "2");
+    assert_eq!(updated.metadata.uid, created.metadata.uid);
+}
+
+#[tokio::test]
+async fn streaming_list_watchers_get_initial_events_then_changes() {
+    use kube::runtime::watcher::{self, Event};
+    let sim = manual_cluster().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    pods.create(&PostParams::default(), &executor_pod("exec-1", 1))
+        .await
+        .unwrap();
+    let mut stream =
+        watcher::watcher(pods.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut initial = Vec::new();
+    loop {
+        match next_within(&mut stream)
+            .await
+            .expect("stream goes on")
+            .unwrap()
+        {
+            Event::Init => {}
+            Event::InitApply(p) => initial.push(p.metadata.name.unwrap()),
+            Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(initial, ["exec-1"]);
+    pods.create(&PostParams::default(), &executor_pod("exec-2", 2))
+        .await
+        .unwrap();
+    match next_within(&mut stream)
+        .await
+        .expect("stream goes on")
+        .unwrap()
+    {
+        Event::Apply(p) => assert_eq!(p.metadata.name.as_deref(), Some("exec-2")),
+        other => panic!("unexpected {other:?}"),
+    }
 }

@@ -107,3 +107,11 @@ pub fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, St
         other => panic!("expected an API error, got {other:?}"),
     }
 }
+
+/// The next item of a stream, failing the test (rather than hanging it) after 30 s.
+pub async fn next_within<S: futures::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
+    use futures::StreamExt;
+    tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("the stream yields within 30 s")
+}
