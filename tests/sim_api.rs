@@ -513,6 +513,13 @@ async fn bound_pods_are_deleted_gracefully_and_unbound_at_once() {
         .unwrap();
     assert!(pending.metadata.deletion_timestamp.is_some());
     assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(30));
+    // deletionTimestamp is when the grace period ends.
+    let created = pending.metadata.creation_timestamp.clone().unwrap().0;
+    let deadline = pending.metadata.deletion_timestamp.clone().unwrap().0;
+    assert!(
+        deadline.duration_since(created).as_secs() >= 29,
+        "{created} .. {deadline}"
+    );
     let still = pods.get("bound").await.unwrap();
     assert!(
         still.metadata.deletion_timestamp.is_some(),

@@ -468,7 +468,14 @@ pub fn pod_deletion(pod: &Value, requested_grace: Option<i64>, now: &str) -> Del
         return Deletion::Now(None);
     };
     if !already || grace == 0 {
-        meta.insert("deletionTimestamp".into(), Value::String(now.to_string()));
+        // The real registry stamps the moment the grace period ends.
+        let at = now
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .and_then(|t| t.checked_add(jiff::SignedDuration::from_secs(grace)).ok())
+            .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_else(|| now.to_string());
+        meta.insert("deletionTimestamp".into(), Value::String(at));
     }
     meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
     if grace == 0 {
