@@ -899,3 +899,58 @@ async fn streaming_list_watchers_get_initial_events_then_changes() {
         other => panic!("unexpected {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn bounded_history_expires_old_versions_and_continue_tokens() {
+    let mut settings = spark_pod_allocator::sim::SimSettings::default();
+    settings.kubelet.mode = spark_pod_allocator::sim::KubeletMode::Manual;
+    settings.history = 3;
+    let sim = spark_pod_allocator::sim::SimCluster::start(settings)
+        .await
+        .unwrap();
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let start = sim.resource_version();
+    pods.create(&PostParams::default(), &executor_pod("exec-1", 1))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &executor_pod("exec-2", 2))
+        .await
+        .unwrap();
+    let page = pods.list(&ListParams::default().limit(1)).await.unwrap();
+    let token = page.metadata.continue_.clone().unwrap();
+    // Within the history: replayed.
+    let (_, events) = raw_watch_events(
+        &client,
+        format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={start}&timeoutSeconds=1"),
+    )
+    .await;
+    assert_eq!(events.len(), 2);
+    for id in 3..=6 {
+        pods.create(
+            &PostParams::default(),
+            &executor_pod(&format!("exec-{id}"), id),
+        )
+        .await
+        .unwrap();
+    }
+    // Four more changes pushed the first ones out of a 3-event history.
+    let (_, events) = raw_watch_events(
+        &client,
+        format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={start}"),
+    )
+    .await;
+    assert_eq!(
+        (
+            events.len(),
+            events[0]["type"].as_str(),
+            events[0]["object"]["code"].as_u64()
+        ),
+        (1, Some("ERROR"), Some(410))
+    );
+    let (code, reason, _) = api_error(
+        pods.list(&ListParams::default().limit(1).continue_token(&token))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (410, "Expired"));
+}
