@@ -380,10 +380,12 @@ impl Kubelet {
                 });
             }
             Action::Start => {
-                if current
-                    .value
-                    .pointer("/metadata/deletionTimestamp")
-                    .is_some()
+                // A client may have moved the pod on meanwhile (e.g. patched it Failed).
+                if phase(&current.value) != "Pending"
+                    || current
+                        .value
+                        .pointer("/metadata/deletionTimestamp")
+                        .is_some()
                 {
                     return;
                 }
