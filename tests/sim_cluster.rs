@@ -418,6 +418,22 @@ async fn bearer_tokens_are_required_when_configured() {
         (401, "Unauthorized", "Unauthorized")
     );
     assert!(sim.kubeconfig_yaml().contains("token: \"s3cret\""));
+    let anonymous =
+        kube::Client::try_from(kube::Config::new(sim.base_url().parse().unwrap())).unwrap();
+    anonymous
+        .apiserver_version()
+        .await
+        .expect("/version is public, as with default RBAC");
+    let mut wrong = kube::Config::new(sim.base_url().parse().unwrap());
+    wrong.headers.push((
+        http::header::AUTHORIZATION,
+        http::HeaderValue::from_static("Bearer nope"),
+    ));
+    let wrong = kube::Client::try_from(wrong).unwrap();
+    assert!(
+        wrong.apiserver_version().await.is_err(),
+        "a wrong token is refused even for /version"
+    );
 }
 
 #[tokio::test]

@@ -212,7 +212,13 @@ fn resolve(segs: &[&str]) -> Option<Target> {
 }
 
 async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> {
-    if !authorized(sh, &req) {
+    // As with the default RBAC of a real cluster, anonymous requests may read the version
+    // and health endpoints; a wrong token is refused everywhere.
+    let public = matches!(
+        req.uri().path(),
+        "/version" | "/healthz" | "/livez" | "/readyz"
+    ) && !req.headers().contains_key(header::AUTHORIZATION);
+    if !public && !authorized(sh, &req) {
         return Err(ApiError::unauthorized());
     }
     let path = req.uri().path().to_string();
