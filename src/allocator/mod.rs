@@ -12,12 +12,44 @@
 //! - [`snapshot`]: `ExecutorPodsSnapshot`, `SnapshotStore` (watch updates, resync, subscriber timing).
 //! - [`round`]: `Allocator` (one per application) and `RoundPlan`.
 //! - [`pod_builder`]: `ExecutorPodBuilder` (template → executor pod).
+//!
+//! Changed from the first skeleton: `SnapshotBatch::latest` is an `Arc<ExecutorPodsSnapshot>`
+//! shared with the store (copy-on-write), so a poll does not copy the snapshot; read it
+//! through the `Arc` as before, and drop the batch before the store's next update.
+//!
+//! Decisions where the spec leaves room (each has a test):
+//! - The store's first poll carries one snapshot (the current one, empty at start), as
+//!   Spark's subscriber does; after `notify_now` the next periodic poll is one batch delay
+//!   after the notified one.
+//! - Batches must be applied in order from one store: the allocator indexes the last
+//!   snapshot incrementally from `seen_ids` (ids gone without being seen are caught by size).
+//! - A pod without `spark-exec-resourceprofile-id` is in profile 0; a label that does not
+//!   parse, or an id of 0, makes it "not an executor". Phases compare case-insensitively.
+//!   With "check all containers", a non-zero exit of any container wins over the executor
+//!   container's state (Spark's order). Failed without a container exit uses the pod's
+//!   status reason and message.
+//! - Per-profile pending cap: a profile may ask for at most `cap − its not-running`; a
+//!   profile with no room takes no share of `max_pending_pods`, so the split goes to others.
+//! - Downscale deletes of all profiles go in one `DeleteRequest` (Spark sends one per profile).
+//! - Beyond Spark: a downscale delete that missed its pod (created just after the delete)
+//!   is sent again while the pod still shows Pending, at most every 5 batch delays.
+//! - Ids seen in any snapshot raise `last_executor_id` (no reuse even after a resume that
+//!   under-reported it); refused requests consume no id; at `u64::MAX` requests are refused.
+//! - Built pods carry no namespace (the create request's namespace applies) and none of
+//!   the template's server-set fields; the driver replaces any controller owner.
+//! - The store's clock is wall time: a poll at a time before the last poll is due at once.
+//! - Pods count toward the profile in their label even when only one profile has a target
+//!   (Spark lumps everything into profile 0 in that case).
+//! - Not here, by design: Stop's collection delete, lifecycle reports to the driver (states
+//!   carry exit code, reason and message for them), and any backoff for failing creates
+//!   (`create_failed` just forgets the request, as Spark does; the service owns retries).
 
 pub mod pod_builder;
 pub mod round;
 pub mod settings;
 pub mod snapshot;
 pub mod state;
+mod tracked;
 pub mod types;
 
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
@@ -26,3 +58,6 @@ pub use settings::{AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
 pub use types::{ExecutorId, ResourceProfileId, Timestamp};
+
+#[cfg(test)]
+mod tests;

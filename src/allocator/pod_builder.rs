@@ -1,9 +1,16 @@
 //! Executor pods from per-profile templates.
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::types::{ExecutorId, ResourceProfileId};
+use super::state::DEFAULT_EXECUTOR_CONTAINER;
+use super::types::{
+    APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ExecutorId,
+    RESOURCE_PROFILE_ID_LABEL, ROLE_LABEL, ResourceProfileId,
+};
 
 /// The driver pod, owner of every executor pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,32 +23,214 @@ pub struct DriverOwner {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
     #[error("resource profile {profile}: {reason}")]
-    Invalid { profile: ResourceProfileId, reason: String },
+    Invalid {
+        profile: ResourceProfileId,
+        reason: String,
+    },
     #[error("resource profile {0} has no pod template")]
     NoTemplate(ResourceProfileId),
 }
 
+/// Labels the engine stamps (and uses to find executors); a template may not set them.
+pub const RESERVED_LABELS: [&str; 5] = [
+    APP_ID_LABEL,
+    ROLE_LABEL,
+    EXECUTOR_ID_LABEL,
+    RESOURCE_PROFILE_ID_LABEL,
+    EXECUTOR_INACTIVE_LABEL,
+];
+
+/// Longest DNS-1123 label, hence longest pod name that can also be its hostname.
+const MAX_NAME_LEN: usize = 63;
+
 /// Builds the executor pods of one application.
+///
+/// The executor container of a template is the one named like `executor_container`; if
+/// there is none and the template has exactly one container, that container is the
+/// executor container (as in Spark, which takes the first container) and is renamed; if
+/// there are none or several, a new container with that name is added (others kept).
 #[derive(Debug, Clone)]
-pub struct ExecutorPodBuilder {}
+pub struct ExecutorPodBuilder {
+    app_id: String,
+    prefix: String,
+    templates: BTreeMap<ResourceProfileId, Pod>,
+    driver: Option<DriverOwner>,
+    executor_container: String,
+}
 
 impl ExecutorPodBuilder {
     /// Checks every template (reserved labels are refused) and sanitises the prefix.
     pub fn new(
-        _app_id: &str,
-        _pod_name_prefix: &str,
-        _templates: BTreeMap<ResourceProfileId, Pod>,
-        _driver: Option<DriverOwner>,
-        _executor_container: &str,
+        app_id: &str,
+        pod_name_prefix: &str,
+        templates: BTreeMap<ResourceProfileId, Pod>,
+        driver: Option<DriverOwner>,
+        executor_container: &str,
     ) -> Result<Self, TemplateError> {
-        todo!("engine")
+        for (profile, template) in &templates {
+            let labels = template.metadata.labels.iter().flatten();
+            if let Some((label, _)) = labels
+                .into_iter()
+                .find(|(l, _)| RESERVED_LABELS.contains(&l.as_str()))
+            {
+                return Err(TemplateError::Invalid {
+                    profile: *profile,
+                    reason: format!("the pod template sets the reserved label `{label}`"),
+                });
+            }
+        }
+        let executor_container = if executor_container.is_empty() {
+            DEFAULT_EXECUTOR_CONTAINER
+        } else {
+            executor_container
+        };
+        Ok(Self {
+            app_id: app_id.to_string(),
+            prefix: sanitize_prefix(pod_name_prefix),
+            templates,
+            driver,
+            executor_container: executor_container.to_string(),
+        })
     }
     /// Whether the profile has a template.
-    pub fn has_profile(&self, _profile: ResourceProfileId) -> bool {
-        todo!("engine")
+    pub fn has_profile(&self, profile: ResourceProfileId) -> bool {
+        self.templates.contains_key(&profile)
+    }
+    /// The sanitised pod name prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    /// The pod name of executor `id`: `<prefix>-exec-<id>`, at most 63 characters.
+    pub fn pod_name(&self, id: ExecutorId) -> String {
+        let suffix = format!("-exec-{id}");
+        let room = MAX_NAME_LEN.saturating_sub(suffix.len());
+        let prefix = truncate_label(&self.prefix, room);
+        let prefix = if prefix.is_empty() { "spark" } else { prefix };
+        format!("{prefix}{suffix}")
     }
     /// The executor pod for `id` in `profile`.
-    pub fn build(&self, _id: ExecutorId, _profile: ResourceProfileId) -> Result<Pod, TemplateError> {
-        todo!("engine")
+    pub fn build(&self, id: ExecutorId, profile: ResourceProfileId) -> Result<Pod, TemplateError> {
+        let mut pod = self
+            .templates
+            .get(&profile)
+            .cloned()
+            .ok_or(TemplateError::NoTemplate(profile))?;
+        let name = self.pod_name(id);
+
+        // Metadata: a clean create body.
+        let meta = &mut pod.metadata;
+        meta.name = Some(name.clone());
+        meta.generate_name = None;
+        // The create request's URL decides the namespace (a different one would be refused).
+        meta.namespace = None;
+        meta.uid = None;
+        meta.resource_version = None;
+        meta.creation_timestamp = None;
+        meta.deletion_timestamp = None;
+        meta.deletion_grace_period_seconds = None;
+        meta.managed_fields = None;
+        let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(APP_ID_LABEL.into(), self.app_id.clone());
+        labels.insert(ROLE_LABEL.into(), EXECUTOR_ROLE.into());
+        labels.insert(EXECUTOR_ID_LABEL.into(), id.to_string());
+        labels.insert(RESOURCE_PROFILE_ID_LABEL.into(), profile.to_string());
+        if let Some(driver) = &self.driver {
+            let owners = meta.owner_references.get_or_insert_with(Vec::new);
+            // Only one controller is allowed: the driver pod.
+            owners.retain(|o| o.controller != Some(true));
+            owners.push(OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: driver.name.clone(),
+                uid: driver.uid.clone(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            });
+        }
+        pod.status = None;
+
+        // Spec: hostname, restart policy, the executor container's env.
+        let spec = pod.spec.get_or_insert_with(PodSpec::default);
+        spec.hostname = Some(name);
+        spec.restart_policy = Some("Never".into());
+        let index = match spec
+            .containers
+            .iter()
+            .position(|c| c.name == self.executor_container)
+        {
+            Some(index) => index,
+            None if spec.containers.len() == 1 => {
+                spec.containers[0].name = self.executor_container.clone();
+                0
+            }
+            None => {
+                spec.containers.push(Container {
+                    name: self.executor_container.clone(),
+                    ..Container::default()
+                });
+                spec.containers.len() - 1
+            }
+        };
+        let container = &mut spec.containers[index];
+        let env = container.env.get_or_insert_with(Vec::new);
+        set_env(env, "SPARK_EXECUTOR_ID", Some(id.to_string()), None);
+        set_env(env, "SPARK_APPLICATION_ID", Some(self.app_id.clone()), None);
+        set_env(
+            env,
+            "SPARK_RESOURCE_PROFILE_ID",
+            Some(profile.to_string()),
+            None,
+        );
+        set_env(env, "SPARK_EXECUTOR_POD_IP", None, Some("status.podIP"));
+        set_env(env, "SPARK_EXECUTOR_POD_NAME", None, Some("metadata.name"));
+        Ok(pod)
     }
+}
+
+/// Sets `name` (replacing any value from the template) to a value or a downward-API field.
+fn set_env(env: &mut Vec<EnvVar>, name: &str, value: Option<String>, field_path: Option<&str>) {
+    let value_from = field_path.map(|path| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            api_version: Some("v1".into()),
+            field_path: path.into(),
+        }),
+        ..EnvVarSource::default()
+    });
+    let var = EnvVar {
+        name: name.into(),
+        value,
+        value_from,
+    };
+    match env.iter_mut().find(|e| e.name == name) {
+        Some(existing) => *existing = var,
+        None => env.push(var),
+    }
+}
+
+/// A DNS-1123 label from the driver's prefix: lowercase, other characters → `-`, no
+/// leading or trailing `-`; empty → `spark`. Length is cut per name in [`ExecutorPodBuilder::pod_name`].
+pub fn sanitize_prefix(prefix: &str) -> String {
+    let mapped: String = prefix
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let trimmed = mapped.trim_matches('-');
+    if trimmed.is_empty() {
+        "spark".to_string()
+    } else {
+        trimmed.to_string()
+    }
+}
+
+/// At most `max` characters of an ASCII label, not ending in `-`.
+fn truncate_label(label: &str, max: usize) -> &str {
+    let cut = &label[..label.len().min(max)];
+    cut.trim_end_matches('-')
 }

@@ -3,6 +3,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::settings::AllocationSettings;
 use super::snapshot::SnapshotBatch;
+use super::tracked::TrackedExecutors;
 use super::types::{ExecutorId, ResourceProfileId, Timestamp};
 
 /// A collection delete to carry out by label `spark-exec-id in (ids)`.
@@ -46,42 +47,421 @@ pub struct AllocatorStatus {
     pub outstanding: bool,
 }
 
+/// How many batch delays a downscale delete gets to show in a snapshot before it is retried.
+pub const DELETE_RETRY_BATCH_DELAYS: i64 = 5;
+
+/// A request created but not yet seen in any snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NewlyCreated {
+    profile: ResourceProfileId,
+    created_at: Timestamp,
+}
+
+/// Per-profile tallies of one round.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    profile: ResourceProfileId,
+    target: u32,
+    running: u64,
+    /// Pending pods the driver does not know.
+    unknown_pending: u64,
+    /// Pending pods the driver knows.
+    known_pending: u64,
+    unknown_newly_created: u64,
+    known_newly_created: u64,
+}
+
+impl Tally {
+    fn not_running(&self) -> u64 {
+        self.unknown_pending
+            + self.known_pending
+            + self.unknown_newly_created
+            + self.known_newly_created
+    }
+}
+
 /// The allocation state of one application.
-#[derive(Debug)]
-pub struct Allocator {}
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    settings: AllocationSettings,
+    targets: BTreeMap<ResourceProfileId, u32>,
+    /// Executors registered with the driver (scheduler-known).
+    registered: BTreeSet<ExecutorId>,
+    /// Requested, not yet in any snapshot, unknown to the driver.
+    newly_created: BTreeMap<ExecutorId, NewlyCreated>,
+    /// Requested, not yet in any snapshot, already registered with the driver.
+    known_newly_created: BTreeMap<ExecutorId, ResourceProfileId>,
+    /// Executors this allocator deleted (read by IsDeleted), with when it last asked.
+    deleted: BTreeMap<ExecutorId, Timestamp>,
+    /// The last snapshot, indexed.
+    tracked: TrackedExecutors,
+    last_executor_id: u64,
+    /// Pending pods unknown to the driver, as of the last round.
+    unknown_pending: u64,
+    outstanding: bool,
+    counts: BTreeMap<ResourceProfileId, ProfileCounts>,
+}
 
 impl Allocator {
     /// Starts after `last_executor_id` (0 for a new application, the highest id found on resume).
-    pub fn new(_settings: AllocationSettings, _last_executor_id: u64) -> Self {
-        todo!("engine")
+    pub fn new(settings: AllocationSettings, last_executor_id: u64) -> Self {
+        Self {
+            settings,
+            targets: BTreeMap::new(),
+            registered: BTreeSet::new(),
+            newly_created: BTreeMap::new(),
+            known_newly_created: BTreeMap::new(),
+            deleted: BTreeMap::new(),
+            tracked: TrackedExecutors::default(),
+            last_executor_id,
+            unknown_pending: 0,
+            outstanding: false,
+            counts: BTreeMap::new(),
+        }
     }
     /// Stores the targets (profiles left out keep theirs). Returns true when nothing is
     /// outstanding, i.e. the caller should run a round now (notify now).
-    pub fn set_targets(&mut self, _targets: &BTreeMap<ResourceProfileId, u32>) -> bool {
-        todo!("engine")
+    pub fn set_targets(&mut self, targets: &BTreeMap<ResourceProfileId, u32>) -> bool {
+        self.targets.extend(targets.iter().map(|(rp, t)| (*rp, *t)));
+        !self.outstanding
     }
     /// Replaces the set of executors registered with the driver (scheduler-known).
-    pub fn set_registered(&mut self, _ids: BTreeSet<ExecutorId>) {
-        todo!("engine")
+    pub fn set_registered(&mut self, ids: BTreeSet<ExecutorId>) {
+        self.registered = ids;
     }
     /// One allocation round.
-    pub fn round(&mut self, _batch: SnapshotBatch, _now: Timestamp) -> RoundPlan {
-        todo!("engine")
+    pub fn round(&mut self, batch: SnapshotBatch, now: Timestamp) -> RoundPlan {
+        let mut plan = RoundPlan::default();
+
+        // 1. Everything seen in a snapshot is no longer "newly created".
+        if batch.seen_ids.len() < self.newly_created.len() + self.known_newly_created.len() {
+            for id in &batch.seen_ids {
+                self.newly_created.remove(id);
+                self.known_newly_created.remove(id);
+            }
+        } else {
+            self.newly_created
+                .retain(|id, _| !batch.seen_ids.contains(id));
+            self.known_newly_created
+                .retain(|id, _| !batch.seen_ids.contains(id));
+        }
+
+        // 2. Requests the driver has registered become scheduler-known.
+        if !self.registered.is_empty() {
+            let registered = &self.registered;
+            let known = &mut self.known_newly_created;
+            self.newly_created.retain(|id, nc| {
+                if registered.contains(id) {
+                    known.insert(*id, nc.profile);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+
+        // 3. Creation timeout: forget, delete by label, re-request later with a new id.
+        let timeout = self.settings.executor_timeout_ms();
+        self.newly_created.retain(|id, nc| {
+            let timed_out = now.millis_since(nc.created_at) > timeout;
+            if timed_out {
+                plan.timed_out.push(*id);
+            }
+            !timed_out
+        });
+        if !plan.timed_out.is_empty() {
+            tracing::warn!(
+                executors = ?plan.timed_out,
+                timeout_ms = timeout,
+                "executors not seen within the creation timeout; they will be re-requested"
+            );
+            if self.settings.delete_on_termination {
+                plan.deletes.push(DeleteRequest {
+                    ids: plan.timed_out.clone(),
+                    only_pending: false,
+                });
+            }
+        }
+
+        // 4. Keep the last snapshot; prune the deleted set to what it still holds.
+        if batch.snapshot_count > 0 {
+            self.tracked.apply(&batch);
+            let tracked = &self.tracked;
+            self.deleted.retain(|id, _| tracked.contains(*id));
+        }
+        drop(batch);
+        // Never reuse an id that exists in the cluster, even one this allocator did not
+        // hand out (e.g. a resume that under-reported the last id).
+        if let Some(highest) = self.tracked.highest_id() {
+            self.last_executor_id = self.last_executor_id.max(highest.0);
+        }
+
+        // 5. Tally per profile (ascending id), downscale, decide who may ask for more.
+        let mut tallies: Vec<Tally> = self
+            .targets
+            .iter()
+            .map(|(rp, t)| Tally {
+                profile: *rp,
+                target: *t,
+                ..Tally::default()
+            })
+            .collect();
+        self.tally_snapshot(&mut tallies);
+        for nc in self.newly_created.values() {
+            if let Some(t) = tally_of(&mut tallies, nc.profile) {
+                t.unknown_newly_created += 1;
+            }
+        }
+        for rp in self.known_newly_created.values() {
+            if let Some(t) = tally_of(&mut tallies, *rp) {
+                t.known_newly_created += 1;
+            }
+        }
+
+        let idle = self.settings.executor_idle_timeout_ms();
+        let mut to_delete: Vec<ExecutorId> = Vec::new();
+        // (profile index, count so far) of the profiles that may ask for more.
+        let mut askers: Vec<(usize, u64)> = Vec::new();
+        let mut total_unknown_pending = 0u64;
+        let mut total_not_running = 0u64;
+        for (index, tally) in tallies.iter_mut().enumerate() {
+            let target = u64::from(tally.target);
+            let had_newly_created = tally.unknown_newly_created > 0;
+            let count = tally.running + tally.not_running();
+            if count > target {
+                let excess = usize::try_from(count - target).unwrap_or(usize::MAX);
+                let newly: Vec<ExecutorId> = self
+                    .newly_created
+                    .iter()
+                    .filter(|(_, nc)| {
+                        nc.profile == tally.profile && now.millis_since(nc.created_at) > idle
+                    })
+                    .map(|(id, _)| *id)
+                    .take(excess)
+                    .collect();
+                let pending: Vec<ExecutorId> = match self.tracked.profile(tally.profile) {
+                    Some(index) if newly.len() < excess && tally.unknown_pending > 0 => index
+                        .pending
+                        .iter()
+                        .filter(|(id, created_at)| {
+                            !self.deleted.contains_key(id)
+                                && !self.registered.contains(id)
+                                && created_at.is_some_and(|c| now.millis_since(c) > idle)
+                        })
+                        .map(|(id, _)| *id)
+                        .take(excess - newly.len())
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                for id in &newly {
+                    self.newly_created.remove(id);
+                }
+                tally.unknown_newly_created -= newly.len() as u64;
+                tally.unknown_pending -= pending.len() as u64;
+                self.deleted
+                    .extend(newly.iter().chain(&pending).map(|id| (*id, now)));
+                to_delete.extend(newly);
+                to_delete.extend(pending);
+            }
+            total_unknown_pending += tally.unknown_pending;
+            total_not_running += tally.not_running();
+            let room_in_profile = match self.settings.max_pending_pods_per_profile {
+                Some(cap) => u64::from(cap).saturating_sub(tally.not_running()),
+                None => u64::MAX,
+            };
+            if !had_newly_created && count < target && room_in_profile > 0 {
+                askers.push((index, count));
+            }
+        }
+        self.retry_deletes(now, &mut to_delete);
+        if !to_delete.is_empty() {
+            to_delete.sort_unstable();
+            tracing::info!(executors = ?to_delete, "deleting excess pod requests");
+            plan.deletes.push(DeleteRequest {
+                ids: to_delete,
+                only_pending: true,
+            });
+        }
+
+        // 6. Allocate within the pending caps, splitting the free slots over the askers.
+        let remaining = match self.settings.max_pending_pods {
+            Some(cap) => u64::from(cap).saturating_sub(total_not_running),
+            None => u64::MAX,
+        };
+        if remaining > 0 && !askers.is_empty() {
+            let k = askers.len() as u64;
+            let (share, extra) = if remaining == u64::MAX {
+                (u64::MAX, 0)
+            } else {
+                (remaining / k, remaining % k)
+            };
+            for (position, (index, count)) in askers.into_iter().enumerate() {
+                let tally = &tallies[index];
+                let slots = if (position as u64) < extra {
+                    share + 1
+                } else {
+                    share
+                };
+                let room_in_profile = match self.settings.max_pending_pods_per_profile {
+                    Some(cap) => u64::from(cap).saturating_sub(tally.not_running()),
+                    None => u64::MAX,
+                };
+                let wanted = (u64::from(tally.target) - count)
+                    .min(u64::from(self.settings.batch_size))
+                    .min(slots)
+                    .min(room_in_profile);
+                // 7. Each new executor takes the next id, unless past the lifetime cap.
+                for created in 0..wanted {
+                    let max = self.settings.max_executors.unwrap_or(u64::MAX);
+                    let Some(next) = self.last_executor_id.checked_add(1).filter(|n| *n <= max)
+                    else {
+                        let refused = u32::try_from(wanted - created).unwrap_or(u32::MAX);
+                        *plan.refused.entry(tally.profile).or_insert(0) += refused;
+                        break;
+                    };
+                    self.last_executor_id = next;
+                    let id = ExecutorId(next);
+                    self.newly_created.insert(
+                        id,
+                        NewlyCreated {
+                            profile: tally.profile,
+                            created_at: now,
+                        },
+                    );
+                    plan.creates.push((id, tally.profile));
+                }
+            }
+            if !plan.refused.is_empty() {
+                tracing::warn!(refused = ?plan.refused, max_executors = ?self.settings.max_executors,
+                    "executor requests refused: lifetime max_executors reached");
+            }
+        }
+
+        // 8. Publish.
+        self.unknown_pending = total_unknown_pending;
+        self.outstanding = total_unknown_pending + self.newly_created.len() as u64 > 0;
+        plan.outstanding = self.outstanding;
+        self.counts = tallies
+            .iter()
+            .map(|t| {
+                let newly = self
+                    .newly_created
+                    .values()
+                    .filter(|nc| nc.profile == t.profile)
+                    .count()
+                    + self
+                        .known_newly_created
+                        .values()
+                        .filter(|rp| **rp == t.profile)
+                        .count();
+                (
+                    t.profile,
+                    ProfileCounts {
+                        target: t.target,
+                        running: saturate(t.running),
+                        pending: saturate(t.unknown_pending + t.known_pending),
+                        newly_created: saturate(newly as u64),
+                    },
+                )
+            })
+            .collect();
+        plan
     }
+
+    /// Beyond Spark: a downscale delete finds nothing when the pod is created just after it
+    /// (the request was still in flight), and the pod would then stay Pending, uncounted,
+    /// until Stop. Executors deleted at least [`DELETE_RETRY_BATCH_DELAYS`] batch delays ago
+    /// that the last snapshot still shows Pending (so without a deletionTimestamp) and the
+    /// driver does not know are deleted again.
+    fn retry_deletes(&mut self, now: Timestamp, to_delete: &mut Vec<ExecutorId>) {
+        let wait = self
+            .settings
+            .batch_delay_ms()
+            .saturating_mul(DELETE_RETRY_BATCH_DELAYS);
+        for (id, asked_at) in &mut self.deleted {
+            let stale = now.millis_since(*asked_at) >= wait;
+            if stale && self.tracked.is_pending(*id) && !self.registered.contains(id) {
+                *asked_at = now;
+                to_delete.push(*id);
+            }
+        }
+    }
+
+    /// Counts the last snapshot's executors per profile, leaving out those we deleted.
+    fn tally_snapshot(&self, tallies: &mut [Tally]) {
+        let deleted_running = if self.deleted.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.tracked.running_among(self.deleted.keys())
+        };
+        for tally in tallies {
+            let Some(index) = self.tracked.profile(tally.profile) else {
+                continue;
+            };
+            let gone = deleted_running.get(&tally.profile).copied().unwrap_or(0);
+            tally.running = index.running.saturating_sub(gone);
+            for id in index.pending.keys() {
+                if self.deleted.contains_key(id) {
+                    continue;
+                }
+                if self.registered.contains(id) {
+                    tally.known_pending += 1;
+                } else {
+                    tally.unknown_pending += 1;
+                }
+            }
+        }
+    }
+
     /// A create of the plan failed: forget the request so a later round asks again (new id).
-    pub fn create_failed(&mut self, _id: ExecutorId) {
-        todo!("engine")
+    pub fn create_failed(&mut self, id: ExecutorId) {
+        self.newly_created.remove(&id);
+        self.known_newly_created.remove(&id);
+        self.outstanding = self.unknown_pending + self.newly_created.len() as u64 > 0;
     }
     /// True iff the allocator deleted `id` and it is still in the last snapshot.
-    pub fn is_deleted(&self, _id: ExecutorId) -> bool {
-        todo!("engine")
+    pub fn is_deleted(&self, id: ExecutorId) -> bool {
+        self.deleted.contains_key(&id)
     }
     /// The highest executor id used so far.
     pub fn last_executor_id(&self) -> u64 {
-        todo!("engine")
+        self.last_executor_id
     }
     /// A report for GetStatus.
     pub fn status(&self) -> AllocatorStatus {
-        todo!("engine")
+        AllocatorStatus {
+            profiles: self.counts.clone(),
+            deleted: self.deleted.keys().copied().collect(),
+            last_executor_id: self.last_executor_id,
+            outstanding: self.outstanding,
+        }
     }
+    /// The settings this allocator runs with.
+    pub fn settings(&self) -> &AllocationSettings {
+        &self.settings
+    }
+    /// The targets per profile.
+    pub fn targets(&self) -> &BTreeMap<ResourceProfileId, u32> {
+        &self.targets
+    }
+    /// Whether unknown pending pods or newly created requests remain (as of the last round).
+    pub fn outstanding(&self) -> bool {
+        self.outstanding
+    }
+    /// Requests not yet seen in any snapshot (both unknown and scheduler-known), with profile.
+    pub fn newly_created(&self) -> impl Iterator<Item = (ExecutorId, ResourceProfileId)> + '_ {
+        self.newly_created
+            .iter()
+            .map(|(id, nc)| (*id, nc.profile))
+            .chain(self.known_newly_created.iter().map(|(id, rp)| (*id, *rp)))
+    }
+}
+
+/// The tally of `profile`, if it has a target (few profiles: a linear scan is fastest).
+fn tally_of(tallies: &mut [Tally], profile: ResourceProfileId) -> Option<&mut Tally> {
+    tallies.iter_mut().find(|t| t.profile == profile)
+}
+
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }

@@ -37,13 +37,98 @@ pub enum SettingsError {
 
 impl Default for AllocationSettings {
     fn default() -> Self {
-        todo!("engine: Spark defaults")
+        Self {
+            batch_size: 10,
+            batch_delay: Duration::from_secs(1),
+            executor_timeout: Duration::from_secs(600),
+            executor_idle_timeout: Duration::from_secs(60),
+            max_pending_pods: None,
+            max_pending_pods_per_profile: None,
+            max_executors: None,
+            delete_on_termination: true,
+        }
     }
 }
+
+/// Spark refuses a batch delay of 100 ms or less (it would hammer the API server).
+const MIN_BATCH_DELAY: Duration = Duration::from_millis(100);
+
+/// The creation timeout must cover this many batch delays, or requests time out before a
+/// snapshot could possibly have shown their pods.
+const TIMEOUT_BATCH_DELAYS: u32 = 5;
+
+/// Durations beyond this (about 292 million years) do not fit the engine's millisecond clock.
+const MAX_DURATION_MS: u128 = i64::MAX as u128;
 
 impl AllocationSettings {
     /// Checks every rule; the first violation names its setting.
     pub fn validate(&self) -> Result<(), SettingsError> {
-        todo!("engine")
+        let invalid =
+            |name: &'static str, reason: String| Err(SettingsError::Invalid { name, reason });
+        if self.batch_size == 0 {
+            return invalid("batch_size", "must be greater than 0".into());
+        }
+        if self.batch_delay <= MIN_BATCH_DELAY {
+            return invalid(
+                "batch_delay_ms",
+                format!(
+                    "must be greater than 100 ms, got {} ms",
+                    self.batch_delay.as_millis()
+                ),
+            );
+        }
+        if self.batch_delay.as_millis() > MAX_DURATION_MS {
+            return invalid("batch_delay_ms", "is too large".into());
+        }
+        if self.executor_timeout.as_millis() > MAX_DURATION_MS {
+            return invalid("executor_timeout_ms", "is too large".into());
+        }
+        let min_timeout = self.batch_delay.saturating_mul(TIMEOUT_BATCH_DELAYS);
+        if self.executor_timeout < min_timeout {
+            return invalid(
+                "executor_timeout_ms",
+                format!(
+                    "must be at least 5 x batch_delay_ms ({} ms), got {} ms",
+                    min_timeout.as_millis(),
+                    self.executor_timeout.as_millis()
+                ),
+            );
+        }
+        if self.executor_idle_timeout.as_millis() > MAX_DURATION_MS {
+            return invalid("executor_idle_timeout_ms", "is too large".into());
+        }
+        if self.max_pending_pods == Some(0) {
+            return invalid("max_pending_pods", "must be greater than 0 when set".into());
+        }
+        if self.max_pending_pods_per_profile == Some(0) {
+            return invalid(
+                "max_pending_pods_per_profile",
+                "must be greater than 0 when set".into(),
+            );
+        }
+        if self.max_executors == Some(0) {
+            return invalid("max_executors", "must be greater than 0 when set".into());
+        }
+        Ok(())
     }
+
+    /// The batch delay in engine milliseconds.
+    pub fn batch_delay_ms(&self) -> i64 {
+        duration_ms(self.batch_delay)
+    }
+
+    /// The creation timeout in engine milliseconds.
+    pub fn executor_timeout_ms(&self) -> i64 {
+        duration_ms(self.executor_timeout)
+    }
+
+    /// The idle timeout guarding downscale, in engine milliseconds.
+    pub fn executor_idle_timeout_ms(&self) -> i64 {
+        duration_ms(self.executor_idle_timeout)
+    }
+}
+
+/// A duration as engine milliseconds, saturating (validation refuses such values anyway).
+pub(crate) fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

@@ -1,0 +1,115 @@
+//! The lifetime max_executors cap: refused and reported, never a panic, ids not consumed.
+use super::*;
+
+#[test]
+fn requests_past_the_cap_are_refused() {
+    // (max executors, last id, targets, expected creates, expected refused)
+    type Case = (
+        &'static str,
+        u64,
+        u64,
+        Vec<(i32, u32)>,
+        Vec<(u64, i32)>,
+        Vec<(i32, u32)>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "under the cap",
+            5,
+            0,
+            vec![(0, 3)],
+            vec![(1, 0), (2, 0), (3, 0)],
+            vec![],
+        ),
+        (
+            "exactly the cap",
+            3,
+            0,
+            vec![(0, 3)],
+            vec![(1, 0), (2, 0), (3, 0)],
+            vec![],
+        ),
+        (
+            "over the cap",
+            3,
+            0,
+            vec![(0, 5)],
+            vec![(1, 0), (2, 0), (3, 0)],
+            vec![(0, 2)],
+        ),
+        (
+            "cap spent across profiles",
+            3,
+            0,
+            vec![(0, 2), (1, 2)],
+            vec![(1, 0), (2, 0), (3, 1)],
+            vec![(1, 1)],
+        ),
+        (
+            "cap already spent",
+            3,
+            3,
+            vec![(0, 2)],
+            vec![],
+            vec![(0, 2)],
+        ),
+        (
+            "resume past the cap",
+            3,
+            9,
+            vec![(0, 1), (1, 1)],
+            vec![],
+            vec![(0, 1), (1, 1)],
+        ),
+    ];
+    for (name, max, last, t, want_creates, want_refused) in cases {
+        let s = AllocationSettings {
+            max_executors: Some(max),
+            ..settings()
+        };
+        let mut a = Allocator::new(s, last);
+        a.set_targets(&targets(&t));
+        let plan = a.round(snapshot(&[]), secs(0));
+        assert_eq!(creates(&plan), want_creates, "case {name}");
+        let refused: Vec<(i32, u32)> = plan.refused.iter().map(|(p, n)| (p.0, *n)).collect();
+        assert_eq!(refused, want_refused, "case {name}");
+        assert_eq!(
+            a.last_executor_id(),
+            last.max(want_creates.len() as u64),
+            "case {name}"
+        );
+    }
+}
+
+#[test]
+fn replacements_are_refused_once_the_cap_is_spent() {
+    let s = AllocationSettings {
+        max_executors: Some(2),
+        ..settings()
+    };
+    let mut a = allocator(s, &[(0, 2)]);
+    assert_eq!(a.round(snapshot(&[]), secs(0)).creates.len(), 2);
+    let failed = ExecutorState::Failed {
+        exit_code: Some(137),
+        reason: None,
+        message: None,
+    };
+    let plan = a.round(
+        snapshot(&[running(1, 0, 0), exec(2, 0, failed, 0)]),
+        secs(5),
+    );
+    assert!(plan.creates.is_empty());
+    assert_eq!(plan.refused, BTreeMap::from([(rp(0), 1)]));
+    assert_eq!(a.last_executor_id(), 2);
+}
+
+#[test]
+fn ids_run_out_at_u64_max_without_wrapping() {
+    // A pod labelled with the largest id pushes the counter to its end: refuse, never wrap.
+    let mut a = Allocator::new(settings(), 0);
+    a.set_targets(&targets(&[(0, 2)]));
+    let plan = a.round(snapshot(&[running(u64::MAX, 0, 0)]), secs(0));
+    assert!(plan.creates.is_empty());
+    assert_eq!(plan.refused, BTreeMap::from([(rp(0), 1)]));
+    assert_eq!(a.last_executor_id(), u64::MAX);
+}

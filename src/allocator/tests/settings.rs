@@ -1,0 +1,111 @@
+//! Settings: Spark's defaults and every validation rule, naming the setting.
+use std::time::Duration;
+
+use super::*;
+
+#[test]
+fn defaults_are_sparks() {
+    let s = AllocationSettings::default();
+    assert_eq!(s.batch_size, 10);
+    assert_eq!(s.batch_delay, Duration::from_secs(1));
+    assert_eq!(s.executor_timeout, Duration::from_secs(600));
+    assert_eq!(s.executor_idle_timeout, Duration::from_secs(60));
+    assert_eq!(s.max_pending_pods, None);
+    assert_eq!(s.max_pending_pods_per_profile, None);
+    assert_eq!(s.max_executors, None);
+    assert!(s.delete_on_termination);
+    assert_eq!(s.validate(), Ok(()));
+}
+
+#[test]
+fn validation_names_the_offending_setting() {
+    type Edit = fn(&mut AllocationSettings);
+    let cases: &[(&str, Edit, Option<&str>)] = &[
+        ("defaults", |_| {}, None),
+        ("batch size 0", |s| s.batch_size = 0, Some("batch_size")),
+        ("batch size 1", |s| s.batch_size = 1, None),
+        (
+            "batch delay 100 ms",
+            |s| s.batch_delay = Duration::from_millis(100),
+            Some("batch_delay_ms"),
+        ),
+        (
+            "batch delay 0",
+            |s| s.batch_delay = Duration::ZERO,
+            Some("batch_delay_ms"),
+        ),
+        (
+            "batch delay 101 ms",
+            |s| s.batch_delay = Duration::from_millis(101),
+            None,
+        ),
+        (
+            "timeout below 5 x delay",
+            |s| {
+                s.batch_delay = Duration::from_secs(2);
+                s.executor_timeout = Duration::from_millis(9_999);
+            },
+            Some("executor_timeout_ms"),
+        ),
+        (
+            "timeout exactly 5 x delay",
+            |s| {
+                s.batch_delay = Duration::from_secs(2);
+                s.executor_timeout = Duration::from_secs(10);
+            },
+            None,
+        ),
+        (
+            "huge batch delay",
+            |s| s.batch_delay = Duration::MAX,
+            Some("batch_delay_ms"),
+        ),
+        (
+            "huge idle timeout",
+            |s| s.executor_idle_timeout = Duration::MAX,
+            Some("executor_idle_timeout_ms"),
+        ),
+        (
+            "idle timeout 0 is allowed",
+            |s| s.executor_idle_timeout = Duration::ZERO,
+            None,
+        ),
+        (
+            "max pending 0",
+            |s| s.max_pending_pods = Some(0),
+            Some("max_pending_pods"),
+        ),
+        ("max pending 1", |s| s.max_pending_pods = Some(1), None),
+        (
+            "per-profile pending 0",
+            |s| s.max_pending_pods_per_profile = Some(0),
+            Some("max_pending_pods_per_profile"),
+        ),
+        (
+            "max executors 0",
+            |s| s.max_executors = Some(0),
+            Some("max_executors"),
+        ),
+        ("max executors 1", |s| s.max_executors = Some(1), None),
+    ];
+    for (name, edit, expected) in cases {
+        let mut s = AllocationSettings::default();
+        edit(&mut s);
+        let got = s
+            .validate()
+            .err()
+            .map(|SettingsError::Invalid { name, .. }| name);
+        assert_eq!(got, *expected, "case {name}");
+    }
+}
+
+#[test]
+fn error_message_carries_name_and_reason() {
+    let s = AllocationSettings {
+        batch_delay: Duration::from_millis(50),
+        ..AllocationSettings::default()
+    };
+    let message = s.validate().unwrap_err().to_string();
+    assert!(message.starts_with("batch_delay_ms: "), "{message}");
+    assert!(message.contains("100 ms"), "{message}");
+}
