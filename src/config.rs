@@ -1,1 +1,537 @@
-//! Layered configuration: defaults < file < environment. (Being built: issue 4.)
+//! Layered configuration: built-in defaults < file (`--config PATH`, TOML or YAML) <
+//! environment (`SPARK_POD_ALLOCATOR__SECTION__KEY`). Every value is checked at load so a
+//! bad one stops start-up with a message naming its key.
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::allocator::AllocationSettings;
+
+/// Prefix of environment variables; sections and keys are separated by `__`.
+pub const ENV_PREFIX: &str = "SPARK_POD_ALLOCATOR";
+const ENV_SEPARATOR: &str = "__";
+
+/// Why the configuration cannot be used; the message names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file's extension says neither TOML nor YAML.
+    #[error("config file {0}: unknown format (use .toml, .yaml or .yml)")]
+    UnknownFormat(PathBuf),
+    /// Reading or deserialising a source failed (the `config` crate names the key).
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    /// A value deserialised but breaks a rule.
+    #[error("configuration key `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+/// The whole service configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// gRPC listen address. Default `127.0.0.1:50051` (loopback, so an unconfigured
+    /// service is never exposed); set `0.0.0.0:50051` inside a cluster.
+    pub listen: SocketAddr,
+    pub kubernetes: KubernetesSettings,
+    /// Server-side defaults of every application's allocation settings.
+    pub allocation: AllocationConfig,
+    /// Period of the full LIST per namespace that replaces the snapshots.
+    pub resync_interval_ms: u64,
+    /// Namespaces applications may run in; empty = all.
+    pub allowed_namespaces: Vec<String>,
+    /// A Pod (YAML or JSON file) used when Start gives no executor pod template.
+    pub default_executor_pod_template: Option<PathBuf>,
+    /// The simulated cluster of `serve --simulate`, `simulate` and `demo`.
+    pub simulator: crate::sim::SimSettings,
+    pub log: LogSettings,
+}
+
+/// How the service reaches Kubernetes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesSettings {
+    /// Kubeconfig file; unset = `KUBECONFIG` / `~/.kube/config` or in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context; unset = the current context.
+    pub context: Option<String>,
+    /// `auto` (in-cluster when running in a pod, else kubeconfig), `true` or `false`.
+    pub in_cluster: InCluster,
+    /// Sustained mutating requests per second (creates, deletes, patches), shared by all apps.
+    pub qps: u32,
+    /// Mutating requests allowed in a burst above `qps`.
+    pub burst: u32,
+    /// Creates of one round that may be in flight at once.
+    pub create_concurrency: u32,
+}
+
+/// Whether to use the in-cluster service account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum InCluster {
+    #[default]
+    Auto,
+    #[serde(alias = "yes")]
+    True,
+    #[serde(alias = "no")]
+    False,
+}
+
+/// Allocation defaults, with the proto's `AllocationSettings` field names; unset = Spark's
+/// default (batch 10, delay 1000 ms, timeout 600000 ms, idle 60000 ms, no caps, delete on
+/// termination).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AllocationConfig {
+    pub batch_size: Option<u32>,
+    pub batch_delay_ms: Option<u64>,
+    pub executor_timeout_ms: Option<u64>,
+    pub executor_idle_timeout_ms: Option<u64>,
+    pub max_pending_pods: Option<u32>,
+    pub max_pending_pods_per_profile: Option<u32>,
+    pub max_executors: Option<u64>,
+    pub delete_on_termination: Option<bool>,
+    /// The executor container's name in pod templates.
+    pub executor_container_name: String,
+    /// With restartPolicy Never, any container terminated non-zero marks the executor Failed.
+    pub check_all_containers: bool,
+}
+
+/// Logging.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// An `EnvFilter` directive (e.g. `info,spark_pod_allocator=debug`); `RUST_LOG` wins.
+    pub filter: String,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Container name Spark gives the executor container.
+pub const DEFAULT_EXECUTOR_CONTAINER: &str = "spark-kubernetes-executor";
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            kubernetes: KubernetesSettings::default(),
+            allocation: AllocationConfig::default(),
+            resync_interval_ms: 30_000,
+            allowed_namespaces: Vec::new(),
+            default_executor_pod_template: None,
+            simulator: crate::sim::SimSettings::default(),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+impl Default for AllocationConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: None,
+            batch_delay_ms: None,
+            executor_timeout_ms: None,
+            executor_idle_timeout_ms: None,
+            max_pending_pods: None,
+            max_pending_pods_per_profile: None,
+            max_executors: None,
+            delete_on_termination: None,
+            executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
+            check_all_containers: false,
+        }
+    }
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            in_cluster: InCluster::Auto,
+            qps: 50,
+            burst: 100,
+            create_concurrency: 16,
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            filter: "info".to_string(),
+        }
+    }
+}
+
+impl Settings {
+    /// Defaults < `path` (TOML or YAML by extension) < process environment.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        Self::load_with_env(path, None)
+    }
+
+    /// As [`Settings::load`], with `env` standing in for the process environment (tests).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: Option<HashMap<String, String>>,
+    ) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            let format = match path.extension().and_then(|e| e.to_str()) {
+                Some("toml") => config::FileFormat::Toml,
+                Some("yaml") | Some("yml") => config::FileFormat::Yaml,
+                _ => return Err(ConfigError::UnknownFormat(path.to_path_buf())),
+            };
+            let name = path.to_string_lossy();
+            builder = builder.add_source(config::File::new(&name, format).required(true));
+        }
+        let environment = config::Environment::with_prefix(ENV_PREFIX)
+            .prefix_separator(ENV_SEPARATOR)
+            .separator(ENV_SEPARATOR)
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("allowed_namespaces")
+            .ignore_empty(true)
+            .source(env);
+        let settings: Settings = builder.add_source(environment).build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Rules a deserialised value can still break.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            key: key.to_string(),
+            reason: reason.to_string(),
+        };
+        if self.kubernetes.qps == 0 {
+            return Err(invalid("kubernetes.qps", "must be > 0"));
+        }
+        if self.kubernetes.burst == 0 {
+            return Err(invalid("kubernetes.burst", "must be > 0"));
+        }
+        if self.kubernetes.create_concurrency == 0 {
+            return Err(invalid("kubernetes.create_concurrency", "must be > 0"));
+        }
+        if self.resync_interval_ms < 1000 {
+            return Err(invalid("resync_interval_ms", "must be ≥ 1000"));
+        }
+        if self.allocation.executor_container_name.trim().is_empty() {
+            return Err(invalid(
+                "allocation.executor_container_name",
+                "must not be empty",
+            ));
+        }
+        if let Some(bad) = self.allowed_namespaces.iter().find(|ns| !is_dns_label(ns)) {
+            return Err(ConfigError::Invalid {
+                key: "allowed_namespaces".to_string(),
+                reason: format!("{bad:?} is not a namespace name (DNS-1123 label)"),
+            });
+        }
+        if let Err(crate::allocator::SettingsError::Invalid { name, reason }) =
+            self.allocation_defaults().validate()
+        {
+            return Err(ConfigError::Invalid {
+                key: format!("allocation.{name}"),
+                reason,
+            });
+        }
+        tracing_filter_check(&self.log.filter)?;
+        if let Err(reason) = self.simulator.validate() {
+            return Err(ConfigError::Invalid {
+                key: "simulator".to_string(),
+                reason,
+            });
+        }
+        self.default_template()?;
+        Ok(())
+    }
+
+    /// The Pod of `default_executor_pod_template` (YAML or JSON), if configured.
+    pub fn default_template(&self) -> Result<Option<k8s_openapi::api::core::v1::Pod>, ConfigError> {
+        let Some(path) = &self.default_executor_pod_template else {
+            return Ok(None);
+        };
+        let invalid = |reason: String| ConfigError::Invalid {
+            key: "default_executor_pod_template".to_string(),
+            reason: format!("{}: {reason}", path.display()),
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+        serde_yaml::from_str(&text)
+            .map(Some)
+            .map_err(|e| invalid(format!("not a Pod: {e}")))
+    }
+
+    /// The server-side defaults of an application's allocation settings.
+    pub fn allocation_defaults(&self) -> AllocationSettings {
+        let a = &self.allocation;
+        let mut s = AllocationSettings::default();
+        if let Some(v) = a.batch_size {
+            s.batch_size = v;
+        }
+        if let Some(v) = a.batch_delay_ms {
+            s.batch_delay = Duration::from_millis(v);
+        }
+        if let Some(v) = a.executor_timeout_ms {
+            s.executor_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = a.executor_idle_timeout_ms {
+            s.executor_idle_timeout = Duration::from_millis(v);
+        }
+        if a.max_pending_pods.is_some() {
+            s.max_pending_pods = a.max_pending_pods;
+        }
+        if a.max_pending_pods_per_profile.is_some() {
+            s.max_pending_pods_per_profile = a.max_pending_pods_per_profile;
+        }
+        if a.max_executors.is_some() {
+            s.max_executors = a.max_executors;
+        }
+        if let Some(v) = a.delete_on_termination {
+            s.delete_on_termination = v;
+        }
+        s
+    }
+
+    /// The full-resync period.
+    pub fn resync_interval(&self) -> Duration {
+        Duration::from_millis(self.resync_interval_ms)
+    }
+}
+
+fn tracing_filter_check(filter: &str) -> Result<(), ConfigError> {
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| ())
+        .map_err(|e| ConfigError::Invalid {
+            key: "log.filter".to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// A DNS-1123 label (namespace names): ≤ 63 chars, lowercase alphanumerics and `-`,
+/// alphanumeric at both ends.
+pub fn is_dns_label(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(|b| *b != b'-')
+        && bytes.last().is_some_and(|b| *b != b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    fn file(ext: &str, body: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::Builder::new()
+            .suffix(&format!(".{ext}"))
+            .tempfile()
+            .unwrap();
+        f.write_all(body.as_bytes()).unwrap();
+        f
+    }
+
+    #[test]
+    fn defaults_without_file_or_env() {
+        let s = Settings::load_with_env(None, env(&[])).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(s.kubernetes.qps, 50);
+        assert_eq!(s.kubernetes.burst, 100);
+        assert_eq!(s.kubernetes.create_concurrency, 16);
+        assert_eq!(s.kubernetes.in_cluster, InCluster::Auto);
+        assert_eq!(s.resync_interval(), Duration::from_secs(30));
+        assert!(s.allowed_namespaces.is_empty());
+        assert_eq!(s.log.format, LogFormat::Text);
+        assert_eq!(
+            s.allocation.executor_container_name,
+            DEFAULT_EXECUTOR_CONTAINER
+        );
+        assert_eq!(s.allocation_defaults(), AllocationSettings::default());
+    }
+
+    #[test]
+    fn file_overrides_defaults_and_env_overrides_file() {
+        let f = file(
+            "toml",
+            "listen = \"0.0.0.0:6000\"\nallowed_namespaces = [\"a\", \"b\"]\n\
+             [allocation]\nbatch_size = 20\nbatch_delay_ms = 500\n\
+             [kubernetes]\nqps = 7\n",
+        );
+        let s = Settings::load_with_env(
+            Some(f.path()),
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_SIZE", "30")]),
+        )
+        .unwrap();
+        assert_eq!(s.listen, "0.0.0.0:6000".parse().unwrap());
+        assert_eq!(s.allowed_namespaces, vec!["a", "b"]);
+        assert_eq!(s.kubernetes.qps, 7);
+        let a = s.allocation_defaults();
+        assert_eq!(a.batch_size, 30);
+        assert_eq!(a.batch_delay, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn yaml_file_and_env_list() {
+        let f = file(
+            "yaml",
+            "log:\n  format: json\nallocation:\n  max_pending_pods: 40\n  delete_on_termination: false\n",
+        );
+        let s = Settings::load_with_env(
+            Some(f.path()),
+            env(&[("SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES", "spark,batch")]),
+        )
+        .unwrap();
+        assert_eq!(s.log.format, LogFormat::Json);
+        assert_eq!(s.allowed_namespaces, vec!["spark", "batch"]);
+        let a = s.allocation_defaults();
+        assert_eq!(a.max_pending_pods, Some(40));
+        assert!(!a.delete_on_termination);
+    }
+
+    #[test]
+    fn bad_number_in_env_names_the_key() {
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__KUBERNETES__QPS", "fast")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("kubernetes.qps"), "{err}");
+    }
+
+    #[test]
+    fn unknown_log_format_names_the_key() {
+        let err =
+            Settings::load_with_env(None, env(&[("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml")]))
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("log.format"), "{err}");
+    }
+
+    #[test]
+    fn batch_delay_below_rule_names_the_key() {
+        let f = file("toml", "[allocation]\nbatch_delay_ms = 50\n");
+        let err = Settings::load_with_env(Some(f.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("allocation.batch_delay_ms"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        for (key, value, named) in [
+            (
+                "SPARK_POD_ALLOCATOR__KUBERNETES__BURST",
+                "0",
+                "kubernetes.burst",
+            ),
+            ("SPARK_POD_ALLOCATOR__LISTEN", "nowhere", "listen"),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES",
+                "Bad_NS",
+                "allowed_namespaces",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__RESYNC_INTERVAL_MS",
+                "10",
+                "resync_interval_ms",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_SIZE",
+                "0",
+                "allocation.batch_size",
+            ),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{key}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn default_template_is_loaded_and_checked() {
+        let pod = file(
+            "yaml",
+            "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: x\n    image: busybox\n",
+        );
+        let s = Settings::load_with_env(
+            None,
+            env(&[(
+                "SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE",
+                pod.path().to_str().unwrap(),
+            )]),
+        )
+        .unwrap();
+        let template = s.default_template().unwrap().unwrap();
+        assert_eq!(template.spec.unwrap().containers[0].name, "x");
+        let err = Settings::load_with_env(
+            None,
+            env(&[(
+                "SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE",
+                "/nonexistent/pod.yaml",
+            )]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("default_executor_pod_template"), "{err}");
+    }
+
+    #[test]
+    fn simulator_section_is_loaded_and_checked() {
+        let f = file(
+            "toml",
+            "[simulator]\nseed = 7\n[simulator.kubelet]\nmode = \"manual\"\n",
+        );
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.simulator.seed, 7);
+        assert_eq!(s.simulator.kubelet.mode, crate::sim::KubeletMode::Manual);
+        let err = Settings::load_with_env(
+            None,
+            env(&[(
+                "SPARK_POD_ALLOCATOR__SIMULATOR__FAULTS__QUOTA_FRACTION",
+                "2.5",
+            )]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("simulator"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_and_unknown_extension_are_refused() {
+        let f = file("toml", "[allocation]\nbatch_sise = 5\n");
+        let err = Settings::load_with_env(Some(f.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("batch_sise"), "{err}");
+        let f = file("ini", "x=1");
+        assert!(matches!(
+            Settings::load_with_env(Some(f.path()), env(&[])),
+            Err(ConfigError::UnknownFormat(_))
+        ));
+    }
+}

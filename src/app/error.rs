@@ -15,10 +15,16 @@ pub enum AppError {
     /// A field is invalid.
     #[error("{field}: {message}")]
     InvalidArgument { field: String, message: String },
+    /// The namespace is not in the service's `allowed_namespaces`.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The Kubernetes API failed.
-    #[error("kubernetes: {0}")]
+    #[error("kubernetes: {}", crate::k8s::describe_error(.0))]
     Kubernetes(#[from] kube::Error),
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// The application's actor ended unexpectedly (a bug); the application must be restarted.
+    #[error("internal error: {0}")]
+    Internal(String),
 }

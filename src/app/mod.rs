@@ -1,19 +1,29 @@
-//! One actor per application: a tokio task owning its engine state, reached through an
-//! [`ApplicationHandle`]; nothing else mutates it. [`Applications`] is the registry the
-//! gRPC layer calls.
+//! One actor per application: a tokio task owning its engine state, reached through a
+//! handle; nothing else mutates it. [`Applications`] is the registry the gRPC layer calls.
 //!
 //! CONTRACT between the service core (k8s + actors) and the gRPC edge: keep these names and
 //! signatures; extend freely.
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::allocator::{AllocationSettings, AllocatorStatus, ExecutorId, ResourceProfileId};
+use crate::allocator::{
+    AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
+    ExecutorPodsSnapshot, ResourceProfileId, SettingsError, SnapshotStore, StateRules,
+    TemplateError, Timestamp, executor_pod_from,
+};
+use crate::config::Settings;
+use crate::k8s::pods::highest_executor_id;
+use crate::k8s::{ExecutorPods, PodWatches, RateLimiter};
 
+mod actor;
 pub mod clock;
 pub mod error;
 
+use actor::{Actor, ActorHandle, ActorReport, Command};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::AppError;
 
@@ -23,12 +33,42 @@ pub struct AppId(String);
 
 impl AppId {
     /// Validates `value` as a label value; the error says why.
-    pub fn parse(_value: &str) -> Result<Self, String> {
-        todo!("service")
+    pub fn parse(value: &str) -> Result<Self, String> {
+        if value.is_empty() {
+            return Err("must not be empty".to_string());
+        }
+        if value.len() > 63 {
+            return Err(format!(
+                "must be at most 63 characters (has {})",
+                value.len()
+            ));
+        }
+        let bytes = value.as_bytes();
+        let inner_ok = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+        if let Some(bad) = value
+            .chars()
+            .find(|c| !(c.is_ascii() && inner_ok(&(*c as u8))))
+        {
+            return Err(format!(
+                "{bad:?} is not allowed: use letters, digits, '-', '_' and '.' only"
+            ));
+        }
+        let ends_ok = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.last().is_some_and(u8::is_ascii_alphanumeric);
+        if !ends_ok {
+            return Err("must start and end with a letter or digit".to_string());
+        }
+        Ok(Self(value.to_string()))
     }
     /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl std::fmt::Display for AppId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -52,56 +92,443 @@ pub struct Started {
     pub last_executor_id: u64,
 }
 
+/// Service-wide options of the application layer (from [`Settings`]).
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    /// Period of the full LIST per namespace.
+    pub resync_interval: Duration,
+    /// Namespaces applications may run in; empty = all.
+    pub allowed_namespaces: BTreeSet<String>,
+    /// Mutating requests per second, shared by all applications.
+    pub qps: u32,
+    /// Burst above `qps`.
+    pub burst: u32,
+    /// Creates of one round in flight at once.
+    pub create_concurrency: usize,
+    /// Pod → executor state rules.
+    pub state_rules: StateRules,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        Self::from_settings(&Settings::default())
+    }
+}
+
+impl ServiceOptions {
+    /// The options the configuration gives.
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            resync_interval: settings.resync_interval(),
+            allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
+            qps: settings.kubernetes.qps,
+            burst: settings.kubernetes.burst,
+            create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
+                .unwrap_or(usize::MAX),
+            state_rules: StateRules {
+                executor_container: settings.allocation.executor_container_name.clone(),
+                check_all_containers: settings.allocation.check_all_containers,
+            },
+        }
+    }
+}
+
 /// Shared context of every application: the Kubernetes client, the shared watches, the clock.
 #[derive(Clone)]
 pub struct ServiceContext {
     pub client: kube::Client,
     pub clock: Arc<dyn Clock>,
+    /// Service-wide options (added by the service core; [`ServiceContext::new`] gives defaults).
+    pub options: ServiceOptions,
+}
+
+impl ServiceContext {
+    /// A context with the default options.
+    pub fn new(client: kube::Client, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            client,
+            clock,
+            options: ServiceOptions::default(),
+        }
+    }
+
+    /// A context with the options of `settings`.
+    pub fn from_settings(client: kube::Client, clock: Arc<dyn Clock>, settings: &Settings) -> Self {
+        Self {
+            client,
+            clock,
+            options: ServiceOptions::from_settings(settings),
+        }
+    }
+
+    /// Replaces the options.
+    pub fn with_options(mut self, options: ServiceOptions) -> Self {
+        self.options = options;
+        self
+    }
 }
 
 /// The registry of running applications.
 #[derive(Clone)]
-pub struct Applications {}
+pub struct Applications {
+    inner: Arc<Registry>,
+}
+
+struct Registry {
+    ctx: ServiceContext,
+    pods: ExecutorPods,
+    watches: PodWatches,
+    apps: Mutex<HashMap<AppId, Entry>>,
+    /// Serialises Start and Stop, so an id is never started twice concurrently.
+    lifecycle: tokio::sync::Mutex<()>,
+    shutting_down: AtomicBool,
+}
+
+/// A registered application; `actor` is `None` after a Stop whose collection delete failed
+/// (a retried Stop deletes again; a Start resumes it).
+struct Entry {
+    namespace: String,
+    actor: Option<ActorHandle>,
+}
 
 impl Applications {
-    /// A registry using `ctx` for every application.
-    pub fn new(_ctx: ServiceContext) -> Self {
-        todo!("service")
+    /// A registry using `ctx` for every application. Inside a tokio runtime it also starts
+    /// the API server probe that [`Applications::is_synced`] reports.
+    pub fn new(ctx: ServiceContext) -> Self {
+        let options = &ctx.options;
+        let limiter = RateLimiter::new(options.qps, options.burst);
+        let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency);
+        let watches = PodWatches::new(
+            ctx.client.clone(),
+            Arc::clone(&ctx.clock),
+            options.resync_interval,
+        );
+        let _probe = watches.spawn_probe();
+        Self {
+            inner: Arc::new(Registry {
+                ctx,
+                pods,
+                watches,
+                apps: Mutex::new(HashMap::new()),
+                lifecycle: tokio::sync::Mutex::new(()),
+                shutting_down: AtomicBool::new(false),
+            }),
+        }
     }
+
     /// Starts (or resumes) an application; idempotent for the same id and namespace.
-    pub async fn start(&self, _req: StartApplication) -> Result<Started, AppError> {
-        todo!("service")
+    pub async fn start(&self, req: StartApplication) -> Result<Started, AppError> {
+        self.check_running()?;
+        let _serial = self.inner.lifecycle.lock().await;
+        self.check_running()?;
+        let existing = self.entry(&req.app_id);
+        if let Some((namespace, actor)) = existing {
+            if namespace != req.namespace {
+                return Err(AppError::AlreadyExists {
+                    app_id: req.app_id.to_string(),
+                    namespace,
+                });
+            }
+            if let Some(actor) = actor {
+                let report = actor.call(Command::Report).await?;
+                return Ok(Started {
+                    resumed: true,
+                    last_executor_id: report.status.last_executor_id,
+                });
+            }
+        }
+        self.check_namespace(&req.namespace)?;
+        if let Err(SettingsError::Invalid { name, reason }) = req.settings.validate() {
+            return Err(AppError::InvalidArgument {
+                field: format!("settings.{name}"),
+                message: reason,
+            });
+        }
+        let driver = self.driver_owner(&req).await?;
+        let rules = self.inner.ctx.options.state_rules.clone();
+        let prefix = req
+            .pod_name_prefix
+            .clone()
+            .unwrap_or_else(|| req.app_id.to_string());
+        let builder = ExecutorPodBuilder::new(
+            req.app_id.as_str(),
+            &prefix,
+            req.templates.clone(),
+            driver,
+            &rules.executor_container,
+        )
+        .map_err(template_error)?;
+
+        // Subscribe before listing so no event between the LIST and the actor is lost.
+        let subscription = self
+            .inner
+            .watches
+            .subscribe(&req.namespace, req.app_id.as_str());
+        let found = self
+            .inner
+            .pods
+            .list_executors(&req.namespace, req.app_id.as_str())
+            .await?;
+        let last_executor_id = highest_executor_id(&found).unwrap_or(0);
+        let resumed = !found.is_empty();
+        let now = self.inner.ctx.clock.now();
+        let mut store = SnapshotStore::new(req.settings.batch_delay, now);
+        if resumed {
+            let executors = found
+                .iter()
+                .filter_map(|pod| executor_pod_from(pod, &rules))
+                .collect();
+            store.replace_all(executors, now);
+            tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.len(), last_executor_id, "resuming application from its executor pods");
+        }
+        let actor = Actor {
+            app_id: req.app_id.to_string(),
+            namespace: req.namespace.clone(),
+            allocator: Allocator::new(req.settings.clone(), last_executor_id),
+            store,
+            builder,
+            rules,
+            delete_on_termination: req.settings.delete_on_termination,
+            pods: self.inner.pods.clone(),
+            clock: Arc::clone(&self.inner.ctx.clock),
+        };
+        let handle = ActorHandle::spawn(actor, subscription);
+        self.apps().insert(
+            req.app_id.clone(),
+            Entry {
+                namespace: req.namespace.clone(),
+                actor: Some(handle),
+            },
+        );
+        Ok(Started {
+            resumed,
+            last_executor_id,
+        })
     }
+
     /// Sets targets per profile (profiles left out keep theirs).
     pub async fn set_total_expected(
         &self,
-        _app: &AppId,
-        _targets: BTreeMap<ResourceProfileId, u32>,
+        app: &AppId,
+        targets: BTreeMap<ResourceProfileId, u32>,
     ) -> Result<(), AppError> {
-        todo!("service")
+        self.actor(app)?
+            .call(|reply| Command::SetTargets(targets, reply))
+            .await?
     }
+
     /// IsDeleted for one executor.
-    pub async fn is_deleted(&self, _app: &AppId, _id: ExecutorId) -> Result<bool, AppError> {
-        todo!("service")
+    pub async fn is_deleted(&self, app: &AppId, id: ExecutorId) -> Result<bool, AppError> {
+        self.actor(app)?
+            .call(|reply| Command::IsDeleted(id, reply))
+            .await
     }
+
     /// Replaces the scheduler-known executors.
     pub async fn update_registered(
         &self,
-        _app: &AppId,
-        _ids: BTreeSet<ExecutorId>,
+        app: &AppId,
+        ids: BTreeSet<ExecutorId>,
     ) -> Result<(), AppError> {
-        todo!("service")
+        self.actor(app)?
+            .call(|reply| Command::UpdateRegistered(ids, reply))
+            .await
     }
+
     /// Deletes every executor pod of the application and forgets it; returns pods deleted.
-    pub async fn stop(&self, _app: &AppId) -> Result<u32, AppError> {
-        todo!("service")
+    pub async fn stop(&self, app: &AppId) -> Result<u32, AppError> {
+        self.check_running()?;
+        let _serial = self.inner.lifecycle.lock().await;
+        let Some((namespace, actor)) = self.entry(app) else {
+            return Err(AppError::NotFound(app.to_string()));
+        };
+        if let Some(actor) = actor {
+            // The actor ends first, so no create of it can follow the delete.
+            actor.stop().await;
+        }
+        match self.inner.pods.delete_all(&namespace, app.as_str()).await {
+            Ok(deleted) => {
+                self.apps().remove(app);
+                tracing::info!(%app, %namespace, deleted, "application stopped");
+                Ok(deleted)
+            }
+            Err(err) => {
+                // Keep it registered without an actor: a retried Stop deletes again.
+                if let Some(entry) = self.apps().get_mut(app) {
+                    entry.actor = None;
+                }
+                Err(AppError::Kubernetes(err))
+            }
+        }
     }
+
     /// The application's allocation state.
-    pub async fn status(&self, _app: &AppId) -> Result<AllocatorStatus, AppError> {
-        todo!("service")
+    pub async fn status(&self, app: &AppId) -> Result<AllocatorStatus, AppError> {
+        Ok(self.report(app).await?.status)
     }
+
+    /// How many allocation rounds the application's actor has run (observability, tests).
+    pub async fn rounds(&self, app: &AppId) -> Result<u64, AppError> {
+        Ok(self.report(app).await?.rounds)
+    }
+
+    /// When the application's next round may run (the batch delay's schedule, or later
+    /// while backing off after rounds whose creates all failed).
+    pub async fn next_round_at(&self, app: &AppId) -> Result<Timestamp, AppError> {
+        Ok(self.report(app).await?.next_round_at)
+    }
+
+    /// The application's current snapshot as its actor has ingested it (observability, tests).
+    pub async fn snapshot(&self, app: &AppId) -> Result<ExecutorPodsSnapshot, AppError> {
+        self.actor(app)?.call(Command::Snapshot).await
+    }
+
     /// True once the Kubernetes watches have synced at least once (health).
     pub fn is_synced(&self) -> bool {
-        todo!("service")
+        self.inner.watches.is_synced()
+    }
+
+    /// True once the shared watch of `namespace` runs and has completed its first listing.
+    pub fn is_namespace_synced(&self, namespace: &str) -> bool {
+        self.inner.watches.is_namespace_synced(namespace)
+    }
+
+    /// Namespaces whose shared executor pod watch is running.
+    pub fn watched_namespaces(&self) -> Vec<String> {
+        self.inner.watches.watched_namespaces()
+    }
+
+    /// Stops every actor WITHOUT deleting pods (a restarted service resumes them); later
+    /// calls answer [`AppError::ShuttingDown`].
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let _serial = self.inner.lifecycle.lock().await;
+        let entries: Vec<(AppId, Entry)> = self.apps().drain().collect();
+        for (app, entry) in entries {
+            if let Some(actor) = entry.actor {
+                actor.stop().await;
+            }
+            tracing::info!(%app, "application left running for a later resume");
+        }
+    }
+
+    async fn report(&self, app: &AppId) -> Result<ActorReport, AppError> {
+        self.actor(app)?.call(Command::Report).await
+    }
+
+    fn check_running(&self) -> Result<(), AppError> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            Err(AppError::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_namespace(&self, namespace: &str) -> Result<(), AppError> {
+        let allowed = &self.inner.ctx.options.allowed_namespaces;
+        if allowed.is_empty() || allowed.contains(namespace) {
+            Ok(())
+        } else {
+            Err(AppError::PermissionDenied(format!(
+                "namespace {namespace} is not allowed by this service (allowed: {})",
+                allowed.iter().cloned().collect::<Vec<_>>().join(", ")
+            )))
+        }
+    }
+
+    async fn driver_owner(&self, req: &StartApplication) -> Result<Option<DriverOwner>, AppError> {
+        let Some(name) = &req.driver_pod_name else {
+            return Ok(None);
+        };
+        let pod = self
+            .inner
+            .pods
+            .driver_pod(&req.namespace, name)
+            .await?
+            .ok_or_else(|| {
+                AppError::FailedPrecondition(format!(
+                    "No pod was found named {name} in the cluster in the namespace {}",
+                    req.namespace
+                ))
+            })?;
+        match pod.metadata.uid {
+            Some(uid) => Ok(Some(DriverOwner {
+                name: name.clone(),
+                uid,
+            })),
+            None => {
+                tracing::warn!(driver = %name, "driver pod has no uid; executors get no owner");
+                Ok(None)
+            }
+        }
+    }
+
+    fn actor(&self, app: &AppId) -> Result<ActorHandle, AppError> {
+        self.check_running()?;
+        match self.entry(app) {
+            Some((_, Some(actor))) => Ok(actor),
+            _ => Err(AppError::NotFound(app.to_string())),
+        }
+    }
+
+    fn entry(&self, app: &AppId) -> Option<(String, Option<ActorHandle>)> {
+        self.apps()
+            .get(app)
+            .map(|e| (e.namespace.clone(), e.actor.clone()))
+    }
+
+    fn apps(&self) -> MutexGuard<'_, HashMap<AppId, Entry>> {
+        match self.inner.apps.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+/// A template error names the request field it came from.
+fn template_error(err: TemplateError) -> AppError {
+    let profile = match &err {
+        TemplateError::Invalid { profile, .. } | TemplateError::NoTemplate(profile) => *profile,
+    };
+    let field = if profile == ResourceProfileId(0) {
+        "executor_pod_template".to_string()
+    } else {
+        format!("resource_profile_templates[{}]", profile.0)
+    };
+    AppError::InvalidArgument {
+        field,
+        message: err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn app_id_is_a_label_value() {
+        for ok in ["a", "spark-1234", "App_1.x", &"a".repeat(63)] {
+            assert!(AppId::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "a b", "é", "a/b", &"a".repeat(64), ".a"] {
+            assert!(AppId::parse(bad).is_err(), "{bad}");
+        }
+        assert!(AppId::parse("").unwrap_err().contains("empty"));
+        assert!(AppId::parse(&"a".repeat(64)).unwrap_err().contains("63"));
+    }
+
+    #[test]
+    fn template_errors_name_the_request_field() {
+        let err = template_error(TemplateError::NoTemplate(ResourceProfileId(0)));
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "executor_pod_template")
+        );
+        let err = template_error(TemplateError::Invalid {
+            profile: ResourceProfileId(3),
+            reason: "reserved label".into(),
+        });
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
+        );
     }
 }

@@ -1,2 +1,58 @@
-//! Everything that talks to Kubernetes: shared pod watches per namespace, the periodic
-//! resync, and executor pod creates and deletes. (Being built: issue 4.)
+//! Everything that talks to Kubernetes: shared pod watches per namespace with the periodic
+//! resync ([`PodWatches`]), executor pod creates and deletes under one client-side rate
+//! limit ([`ExecutorPods`]), and building the client from the configuration ([`connect`]).
+pub mod pods;
+pub mod rate_limit;
+pub mod watch;
+
+pub use pods::{CreateError, ExecutorPods};
+pub use rate_limit::RateLimiter;
+pub use watch::{PodEvent, PodWatches, Subscription};
+
+use crate::config::{InCluster, KubernetesSettings};
+
+/// Why no Kubernetes client could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("in-cluster configuration: {0}")]
+    InCluster(#[from] kube::config::InClusterError),
+    #[error("no Kubernetes configuration found: {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// A client as configured: an explicit kubeconfig (and context), in-cluster, or inferred
+/// (`KUBECONFIG`, `~/.kube/config`, then in-cluster) when `in_cluster` is `auto`.
+pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, ConnectError> {
+    let options = kube::config::KubeConfigOptions {
+        context: settings.context.clone(),
+        ..Default::default()
+    };
+    let config = match (&settings.kubeconfig, settings.in_cluster) {
+        (_, InCluster::True) => kube::Config::incluster()?,
+        (Some(path), _) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
+        }
+        (None, InCluster::False) => kube::Config::from_kubeconfig(&options).await?,
+        (None, InCluster::Auto) if settings.context.is_some() => {
+            kube::Config::from_kubeconfig(&options).await?
+        }
+        (None, InCluster::Auto) => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A Kubernetes error as one log-friendly line; for an API error the server's reason,
+/// code and message (`Forbidden (403): pods "x" is forbidden: exceeded quota ...`).
+pub fn describe_error(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            format!("{} ({}): {}", status.reason, status.code, status.message)
+        }
+        other => other.to_string(),
+    }
+}

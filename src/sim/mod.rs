@@ -1,2 +1,235 @@
-//! The simulated Kubernetes cluster: a real HTTP server speaking the Kubernetes API,
-//! with a scheduler/kubelet and fault injection. (Being built: issue 2.)
+//! The simulated Kubernetes cluster: a real HTTP server speaking the Kubernetes API (so
+//! kube-rs and kubectl use it exactly as a real API server), with a scheduler, kubelets,
+//! a garbage collector and fault injection. See `docs/simulator.md`.
+
+mod kubelet;
+mod objects;
+pub mod selector;
+mod server;
+mod settings;
+pub mod status;
+mod store;
+mod table;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use kubelet::node_name;
+pub use settings::{FaultSettings, KubeletMode, KubeletSettings, SimSettings};
+
+use server::Shared;
+use store::{Kind, Store};
+
+/// Why the simulated cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A setting is out of range.
+    #[error("invalid simulator settings: {0}")]
+    InvalidSettings(String),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        /// The address from the settings.
+        address: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// A running simulated cluster; dropping it stops it.
+pub struct SimCluster {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl SimCluster {
+    /// Starts the API server (and, in auto mode, the scheduler, kubelets and garbage
+    /// collector) on `settings.listen`.
+    pub async fn start(settings: SimSettings) -> Result<SimCluster, SimError> {
+        settings.validate().map_err(SimError::InvalidSettings)?;
+        for ns in &settings.namespaces {
+            if !selector::is_dns_label(ns) {
+                return Err(SimError::InvalidSettings(format!(
+                    "namespace {ns:?} is not a valid DNS-1123 label"
+                )));
+            }
+        }
+        let listener = tokio::net::TcpListener::bind(&settings.listen)
+            .await
+            .map_err(|source| SimError::Listen {
+                address: settings.listen.clone(),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| SimError::Listen {
+            address: settings.listen.clone(),
+            source,
+        })?;
+        let store = Store::new(settings.history);
+        let shared = Arc::new(Shared {
+            store,
+            faults: RwLock::new(settings.faults.clone()),
+            rng: Mutex::new(SmallRng::seed_from_u64(settings.seed)),
+            cancel: CancellationToken::new(),
+            address: addr.to_string(),
+            settings,
+        });
+        let mut namespaces = shared.settings.namespaces.clone();
+        if !namespaces.iter().any(|n| n == "default") {
+            namespaces.insert(0, "default".to_string());
+        }
+        for ns in namespaces {
+            let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            // A namespace listed twice is already there; nothing else can fail here.
+            let _ = server::create_internal(&shared, Kind::Namespace, body);
+        }
+        let mut tasks = Vec::new();
+        if shared.settings.kubelet.mode == KubeletMode::Auto {
+            tasks.push(tokio::spawn(kubelet::run(shared.clone())));
+            tasks.push(tokio::spawn(kubelet::run_gc(shared.clone())));
+        }
+        let router = server::router(shared.clone());
+        let cancel = shared.cancel.clone();
+        let server = tokio::spawn(async move {
+            let serve = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { cancel.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "simulated API server stopped");
+            }
+        });
+        Ok(SimCluster {
+            shared,
+            addr,
+            tasks,
+            server: Some(server),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound socket address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kube-rs configuration for this cluster (with the first bearer token when auth is on).
+    pub fn kube_config(&self) -> kube::Config {
+        let uri = self
+            .base_url()
+            .parse::<http::Uri>()
+            .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1"));
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = "default".to_string();
+        if let Some(token) = self.shared.settings.auth_tokens.first()
+            && let Ok(value) = http::HeaderValue::from_str(&format!("Bearer {token}"))
+        {
+            config.headers.push((http::header::AUTHORIZATION, value));
+        }
+        config
+    }
+
+    /// A kube-rs client for this cluster.
+    pub fn client(&self) -> kube::Client {
+        match kube::Client::try_from(self.kube_config()) {
+            Ok(client) => client,
+            // Building a client from a plain http:// URL does not fail in practice; a client
+            // whose requests all fail is the least surprising answer if it ever does.
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build a kube client for the simulated cluster");
+                let fallback = kube::Config::new(http::Uri::from_static("http://127.0.0.1:1"));
+                kube::Client::try_from(fallback)
+                    .unwrap_or_else(|_| unreachable!("a plain http config always builds"))
+            }
+        }
+    }
+
+    /// A kubeconfig file for kubectl (context `sim`, namespace `default`).
+    pub fn kubeconfig_yaml(&self) -> String {
+        let user = match self.shared.settings.auth_tokens.first() {
+            Some(token) => format!("    token: {}\n", serde_json::Value::String(token.clone())),
+            None => "    {}\n".to_string(),
+        };
+        let user = if user.trim() == "{}" {
+            "  user: {}\n".to_string()
+        } else {
+            format!("  user:\n{user}")
+        };
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim\n    namespace: default\ncurrent-context: sim\nusers:\n- name: sim\n{user}preferences: {{}}\n",
+            self.base_url()
+        )
+    }
+
+    /// Writes [`Self::kubeconfig_yaml`] to `path`.
+    pub fn write_kubeconfig(&self, path: &std::path::Path) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml())
+    }
+
+    /// Replaces the injected faults (takes effect for the next request or watch).
+    pub fn set_faults(&self, faults: FaultSettings) {
+        *self
+            .shared
+            .faults
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = faults;
+    }
+
+    /// The faults currently injected.
+    pub fn faults(&self) -> FaultSettings {
+        self.shared.faults()
+    }
+
+    /// Forgets the watch history: a watch from any version seen so far gets 410 Expired.
+    pub fn compact_history(&self) {
+        self.shared.store.compact();
+    }
+
+    /// The cluster-wide resourceVersion now.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.store.resource_version()
+    }
+
+    /// Runs one garbage-collection pass now; returns how many pods it deleted.
+    pub fn collect_garbage(&self) -> usize {
+        kubelet::collect_garbage(&self.shared)
+    }
+
+    /// Stops serving: watches end, the server finishes open requests, background tasks stop.
+    pub async fn shutdown(mut self) {
+        self.shared.cancel.cancel();
+        if let Some(server) = self.server.take() {
+            // Bounded: connections left idle by clients do not keep the shutdown waiting.
+            if tokio::time::timeout(std::time::Duration::from_secs(5), server)
+                .await
+                .is_err()
+            {
+                tracing::warn!("simulated API server did not stop within 5 s; aborted");
+            }
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        self.shared.cancel.cancel();
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+    }
+}

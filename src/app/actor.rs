@@ -1,0 +1,449 @@
+//! The actor of one application: a tokio task owning its `Allocator`, `SnapshotStore` and
+//! `ExecutorPodBuilder`. It serves commands, ingests pod events, and runs a round whenever
+//! the snapshot store is due; a Kubernetes failure is logged and retried by a later round.
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+use super::{AppError, Clock};
+use crate::allocator::{
+    Allocator, AllocatorStatus, DeleteRequest, ExecutorId, ExecutorPodBuilder,
+    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
+    executor_pod_from,
+};
+use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
+use tokio_util::sync::CancellationToken;
+
+/// Commands the handle sends; each carries its reply channel.
+pub(crate) enum Command {
+    SetTargets(
+        BTreeMap<ResourceProfileId, u32>,
+        oneshot::Sender<Result<(), AppError>>,
+    ),
+    IsDeleted(ExecutorId, oneshot::Sender<bool>),
+    UpdateRegistered(BTreeSet<ExecutorId>, oneshot::Sender<()>),
+    Report(oneshot::Sender<ActorReport>),
+    Snapshot(oneshot::Sender<ExecutorPodsSnapshot>),
+    Stop,
+}
+
+/// The allocator's status plus how many rounds the actor ran.
+#[derive(Debug, Clone)]
+pub(crate) struct ActorReport {
+    pub status: AllocatorStatus,
+    pub rounds: u64,
+    pub next_round_at: Timestamp,
+}
+
+/// Everything an actor owns.
+pub(crate) struct Actor {
+    pub app_id: String,
+    pub namespace: String,
+    pub allocator: Allocator,
+    pub store: SnapshotStore,
+    pub builder: ExecutorPodBuilder,
+    pub rules: StateRules,
+    pub delete_on_termination: bool,
+    pub pods: ExecutorPods,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Reaches a running actor.
+#[derive(Clone)]
+pub(crate) struct ActorHandle {
+    tx: mpsc::Sender<Command>,
+    task: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    app_id: String,
+}
+
+/// Commands queued per actor before senders wait.
+const COMMAND_QUEUE: usize = 64;
+
+impl ActorHandle {
+    /// Spawns `actor`, fed by `subscription`, in a span naming the application.
+    pub fn spawn(actor: Actor, subscription: Subscription) -> Self {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let app_id = actor.app_id.clone();
+        let span =
+            tracing::info_span!("application", app = %actor.app_id, namespace = %actor.namespace);
+        let task = tokio::spawn(State::run(actor, rx, subscription).instrument(span));
+        Self {
+            tx,
+            task: Arc::new(std::sync::Mutex::new(Some(task))),
+            app_id,
+        }
+    }
+
+    /// Sends a command built around a reply channel and waits for the reply.
+    pub async fn call<R>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<R>) -> Command,
+    ) -> Result<R, AppError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || {
+            AppError::Internal(format!(
+                "the actor of application {} has ended",
+                self.app_id
+            ))
+        };
+        self.tx.send(command(reply)).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())
+    }
+
+    /// Stops the actor and waits until it has ended (no request of it is in flight after).
+    pub async fn stop(&self) {
+        // If the actor already ended, the send fails and the join below returns at once.
+        let _ = self.tx.send(Command::Stop).await;
+        let task = match self.task.lock() {
+            Ok(mut guard) => guard.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        if let Some(task) = task
+            && let Err(err) = task.await
+        {
+            tracing::error!(app = %self.app_id, error = %err, "application actor ended abnormally");
+        }
+    }
+}
+
+/// The actor's loop state.
+struct State {
+    actor: Actor,
+    /// Deletes that failed, retried by the next round (merged per `only_pending`).
+    retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Finished executors whose pod was already deleted (or labelled inactive).
+    finished_handled: BTreeSet<ExecutorId>,
+    /// Rounds carried out completely (their creates answered).
+    rounds: u64,
+    /// Rounds whose creates are still in flight.
+    creates_in_flight: usize,
+    /// Where create tasks report; the receiver lives in `run`.
+    creates_done: mpsc::UnboundedSender<CreateResults>,
+    /// Fired on Stop: creates not yet sent are skipped.
+    cancel: CancellationToken,
+    /// Consecutive rounds whose creates all failed at the API server.
+    failed_create_rounds: u32,
+    /// No round before this (backoff after failed create rounds; 0 = none).
+    backoff_until: Timestamp,
+}
+
+/// Longest backoff after failed create rounds (unless the batch delay is longer).
+const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The outcome of one round's creates.
+type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
+
+impl State {
+    fn new(actor: Actor, creates_done: mpsc::UnboundedSender<CreateResults>) -> Self {
+        Self {
+            actor,
+            retry_deletes: BTreeMap::new(),
+            finished_handled: BTreeSet::new(),
+            rounds: 0,
+            creates_in_flight: 0,
+            creates_done,
+            cancel: CancellationToken::new(),
+            failed_create_rounds: 0,
+            backoff_until: Timestamp(0),
+        }
+    }
+
+    async fn run(
+        actor: Actor,
+        mut commands: mpsc::Receiver<Command>,
+        mut subscription: Subscription,
+    ) {
+        tracing::info!("application actor started");
+        let (creates_done, mut created) = mpsc::unbounded_channel();
+        let mut this = Self::new(actor, creates_done);
+        this.serve(&mut commands, &mut subscription, &mut created)
+            .await;
+        // No create may land after Stop's DELETE: skip unsent ones, await those in flight.
+        this.cancel.cancel();
+        while this.creates_in_flight > 0 {
+            match created.recv().await {
+                Some(results) => this.creates_answered(results),
+                None => break,
+            }
+        }
+        tracing::info!("application actor stopped");
+    }
+
+    async fn serve(
+        &mut self,
+        commands: &mut mpsc::Receiver<Command>,
+        subscription: &mut Subscription,
+        created: &mut mpsc::UnboundedReceiver<CreateResults>,
+    ) {
+        let mut events_open = true;
+        loop {
+            let due = self.next_round_at();
+            tokio::select! {
+                biased;
+                command = commands.recv() => match command {
+                    None | Some(Command::Stop) => break,
+                    Some(command) => self.handle(command),
+                },
+                event = subscription.events.recv(), if events_open => match event {
+                    Some(event) => self.ingest(event),
+                    None => {
+                        tracing::error!("pod event stream closed; relying on nothing but rounds");
+                        events_open = false;
+                    }
+                },
+                Some(results) = created.recv() => self.creates_answered(results),
+                () = self.actor.clock.sleep_until(due) => self.round().await,
+            }
+        }
+    }
+
+    /// When the next round may run: the store's schedule, held back by any backoff.
+    fn next_round_at(&self) -> Timestamp {
+        self.actor.store.next_due().max(self.backoff_until)
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::SetTargets(targets, reply) => {
+                let missing = targets
+                    .keys()
+                    .find(|profile| !self.actor.builder.has_profile(**profile));
+                let result = match missing {
+                    Some(profile) => Err(AppError::FailedPrecondition(format!(
+                        "resource profile {profile} has no executor pod template (give one in Start's resource_profile_templates)"
+                    ))),
+                    None => {
+                        if self.actor.allocator.set_targets(&targets) {
+                            self.actor.store.notify_now();
+                        }
+                        Ok(())
+                    }
+                };
+                let _ = reply.send(result);
+            }
+            Command::IsDeleted(id, reply) => {
+                let _ = reply.send(self.actor.allocator.is_deleted(id));
+            }
+            Command::UpdateRegistered(ids, reply) => {
+                self.actor.allocator.set_registered(ids);
+                let _ = reply.send(());
+            }
+            Command::Report(reply) => {
+                let _ = reply.send(ActorReport {
+                    status: self.actor.allocator.status(),
+                    rounds: self.rounds,
+                    next_round_at: self.next_round_at(),
+                });
+            }
+            Command::Snapshot(reply) => {
+                let _ = reply.send(self.actor.store.current().clone());
+            }
+            Command::Stop => {}
+        }
+    }
+
+    fn ingest(&mut self, event: PodEvent) {
+        let rules = &self.actor.rules;
+        match event {
+            PodEvent::Applied(pod) => {
+                if let Some(executor) = executor_pod_from(&pod, rules) {
+                    self.actor.store.update_pod(executor);
+                }
+            }
+            PodEvent::Deleted(pod) => {
+                if let Some(executor) = executor_pod_from(&pod, rules) {
+                    self.actor.store.delete_pod(executor);
+                }
+            }
+            PodEvent::Resync(pods) => {
+                let executors = pods
+                    .iter()
+                    .filter_map(|pod| executor_pod_from(pod, rules))
+                    .collect();
+                self.actor
+                    .store
+                    .replace_all(executors, self.actor.clock.now());
+            }
+        }
+    }
+
+    /// One round if the store is due: the engine's plan, then its deletes and creates,
+    /// then the clean-up of finished executors.
+    async fn round(&mut self) {
+        let now = self.actor.clock.now();
+        let Some(batch) = self.actor.store.poll(now) else {
+            return;
+        };
+        let plan = self.actor.allocator.round(batch, now);
+        if !plan.timed_out.is_empty() {
+            tracing::warn!(executors = ?plan.timed_out, "executors not seen within the executor timeout; forgotten and re-requested");
+        }
+        if !plan.refused.is_empty() {
+            tracing::warn!(refused = ?plan.refused, "executors refused: max_executors reached");
+        }
+        for request in plan.deletes {
+            self.retry_deletes
+                .entry(request.only_pending)
+                .or_default()
+                .extend(request.ids);
+        }
+        self.delete_planned().await;
+        self.clean_up_finished().await;
+        // Counted once carried out (creates answered), so an observer seeing the count
+        // sees the round's effects.
+        if !self.create_planned(plan.creates) {
+            self.rounds += 1;
+        }
+    }
+
+    async fn delete_planned(&mut self) {
+        for (only_pending, ids) in std::mem::take(&mut self.retry_deletes) {
+            let request = DeleteRequest {
+                ids: ids.iter().copied().collect(),
+                only_pending,
+            };
+            let result = self
+                .actor
+                .pods
+                .delete_executors(
+                    &self.actor.namespace,
+                    &self.actor.app_id,
+                    &request.ids,
+                    only_pending,
+                )
+                .await;
+            match result {
+                Ok(deleted) => {
+                    tracing::info!(executors = ?request.ids, only_pending, deleted, "executor pods deleted")
+                }
+                Err(_) => {
+                    // Already logged with the API server's reason; the next round retries.
+                    self.retry_deletes
+                        .entry(only_pending)
+                        .or_default()
+                        .extend(ids);
+                }
+            }
+        }
+    }
+
+    /// Sends the round's creates from a separate task, so the actor keeps answering while
+    /// they are in flight (rate limit, slow API server). Returns whether any was sent.
+    fn create_planned(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) -> bool {
+        let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
+        for (id, profile) in creates {
+            match self.actor.builder.build(id, profile) {
+                Ok(pod) => pods.push((id, pod)),
+                Err(err) => {
+                    tracing::error!(executor = id.0, error = %err, "cannot build executor pod");
+                    self.actor.allocator.create_failed(id);
+                }
+            }
+        }
+        if pods.is_empty() {
+            return false;
+        }
+        self.creates_in_flight += 1;
+        let client = self.actor.pods.clone();
+        let namespace = self.actor.namespace.clone();
+        let cancel = self.cancel.clone();
+        let done = self.creates_done.clone();
+        tokio::spawn(
+            async move {
+                let results = client.create_all(&namespace, pods, &cancel).await;
+                // The actor outlives its create tasks (it awaits them before ending).
+                let _ = done.send(results);
+            }
+            .in_current_span(),
+        );
+        true
+    }
+
+    /// A round's creates were answered: forget the failed ones (a later round asks again
+    /// with new ids). When every create of the round failed at the API server (quota,
+    /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
+    /// minute) instead of burning a batch of ids every batch delay.
+    fn creates_answered(&mut self, results: CreateResults) {
+        self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+        let requested = results.len();
+        let mut failed = 0usize;
+        let mut first_error = None;
+        for (id, result) in results {
+            if let Err(err) = result {
+                self.actor.allocator.create_failed(id);
+                if matches!(err, CreateError::Kubernetes(_)) {
+                    failed += 1;
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        if failed == 0 {
+            tracing::info!(requested, "executor pods created");
+            self.failed_create_rounds = 0;
+            self.backoff_until = Timestamp(0);
+        } else if failed < requested {
+            tracing::warn!(requested, failed, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
+            self.failed_create_rounds = 0;
+            self.backoff_until = Timestamp(0);
+        } else {
+            self.failed_create_rounds = self.failed_create_rounds.saturating_add(1);
+            let delay = self.actor.allocator.settings().batch_delay;
+            let backoff = delay
+                .saturating_mul(1 << self.failed_create_rounds.min(6))
+                .min(MAX_CREATE_BACKOFF.max(delay));
+            let backoff_ms = i64::try_from(backoff.as_millis()).unwrap_or(i64::MAX);
+            self.backoff_until = Timestamp(self.actor.clock.now().0.saturating_add(backoff_ms));
+            tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
+        }
+        self.rounds += 1;
+    }
+
+    /// Failed and succeeded executors: delete their pods (delete-on-termination) or label
+    /// them inactive, once each; a failure is retried by the next round.
+    async fn clean_up_finished(&mut self) {
+        let snapshot = &self.actor.store.current().executors;
+        self.finished_handled.retain(|id| snapshot.contains_key(id));
+        let finished: Vec<(ExecutorId, String)> = snapshot
+            .values()
+            .filter(|e| {
+                matches!(
+                    e.state,
+                    ExecutorState::Failed { .. } | ExecutorState::Succeeded { .. }
+                ) && !self.finished_handled.contains(&e.id)
+            })
+            .map(|e| (e.id, e.pod_name.clone()))
+            .collect();
+        if finished.is_empty() {
+            return;
+        }
+        if self.actor.delete_on_termination {
+            let ids: Vec<ExecutorId> = finished.iter().map(|(id, _)| *id).collect();
+            if self
+                .actor
+                .pods
+                .delete_executors(&self.actor.namespace, &self.actor.app_id, &ids, false)
+                .await
+                .is_ok()
+            {
+                tracing::info!(executors = ?ids, "finished executor pods deleted");
+                self.finished_handled.extend(ids);
+            }
+        } else {
+            for (id, pod_name) in finished {
+                if self
+                    .actor
+                    .pods
+                    .mark_inactive(&self.actor.namespace, &pod_name)
+                    .await
+                    .is_ok()
+                {
+                    self.finished_handled.insert(id);
+                }
+            }
+        }
+    }
+}

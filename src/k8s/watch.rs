@@ -1,0 +1,305 @@
+//! One pod watch per namespace, shared by every application there and fanned out by the
+//! `spark-app-selector` label, plus the periodic full LIST that replaces each application's
+//! snapshot. A namespace's watch starts with its first subscriber and stops with its last.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::describe_error;
+use super::pods::labels;
+use crate::allocator::Timestamp;
+use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
+use crate::app::Clock;
+
+/// What an application actor hears about its executor pods.
+#[derive(Debug, Clone)]
+pub enum PodEvent {
+    /// A pod was added or changed.
+    Applied(Pod),
+    /// A pod is gone.
+    Deleted(Pod),
+    /// A full listing of the application's executor pods (watch restart or periodic
+    /// LIST): replaces the snapshot; empty when it has none.
+    Resync(Vec<Pod>),
+}
+
+/// The shared watches of the service.
+#[derive(Clone)]
+pub struct PodWatches {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: kube::Client,
+    clock: Arc<dyn Clock>,
+    resync_interval: Duration,
+    namespaces: Mutex<HashMap<String, NamespaceWatch>>,
+    synced: AtomicBool,
+}
+
+type Subscribers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<PodEvent>>>>;
+
+/// The watch and resync tasks of one namespace; dropping it stops them.
+struct NamespaceWatch {
+    subscribers: Subscribers,
+    /// Set once this namespace's watch completed its initial listing.
+    synced: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for NamespaceWatch {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// An application's registration with its namespace's watch; dropping it unsubscribes
+/// (and stops the watch when it was the last one).
+pub struct Subscription {
+    /// The application's pod events.
+    pub events: mpsc::UnboundedReceiver<PodEvent>,
+    namespace: String,
+    app_id: String,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut namespaces = lock(&self.inner.namespaces);
+        let now_empty = namespaces.get(&self.namespace).is_some_and(|watch| {
+            let mut subscribers = lock(&watch.subscribers);
+            subscribers.remove(&self.app_id);
+            subscribers.is_empty()
+        });
+        if now_empty {
+            namespaces.remove(&self.namespace);
+            tracing::info!(namespace = %self.namespace, "last application left; executor pod watch stopped");
+        }
+    }
+}
+
+/// The selector of every executor pod the service cares about (inactive ones are ignored).
+pub fn executor_selector() -> String {
+    format!("{ROLE_LABEL}={EXECUTOR_ROLE},{EXECUTOR_INACTIVE_LABEL}!=true")
+}
+
+impl PodWatches {
+    /// Watches with `client`; the full LIST runs every `resync_interval` of `clock`.
+    pub fn new(client: kube::Client, clock: Arc<dyn Clock>, resync_interval: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                clock,
+                resync_interval,
+                namespaces: Mutex::new(HashMap::new()),
+                synced: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// True once a watch has completed its initial listing, or the API server answered
+    /// the start-up probe (so a service without applications still reports healthy).
+    pub fn is_synced(&self) -> bool {
+        self.inner.synced.load(Ordering::Relaxed)
+    }
+
+    /// Probes the API server until it answers, then marks the watches synced. Runs as
+    /// a background task; retries with backoff.
+    pub fn spawn_probe(&self) -> Option<JoinHandle<()>> {
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        // Weak: the probe ends once the watches are dropped, even if never answered.
+        let weak = Arc::downgrade(&self.inner);
+        Some(handle.spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                match inner.client.apiserver_version().await {
+                    Ok(_) => {
+                        inner.synced.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %describe_error(&err), "kubernetes API server not reachable yet");
+                    }
+                }
+                drop(inner);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }))
+    }
+
+    /// Subscribes `app_id` to the executor pods of `namespace`, starting the namespace's
+    /// watch if it is the first application there.
+    pub fn subscribe(&self, namespace: &str, app_id: &str) -> Subscription {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut namespaces = lock(&self.inner.namespaces);
+        let watch = namespaces
+            .entry(namespace.to_string())
+            .or_insert_with(|| self.start_namespace(namespace));
+        lock(&watch.subscribers).insert(app_id.to_string(), tx);
+        Subscription {
+            events: rx,
+            namespace: namespace.to_string(),
+            app_id: app_id.to_string(),
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// True once the watch of `namespace` runs and has completed its initial listing.
+    pub fn is_namespace_synced(&self, namespace: &str) -> bool {
+        lock(&self.inner.namespaces)
+            .get(namespace)
+            .is_some_and(|watch| watch.synced.load(Ordering::Relaxed))
+    }
+
+    /// Namespaces with a running watch (for status and tests).
+    pub fn watched_namespaces(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.inner.namespaces).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn start_namespace(&self, namespace: &str) -> NamespaceWatch {
+        tracing::info!(
+            namespace,
+            "first application here; starting executor pod watch"
+        );
+        let subscribers: Subscribers = Arc::default();
+        let synced = Arc::new(AtomicBool::new(false));
+        let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
+        let watch_task = tokio::spawn(run_watch(
+            api.clone(),
+            Arc::clone(&subscribers),
+            Arc::clone(&synced),
+            Arc::clone(&self.inner),
+            namespace.to_string(),
+        ));
+        // The first full LIST is due one interval after the watch starts (not after the
+        // task first gets to run).
+        let first_resync = after(self.inner.clock.now(), self.inner.resync_interval);
+        let resync_task = tokio::spawn(run_resync(
+            api,
+            first_resync,
+            Arc::clone(&subscribers),
+            Arc::clone(&self.inner),
+            namespace.to_string(),
+        ));
+        NamespaceWatch {
+            subscribers,
+            synced,
+            tasks: vec![watch_task, resync_task],
+        }
+    }
+}
+
+/// The kube-runtime watcher of one namespace: relists after 410 and re-watches with
+/// backoff; its restarts (Init … InitDone) become a resync of every subscriber.
+async fn run_watch(
+    api: Api<Pod>,
+    subscribers: Subscribers,
+    synced: Arc<AtomicBool>,
+    inner: Arc<Inner>,
+    namespace: String,
+) {
+    let config = watcher::Config::default().labels(&executor_selector());
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut relisting: Option<HashMap<String, Vec<Pod>>> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(pod)) => route(&subscribers, pod, PodEvent::Applied),
+            Ok(watcher::Event::Delete(pod)) => route(&subscribers, pod, PodEvent::Deleted),
+            Ok(watcher::Event::Init) => relisting = Some(HashMap::new()),
+            Ok(watcher::Event::InitApply(pod)) => {
+                if let (Some(by_app), Some(app)) = (relisting.as_mut(), app_of(&pod)) {
+                    by_app.entry(app.to_string()).or_default().push(pod);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                resync_all(&subscribers, relisting.take().unwrap_or_default());
+                synced.store(true, Ordering::Relaxed);
+                inner.synced.store(true, Ordering::Relaxed);
+                tracing::debug!(%namespace, "executor pod watch (re)listed");
+            }
+            Err(err) => {
+                tracing::warn!(%namespace, error = %err, "executor pod watch failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// The periodic full LIST of one namespace (the backstop for missed watch events).
+async fn run_resync(
+    api: Api<Pod>,
+    first: Timestamp,
+    subscribers: Subscribers,
+    inner: Arc<Inner>,
+    namespace: String,
+) {
+    let lp = ListParams::default().labels(&executor_selector());
+    let mut next = first;
+    loop {
+        inner.clock.sleep_until(next).await;
+        next = after(inner.clock.now(), inner.resync_interval);
+        match api.list(&lp).await {
+            Ok(list) => {
+                let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
+                for pod in list.items {
+                    if let Some(app) = app_of(&pod) {
+                        by_app.entry(app.to_string()).or_default().push(pod);
+                    }
+                }
+                resync_all(&subscribers, by_app);
+            }
+            Err(err) => {
+                tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
+            }
+        }
+    }
+}
+
+fn after(now: Timestamp, interval: Duration) -> Timestamp {
+    let interval = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+    Timestamp(now.0.saturating_add(interval))
+}
+
+fn app_of(pod: &Pod) -> Option<&str> {
+    labels(pod).get(APP_ID_LABEL).map(String::as_str)
+}
+
+fn route(subscribers: &Subscribers, pod: Pod, event: fn(Pod) -> PodEvent) {
+    let Some(app) = app_of(&pod).map(str::to_string) else {
+        return;
+    };
+    if let Some(tx) = lock(subscribers).get(&app) {
+        // A closed receiver means the application is stopping; nothing to do.
+        let _ = tx.send(event(pod));
+    }
+}
+
+fn resync_all(subscribers: &Subscribers, mut by_app: HashMap<String, Vec<Pod>>) {
+    for (app, tx) in lock(subscribers).iter() {
+        let _ = tx.send(PodEvent::Resync(by_app.remove(app).unwrap_or_default()));
+    }
+}
+
+/// Locks a mutex, recovering from poisoning (the guarded maps stay consistent: every
+/// critical section is a single insert or remove).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

@@ -1,0 +1,543 @@
+//! What the API server does to objects besides storing them: validation (422 causes),
+//! defaulting on create, the patch formats, and the pod deletion rules.
+
+use serde_json::{Map, Value, json};
+
+use super::selector::{is_dns_label, is_dns_subdomain};
+use super::status::{ApiError, Cause};
+use super::store::{Deletion, Kind};
+
+/// The current time as the API server writes it (RFC 3339, whole seconds).
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn required(field: &str) -> Cause {
+    Cause {
+        reason: "FieldValueRequired",
+        field: field.to_string(),
+        message: "Required value".into(),
+    }
+}
+
+fn invalid(field: &str, value: &str, why: &str) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid",
+        field: field.to_string(),
+        message: format!("Invalid value: \"{value}\": {why}"),
+    }
+}
+
+const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
+const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
+
+/// Field-level problems of an object about to be stored (empty when valid).
+pub fn validate(kind: Kind, obj: &Value, name: &str) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let name_ok = match kind {
+        Kind::Namespace => is_dns_label(name),
+        _ => is_dns_subdomain(name),
+    };
+    if !name_ok {
+        causes.push(invalid(
+            "metadata.name",
+            name,
+            if kind == Kind::Namespace {
+                LABEL_MSG
+            } else {
+                SUBDOMAIN_MSG
+            },
+        ));
+    }
+    if let Some(labels) = obj.pointer("/metadata/labels") {
+        match labels.as_object() {
+            Some(map) => {
+                for (k, v) in map {
+                    if super::selector::validate_key(k).is_err() {
+                        causes.push(invalid("metadata.labels", k, "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"));
+                    }
+                    match v.as_str() {
+                        Some(s) if s.len() <= 63 && LabelValue(s).ok() => {}
+                        _ => causes.push(invalid("metadata.labels", &v.to_string(), "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")),
+                    }
+                }
+            }
+            None => causes.push(invalid(
+                "metadata.labels",
+                &labels.to_string(),
+                "must be a map of strings",
+            )),
+        }
+    }
+    if kind == Kind::Pod {
+        validate_pod_spec(obj, &mut causes);
+    }
+    causes
+}
+
+struct LabelValue<'a>(&'a str);
+
+impl LabelValue<'_> {
+    fn ok(&self) -> bool {
+        let v = self.0;
+        v.is_empty()
+            || (v
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+    }
+}
+
+fn validate_pod_spec(obj: &Value, causes: &mut Vec<Cause>) {
+    let Some(spec) = obj.get("spec").filter(|s| s.is_object()) else {
+        causes.push(required("spec.containers"));
+        return;
+    };
+    let containers = spec.get("containers").and_then(Value::as_array);
+    match containers {
+        None => causes.push(required("spec.containers")),
+        Some(list) if list.is_empty() => causes.push(required("spec.containers")),
+        Some(list) => {
+            let mut seen = std::collections::HashSet::new();
+            for (i, c) in list.iter().enumerate() {
+                let cname = c.get("name").and_then(Value::as_str).unwrap_or("");
+                if cname.is_empty() {
+                    causes.push(required(&format!("spec.containers[{i}].name")));
+                } else if !is_dns_label(cname) {
+                    causes.push(invalid(
+                        &format!("spec.containers[{i}].name"),
+                        cname,
+                        LABEL_MSG,
+                    ));
+                } else if !seen.insert(cname.to_string()) {
+                    causes.push(Cause {
+                        reason: "FieldValueDuplicate",
+                        field: format!("spec.containers[{i}].name"),
+                        message: format!("Duplicate value: \"{cname}\""),
+                    });
+                }
+                if c.get("image")
+                    .and_then(Value::as_str)
+                    .is_none_or(|s| s.trim().is_empty())
+                {
+                    causes.push(required(&format!("spec.containers[{i}].image")));
+                }
+            }
+        }
+    }
+    if let Some(policy) = spec.get("restartPolicy").and_then(Value::as_str)
+        && !["Always", "OnFailure", "Never"].contains(&policy)
+    {
+        causes.push(Cause {
+            reason: "FieldValueNotSupported",
+            field: "spec.restartPolicy".into(),
+            message: format!("Unsupported value: \"{policy}\": supported values: \"Always\", \"OnFailure\", \"Never\""),
+        });
+    }
+}
+
+/// Parses a resource quantity (`500m`, `1Gi`, `2`) to a number, for the QoS class.
+fn quantity(v: &Value) -> Option<f64> {
+    let s = match v {
+        Value::String(s) => s.as_str(),
+        Value::Number(n) => return n.as_f64(),
+        _ => return None,
+    };
+    let suffixes: [(&str, f64); 13] = [
+        ("Ki", 1024.0),
+        ("Mi", 1024f64.powi(2)),
+        ("Gi", 1024f64.powi(3)),
+        ("Ti", 1024f64.powi(4)),
+        ("Pi", 1024f64.powi(5)),
+        ("Ei", 1024f64.powi(6)),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+    ];
+    for (suffix, mult) in suffixes {
+        if let Some(num) = s.strip_suffix(suffix) {
+            return num.parse::<f64>().ok().map(|n| n * mult);
+        }
+    }
+    s.parse().ok()
+}
+
+/// The pod's QoS class, computed from its containers' requests and limits.
+pub fn qos_class(spec: &Value) -> &'static str {
+    let containers = spec
+        .get("containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut any = false;
+    let mut guaranteed = !containers.is_empty();
+    for c in &containers {
+        let requests = c.pointer("/resources/requests").and_then(Value::as_object);
+        let limits = c.pointer("/resources/limits").and_then(Value::as_object);
+        if requests.is_some_and(|r| !r.is_empty()) || limits.is_some_and(|l| !l.is_empty()) {
+            any = true;
+        }
+        for res in ["cpu", "memory"] {
+            let limit = limits.and_then(|l| l.get(res)).and_then(quantity);
+            let request = requests
+                .and_then(|r| r.get(res))
+                .and_then(quantity)
+                .or(limit);
+            match (limit, request) {
+                (Some(l), Some(r)) if (l - r).abs() < f64::EPSILON * l.abs().max(1.0) => {}
+                _ => guaranteed = false,
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    // Just ensured to be an object.
+    match obj.get_mut("metadata") {
+        Some(Value::Object(m)) => m,
+        _ => unreachable!("metadata was set to an object above"),
+    }
+}
+
+/// Completes a new object as the API server does on create: system metadata, defaults, and
+/// for pods a fresh `Pending` status (a client cannot create a pod with a status).
+pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &str, now: &str) {
+    obj["kind"] = Value::String(kind.kind().to_string());
+    obj["apiVersion"] = Value::String(kind.api_version().to_string());
+    let meta = meta_mut(obj);
+    meta.insert("name".into(), Value::String(name.to_string()));
+    if kind.namespaced() {
+        meta.insert("namespace".into(), Value::String(ns.to_string()));
+    } else {
+        meta.remove("namespace");
+    }
+    meta.insert("uid".into(), Value::String(uid.to_string()));
+    meta.insert("creationTimestamp".into(), Value::String(now.to_string()));
+    for system in [
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+    ] {
+        meta.remove(system);
+    }
+    if kind != Kind::Namespace {
+        meta.insert("generation".into(), json!(1));
+    }
+    match kind {
+        Kind::Pod => default_pod(obj, now),
+        Kind::Namespace => {
+            let meta = meta_mut(obj);
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if let Some(l) = labels.as_object_mut() {
+                l.insert(
+                    "kubernetes.io/metadata.name".into(),
+                    Value::String(name.to_string()),
+                );
+            }
+            obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            obj["status"] = json!({"phase": "Active"});
+        }
+        Kind::ConfigMap | Kind::Lease => {}
+    }
+}
+
+fn default_pod(obj: &mut Value, _now: &str) {
+    let spec = &mut obj["spec"];
+    let defaults = [
+        ("restartPolicy", json!("Always")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("securityContext", json!({})),
+        ("enableServiceLinks", json!(true)),
+        ("preemptionPolicy", json!("PreemptLowerPriority")),
+        ("priority", json!(0)),
+    ];
+    if let Some(s) = spec.as_object_mut() {
+        for (k, v) in defaults {
+            s.entry(k).or_insert(v);
+        }
+    }
+    if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
+        for c in containers {
+            let image = c
+                .get("image")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let tag_latest =
+                !image.rsplit('/').next().unwrap_or("").contains(':') || image.ends_with(":latest");
+            if let Some(c) = c.as_object_mut() {
+                c.entry("imagePullPolicy").or_insert(json!(if tag_latest {
+                    "Always"
+                } else {
+                    "IfNotPresent"
+                }));
+                c.entry("terminationMessagePath")
+                    .or_insert(json!("/dev/termination-log"));
+                c.entry("terminationMessagePolicy").or_insert(json!("File"));
+                c.entry("resources").or_insert(json!({}));
+            }
+        }
+    }
+    let qos = qos_class(&obj["spec"]);
+    obj["status"] = json!({"phase": "Pending", "qosClass": qos});
+}
+
+/// RFC 7386 merge patch, extended like a strategic merge patch for lists of objects that
+/// carry a merge key (`name`, or `type` for conditions): such lists merge element-wise.
+pub fn strategic_merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, pv) in p {
+                if pv.is_null() {
+                    t.remove(k);
+                    continue;
+                }
+                match t.get_mut(k) {
+                    Some(tv) => strategic_merge(tv, pv),
+                    None => {
+                        let mut fresh = Value::Null;
+                        strategic_merge(&mut fresh, pv);
+                        t.insert(k.clone(), fresh);
+                    }
+                }
+            }
+        }
+        (Value::Array(t), Value::Array(p)) => {
+            let key = ["name", "type", "containerPort"].into_iter().find(|key| {
+                !p.is_empty() && p.iter().chain(t.iter()).all(|e| e.get(key).is_some())
+            });
+            match key {
+                Some(key) => {
+                    for pe in p {
+                        match t.iter_mut().find(|te| te.get(key) == pe.get(key)) {
+                            Some(te) => strategic_merge(te, pe),
+                            None => t.push(pe.clone()),
+                        }
+                    }
+                }
+                None => *t = p.clone(),
+            }
+        }
+        (t, p) => {
+            if p.is_object() {
+                *t = json!({});
+                strategic_merge(t, p);
+            } else {
+                *t = p.clone();
+            }
+        }
+    }
+}
+
+/// The patch formats a real API server accepts, by `Content-Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchType {
+    /// `application/merge-patch+json`.
+    Merge,
+    /// `application/json-patch+json`.
+    Json,
+    /// `application/strategic-merge-patch+json`.
+    Strategic,
+    /// `application/apply-patch+yaml` (server-side apply, approximated).
+    Apply,
+}
+
+impl PatchType {
+    /// The patch type of a `Content-Type` header value.
+    pub fn from_content_type(ct: &str) -> Result<PatchType, ApiError> {
+        let base = ct.split(';').next().unwrap_or("").trim();
+        match base {
+            "application/merge-patch+json" => Ok(PatchType::Merge),
+            "application/json-patch+json" => Ok(PatchType::Json),
+            "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
+            "application/apply-patch+yaml" | "application/apply-patch+json" => Ok(PatchType::Apply),
+            other => Err(ApiError::unsupported_media_type(
+                other,
+                "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml",
+            )),
+        }
+    }
+
+    /// Parses the body of this patch type.
+    pub fn parse(self, body: &[u8]) -> Result<Value, ApiError> {
+        let parsed = match self {
+            PatchType::Apply => serde_yaml::from_slice::<Value>(body).map_err(|e| e.to_string()),
+            _ => serde_json::from_slice::<Value>(body).map_err(|e| e.to_string()),
+        };
+        parsed.map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
+    }
+
+    /// Applies a parsed patch to a copy of `current`.
+    pub fn apply(self, current: &Value, patch: &Value) -> Result<Value, ApiError> {
+        let mut out = current.clone();
+        match self {
+            PatchType::Merge => json_patch::merge(&mut out, patch),
+            PatchType::Strategic | PatchType::Apply => strategic_merge(&mut out, patch),
+            PatchType::Json => {
+                let ops: json_patch::Patch = serde_json::from_value(patch.clone())
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                json_patch::patch(&mut out, &ops).map_err(|e| ApiError {
+                    code: 422,
+                    reason: "Invalid",
+                    message: format!(
+                        "the server rejected our request due to an error in our request: {e}"
+                    ),
+                    details: None,
+                    retry_after: None,
+                })?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether a pod is bound to a node.
+pub fn is_bound(pod: &Value) -> bool {
+    pod.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty())
+}
+
+/// The pod's phase (`Pending` when unset).
+pub fn phase(pod: &Value) -> &str {
+    pod.pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("Pending")
+}
+
+/// The pod deletion rules of the real registry: an unbound or finished pod goes at once
+/// (MODIFIED with `deletionTimestamp`, then DELETED); a bound one gets `deletionTimestamp`
+/// and a grace period and waits for its kubelet; `gracePeriodSeconds: 0` removes at once;
+/// a second delete may only shorten the grace period.
+pub fn pod_deletion(pod: &Value, requested_grace: Option<i64>, now: &str) -> Deletion {
+    let default_grace = pod
+        .pointer("/spec/terminationGracePeriodSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(30);
+    let mut grace = requested_grace.unwrap_or(default_grace).max(0);
+    if !is_bound(pod) || matches!(phase(pod), "Succeeded" | "Failed") {
+        grace = 0;
+    }
+    let existing = pod
+        .pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_i64);
+    let already = pod.pointer("/metadata/deletionTimestamp").is_some();
+    if already && existing.is_some_and(|e| e <= grace) {
+        return Deletion::Unchanged;
+    }
+    let mut marked = pod.clone();
+    let meta = meta_mut(&mut marked);
+    if !already || grace == 0 {
+        meta.insert("deletionTimestamp".into(), Value::String(now.to_string()));
+    }
+    meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
+    if grace == 0 {
+        Deletion::Now(Some(marked))
+    } else {
+        Deletion::Graceful(marked)
+    }
+}
+
+/// Builds a 422 Invalid for a kind from causes (helper for handlers).
+pub fn invalid_error(kind: Kind, name: &str, causes: Vec<Cause>) -> ApiError {
+    ApiError::invalid(kind.kind(), kind.plural(), kind.group(), name, causes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qos_class_follows_requests_and_limits() {
+        assert_eq!(
+            qos_class(&json!({"containers": [{"name": "a"}]})),
+            "BestEffort"
+        );
+        let guaranteed =
+            json!({"containers": [{"resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]});
+        assert_eq!(qos_class(&guaranteed), "Guaranteed");
+        let mixed = json!({"containers": [{"resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": "1", "memory": "1Gi"}}}]});
+        assert_eq!(qos_class(&mixed), "Burstable");
+        let equal_units = json!({"containers": [{"resources": {"requests": {"cpu": "1000m", "memory": "1024Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}]});
+        assert_eq!(qos_class(&equal_units), "Guaranteed");
+    }
+
+    #[test]
+    fn strategic_merge_merges_conditions_by_type_and_containers_by_name() {
+        let mut status = json!({"conditions": [{"type": "Ready", "status": "False"}, {"type": "PodScheduled", "status": "True"}]});
+        strategic_merge(
+            &mut status,
+            &json!({"conditions": [{"type": "Ready", "status": "True"}]}),
+        );
+        assert_eq!(status["conditions"].as_array().map(Vec::len), Some(2));
+        assert_eq!(status["conditions"][0]["status"], "True");
+        let mut plain = json!({"args": ["a", "b"]});
+        strategic_merge(&mut plain, &json!({"args": ["c"]}));
+        assert_eq!(plain["args"], json!(["c"]));
+    }
+
+    #[test]
+    fn pod_deletion_depends_on_binding_and_phase() {
+        let unbound =
+            json!({"metadata": {"name": "p"}, "spec": {}, "status": {"phase": "Running"}});
+        assert!(matches!(
+            pod_deletion(&unbound, None, "t"),
+            Deletion::Now(Some(_))
+        ));
+        let bound = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n", "terminationGracePeriodSeconds": 7}, "status": {"phase": "Running"}});
+        match pod_deletion(&bound, None, "t") {
+            Deletion::Graceful(v) => assert_eq!(v["metadata"]["deletionGracePeriodSeconds"], 7),
+            _ => panic!("a bound running pod is deleted gracefully"),
+        }
+        assert!(matches!(
+            pod_deletion(&bound, Some(0), "t"),
+            Deletion::Now(Some(_))
+        ));
+        let finished = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n"}, "status": {"phase": "Failed"}});
+        assert!(matches!(
+            pod_deletion(&finished, None, "t"),
+            Deletion::Now(Some(_))
+        ));
+        let pending_delete = json!({"metadata": {"name": "p", "deletionTimestamp": "t", "deletionGracePeriodSeconds": 30}, "spec": {"nodeName": "n"}});
+        assert!(matches!(
+            pod_deletion(&pending_delete, Some(60), "t"),
+            Deletion::Unchanged
+        ));
+        assert!(matches!(
+            pod_deletion(&pending_delete, Some(5), "t"),
+            Deletion::Graceful(_)
+        ));
+    }
+
+    #[test]
+    fn validation_lists_every_bad_field() {
+        let causes = validate(Kind::Pod, &json!({"spec": {"containers": []}}), "Bad_Name");
+        let fields: Vec<&str> = causes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!(fields, ["metadata.name", "spec.containers"]);
+        let causes = validate(
+            Kind::Pod,
+            &json!({"spec": {"containers": [{"name": "c"}]}}),
+            "ok",
+        );
+        assert_eq!(causes[0].field, "spec.containers[0].image");
+    }
+}

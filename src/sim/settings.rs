@@ -1,0 +1,180 @@
+//! Settings of the simulated cluster, loadable from a `[simulator]` configuration section.
+//! Every field has a default so an empty section gives a usable cluster.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything that shapes one simulated cluster.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimSettings {
+    /// Address the API server listens on; port 0 picks a free port.
+    pub listen: String,
+    /// Namespaces that exist at start (`default` is always created).
+    pub namespaces: Vec<String>,
+    /// How many change events are kept for watches resuming from an older resourceVersion.
+    pub history: usize,
+    /// Static bearer tokens; when non-empty, every request needs one of them (else 401).
+    pub auth_tokens: Vec<String>,
+    /// How often a watch that asked for bookmarks gets one, in milliseconds.
+    pub bookmark_interval_ms: u64,
+    /// Seed of every random choice (start delays, failures, injected faults, generated names).
+    pub seed: u64,
+    /// The scheduler, kubelets and garbage collector.
+    pub kubelet: KubeletSettings,
+    /// Faults injected from the start (changeable while running).
+    pub faults: FaultSettings,
+}
+
+impl Default for SimSettings {
+    fn default() -> Self {
+        SimSettings {
+            listen: "127.0.0.1:0".to_string(),
+            namespaces: vec!["default".to_string()],
+            history: 10_000,
+            auth_tokens: Vec::new(),
+            bookmark_interval_ms: 10_000,
+            seed: 42,
+            kubelet: KubeletSettings::default(),
+            faults: FaultSettings::default(),
+        }
+    }
+}
+
+/// Whether the simulated nodes act on pods by themselves.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KubeletMode {
+    /// A scheduler binds pods and kubelets start, fail, finish and remove them.
+    #[default]
+    Auto,
+    /// Nothing moves unless a client posts `/binding` or patches `/status`, as a test
+    /// playing kubelet would against a real API server with no nodes.
+    Manual,
+}
+
+/// Behaviour of the scheduler, the kubelets and the garbage collector.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubeletSettings {
+    /// `auto` or `manual`.
+    pub mode: KubeletMode,
+    /// Number of nodes, named `sim-node-0` .. `sim-node-{N-1}`.
+    pub nodes: u32,
+    /// Pods each node runs at most; the excess stays Pending and Unschedulable.
+    pub pods_per_node: u32,
+    /// Shortest delay from binding to Running, in milliseconds.
+    pub start_delay_min_ms: u64,
+    /// Longest delay from binding to Running (a seeded random value in between is used).
+    pub start_delay_max_ms: u64,
+    /// Fraction (0..=1) of pods whose executor container fails at start.
+    pub fail_fraction: f64,
+    /// Exit code of a container that fails at start.
+    pub fail_exit_code: i32,
+    /// Images that cannot be pulled: `ErrImagePull`, then `ImagePullBackOff`.
+    pub failing_images: Vec<String>,
+    /// Delay from `ErrImagePull` to `ImagePullBackOff`, in milliseconds.
+    pub image_pull_backoff_ms: u64,
+    /// When set, a running pod's containers exit after this many milliseconds.
+    pub exit_after_ms: Option<u64>,
+    /// Exit code of containers that exit after `exit_after_ms` (0 gives Succeeded).
+    pub exit_code: i32,
+    /// How long a node takes to stop a pod being deleted gracefully (capped by its grace
+    /// period), in milliseconds.
+    pub termination_ms: u64,
+    /// Period of the garbage collector removing pods whose owner is gone, in milliseconds.
+    pub gc_interval_ms: u64,
+}
+
+impl Default for KubeletSettings {
+    fn default() -> Self {
+        KubeletSettings {
+            mode: KubeletMode::Auto,
+            nodes: 10,
+            pods_per_node: 110,
+            start_delay_min_ms: 50,
+            start_delay_max_ms: 200,
+            fail_fraction: 0.0,
+            fail_exit_code: 1,
+            failing_images: Vec::new(),
+            image_pull_backoff_ms: 1_000,
+            exit_after_ms: None,
+            exit_code: 0,
+            termination_ms: 100,
+            gc_interval_ms: 2_000,
+        }
+    }
+}
+
+/// Faults injected into the API server; all off by default.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultSettings {
+    /// Added to every API request before it is served, in milliseconds.
+    pub latency_ms: u64,
+    /// Fraction (0..=1) of API requests answered 500 InternalError.
+    pub error_500_fraction: f64,
+    /// Fraction (0..=1) of API requests answered 429 TooManyRequests with `Retry-After`.
+    pub error_429_fraction: f64,
+    /// `Retry-After` seconds sent with a 429.
+    pub retry_after_seconds: u64,
+    /// When set, every watch is closed by the server after this many seconds.
+    pub watch_close_after_seconds: Option<u64>,
+    /// Fraction (0..=1) of watch events silently not sent to a watcher.
+    pub watch_drop_fraction: f64,
+    /// Fraction (0..=1) of pod creates answered 201 although the pod is never stored.
+    pub lost_create_fraction: f64,
+    /// Fraction (0..=1) of pod creates refused 403 "exceeded quota".
+    pub quota_fraction: f64,
+}
+
+impl FaultSettings {
+    /// Checks every fraction is within 0..=1 so a typo cannot silently disable a fault.
+    pub fn validate(&self) -> Result<(), String> {
+        let fractions = [
+            ("error_500_fraction", self.error_500_fraction),
+            ("error_429_fraction", self.error_429_fraction),
+            ("watch_drop_fraction", self.watch_drop_fraction),
+            ("lost_create_fraction", self.lost_create_fraction),
+            ("quota_fraction", self.quota_fraction),
+        ];
+        for (name, value) in fractions {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(format!("faults.{name} must be within 0..=1, got {value}"));
+            }
+        }
+        if self.error_500_fraction + self.error_429_fraction > 1.0 {
+            return Err("faults.error_500_fraction + error_429_fraction must not exceed 1".into());
+        }
+        if self.lost_create_fraction + self.quota_fraction > 1.0 {
+            return Err("faults.lost_create_fraction + quota_fraction must not exceed 1".into());
+        }
+        Ok(())
+    }
+}
+
+impl SimSettings {
+    /// Rejects settings that cannot describe a cluster, naming the offending key.
+    pub fn validate(&self) -> Result<(), String> {
+        self.faults.validate()?;
+        let k = &self.kubelet;
+        if !(0.0..=1.0).contains(&k.fail_fraction) {
+            return Err(format!(
+                "kubelet.fail_fraction must be within 0..=1, got {}",
+                k.fail_fraction
+            ));
+        }
+        if k.start_delay_min_ms > k.start_delay_max_ms {
+            return Err("kubelet.start_delay_min_ms must not exceed start_delay_max_ms".into());
+        }
+        if self.history == 0 {
+            return Err("history must be at least 1".into());
+        }
+        if self.bookmark_interval_ms == 0 {
+            return Err("bookmark_interval_ms must be at least 1".into());
+        }
+        if k.gc_interval_ms == 0 {
+            return Err("kubelet.gc_interval_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+}
