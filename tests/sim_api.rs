@@ -3,7 +3,7 @@
 
 mod sim_support;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{
@@ -295,7 +295,10 @@ async fn watch_from_list_version_sees_changes_in_order() {
 
     let mut seen = Vec::new();
     while seen.len() < 4 {
-        let ev = stream.try_next().await.unwrap().expect("watch stays open");
+        let ev = next_within(&mut stream)
+            .await
+            .expect("watch stays open")
+            .unwrap();
         seen.push(match ev {
             WatchEvent::Added(p) => (
                 "ADDED",
@@ -510,6 +513,13 @@ async fn bound_pods_are_deleted_gracefully_and_unbound_at_once() {
         .unwrap();
     assert!(pending.metadata.deletion_timestamp.is_some());
     assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(30));
+    // deletionTimestamp is when the grace period ends.
+    let created = pending.metadata.creation_timestamp.clone().unwrap().0;
+    let deadline = pending.metadata.deletion_timestamp.clone().unwrap().0;
+    assert!(
+        deadline.duration_since(created).as_secs() >= 29,
+        "{created} .. {deadline}"
+    );
     let still = pods.get("bound").await.unwrap();
     assert!(
         still.metadata.deletion_timestamp.is_some(),
@@ -712,7 +722,7 @@ async fn configmaps_and_leases_support_the_verbs_the_service_uses() {
         .await
         .unwrap()
         .boxed();
-    match lw.try_next().await.unwrap() {
+    match next_within(&mut lw).await.transpose().unwrap() {
         Some(WatchEvent::Added(l)) => assert_eq!(l.metadata.name.as_deref(), Some("leader")),
         other => panic!("expected the lease as ADDED, got {other:?}"),
     }
@@ -760,4 +770,187 @@ async fn discovery_answers_what_kube_rs_asks() {
         .await
         .unwrap();
     assert_eq!(leases.resources[0].name, "leases");
+}
+
+#[tokio::test]
+async fn wrongly_typed_fields_are_refused_and_nothing_is_stored() {
+    let sim = manual_cluster().await;
+    let client = sim.client();
+    let (code, _, body) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        Some(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "typed"}, "spec": {"containers": [{"name": "c", "image": 5}]}})),
+    )
+    .await;
+    assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Pod in version \"v1\" cannot be handled as a Pod"),
+        "{body}"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    assert!(pods.get_opt("typed").await.unwrap().is_none());
+
+    pods.create(&PostParams::default(), &executor_pod("p", 1))
+        .await
+        .unwrap();
+    for bad in [
+        json!({"status": 5}),
+        json!({"status": {"containerStatuses": [5]}}),
+        json!({"status": {"phase": 1}}),
+    ] {
+        let (code, _, _) = raw(
+            &client,
+            "PATCH",
+            "/api/v1/namespaces/default/pods/p/status",
+            "application/merge-patch+json",
+            Some(bad.clone()),
+        )
+        .await;
+        assert_eq!(code, 400, "{bad}");
+    }
+    assert_eq!(
+        pods.get("p")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Pending")
+    );
+    let (code, _, body) = raw(
+        &client,
+        "PATCH",
+        "/api/v1/namespaces/default/pods/p",
+        "text/plain",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (415, Some("UnsupportedMediaType"))
+    );
+}
+
+#[tokio::test]
+async fn server_side_apply_is_approximated_by_create_or_merge() {
+    let sim = manual_cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client(), "default");
+    let desired = |v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"k": v}});
+    let created = cms
+        .patch(
+            "applied",
+            &PatchParams::apply("allocator"),
+            &Patch::Apply(desired("1")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.data.unwrap()["k"], "1");
+    let updated = cms
+        .patch(
+            "applied",
+            &PatchParams::apply("allocator"),
+            &Patch::Apply(desired("2")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated.data.unwrap()["k"], "2");
+    assert_eq!(updated.metadata.uid, created.metadata.uid);
+}
+
+#[tokio::test]
+async fn streaming_list_watchers_get_initial_events_then_changes() {
+    use kube::runtime::watcher::{self, Event};
+    let sim = manual_cluster().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    pods.create(&PostParams::default(), &executor_pod("exec-1", 1))
+        .await
+        .unwrap();
+    let mut stream =
+        watcher::watcher(pods.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut initial = Vec::new();
+    loop {
+        match next_within(&mut stream)
+            .await
+            .expect("stream goes on")
+            .unwrap()
+        {
+            Event::Init => {}
+            Event::InitApply(p) => initial.push(p.metadata.name.unwrap()),
+            Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(initial, ["exec-1"]);
+    pods.create(&PostParams::default(), &executor_pod("exec-2", 2))
+        .await
+        .unwrap();
+    match next_within(&mut stream)
+        .await
+        .expect("stream goes on")
+        .unwrap()
+    {
+        Event::Apply(p) => assert_eq!(p.metadata.name.as_deref(), Some("exec-2")),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bounded_history_expires_old_versions_and_continue_tokens() {
+    let mut settings = spark_pod_allocator::sim::SimSettings::default();
+    settings.kubelet.mode = spark_pod_allocator::sim::KubeletMode::Manual;
+    settings.history = 3;
+    let sim = spark_pod_allocator::sim::SimCluster::start(settings)
+        .await
+        .unwrap();
+    let client = sim.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let start = sim.resource_version();
+    pods.create(&PostParams::default(), &executor_pod("exec-1", 1))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &executor_pod("exec-2", 2))
+        .await
+        .unwrap();
+    let page = pods.list(&ListParams::default().limit(1)).await.unwrap();
+    let token = page.metadata.continue_.clone().unwrap();
+    // Within the history: replayed.
+    let (_, events) = raw_watch_events(
+        &client,
+        format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={start}&timeoutSeconds=1"),
+    )
+    .await;
+    assert_eq!(events.len(), 2);
+    for id in 3..=6 {
+        pods.create(
+            &PostParams::default(),
+            &executor_pod(&format!("exec-{id}"), id),
+        )
+        .await
+        .unwrap();
+    }
+    // Four more changes pushed the first ones out of a 3-event history.
+    let (_, events) = raw_watch_events(
+        &client,
+        format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={start}"),
+    )
+    .await;
+    assert_eq!(
+        (
+            events.len(),
+            events[0]["type"].as_str(),
+            events[0]["object"]["code"].as_u64()
+        ),
+        (1, Some("ERROR"), Some(410))
+    );
+    let (code, reason, _) = api_error(
+        pods.list(&ListParams::default().limit(1).continue_token(&token))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (410, "Expired"));
 }

@@ -200,8 +200,16 @@ async fn manual_mode_moves_nothing_and_gc_removes_orphans() {
         unmoved.spec.unwrap().node_name.is_none(),
         "manual mode never binds"
     );
+    // An owner of a kind the simulator does not serve is taken to exist.
+    let mut foreign = executor_pod("exec-2", 2);
+    foreign.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication", "name": "app", "uid": "0000-gone"
+    }))
+    .unwrap()]);
+    pods.create(&PostParams::default(), &foreign).await.unwrap();
     assert_eq!(sim.collect_garbage(), 1);
     assert!(pods.get_opt("exec-1").await.unwrap().is_none());
+    assert!(pods.get_opt("exec-2").await.unwrap().is_some());
 }
 
 #[tokio::test]
@@ -410,6 +418,22 @@ async fn bearer_tokens_are_required_when_configured() {
         (401, "Unauthorized", "Unauthorized")
     );
     assert!(sim.kubeconfig_yaml().contains("token: \"s3cret\""));
+    let anonymous =
+        kube::Client::try_from(kube::Config::new(sim.base_url().parse().unwrap())).unwrap();
+    anonymous
+        .apiserver_version()
+        .await
+        .expect("/version is public, as with default RBAC");
+    let mut wrong = kube::Config::new(sim.base_url().parse().unwrap());
+    wrong.headers.push((
+        http::header::AUTHORIZATION,
+        http::HeaderValue::from_static("Bearer nope"),
+    ));
+    let wrong = kube::Client::try_from(wrong).unwrap();
+    assert!(
+        wrong.apiserver_version().await.is_err(),
+        "a wrong token is refused even for /version"
+    );
 }
 
 #[tokio::test]
@@ -437,5 +461,76 @@ async fn settings_load_from_toml_with_defaults_and_bad_values_are_refused() {
     assert!(
         SimCluster::start(taken).await.is_err(),
         "a used port is a clear error"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_ends_watches_and_stops_listening() {
+    let sim = manual_cluster().await;
+    let client = sim.client();
+    let req = http::Request::get("/api/v1/namespaces/default/pods?watch=1")
+        .body(kube::client::Body::from(Vec::new()))
+        .unwrap();
+    // The response head has arrived: the watch is open on the server.
+    let resp = client.send(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = tokio::spawn(resp.into_body().collect_bytes());
+    let addr = sim.local_addr();
+    sim.shutdown().await;
+    let rest = tokio::time::timeout(std::time::Duration::from_secs(30), body)
+        .await
+        .expect("the watch ends when the server shuts down")
+        .unwrap();
+    assert!(
+        rest.map(|b| b.is_empty()).unwrap_or(true),
+        "no event was pending"
+    );
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "nothing listens after shutdown"
+    );
+}
+
+#[tokio::test]
+async fn run_until_writes_a_kubeconfig_clients_can_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sim.kubeconfig");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run_path = path.clone();
+    let running = tokio::spawn(async move {
+        let mut settings = SimSettings::default();
+        settings.kubelet.mode = KubeletMode::Manual;
+        spark_pod_allocator::sim::run_until(settings, Some(&run_path), async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    eventually("kubeconfig written", || async {
+        path.exists().then_some(())
+    })
+    .await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    pods.create(&PostParams::default(), &executor_pod("via-kubeconfig", 1))
+        .await
+        .unwrap();
+    stop_tx.send(()).unwrap();
+    running.await.unwrap().unwrap();
+
+    let err = spark_pod_allocator::sim::run_until(
+        SimSettings::default(),
+        Some(&dir.path().join("missing/dir/kc")),
+        async {},
+    )
+    .await;
+    assert!(
+        matches!(
+            err,
+            Err(spark_pod_allocator::sim::SimError::Kubeconfig { .. })
+        ),
+        "{err:?}"
     );
 }

@@ -192,10 +192,17 @@ impl Kubelet {
                 .and_then(Value::as_str)
                 .and_then(node_index)
                 .is_some();
-            if let Some(track) = self.pods.get_mut(&key)
-                && on_sim_node
-                && !track.terminating
-            {
+            if !on_sim_node {
+                return;
+            }
+            // Also a pod this kubelet never saw bound (after a resync): it holds no capacity.
+            let track = self.pods.entry(key.clone()).or_insert_with(|| Track {
+                uid: uid.clone(),
+                node: None,
+                started: true,
+                terminating: false,
+            });
+            if !track.terminating {
                 track.terminating = true;
                 let grace_ms = pod
                     .pointer("/metadata/deletionGracePeriodSeconds")
@@ -373,10 +380,12 @@ impl Kubelet {
                 });
             }
             Action::Start => {
-                if current
-                    .value
-                    .pointer("/metadata/deletionTimestamp")
-                    .is_some()
+                // A client may have moved the pod on meanwhile (e.g. patched it Failed).
+                if phase(&current.value) != "Pending"
+                    || current
+                        .value
+                        .pointer("/metadata/deletionTimestamp")
+                        .is_some()
                 {
                     return;
                 }
@@ -431,7 +440,7 @@ impl Kubelet {
                     Box::new(|cur| {
                         let mut next = cur.clone();
                         if let Some(statuses) = next.pointer_mut("/status/containerStatuses").and_then(Value::as_array_mut) {
-                            for s in statuses {
+                            for s in statuses.iter_mut().filter(|s| s.is_object()) {
                                 if s.pointer("/state/waiting/reason").and_then(Value::as_str) == Some("ErrImagePull") {
                                     let image = str_at(s, "/image");
                                     s["state"] = json!({"waiting": {"reason": "ImagePullBackOff", "message": format!("Back-off pulling image \"{image}\"")}});
@@ -549,7 +558,7 @@ fn stopped(cur: &Value, code: i32, reason: &str) -> Value {
         .and_then(Value::as_array_mut)
     {
         for s in statuses {
-            if s.pointer("/state/terminated").is_some() {
+            if !s.is_object() || s.pointer("/state/terminated").is_some() {
                 continue;
             }
             let started_at = s
@@ -591,6 +600,17 @@ pub(crate) async fn run_gc(sh: Arc<Shared>) {
     }
 }
 
+fn served_kind(owner: &Value) -> bool {
+    let api_version = owner
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let kind = owner.get("kind").and_then(Value::as_str).unwrap_or("");
+    Kind::ALL
+        .iter()
+        .any(|k| k.api_version() == api_version && k.kind() == kind)
+}
+
 /// One pass of the garbage collector; returns how many pods it deleted.
 pub(crate) fn collect_garbage(sh: &Shared) -> usize {
     let uids = sh.store.uids();
@@ -602,9 +622,12 @@ pub(crate) fn collect_garbage(sh: &Shared) -> usize {
             && owners.is_some_and(|o| {
                 !o.is_empty()
                     && o.iter().all(|r| {
-                        r.get("uid")
-                            .and_then(Value::as_str)
-                            .is_none_or(|u| !uids.contains(u))
+                        // An owner of a kind this cluster does not serve cannot be looked
+                        // up, so it is taken to exist (its pods are never collected).
+                        served_kind(r)
+                            && r.get("uid")
+                                .and_then(Value::as_str)
+                                .is_none_or(|u| !uids.contains(u))
                     })
             })
     });

@@ -32,6 +32,14 @@ pub enum SimError {
     /// A setting is out of range.
     #[error("invalid simulator settings: {0}")]
     InvalidSettings(String),
+    /// The kubeconfig file could not be written.
+    #[error("cannot write kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Where it was to be written.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// The listen address could not be bound.
     #[error("cannot listen on {address}: {source}")]
     Listen {
@@ -139,18 +147,18 @@ impl SimCluster {
     }
 
     /// A kube-rs client for this cluster.
+    ///
+    /// # Panics
+    /// Only if kube-rs cannot build an HTTP client at all (its TLS stack failed to
+    /// initialise), which no input or cluster state can cause; see [`Self::try_client`].
     pub fn client(&self) -> kube::Client {
-        match kube::Client::try_from(self.kube_config()) {
-            Ok(client) => client,
-            // Building a client from a plain http:// URL does not fail in practice; a client
-            // whose requests all fail is the least surprising answer if it ever does.
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build a kube client for the simulated cluster");
-                let fallback = kube::Config::new(http::Uri::from_static("http://127.0.0.1:1"));
-                kube::Client::try_from(fallback)
-                    .unwrap_or_else(|_| unreachable!("a plain http config always builds"))
-            }
-        }
+        self.try_client()
+            .expect("kube-rs builds a client for a plain http:// URL")
+    }
+
+    /// A kube-rs client for this cluster, or why kube-rs could not build one.
+    pub fn try_client(&self) -> Result<kube::Client, kube::Error> {
+        kube::Client::try_from(self.kube_config())
     }
 
     /// A kubeconfig file for kubectl (context `sim`, namespace `default`).
@@ -170,9 +178,13 @@ impl SimCluster {
         )
     }
 
-    /// Writes [`Self::kubeconfig_yaml`] to `path`.
+    /// Writes [`Self::kubeconfig_yaml`] to `path` (through a temporary file and a rename, so
+    /// a reader polling for the file never sees half of it).
     pub fn write_kubeconfig(&self, path: &std::path::Path) -> std::io::Result<()> {
-        std::fs::write(path, self.kubeconfig_yaml())
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, self.kubeconfig_yaml())?;
+        std::fs::rename(&tmp, path)
     }
 
     /// Replaces the injected faults (takes effect for the next request or watch).
@@ -220,6 +232,27 @@ impl SimCluster {
             task.abort();
         }
     }
+}
+
+/// Runs a cluster until `stop` completes, after writing a kubeconfig for it when asked:
+/// the body of `spark-pod-allocator simulate --listen ADDR --kubeconfig PATH`.
+pub async fn run_until(
+    settings: SimSettings,
+    kubeconfig: Option<&std::path::Path>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), SimError> {
+    let sim = SimCluster::start(settings).await?;
+    if let Some(path) = kubeconfig {
+        sim.write_kubeconfig(path)
+            .map_err(|source| SimError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            })?;
+    }
+    tracing::info!(url = %sim.base_url(), kubeconfig = ?kubeconfig, "simulated cluster serving");
+    stop.await;
+    sim.shutdown().await;
+    Ok(())
 }
 
 impl Drop for SimCluster {

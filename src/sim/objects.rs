@@ -33,6 +33,26 @@ fn invalid(field: &str, value: &str, why: &str) -> Cause {
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
 
+/// Checks the object decodes as its Kubernetes type (field types, not just JSON), as the
+/// real server's decoder does: a wrongly typed field is a 400 and nothing is stored. This
+/// also guarantees every stored object decodes in kube-rs clients.
+pub fn check_schema(kind: Kind, obj: &Value) -> Result<(), ApiError> {
+    use k8s_openapi::api::{coordination::v1::Lease, core::v1};
+    let result = match kind {
+        Kind::Pod => serde_json::from_value::<v1::Pod>(obj.clone()).map(drop),
+        Kind::Namespace => serde_json::from_value::<v1::Namespace>(obj.clone()).map(drop),
+        Kind::ConfigMap => serde_json::from_value::<v1::ConfigMap>(obj.clone()).map(drop),
+        Kind::Lease => serde_json::from_value::<Lease>(obj.clone()).map(drop),
+    };
+    result.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version \"v1\" cannot be handled as a {}: {e}",
+            kind.kind(),
+            kind.kind()
+        ))
+    })
+}
+
 /// Field-level problems of an object about to be stored (empty when valid).
 pub fn validate(kind: Kind, obj: &Value, name: &str) -> Vec<Cause> {
     let mut causes = Vec::new();
@@ -205,15 +225,13 @@ pub fn qos_class(spec: &Value) -> &'static str {
     }
 }
 
-fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
-    if !obj.get("metadata").is_some_and(Value::is_object) {
-        obj["metadata"] = json!({});
+/// The object's metadata map, created when missing (`None` only for a non-object value).
+fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    let map = obj.as_object_mut()?;
+    if !map.get("metadata").is_some_and(Value::is_object) {
+        map.insert("metadata".into(), json!({}));
     }
-    // Just ensured to be an object.
-    match obj.get_mut("metadata") {
-        Some(Value::Object(m)) => m,
-        _ => unreachable!("metadata was set to an object above"),
-    }
+    map.get_mut("metadata").and_then(Value::as_object_mut)
 }
 
 /// Completes a new object as the API server does on create: system metadata, defaults, and
@@ -221,7 +239,7 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
 pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &str, now: &str) {
     obj["kind"] = Value::String(kind.kind().to_string());
     obj["apiVersion"] = Value::String(kind.api_version().to_string());
-    let meta = meta_mut(obj);
+    let Some(meta) = meta_mut(obj) else { return };
     meta.insert("name".into(), Value::String(name.to_string()));
     if kind.namespaced() {
         meta.insert("namespace".into(), Value::String(ns.to_string()));
@@ -243,13 +261,14 @@ pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &s
     match kind {
         Kind::Pod => default_pod(obj, now),
         Kind::Namespace => {
-            let meta = meta_mut(obj);
-            let labels = meta.entry("labels").or_insert_with(|| json!({}));
-            if let Some(l) = labels.as_object_mut() {
-                l.insert(
-                    "kubernetes.io/metadata.name".into(),
-                    Value::String(name.to_string()),
-                );
+            if let Some(meta) = meta_mut(obj) {
+                let labels = meta.entry("labels").or_insert_with(|| json!({}));
+                if let Some(l) = labels.as_object_mut() {
+                    l.insert(
+                        "kubernetes.io/metadata.name".into(),
+                        Value::String(name.to_string()),
+                    );
+                }
             }
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
             obj["status"] = json!({"phase": "Active"});
@@ -445,9 +464,18 @@ pub fn pod_deletion(pod: &Value, requested_grace: Option<i64>, now: &str) -> Del
         return Deletion::Unchanged;
     }
     let mut marked = pod.clone();
-    let meta = meta_mut(&mut marked);
+    let Some(meta) = meta_mut(&mut marked) else {
+        return Deletion::Now(None);
+    };
     if !already || grace == 0 {
-        meta.insert("deletionTimestamp".into(), Value::String(now.to_string()));
+        // The real registry stamps the moment the grace period ends.
+        let at = now
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .and_then(|t| t.checked_add(jiff::SignedDuration::from_secs(grace)).ok())
+            .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_else(|| now.to_string());
+        meta.insert("deletionTimestamp".into(), Value::String(at));
     }
     meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
     if grace == 0 {

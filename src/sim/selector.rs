@@ -399,4 +399,71 @@ mod tests {
         assert_eq!(err.message, "field label not supported: spec.foo");
         assert_eq!(err.code, 400);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A requirement and its written form, over a small alphabet so matches happen.
+        fn requirement() -> impl Strategy<Value = (String, LabelRequirement)> {
+            let key = prop::sample::select(vec!["a", "b", "spark-exec-id"]);
+            let val = prop::sample::select(vec!["1", "2", "x"]);
+            let vals = prop::collection::vec(val.clone(), 1..3);
+            prop_oneof![
+                (key.clone(), val.clone()).prop_map(|(k, v)| (
+                    format!("{k}={v}"),
+                    LabelRequirement::Equals(k.into(), v.into())
+                )),
+                (key.clone(), val.clone()).prop_map(|(k, v)| (
+                    format!("{k} != {v}"),
+                    LabelRequirement::NotEquals(k.into(), v.into())
+                )),
+                (key.clone(), vals.clone()).prop_map(|(k, vs)| (
+                    format!("{k} in ({})", vs.join(", ")),
+                    LabelRequirement::In(k.into(), vs.iter().map(|v| v.to_string()).collect())
+                )),
+                (key.clone(), vals).prop_map(|(k, vs)| (
+                    format!("{k} notin ({})", vs.join(",")),
+                    LabelRequirement::NotIn(k.into(), vs.iter().map(|v| v.to_string()).collect())
+                )),
+                key.clone()
+                    .prop_map(|k| (k.to_string(), LabelRequirement::Exists(k.into()))),
+                key.prop_map(|k| (format!("!{k}"), LabelRequirement::DoesNotExist(k.into()))),
+            ]
+        }
+
+        proptest! {
+            // A fixed seed keeps the run deterministic.
+            #![proptest_config(ProptestConfig {
+                rng_seed: proptest::test_runner::RngSeed::Fixed(7),
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+            #[test]
+            fn written_selectors_parse_back_and_match_by_their_meaning(
+                reqs in prop::collection::vec(requirement(), 1..4),
+                labels in prop::collection::btree_map(
+                    prop::sample::select(vec!["a", "b", "spark-exec-id"]),
+                    prop::sample::select(vec!["1", "2", "x"]),
+                    0..3,
+                ),
+            ) {
+                let text: Vec<String> = reqs.iter().map(|(t, _)| t.clone()).collect();
+                let parsed = LabelSelector::parse(&text.join(",")).unwrap();
+                let expected: Vec<LabelRequirement> = reqs.iter().map(|(_, r)| r.clone()).collect();
+                prop_assert_eq!(&parsed.0, &expected);
+                let obj = json!({"metadata": {"labels": labels}});
+                let get = |k: &str| labels.get(k).copied();
+                let want = expected.iter().all(|r| match r {
+                    LabelRequirement::Equals(k, v) => get(k) == Some(v.as_str()),
+                    LabelRequirement::NotEquals(k, v) => get(k) != Some(v.as_str()),
+                    LabelRequirement::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+                    LabelRequirement::NotIn(k, vs) => !get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+                    LabelRequirement::Exists(k) => get(k).is_some(),
+                    LabelRequirement::DoesNotExist(k) => get(k).is_none(),
+                });
+                prop_assert_eq!(parsed.matches(&obj), want);
+            }
+        }
+    }
 }

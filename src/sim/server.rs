@@ -212,7 +212,13 @@ fn resolve(segs: &[&str]) -> Option<Target> {
 }
 
 async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> {
-    if !authorized(sh, &req) {
+    // As with the default RBAC of a real cluster, anonymous requests may read the version
+    // and health endpoints; a wrong token is refused everywhere.
+    let public = matches!(
+        req.uri().path(),
+        "/version" | "/healthz" | "/livez" | "/readyz"
+    ) && !req.headers().contains_key(header::AUTHORIZATION);
+    if !public && !authorized(sh, &req) {
         return Err(ApiError::unauthorized());
     }
     let path = req.uri().path().to_string();
@@ -262,6 +268,12 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     };
     inject_request_faults(sh).await?;
     let q = query_of(&req);
+    if q.get("dryRun").is_some_and(|v| !v.is_empty()) {
+        // Refused rather than ignored: ignoring it would store what the client meant to try.
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the simulated cluster",
+        ));
+    }
     let accept = req
         .headers()
         .get(header::ACCEPT)
@@ -502,6 +514,7 @@ fn create(
         }
     };
     let probe = name_for();
+    objects::check_schema(kind, &obj)?;
     let causes = objects::validate(kind, &obj, &probe);
     if !causes.is_empty() {
         return Err(objects::invalid_error(kind, &probe, causes));
@@ -709,6 +722,10 @@ fn finish_update(
     if sub == Some("status") {
         let mut next = current.clone();
         next["status"] = proposed.get("status").cloned().unwrap_or_else(|| json!({}));
+        if !next["status"].is_object() {
+            return Err(ApiError::bad_request("status must be an object"));
+        }
+        objects::check_schema(kind, &next)?;
         return Ok(next);
     }
     proposed["kind"] = Value::String(kind.kind().to_string());
@@ -753,6 +770,7 @@ fn finish_update(
     if !causes.is_empty() {
         return Err(objects::invalid_error(kind, &name, causes));
     }
+    objects::check_schema(kind, &proposed)?;
     Ok(proposed)
 }
 

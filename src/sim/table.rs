@@ -34,7 +34,7 @@ pub fn wants_table(accept: &str) -> bool {
 }
 
 fn column(name: &str, format: &str, priority: u8, description: &str) -> Value {
-    json!({"name": name, "type": if name == "Restarts" { "string" } else { "string" }, "format": format, "description": description, "priority": priority})
+    json!({"name": name, "type": "string", "format": format, "description": description, "priority": priority})
 }
 
 /// Age as kubectl prints it (`42s`, `5m3s`, `3h`, `2d`).

@@ -55,7 +55,11 @@ pub async fn raw(
 }
 
 /// Reads a whole (ending) watch response as a list of events.
-pub async fn raw_watch_events(client: &Client, path: &str) -> (u16, Vec<Value>) {
+pub async fn raw_watch_events(
+    client: impl std::borrow::Borrow<Client>,
+    path: impl AsRef<str>,
+) -> (u16, Vec<Value>) {
+    let (client, path) = (client.borrow(), path.as_ref());
     let req = http::Request::builder()
         .method("GET")
         .uri(path)
@@ -102,4 +106,12 @@ pub fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, St
         }
         other => panic!("expected an API error, got {other:?}"),
     }
+}
+
+/// The next item of a stream, failing the test (rather than hanging it) after 30 s.
+pub async fn next_within<S: futures::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
+    use futures::StreamExt;
+    tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("the stream yields within 30 s")
 }
