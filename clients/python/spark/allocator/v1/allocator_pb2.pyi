@@ -1,0 +1,149 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AllocationSettings(_message.Message):
+    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination")
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PENDING_PODS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PENDING_PODS_PER_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    DELETE_ON_TERMINATION_FIELD_NUMBER: _ClassVar[int]
+    batch_size: int
+    batch_delay_ms: int
+    executor_timeout_ms: int
+    executor_idle_timeout_ms: int
+    max_pending_pods: int
+    max_pending_pods_per_profile: int
+    max_executors: int
+    delete_on_termination: bool
+    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ...) -> None: ...
+
+class StartRequest(_message.Message):
+    __slots__ = ("application_id", "namespace", "driver_pod_name", "executor_pod_template", "pod_name_prefix", "settings", "resource_profile_templates")
+    class ResourceProfileTemplatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_POD_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_PROFILE_TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    namespace: str
+    driver_pod_name: str
+    executor_pod_template: str
+    pod_name_prefix: str
+    settings: AllocationSettings
+    resource_profile_templates: _containers.ScalarMap[int, str]
+    def __init__(self, application_id: _Optional[str] = ..., namespace: _Optional[str] = ..., driver_pod_name: _Optional[str] = ..., executor_pod_template: _Optional[str] = ..., pod_name_prefix: _Optional[str] = ..., settings: _Optional[_Union[AllocationSettings, _Mapping]] = ..., resource_profile_templates: _Optional[_Mapping[int, str]] = ...) -> None: ...
+
+class StartResponse(_message.Message):
+    __slots__ = ("resumed", "last_executor_id")
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    resumed: bool
+    last_executor_id: int
+    def __init__(self, resumed: _Optional[bool] = ..., last_executor_id: _Optional[int] = ...) -> None: ...
+
+class SetTotalExpectedRequest(_message.Message):
+    __slots__ = ("application_id", "executors_per_profile")
+    class ExecutorsPerProfileEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORS_PER_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    executors_per_profile: _containers.ScalarMap[int, int]
+    def __init__(self, application_id: _Optional[str] = ..., executors_per_profile: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class SetTotalExpectedResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class IsDeletedRequest(_message.Message):
+    __slots__ = ("application_id", "executor_id")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    executor_id: str
+    def __init__(self, application_id: _Optional[str] = ..., executor_id: _Optional[str] = ...) -> None: ...
+
+class IsDeletedResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class UpdateRegisteredExecutorsRequest(_message.Message):
+    __slots__ = ("application_id", "executor_ids")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    executor_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, application_id: _Optional[str] = ..., executor_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpdateRegisteredExecutorsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ("application_id",)
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    def __init__(self, application_id: _Optional[str] = ...) -> None: ...
+
+class StopResponse(_message.Message):
+    __slots__ = ("deleted_pods",)
+    DELETED_PODS_FIELD_NUMBER: _ClassVar[int]
+    deleted_pods: int
+    def __init__(self, deleted_pods: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ("application_id",)
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    def __init__(self, application_id: _Optional[str] = ...) -> None: ...
+
+class ProfileStatus(_message.Message):
+    __slots__ = ("resource_profile_id", "target", "running", "pending", "newly_created")
+    RESOURCE_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    NEWLY_CREATED_FIELD_NUMBER: _ClassVar[int]
+    resource_profile_id: int
+    target: int
+    running: int
+    pending: int
+    newly_created: int
+    def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ...) -> None: ...
+
+class ApplicationStatus(_message.Message):
+    __slots__ = ("profiles", "deleted_executor_ids", "last_executor_id", "outstanding")
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    DELETED_EXECUTOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[ProfileStatus]
+    deleted_executor_ids: _containers.RepeatedScalarFieldContainer[int]
+    last_executor_id: int
+    outstanding: bool
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileStatus, _Mapping]]] = ..., deleted_executor_ids: _Optional[_Iterable[int]] = ..., last_executor_id: _Optional[int] = ..., outstanding: _Optional[bool] = ...) -> None: ...

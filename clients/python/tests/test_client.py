@@ -1,0 +1,142 @@
+"""Drives a real `spark-pod-allocator serve --simulate` process over gRPC."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from spark_pod_allocator import AllocatorClient, AllocatorError
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+BINARY = pathlib.Path(
+    os.environ.get("SPARK_POD_ALLOCATOR_BIN", ROOT / "target" / "debug" / "spark-pod-allocator")
+)
+
+TEMPLATE = """
+apiVersion: v1
+kind: Pod
+metadata:
+  labels:
+    team: data
+spec:
+  containers:
+    - name: spark-kubernetes-executor
+      image: spark:4.0.0
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until(condition, what: str, deadline_s: float = 60.0):
+    """Polls `condition` until it returns a truthy value; fails naming `what` after the deadline."""
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        last = condition()
+        if last:
+            return last
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what} (last value: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def service():
+    if not BINARY.exists():
+        pytest.fail(f"{BINARY} does not exist: run `cargo build` first or set SPARK_POD_ALLOCATOR_BIN")
+    port = _free_port()
+    env = dict(os.environ, SPARK_POD_ALLOCATOR__LISTEN=f"127.0.0.1:{port}")
+    proc = subprocess.Popen(
+        [str(BINARY), "serve", "--simulate"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    target = f"127.0.0.1:{port}"
+    channel = grpc.insecure_channel(target)
+    health = health_pb2_grpc.HealthStub(channel)
+
+    def serving():
+        if proc.poll() is not None:
+            pytest.fail(f"service exited with {proc.returncode}: {proc.stderr.read().decode()}")
+        try:
+            reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+    _wait_until(serving, "the service's health to be SERVING")
+    yield target
+    channel.close()
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("service did not stop within 20 s of SIGTERM")
+    assert proc.returncode == 0, proc.stderr.read().decode()
+
+
+def test_start_scale_status_is_deleted_stop(service):
+    with AllocatorClient(service) as client:
+        started = client.start(
+            "py-app-1",
+            "default",
+            executor_pod_template=TEMPLATE,
+            settings={"batch_size": 2, "batch_delay_ms": 200},
+        )
+        assert started.resumed is False
+        assert started.last_executor_id == 0
+
+        client.set_total_expected("py-app-1", {0: 3})
+
+        def three_running():
+            status = client.get_status("py-app-1")
+            profile = [p for p in status.profiles if p.resource_profile_id == 0]
+            return profile and profile[0].running == 3 and profile[0].target == 3
+
+        _wait_until(three_running, "3 running executors")
+        status = client.get_status("py-app-1")
+        # batch size 2 and target 3: ids 1..3 used, none wasted.
+        assert status.last_executor_id == 3
+        client.update_registered_executors("py-app-1", [1, 2, 3])
+        assert client.is_deleted("py-app-1", 1) is False
+
+        # Start again: idempotent, reports the application as resumed.
+        again = client.start("py-app-1", "default", executor_pod_template=TEMPLATE)
+        assert again.resumed is True
+        assert again.last_executor_id == 3
+
+        assert client.stop("py-app-1") == 3
+        with pytest.raises(AllocatorError) as err:
+            client.get_status("py-app-1")
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_bad_input_is_reported_with_the_field(service):
+    with AllocatorClient(service) as client:
+        with pytest.raises(AllocatorError) as err:
+            client.start("bad id!", "default", executor_pod_template=TEMPLATE)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "application_id" in err.value.details
+
+        client.start("py-app-2", "default", executor_pod_template=TEMPLATE)
+        with pytest.raises(AllocatorError) as err:
+            client.is_deleted("py-app-2", "seven")
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "executor_id" in err.value.details
+        assert client.stop("py-app-2") == 0
+
+        with pytest.raises(AllocatorError) as err:
+            client.stop("never-started")
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
