@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
-use spark_pod_allocator::sim::SimCluster;
+use spark_pod_allocator::sim::{self, SimCluster};
 use spark_pod_allocator::{demo, k8s};
 
 /// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
@@ -205,18 +205,7 @@ async fn simulate(
     if let Some(listen) = listen {
         sim_settings.listen = listen;
     }
-    let cluster = SimCluster::start(sim_settings)
+    sim::run_until(sim_settings, Some(kubeconfig), shutdown_signal())
         .await
-        .context("starting the simulated cluster")?;
-    cluster
-        .write_kubeconfig(kubeconfig)
-        .with_context(|| format!("writing {}", kubeconfig.display()))?;
-    println!(
-        "simulated Kubernetes API server at {}; kubeconfig written to {}",
-        cluster.base_url(),
-        kubeconfig.display()
-    );
-    shutdown_signal().await;
-    cluster.shutdown().await;
-    Ok(())
+        .context("simulated cluster")
 }

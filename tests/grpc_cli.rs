@@ -122,20 +122,16 @@ async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
         "--kubeconfig",
         kubeconfig.to_str().expect("utf-8 path"),
     ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
+    .arg("--log-format")
+    .arg("json")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
     .spawn()
     .expect("spawn");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(HANG_GUARD, stdout.next_line())
-        .await
-        .expect("announcement")
-        .expect("stdout")
-        .expect("a line");
-    assert!(
-        line.starts_with("simulated Kubernetes API server at http://127.0.0.1:"),
-        "{line}"
-    );
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let fields = until_logged(&mut lines, "simulated cluster serving").await;
+    let url = fields["url"].as_str().expect("url");
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 
     let config = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig"),
