@@ -51,35 +51,30 @@ impl Harness {
             .await
             .expect("simulated cluster");
         let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-        let applications =
-            Applications::new(ServiceContext::new(sim.client(), Arc::new(clock.clone())));
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-        let address = listener.local_addr().expect("address");
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let server = tokio::spawn(grpc::serve(
-            serve_settings,
-            applications.clone(),
-            listener,
-            async {
-                let _ = stop_rx.await;
-            },
-        ));
-        let channel = Endpoint::from_shared(format!("http://{address}"))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect");
-        let client = ExecutorAllocatorClient::new(channel.clone());
+        let service = Service::start(&sim, &clock, serve_settings).await;
         Self {
             sim,
-            applications,
+            applications: service.applications,
             clock,
-            address,
-            channel,
-            client,
-            stop: Some(stop_tx),
-            server: Some(server),
+            address: service.address,
+            channel: service.channel,
+            client: service.client,
+            stop: Some(service.stop),
+            server: Some(service.server),
         }
+    }
+
+    /// Stops the service gracefully (its pods stay) and starts a new one, with a registry of
+    /// its own, on the same cluster: a restarted service.
+    pub async fn restart(&mut self) {
+        self.stop_server().await;
+        let service = Service::start(&self.sim, &self.clock, ServeSettings::default()).await;
+        self.applications = service.applications;
+        self.address = service.address;
+        self.channel = service.channel;
+        self.client = service.client;
+        self.stop = Some(service.stop);
+        self.server = Some(service.server);
     }
 
     /// Stops the server gracefully and waits for it.
@@ -133,4 +128,46 @@ pub fn assert_invalid(status: &tonic::Status, field: &str) {
         "expected the message to name {field}: {:?}",
         status.message()
     );
+}
+
+/// One service: a registry and its gRPC server, reached by a fresh client.
+struct Service {
+    applications: Applications,
+    address: SocketAddr,
+    channel: Channel,
+    client: ExecutorAllocatorClient<Channel>,
+    stop: oneshot::Sender<()>,
+    server: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Service {
+    async fn start(sim: &SimCluster, clock: &ManualClock, serve_settings: ServeSettings) -> Self {
+        let applications =
+            Applications::new(ServiceContext::new(sim.client(), Arc::new(clock.clone())));
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (stop, stop_rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(grpc::serve(
+            serve_settings,
+            applications.clone(),
+            listener,
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let client = ExecutorAllocatorClient::new(channel.clone());
+        Self {
+            applications,
+            address,
+            channel,
+            client,
+            stop,
+            server,
+        }
+    }
 }
