@@ -57,6 +57,8 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
     let readiness = tokio::spawn(report_when_synced(
@@ -64,9 +66,6 @@ pub async fn serve(
         applications.clone(),
         settings.health_poll,
     ));
-
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
     let service = AllocatorService::new(applications.clone(), settings.defaults.clone());
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
