@@ -101,10 +101,27 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", describe(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each said once: many errors (kube's among them)
+/// already repeat their source in their own message.
+fn describe(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let message = cause.to_string();
+        if line.contains(&message) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&message);
+    }
+    line
 }
 
 /// `RUST_LOG` wins over the configured filter.
@@ -208,4 +225,25 @@ async fn simulate(
     sim::run_until(sim_settings, Some(kubeconfig), shutdown_signal())
         .await
         .context("simulated cluster")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer: {0}")]
+    struct Repeats(#[source] std::io::Error);
+
+    #[test]
+    fn describe_says_each_cause_once() {
+        let inner = std::io::Error::other("no such file");
+        let err = anyhow::Error::new(Repeats(inner)).context("connecting to Kubernetes");
+        assert_eq!(
+            describe(&err),
+            "connecting to Kubernetes: outer: no such file"
+        );
+        let err = anyhow::anyhow!("plain").context("reading");
+        assert_eq!(describe(&err), "reading: plain");
+    }
 }
