@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId, SettingsError};
 use crate::app::{AppError, AppId, StartApplication};
+use crate::config::is_dns_label;
 use crate::proto;
 
 /// What the server fills in when a Start request leaves a field unset.
@@ -242,7 +243,7 @@ pub fn dns1123_label(value: &str) -> Result<(), String> {
             value.len()
         ));
     }
-    if !is_label(value) {
+    if !is_dns_label(value) {
         return Err(format!(
             "{value:?} is not a DNS-1123 label: lowercase letters, digits and '-', \
              starting and ending with a letter or digit"
@@ -259,21 +260,13 @@ pub fn dns1123_subdomain(value: &str) -> Result<(), String> {
             value.len()
         ));
     }
-    if !value.split('.').all(is_label) {
+    if !value.split('.').all(is_dns_label) {
         return Err(format!(
             "{value:?} is not a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', \
              starting and ending with a letter or digit"
         ));
     }
     Ok(())
-}
-
-fn is_label(value: &str) -> bool {
-    let b = value.as_bytes();
-    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    b.first().is_some_and(alnum)
-        && b.last().is_some_and(alnum)
-        && b.iter().all(|c| alnum(c) || *c == b'-')
 }
 
 /// The prefix is sanitised to a DNS label when pods are named; it must leave something to
