@@ -6,6 +6,7 @@ import os
 import pathlib
 import socket
 import subprocess
+import tempfile
 import time
 
 import grpc
@@ -56,19 +57,25 @@ def service():
         pytest.fail(f"{BINARY} does not exist: run `cargo build` first or set SPARK_POD_ALLOCATOR_BIN")
     port = _free_port()
     env = dict(os.environ, SPARK_POD_ALLOCATOR__LISTEN=f"127.0.0.1:{port}")
+    # The service's log goes to a file, not a pipe nobody drains (a full pipe would block it).
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [str(BINARY), "serve", "--simulate"],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
     )
+
+    def service_log() -> str:
+        log.seek(0)
+        return log.read().decode(errors="replace")
     target = f"127.0.0.1:{port}"
     channel = grpc.insecure_channel(target)
     health = health_pb2_grpc.HealthStub(channel)
 
     def serving():
         if proc.poll() is not None:
-            pytest.fail(f"service exited with {proc.returncode}: {proc.stderr.read().decode()}")
+            pytest.fail(f"service exited with {proc.returncode}: {service_log()}")
         try:
             reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -84,7 +91,8 @@ def service():
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail("service did not stop within 20 s of SIGTERM")
-    assert proc.returncode == 0, proc.stderr.read().decode()
+    assert proc.returncode == 0, service_log()
+    log.close()
 
 
 def test_start_scale_status_is_deleted_stop(service):
