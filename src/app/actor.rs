@@ -68,8 +68,7 @@ impl ActorHandle {
     pub fn spawn(actor: Actor, subscription: Subscription) -> Self {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let app_id = actor.app_id.clone();
-        let span =
-            tracing::info_span!("application", app = %actor.app_id, namespace = %actor.namespace);
+        let span = tracing::info_span!(parent: None, "application", app = %actor.app_id, namespace = %actor.namespace);
         let task = tokio::spawn(State::run(actor, rx, subscription).instrument(span));
         Self {
             tx,
