@@ -38,7 +38,11 @@ async fn manual_cluster() -> SimCluster {
 }
 
 fn applications(sim: &SimCluster, clock: &ManualClock, options: ServiceOptions) -> Applications {
-    let ctx = ServiceContext::new(sim.client(), Arc::new(clock.clone())).with_options(options);
+    let ctx = ServiceContext::new(
+        sim.try_client().expect("sim client"),
+        Arc::new(clock.clone()),
+    )
+    .with_options(options);
     Applications::new(ctx)
 }
 
@@ -120,7 +124,7 @@ where
 
 /// The executor ids of the application's pods in the cluster (inactive ones included).
 async fn cluster_ids(sim: &SimCluster, namespace: &str, app: &str) -> BTreeSet<u64> {
-    let api: Api<Pod> = Api::namespaced(sim.client(), namespace);
+    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), namespace);
     let lp = ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
     api.list(&lp)
         .await
@@ -214,7 +218,7 @@ async fn set_failed(sim: &SimCluster, app: &str, exec: u64) {
 }
 
 async fn patch_status(sim: &SimCluster, app: &str, exec: u64, patch: serde_json::Value) {
-    let api: Api<Pod> = Api::namespaced(sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), NS);
     api.patch_status(
         &format!("{app}-exec-{exec}"),
         &PatchParams::default(),
@@ -236,7 +240,11 @@ async fn bind(sim: &SimCluster, app: &str, exec: u64) {
         .header("content-type", "application/json")
         .body(body)
         .unwrap();
-    sim.client().request_text(request).await.expect("binding");
+    sim.try_client()
+        .expect("sim client")
+        .request_text(request)
+        .await
+        .expect("binding");
 }
 
 #[tokio::test]
@@ -357,7 +365,7 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
             .await
             .unwrap()
     );
-    let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     for d in &deleted {
         let pod = api.get(&format!("app-down-exec-{d}")).await.unwrap();
         assert!(pod.metadata.deletion_timestamp.is_some());
@@ -556,7 +564,7 @@ async fn start_is_idempotent_and_checks_its_inputs() {
 #[tokio::test]
 async fn driver_pod_owns_the_executors() {
     let h = harness().await;
-    let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     let mut driver = template();
     driver.metadata.name = Some("driver-1".into());
     let driver = api.create(&PostParams::default(), &driver).await.unwrap();
@@ -725,7 +733,7 @@ async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
     .await;
     advance_round(&h, "app-keep", BATCH_DELAY).await;
     // Kept for inspection, labelled inactive, and replaced by executor 3.
-    let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     let kept = api.get("app-keep-exec-1").await.unwrap();
     assert_eq!(
         kept.metadata

@@ -146,17 +146,8 @@ impl SimCluster {
         config
     }
 
-    /// A kube-rs client for this cluster.
-    ///
-    /// # Panics
-    /// Only if kube-rs cannot build an HTTP client at all (its TLS stack failed to
-    /// initialise), which no input or cluster state can cause; see [`Self::try_client`].
-    pub fn client(&self) -> kube::Client {
-        self.try_client()
-            .expect("kube-rs builds a client for a plain http:// URL")
-    }
-
-    /// A kube-rs client for this cluster, or why kube-rs could not build one.
+    /// A kube-rs client for this cluster, or why kube-rs could not build one (its TLS
+    /// stack failed to initialise); callers propagate the error.
     pub fn try_client(&self) -> Result<kube::Client, kube::Error> {
         kube::Client::try_from(self.kube_config())
     }
