@@ -7,8 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use serde_json::json;
 use spark_pod_allocator::allocator::{
     AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
@@ -812,6 +815,57 @@ async fn the_actor_answers_while_rate_limited_creates_are_in_flight() {
     let deleted = apps.stop(&id("app-slow")).await.unwrap();
     assert!(deleted < 30, "unsent creates were skipped: {deleted}");
     assert!(cluster_ids(&sim, NS, "app-slow").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_slow_periodic_list_does_not_undo_newer_watch_events() {
+    let h = harness().await;
+    start(&h.apps, request("app-slow", NS)).await;
+    wait_for("namespace watch listed", || async {
+        h.apps.is_namespace_synced(NS)
+    })
+    .await;
+    set_targets_and_round(&h, "app-slow", 2).await;
+    wait_seen(&h, "app-slow", range(1, 2)).await;
+
+    // The periodic LIST is answered late: its answer still holds executor 2, which is
+    // deleted meanwhile (unbound: gone at once) and whose DELETED event the watch streams.
+    h.sim.hold_list_responses();
+    h.clock.advance(Duration::from_secs(30));
+    let resync_at = h.clock.now();
+    wait_for("the periodic LIST is held", || async {
+        h.sim.held_list_responses() >= 1
+    })
+    .await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let before_delete = h.sim.resource_version().to_string();
+    api.delete("app-slow-exec-2", &DeleteParams::default())
+        .await
+        .expect("delete");
+    // The API server has streamed the DELETED event (to every watch of the namespace).
+    let wp = WatchParams::default().fields("metadata.name=app-slow-exec-2");
+    let mut events = api.watch(&wp, &before_delete).await.expect("watch").boxed();
+    loop {
+        match events.next().await {
+            Some(Ok(WatchEvent::Deleted(_))) => break,
+            Some(Ok(_)) => {}
+            other => panic!("watch ended before DELETED: {other:?}"),
+        }
+    }
+    h.sim.release_list_responses();
+
+    // The late LIST is older than the deletion: after it, executor 2 must still end up
+    // Deleted (the state a round counts as nothing, so it gets replaced).
+    wait_for("the resync, then executor 2 deleted", || async {
+        let snapshot = h.apps.snapshot(&id("app-slow")).await.expect("snapshot");
+        snapshot.full_resync_at >= resync_at
+            && snapshot
+                .executors
+                .get(&ExecutorId(2))
+                .is_none_or(|e| e.state == ExecutorState::Deleted)
+    })
+    .await;
+    h.apps.stop(&id("app-slow")).await.unwrap();
 }
 
 #[tokio::test]

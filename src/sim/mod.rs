@@ -87,6 +87,8 @@ impl SimCluster {
             rng: Mutex::new(SmallRng::seed_from_u64(settings.seed)),
             cancel: CancellationToken::new(),
             address: addr.to_string(),
+            hold_lists: tokio::sync::watch::channel(false).0,
+            held_lists: std::sync::atomic::AtomicUsize::new(0),
             settings,
         });
         let mut namespaces = shared.settings.namespaces.clone();
@@ -190,6 +192,25 @@ impl SimCluster {
     /// The faults currently injected.
     pub fn faults(&self) -> FaultSettings {
         self.shared.faults()
+    }
+
+    /// Holds back the answers of LIST requests (not watches) until [`Self::release_list_responses`]:
+    /// each answer shows the state when the request arrived, as a slow LIST on a real
+    /// server does, while watches keep streaming newer events.
+    pub fn hold_list_responses(&self) {
+        self.shared.hold_lists.send_replace(true);
+    }
+
+    /// Sends every held LIST answer and stops holding new ones.
+    pub fn release_list_responses(&self) {
+        self.shared.hold_lists.send_replace(false);
+    }
+
+    /// LIST answers held back right now.
+    pub fn held_list_responses(&self) -> usize {
+        self.shared
+            .held_lists
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Forgets the watch history: a watch from any version seen so far gets 410 Expired.
