@@ -626,6 +626,89 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
 }
 
 #[tokio::test]
+async fn a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
+    let h = harness().await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let mut driver = template();
+    driver.metadata.name = Some("driver-gone".into());
+    api.create(&PostParams::default(), &driver).await.unwrap();
+    let mut req = request("app-gone", NS);
+    req.driver_pod_name = Some("driver-gone".into());
+    start(&h.apps, req.clone()).await;
+    set_targets_and_round(&h, "app-gone", 5).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-gone").await, range(1, 5));
+    h.apps.shutdown().await;
+    // While no service runs, the pods of the highest ids go (deleted on termination,
+    // evicted, removed by hand).
+    for exec in [4, 5] {
+        api.delete(&format!("app-gone-exec-{exec}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(cluster_ids(&h.sim, NS, "app-gone").await, range(1, 3));
+
+    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let started = restarted.start(req).await.unwrap();
+    assert!(started.resumed);
+    assert_eq!(started.last_executor_id, 5, "ids 4 and 5 were handed out");
+    wait_for("start round", || async {
+        restarted.rounds(&id("app-gone")).await.unwrap() >= 1
+    })
+    .await;
+    let before = restarted.rounds(&id("app-gone")).await.unwrap();
+    restarted
+        .set_total_expected(&id("app-gone"), targets(5))
+        .await
+        .unwrap();
+    h.clock.advance(BATCH_DELAY);
+    wait_for("resumed round", || async {
+        restarted.rounds(&id("app-gone")).await.unwrap() > before
+    })
+    .await;
+    assert_eq!(
+        cluster_ids(&h.sim, NS, "app-gone").await,
+        BTreeSet::from([1, 2, 3, 6, 7])
+    );
+    assert_eq!(restarted.stop(&id("app-gone")).await.unwrap(), 5);
+}
+
+#[tokio::test]
+async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
+    let h = harness().await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let mut driver = template();
+    driver.metadata.name = Some("driver-rec".into());
+    api.create(&PostParams::default(), &driver).await.unwrap();
+    let mut req = request("app-rec", NS);
+    req.driver_pod_name = Some("driver-rec".into());
+    start(&h.apps, req).await;
+    set_targets_and_round(&h, "app-rec", 2).await;
+    let driver = api.get("driver-rec").await.unwrap();
+    assert_eq!(
+        driver.metadata.annotations.unwrap()["spark-pod-allocator/last-executor-id"],
+        "2"
+    );
+    // The driver pod goes: the next ids cannot be recorded, so nothing is created with
+    // them, and the round backs off as for refused creates.
+    api.delete("driver-rec", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.apps
+        .set_total_expected(&id("app-rec"), targets(4))
+        .await
+        .unwrap();
+    advance_round(&h, "app-rec", BATCH_DELAY).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-rec").await, range(1, 2));
+    let status = h.apps.status(&id("app-rec")).await.unwrap();
+    assert_eq!(status.last_executor_id, 4);
+    assert_eq!(
+        h.apps.next_round_at(&id("app-rec")).await.unwrap().0,
+        h.clock.now().0 + 2000
+    );
+    h.apps.stop(&id("app-rec")).await.unwrap();
+}
+
+#[tokio::test]
 async fn kubernetes_errors_do_not_kill_the_actor() {
     let h = harness().await;
     start(&h.apps, request("app-err", NS)).await;
