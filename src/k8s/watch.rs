@@ -205,7 +205,8 @@ impl PodWatches {
 ///
 /// The LIST runs in this task, between two watch events, never beside them: every event
 /// forwarded before it was sent by the API server before the LIST was answered, so the
-/// LIST is at least as new, and every event forwarded after it follows it. A LIST running
+/// LIST (a consistent read: no `resourceVersion`, never the watch cache's `0`) is at least
+/// as new, and every event forwarded after it follows it. A LIST running
 /// concurrently could be answered with a state older than events already forwarded (a pod
 /// deleted or created meanwhile), and its resync would undo them until the next one.
 async fn run_watch(
