@@ -709,6 +709,27 @@ async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
 }
 
 #[tokio::test]
+async fn application_ids_with_dots_and_underscores_select_their_pods_only() {
+    let h = harness().await;
+    // Spark application ids are label values: capitals, '.', '_' and '-' reach the API
+    // server unescaped in every label selector (list, watch, collection delete).
+    start(&h.apps, request("Spark_app.1-x", NS)).await;
+    start(&h.apps, request("Spark_app.1", NS)).await;
+    set_targets_and_round(&h, "Spark_app.1-x", 2).await;
+    set_targets_and_round(&h, "Spark_app.1", 1).await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    assert!(
+        api.get("spark-app-1-x-exec-1").await.is_ok(),
+        "prefix sanitised"
+    );
+    wait_seen(&h, "Spark_app.1-x", range(1, 2)).await;
+    wait_seen(&h, "Spark_app.1", range(1, 1)).await;
+    assert_eq!(h.apps.stop(&id("Spark_app.1-x")).await.unwrap(), 2);
+    assert_eq!(cluster_ids(&h.sim, NS, "Spark_app.1").await, range(1, 1));
+    assert_eq!(h.apps.stop(&id("Spark_app.1")).await.unwrap(), 1);
+}
+
+#[tokio::test]
 async fn kubernetes_errors_do_not_kill_the_actor() {
     let h = harness().await;
     start(&h.apps, request("app-err", NS)).await;
