@@ -255,10 +255,22 @@ async fn run_watch(
     }
 }
 
+/// Longest wait for the periodic LIST: watch events wait while it runs, so a LIST the
+/// API server is slow to answer is given up (the next one follows an interval later).
+const RESYNC_LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot.
 async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
     let lp = ListParams::default().labels(&executor_selector());
-    match api.list(&lp).await {
+    let Ok(answer) = tokio::time::timeout(RESYNC_LIST_TIMEOUT, api.list(&lp)).await else {
+        tracing::warn!(
+            namespace,
+            timeout_s = RESYNC_LIST_TIMEOUT.as_secs(),
+            "periodic executor pod LIST not answered in time; given up until the next one"
+        );
+        return;
+    };
+    match answer {
         Ok(list) => {
             let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
             for pod in list.items {
