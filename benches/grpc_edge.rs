@@ -169,7 +169,10 @@ async fn bench_round_trips() {
     let sim = SimCluster::start(sim_settings)
         .await
         .expect("simulated cluster");
-    let applications = Applications::new(ServiceContext::new(sim.client(), Arc::new(SystemClock)));
+    let applications = Applications::new(ServiceContext::new(
+        sim.try_client().expect("sim client"),
+        Arc::new(SystemClock),
+    ));
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -28,7 +28,11 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
         ..ServiceOptions::default()
     };
     let apps = Applications::new(
-        ServiceContext::new(sim.client(), Arc::new(clock.clone())).with_options(options),
+        ServiceContext::new(
+            sim.try_client().expect("sim client"),
+            Arc::new(clock.clone()),
+        )
+        .with_options(options),
     );
     let template: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -61,7 +65,7 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = started.elapsed();
-    let api: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let created = api
         .list(&ListParams::default())
         .await

@@ -67,7 +67,7 @@ async fn run(mode: KubeletMode, pods_n: usize, watchers: usize, concurrency: usi
     settings.kubelet.pods_per_node = 110;
     settings.history = 100_000;
     let sim = SimCluster::start(settings).await.expect("sim starts");
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let base = baseline(&client, 20_000, concurrency).await;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");

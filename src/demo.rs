@@ -114,8 +114,11 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     let cluster = SimCluster::start(sim_settings)
         .await
         .context("starting the simulated cluster")?;
+    let client = cluster
+        .try_client()
+        .context("a client for the simulated cluster")?;
     let applications =
-        Applications::new(ServiceContext::new(cluster.client(), Arc::new(SystemClock)));
+        Applications::new(ServiceContext::new(client.clone(), Arc::new(SystemClock)));
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port for the service")?;
@@ -142,7 +145,7 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     wait_until_serving(channel.clone()).await?;
     let driver = ScriptedDriver::new(
         ExecutorAllocatorClient::new(channel),
-        cluster.client(),
+        client,
         DriverSettings::default(),
     );
     let result = driver.run(&mut screen).await;

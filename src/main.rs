@@ -184,7 +184,10 @@ async fn serve(
             .await
             .context("starting the simulated cluster")?;
         tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
-        (cluster.client(), Some(cluster))
+        let client = cluster
+            .try_client()
+            .context("a client for the simulated cluster")?;
+        (client, Some(cluster))
     } else {
         let client = k8s::connect(&settings.kubernetes)
             .await

@@ -26,7 +26,7 @@ async fn until_pods_exist(
     app: &str,
     count: usize,
 ) -> BTreeSet<String> {
-    let api: Api<Pod> = Api::namespaced(h.sim.client(), namespace);
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), namespace);
     let config =
         watcher::Config::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
     let mut events = watcher(api, config).boxed();

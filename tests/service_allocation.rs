@@ -7,8 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use serde_json::json;
 use spark_pod_allocator::allocator::{
     AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
@@ -38,7 +41,11 @@ async fn manual_cluster() -> SimCluster {
 }
 
 fn applications(sim: &SimCluster, clock: &ManualClock, options: ServiceOptions) -> Applications {
-    let ctx = ServiceContext::new(sim.client(), Arc::new(clock.clone())).with_options(options);
+    let ctx = ServiceContext::new(
+        sim.try_client().expect("sim client"),
+        Arc::new(clock.clone()),
+    )
+    .with_options(options);
     Applications::new(ctx)
 }
 
@@ -120,7 +127,7 @@ where
 
 /// The executor ids of the application's pods in the cluster (inactive ones included).
 async fn cluster_ids(sim: &SimCluster, namespace: &str, app: &str) -> BTreeSet<u64> {
-    let api: Api<Pod> = Api::namespaced(sim.client(), namespace);
+    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), namespace);
     let lp = ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
     api.list(&lp)
         .await
@@ -214,7 +221,7 @@ async fn set_failed(sim: &SimCluster, app: &str, exec: u64) {
 }
 
 async fn patch_status(sim: &SimCluster, app: &str, exec: u64, patch: serde_json::Value) {
-    let api: Api<Pod> = Api::namespaced(sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), NS);
     api.patch_status(
         &format!("{app}-exec-{exec}"),
         &PatchParams::default(),
@@ -236,7 +243,11 @@ async fn bind(sim: &SimCluster, app: &str, exec: u64) {
         .header("content-type", "application/json")
         .body(body)
         .unwrap();
-    sim.client().request_text(request).await.expect("binding");
+    sim.try_client()
+        .expect("sim client")
+        .request_text(request)
+        .await
+        .expect("binding");
 }
 
 #[tokio::test]
@@ -357,7 +368,7 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
             .await
             .unwrap()
     );
-    let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     for d in &deleted {
         let pod = api.get(&format!("app-down-exec-{d}")).await.unwrap();
         assert!(pod.metadata.deletion_timestamp.is_some());
@@ -556,7 +567,7 @@ async fn start_is_idempotent_and_checks_its_inputs() {
 #[tokio::test]
 async fn driver_pod_owns_the_executors() {
     let h = harness().await;
-    let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     let mut driver = template();
     driver.metadata.name = Some("driver-1".into());
     let driver = api.create(&PostParams::default(), &driver).await.unwrap();
@@ -612,6 +623,110 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
     // The existing 5 count: only 2 more, with fresh ids.
     assert_eq!(cluster_ids(&h.sim, NS, "app-r").await, range(1, 7));
     assert_eq!(restarted.stop(&id("app-r")).await.unwrap(), 7);
+}
+
+#[tokio::test]
+async fn a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
+    let h = harness().await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let mut driver = template();
+    driver.metadata.name = Some("driver-gone".into());
+    api.create(&PostParams::default(), &driver).await.unwrap();
+    let mut req = request("app-gone", NS);
+    req.driver_pod_name = Some("driver-gone".into());
+    start(&h.apps, req.clone()).await;
+    set_targets_and_round(&h, "app-gone", 5).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-gone").await, range(1, 5));
+    h.apps.shutdown().await;
+    // While no service runs, the pods of the highest ids go (deleted on termination,
+    // evicted, removed by hand).
+    for exec in [4, 5] {
+        api.delete(&format!("app-gone-exec-{exec}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(cluster_ids(&h.sim, NS, "app-gone").await, range(1, 3));
+
+    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let started = restarted.start(req).await.unwrap();
+    assert!(started.resumed);
+    assert_eq!(started.last_executor_id, 5, "ids 4 and 5 were handed out");
+    wait_for("start round", || async {
+        restarted.rounds(&id("app-gone")).await.unwrap() >= 1
+    })
+    .await;
+    let before = restarted.rounds(&id("app-gone")).await.unwrap();
+    restarted
+        .set_total_expected(&id("app-gone"), targets(5))
+        .await
+        .unwrap();
+    h.clock.advance(BATCH_DELAY);
+    wait_for("resumed round", || async {
+        restarted.rounds(&id("app-gone")).await.unwrap() > before
+    })
+    .await;
+    assert_eq!(
+        cluster_ids(&h.sim, NS, "app-gone").await,
+        BTreeSet::from([1, 2, 3, 6, 7])
+    );
+    assert_eq!(restarted.stop(&id("app-gone")).await.unwrap(), 5);
+}
+
+#[tokio::test]
+async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
+    let h = harness().await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let mut driver = template();
+    driver.metadata.name = Some("driver-rec".into());
+    api.create(&PostParams::default(), &driver).await.unwrap();
+    let mut req = request("app-rec", NS);
+    req.driver_pod_name = Some("driver-rec".into());
+    start(&h.apps, req).await;
+    set_targets_and_round(&h, "app-rec", 2).await;
+    let driver = api.get("driver-rec").await.unwrap();
+    assert_eq!(
+        driver.metadata.annotations.unwrap()["spark-pod-allocator/last-executor-id"],
+        "2"
+    );
+    // The driver pod goes: the next ids cannot be recorded, so nothing is created with
+    // them, and the round backs off as for refused creates.
+    api.delete("driver-rec", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.apps
+        .set_total_expected(&id("app-rec"), targets(4))
+        .await
+        .unwrap();
+    advance_round(&h, "app-rec", BATCH_DELAY).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-rec").await, range(1, 2));
+    let status = h.apps.status(&id("app-rec")).await.unwrap();
+    assert_eq!(status.last_executor_id, 4);
+    assert_eq!(
+        h.apps.next_round_at(&id("app-rec")).await.unwrap().0,
+        h.clock.now().0 + 2000
+    );
+    h.apps.stop(&id("app-rec")).await.unwrap();
+}
+
+#[tokio::test]
+async fn application_ids_with_dots_and_underscores_select_their_pods_only() {
+    let h = harness().await;
+    // Spark application ids are label values: capitals, '.', '_' and '-' reach the API
+    // server unescaped in every label selector (list, watch, collection delete).
+    start(&h.apps, request("Spark_app.1-x", NS)).await;
+    start(&h.apps, request("Spark_app.1", NS)).await;
+    set_targets_and_round(&h, "Spark_app.1-x", 2).await;
+    set_targets_and_round(&h, "Spark_app.1", 1).await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    assert!(
+        api.get("spark-app-1-x-exec-1").await.is_ok(),
+        "prefix sanitised"
+    );
+    wait_seen(&h, "Spark_app.1-x", range(1, 2)).await;
+    wait_seen(&h, "Spark_app.1", range(1, 1)).await;
+    assert_eq!(h.apps.stop(&id("Spark_app.1-x")).await.unwrap(), 2);
+    assert_eq!(cluster_ids(&h.sim, NS, "Spark_app.1").await, range(1, 1));
+    assert_eq!(h.apps.stop(&id("Spark_app.1")).await.unwrap(), 1);
 }
 
 #[tokio::test]
@@ -725,7 +840,7 @@ async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
     .await;
     advance_round(&h, "app-keep", BATCH_DELAY).await;
     // Kept for inspection, labelled inactive, and replaced by executor 3.
-    let api: Api<Pod> = Api::namespaced(h.sim.client(), NS);
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     let kept = api.get("app-keep-exec-1").await.unwrap();
     assert_eq!(
         kept.metadata
@@ -804,6 +919,57 @@ async fn the_actor_answers_while_rate_limited_creates_are_in_flight() {
     let deleted = apps.stop(&id("app-slow")).await.unwrap();
     assert!(deleted < 30, "unsent creates were skipped: {deleted}");
     assert!(cluster_ids(&sim, NS, "app-slow").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_slow_periodic_list_does_not_undo_newer_watch_events() {
+    let h = harness().await;
+    start(&h.apps, request("app-slow", NS)).await;
+    wait_for("namespace watch listed", || async {
+        h.apps.is_namespace_synced(NS)
+    })
+    .await;
+    set_targets_and_round(&h, "app-slow", 2).await;
+    wait_seen(&h, "app-slow", range(1, 2)).await;
+
+    // The periodic LIST is answered late: its answer still holds executor 2, which is
+    // deleted meanwhile (unbound: gone at once) and whose DELETED event the watch streams.
+    h.sim.hold_list_responses();
+    h.clock.advance(Duration::from_secs(30));
+    let resync_at = h.clock.now();
+    wait_for("the periodic LIST is held", || async {
+        h.sim.held_list_responses() >= 1
+    })
+    .await;
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let before_delete = h.sim.resource_version().to_string();
+    api.delete("app-slow-exec-2", &DeleteParams::default())
+        .await
+        .expect("delete");
+    // The API server has streamed the DELETED event (to every watch of the namespace).
+    let wp = WatchParams::default().fields("metadata.name=app-slow-exec-2");
+    let mut events = api.watch(&wp, &before_delete).await.expect("watch").boxed();
+    loop {
+        match events.next().await {
+            Some(Ok(WatchEvent::Deleted(_))) => break,
+            Some(Ok(_)) => {}
+            other => panic!("watch ended before DELETED: {other:?}"),
+        }
+    }
+    h.sim.release_list_responses();
+
+    // The late LIST is older than the deletion: after it, executor 2 must still end up
+    // Deleted (the state a round counts as nothing, so it gets replaced).
+    wait_for("the resync, then executor 2 deleted", || async {
+        let snapshot = h.apps.snapshot(&id("app-slow")).await.expect("snapshot");
+        snapshot.full_resync_at >= resync_at
+            && snapshot
+                .executors
+                .get(&ExecutorId(2))
+                .is_none_or(|e| e.state == ExecutorState::Deleted)
+    })
+    .await;
+    h.apps.stop(&id("app-slow")).await.unwrap();
 }
 
 #[tokio::test]

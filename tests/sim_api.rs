@@ -15,7 +15,7 @@ use sim_support::*;
 #[tokio::test]
 async fn create_fills_system_fields_and_get_round_trips_unknown_fields() {
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let mut pod = executor_pod("exec-1", 1);
     pod.metadata.annotations = Some([("note".to_string(), "kept".to_string())].into());
     let created = pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -40,7 +40,7 @@ async fn create_fills_system_fields_and_get_round_trips_unknown_fields() {
     assert_eq!(created.spec.as_ref().unwrap().node_name, None);
 
     // A field k8s-openapi does not know survives a round trip through the raw API.
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let (code, _, _) = raw(
         &client,
         "POST",
@@ -68,7 +68,7 @@ async fn create_fills_system_fields_and_get_round_trips_unknown_fields() {
 #[tokio::test]
 async fn generate_name_gives_distinct_names() {
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let mut pod = executor_pod("x", 1);
     pod.metadata.name = None;
     pod.metadata.generate_name = Some("app-1-exec-".into());
@@ -85,7 +85,7 @@ async fn generate_name_gives_distinct_names() {
 #[tokio::test]
 async fn errors_are_status_objects_with_real_reasons() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.create(&PostParams::default(), &executor_pod("dup", 1))
         .await
@@ -177,7 +177,7 @@ async fn errors_are_status_objects_with_real_reasons() {
 #[tokio::test]
 async fn label_and_field_selectors_filter_lists() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for id in 1..=4 {
         pods.create(
@@ -267,7 +267,7 @@ async fn label_and_field_selectors_filter_lists() {
 #[tokio::test]
 async fn watch_from_list_version_sees_changes_in_order() {
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.create(&PostParams::default(), &executor_pod("before", 1))
         .await
         .unwrap();
@@ -337,7 +337,7 @@ async fn watch_from_list_version_sees_changes_in_order() {
 #[tokio::test]
 async fn selector_watch_sees_objects_leave_and_enter() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.create(&PostParams::default(), &executor_pod("p", 1))
         .await
@@ -389,7 +389,7 @@ async fn selector_watch_sees_objects_leave_and_enter() {
 #[tokio::test]
 async fn watch_from_compacted_version_gets_410_error_event_and_bookmarks_work() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.create(&PostParams::default(), &executor_pod("a", 1))
         .await
@@ -460,7 +460,7 @@ async fn watch_from_compacted_version_gets_410_error_event_and_bookmarks_work() 
 #[tokio::test]
 async fn bound_pods_are_deleted_gracefully_and_unbound_at_once() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.create(&PostParams::default(), &executor_pod("unbound", 1))
         .await
@@ -541,7 +541,7 @@ async fn bound_pods_are_deleted_gracefully_and_unbound_at_once() {
 #[tokio::test]
 async fn delete_collection_honours_label_and_field_selectors() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for id in 1..=4 {
         pods.create(
@@ -590,7 +590,7 @@ async fn delete_collection_honours_label_and_field_selectors() {
 #[tokio::test]
 async fn status_changes_only_through_the_status_subresource() {
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.create(&PostParams::default(), &executor_pod("p", 1))
         .await
         .unwrap();
@@ -662,7 +662,7 @@ async fn status_changes_only_through_the_status_subresource() {
 #[tokio::test]
 async fn configmaps_and_leases_support_the_verbs_the_service_uses() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let cm: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "state"}, "data": {"k": "v"}})).unwrap();
@@ -744,7 +744,7 @@ async fn configmaps_and_leases_support_the_verbs_the_service_uses() {
 #[tokio::test]
 async fn discovery_answers_what_kube_rs_asks() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let version = client.apiserver_version().await.unwrap();
     assert_eq!(version.major, "1");
     let core = client.list_core_api_resources("v1").await.unwrap();
@@ -775,7 +775,7 @@ async fn discovery_answers_what_kube_rs_asks() {
 #[tokio::test]
 async fn wrongly_typed_fields_are_refused_and_nothing_is_stored() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let (code, _, body) = raw(
         &client,
         "POST",
@@ -840,7 +840,7 @@ async fn wrongly_typed_fields_are_refused_and_nothing_is_stored() {
 #[tokio::test]
 async fn server_side_apply_is_approximated_by_create_or_merge() {
     let sim = manual_cluster().await;
-    let cms: Api<ConfigMap> = Api::namespaced(sim.client(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let desired = |v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"k": v}});
     let created = cms
         .patch(
@@ -867,7 +867,7 @@ async fn server_side_apply_is_approximated_by_create_or_merge() {
 async fn streaming_list_watchers_get_initial_events_then_changes() {
     use kube::runtime::watcher::{self, Event};
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.create(&PostParams::default(), &executor_pod("exec-1", 1))
         .await
         .unwrap();
@@ -908,7 +908,7 @@ async fn bounded_history_expires_old_versions_and_continue_tokens() {
     let sim = spark_pod_allocator::sim::SimCluster::start(settings)
         .await
         .unwrap();
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let start = sim.resource_version();
     pods.create(&PostParams::default(), &executor_pod("exec-1", 1))

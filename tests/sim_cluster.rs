@@ -39,7 +39,7 @@ async fn pod_where(pods: &Api<Pod>, name: &str, what: &str, pred: impl Fn(&Pod) 
 #[tokio::test]
 async fn pods_are_scheduled_started_and_report_their_container() {
     let sim = SimCluster::start(fast_settings()).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.create(&PostParams::default(), &executor_pod("exec-1", 1))
         .await
         .unwrap();
@@ -80,7 +80,7 @@ async fn excess_pods_stay_unschedulable_until_room_frees() {
     settings.kubelet.nodes = 1;
     settings.kubelet.pods_per_node = 2;
     let sim = SimCluster::start(settings).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     for id in 1..=3 {
         pods.create(
             &PostParams::default(),
@@ -123,7 +123,7 @@ async fn failing_containers_images_and_exits_are_reported_like_a_kubelet() {
     settings.kubelet.failing_images = vec!["broken:1".into()];
     settings.kubelet.exit_after_ms = Some(10);
     let sim = SimCluster::start(settings).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
 
     let mut bad = executor_pod("bad-image", 1);
     bad.spec.as_mut().unwrap().containers[0].image = Some("broken:1".into());
@@ -158,7 +158,7 @@ async fn failing_containers_images_and_exits_are_reported_like_a_kubelet() {
     failing.kubelet.fail_fraction = 1.0;
     failing.kubelet.fail_exit_code = 7;
     let sim2 = SimCluster::start(failing).await.unwrap();
-    let pods2: Api<Pod> = Api::namespaced(sim2.client(), "default");
+    let pods2: Api<Pod> = Api::namespaced(sim2.try_client().expect("sim client"), "default");
     pods2
         .create(&PostParams::default(), &executor_pod("fails", 3))
         .await
@@ -177,7 +177,7 @@ async fn failing_containers_images_and_exits_are_reported_like_a_kubelet() {
 #[tokio::test]
 async fn manual_mode_moves_nothing_and_gc_removes_orphans() {
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let driver = pods
         .create(&PostParams::default(), &executor_pod("driver", 0))
         .await
@@ -215,7 +215,7 @@ async fn manual_mode_moves_nothing_and_gc_removes_orphans() {
 #[tokio::test]
 async fn auto_gc_deletes_executors_of_a_deleted_driver() {
     let sim = SimCluster::start(fast_settings()).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let driver = pods
         .create(&PostParams::default(), &executor_pod("driver", 0))
         .await
@@ -309,7 +309,7 @@ async fn injected_errors_are_real_status_answers() {
 #[tokio::test]
 async fn watch_faults_drop_events_and_close_watches() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let from = sim.resource_version();
     pods.create(&PostParams::default(), &executor_pod("a", 1))
@@ -343,7 +343,7 @@ async fn watch_faults_drop_events_and_close_watches() {
 #[tokio::test]
 async fn admin_endpoint_reads_and_changes_faults_and_compacts() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let (code, _, body) = raw(&client, "GET", "/sim/faults", "", None).await;
     assert_eq!(
         (code, body["error_500_fraction"].as_f64()),
@@ -405,7 +405,7 @@ async fn bearer_tokens_are_required_when_configured() {
     settings.kubelet.mode = KubeletMode::Manual;
     settings.auth_tokens = vec!["s3cret".into()];
     let sim = SimCluster::start(settings).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.list(&ListParams::default())
         .await
         .expect("the cluster's own config carries the token");
@@ -467,7 +467,7 @@ async fn settings_load_from_toml_with_defaults_and_bad_values_are_refused() {
 #[tokio::test]
 async fn shutdown_ends_watches_and_stops_listening() {
     let sim = manual_cluster().await;
-    let client = sim.client();
+    let client = sim.try_client().expect("sim client");
     let req = http::Request::get("/api/v1/namespaces/default/pods?watch=1")
         .body(kube::client::Body::from(Vec::new()))
         .unwrap();

@@ -77,7 +77,7 @@ impl Kubectl {
 
 async fn cluster_with_executors(n: u32) -> SimCluster {
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     for id in 1..=n {
         pods.create(
             &PostParams::default(),
@@ -129,7 +129,7 @@ async fn kubectl_deletes_by_label() {
         out.contains("pod \"exec-1\" deleted") && out.contains("pod \"exec-3\" deleted"),
         "{out}"
     );
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let left: Vec<String> = pods
         .list(&Default::default())
         .await
@@ -170,7 +170,7 @@ async fn kubectl_get_watch_sees_a_status_patch() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert_eq!(read_line(&mut lines).await.as_deref(), Some("Pending"));
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.patch_status(
         "exec-1",
         &PatchParams::default(),
@@ -198,7 +198,7 @@ async fn kubectl_apply_creates_then_configures_a_pod() {
     std::fs::write(&manifest, pod_yaml("b")).unwrap();
     let out = k.run(&["apply", "-f", manifest.to_str().unwrap()]).await;
     assert_eq!(out.trim(), "pod/applied configured");
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     let applied = pods.get("applied").await.unwrap();
     assert_eq!(applied.metadata.labels.unwrap()["tier"], "b");
     assert_eq!(applied.spec.unwrap().containers.len(), 1);
@@ -211,7 +211,7 @@ async fn kube_runtime_watcher_recovers_from_a_forced_410() {
     use spark_pod_allocator::sim::FaultSettings;
 
     let sim = manual_cluster().await;
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.create(&PostParams::default(), &executor_pod("exec-1", 1))
         .await
         .unwrap();
@@ -360,7 +360,7 @@ async fn kubectl_get_watch_prints_table_rows_for_each_change() {
         first.split_whitespace().take(3).collect::<Vec<_>>(),
         ["exec-1", "0/1", "Pending"]
     );
-    let pods: Api<Pod> = Api::namespaced(sim.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");
     pods.patch_status(
         "exec-1",
         &PatchParams::default(),

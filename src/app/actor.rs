@@ -50,6 +50,10 @@ pub(crate) struct Actor {
     pub delete_on_termination: bool,
     pub pods: ExecutorPods,
     pub clock: Arc<dyn Clock>,
+    /// The driver pod, where the highest executor id handed out is recorded.
+    pub driver_pod: Option<String>,
+    /// The highest executor id recorded on the driver pod.
+    pub recorded_last_id: u64,
 }
 
 /// Reaches a running actor.
@@ -292,11 +296,46 @@ impl State {
         }
         self.delete_planned().await;
         self.clean_up_finished().await;
+        if let Err(err) = self.record_last_id(&plan.creates).await {
+            // Nothing is created with ids a restarted service could not know of; they are
+            // forgotten like refused creates (backoff included), and later rounds ask again.
+            let message = crate::k8s::describe_error(&err);
+            let results = plan
+                .creates
+                .iter()
+                .map(|(id, _)| (*id, Err(CreateError::IdNotRecorded(message.clone()))))
+                .collect();
+            self.record_creates(results);
+            return;
+        }
         // Counted once carried out (creates answered), so an observer seeing the count
         // sees the round's effects.
         if !self.create_planned(plan.creates) {
             self.rounds += 1;
         }
+    }
+
+    /// Records the highest id of `creates` on the driver pod (if any) before they are sent,
+    /// so a restarted service never hands out an id again, even one whose pod is gone.
+    async fn record_last_id(
+        &mut self,
+        creates: &[(ExecutorId, ResourceProfileId)],
+    ) -> Result<(), kube::Error> {
+        let Some(driver) = &self.actor.driver_pod else {
+            return Ok(());
+        };
+        let Some(highest) = creates.iter().map(|(id, _)| *id).max() else {
+            return Ok(());
+        };
+        if highest.0 <= self.actor.recorded_last_id {
+            return Ok(());
+        }
+        self.actor
+            .pods
+            .record_last_executor_id(&self.actor.namespace, driver, highest)
+            .await?;
+        self.actor.recorded_last_id = highest.0;
+        Ok(())
     }
 
     async fn delete_planned(&mut self) {
@@ -368,13 +407,18 @@ impl State {
     /// minute) instead of burning a batch of ids every batch delay.
     fn creates_answered(&mut self, results: CreateResults) {
         self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+        self.record_creates(results);
+    }
+
+    /// The outcome of a round's creates (see [`Self::creates_answered`]).
+    fn record_creates(&mut self, results: CreateResults) {
         let requested = results.len();
         let mut failed = 0usize;
         let mut first_error = None;
         for (id, result) in results {
             if let Err(err) = result {
                 self.actor.allocator.create_failed(id);
-                if matches!(err, CreateError::Kubernetes(_)) {
+                if !matches!(err, CreateError::Cancelled) {
                     failed += 1;
                     first_error.get_or_insert(err);
                 }

@@ -16,7 +16,7 @@ use crate::allocator::{
     TemplateError, Timestamp, executor_pod_from,
 };
 use crate::config::Settings;
-use crate::k8s::pods::highest_executor_id;
+use crate::k8s::pods::{highest_executor_id, recorded_last_executor_id};
 use crate::k8s::{ExecutorPods, PodWatches, RateLimiter};
 
 mod actor;
@@ -244,7 +244,7 @@ impl Applications {
                 message: reason,
             });
         }
-        let driver = self.driver_owner(&req).await?;
+        let driver = self.driver(&req).await?;
         let rules = self.inner.ctx.options.state_rules.clone();
         let prefix = req
             .pod_name_prefix
@@ -254,7 +254,7 @@ impl Applications {
             req.app_id.as_str(),
             &prefix,
             req.templates.clone(),
-            driver,
+            driver.as_ref().and_then(|d| d.owner.clone()),
             &rules.executor_container,
         )
         .map_err(template_error)?;
@@ -269,7 +269,13 @@ impl Applications {
             .pods
             .list_executors(&req.namespace, req.app_id.as_str())
             .await?;
-        let last_executor_id = highest_executor_id(&found).unwrap_or(0);
+        // Pods of the highest ids may be gone (downscaled, finished): the id recorded on
+        // the driver pod covers them.
+        let recorded = driver
+            .as_ref()
+            .and_then(|d| d.recorded_last_id)
+            .unwrap_or(0);
+        let last_executor_id = highest_executor_id(&found).unwrap_or(0).max(recorded);
         let resumed = !found.is_empty();
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
@@ -291,6 +297,8 @@ impl Applications {
             delete_on_termination: req.settings.delete_on_termination,
             pods: self.inner.pods.clone(),
             clock: Arc::clone(&self.inner.ctx.clock),
+            driver_pod: driver.map(|d| d.name),
+            recorded_last_id: recorded,
         };
         let handle = ActorHandle::spawn(actor, subscription);
         self.apps().insert(
@@ -436,7 +444,7 @@ impl Applications {
         }
     }
 
-    async fn driver_owner(&self, req: &StartApplication) -> Result<Option<DriverOwner>, AppError> {
+    async fn driver(&self, req: &StartApplication) -> Result<Option<Driver>, AppError> {
         let Some(name) = &req.driver_pod_name else {
             return Ok(None);
         };
@@ -451,16 +459,22 @@ impl Applications {
                     req.namespace
                 ))
             })?;
-        match pod.metadata.uid {
-            Some(uid) => Ok(Some(DriverOwner {
+        let recorded_last_id = recorded_last_executor_id(&pod);
+        let owner = match pod.metadata.uid {
+            Some(uid) => Some(DriverOwner {
                 name: name.clone(),
                 uid,
-            })),
+            }),
             None => {
                 tracing::warn!(driver = %name, "driver pod has no uid; executors get no owner");
-                Ok(None)
+                None
             }
-        }
+        };
+        Ok(Some(Driver {
+            name: name.clone(),
+            owner,
+            recorded_last_id,
+        }))
     }
 
     fn actor(&self, app: &AppId) -> Result<ActorHandle, AppError> {
@@ -483,6 +497,15 @@ impl Applications {
             Err(poisoned) => poisoned.into_inner(),
         }
     }
+}
+
+/// The application's driver pod as Start found it.
+struct Driver {
+    name: String,
+    /// The executors' controller owner (none when the pod has no uid).
+    owner: Option<DriverOwner>,
+    /// The last executor id a service recorded on it.
+    recorded_last_id: Option<u64>,
 }
 
 /// A template error names the request field it came from.

@@ -22,10 +22,18 @@ pub enum CreateError {
     /// The API server refused or failed the create.
     #[error("{}", describe_error(.0))]
     Kubernetes(#[from] kube::Error),
+    /// Not sent: the executor id could not be recorded on the driver pod first.
+    #[error("not sent: recording the last executor id on the driver pod failed: {0}")]
+    IdNotRecorded(String),
     /// The application stopped before the create was sent.
     #[error("not sent: the application is stopping")]
     Cancelled,
 }
+
+/// Annotation on the driver pod holding the highest executor id the service has handed
+/// out for the application: a restarted service continues after it even when the pods of
+/// the highest ids are gone (deleted on downscale or termination).
+pub const LAST_EXECUTOR_ID_ANNOTATION: &str = "spark-pod-allocator/last-executor-id";
 
 /// Ids per collection delete, so the label selector stays well under URL limits.
 const IDS_PER_DELETE: usize = 200;
@@ -160,6 +168,29 @@ impl ExecutorPods {
         }
     }
 
+    /// Records `id` as the application's highest executor id on its driver pod (before
+    /// executors with ids up to it are created).
+    pub async fn record_last_executor_id(
+        &self,
+        namespace: &str,
+        driver_pod: &str,
+        id: ExecutorId,
+    ) -> Result<(), kube::Error> {
+        self.limiter.acquire().await;
+        let patch = serde_json::json!({"metadata": {"annotations": {LAST_EXECUTOR_ID_ANNOTATION: id.to_string()}}});
+        match self
+            .api(namespace)
+            .patch(driver_pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                tracing::warn!(namespace, driver = driver_pod, error = %describe_error(&err), "recording the last executor id on the driver pod failed");
+                Err(err)
+            }
+        }
+    }
+
     /// Every executor pod of the application, inactive ones included (they hold ids too).
     pub async fn list_executors(
         &self,
@@ -185,6 +216,23 @@ pub fn highest_executor_id(pods: &[Pod]) -> Option<u64> {
     pods.iter()
         .filter_map(|pod| labels(pod).get(EXECUTOR_ID_LABEL)?.parse::<u64>().ok())
         .max()
+}
+
+/// The last executor id recorded on a driver pod ([`LAST_EXECUTOR_ID_ANNOTATION`]);
+/// `None` when absent or not a number.
+pub fn recorded_last_executor_id(driver: &Pod) -> Option<u64> {
+    let value = driver
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_EXECUTOR_ID_ANNOTATION)?;
+    match value.parse::<u64>() {
+        Ok(id) => Some(id),
+        Err(_) => {
+            tracing::warn!(value = %value, "ignoring an unparseable {LAST_EXECUTOR_ID_ANNOTATION} annotation on the driver pod");
+            None
+        }
+    }
 }
 
 /// The pod's labels (empty when none).
@@ -227,5 +275,21 @@ mod tests {
         ];
         assert_eq!(highest_executor_id(&pods), Some(12));
         assert_eq!(highest_executor_id(&[]), None);
+    }
+
+    #[test]
+    fn recorded_last_id_ignores_garbage() {
+        let mut driver = pod(&[]);
+        assert_eq!(recorded_last_executor_id(&driver), None);
+        driver.metadata.annotations = Some(BTreeMap::from([(
+            LAST_EXECUTOR_ID_ANNOTATION.to_string(),
+            "41".to_string(),
+        )]));
+        assert_eq!(recorded_last_executor_id(&driver), Some(41));
+        driver.metadata.annotations = Some(BTreeMap::from([(
+            LAST_EXECUTOR_ID_ANNOTATION.to_string(),
+            "-1".to_string(),
+        )]));
+        assert_eq!(recorded_last_executor_id(&driver), None);
     }
 }

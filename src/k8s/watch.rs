@@ -180,44 +180,59 @@ impl PodWatches {
         let subscribers: Subscribers = Arc::default();
         let synced = Arc::new(AtomicBool::new(false));
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
-        let watch_task = tokio::spawn(run_watch(
-            api.clone(),
-            Arc::clone(&subscribers),
-            Arc::clone(&synced),
-            Arc::clone(&self.inner),
-            namespace.to_string(),
-        ));
         // The first full LIST is due one interval after the watch starts (not after the
         // task first gets to run).
         let first_resync = after(self.inner.clock.now(), self.inner.resync_interval);
-        let resync_task = tokio::spawn(run_resync(
+        let watch_task = tokio::spawn(run_watch(
             api,
             first_resync,
             Arc::clone(&subscribers),
+            Arc::clone(&synced),
             Arc::clone(&self.inner),
             namespace.to_string(),
         ));
         NamespaceWatch {
             subscribers,
             synced,
-            tasks: vec![watch_task, resync_task],
+            tasks: vec![watch_task],
         }
     }
 }
 
-/// The kube-runtime watcher of one namespace: relists after 410 and re-watches with
-/// backoff; its restarts (Init … InitDone) become a resync of every subscriber.
+/// The kube-runtime watcher of one namespace (it relists after 410 and re-watches with
+/// backoff; its restarts, Init … InitDone, become a resync of every subscriber), and the
+/// periodic full LIST, the backstop for missed watch events.
+///
+/// The LIST runs in this task, between two watch events, never beside them: every event
+/// forwarded before it was sent by the API server before the LIST was answered, so the
+/// LIST (a consistent read: no `resourceVersion`, never the watch cache's `0`) is at least
+/// as new, and every event forwarded after it follows it. A LIST running
+/// concurrently could be answered with a state older than events already forwarded (a pod
+/// deleted or created meanwhile), and its resync would undo them until the next one.
 async fn run_watch(
     api: Api<Pod>,
+    first_resync: Timestamp,
     subscribers: Subscribers,
     synced: Arc<AtomicBool>,
     inner: Arc<Inner>,
     namespace: String,
 ) {
     let config = watcher::Config::default().labels(&executor_selector());
-    let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut stream = watcher(api.clone(), config).default_backoff().boxed();
     let mut relisting: Option<HashMap<String, Vec<Pod>>> = None;
-    while let Some(event) = stream.next().await {
+    let mut next_resync = first_resync;
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            () = inner.clock.sleep_until(next_resync) => {
+                next_resync = after(inner.clock.now(), inner.resync_interval);
+                resync(&api, &subscribers, &namespace).await;
+                continue;
+            }
+        };
+        let Some(event) = event else {
+            break;
+        };
         match event {
             Ok(watcher::Event::Apply(pod)) => route(&subscribers, pod, PodEvent::Applied),
             Ok(watcher::Event::Delete(pod)) => route(&subscribers, pod, PodEvent::Deleted),
@@ -240,32 +255,33 @@ async fn run_watch(
     }
 }
 
-/// The periodic full LIST of one namespace (the backstop for missed watch events).
-async fn run_resync(
-    api: Api<Pod>,
-    first: Timestamp,
-    subscribers: Subscribers,
-    inner: Arc<Inner>,
-    namespace: String,
-) {
+/// Longest wait for the periodic LIST: watch events wait while it runs, so a LIST the
+/// API server is slow to answer is given up (the next one follows an interval later).
+const RESYNC_LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot.
+async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
     let lp = ListParams::default().labels(&executor_selector());
-    let mut next = first;
-    loop {
-        inner.clock.sleep_until(next).await;
-        next = after(inner.clock.now(), inner.resync_interval);
-        match api.list(&lp).await {
-            Ok(list) => {
-                let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
-                for pod in list.items {
-                    if let Some(app) = app_of(&pod) {
-                        by_app.entry(app.to_string()).or_default().push(pod);
-                    }
+    let Ok(answer) = tokio::time::timeout(RESYNC_LIST_TIMEOUT, api.list(&lp)).await else {
+        tracing::warn!(
+            namespace,
+            timeout_s = RESYNC_LIST_TIMEOUT.as_secs(),
+            "periodic executor pod LIST not answered in time; given up until the next one"
+        );
+        return;
+    };
+    match answer {
+        Ok(list) => {
+            let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
+            for pod in list.items {
+                if let Some(app) = app_of(&pod) {
+                    by_app.entry(app.to_string()).or_default().push(pod);
                 }
-                resync_all(&subscribers, by_app);
             }
-            Err(err) => {
-                tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
-            }
+            resync_all(subscribers, by_app);
+        }
+        Err(err) => {
+            tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
         }
     }
 }

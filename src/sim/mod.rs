@@ -87,6 +87,8 @@ impl SimCluster {
             rng: Mutex::new(SmallRng::seed_from_u64(settings.seed)),
             cancel: CancellationToken::new(),
             address: addr.to_string(),
+            hold_lists: tokio::sync::watch::channel(false).0,
+            held_lists: std::sync::atomic::AtomicUsize::new(0),
             settings,
         });
         let mut namespaces = shared.settings.namespaces.clone();
@@ -146,17 +148,8 @@ impl SimCluster {
         config
     }
 
-    /// A kube-rs client for this cluster.
-    ///
-    /// # Panics
-    /// Only if kube-rs cannot build an HTTP client at all (its TLS stack failed to
-    /// initialise), which no input or cluster state can cause; see [`Self::try_client`].
-    pub fn client(&self) -> kube::Client {
-        self.try_client()
-            .expect("kube-rs builds a client for a plain http:// URL")
-    }
-
-    /// A kube-rs client for this cluster, or why kube-rs could not build one.
+    /// A kube-rs client for this cluster, or why kube-rs could not build one (its TLS
+    /// stack failed to initialise); callers propagate the error.
     pub fn try_client(&self) -> Result<kube::Client, kube::Error> {
         kube::Client::try_from(self.kube_config())
     }
@@ -199,6 +192,25 @@ impl SimCluster {
     /// The faults currently injected.
     pub fn faults(&self) -> FaultSettings {
         self.shared.faults()
+    }
+
+    /// Holds back the answers of LIST requests (not watches) until [`Self::release_list_responses`]:
+    /// each answer shows the state when the request arrived, as a slow LIST on a real
+    /// server does, while watches keep streaming newer events.
+    pub fn hold_list_responses(&self) {
+        self.shared.hold_lists.send_replace(true);
+    }
+
+    /// Sends every held LIST answer and stops holding new ones.
+    pub fn release_list_responses(&self) {
+        self.shared.hold_lists.send_replace(false);
+    }
+
+    /// LIST answers held back right now.
+    pub fn held_list_responses(&self) -> usize {
+        self.shared
+            .held_lists
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Forgets the watch history: a watch from any version seen so far gets 410 Expired.

@@ -34,6 +34,11 @@ pub(crate) struct Shared {
     pub cancel: CancellationToken,
     /// `host:port` the server listens on (for discovery's serverAddressByClientCIDRs).
     pub address: String,
+    /// While true, LIST answers are computed and then held back (see
+    /// `SimCluster::hold_list_responses`): reproduces a slow LIST racing watch events.
+    pub hold_lists: tokio::sync::watch::Sender<bool>,
+    /// LIST answers held back right now.
+    pub held_lists: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -301,7 +306,9 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             if flag(&q, "watch") {
                 watch(sh, kind, ns, &q, table)
             } else {
-                list(sh, kind, ns.as_deref(), &q, table)
+                let response = list(sh, kind, ns.as_deref(), &q, table);
+                hold_list_response(sh).await;
+                response
             }
         }
         (Method::POST, Target::Collection { kind, ns }) => {
@@ -408,6 +415,20 @@ fn namespace_for_write(kind: Kind, ns: Option<String>) -> Result<String, ApiErro
         (true, Some(ns)) => Ok(ns),
         (true, None) => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// Waits while LIST answers are held (the answer is already computed: the state it shows
+/// is the one at the time of the request, as with a slow response on a real server).
+async fn hold_list_response(sh: &Shared) {
+    use std::sync::atomic::Ordering;
+    let mut hold = sh.hold_lists.subscribe();
+    if !*hold.borrow_and_update() {
+        return;
+    }
+    sh.held_lists.fetch_add(1, Ordering::SeqCst);
+    // Ends when the hold is released or the sender (the cluster) is gone.
+    let _ = hold.wait_for(|held| !*held).await;
+    sh.held_lists.fetch_sub(1, Ordering::SeqCst);
 }
 
 async fn inject_request_faults(sh: &Shared) -> Result<(), ApiError> {

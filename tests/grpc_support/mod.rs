@@ -99,7 +99,7 @@ impl Harness {
 
     /// The executor pods of `app` in `namespace`, as the API server has them.
     pub async fn pods(&self, namespace: &str, app: &str) -> Vec<Pod> {
-        let api: Api<Pod> = Api::namespaced(self.sim.client(), namespace);
+        let api: Api<Pod> = Api::namespaced(self.sim.try_client().expect("sim client"), namespace);
         api.list(
             &ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor")),
         )
@@ -142,8 +142,10 @@ struct Service {
 
 impl Service {
     async fn start(sim: &SimCluster, clock: &ManualClock, serve_settings: ServeSettings) -> Self {
-        let applications =
-            Applications::new(ServiceContext::new(sim.client(), Arc::new(clock.clone())));
+        let applications = Applications::new(ServiceContext::new(
+            sim.try_client().expect("sim client"),
+            Arc::new(clock.clone()),
+        ));
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
         let address = listener.local_addr().expect("address");
         let (stop, stop_rx) = oneshot::channel::<()>();
