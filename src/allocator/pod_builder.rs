@@ -56,6 +56,11 @@ pub struct ExecutorPodBuilder {
     templates: BTreeMap<ResourceProfileId, Pod>,
     driver: Option<DriverOwner>,
     executor_container: String,
+    /// With the default prefix: [`stable_hash`] of the application id, put into pod names
+    /// whenever the prefix alone would not tell this application from another.
+    id_hash: Option<String>,
+    /// Whether sanitising the application id into the prefix lost information.
+    lossy_prefix: bool,
 }
 
 impl ExecutorPodBuilder {
@@ -90,7 +95,29 @@ impl ExecutorPodBuilder {
             templates,
             driver,
             executor_container: executor_container.to_string(),
+            id_hash: None,
+            lossy_prefix: false,
         })
+    }
+    /// The builder of an application: an explicit `pod_name_prefix` is used as given
+    /// (sanitised: the driver asked for it); without one the prefix is the application id,
+    /// and when sanitising it is lossy (`Spark_app.1` and `spark-app-1` both give
+    /// `spark-app-1`) or it must be cut to fit a name, pod names also carry
+    /// [`stable_hash`] of the exact id, so two applications never share pod names.
+    pub fn for_application(
+        app_id: &str,
+        pod_name_prefix: Option<&str>,
+        templates: BTreeMap<ResourceProfileId, Pod>,
+        driver: Option<DriverOwner>,
+        executor_container: &str,
+    ) -> Result<Self, TemplateError> {
+        if let Some(prefix) = pod_name_prefix {
+            return Self::new(app_id, prefix, templates, driver, executor_container);
+        }
+        let mut builder = Self::new(app_id, app_id, templates, driver, executor_container)?;
+        builder.lossy_prefix = builder.prefix != app_id;
+        builder.id_hash = Some(stable_hash(app_id));
+        Ok(builder)
     }
     /// Whether the profile has a template.
     pub fn has_profile(&self, profile: ResourceProfileId) -> bool {
@@ -100,10 +127,19 @@ impl ExecutorPodBuilder {
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
-    /// The pod name of executor `id`: `<prefix>-exec-<id>`, at most 63 characters.
+    /// The pod name of executor `id`: `<prefix>-exec-<id>`, or `<prefix>-<hash>-exec-<id>`
+    /// when the default prefix needs the id hash (see [`Self::for_application`]); at most
+    /// 63 characters.
     pub fn pod_name(&self, id: ExecutorId) -> String {
         let suffix = format!("-exec-{id}");
         let room = MAX_NAME_LEN.saturating_sub(suffix.len());
+        if let Some(hash) = &self.id_hash
+            && (self.lossy_prefix || self.prefix.len() > room)
+        {
+            let prefix = truncate_label(&self.prefix, room.saturating_sub(hash.len() + 1));
+            let prefix = if prefix.is_empty() { "spark" } else { prefix };
+            return format!("{prefix}-{hash}{suffix}");
+        }
         let prefix = truncate_label(&self.prefix, room);
         let prefix = if prefix.is_empty() { "spark" } else { prefix };
         format!("{prefix}{suffix}")
@@ -227,6 +263,18 @@ pub fn sanitize_prefix(prefix: &str) -> String {
     } else {
         trimmed.to_string()
     }
+}
+
+/// A short hash of `value` that never changes across versions and platforms (8 lowercase
+/// hex digits of 32-bit FNV-1a over the UTF-8 bytes), for names derived from an
+/// application id that must stay distinct and stable across service restarts.
+pub fn stable_hash(value: &str) -> String {
+    const OFFSET_BASIS: u32 = 0x811c_9dc5;
+    const PRIME: u32 = 0x0100_0193;
+    let hash = value.bytes().fold(OFFSET_BASIS, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(PRIME)
+    });
+    format!("{hash:08x}")
 }
 
 /// At most `max` characters of an ASCII label, not ending in `-`.

@@ -80,7 +80,8 @@ pub struct StartApplication {
     pub driver_pod_name: Option<String>,
     /// Pod templates per resource profile (profile 0 always present).
     pub templates: BTreeMap<ResourceProfileId, Pod>,
-    /// Prefix of executor pod names; defaults to the application id.
+    /// Prefix of executor pod names; defaults to the application id (plus a hash of it when
+    /// sanitising it into a DNS label loses information, see [`ExecutorPodBuilder::for_application`]).
     pub pod_name_prefix: Option<String>,
     pub settings: AllocationSettings,
 }
@@ -246,13 +247,9 @@ impl Applications {
         }
         let driver = self.driver(&req).await?;
         let rules = self.inner.ctx.options.state_rules.clone();
-        let prefix = req
-            .pod_name_prefix
-            .clone()
-            .unwrap_or_else(|| req.app_id.to_string());
-        let builder = ExecutorPodBuilder::new(
+        let builder = ExecutorPodBuilder::for_application(
             req.app_id.as_str(),
-            &prefix,
+            req.pod_name_prefix.as_deref(),
             req.templates.clone(),
             driver.as_ref().and_then(|d| d.owner.clone()),
             &rules.executor_container,

@@ -298,3 +298,103 @@ proptest::proptest! {
         proptest::prop_assert!(name.ends_with(&suffix), "{name:?}");
     }
 }
+
+fn default_prefix(app_id: &str) -> ExecutorPodBuilder {
+    let templates = BTreeMap::from([(rp(0), basic_template())]);
+    ExecutorPodBuilder::for_application(app_id, None, templates, driver(), "").expect("valid")
+}
+
+#[test]
+fn stable_hash_is_32_bit_fnv_1a() {
+    use crate::allocator::pod_builder::stable_hash;
+    // Published FNV-1a test vectors: the hash must never change between versions.
+    assert_eq!(stable_hash(""), "811c9dc5");
+    assert_eq!(stable_hash("a"), "e40c292c");
+    assert_eq!(stable_hash("foobar"), "bf9cf968");
+}
+
+#[test]
+fn default_prefix_is_the_application_id_when_sanitising_keeps_it() {
+    let b = default_prefix("spark-app-1");
+    assert_eq!(b.pod_name(ExecutorId(3)), "spark-app-1-exec-3");
+}
+
+#[test]
+fn lossy_application_ids_get_their_own_pod_names() {
+    use crate::allocator::pod_builder::stable_hash;
+    let clean = default_prefix("spark-app-1");
+    let lossy = default_prefix("Spark_app.1");
+    let other_lossy = default_prefix("spark_app_1");
+    let names = [&clean, &lossy, &other_lossy].map(|b| b.pod_name(ExecutorId(1)));
+    assert_eq!(
+        names[1],
+        format!("spark-app-1-{}-exec-1", stable_hash("Spark_app.1"))
+    );
+    assert_eq!(
+        names.iter().collect::<BTreeSet<_>>().len(),
+        3,
+        "all distinct: {names:?}"
+    );
+    // The same id always gives the same names (a restarted service finds its pods).
+    assert_eq!(
+        default_prefix("Spark_app.1").pod_name(ExecutorId(1)),
+        names[1]
+    );
+}
+
+#[test]
+fn an_explicit_prefix_is_used_as_given() {
+    let templates = BTreeMap::from([(rp(0), basic_template())]);
+    let b = ExecutorPodBuilder::for_application(
+        "Spark_app.1",
+        Some("My_Prefix"),
+        templates,
+        driver(),
+        "",
+    )
+    .expect("valid");
+    assert_eq!(b.pod_name(ExecutorId(2)), "my-prefix-exec-2");
+}
+
+#[test]
+fn long_application_ids_keep_their_hash_when_cut() {
+    // Two ids equal in their first 60 characters would be cut to the same prefix.
+    let a = format!("{}-one", "a".repeat(59));
+    let b = format!("{}-two", "a".repeat(59));
+    for id in [1, 12_345, u64::MAX] {
+        let name_a = default_prefix(&a).pod_name(ExecutorId(id));
+        let name_b = default_prefix(&b).pod_name(ExecutorId(id));
+        assert_ne!(name_a, name_b);
+        for name in [&name_a, &name_b] {
+            assert!(is_dns_label(name), "{name}");
+            assert!(name.ends_with(&format!("-exec-{id}")), "{name}");
+        }
+    }
+    // A short clean id is not touched.
+    assert_eq!(
+        default_prefix("a1").pod_name(ExecutorId(u64::MAX)),
+        format!("a1-exec-{}", u64::MAX)
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    /// Any two distinct application ids (label values) name their pods differently, and
+    /// every name is a DNS-1123 label ending in `-exec-<id>`.
+    #[test]
+    fn distinct_application_ids_never_share_pod_names(
+        a in "[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?",
+        b in "[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?",
+        id in 1u64..=u64::MAX,
+    ) {
+        proptest::prop_assume!(a != b);
+        let name_a = default_prefix(&a).pod_name(ExecutorId(id));
+        let name_b = default_prefix(&b).pod_name(ExecutorId(id));
+        proptest::prop_assert_ne!(&name_a, &name_b);
+        for name in [&name_a, &name_b] {
+            proptest::prop_assert!(is_dns_label(name), "{name:?}");
+            proptest::prop_assert!(name.ends_with(&format!("-exec-{id}")), "{name:?}");
+        }
+    }
+}
