@@ -8,11 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use serde_json::json;
+use spark_pod_allocator::allocator::pod_builder::stable_hash;
 use spark_pod_allocator::allocator::{
     AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
 };
@@ -708,6 +709,143 @@ async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
     h.apps.stop(&id("app-rec")).await.unwrap();
 }
 
+/// The ConfigMap recording the last executor id of an application without a driver pod.
+fn id_config_map(app: &str) -> String {
+    let sanitised: String = app
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!("spark-pod-allocator-{sanitised}-{}", stable_hash(app))
+}
+
+#[tokio::test]
+async fn without_a_driver_pod_a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
+    let h = harness().await;
+    let pods: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let config_maps: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    let app = "App_nodriver";
+    start(&h.apps, request(app, NS)).await;
+    set_targets_and_round(&h, app, 5).await;
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 5));
+    let record = config_maps.get(&id_config_map(app)).await.unwrap();
+    assert_eq!(record.data.unwrap()["last-executor-id"], "5");
+    let labels = record.metadata.labels.unwrap();
+    assert_eq!(labels["spark-app-selector"], app);
+    assert_eq!(
+        labels["app.kubernetes.io/managed-by"],
+        "spark-pod-allocator"
+    );
+    h.apps.shutdown().await;
+    // While no service runs, the pods of the highest ids go.
+    for exec in [4, 5] {
+        let name = format!("app-nodriver-{}-exec-{exec}", stable_hash(app));
+        pods.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 3));
+
+    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let started = restarted.start(request(app, NS)).await.unwrap();
+    assert!(started.resumed);
+    assert_eq!(started.last_executor_id, 5, "ids 4 and 5 were handed out");
+    wait_for("start round", || async {
+        restarted.rounds(&id(app)).await.unwrap() >= 1
+    })
+    .await;
+    let before = restarted.rounds(&id(app)).await.unwrap();
+    restarted
+        .set_total_expected(&id(app), targets(5))
+        .await
+        .unwrap();
+    h.clock.advance(BATCH_DELAY);
+    wait_for("resumed round", || async {
+        restarted.rounds(&id(app)).await.unwrap() > before
+    })
+    .await;
+    assert_eq!(
+        cluster_ids(&h.sim, NS, app).await,
+        BTreeSet::from([1, 2, 3, 6, 7])
+    );
+    let record = config_maps.get(&id_config_map(app)).await.unwrap();
+    assert_eq!(record.data.unwrap()["last-executor-id"], "7");
+    // Stop deletes the pods, then the record.
+    assert_eq!(restarted.stop(&id(app)).await.unwrap(), 5);
+    assert!(
+        config_maps
+            .get_opt(&id_config_map(app))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn no_executor_is_created_with_an_id_the_config_map_does_not_record() {
+    let h = harness().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    start(&h.apps, request("app-cm", NS)).await;
+    set_targets_and_round(&h, "app-cm", 2).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-cm").await, range(1, 2));
+    // The record can no longer be written (an immutable ConfigMap refuses new data), so
+    // nothing is created with the next ids, and the round backs off as for refused creates.
+    config_maps
+        .patch(
+            &id_config_map("app-cm"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"immutable": true})),
+        )
+        .await
+        .unwrap();
+    h.apps
+        .set_total_expected(&id("app-cm"), targets(4))
+        .await
+        .unwrap();
+    advance_round(&h, "app-cm", BATCH_DELAY).await;
+    assert_eq!(cluster_ids(&h.sim, NS, "app-cm").await, range(1, 2));
+    let status = h.apps.status(&id("app-cm")).await.unwrap();
+    assert_eq!(status.last_executor_id, 4);
+    assert_eq!(
+        h.apps.next_round_at(&id("app-cm")).await.unwrap().0,
+        h.clock.now().0 + 2000
+    );
+    // Once the record can be written again (here: the ConfigMap is gone and is created
+    // anew), the next round creates with fresh ids.
+    config_maps
+        .delete(&id_config_map("app-cm"), &DeleteParams::default())
+        .await
+        .unwrap();
+    advance_round(&h, "app-cm", Duration::from_secs(2)).await;
+    assert_eq!(
+        cluster_ids(&h.sim, NS, "app-cm").await,
+        BTreeSet::from([1, 2, 5, 6])
+    );
+    let record = config_maps.get(&id_config_map("app-cm")).await.unwrap();
+    assert_eq!(record.data.unwrap()["last-executor-id"], "6");
+    h.apps.stop(&id("app-cm")).await.unwrap();
+}
+
+#[tokio::test]
+async fn application_ids_that_sanitise_alike_do_not_share_pod_names() {
+    let h = harness().await;
+    // Both give the DNS label `spark-app-1`: without the hash of the exact id, the second
+    // application's creates would all be refused 409 AlreadyExists.
+    for app in ["spark-app-1", "Spark_app.1"] {
+        start(&h.apps, request(app, NS)).await;
+    }
+    set_targets_and_round(&h, "spark-app-1", 3).await;
+    set_targets_and_round(&h, "Spark_app.1", 3).await;
+    for app in ["spark-app-1", "Spark_app.1"] {
+        assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 3), "{app}");
+        wait_seen(&h, app, range(1, 3)).await;
+        let status = h.apps.status(&id(app)).await.unwrap();
+        assert_eq!(status.last_executor_id, 3, "{app}: no create failed");
+    }
+    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
+    assert!(api.get("spark-app-1-exec-1").await.is_ok());
+    assert_eq!(h.apps.stop(&id("spark-app-1")).await.unwrap(), 3);
+    assert_eq!(h.apps.stop(&id("Spark_app.1")).await.unwrap(), 3);
+}
+
 #[tokio::test]
 async fn application_ids_with_dots_and_underscores_select_their_pods_only() {
     let h = harness().await;
@@ -719,8 +857,13 @@ async fn application_ids_with_dots_and_underscores_select_their_pods_only() {
     set_targets_and_round(&h, "Spark_app.1", 1).await;
     let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     assert!(
-        api.get("spark-app-1-x-exec-1").await.is_ok(),
-        "prefix sanitised"
+        api.get(&format!(
+            "spark-app-1-x-{}-exec-1",
+            stable_hash("Spark_app.1-x")
+        ))
+        .await
+        .is_ok(),
+        "prefix sanitised, with the hash of the exact id"
     );
     wait_seen(&h, "Spark_app.1-x", range(1, 2)).await;
     wait_seen(&h, "Spark_app.1", range(1, 1)).await;

@@ -660,6 +660,50 @@ async fn status_changes_only_through_the_status_subresource() {
 }
 
 #[tokio::test]
+async fn an_immutable_configmap_keeps_its_data() {
+    let sim = manual_cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("sim client"), "default");
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "frozen"}, "data": {"k": "v"}, "immutable": true}),
+    )
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let change_data = cms
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await;
+    let (code, reason, message) = api_error(change_data);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(
+        message.contains("data: Forbidden: field is immutable"),
+        "{message}"
+    );
+    let unfreeze = cms
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"immutable": false})),
+        )
+        .await;
+    assert_eq!(api_error(unfreeze).0, 422);
+    // Metadata may still change, and the object can be deleted.
+    cms.patch(
+        "frozen",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(cms.get("frozen").await.unwrap().data.unwrap()["k"], "v");
+    cms.delete("frozen", &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn configmaps_and_leases_support_the_verbs_the_service_uses() {
     let sim = manual_cluster().await;
     let client = sim.try_client().expect("sim client");

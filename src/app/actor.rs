@@ -15,6 +15,7 @@ use crate::allocator::{
     ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
     executor_pod_from,
 };
+use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
 use tokio_util::sync::CancellationToken;
 
@@ -50,9 +51,9 @@ pub(crate) struct Actor {
     pub delete_on_termination: bool,
     pub pods: ExecutorPods,
     pub clock: Arc<dyn Clock>,
-    /// The driver pod, where the highest executor id handed out is recorded.
-    pub driver_pod: Option<String>,
-    /// The highest executor id recorded on the driver pod.
+    /// Where the highest executor id handed out is recorded.
+    pub id_record: IdRecord,
+    /// The highest executor id recorded there.
     pub recorded_last_id: u64,
 }
 
@@ -299,7 +300,11 @@ impl State {
         if let Err(err) = self.record_last_id(&plan.creates).await {
             // Nothing is created with ids a restarted service could not know of; they are
             // forgotten like refused creates (backoff included), and later rounds ask again.
-            let message = crate::k8s::describe_error(&err);
+            let message = format!(
+                "{}: {}",
+                self.actor.id_record,
+                crate::k8s::describe_error(&err)
+            );
             let results = plan
                 .creates
                 .iter()
@@ -315,15 +320,12 @@ impl State {
         }
     }
 
-    /// Records the highest id of `creates` on the driver pod (if any) before they are sent,
-    /// so a restarted service never hands out an id again, even one whose pod is gone.
+    /// Records the highest id of `creates` ([`IdRecord`]) before they are sent, so a
+    /// restarted service never hands out an id again, even one whose pod is gone.
     async fn record_last_id(
         &mut self,
         creates: &[(ExecutorId, ResourceProfileId)],
     ) -> Result<(), kube::Error> {
-        let Some(driver) = &self.actor.driver_pod else {
-            return Ok(());
-        };
         let Some(highest) = creates.iter().map(|(id, _)| *id).max() else {
             return Ok(());
         };
@@ -332,7 +334,7 @@ impl State {
         }
         self.actor
             .pods
-            .record_last_executor_id(&self.actor.namespace, driver, highest)
+            .record_last_executor_id(&self.actor.namespace, &self.actor.id_record, highest)
             .await?;
         self.actor.recorded_last_id = highest.0;
         Ok(())

@@ -16,7 +16,7 @@ use crate::allocator::{
     TemplateError, Timestamp, executor_pod_from,
 };
 use crate::config::Settings;
-use crate::k8s::pods::{highest_executor_id, recorded_last_executor_id};
+use crate::k8s::pods::{IdRecord, highest_executor_id};
 use crate::k8s::{ExecutorPods, PodWatches, RateLimiter};
 
 mod actor;
@@ -185,11 +185,13 @@ struct Registry {
     shutting_down: AtomicBool,
 }
 
-/// A registered application; `actor` is `None` after a Stop whose collection delete failed
+/// A registered application; `actor` is `None` after a Stop whose deletes failed
 /// (a retried Stop deletes again; a Start resumes it).
 struct Entry {
     namespace: String,
     actor: Option<ActorHandle>,
+    /// Where its highest executor id is recorded (Stop deletes a ConfigMap record).
+    id_record: IdRecord,
 }
 
 impl Applications {
@@ -223,7 +225,7 @@ impl Applications {
         let _serial = self.inner.lifecycle.lock().await;
         self.check_running()?;
         let existing = self.entry(&req.app_id);
-        if let Some((namespace, actor)) = existing {
+        if let Some((namespace, actor, _)) = existing {
             if namespace != req.namespace {
                 return Err(AppError::AlreadyExists {
                     app_id: req.app_id.to_string(),
@@ -266,11 +268,17 @@ impl Applications {
             .pods
             .list_executors(&req.namespace, req.app_id.as_str())
             .await?;
-        // Pods of the highest ids may be gone (downscaled, finished): the id recorded on
-        // the driver pod covers them.
-        let recorded = driver
-            .as_ref()
-            .and_then(|d| d.recorded_last_id)
+        // Pods of the highest ids may be gone (downscaled, finished): the recorded id
+        // covers them.
+        let id_record = IdRecord::for_application(
+            req.app_id.as_str(),
+            driver.as_ref().map(|d| d.name.as_str()),
+        );
+        let recorded = self
+            .inner
+            .pods
+            .recorded_last_executor_id(&req.namespace, &id_record)
+            .await?
             .unwrap_or(0);
         let last_executor_id = highest_executor_id(&found).unwrap_or(0).max(recorded);
         let resumed = !found.is_empty();
@@ -294,7 +302,7 @@ impl Applications {
             delete_on_termination: req.settings.delete_on_termination,
             pods: self.inner.pods.clone(),
             clock: Arc::clone(&self.inner.ctx.clock),
-            driver_pod: driver.map(|d| d.name),
+            id_record: id_record.clone(),
             recorded_last_id: recorded,
         };
         let handle = ActorHandle::spawn(actor, subscription);
@@ -303,6 +311,7 @@ impl Applications {
             Entry {
                 namespace: req.namespace.clone(),
                 actor: Some(handle),
+                id_record,
             },
         );
         Ok(Started {
@@ -340,18 +349,29 @@ impl Applications {
             .await
     }
 
-    /// Deletes every executor pod of the application and forgets it; returns pods deleted.
+    /// Deletes every executor pod of the application, then its id record (a ConfigMap),
+    /// and forgets it; returns pods deleted.
     pub async fn stop(&self, app: &AppId) -> Result<u32, AppError> {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
-        let Some((namespace, actor)) = self.entry(app) else {
+        let Some((namespace, actor, id_record)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
         if let Some(actor) = actor {
             // The actor ends first, so no create of it can follow the delete.
             actor.stop().await;
         }
-        match self.inner.pods.delete_all(&namespace, app.as_str()).await {
+        let deleted = match self.inner.pods.delete_all(&namespace, app.as_str()).await {
+            // The record goes only once no pod holds an id.
+            Ok(deleted) => self
+                .inner
+                .pods
+                .delete_id_record(&namespace, &id_record)
+                .await
+                .map(|()| deleted),
+            Err(err) => Err(err),
+        };
+        match deleted {
             Ok(deleted) => {
                 self.apps().remove(app);
                 tracing::info!(%app, %namespace, deleted, "application stopped");
@@ -456,7 +476,6 @@ impl Applications {
                     req.namespace
                 ))
             })?;
-        let recorded_last_id = recorded_last_executor_id(&pod);
         let owner = match pod.metadata.uid {
             Some(uid) => Some(DriverOwner {
                 name: name.clone(),
@@ -470,22 +489,21 @@ impl Applications {
         Ok(Some(Driver {
             name: name.clone(),
             owner,
-            recorded_last_id,
         }))
     }
 
     fn actor(&self, app: &AppId) -> Result<ActorHandle, AppError> {
         self.check_running()?;
         match self.entry(app) {
-            Some((_, Some(actor))) => Ok(actor),
+            Some((_, Some(actor), _)) => Ok(actor),
             _ => Err(AppError::NotFound(app.to_string())),
         }
     }
 
-    fn entry(&self, app: &AppId) -> Option<(String, Option<ActorHandle>)> {
+    fn entry(&self, app: &AppId) -> Option<(String, Option<ActorHandle>, IdRecord)> {
         self.apps()
             .get(app)
-            .map(|e| (e.namespace.clone(), e.actor.clone()))
+            .map(|e| (e.namespace.clone(), e.actor.clone(), e.id_record.clone()))
     }
 
     fn apps(&self) -> MutexGuard<'_, HashMap<AppId, Entry>> {
@@ -501,8 +519,6 @@ struct Driver {
     name: String,
     /// The executors' controller owner (none when the pod has no uid).
     owner: Option<DriverOwner>,
-    /// The last executor id a service recorded on it.
-    recorded_last_id: Option<u64>,
 }
 
 /// A template error names the request field it came from.

@@ -5,7 +5,7 @@ pub mod pods;
 pub mod rate_limit;
 pub mod watch;
 
-pub use pods::{CreateError, ExecutorPods};
+pub use pods::{CreateError, ExecutorPods, IdRecord};
 pub use rate_limit::RateLimiter;
 pub use watch::{PodEvent, PodWatches, Subscription};
 

@@ -1,17 +1,21 @@
 //! Executor pod requests of every application: creates, collection deletes by label (and
 //! `status.phase=Pending` for a downscale), delete-all for Stop, the listing used to resume,
-//! and the driver pod lookup. Every mutating request first takes a slot of the shared
+//! the driver pod lookup, and the record of the highest executor id handed out ([`IdRecord`]). Every mutating request first takes a slot of the shared
 //! [`RateLimiter`]; every failure is logged with the API server's reason and returned.
 use std::collections::BTreeMap;
+use std::fmt;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::describe_error;
 use super::rate_limit::RateLimiter;
 use crate::allocator::ExecutorId;
+use crate::allocator::pod_builder::{sanitize_prefix, stable_hash};
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
@@ -22,8 +26,8 @@ pub enum CreateError {
     /// The API server refused or failed the create.
     #[error("{}", describe_error(.0))]
     Kubernetes(#[from] kube::Error),
-    /// Not sent: the executor id could not be recorded on the driver pod first.
-    #[error("not sent: recording the last executor id on the driver pod failed: {0}")]
+    /// Not sent: the executor id could not be recorded first ([`IdRecord`]).
+    #[error("not sent: recording the last executor id failed: {0}")]
     IdNotRecorded(String),
     /// The application stopped before the create was sent.
     #[error("not sent: the application is stopping")]
@@ -34,6 +38,62 @@ pub enum CreateError {
 /// out for the application: a restarted service continues after it even when the pods of
 /// the highest ids are gone (deleted on downscale or termination).
 pub const LAST_EXECUTOR_ID_ANNOTATION: &str = "spark-pod-allocator/last-executor-id";
+
+/// Data key of the ConfigMap that records the highest executor id of an application
+/// started without a driver pod (same meaning as [`LAST_EXECUTOR_ID_ANNOTATION`]).
+pub const LAST_EXECUTOR_ID_KEY: &str = "last-executor-id";
+
+/// `app.kubernetes.io/managed-by` value of the objects the service owns (id ConfigMaps).
+pub const MANAGED_BY: &str = "spark-pod-allocator";
+
+/// Where the highest executor id handed out for an application is recorded, so a
+/// restarted service never hands out an id again, even one whose pod is gone (deleted on
+/// downscale or termination). Written before every round's creates; read by Start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdRecord {
+    /// The [`LAST_EXECUTOR_ID_ANNOTATION`] annotation on the named driver pod (kept when
+    /// the application stops: the driver pod belongs to the driver).
+    DriverPod(String),
+    /// The [`LAST_EXECUTOR_ID_KEY`] key of a ConfigMap of the service, for an application
+    /// without a driver pod: created on first need, deleted by Stop.
+    ConfigMap {
+        /// [`IdRecord::config_map_name`] of the application id.
+        name: String,
+        app_id: String,
+    },
+}
+
+impl IdRecord {
+    /// The record of an application: on its driver pod if it has one, else in its ConfigMap.
+    pub fn for_application(app_id: &str, driver_pod: Option<&str>) -> Self {
+        match driver_pod {
+            Some(driver) => Self::DriverPod(driver.to_string()),
+            None => Self::ConfigMap {
+                name: Self::config_map_name(app_id),
+                app_id: app_id.to_string(),
+            },
+        }
+    }
+
+    /// `spark-pod-allocator-<sanitised id>-<hash of the exact id>`: a valid object name
+    /// (at most 92 characters) that no other application id gives.
+    pub fn config_map_name(app_id: &str) -> String {
+        format!(
+            "{MANAGED_BY}-{}-{}",
+            sanitize_prefix(app_id),
+            stable_hash(app_id)
+        )
+    }
+}
+
+impl fmt::Display for IdRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::DriverPod(name) => write!(f, "driver pod {name}"),
+            Self::ConfigMap { name, .. } => write!(f, "ConfigMap {name}"),
+        }
+    }
+}
 
 /// Ids per collection delete, so the label selector stays well under URL limits.
 const IDS_PER_DELETE: usize = 200;
@@ -153,42 +213,155 @@ impl ExecutorPods {
     /// Labels one executor pod `spark-exec-inactive=true` (kept for inspection, ignored
     /// everywhere), used instead of deleting when delete-on-termination is off.
     pub async fn mark_inactive(&self, namespace: &str, pod_name: &str) -> Result<(), kube::Error> {
-        self.limiter.acquire().await;
         let patch = serde_json::json!({"metadata": {"labels": {EXECUTOR_INACTIVE_LABEL: "true"}}});
-        match self
-            .api(namespace)
-            .patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+        self.merge_patch::<Pod>(namespace, pod_name, &patch)
+            .await
+            .inspect_err(|err| {
+                tracing::warn!(namespace, pod = pod_name, error = %describe_error(err), "labelling executor pod inactive failed");
+            })
+    }
+
+    /// Records `id` as the application's highest executor id in `record` (before executors
+    /// with ids up to it are created): one merge PATCH; for a ConfigMap not there yet, a
+    /// create instead (and the PATCH again if another create won the race).
+    ///
+    /// A blind merge PATCH, not a read-modify-write with resourceVersion: one actor is the
+    /// only writer of an application's record and only ever raises it, so there is no
+    /// concurrent update to detect, and a round costs one request instead of two.
+    pub async fn record_last_executor_id(
+        &self,
+        namespace: &str,
+        record: &IdRecord,
+        id: ExecutorId,
+    ) -> Result<(), kube::Error> {
+        let value = id.to_string();
+        let result = match record {
+            IdRecord::DriverPod(driver) => {
+                let patch = serde_json::json!({"metadata": {"annotations": {LAST_EXECUTOR_ID_ANNOTATION: value}}});
+                self.merge_patch::<Pod>(namespace, driver, &patch).await
+            }
+            IdRecord::ConfigMap { name, app_id } => {
+                let patch = serde_json::json!({"data": {LAST_EXECUTOR_ID_KEY: value}});
+                match self.merge_patch::<ConfigMap>(namespace, name, &patch).await {
+                    Err(err) if is_status(&err, 404) => {
+                        match self
+                            .create_id_config_map(namespace, name, app_id, &value)
+                            .await
+                        {
+                            Err(err) if is_status(&err, 409) => {
+                                self.merge_patch::<ConfigMap>(namespace, name, &patch).await
+                            }
+                            other => other,
+                        }
+                    }
+                    other => other,
+                }
+            }
+        };
+        result.inspect_err(|err| {
+            tracing::warn!(namespace, %record, error = %describe_error(err), "recording the last executor id failed");
+        })
+    }
+
+    /// The id `record` holds; `None` when there is none yet (no ConfigMap, no annotation,
+    /// a driver pod gone) or it is not a number.
+    pub async fn recorded_last_executor_id(
+        &self,
+        namespace: &str,
+        record: &IdRecord,
+    ) -> Result<Option<u64>, kube::Error> {
+        let value = match record {
+            IdRecord::DriverPod(driver) => {
+                self.api(namespace).get_opt(driver).await?.and_then(|pod| {
+                    pod.metadata
+                        .annotations?
+                        .remove(LAST_EXECUTOR_ID_ANNOTATION)
+                })
+            }
+            IdRecord::ConfigMap { name, .. } => {
+                Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+                    .get_opt(name)
+                    .await?
+                    .and_then(|cm| cm.data?.remove(LAST_EXECUTOR_ID_KEY))
+            }
+        };
+        Ok(parse_recorded_id(value.as_deref(), record))
+    }
+
+    /// Removes `record` once the application has stopped: its ConfigMap is deleted (gone
+    /// already is fine); a driver pod's annotation stays with the driver pod.
+    pub async fn delete_id_record(
+        &self,
+        namespace: &str,
+        record: &IdRecord,
+    ) -> Result<(), kube::Error> {
+        let IdRecord::ConfigMap { name, .. } = record else {
+            return Ok(());
+        };
+        self.limiter.acquire().await;
+        match Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+            .delete(name, &DeleteParams::default())
             .await
         {
             Ok(_) => Ok(()),
+            Err(err) if is_status(&err, 404) => Ok(()),
             Err(err) => {
-                tracing::warn!(namespace, pod = pod_name, error = %describe_error(&err), "labelling executor pod inactive failed");
+                tracing::warn!(namespace, %record, error = %describe_error(&err), "deleting the executor id record failed");
                 Err(err)
             }
         }
     }
 
-    /// Records `id` as the application's highest executor id on its driver pod (before
-    /// executors with ids up to it are created).
-    pub async fn record_last_executor_id(
+    async fn create_id_config_map(
         &self,
         namespace: &str,
-        driver_pod: &str,
-        id: ExecutorId,
+        name: &str,
+        app_id: &str,
+        value: &str,
     ) -> Result<(), kube::Error> {
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                labels: Some(BTreeMap::from([
+                    (APP_ID_LABEL.to_string(), app_id.to_string()),
+                    (
+                        "app.kubernetes.io/managed-by".to_string(),
+                        MANAGED_BY.to_string(),
+                    ),
+                ])),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                LAST_EXECUTOR_ID_KEY.to_string(),
+                value.to_string(),
+            )])),
+            ..ConfigMap::default()
+        };
         self.limiter.acquire().await;
-        let patch = serde_json::json!({"metadata": {"annotations": {LAST_EXECUTOR_ID_ANNOTATION: id.to_string()}}});
-        match self
-            .api(namespace)
-            .patch(driver_pod, &PatchParams::default(), &Patch::Merge(&patch))
+        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+            .create(&PostParams::default(), &config_map)
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(err) => {
-                tracing::warn!(namespace, driver = driver_pod, error = %describe_error(&err), "recording the last executor id on the driver pod failed");
-                Err(err)
-            }
-        }
+            .map(drop)
+    }
+
+    /// One rate-limited merge PATCH of a namespaced object.
+    async fn merge_patch<K>(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), kube::Error>
+    where
+        K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + fmt::Debug,
+    {
+        self.limiter.acquire().await;
+        Api::<K>::namespaced(self.client.clone(), namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(drop)
     }
 
     /// Every executor pod of the application, inactive ones included (they hold ids too).
@@ -218,21 +391,21 @@ pub fn highest_executor_id(pods: &[Pod]) -> Option<u64> {
         .max()
 }
 
-/// The last executor id recorded on a driver pod ([`LAST_EXECUTOR_ID_ANNOTATION`]);
-/// `None` when absent or not a number.
-pub fn recorded_last_executor_id(driver: &Pod) -> Option<u64> {
-    let value = driver
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(LAST_EXECUTOR_ID_ANNOTATION)?;
+/// A recorded last executor id; an unparseable one is ignored (and logged).
+fn parse_recorded_id(value: Option<&str>, record: &IdRecord) -> Option<u64> {
+    let value = value?;
     match value.parse::<u64>() {
         Ok(id) => Some(id),
         Err(_) => {
-            tracing::warn!(value = %value, "ignoring an unparseable {LAST_EXECUTOR_ID_ANNOTATION} annotation on the driver pod");
+            tracing::warn!(value = %value, %record, "ignoring an unparseable recorded last executor id");
             None
         }
     }
+}
+
+/// Whether `err` is the API server answering `code`.
+fn is_status(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == code)
 }
 
 /// The pod's labels (empty when none).
@@ -279,17 +452,34 @@ mod tests {
 
     #[test]
     fn recorded_last_id_ignores_garbage() {
-        let mut driver = pod(&[]);
-        assert_eq!(recorded_last_executor_id(&driver), None);
-        driver.metadata.annotations = Some(BTreeMap::from([(
-            LAST_EXECUTOR_ID_ANNOTATION.to_string(),
-            "41".to_string(),
-        )]));
-        assert_eq!(recorded_last_executor_id(&driver), Some(41));
-        driver.metadata.annotations = Some(BTreeMap::from([(
-            LAST_EXECUTOR_ID_ANNOTATION.to_string(),
-            "-1".to_string(),
-        )]));
-        assert_eq!(recorded_last_executor_id(&driver), None);
+        let record = IdRecord::for_application("app", Some("driver"));
+        assert_eq!(parse_recorded_id(None, &record), None);
+        assert_eq!(parse_recorded_id(Some("41"), &record), Some(41));
+        assert_eq!(parse_recorded_id(Some("-1"), &record), None);
+        assert_eq!(parse_recorded_id(Some(""), &record), None);
+    }
+
+    #[test]
+    fn id_config_maps_have_valid_distinct_names() {
+        let names: BTreeMap<String, &str> = ["Spark_app.1", "spark-app-1", "spark_app_1"]
+            .into_iter()
+            .map(|id| (IdRecord::config_map_name(id), id))
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(names.contains_key(&format!(
+            "spark-pod-allocator-spark-app-1-{}",
+            stable_hash("spark-app-1")
+        )));
+        let longest = IdRecord::config_map_name(&"A".repeat(63));
+        assert!(longest.len() <= 253);
+        assert!(
+            longest
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        );
+        assert_eq!(
+            IdRecord::for_application("app", Some("driver")),
+            IdRecord::DriverPod("driver".into())
+        );
     }
 }

@@ -780,6 +780,9 @@ fn finish_update(
     if kind == Kind::Namespace {
         proposed["status"] = current.get("status").cloned().unwrap_or(Value::Null);
     }
+    if kind == Kind::ConfigMap {
+        check_config_map_update(current, &proposed, &name)?;
+    }
     if proposed.get("spec") != current.get("spec")
         && let Some(g) = current
             .pointer("/metadata/generation")
@@ -820,6 +823,27 @@ fn check_pod_spec_update(current: &Value, proposed: &Value, name: &str) -> Resul
         ));
     }
     Ok(())
+}
+
+/// A ConfigMap marked `immutable: true` keeps its data, binaryData and the mark itself.
+fn check_config_map_update(current: &Value, proposed: &Value, name: &str) -> Result<(), ApiError> {
+    if current.get("immutable") != Some(&Value::Bool(true)) {
+        return Ok(());
+    }
+    let causes: Vec<super::status::Cause> = ["immutable", "data", "binaryData"]
+        .into_iter()
+        .filter(|field| current.get(*field) != proposed.get(*field))
+        .map(|field| super::status::Cause {
+            reason: "FieldValueForbidden",
+            field: field.into(),
+            message: "Forbidden: field is immutable when `immutable` is set".into(),
+        })
+        .collect();
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(objects::invalid_error(Kind::ConfigMap, name, causes))
+    }
 }
 
 fn replace(
