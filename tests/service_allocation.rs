@@ -689,6 +689,8 @@ async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
         driver.metadata.annotations.unwrap()["spark-pod-allocator/last-executor-id"],
         "2"
     );
+    // Seen, so they no longer hold back the next batch.
+    wait_seen(&h, "app-rec", range(1, 2)).await;
     // The driver pod goes: the next ids cannot be recorded, so nothing is created with
     // them, and the round backs off as for refused creates.
     api.delete("driver-rec", &DeleteParams::default())
@@ -786,6 +788,8 @@ async fn no_executor_is_created_with_an_id_the_config_map_does_not_record() {
     start(&h.apps, request("app-cm", NS)).await;
     set_targets_and_round(&h, "app-cm", 2).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-cm").await, range(1, 2));
+    // Seen, so they no longer hold back the next batch.
+    wait_seen(&h, "app-cm", range(1, 2)).await;
     // The record can no longer be written (an immutable ConfigMap refuses new data), so
     // nothing is created with the next ids, and the round backs off as for refused creates.
     config_maps
