@@ -1,7 +1,8 @@
 //! Executor pod requests of every application: creates, collection deletes by label (and
 //! `status.phase=Pending` for a downscale), delete-all for Stop, the listing used to resume,
-//! the driver pod lookup, and the record of the highest executor id handed out ([`IdRecord`]). Every mutating request first takes a slot of the shared
-//! [`RateLimiter`]; every failure is logged with the API server's reason and returned.
+//! the driver pod lookup, and the record of the highest executor id handed out
+//! ([`IdRecord`]). Every mutating request first takes a slot of the shared [`RateLimiter`];
+//! every failure is logged with the API server's reason and returned.
 use std::collections::BTreeMap;
 use std::fmt;
 
