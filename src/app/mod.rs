@@ -221,6 +221,9 @@ impl Applications {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
         self.check_running()?;
+        // Templates are checked even when the application already runs: a repeated Start
+        // with a template that could never make a pod is refused, not answered `resumed`.
+        self.pod_builder(&req, None)?;
         let existing = self.entry(&req.app_id);
         if let Some((namespace, actor)) = existing {
             if namespace != req.namespace {
@@ -246,18 +249,7 @@ impl Applications {
         }
         let driver = self.driver_owner(&req).await?;
         let rules = self.inner.ctx.options.state_rules.clone();
-        let prefix = req
-            .pod_name_prefix
-            .clone()
-            .unwrap_or_else(|| req.app_id.to_string());
-        let builder = ExecutorPodBuilder::new(
-            req.app_id.as_str(),
-            &prefix,
-            req.templates.clone(),
-            driver,
-            &rules.executor_container,
-        )
-        .map_err(template_error)?;
+        let builder = self.pod_builder(&req, driver)?;
 
         // Subscribe before listing so no event between the LIST and the actor is lost.
         let subscription = self
@@ -477,12 +469,67 @@ impl Applications {
             .map(|e| (e.namespace.clone(), e.actor.clone()))
     }
 
+    /// The executor pod builder of a Start request, its templates checked.
+    fn pod_builder(
+        &self,
+        req: &StartApplication,
+        driver: Option<DriverOwner>,
+    ) -> Result<ExecutorPodBuilder, AppError> {
+        let rules = &self.inner.ctx.options.state_rules;
+        let prefix = req
+            .pod_name_prefix
+            .clone()
+            .unwrap_or_else(|| req.app_id.to_string());
+        let builder = ExecutorPodBuilder::new(
+            req.app_id.as_str(),
+            &prefix,
+            req.templates.clone(),
+            driver,
+            &rules.executor_container,
+        )
+        .map_err(template_error)?;
+        check_images(&builder).map_err(template_error)?;
+        Ok(builder)
+    }
+
     fn apps(&self) -> MutexGuard<'_, HashMap<AppId, Entry>> {
         match self.inner.apps.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
     }
+}
+
+/// Every container of an executor pod needs an image, or each create is refused (422) and
+/// retried forever; say so at Start instead. The pod of executor 1 stands for all of them.
+fn check_images(builder: &ExecutorPodBuilder) -> Result<(), TemplateError> {
+    for profile in builder.profiles() {
+        let given = builder
+            .template(profile)
+            .and_then(|t| t.spec.as_ref())
+            .map_or(0, |spec| spec.containers.len());
+        let Some(spec) = builder.build(ExecutorId(1), profile)?.spec else {
+            continue;
+        };
+        let added = spec.containers.len() > given;
+        let containers = spec.init_containers.iter().flatten().chain(&spec.containers);
+        for container in containers {
+            if container.image.as_deref().is_some_and(|i| !i.trim().is_empty()) {
+                continue;
+            }
+            let reason = if added && spec.containers.last() == Some(container) {
+                format!(
+                    "the template has no executor container (one named `{}`, or a single \
+                     container), so one without an image would be added: give it, with its image",
+                    container.name
+                )
+            } else {
+                format!("container `{}` has no image", container.name)
+            };
+            return Err(TemplateError::Invalid { profile, reason });
+        }
+    }
+    Ok(())
 }
 
 /// A template error names the request field it came from.
