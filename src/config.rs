@@ -34,6 +34,7 @@ pub enum ConfigError {
 pub struct Settings {
     /// gRPC listen address. Default `127.0.0.1:50051` (loopback, so an unconfigured
     /// service is never exposed); set `0.0.0.0:50051` inside a cluster.
+    #[serde(deserialize_with = "socket_address")]
     pub listen: SocketAddr,
     pub kubernetes: KubernetesSettings,
     /// Server-side defaults of every application's allocation settings.
@@ -67,16 +68,55 @@ pub struct KubernetesSettings {
     pub create_concurrency: u32,
 }
 
-/// Whether to use the in-cluster service account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+/// Whether to use the in-cluster service account: `auto`, `true` or `false`, given as a
+/// string or as a boolean (TOML and YAML `true`, and the environment, give booleans).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InCluster {
     #[default]
     Auto,
-    #[serde(alias = "yes")]
     True,
-    #[serde(alias = "no")]
     False,
+}
+
+impl<'de> Deserialize<'de> for InCluster {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Choice;
+        impl serde::de::Visitor<'_> for Choice {
+            type Value = InCluster;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`auto`, `true` or `false`")
+            }
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<InCluster, E> {
+                Ok(if value {
+                    InCluster::True
+                } else {
+                    InCluster::False
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<InCluster, E> {
+                match value.trim().to_ascii_lowercase().as_str() {
+                    "auto" => Ok(InCluster::Auto),
+                    "true" | "yes" => Ok(InCluster::True),
+                    "false" | "no" => Ok(InCluster::False),
+                    _ => Err(E::custom(format!(
+                        "expected `auto`, `true` or `false`, got {value:?}"
+                    ))),
+                }
+            }
+        }
+        deserializer.deserialize_any(Choice)
+    }
+}
+
+/// A socket address, with an error that shows the expected form.
+fn socket_address<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.trim().parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "expected an IP address and port such as 127.0.0.1:50051 or 0.0.0.0:50051 \
+             (host names are not resolved), got {text:?}"
+        ))
+    })
 }
 
 /// Allocation defaults, with the proto's `AllocationSettings` field names; unset = Spark's
@@ -110,11 +150,22 @@ pub struct LogSettings {
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 pub enum LogFormat {
     #[default]
     Text,
     Json,
+}
+
+impl TryFrom<String> for LogFormat {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("expected `text` or `json`, got {value:?}")),
+        }
+    }
 }
 
 /// Container name Spark gives the executor container.
@@ -429,6 +480,60 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("log.format"), "{err}");
+    }
+
+    #[test]
+    fn in_cluster_takes_booleans_and_strings_from_every_source() {
+        for (value, expected) in [
+            ("true", InCluster::True),
+            ("false", InCluster::False),
+            ("auto", InCluster::Auto),
+            ("yes", InCluster::True),
+            ("NO", InCluster::False),
+        ] {
+            let settings = Settings::load_with_env(
+                None,
+                env(&[("SPARK_POD_ALLOCATOR__KUBERNETES__IN_CLUSTER", value)]),
+            )
+            .unwrap_or_else(|e| panic!("{value}: {e}"));
+            assert_eq!(settings.kubernetes.in_cluster, expected, "{value}");
+        }
+        let toml = file("toml", "[kubernetes]\nin_cluster = false\n");
+        let yaml = file("yaml", "kubernetes:\n  in_cluster: true\n");
+        let from_toml = Settings::load_with_env(Some(toml.path()), env(&[])).expect("toml");
+        let from_yaml = Settings::load_with_env(Some(yaml.path()), env(&[])).expect("yaml");
+        assert_eq!(from_toml.kubernetes.in_cluster, InCluster::False);
+        assert_eq!(from_yaml.kubernetes.in_cluster, InCluster::True);
+    }
+
+    #[test]
+    fn choices_and_addresses_say_what_is_expected() {
+        for (key, value, expected) in [
+            (
+                "SPARK_POD_ALLOCATOR__KUBERNETES__IN_CLUSTER",
+                "maybe",
+                "`kubernetes.in_cluster`",
+            ),
+            ("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml", "`log.format`"),
+            ("SPARK_POD_ALLOCATOR__LISTEN", "localhost:50051", "`listen`"),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected) && err.contains(&format!("{value:?}")),
+                "{err}"
+            );
+            assert!(err.contains("expected"), "{err}");
+            assert!(!err.contains("enum"), "no Rust type names: {err}");
+        }
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__LISTEN", "localhost:50051")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("127.0.0.1:50051"), "{err}");
     }
 
     #[test]

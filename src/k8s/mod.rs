@@ -16,6 +16,12 @@ use crate::config::{InCluster, KubernetesSettings};
 pub enum ConnectError {
     #[error("kubeconfig: {0}")]
     Kubeconfig(#[from] kube::config::KubeconfigError),
+    /// The file of `kubernetes.kubeconfig` cannot be used.
+    #[error("kubernetes.kubeconfig {path}: {source}")]
+    KubeconfigFile {
+        path: std::path::PathBuf,
+        source: kube::config::KubeconfigError,
+    },
     #[error("in-cluster configuration: {0}")]
     InCluster(#[from] kube::config::InClusterError),
     #[error("no Kubernetes configuration found: {0}")]
@@ -34,8 +40,14 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
     let config = match (&settings.kubeconfig, settings.in_cluster) {
         (_, InCluster::True) => kube::Config::incluster()?,
         (Some(path), _) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
+            let in_file = |source| ConnectError::KubeconfigFile {
+                path: path.clone(),
+                source,
+            };
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(in_file)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(in_file)?
         }
         (None, InCluster::False) => kube::Config::from_kubeconfig(&options).await?,
         (None, InCluster::Auto) if settings.context.is_some() => {
