@@ -515,6 +515,11 @@ mod tests {
                 "`kubernetes.in_cluster`",
             ),
             ("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml", "`log.format`"),
+            (
+                "SPARK_POD_ALLOCATOR__SIMULATOR__KUBELET__MODE",
+                "lazy",
+                "`simulator.kubelet.mode`",
+            ),
             ("SPARK_POD_ALLOCATOR__LISTEN", "localhost:50051", "`listen`"),
         ] {
             let err = Settings::load_with_env(None, env(&[(key, value)]))
