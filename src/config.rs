@@ -109,7 +109,9 @@ impl<'de> Deserialize<'de> for InCluster {
 }
 
 /// A socket address, with an error that shows the expected form.
-fn socket_address<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
+fn socket_address<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<SocketAddr, D::Error> {
     let text = String::deserialize(deserializer)?;
     text.trim().parse().map_err(|_| {
         serde::de::Error::custom(format!(

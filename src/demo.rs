@@ -262,8 +262,8 @@ impl ScriptedDriver {
             .context("Start")?
             .into_inner();
         out.note(&format!(
-            "started application {DEMO_APP_ID} in namespace {DEMO_NAMESPACE} (resumed: {}), \
-             profiles 0 (1 cpu) and 1 (4 cpu), batch {} every {} ms",
+            "started application {DEMO_APP_ID} in namespace {DEMO_NAMESPACE} (resumed: {})\n  \
+             profiles 0 (1 cpu) and 1 (4 cpu), batches of {} every {} ms",
             started.resumed, self.settings.batch_size, self.settings.batch_delay_ms
         ))?;
 
@@ -681,9 +681,17 @@ impl Screen {
         }
         writeln!(
             self.out,
-            "  executor pods created: {} ({} failed and were replaced); deleted: {} \
-             ({} killed by the driver on downscale), {} more by Stop",
-            s.pods_seen, s.pods_failed, s.pods_deleted, s.pods_killed_by_driver, s.deleted_by_stop
+            "  executor pods created: {} ({} failed at start and were replaced)",
+            s.pods_seen, s.pods_failed
+        )?;
+        writeln!(
+            self.out,
+            "  executor pods deleted: {} ({} idle ones by the driver on downscale, {} by the \
+             allocator, {} by Stop)",
+            s.pods_deleted + s.deleted_by_stop as usize,
+            s.pods_killed_by_driver,
+            s.pods_deleted.saturating_sub(s.pods_killed_by_driver),
+            s.deleted_by_stop
         )?;
         writeln!(
             self.out,

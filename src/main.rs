@@ -206,9 +206,12 @@ async fn serve(
         ..ServeSettings::default()
     };
     grpc::serve(serve_settings, applications, listener, shutdown_signal()).await?;
-    tracing::info!("stopped; executor pods left in place");
-    if let Some(cluster) = sim {
-        cluster.shutdown().await;
+    match sim {
+        Some(cluster) => {
+            cluster.shutdown().await;
+            tracing::info!("stopped, and the simulated cluster with its pods");
+        }
+        None => tracing::info!("stopped; executor pods left in place"),
     }
     Ok(())
 }

@@ -103,7 +103,11 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
     assert_eq!(status.last_executor_id, 0);
 
     terminate(&child);
-    until_logged(&mut lines, "stopped; executor pods left in place").await;
+    until_logged(
+        &mut lines,
+        "stopped, and the simulated cluster with its pods",
+    )
+    .await;
     let exit = tokio::time::timeout(HANG_GUARD, child.wait())
         .await
         .expect("exit")
@@ -215,6 +219,9 @@ async fn the_demo_runs_to_its_summary_and_exits_zero() {
         "reached 200 executors (profile 0: 150, profile 1:  50)",
         "reached  50 executors (profile 0:  30, profile 1:  20)",
         "reached   0 executors",
+        "executor pods created: ",
+        "executor pods deleted: ",
+        "idle ones by the driver on downscale",
         "executor ids used: 1..=",
     ] {
         assert!(

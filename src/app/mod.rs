@@ -512,9 +512,17 @@ fn check_images(builder: &ExecutorPodBuilder) -> Result<(), TemplateError> {
             continue;
         };
         let added = spec.containers.len() > given;
-        let containers = spec.init_containers.iter().flatten().chain(&spec.containers);
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers);
         for container in containers {
-            if container.image.as_deref().is_some_and(|i| !i.trim().is_empty()) {
+            if container
+                .image
+                .as_deref()
+                .is_some_and(|i| !i.trim().is_empty())
+            {
                 continue;
             }
             let reason = if added && spec.containers.last() == Some(container) {
