@@ -132,7 +132,7 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
 
     let mut screen = Screen::stdout();
     screen.note(&format!(
-        "simulated cluster at {}, service at {address} (5% of executors fail at start)",
+        "simulated cluster at {} (5% of executors fail at start)\nservice at {address}",
         cluster.base_url()
     ))?;
     let channel = Endpoint::from_shared(format!("http://{address}"))?
@@ -686,8 +686,7 @@ impl Screen {
         )?;
         writeln!(
             self.out,
-            "  executor pods deleted: {} ({} idle ones by the driver on downscale, {} by the \
-             allocator, {} by Stop)",
+            "  executor pods deleted: {} (driver on downscale {}, allocator {}, Stop {})",
             s.pods_deleted + s.deleted_by_stop as usize,
             s.pods_killed_by_driver,
             s.pods_deleted.saturating_sub(s.pods_killed_by_driver),

@@ -221,7 +221,7 @@ async fn the_demo_runs_to_its_summary_and_exits_zero() {
         "reached   0 executors",
         "executor pods created: ",
         "executor pods deleted: ",
-        "idle ones by the driver on downscale",
+        "(driver on downscale 200, allocator ",
         "executor ids used: 1..=",
     ] {
         assert!(
