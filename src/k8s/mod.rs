@@ -24,7 +24,10 @@ pub enum ConnectError {
     },
     #[error("in-cluster configuration: {0}")]
     InCluster(#[from] kube::config::InClusterError),
-    #[error("no Kubernetes configuration found: {0}")]
+    #[error(
+        "no Kubernetes configuration found (set kubernetes.kubeconfig, i.e. \
+         SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG, or run `serve --simulate`): {0}"
+    )]
     Infer(#[from] kube::config::InferConfigError),
     #[error("kubernetes client: {0}")]
     Client(#[from] kube::Error),
@@ -55,6 +58,8 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
         }
         (None, InCluster::Auto) => kube::Config::infer().await?,
     };
+    // Later "not reachable" warnings and UNAVAILABLE answers name no address: this does.
+    tracing::info!(url = %config.cluster_url, namespace = %config.default_namespace, "kubernetes API server");
     Ok(kube::Client::try_from(config)?)
 }
 
