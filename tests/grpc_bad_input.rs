@@ -352,3 +352,28 @@ async fn start_is_idempotent_per_namespace_and_exclusive_across_namespaces() {
     assert!(status.message().contains("team-a"), "{status:?}");
     h.stop_server().await;
 }
+
+#[tokio::test]
+async fn a_namespace_missing_from_the_cluster_is_a_failed_precondition() {
+    let mut h = Harness::start().await;
+    // Listing pods there would answer an empty list; only every create would fail (404).
+    let status = h
+        .client
+        .start(start_request("spark-nowhere", "no-such-namespace"))
+        .await
+        .expect_err("missing namespace");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "namespace no-such-namespace does not exist in the cluster"
+    );
+    let status = h
+        .client
+        .get_status(proto::GetStatusRequest {
+            application_id: "spark-nowhere".into(),
+        })
+        .await
+        .expect_err("not started");
+    assert_eq!(status.code(), Code::NotFound);
+    h.stop_server().await;
+}

@@ -247,6 +247,12 @@ impl Applications {
                 message: reason,
             });
         }
+        if self.inner.pods.namespace_exists(&req.namespace).await? == Some(false) {
+            return Err(AppError::FailedPrecondition(format!(
+                "namespace {} does not exist in the cluster",
+                req.namespace
+            )));
+        }
         let driver = self.driver_owner(&req).await?;
         let rules = self.inner.ctx.options.state_rules.clone();
         let builder = self.pod_builder(&req, driver)?;
