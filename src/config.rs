@@ -256,7 +256,12 @@ impl Settings {
             .with_list_parse_key("allowed_namespaces")
             .ignore_empty(true)
             .source(env);
-        let settings: Settings = builder.add_source(environment).build()?.try_deserialize()?;
+        let mut settings: Settings = builder.add_source(environment).build()?.try_deserialize()?;
+        // `a, b` in the environment means `a` and `b`.
+        settings.allowed_namespaces = (settings.allowed_namespaces.iter())
+            .map(|ns| ns.trim().to_string())
+            .filter(|ns| !ns.is_empty())
+            .collect();
         settings.validate()?;
         Ok(settings)
     }
@@ -459,6 +464,9 @@ mod tests {
         .unwrap();
         assert_eq!(s.log.format, LogFormat::Json);
         assert_eq!(s.allowed_namespaces, vec!["spark", "batch"]);
+        let spaced = env(&[("SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES", "spark, batch,")]);
+        let s2 = Settings::load_with_env(None, spaced).unwrap();
+        assert_eq!(s2.allowed_namespaces, vec!["spark", "batch"]);
         let a = s.allocation_defaults();
         assert_eq!(a.max_pending_pods, Some(40));
         assert!(!a.delete_on_termination);
