@@ -116,6 +116,55 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
 }
 
 #[tokio::test]
+async fn a_second_signal_exits_without_waiting_for_open_calls() {
+    let mut child = command(&[
+        "--log-format",
+        "json",
+        "serve",
+        "--simulate",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let fields = until_logged(&mut lines, "serving gRPC").await;
+    let address = fields["address"].as_str().expect("address").to_string();
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    wait_until_serving(channel.clone()).await.expect("serving");
+    // A health Watch is a call that stays open: a graceful shutdown waits for it to drain.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let _open = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+
+    terminate(&child);
+    until_logged(&mut lines, "signal received (another one exits at once)").await;
+    terminate(&child);
+    until_logged(
+        &mut lines,
+        "second signal: exiting at once; executor pods are left in place",
+    )
+    .await;
+    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
+        .await
+        .expect("exit")
+        .expect("wait");
+    // 130, not the 0 of a shutdown that drained its calls.
+    assert_eq!(exit.code(), Some(130), "{exit:?}");
+}
+
+#[tokio::test]
 async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
