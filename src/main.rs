@@ -42,8 +42,8 @@ enum Command {
         /// Run against an embedded simulated cluster instead of a real one.
         #[arg(long)]
         simulate: bool,
-        /// Listen address (overrides the configuration's `listen`).
-        #[arg(long)]
+        /// Listen address, e.g. 0.0.0.0:50051 (overrides the configuration's `listen`).
+        #[arg(long, value_name = "IP:PORT", value_parser = socket_address)]
         listen: Option<SocketAddr>,
     },
     /// Run the simulated cluster alone, for kubectl or a separately started service.
@@ -57,6 +57,15 @@ enum Command {
     },
     /// The simulated cluster, the service and a scripted driver, in one process.
     Demo,
+}
+
+/// `--listen`, with the expected form in the error.
+fn socket_address(value: &str) -> Result<SocketAddr, String> {
+    value.trim().parse().map_err(|_| {
+        "expected an IP address and port such as 127.0.0.1:50051 or 0.0.0.0:50051 \
+         (host names are not resolved)"
+            .to_string()
+    })
 }
 
 fn main() -> ExitCode {
