@@ -23,6 +23,12 @@ pub enum ConfigError {
     /// Reading or deserialising a source failed (the `config` crate names the key).
     #[error("configuration: {0}")]
     Load(#[from] config::ConfigError),
+    /// A key no section has; says which environment variable (or file) set it.
+    #[error("configuration: {error} (set by {origin})")]
+    UnknownKey {
+        error: config::ConfigError,
+        origin: String,
+    },
     /// A value deserialised but breaks a rule.
     #[error("configuration key `{key}`: {reason}")]
     Invalid { key: String, reason: String },
@@ -248,6 +254,12 @@ impl Settings {
             let name = path.to_string_lossy();
             builder = builder.add_source(config::File::new(&name, format).required(true));
         }
+        let env_names: Vec<String> = match &env {
+            Some(vars) => vars.keys().cloned().collect(),
+            None => std::env::vars_os()
+                .filter_map(|(name, _)| name.into_string().ok())
+                .collect(),
+        };
         let environment = config::Environment::with_prefix(ENV_PREFIX)
             .prefix_separator(ENV_SEPARATOR)
             .separator(ENV_SEPARATOR)
@@ -256,7 +268,11 @@ impl Settings {
             .with_list_parse_key("allowed_namespaces")
             .ignore_empty(true)
             .source(env);
-        let mut settings: Settings = builder.add_source(environment).build()?.try_deserialize()?;
+        let mut settings: Settings = builder
+            .add_source(environment)
+            .build()?
+            .try_deserialize()
+            .map_err(|error| locate_unknown_key(error, &env_names, path))?;
         // `a, b` in the environment means `a` and `b`.
         settings.allowed_namespaces = (settings.allowed_namespaces.iter())
             .map(|ns| ns.trim().to_string())
@@ -365,6 +381,34 @@ impl Settings {
     pub fn resync_interval(&self) -> Duration {
         Duration::from_millis(self.resync_interval_ms)
     }
+}
+
+/// serde names an unknown key but not where it came from; a stray environment variable is
+/// the usual culprit, so name it (else the file).
+fn locate_unknown_key(
+    error: config::ConfigError,
+    env_names: &[String],
+    path: Option<&Path>,
+) -> ConfigError {
+    let message = error.to_string();
+    let Some(field) = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+    else {
+        return ConfigError::Load(error);
+    };
+    let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+    let variable = env_names.iter().find(|name| {
+        name.strip_prefix(&prefix)
+            .and_then(|keys| keys.rsplit(ENV_SEPARATOR).next())
+            .is_some_and(|last| last.eq_ignore_ascii_case(field))
+    });
+    let origin = match (variable, path) {
+        (Some(name), _) => format!("the environment variable {name}"),
+        (None, Some(path)) => format!("the file {}", path.display()),
+        (None, None) => return ConfigError::Load(error),
+    };
+    ConfigError::UnknownKey { error, origin }
 }
 
 fn tracing_filter_check(filter: &str) -> Result<(), ConfigError> {
@@ -648,6 +692,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("batch_sise"), "{err}");
+        assert!(err.contains(&format!("{}", f.path().display())), "{err}");
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__BATCHSIZE", "5")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`batchsize`")
+                && err.contains(
+                    "the environment variable SPARK_POD_ALLOCATOR__ALLOCATION__BATCHSIZE"
+                ),
+            "{err}"
+        );
         let f = file("ini", "x=1");
         assert!(matches!(
             Settings::load_with_env(Some(f.path()), env(&[])),
