@@ -23,6 +23,12 @@ pub enum ConfigError {
     /// Reading or deserialising a source failed (the `config` crate names the key).
     #[error("configuration: {0}")]
     Load(#[from] config::ConfigError),
+    /// A key no section has; says which environment variable (or file) set it.
+    #[error("configuration: {error} (set by {origin})")]
+    UnknownKey {
+        error: config::ConfigError,
+        origin: String,
+    },
     /// A value deserialised but breaks a rule.
     #[error("configuration key `{key}`: {reason}")]
     Invalid { key: String, reason: String },
@@ -34,6 +40,7 @@ pub enum ConfigError {
 pub struct Settings {
     /// gRPC listen address. Default `127.0.0.1:50051` (loopback, so an unconfigured
     /// service is never exposed); set `0.0.0.0:50051` inside a cluster.
+    #[serde(deserialize_with = "socket_address")]
     pub listen: SocketAddr,
     pub kubernetes: KubernetesSettings,
     /// Server-side defaults of every application's allocation settings.
@@ -67,16 +74,57 @@ pub struct KubernetesSettings {
     pub create_concurrency: u32,
 }
 
-/// Whether to use the in-cluster service account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+/// Whether to use the in-cluster service account: `auto`, `true` or `false`, given as a
+/// string or as a boolean (TOML and YAML `true`, and the environment, give booleans).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InCluster {
     #[default]
     Auto,
-    #[serde(alias = "yes")]
     True,
-    #[serde(alias = "no")]
     False,
+}
+
+impl<'de> Deserialize<'de> for InCluster {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Choice;
+        impl serde::de::Visitor<'_> for Choice {
+            type Value = InCluster;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`auto`, `true` or `false`")
+            }
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<InCluster, E> {
+                Ok(if value {
+                    InCluster::True
+                } else {
+                    InCluster::False
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<InCluster, E> {
+                match value.trim().to_ascii_lowercase().as_str() {
+                    "auto" => Ok(InCluster::Auto),
+                    "true" | "yes" => Ok(InCluster::True),
+                    "false" | "no" => Ok(InCluster::False),
+                    _ => Err(E::custom(format!(
+                        "expected `auto`, `true` or `false`, got {value:?}"
+                    ))),
+                }
+            }
+        }
+        deserializer.deserialize_any(Choice)
+    }
+}
+
+/// A socket address, with an error that shows the expected form.
+fn socket_address<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    text.trim().parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "expected an IP address and port such as 127.0.0.1:50051 or 0.0.0.0:50051 \
+             (host names are not resolved), got {text:?}"
+        ))
+    })
 }
 
 /// Allocation defaults, with the proto's `AllocationSettings` field names; unset = Spark's
@@ -110,11 +158,22 @@ pub struct LogSettings {
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 pub enum LogFormat {
     #[default]
     Text,
     Json,
+}
+
+impl TryFrom<String> for LogFormat {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("expected `text` or `json`, got {value:?}")),
+        }
+    }
 }
 
 /// Container name Spark gives the executor container.
@@ -195,6 +254,12 @@ impl Settings {
             let name = path.to_string_lossy();
             builder = builder.add_source(config::File::new(&name, format).required(true));
         }
+        let env_names: Vec<String> = match &env {
+            Some(vars) => vars.keys().cloned().collect(),
+            None => std::env::vars_os()
+                .filter_map(|(name, _)| name.into_string().ok())
+                .collect(),
+        };
         let environment = config::Environment::with_prefix(ENV_PREFIX)
             .prefix_separator(ENV_SEPARATOR)
             .separator(ENV_SEPARATOR)
@@ -203,7 +268,16 @@ impl Settings {
             .with_list_parse_key("allowed_namespaces")
             .ignore_empty(true)
             .source(env);
-        let settings: Settings = builder.add_source(environment).build()?.try_deserialize()?;
+        let mut settings: Settings = builder
+            .add_source(environment)
+            .build()?
+            .try_deserialize()
+            .map_err(|error| locate_unknown_key(error, &env_names, path))?;
+        // `a, b` in the environment means `a` and `b`.
+        settings.allowed_namespaces = (settings.allowed_namespaces.iter())
+            .map(|ns| ns.trim().to_string())
+            .filter(|ns| !ns.is_empty())
+            .collect();
         settings.validate()?;
         Ok(settings)
     }
@@ -309,6 +383,34 @@ impl Settings {
     }
 }
 
+/// serde names an unknown key but not where it came from; a stray environment variable is
+/// the usual culprit, so name it (else the file).
+fn locate_unknown_key(
+    error: config::ConfigError,
+    env_names: &[String],
+    path: Option<&Path>,
+) -> ConfigError {
+    let message = error.to_string();
+    let Some(field) = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+    else {
+        return ConfigError::Load(error);
+    };
+    let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+    let variable = env_names.iter().find(|name| {
+        name.strip_prefix(&prefix)
+            .and_then(|keys| keys.rsplit(ENV_SEPARATOR).next())
+            .is_some_and(|last| last.eq_ignore_ascii_case(field))
+    });
+    let origin = match (variable, path) {
+        (Some(name), _) => format!("the environment variable {name}"),
+        (None, Some(path)) => format!("the file {}", path.display()),
+        (None, None) => return ConfigError::Load(error),
+    };
+    ConfigError::UnknownKey { error, origin }
+}
+
 fn tracing_filter_check(filter: &str) -> Result<(), ConfigError> {
     tracing_subscriber::EnvFilter::try_new(filter)
         .map(|_| ())
@@ -406,6 +508,9 @@ mod tests {
         .unwrap();
         assert_eq!(s.log.format, LogFormat::Json);
         assert_eq!(s.allowed_namespaces, vec!["spark", "batch"]);
+        let spaced = env(&[("SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES", "spark, batch,")]);
+        let s2 = Settings::load_with_env(None, spaced).unwrap();
+        assert_eq!(s2.allowed_namespaces, vec!["spark", "batch"]);
         let a = s.allocation_defaults();
         assert_eq!(a.max_pending_pods, Some(40));
         assert!(!a.delete_on_termination);
@@ -429,6 +534,65 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("log.format"), "{err}");
+    }
+
+    #[test]
+    fn in_cluster_takes_booleans_and_strings_from_every_source() {
+        for (value, expected) in [
+            ("true", InCluster::True),
+            ("false", InCluster::False),
+            ("auto", InCluster::Auto),
+            ("yes", InCluster::True),
+            ("NO", InCluster::False),
+        ] {
+            let settings = Settings::load_with_env(
+                None,
+                env(&[("SPARK_POD_ALLOCATOR__KUBERNETES__IN_CLUSTER", value)]),
+            )
+            .unwrap_or_else(|e| panic!("{value}: {e}"));
+            assert_eq!(settings.kubernetes.in_cluster, expected, "{value}");
+        }
+        let toml = file("toml", "[kubernetes]\nin_cluster = false\n");
+        let yaml = file("yaml", "kubernetes:\n  in_cluster: true\n");
+        let from_toml = Settings::load_with_env(Some(toml.path()), env(&[])).expect("toml");
+        let from_yaml = Settings::load_with_env(Some(yaml.path()), env(&[])).expect("yaml");
+        assert_eq!(from_toml.kubernetes.in_cluster, InCluster::False);
+        assert_eq!(from_yaml.kubernetes.in_cluster, InCluster::True);
+    }
+
+    #[test]
+    fn choices_and_addresses_say_what_is_expected() {
+        for (key, value, expected) in [
+            (
+                "SPARK_POD_ALLOCATOR__KUBERNETES__IN_CLUSTER",
+                "maybe",
+                "`kubernetes.in_cluster`",
+            ),
+            ("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml", "`log.format`"),
+            (
+                "SPARK_POD_ALLOCATOR__SIMULATOR__KUBELET__MODE",
+                "lazy",
+                "`simulator.kubelet.mode`",
+            ),
+            ("SPARK_POD_ALLOCATOR__LISTEN", "localhost:50051", "`listen`"),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected) && err.contains(&format!("{value:?}")),
+                "{err}"
+            );
+            assert!(err.contains("expected"), "{err}");
+            assert!(!err.contains("enum"), "no Rust type names: {err}");
+        }
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__LISTEN", "localhost:50051")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("127.0.0.1:50051"), "{err}");
     }
 
     #[test]
@@ -528,6 +692,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("batch_sise"), "{err}");
+        assert!(err.contains(&format!("{}", f.path().display())), "{err}");
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__BATCHSIZE", "5")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`batchsize`")
+                && err.contains(
+                    "the environment variable SPARK_POD_ALLOCATOR__ALLOCATION__BATCHSIZE"
+                ),
+            "{err}"
+        );
         let f = file("ini", "x=1");
         assert!(matches!(
             Settings::load_with_env(Some(f.path()), env(&[])),

@@ -135,7 +135,7 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
 
     let mut screen = Screen::stdout();
     screen.note(&format!(
-        "simulated cluster at {}, service at {address} (5% of executors fail at start)",
+        "simulated cluster at {} (5% of executors fail at start)\nservice at {address}",
         cluster.base_url()
     ))?;
     let channel = Endpoint::from_shared(format!("http://{address}"))?
@@ -265,8 +265,8 @@ impl ScriptedDriver {
             .context("Start")?
             .into_inner();
         out.note(&format!(
-            "started application {DEMO_APP_ID} in namespace {DEMO_NAMESPACE} (resumed: {}), \
-             profiles 0 (1 cpu) and 1 (4 cpu), batch {} every {} ms",
+            "started application {DEMO_APP_ID} in namespace {DEMO_NAMESPACE} (resumed: {})\n  \
+             profiles 0 (1 cpu) and 1 (4 cpu), batches of {} every {} ms",
             started.resumed, self.settings.batch_size, self.settings.batch_delay_ms
         ))?;
 
@@ -684,9 +684,16 @@ impl Screen {
         }
         writeln!(
             self.out,
-            "  executor pods created: {} ({} failed and were replaced); deleted: {} \
-             ({} killed by the driver on downscale), {} more by Stop",
-            s.pods_seen, s.pods_failed, s.pods_deleted, s.pods_killed_by_driver, s.deleted_by_stop
+            "  executor pods created: {} ({} failed at start and were replaced)",
+            s.pods_seen, s.pods_failed
+        )?;
+        writeln!(
+            self.out,
+            "  executor pods deleted: {} (driver on downscale {}, allocator {}, Stop {})",
+            s.pods_deleted + s.deleted_by_stop as usize,
+            s.pods_killed_by_driver,
+            s.pods_deleted.saturating_sub(s.pods_killed_by_driver),
+            s.deleted_by_stop
         )?;
         writeln!(
             self.out,

@@ -42,8 +42,8 @@ enum Command {
         /// Run against an embedded simulated cluster instead of a real one.
         #[arg(long)]
         simulate: bool,
-        /// Listen address (overrides the configuration's `listen`).
-        #[arg(long)]
+        /// Listen address, e.g. 0.0.0.0:50051 (overrides the configuration's `listen`).
+        #[arg(long, value_name = "IP:PORT", value_parser = socket_address)]
         listen: Option<SocketAddr>,
     },
     /// Run the simulated cluster alone, for kubectl or a separately started service.
@@ -57,6 +57,15 @@ enum Command {
     },
     /// The simulated cluster, the service and a scripted driver, in one process.
     Demo,
+}
+
+/// `--listen`, with the expected form in the error.
+fn socket_address(value: &str) -> Result<SocketAddr, String> {
+    value.trim().parse().map_err(|_| {
+        "expected an IP address and port such as 127.0.0.1:50051 or 0.0.0.0:50051 \
+         (host names are not resolved)"
+            .to_string()
+    })
 }
 
 fn main() -> ExitCode {
@@ -143,30 +152,70 @@ fn init_tracing(format: LogFormat, default_filter: &str) -> anyhow::Result<()> {
     installed.map_err(|err| anyhow::anyhow!("cannot install the logger: {err}"))
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Resolves on the first SIGINT or SIGTERM. The signals are listened to from the call on
+/// (none is missed while starting up); a second one exits at once, for a user who will not
+/// wait for open calls to drain (executor pods are left in place either way).
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
+    let mut signals = StopSignals::new().context("cannot listen for SIGINT")?;
+    Ok(async move {
+        signals.next().await;
+        tokio::spawn(async move {
+            signals.next().await;
+            tracing::warn!("second signal: exiting at once; executor pods are left in place");
+            std::process::exit(130);
+        });
+        tracing::info!("signal received (another one exits at once)");
+    })
+}
+
+/// SIGINT and SIGTERM, as one stream of stop requests.
+struct StopSignals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn new() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let interrupt = signal(SignalKind::interrupt())?;
+            let terminate = match signal(SignalKind::terminate()) {
+                Ok(terminate) => Some(terminate),
+                Err(err) => {
+                    tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the service");
+                    None
+                }
+            };
+            Ok(Self {
+                interrupt,
+                terminate,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        match &mut self.terminate {
+            Some(terminate) => {
                 tokio::select! {
-                    _ = interrupt => {}
+                    _ = self.interrupt.recv() => {}
                     _ = terminate.recv() => {}
                 }
             }
-            Err(err) => {
-                tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the service");
-                let _ = interrupt.await;
+            None => {
+                self.interrupt.recv().await;
             }
         }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
-    }
-    tracing::info!("signal received");
 }
 
 async fn serve(
@@ -174,6 +223,7 @@ async fn serve(
     simulate: bool,
     listen: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
+    let stop = shutdown_signal()?;
     let defaults = StartDefaults {
         settings: settings.allocation_defaults(),
         executor_pod_template: settings.default_template()?,
@@ -208,10 +258,13 @@ async fn serve(
         defaults,
         ..ServeSettings::default()
     };
-    grpc::serve(serve_settings, applications, listener, shutdown_signal()).await?;
-    tracing::info!("stopped; executor pods left in place");
-    if let Some(cluster) = sim {
-        cluster.shutdown().await;
+    grpc::serve(serve_settings, applications, listener, stop).await?;
+    match sim {
+        Some(cluster) => {
+            cluster.shutdown().await;
+            tracing::info!("stopped, and the simulated cluster with its pods");
+        }
+        None => tracing::info!("stopped; executor pods left in place"),
     }
     Ok(())
 }
@@ -221,11 +274,12 @@ async fn simulate(
     listen: Option<String>,
     kubeconfig: &Path,
 ) -> anyhow::Result<()> {
+    let stop = shutdown_signal()?;
     let mut sim_settings = settings.simulator.clone();
     if let Some(listen) = listen {
         sim_settings.listen = listen;
     }
-    sim::run_until(sim_settings, Some(kubeconfig), shutdown_signal())
+    sim::run_until(sim_settings, Some(kubeconfig), stop)
         .await
         .context("simulated cluster")
 }

@@ -38,6 +38,22 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
             r.executor_pod_template =
                 "apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n    spark-exec-id: \"9\"\n".into()
         }),
+        // A pod the API server would refuse (422) on every create: refused at Start.
+        ("executor_pod_template", |r| {
+            r.executor_pod_template = "apiVersion: v1\nkind: Pod\nspec: {}\n".into()
+        }),
+        ("executor_pod_template", |r| {
+            r.executor_pod_template =
+                "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: main\n".into()
+        }),
+        ("resource_profile_templates[3]", |r| {
+            r.resource_profile_templates = HashMap::from([(
+                3,
+                "apiVersion: v1\nkind: Pod\nspec:\n  initContainers:\n  - name: init\n  \
+                 containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n"
+                    .into(),
+            )])
+        }),
         ("resource_profile_templates[-1]", |r| {
             r.resource_profile_templates = HashMap::from([(-1, TEMPLATE.into())])
         }),
@@ -92,6 +108,30 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
     let status = h.client.start(req).await.expect_err("containers: 7");
     assert_invalid(&status, "executor_pod_template");
     assert!(status.message().contains("line 4"), "{}", status.message());
+    // The image-less container is named; an added executor container is explained.
+    let mut req = start_request("spark-bad", "team-a");
+    req.executor_pod_template =
+        "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: a\n    image: x\n  - name: b\n    image: y\n"
+            .into();
+    let status = h.client.start(req).await.expect_err("executor added");
+    assert_invalid(&status, "executor_pod_template");
+    assert!(
+        status.message().contains("no executor container") && status.message().contains("image"),
+        "{}",
+        status.message()
+    );
+    let mut req = start_request("spark-bad", "team-a");
+    req.resource_profile_templates = HashMap::from([(
+        3,
+        "apiVersion: v1\nkind: Pod\nspec:\n  initContainers:\n  - name: init\n  containers:\n  - name: main\n    image: spark:4\n"
+            .into(),
+    )]);
+    let status = h.client.start(req).await.expect_err("init without image");
+    assert!(
+        status.message().contains("container `init` has no image"),
+        "{}",
+        status.message()
+    );
 
     // Nothing of the refused application exists.
     let status = h
@@ -297,6 +337,11 @@ async fn start_is_idempotent_per_namespace_and_exclusive_across_namespaces() {
         .into_inner();
     assert!(again.resumed, "{again:?}");
     assert_eq!(again.last_executor_id, first.last_executor_id);
+    // A repeated Start is still checked: a template that cannot make a pod is refused.
+    let mut bad = start_request("spark-twice", "team-a");
+    bad.executor_pod_template = "apiVersion: v1\nkind: Pod\nspec: {}\n".into();
+    let status = h.client.start(bad).await.expect_err("bad template");
+    assert_invalid(&status, "executor_pod_template");
 
     let status = h
         .client
@@ -305,5 +350,30 @@ async fn start_is_idempotent_per_namespace_and_exclusive_across_namespaces() {
         .expect_err("other namespace");
     assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
     assert!(status.message().contains("team-a"), "{status:?}");
+    h.stop_server().await;
+}
+
+#[tokio::test]
+async fn a_namespace_missing_from_the_cluster_is_a_failed_precondition() {
+    let mut h = Harness::start().await;
+    // Listing pods there would answer an empty list; only every create would fail (404).
+    let status = h
+        .client
+        .start(start_request("spark-nowhere", "no-such-namespace"))
+        .await
+        .expect_err("missing namespace");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "namespace no-such-namespace does not exist in the cluster"
+    );
+    let status = h
+        .client
+        .get_status(proto::GetStatusRequest {
+            application_id: "spark-nowhere".into(),
+        })
+        .await
+        .expect_err("not started");
+    assert_eq!(status.code(), Code::NotFound);
     h.stop_server().await;
 }

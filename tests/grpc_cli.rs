@@ -103,12 +103,65 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
     assert_eq!(status.last_executor_id, 0);
 
     terminate(&child);
-    until_logged(&mut lines, "stopped; executor pods left in place").await;
+    until_logged(
+        &mut lines,
+        "stopped, and the simulated cluster with its pods",
+    )
+    .await;
     let exit = tokio::time::timeout(HANG_GUARD, child.wait())
         .await
         .expect("exit")
         .expect("wait");
     assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test]
+async fn a_second_signal_exits_without_waiting_for_open_calls() {
+    let mut child = command(&[
+        "--log-format",
+        "json",
+        "serve",
+        "--simulate",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let fields = until_logged(&mut lines, "serving gRPC").await;
+    let address = fields["address"].as_str().expect("address").to_string();
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    wait_until_serving(channel.clone()).await.expect("serving");
+    // A health Watch is a call that stays open: a graceful shutdown waits for it to drain.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let _open = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+
+    terminate(&child);
+    until_logged(&mut lines, "signal received (another one exits at once)").await;
+    terminate(&child);
+    until_logged(
+        &mut lines,
+        "second signal: exiting at once; executor pods are left in place",
+    )
+    .await;
+    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
+        .await
+        .expect("exit")
+        .expect("wait");
+    // 130, not the 0 of a shutdown that drained its calls.
+    assert_eq!(exit.code(), Some(130), "{exit:?}");
 }
 
 #[tokio::test]
@@ -215,6 +268,9 @@ async fn the_demo_runs_to_its_summary_and_exits_zero() {
         "reached 200 executors (profile 0: 150, profile 1:  50)",
         "reached  50 executors (profile 0:  30, profile 1:  20)",
         "reached   0 executors",
+        "executor pods created: ",
+        "executor pods deleted: ",
+        "(driver on downscale 200, allocator ",
         "executor ids used: 1..=",
     ] {
         assert!(

@@ -123,6 +123,14 @@ impl ExecutorPodBuilder {
     pub fn has_profile(&self, profile: ResourceProfileId) -> bool {
         self.templates.contains_key(&profile)
     }
+    /// The resource profiles that have a template.
+    pub fn profiles(&self) -> impl Iterator<Item = ResourceProfileId> + '_ {
+        self.templates.keys().copied()
+    }
+    /// The template of `profile`, as given (before any stamping).
+    pub fn template(&self, profile: ResourceProfileId) -> Option<&Pod> {
+        self.templates.get(&profile)
+    }
     /// The sanitised pod name prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix

@@ -224,6 +224,9 @@ impl Applications {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
         self.check_running()?;
+        // Templates are checked even when the application already runs: a repeated Start
+        // with a template that could never make a pod is refused, not answered `resumed`.
+        self.pod_builder(&req, None)?;
         let existing = self.entry(&req.app_id);
         if let Some((namespace, actor, _)) = existing {
             if namespace != req.namespace {
@@ -247,16 +250,15 @@ impl Applications {
                 message: reason,
             });
         }
+        if self.inner.pods.namespace_exists(&req.namespace).await? == Some(false) {
+            return Err(AppError::FailedPrecondition(format!(
+                "namespace {} does not exist in the cluster",
+                req.namespace
+            )));
+        }
         let driver = self.driver(&req).await?;
         let rules = self.inner.ctx.options.state_rules.clone();
-        let builder = ExecutorPodBuilder::for_application(
-            req.app_id.as_str(),
-            req.pod_name_prefix.as_deref(),
-            req.templates.clone(),
-            driver.as_ref().and_then(|d| d.owner.clone()),
-            &rules.executor_container,
-        )
-        .map_err(template_error)?;
+        let builder = self.pod_builder(&req, driver.as_ref().and_then(|d| d.owner.clone()))?;
 
         // Subscribe before listing so no event between the LIST and the actor is lost.
         let subscription = self
@@ -506,6 +508,25 @@ impl Applications {
             .map(|e| (e.namespace.clone(), e.actor.clone(), e.id_record.clone()))
     }
 
+    /// The executor pod builder of a Start request, its templates checked.
+    fn pod_builder(
+        &self,
+        req: &StartApplication,
+        driver: Option<DriverOwner>,
+    ) -> Result<ExecutorPodBuilder, AppError> {
+        let rules = &self.inner.ctx.options.state_rules;
+        let builder = ExecutorPodBuilder::for_application(
+            req.app_id.as_str(),
+            req.pod_name_prefix.as_deref(),
+            req.templates.clone(),
+            driver,
+            &rules.executor_container,
+        )
+        .map_err(template_error)?;
+        check_images(&builder).map_err(template_error)?;
+        Ok(builder)
+    }
+
     fn apps(&self) -> MutexGuard<'_, HashMap<AppId, Entry>> {
         match self.inner.apps.lock() {
             Ok(guard) => guard,
@@ -519,6 +540,46 @@ struct Driver {
     name: String,
     /// The executors' controller owner (none when the pod has no uid).
     owner: Option<DriverOwner>,
+}
+
+/// Every container of an executor pod needs an image, or each create is refused (422) and
+/// retried forever; say so at Start instead. The pod of executor 1 stands for all of them.
+fn check_images(builder: &ExecutorPodBuilder) -> Result<(), TemplateError> {
+    for profile in builder.profiles() {
+        let given = builder
+            .template(profile)
+            .and_then(|t| t.spec.as_ref())
+            .map_or(0, |spec| spec.containers.len());
+        let Some(spec) = builder.build(ExecutorId(1), profile)?.spec else {
+            continue;
+        };
+        let added = spec.containers.len() > given;
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers);
+        for container in containers {
+            if container
+                .image
+                .as_deref()
+                .is_some_and(|i| !i.trim().is_empty())
+            {
+                continue;
+            }
+            let reason = if added && spec.containers.last() == Some(container) {
+                format!(
+                    "the template has no executor container (one named `{}`, or a single \
+                     container), so one without an image would be added: give it, with its image",
+                    container.name
+                )
+            } else {
+                format!("container `{}` has no image", container.name)
+            };
+            return Err(TemplateError::Invalid { profile, reason });
+        }
+    }
+    Ok(())
 }
 
 /// A template error names the request field it came from.

@@ -16,9 +16,18 @@ use crate::config::{InCluster, KubernetesSettings};
 pub enum ConnectError {
     #[error("kubeconfig: {0}")]
     Kubeconfig(#[from] kube::config::KubeconfigError),
+    /// The file of `kubernetes.kubeconfig` cannot be used.
+    #[error("kubernetes.kubeconfig {path}: {source}")]
+    KubeconfigFile {
+        path: std::path::PathBuf,
+        source: kube::config::KubeconfigError,
+    },
     #[error("in-cluster configuration: {0}")]
     InCluster(#[from] kube::config::InClusterError),
-    #[error("no Kubernetes configuration found: {0}")]
+    #[error(
+        "no Kubernetes configuration found (set kubernetes.kubeconfig, i.e. \
+         SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG, or run `serve --simulate`): {0}"
+    )]
     Infer(#[from] kube::config::InferConfigError),
     #[error("kubernetes client: {0}")]
     Client(#[from] kube::Error),
@@ -34,8 +43,14 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
     let config = match (&settings.kubeconfig, settings.in_cluster) {
         (_, InCluster::True) => kube::Config::incluster()?,
         (Some(path), _) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
+            let in_file = |source| ConnectError::KubeconfigFile {
+                path: path.clone(),
+                source,
+            };
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(in_file)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(in_file)?
         }
         (None, InCluster::False) => kube::Config::from_kubeconfig(&options).await?,
         (None, InCluster::Auto) if settings.context.is_some() => {
@@ -43,6 +58,8 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
         }
         (None, InCluster::Auto) => kube::Config::infer().await?,
     };
+    // Later "not reachable" warnings and UNAVAILABLE answers name no address: this does.
+    tracing::info!(url = %config.cluster_url, namespace = %config.default_namespace, "kubernetes API server");
     Ok(kube::Client::try_from(config)?)
 }
 

@@ -375,6 +375,18 @@ impl ExecutorPods {
         self.api(namespace).list(&lp).await.map(|list| list.items)
     }
 
+    /// Whether `namespace` exists; `None` when the service may not read namespaces (403),
+    /// so it cannot tell. (A LIST of pods in a missing namespace is an empty list, and only
+    /// the creates would fail, each with 404, for as long as the application runs.)
+    pub async fn namespace_exists(&self, namespace: &str) -> Result<Option<bool>, kube::Error> {
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        match api.get_opt(namespace).await {
+            Ok(found) => Ok(Some(found.is_some())),
+            Err(kube::Error::Api(status)) if status.code == 403 => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     /// The driver pod, or `None` when it does not exist.
     pub async fn driver_pod(
         &self,

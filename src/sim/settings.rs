@@ -42,7 +42,7 @@ impl Default for SimSettings {
 
 /// Whether the simulated nodes act on pods by themselves.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum KubeletMode {
     /// A scheduler binds pods and kubelets start, fail, finish and remove them.
     #[default]
@@ -50,6 +50,17 @@ pub enum KubeletMode {
     /// Nothing moves unless a client posts `/binding` or patches `/status`, as a test
     /// playing kubelet would against a real API server with no nodes.
     Manual,
+}
+
+impl TryFrom<String> for KubeletMode {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(KubeletMode::Auto),
+            "manual" => Ok(KubeletMode::Manual),
+            _ => Err(format!("expected `auto` or `manual`, got {value:?}")),
+        }
+    }
 }
 
 /// Behaviour of the scheduler, the kubelets and the garbage collector.

@@ -16,9 +16,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from spark_pod_allocator import AllocatorClient, AllocatorError
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-BINARY = pathlib.Path(
-    os.environ.get("SPARK_POD_ALLOCATOR_BIN", ROOT / "target" / "debug" / "spark-pod-allocator")
-)
+
+
+def _binary() -> pathlib.Path:
+    """SPARK_POD_ALLOCATOR_BIN, else the debug build; a relative path that does not exist
+    from here is taken from the repository root (`target/release/spark-pod-allocator`)."""
+    given = os.environ.get("SPARK_POD_ALLOCATOR_BIN")
+    if not given:
+        return ROOT / "target" / "debug" / "spark-pod-allocator"
+    path = pathlib.Path(given)
+    if not path.is_absolute() and not path.exists():
+        return ROOT / path
+    return path
+
+
+BINARY = _binary()
 
 TEMPLATE = """
 apiVersion: v1
