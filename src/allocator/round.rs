@@ -99,7 +99,6 @@ pub struct Allocator {
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
     outstanding: bool,
-    counts: BTreeMap<ResourceProfileId, ProfileCounts>,
 }
 
 impl Allocator {
@@ -116,7 +115,6 @@ impl Allocator {
             last_executor_id,
             unknown_pending: 0,
             outstanding: false,
-            counts: BTreeMap::new(),
         }
     }
     /// Stores the targets (profiles left out keep theirs). Returns true when nothing is
@@ -341,30 +339,6 @@ impl Allocator {
         self.unknown_pending = total_unknown_pending;
         self.outstanding = total_unknown_pending + self.newly_created.len() as u64 > 0;
         plan.outstanding = self.outstanding;
-        self.counts = tallies
-            .iter()
-            .map(|t| {
-                let newly = self
-                    .newly_created
-                    .values()
-                    .filter(|nc| nc.profile == t.profile)
-                    .count()
-                    + self
-                        .known_newly_created
-                        .values()
-                        .filter(|rp| **rp == t.profile)
-                        .count();
-                (
-                    t.profile,
-                    ProfileCounts {
-                        target: t.target,
-                        running: saturate(t.running),
-                        pending: saturate(t.unknown_pending + t.known_pending),
-                        newly_created: saturate(newly as u64),
-                    },
-                )
-            })
-            .collect();
         plan
     }
 
@@ -427,10 +401,46 @@ impl Allocator {
     pub fn last_executor_id(&self) -> u64 {
         self.last_executor_id
     }
-    /// A report for GetStatus.
+    /// A report for GetStatus, from the current state (the last snapshot and the requests
+    /// still outstanding), so it does not lag a round behind. Lists every profile with a
+    /// target and every profile with executors running, pending or requested; one without a
+    /// target reports target 0 (rounds leave it alone, as Spark does). Deleted executors are
+    /// left out of the counts, as in a round. Costs O(profiles + deleted + requests).
     pub fn status(&self) -> AllocatorStatus {
+        let mut profiles: BTreeMap<ResourceProfileId, ProfileCounts> = self
+            .targets
+            .iter()
+            .map(|(rp, target)| {
+                let counts = ProfileCounts {
+                    target: *target,
+                    ..ProfileCounts::default()
+                };
+                (*rp, counts)
+            })
+            .collect();
+        for (rp, index) in self.tracked.profiles() {
+            if index.running > 0 || !index.pending.is_empty() {
+                let counts = profiles.entry(rp).or_default();
+                counts.running = saturate(index.running);
+                counts.pending = saturate(index.pending.len() as u64);
+            }
+        }
+        if !self.deleted.is_empty() {
+            let running = self.tracked.running_among(self.deleted.keys());
+            let pending = self.tracked.pending_among(self.deleted.keys());
+            for (rp, counts) in &mut profiles {
+                let gone = running.get(rp).copied().map_or(0, saturate);
+                counts.running = counts.running.saturating_sub(gone);
+                let gone = pending.get(rp).copied().map_or(0, saturate);
+                counts.pending = counts.pending.saturating_sub(gone);
+            }
+        }
+        for (_, rp) in self.newly_created() {
+            let counts = profiles.entry(rp).or_default();
+            counts.newly_created = counts.newly_created.saturating_add(1);
+        }
         AllocatorStatus {
-            profiles: self.counts.clone(),
+            profiles,
             deleted: self.deleted.keys().copied().collect(),
             last_executor_id: self.last_executor_id,
             outstanding: self.outstanding,

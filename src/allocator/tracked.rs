@@ -186,13 +186,34 @@ impl TrackedExecutors {
         &self,
         ids: impl Iterator<Item = &'a ExecutorId>,
     ) -> BTreeMap<ResourceProfileId, u64> {
-        let mut running = BTreeMap::new();
+        self.among(ids, Kind::Running)
+    }
+
+    /// Pending executors among `ids`, per profile (to leave deleted ones out of the counts).
+    pub(crate) fn pending_among<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a ExecutorId>,
+    ) -> BTreeMap<ResourceProfileId, u64> {
+        self.among(ids, Kind::Pending)
+    }
+
+    /// Every profile with an index (some may have dropped back to no executors).
+    pub(crate) fn profiles(&self) -> impl Iterator<Item = (ResourceProfileId, &ProfileIndex)> {
+        self.profiles.iter().map(|(rp, index)| (*rp, index))
+    }
+
+    fn among<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a ExecutorId>,
+        kind: Kind,
+    ) -> BTreeMap<ResourceProfileId, u64> {
+        let mut counts = BTreeMap::new();
         for id in ids {
-            if let Some(t) = self.executors.get(id).filter(|t| t.kind == Kind::Running) {
-                *running.entry(t.profile).or_insert(0) += 1;
+            if let Some(t) = self.executors.get(id).filter(|t| t.kind == kind) {
+                *counts.entry(t.profile).or_insert(0) += 1;
             }
         }
-        running
+        counts
     }
 }
 

@@ -237,8 +237,14 @@ impl State {
                 let _ = reply.send(());
             }
             Command::Report(reply) => {
+                let mut status = self.actor.allocator.status();
+                // A profile with a template is one the driver may ask for: listed (target 0
+                // until it has one) even before it has executors.
+                for profile in self.actor.builder.profiles() {
+                    status.profiles.entry(profile).or_default();
+                }
                 let _ = reply.send(ActorReport {
-                    status: self.actor.allocator.status(),
+                    status,
                     rounds: self.rounds,
                     next_round_at: self.next_round_at(),
                 });
