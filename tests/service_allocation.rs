@@ -627,6 +627,58 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
 }
 
 #[tokio::test]
+async fn a_resumed_application_reports_its_executors_before_any_target() {
+    let h = harness().await;
+    let app = "app-status";
+    let p2 = ResourceProfileId(2);
+    let mut req = request(app, NS);
+    req.templates.insert(p2, template());
+    start(&h.apps, req.clone()).await;
+    set_targets_and_round(&h, app, 3).await;
+    set_running(&h.sim, app, 1).await;
+    set_running(&h.sim, app, 2).await;
+    wait_for("executors 1 and 2 running", || async {
+        let snapshot = h.apps.snapshot(&id(app)).await.expect("snapshot");
+        snapshot
+            .executors
+            .values()
+            .filter(|e| e.state == ExecutorState::Running)
+            .count()
+            == 2
+    })
+    .await;
+    h.apps.shutdown().await;
+
+    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let started = start(&restarted, req).await;
+    assert!(started.resumed);
+    // Once the resumed pods are in a round's snapshot, GetStatus shows them (profile 0 has
+    // no target in this service yet), and the template-only profile 2 with zeros.
+    wait_for("the resumed pods in the snapshot", || async {
+        restarted.snapshot(&id(app)).await.expect("snapshot").executors.len() == 3
+    })
+    .await;
+    let before = restarted.rounds(&id(app)).await.expect("rounds");
+    h.clock.advance(BATCH_DELAY);
+    wait_for("a round of the resumed application", || async {
+        restarted.rounds(&id(app)).await.expect("rounds") > before
+    })
+    .await;
+    let status = restarted.status(&id(app)).await.expect("status");
+    let summary: Vec<(i32, u32, u32, u32, u32)> = status
+        .profiles
+        .iter()
+        .map(|(p, c)| (p.0, c.target, c.running, c.pending, c.newly_created))
+        .collect();
+    assert_eq!(summary, vec![(0, 0, 2, 1, 0), (2, 0, 0, 0, 0)]);
+    assert_eq!(status.last_executor_id, 3);
+    // Without a target the profile is left alone: nothing created, nothing deleted.
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 3));
+    assert!(status.deleted.is_empty());
+    assert_eq!(restarted.stop(&id(app)).await.expect("stop"), 3);
+}
+
+#[tokio::test]
 async fn a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
     let h = harness().await;
     let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
