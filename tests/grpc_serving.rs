@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
-use grpc_support::{Harness, start_request};
+use grpc_support::{Harness, TEMPLATE, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -57,13 +57,29 @@ async fn until_pods_exist(
 async fn a_driver_starts_scales_asks_and_stops() {
     let mut h = Harness::start().await;
     let app = "spark-happy";
+    let mut request = start_request(app, "team-a");
+    request.resource_profile_templates = HashMap::from([(4, TEMPLATE.into())]);
     let started = h
         .client
-        .start(start_request(app, "team-a"))
+        .start(request)
         .await
         .expect("start")
         .into_inner();
     assert_eq!((started.resumed, started.last_executor_id), (false, 0));
+    // Before any SetTotalExpected, every profile with a template is listed, with target 0.
+    let status = h
+        .client
+        .get_status(proto::GetStatusRequest {
+            application_id: app.into(),
+        })
+        .await
+        .expect("status after start")
+        .into_inner();
+    let zero = |id| proto::ProfileStatus {
+        resource_profile_id: id,
+        ..Default::default()
+    };
+    assert_eq!(status.profiles, vec![zero(0), zero(4)]);
 
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
