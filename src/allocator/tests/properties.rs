@@ -337,6 +337,40 @@ impl World {
         Ok(())
     }
 
+    /// GetStatus, at any time, matches the model: every profile with a target, a request in
+    /// flight or a running/pending executor in the last snapshot, counted without the
+    /// executors the allocator deleted.
+    fn check_status(&self) -> Result<(), TestCaseError> {
+        let mut expected: BTreeMap<ResourceProfileId, ProfileCounts> = self
+            .targets
+            .iter()
+            .map(|(rp, target)| {
+                let counts = ProfileCounts {
+                    target: *target,
+                    ..ProfileCounts::default()
+                };
+                (*rp, counts)
+            })
+            .collect();
+        for pod in self.last_snapshot.values() {
+            let counted = !self.allocator.is_deleted(pod.id);
+            match pod.state {
+                ExecutorState::Running => {
+                    expected.entry(pod.profile).or_default().running += u32::from(counted);
+                }
+                ExecutorState::Pending => {
+                    expected.entry(pod.profile).or_default().pending += u32::from(counted);
+                }
+                _ => {}
+            }
+        }
+        for profile in self.in_flight.values() {
+            expected.entry(*profile).or_default().newly_created += 1;
+        }
+        prop_assert_eq!(self.allocator.status().profiles, expected);
+        Ok(())
+    }
+
     /// The cooperative cluster: pending pods start, registered executors are the running ones,
     /// and the driver retires running executors beyond its target (as dynamic allocation does).
     fn cooperate(&mut self) {
@@ -402,6 +436,7 @@ fn run(world: &mut World, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Churn => world.churn(),
             Op::Register => world.register_random(),
         }
+        world.check_status()?;
     }
     Ok(())
 }
