@@ -1,5 +1,5 @@
 //! Allocation engine speed: one round over many tracked executors, and single-pod snapshot
-//! updates. Each figure is printed as a ratio against a baseline measured in the same run:
+//! updates, and a status report. Each figure is printed as a ratio against a baseline measured in the same run:
 //! the same round shape with 100 executors, and a plain `BTreeMap` insert of the same pods.
 //!
 //! Run: `cargo bench --bench allocator_round -- --warm-up-time 1 --measurement-time 3`
@@ -184,6 +184,30 @@ fn bench_round(c: &mut Criterion, total: u64, mean: &Mean, tick: Tick) {
     group.finish();
 }
 
+/// GetStatus of the 10,000-executor application right after the measured round (so with
+/// deletes and requests outstanding): computed on demand from the engine's index.
+fn bench_status(c: &mut Criterion, mean: &Mean) {
+    let (mut allocator, batch) = round_setup(10_000);
+    allocator.round(batch, Timestamp(T0.0 + 1_000));
+    let status = allocator.status();
+    assert_eq!(status.profiles.len(), PROFILES as usize);
+    assert!(!status.deleted.is_empty());
+    let mut group = c.benchmark_group("allocator_status");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("status_10000_executors", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                black_box(allocator.status());
+            }
+            let elapsed = start.elapsed();
+            mean.add(elapsed, iters);
+            elapsed
+        })
+    });
+    group.finish();
+}
+
 const UPDATES: u64 = 1_000;
 
 /// Updates flipping pods between Pending and Running, cycling through a 10,000-pod snapshot.
@@ -264,6 +288,8 @@ fn main() {
     bench_round(&mut c, 10_000, &large, Tick::Changes);
     bench_round(&mut c, 10_000, &quiet, Tick::Quiet);
     bench_round(&mut c, 10_000, &resync, Tick::Resync);
+    let status = Mean::default();
+    bench_status(&mut c, &status);
     let (store, map) = (Mean::default(), Mean::default());
     bench_ingest(&mut c, &store, &map);
     c.final_summary();
@@ -285,6 +311,12 @@ fn main() {
         (
             "ratio round 10,000 / round 100",
             large.nanos() / small.nanos(),
+            "x",
+        ),
+        ("status, 10,000 executors", status.nanos() / 1e3, "us"),
+        (
+            "ratio status 10,000 / round 100",
+            status.nanos() / small.nanos(),
             "x",
         ),
         (
