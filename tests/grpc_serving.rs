@@ -59,12 +59,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
     let app = "spark-happy";
     let mut request = start_request(app, "team-a");
     request.resource_profile_templates = HashMap::from([(4, TEMPLATE.into())]);
-    let started = h
-        .client
-        .start(request)
-        .await
-        .expect("start")
-        .into_inner();
+    let started = h.client.start(request).await.expect("start").into_inner();
     assert_eq!((started.resumed, started.last_executor_id), (false, 0));
     // Before any SetTotalExpected, every profile with a template is listed, with target 0.
     let status = h

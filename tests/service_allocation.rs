@@ -655,7 +655,13 @@ async fn a_resumed_application_reports_its_executors_before_any_target() {
     // Once the resumed pods are in a round's snapshot, GetStatus shows them (profile 0 has
     // no target in this service yet), and the template-only profile 2 with zeros.
     wait_for("the resumed pods in the snapshot", || async {
-        restarted.snapshot(&id(app)).await.expect("snapshot").executors.len() == 3
+        restarted
+            .snapshot(&id(app))
+            .await
+            .expect("snapshot")
+            .executors
+            .len()
+            == 3
     })
     .await;
     let before = restarted.rounds(&id(app)).await.expect("rounds");

@@ -128,6 +128,10 @@ fn a_profile_without_a_target_is_never_downscaled() {
         assert!(plan.deletes.is_empty(), "at {at}s");
         assert!(plan.creates.is_empty(), "at {at}s");
         assert!(!a.is_deleted(ExecutorId(2)), "at {at}s");
-        assert_eq!(summary(&a), vec![(0, 0, 0, 0, 0), (1, 0, 1, 1, 0)], "at {at}s");
+        assert_eq!(
+            summary(&a),
+            vec![(0, 0, 0, 0, 0), (1, 0, 1, 1, 0)],
+            "at {at}s"
+        );
     }
 }
