@@ -401,11 +401,11 @@ impl Allocator {
     pub fn last_executor_id(&self) -> u64 {
         self.last_executor_id
     }
-    /// A report for GetStatus, from the current state (the last snapshot and the requests
-    /// still outstanding), so it does not lag a round behind. Lists every profile with a
-    /// target and every profile with executors running, pending or requested; one without a
-    /// target reports target 0 (rounds leave it alone, as Spark does). Deleted executors are
-    /// left out of the counts, as in a round. Costs O(profiles + deleted + requests).
+    /// A report for GetStatus, computed when asked: targets and requests are current, pod
+    /// counts those of the last snapshot a round took in. Lists every profile with a target
+    /// and every profile with executors running, pending or requested; one without a target
+    /// reports target 0 (rounds leave it alone, as Spark does). Deleted executors are left
+    /// out of the counts, as in a round. Costs O(profiles + deleted · log n + requests).
     pub fn status(&self) -> AllocatorStatus {
         let mut profiles: BTreeMap<ResourceProfileId, ProfileCounts> = self
             .targets
