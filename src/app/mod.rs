@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ResourceProfileId, SettingsError, SnapshotStore, StateRules,
-    TemplateError, Timestamp, executor_pod_from,
+    ExecutorPodsSnapshot, ResourceProfileId, SnapshotStore, StateRules, TemplateError, Timestamp,
+    executor_pod_from,
 };
 use crate::config::Settings;
 use crate::k8s::pods::{IdRecord, highest_executor_id};
@@ -244,12 +244,7 @@ impl Applications {
             }
         }
         self.check_namespace(&req.namespace)?;
-        if let Err(SettingsError::Invalid { name, reason }) = req.settings.validate() {
-            return Err(AppError::InvalidArgument {
-                field: format!("settings.{name}"),
-                message: reason,
-            });
-        }
+        req.settings.validate()?;
         if self.inner.pods.namespace_exists(&req.namespace).await? == Some(false) {
             return Err(AppError::FailedPrecondition(format!(
                 "namespace {} does not exist in the cluster",
