@@ -48,7 +48,6 @@ pub(crate) struct Actor {
     pub store: SnapshotStore,
     pub builder: ExecutorPodBuilder,
     pub rules: StateRules,
-    pub delete_on_termination: bool,
     pub pods: ExecutorPods,
     pub clock: Arc<dyn Clock>,
     /// Where the highest executor id handed out is recorded.
@@ -465,7 +464,7 @@ impl State {
         if finished.is_empty() {
             return;
         }
-        if self.actor.delete_on_termination {
+        if self.actor.allocator.settings().delete_on_termination {
             let ids: Vec<ExecutorId> = finished.iter().map(|(id, _)| *id).collect();
             if self
                 .actor

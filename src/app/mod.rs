@@ -296,7 +296,6 @@ impl Applications {
             store,
             builder,
             rules,
-            delete_on_termination: req.settings.delete_on_termination,
             pods: self.inner.pods.clone(),
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: id_record.clone(),
