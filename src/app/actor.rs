@@ -11,9 +11,8 @@ use tracing::Instrument;
 
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, DeleteRequest, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
-    executor_pod_from,
+    Allocator, AllocatorStatus, ExecutorId, ExecutorPodBuilder, ExecutorPodsSnapshot,
+    ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
@@ -341,23 +340,20 @@ impl State {
 
     async fn delete_planned(&mut self) {
         for (only_pending, ids) in std::mem::take(&mut self.retry_deletes) {
-            let request = DeleteRequest {
-                ids: ids.iter().copied().collect(),
-                only_pending,
-            };
+            let list: Vec<ExecutorId> = ids.iter().copied().collect();
             let result = self
                 .actor
                 .pods
                 .delete_executors(
                     &self.actor.namespace,
                     &self.actor.app_id,
-                    &request.ids,
+                    &list,
                     only_pending,
                 )
                 .await;
             match result {
                 Ok(deleted) => {
-                    tracing::info!(executors = ?request.ids, only_pending, deleted, "executor pods deleted")
+                    tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
                 }
                 Err(_) => {
                     // Already logged with the API server's reason; the next round retries.
