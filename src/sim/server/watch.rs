@@ -19,9 +19,8 @@ use crate::sim::status::ApiError;
 use crate::sim::store::{Event, EventType, Kind};
 use crate::sim::table::{IncludeObject, pod_table};
 
-/// Renders one event for one watcher, or nothing when the watcher does not see it. An
-/// object leaving the selector is a DELETED event carrying its previous state, as the
-/// real watch cache sends.
+/// Renders one event for one watcher (as a one-row Table when `table` is set), or nothing
+/// when the watcher does not see it.
 fn render(
     ev: &Event,
     ns: Option<&str>,
@@ -31,39 +30,38 @@ fn render(
     if ns.is_some_and(|n| n != ev.namespace) {
         return None;
     }
-    if let Some(include) = table {
-        let line = render(ev, None, sel, None)?;
-        // Re-shape the chosen event's object as a one-row Table.
-        let parsed: Value = serde_json::from_slice(&line).ok()?;
-        let event_type = parsed
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or("MODIFIED")
-            .to_string();
-        let object = parsed.get("object")?;
-        let meta = json!({"resourceVersion": ev.rv.to_string()});
-        return Some(event_line(
-            &event_type,
-            &Bytes::from(pod_table(&[object], include, meta).to_string()),
-        ));
-    }
+    let (event_type, left) = seen(ev, sel)?;
+    let object = match (table, left) {
+        (Some(include), left) => {
+            let value = left.as_ref().unwrap_or(&ev.object.value);
+            let meta = json!({"resourceVersion": ev.rv.to_string()});
+            Bytes::from(pod_table(&[value], include, meta).to_string())
+        }
+        (None, None) => ev.object.json.clone(),
+        (None, Some(left)) => Bytes::from(left.to_string()),
+    };
+    Some(event_line(event_type, &object))
+}
+
+/// The event type a watcher with `sel` sees, and, for an object leaving the selector, the
+/// object it gets instead of the current one: a DELETED event carrying the previous state
+/// (at the event's version), as the real watch cache sends.
+fn seen(ev: &Event, sel: &Selector) -> Option<(&'static str, Option<Value>)> {
     if sel.is_empty() {
-        return Some(event_line(ev.event_type.as_str(), &ev.object.json));
+        return Some((ev.event_type.as_str(), None));
     }
     let now = sel.matches(&ev.object.value);
     let before = ev.previous.as_ref().map(|p| sel.matches(&p.value));
     match (ev.event_type, before, now) {
         (EventType::Added, _, true) | (EventType::Deleted, _, true) => {
-            Some(event_line(ev.event_type.as_str(), &ev.object.json))
+            Some((ev.event_type.as_str(), None))
         }
-        (EventType::Modified, Some(true) | None, true) => {
-            Some(event_line("MODIFIED", &ev.object.json))
-        }
-        (EventType::Modified, Some(false), true) => Some(event_line("ADDED", &ev.object.json)),
+        (EventType::Modified, Some(true) | None, true) => Some(("MODIFIED", None)),
+        (EventType::Modified, Some(false), true) => Some(("ADDED", None)),
         (EventType::Modified, Some(true), false) => {
-            let mut old = ev.previous.as_ref().map(|p| (*p.value).clone())?;
+            let mut old = (*ev.previous.as_ref()?.value).clone();
             old["metadata"]["resourceVersion"] = Value::String(ev.rv.to_string());
-            Some(event_line("DELETED", &Bytes::from(old.to_string())))
+            Some(("DELETED", Some(old)))
         }
         _ => None,
     }
