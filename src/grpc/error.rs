@@ -41,14 +41,12 @@ fn kubernetes_status(err: &kube::Error) -> Status {
             } else {
                 &status.message
             };
-            let reason = if status.reason.is_empty() {
-                ""
-            } else {
-                &status.reason
-            };
             Status::new(
                 code,
-                format!("kubernetes API {} {reason}: {message}", status.code),
+                format!(
+                    "kubernetes API {} {}: {message}",
+                    status.code, status.reason
+                ),
             )
         }
         other => Status::unavailable(format!("kubernetes API unreachable: {other}")),
