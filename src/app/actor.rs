@@ -435,8 +435,8 @@ impl State {
             let backoff = delay
                 .saturating_mul(1 << self.failed_create_rounds.min(6))
                 .min(MAX_CREATE_BACKOFF.max(delay));
-            let backoff_ms = i64::try_from(backoff.as_millis()).unwrap_or(i64::MAX);
-            self.backoff_until = Timestamp(self.actor.clock.now().0.saturating_add(backoff_ms));
+            self.backoff_until = self.actor.clock.now().plus(backoff);
+            let backoff_ms = backoff.as_millis();
             tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
         }
         self.rounds += 1;
