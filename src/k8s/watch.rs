@@ -47,19 +47,17 @@ struct Inner {
 
 type Subscribers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<PodEvent>>>>;
 
-/// The watch and resync tasks of one namespace; dropping it stops them.
+/// The watch task of one namespace (it runs the periodic LIST too); dropping it stops it.
 struct NamespaceWatch {
     subscribers: Subscribers,
     /// Set once this namespace's watch completed its initial listing.
     synced: Arc<AtomicBool>,
-    tasks: Vec<JoinHandle<()>>,
+    task: JoinHandle<()>,
 }
 
 impl Drop for NamespaceWatch {
     fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
+        self.task.abort();
     }
 }
 
@@ -194,7 +192,7 @@ impl PodWatches {
         NamespaceWatch {
             subscribers,
             synced,
-            tasks: vec![watch_task],
+            task: watch_task,
         }
     }
 }
