@@ -18,12 +18,6 @@ pub fn to_status(err: AppError) -> Status {
     }
 }
 
-impl From<AppError> for Status {
-    fn from(err: AppError) -> Self {
-        to_status(err)
-    }
-}
-
 fn kubernetes_status(err: &kube::Error) -> Status {
     match err {
         kube::Error::Api(status) => {
