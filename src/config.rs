@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::allocator::AllocationSettings;
+use crate::allocator::state::DEFAULT_EXECUTOR_CONTAINER;
 
 /// Prefix of environment variables; sections and keys are separated by `__`.
 pub const ENV_PREFIX: &str = "SPARK_POD_ALLOCATOR";
@@ -175,9 +176,6 @@ impl TryFrom<String> for LogFormat {
         }
     }
 }
-
-/// Container name Spark gives the executor container.
-pub const DEFAULT_EXECUTOR_CONTAINER: &str = "spark-kubernetes-executor";
 
 impl Default for Settings {
     fn default() -> Self {

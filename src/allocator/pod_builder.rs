@@ -119,6 +119,12 @@ impl ExecutorPodBuilder {
         builder.id_hash = Some(stable_hash(app_id));
         Ok(builder)
     }
+    /// The same builder with `driver` as the owner of its pods (known only once the driver
+    /// pod was looked up, after the templates were checked).
+    pub fn with_driver(mut self, driver: Option<DriverOwner>) -> Self {
+        self.driver = driver;
+        self
+    }
     /// Whether the profile has a template.
     pub fn has_profile(&self, profile: ResourceProfileId) -> bool {
         self.templates.contains_key(&profile)

@@ -44,4 +44,9 @@ impl Timestamp {
     pub fn millis_since(self, earlier: Timestamp) -> i64 {
         self.0.saturating_sub(earlier.0)
     }
+
+    /// `d` later, saturating: a deadline from a configured period never overflows.
+    pub fn plus(self, d: std::time::Duration) -> Timestamp {
+        Timestamp(self.0.saturating_add(super::settings::duration_ms(d)))
+    }
 }

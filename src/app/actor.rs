@@ -11,9 +11,8 @@ use tracing::Instrument;
 
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, DeleteRequest, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
-    executor_pod_from,
+    Allocator, AllocatorStatus, ExecutorId, ExecutorPodBuilder, ExecutorPodsSnapshot,
+    ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
@@ -48,7 +47,6 @@ pub(crate) struct Actor {
     pub store: SnapshotStore,
     pub builder: ExecutorPodBuilder,
     pub rules: StateRules,
-    pub delete_on_termination: bool,
     pub pods: ExecutorPods,
     pub clock: Arc<dyn Clock>,
     /// Where the highest executor id handed out is recorded.
@@ -348,23 +346,20 @@ impl State {
 
     async fn delete_planned(&mut self) {
         for (only_pending, ids) in std::mem::take(&mut self.retry_deletes) {
-            let request = DeleteRequest {
-                ids: ids.iter().copied().collect(),
-                only_pending,
-            };
+            let list: Vec<ExecutorId> = ids.iter().copied().collect();
             let result = self
                 .actor
                 .pods
                 .delete_executors(
                     &self.actor.namespace,
                     &self.actor.app_id,
-                    &request.ids,
+                    &list,
                     only_pending,
                 )
                 .await;
             match result {
                 Ok(deleted) => {
-                    tracing::info!(executors = ?request.ids, only_pending, deleted, "executor pods deleted")
+                    tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
                 }
                 Err(_) => {
                     // Already logged with the API server's reason; the next round retries.
@@ -446,8 +441,8 @@ impl State {
             let backoff = delay
                 .saturating_mul(1 << self.failed_create_rounds.min(6))
                 .min(MAX_CREATE_BACKOFF.max(delay));
-            let backoff_ms = i64::try_from(backoff.as_millis()).unwrap_or(i64::MAX);
-            self.backoff_until = Timestamp(self.actor.clock.now().0.saturating_add(backoff_ms));
+            self.backoff_until = self.actor.clock.now().plus(backoff);
+            let backoff_ms = backoff.as_millis();
             tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
         }
         self.rounds += 1;
@@ -471,7 +466,7 @@ impl State {
         if finished.is_empty() {
             return;
         }
-        if self.actor.delete_on_termination {
+        if self.actor.allocator.settings().delete_on_termination {
             let ids: Vec<ExecutorId> = finished.iter().map(|(id, _)| *id).collect();
             if self
                 .actor

@@ -79,8 +79,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
-        self.now.send_modify(|t| t.0 = t.0.saturating_add(by));
+        self.now.send_modify(|t| *t = t.plus(by));
     }
 
     /// Sets the clock to `to` (may go backwards; sleepers already woken stay woken).

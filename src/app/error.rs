@@ -1,5 +1,7 @@
 //! The one error type of the application layer; the gRPC edge maps it to a status code.
 
+use crate::allocator::SettingsError;
+
 /// Why an application call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -27,4 +29,14 @@ pub enum AppError {
     /// The application's actor ended unexpectedly (a bug); the application must be restarted.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// A broken allocation setting names its request field (`settings.batch_size`).
+impl From<SettingsError> for AppError {
+    fn from(SettingsError::Invalid { name, reason }: SettingsError) -> Self {
+        AppError::InvalidArgument {
+            field: format!("settings.{name}"),
+            message: reason,
+        }
+    }
 }

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ResourceProfileId, SettingsError, SnapshotStore, StateRules,
-    TemplateError, Timestamp, executor_pod_from,
+    ExecutorPodsSnapshot, ResourceProfileId, SnapshotStore, StateRules, TemplateError, Timestamp,
+    executor_pod_from,
 };
 use crate::config::Settings;
 use crate::k8s::pods::{IdRecord, highest_executor_id};
@@ -226,7 +226,7 @@ impl Applications {
         self.check_running()?;
         // Templates are checked even when the application already runs: a repeated Start
         // with a template that could never make a pod is refused, not answered `resumed`.
-        self.pod_builder(&req, None)?;
+        let builder = self.pod_builder(&req)?;
         let existing = self.entry(&req.app_id);
         if let Some((namespace, actor, _)) = existing {
             if namespace != req.namespace {
@@ -244,12 +244,7 @@ impl Applications {
             }
         }
         self.check_namespace(&req.namespace)?;
-        if let Err(SettingsError::Invalid { name, reason }) = req.settings.validate() {
-            return Err(AppError::InvalidArgument {
-                field: format!("settings.{name}"),
-                message: reason,
-            });
-        }
+        req.settings.validate()?;
         if self.inner.pods.namespace_exists(&req.namespace).await? == Some(false) {
             return Err(AppError::FailedPrecondition(format!(
                 "namespace {} does not exist in the cluster",
@@ -258,7 +253,7 @@ impl Applications {
         }
         let driver = self.driver(&req).await?;
         let rules = self.inner.ctx.options.state_rules.clone();
-        let builder = self.pod_builder(&req, driver.as_ref().and_then(|d| d.owner.clone()))?;
+        let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
 
         // Subscribe before listing so no event between the LIST and the actor is lost.
         let subscription = self
@@ -301,7 +296,6 @@ impl Applications {
             store,
             builder,
             rules,
-            delete_on_termination: req.settings.delete_on_termination,
             pods: self.inner.pods.clone(),
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: id_record.clone(),
@@ -508,18 +502,15 @@ impl Applications {
             .map(|e| (e.namespace.clone(), e.actor.clone(), e.id_record.clone()))
     }
 
-    /// The executor pod builder of a Start request, its templates checked.
-    fn pod_builder(
-        &self,
-        req: &StartApplication,
-        driver: Option<DriverOwner>,
-    ) -> Result<ExecutorPodBuilder, AppError> {
+    /// The executor pod builder of a Start request, its templates checked; its pods get
+    /// their owner once the driver pod is found ([`ExecutorPodBuilder::with_driver`]).
+    fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
         let rules = &self.inner.ctx.options.state_rules;
         let builder = ExecutorPodBuilder::for_application(
             req.app_id.as_str(),
             req.pod_name_prefix.as_deref(),
             req.templates.clone(),
-            driver,
+            None,
             &rules.executor_container,
         )
         .map_err(template_error)?;

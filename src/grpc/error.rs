@@ -18,12 +18,6 @@ pub fn to_status(err: AppError) -> Status {
     }
 }
 
-impl From<AppError> for Status {
-    fn from(err: AppError) -> Self {
-        to_status(err)
-    }
-}
-
 fn kubernetes_status(err: &kube::Error) -> Status {
     match err {
         kube::Error::Api(status) => {
@@ -41,14 +35,12 @@ fn kubernetes_status(err: &kube::Error) -> Status {
             } else {
                 &status.message
             };
-            let reason = if status.reason.is_empty() {
-                ""
-            } else {
-                &status.reason
-            };
             Status::new(
                 code,
-                format!("kubernetes API {} {reason}: {message}", status.code),
+                format!(
+                    "kubernetes API {} {}: {message}",
+                    status.code, status.reason
+                ),
             )
         }
         other => Status::unavailable(format!("kubernetes API unreachable: {other}")),

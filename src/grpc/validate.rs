@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId, SettingsError};
+use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
 use crate::app::{AppError, AppId, StartApplication};
 use crate::config::is_dns_label;
 use crate::proto;
@@ -132,11 +132,7 @@ pub fn settings(
             merged.delete_on_termination = v;
         }
     }
-    merged
-        .validate()
-        .map_err(|SettingsError::Invalid { name, reason }| {
-            invalid(format!("settings.{name}"), reason)
-        })?;
+    merged.validate()?;
     Ok(merged)
 }
 

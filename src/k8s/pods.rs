@@ -382,7 +382,7 @@ impl ExecutorPods {
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
         match api.get_opt(namespace).await {
             Ok(found) => Ok(Some(found.is_some())),
-            Err(kube::Error::Api(status)) if status.code == 403 => Ok(None),
+            Err(err) if is_status(&err, 403) => Ok(None),
             Err(err) => Err(err),
         }
     }

@@ -47,19 +47,17 @@ struct Inner {
 
 type Subscribers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<PodEvent>>>>;
 
-/// The watch and resync tasks of one namespace; dropping it stops them.
+/// The watch task of one namespace (it runs the periodic LIST too); dropping it stops it.
 struct NamespaceWatch {
     subscribers: Subscribers,
     /// Set once this namespace's watch completed its initial listing.
     synced: Arc<AtomicBool>,
-    tasks: Vec<JoinHandle<()>>,
+    task: JoinHandle<()>,
 }
 
 impl Drop for NamespaceWatch {
     fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
+        self.task.abort();
     }
 }
 
@@ -182,7 +180,7 @@ impl PodWatches {
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         // The first full LIST is due one interval after the watch starts (not after the
         // task first gets to run).
-        let first_resync = after(self.inner.clock.now(), self.inner.resync_interval);
+        let first_resync = self.inner.clock.now().plus(self.inner.resync_interval);
         let watch_task = tokio::spawn(run_watch(
             api,
             first_resync,
@@ -194,7 +192,7 @@ impl PodWatches {
         NamespaceWatch {
             subscribers,
             synced,
-            tasks: vec![watch_task],
+            task: watch_task,
         }
     }
 }
@@ -225,7 +223,7 @@ async fn run_watch(
         let event = tokio::select! {
             event = stream.next() => event,
             () = inner.clock.sleep_until(next_resync) => {
-                next_resync = after(inner.clock.now(), inner.resync_interval);
+                next_resync = inner.clock.now().plus(inner.resync_interval);
                 resync(&api, &subscribers, &namespace).await;
                 continue;
             }
@@ -284,11 +282,6 @@ async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
             tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
         }
     }
-}
-
-fn after(now: Timestamp, interval: Duration) -> Timestamp {
-    let interval = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
-    Timestamp(now.0.saturating_add(interval))
 }
 
 fn app_of(pod: &Pod) -> Option<&str> {

@@ -113,17 +113,11 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 fn name_of(v: &Value) -> String {
-    v.pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string()
+    str_at(v, "/metadata/name")
 }
 
 fn uid_of(v: &Value) -> String {
-    v.pointer("/metadata/uid")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string()
+    str_at(v, "/metadata/uid")
 }
 
 impl Kubelet {

@@ -264,6 +264,35 @@ impl Store {
         let _ = self.events.send(event);
     }
 
+    /// Gives `value` the next resourceVersion and records the change as an event; the caller
+    /// puts the returned object in (or takes it out of) the map.
+    fn commit(
+        &self,
+        g: &mut Inner,
+        kind: Kind,
+        ns: &str,
+        event_type: EventType,
+        mut value: Value,
+        previous: Option<Stored>,
+    ) -> Stored {
+        g.rv += 1;
+        let rv = g.rv;
+        Self::set_rv(&mut value, rv);
+        let stored = Stored::new(value);
+        self.record(
+            g,
+            Event {
+                rv,
+                kind,
+                namespace: ns.to_string(),
+                event_type,
+                object: stored.clone(),
+                previous,
+            },
+        );
+        stored
+    }
+
     fn set_rv(value: &mut Value, rv: u64) {
         if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -313,23 +342,9 @@ impl Store {
             }
             name = name_for();
         }
-        g.rv += 1;
-        let rv = g.rv;
-        let mut value = fill(&name);
-        Self::set_rv(&mut value, rv);
-        let stored = Stored::new(value);
+        let value = fill(&name);
+        let stored = self.commit(&mut g, kind, ns, EventType::Added, value, None);
         g.objects[kind.index()].insert((ns.to_string(), name), stored.clone());
-        self.record(
-            &mut g,
-            Event {
-                rv,
-                kind,
-                namespace: ns.to_string(),
-                event_type: EventType::Added,
-                object: stored.clone(),
-                previous: None,
-            },
-        );
         Ok(stored)
     }
 
@@ -410,22 +425,8 @@ impl Store {
         if value == *current.value {
             return Ok(current);
         }
-        g.rv += 1;
-        let rv = g.rv;
-        Self::set_rv(&mut value, rv);
-        let stored = Stored::new(value);
+        let stored = self.commit(&mut g, kind, ns, EventType::Modified, value, Some(current));
         g.objects[kind.index()].insert(key, stored.clone());
-        self.record(
-            &mut g,
-            Event {
-                rv,
-                kind,
-                namespace: ns.to_string(),
-                event_type: EventType::Modified,
-                object: stored.clone(),
-                previous: Some(current),
-            },
-        );
         Ok(stored)
     }
 
@@ -453,59 +454,23 @@ impl Store {
         let Some(current) = g.objects[kind.index()].get(&key).cloned() else {
             return Err(ApiError::not_found(kind.plural(), kind.group(), name));
         };
-        let mut previous = current.clone();
         match decide(&current.value)? {
             Deletion::Unchanged => Ok((current, false)),
-            Deletion::Graceful(mut value) => {
-                g.rv += 1;
-                let rv = g.rv;
-                Self::set_rv(&mut value, rv);
-                let stored = Stored::new(value);
+            Deletion::Graceful(value) => {
+                let stored = self.commit(g, kind, ns, EventType::Modified, value, Some(current));
                 g.objects[kind.index()].insert(key, stored.clone());
-                let ev = Event {
-                    rv,
-                    kind,
-                    namespace: ns.to_string(),
-                    event_type: EventType::Modified,
-                    object: stored.clone(),
-                    previous: Some(current),
-                };
-                self.record(g, ev);
                 Ok((stored, false))
             }
             Deletion::Now(marked) => {
-                let mut last = (*current.value).clone();
-                if let Some(mut value) = marked {
-                    g.rv += 1;
-                    let rv = g.rv;
-                    Self::set_rv(&mut value, rv);
-                    let stored = Stored::new(value.clone());
-                    let ev = Event {
-                        rv,
-                        kind,
-                        namespace: ns.to_string(),
-                        event_type: EventType::Modified,
-                        object: stored.clone(),
-                        previous: Some(current),
-                    };
-                    self.record(g, ev);
-                    previous = stored;
-                    last = value;
-                }
-                g.objects[kind.index()].remove(&key);
-                g.rv += 1;
-                let rv = g.rv;
-                Self::set_rv(&mut last, rv);
-                let stored = Stored::new(last);
-                let ev = Event {
-                    rv,
-                    kind,
-                    namespace: ns.to_string(),
-                    event_type: EventType::Deleted,
-                    object: stored.clone(),
-                    previous: Some(previous),
+                let previous = match marked {
+                    Some(value) => {
+                        self.commit(g, kind, ns, EventType::Modified, value, Some(current))
+                    }
+                    None => current,
                 };
-                self.record(g, ev);
+                g.objects[kind.index()].remove(&key);
+                let last = (*previous.value).clone();
+                let stored = self.commit(g, kind, ns, EventType::Deleted, last, Some(previous));
                 Ok((stored, true))
             }
         }

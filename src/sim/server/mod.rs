@@ -1,0 +1,475 @@
+//! The HTTP side of the simulated API server: authentication, routing of Kubernetes API
+//! paths, injected faults and the admin endpoints. The verbs of each resource are in
+//! [`verbs`], watches in [`watch`], discovery documents in [`discovery`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode, header};
+use rand::Rng;
+use rand::rngs::SmallRng;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::settings::{FaultSettings, SimSettings};
+use super::status::ApiError;
+use super::store::{Kind, Store};
+use super::table::{IncludeObject, pod_table, wants_table};
+
+mod discovery;
+mod verbs;
+mod watch;
+
+use verbs::{bind, create, delete, delete_collection, get, list, parse_object, patch, replace};
+pub(crate) use verbs::{bind_pod, delete_object, set_condition};
+
+/// State shared by every request, the kubelet and the garbage collector.
+pub(crate) struct Shared {
+    pub store: Store,
+    pub settings: SimSettings,
+    pub faults: RwLock<FaultSettings>,
+    pub rng: Mutex<SmallRng>,
+    pub cancel: CancellationToken,
+    /// `host:port` the server listens on (for discovery's serverAddressByClientCIDRs).
+    pub address: String,
+    /// While true, LIST answers are computed and then held back (see
+    /// `SimCluster::hold_list_responses`): reproduces a slow LIST racing watch events.
+    pub hold_lists: tokio::sync::watch::Sender<bool>,
+    /// LIST answers held back right now.
+    pub held_lists: std::sync::atomic::AtomicUsize,
+}
+
+impl Shared {
+    pub(crate) fn faults(&self) -> FaultSettings {
+        self.faults
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A uniform random number in `0..1` from the seeded generator.
+    pub(crate) fn roll(&self) -> f64 {
+        self.rng
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .r#gen::<f64>()
+    }
+
+    fn uid(&self) -> String {
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let b: [u8; 16] = rng.r#gen();
+        let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        format!(
+            "{}-{}-4{}-a{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[13..16],
+            &h[17..20],
+            &h[20..32]
+        )
+    }
+
+    fn name_suffix(&self) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        (0..5)
+            .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+            .collect()
+    }
+}
+
+/// The router serving the whole API (everything goes through one dispatcher).
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+async fn handle(State(sh): State<Arc<Shared>>, req: Request) -> Response {
+    match dispatch(&sh, req).await {
+        Ok(resp) => resp,
+        Err(err) => err.into_response(),
+    }
+}
+
+fn json_response(code: StatusCode, body: impl Into<Body>) -> Response {
+    let mut resp = (code, body.into()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn value_response(code: StatusCode, v: &Value) -> Response {
+    json_response(code, v.to_string())
+}
+
+type Query = HashMap<String, String>;
+
+fn query_of(req: &Request) -> Query {
+    req.uri()
+        .query()
+        .map(|q| {
+            url::form_urlencoded::parse(q.as_bytes())
+                .into_owned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn flag(q: &Query, key: &str) -> bool {
+    q.get(key).is_some_and(|v| v == "true" || v == "1")
+}
+
+fn parse_u64(q: &Query, key: &str) -> Result<Option<u64>, ApiError> {
+    match q.get(key).map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
+            ApiError::bad_request(format!(
+                "invalid value {v:?} for {key}: must be a non-negative integer"
+            ))
+        }),
+    }
+}
+
+fn authorized(sh: &Shared, req: &Request) -> bool {
+    if sh.settings.auth_tokens.is_empty() {
+        return true;
+    }
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    token.is_some_and(|t| sh.settings.auth_tokens.iter().any(|known| known == t))
+}
+
+async fn read_body(req: Request) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(req.into_body(), 64 * 1024 * 1024)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("unable to read request body: {e}")))
+}
+
+/// Where an API path points.
+enum Target {
+    Collection {
+        kind: Kind,
+        ns: Option<String>,
+    },
+    Object {
+        kind: Kind,
+        ns: String,
+        name: String,
+    },
+    Sub {
+        kind: Kind,
+        ns: String,
+        name: String,
+        sub: String,
+    },
+}
+
+fn resolve(segs: &[&str]) -> Option<Target> {
+    let (group, rest) = match segs {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, "v1", rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let kind = |plural: &str| Kind::from_plural(group, plural);
+    match rest {
+        [plural] => Some(Target::Collection {
+            kind: kind(plural)?,
+            ns: None,
+        }),
+        ["namespaces", name] if group.is_empty() => Some(Target::Object {
+            kind: Kind::Namespace,
+            ns: String::new(),
+            name: name.to_string(),
+        }),
+        ["namespaces", ns, plural] => {
+            let kind = kind(plural).filter(|k| k.namespaced())?;
+            Some(Target::Collection {
+                kind,
+                ns: Some(ns.to_string()),
+            })
+        }
+        ["namespaces", ns, plural, name] => {
+            let kind = kind(plural).filter(|k| k.namespaced())?;
+            Some(Target::Object {
+                kind,
+                ns: ns.to_string(),
+                name: name.to_string(),
+            })
+        }
+        ["namespaces", ns, plural, name, sub] => {
+            let kind = kind(plural).filter(|k| k.namespaced())?;
+            Some(Target::Sub {
+                kind,
+                ns: ns.to_string(),
+                name: name.to_string(),
+                sub: sub.to_string(),
+            })
+        }
+        _ => None,
+    }
+}
+
+async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> {
+    // As with the default RBAC of a real cluster, anonymous requests may read the version
+    // and health endpoints; a wrong token is refused everywhere.
+    let public = matches!(
+        req.uri().path(),
+        "/version" | "/healthz" | "/livez" | "/readyz"
+    ) && !req.headers().contains_key(header::AUTHORIZATION);
+    if !public && !authorized(sh, &req) {
+        return Err(ApiError::unauthorized());
+    }
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let method = req.method().clone();
+    if method == Method::GET
+        && let Some(document) = discovery::document(&segs, &sh.address)
+    {
+        return Ok(value_response(StatusCode::OK, &document));
+    }
+    match (method.clone(), segs.as_slice()) {
+        (Method::GET, ["healthz" | "livez" | "readyz"]) => {
+            return Ok((StatusCode::OK, "ok").into_response());
+        }
+        (_, ["sim", rest @ ..]) => {
+            let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
+            return admin(sh, method, &rest, req).await;
+        }
+        _ => {}
+    }
+    let Some(target) = resolve(&segs) else {
+        return Err(ApiError::no_route());
+    };
+    inject_request_faults(sh).await?;
+    let q = query_of(&req);
+    if q.get("dryRun").is_some_and(|v| !v.is_empty()) {
+        // Refused rather than ignored: ignoring it would store what the client meant to try.
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the simulated cluster",
+        ));
+    }
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let table = (matches!(
+        &target,
+        Target::Collection {
+            kind: Kind::Pod,
+            ..
+        } | Target::Object {
+            kind: Kind::Pod,
+            ..
+        }
+    ) && wants_table(accept))
+    .then(|| IncludeObject::parse(q.get("includeObject").map(String::as_str)));
+    if req.method() != Method::PATCH && content_type(&req).contains("protobuf") {
+        return Err(ApiError::unsupported_media_type(
+            &content_type(&req),
+            "application/json, application/yaml",
+        ));
+    }
+    match (method, target) {
+        (Method::GET, Target::Collection { kind, ns }) => {
+            if flag(&q, "watch") {
+                watch::watch(sh, kind, ns, &q, table)
+            } else {
+                let response = list(sh, kind, ns.as_deref(), &q, table);
+                hold_list_response(sh).await;
+                response
+            }
+        }
+        (Method::POST, Target::Collection { kind, ns }) => {
+            let ns = namespace_for_write(kind, ns)?;
+            let body = read_body(req).await?;
+            let obj = parse_object(&body)?;
+            create(sh, kind, &ns, obj, true)
+        }
+        (Method::DELETE, Target::Collection { kind, ns }) => {
+            let body = read_body(req).await?;
+            delete_collection(sh, kind, ns.as_deref(), &q, &body)
+        }
+        (Method::GET, Target::Object { kind, ns, name }) => match table {
+            Some(include) => {
+                let stored = sh
+                    .store
+                    .get(kind, &ns, &name)
+                    .ok_or_else(|| ApiError::not_found(kind.plural(), kind.group(), &name))?;
+                let meta = json!({"resourceVersion": sh.store.resource_version().to_string()});
+                Ok(value_response(
+                    StatusCode::OK,
+                    &pod_table(&[&*stored.value], include, meta),
+                ))
+            }
+            None => get(sh, kind, &ns, &name),
+        },
+        (Method::PUT, Target::Object { kind, ns, name }) => {
+            let body = read_body(req).await?;
+            replace(sh, kind, &ns, &name, None, &body)
+        }
+        (Method::PATCH, Target::Object { kind, ns, name }) => {
+            let ct = content_type(&req);
+            let body = read_body(req).await?;
+            patch(sh, kind, &ns, &name, None, &ct, &body)
+        }
+        (Method::DELETE, Target::Object { kind, ns, name }) => {
+            let body = read_body(req).await?;
+            delete(sh, kind, &ns, &name, &q, &body)
+        }
+        (
+            Method::GET,
+            Target::Sub {
+                kind: Kind::Pod,
+                ns,
+                name,
+                sub,
+            },
+        ) if sub == "status" => get(sh, Kind::Pod, &ns, &name),
+        (
+            Method::PUT,
+            Target::Sub {
+                kind: Kind::Pod,
+                ns,
+                name,
+                sub,
+            },
+        ) if sub == "status" => {
+            let body = read_body(req).await?;
+            replace(sh, Kind::Pod, &ns, &name, Some("status"), &body)
+        }
+        (
+            Method::PATCH,
+            Target::Sub {
+                kind: Kind::Pod,
+                ns,
+                name,
+                sub,
+            },
+        ) if sub == "status" => {
+            let ct = content_type(&req);
+            let body = read_body(req).await?;
+            patch(sh, Kind::Pod, &ns, &name, Some("status"), &ct, &body)
+        }
+        (
+            Method::POST,
+            Target::Sub {
+                kind: Kind::Pod,
+                ns,
+                name,
+                sub,
+            },
+        ) if sub == "binding" => {
+            let body = read_body(req).await?;
+            bind(sh, &ns, &name, &body)
+        }
+        (_, Target::Sub { sub, .. }) if sub != "status" && sub != "binding" => {
+            Err(ApiError::no_route())
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn content_type(req: &Request) -> String {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+fn namespace_for_write(kind: Kind, ns: Option<String>) -> Result<String, ApiError> {
+    match (kind.namespaced(), ns) {
+        (false, _) => Ok(String::new()),
+        (true, Some(ns)) => Ok(ns),
+        (true, None) => Err(ApiError::method_not_allowed()),
+    }
+}
+
+/// Waits while LIST answers are held (the answer is already computed: the state it shows
+/// is the one at the time of the request, as with a slow response on a real server).
+async fn hold_list_response(sh: &Shared) {
+    use std::sync::atomic::Ordering;
+    let mut hold = sh.hold_lists.subscribe();
+    if !*hold.borrow_and_update() {
+        return;
+    }
+    sh.held_lists.fetch_add(1, Ordering::SeqCst);
+    // Ends when the hold is released or the sender (the cluster) is gone.
+    let _ = hold.wait_for(|held| !*held).await;
+    sh.held_lists.fetch_sub(1, Ordering::SeqCst);
+}
+
+async fn inject_request_faults(sh: &Shared) -> Result<(), ApiError> {
+    let faults = sh.faults();
+    if faults.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+    }
+    if faults.error_500_fraction > 0.0 || faults.error_429_fraction > 0.0 {
+        let roll = sh.roll();
+        if roll < faults.error_500_fraction {
+            return Err(ApiError::internal("injected fault"));
+        }
+        if roll < faults.error_500_fraction + faults.error_429_fraction {
+            return Err(ApiError::too_many_requests(
+                faults.retry_after_seconds.max(1),
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn admin(
+    sh: &Shared,
+    method: Method,
+    rest: &[String],
+    req: Request,
+) -> Result<Response, ApiError> {
+    let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+    match (method, rest.as_slice()) {
+        (Method::GET, ["faults"]) => Ok(value_response(StatusCode::OK, &json!(sh.faults()))),
+        (Method::PUT, ["faults"]) => {
+            let body = read_body(req).await?;
+            let faults: FaultSettings = serde_json::from_slice(&body)
+                .map_err(|e| ApiError::bad_request(format!("invalid fault settings: {e}")))?;
+            faults.validate().map_err(ApiError::bad_request)?;
+            *sh.faults.write().unwrap_or_else(|p| p.into_inner()) = faults.clone();
+            Ok(value_response(StatusCode::OK, &json!(faults)))
+        }
+        (Method::POST, ["compact"]) => {
+            sh.store.compact();
+            Ok(value_response(
+                StatusCode::OK,
+                &json!({"compactedTo": sh.store.compacted().to_string()}),
+            ))
+        }
+        (Method::GET, ["stats"]) => Ok(value_response(
+            StatusCode::OK,
+            &json!({
+                "resourceVersion": sh.store.resource_version().to_string(),
+                "pods": sh.store.count(Kind::Pod, None),
+                "configmaps": sh.store.count(Kind::ConfigMap, None),
+                "leases": sh.store.count(Kind::Lease, None),
+                "namespaces": sh.store.count(Kind::Namespace, None),
+            }),
+        )),
+        (_, ["faults" | "compact" | "stats"]) => Err(ApiError::method_not_allowed()),
+        _ => Err(ApiError::no_route()),
+    }
+}
+
+/// Creates an object from inside the server (initial namespaces), without injected faults.
+pub(crate) fn create_internal(sh: &Shared, kind: Kind, obj: Value) -> Result<(), ApiError> {
+    create(sh, kind, "", obj, false).map(|_| ())
+}

@@ -1,0 +1,194 @@
+//! Watches: the backlog or initial state, live events as each watcher sees them through
+//! its selector, bookmarks, timeouts and injected drops.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, header};
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::verbs::selector_of;
+use super::{Query, Shared, flag, parse_u64};
+use crate::sim::selector::Selector;
+use crate::sim::status::ApiError;
+use crate::sim::store::{Event, EventType, Kind};
+use crate::sim::table::{IncludeObject, pod_table};
+
+/// Renders one event for one watcher (as a one-row Table when `table` is set), or nothing
+/// when the watcher does not see it.
+fn render(
+    ev: &Event,
+    ns: Option<&str>,
+    sel: &Selector,
+    table: Option<IncludeObject>,
+) -> Option<Bytes> {
+    if ns.is_some_and(|n| n != ev.namespace) {
+        return None;
+    }
+    let (event_type, left) = seen(ev, sel)?;
+    let object = match (table, left) {
+        (Some(include), left) => {
+            let value = left.as_ref().unwrap_or(&ev.object.value);
+            let meta = json!({"resourceVersion": ev.rv.to_string()});
+            Bytes::from(pod_table(&[value], include, meta).to_string())
+        }
+        (None, None) => ev.object.json.clone(),
+        (None, Some(left)) => Bytes::from(left.to_string()),
+    };
+    Some(event_line(event_type, &object))
+}
+
+/// The event type a watcher with `sel` sees, and, for an object leaving the selector, the
+/// object it gets instead of the current one: a DELETED event carrying the previous state
+/// (at the event's version), as the real watch cache sends.
+fn seen(ev: &Event, sel: &Selector) -> Option<(&'static str, Option<Value>)> {
+    if sel.is_empty() {
+        return Some((ev.event_type.as_str(), None));
+    }
+    let now = sel.matches(&ev.object.value);
+    let before = ev.previous.as_ref().map(|p| sel.matches(&p.value));
+    match (ev.event_type, before, now) {
+        (EventType::Added, _, true) | (EventType::Deleted, _, true) => {
+            Some((ev.event_type.as_str(), None))
+        }
+        (EventType::Modified, Some(true) | None, true) => Some(("MODIFIED", None)),
+        (EventType::Modified, Some(false), true) => Some(("ADDED", None)),
+        (EventType::Modified, Some(true), false) => {
+            let mut old = (*ev.previous.as_ref()?.value).clone();
+            old["metadata"]["resourceVersion"] = Value::String(ev.rv.to_string());
+            Some(("DELETED", Some(old)))
+        }
+        _ => None,
+    }
+}
+
+fn event_line(event_type: &str, object: &Bytes) -> Bytes {
+    let mut out = BytesMut::with_capacity(object.len() + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(event_type.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object);
+    out.extend_from_slice(b"}\n");
+    out.freeze()
+}
+
+fn bookmark(kind: Kind, rv: u64, initial_end: bool) -> Bytes {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    let obj = json!({"kind": kind.kind(), "apiVersion": kind.api_version(), "metadata": meta});
+    event_line("BOOKMARK", &Bytes::from(obj.to_string()))
+}
+
+pub(super) fn watch(
+    sh: &Arc<Shared>,
+    kind: Kind,
+    ns: Option<String>,
+    q: &Query,
+    table: Option<IncludeObject>,
+) -> Result<Response, ApiError> {
+    let sel = selector_of(kind, q)?;
+    let from = match q.get("resourceVersion").map(String::as_str) {
+        None | Some("") | Some("0") => None,
+        Some(v) => Some(
+            v.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {v}")))?,
+        ),
+    };
+    let bookmarks = flag(q, "allowWatchBookmarks");
+    let initial_events = flag(q, "sendInitialEvents");
+    let faults = sh.faults();
+    let timeout = parse_u64(q, "timeoutSeconds")?.map(Duration::from_secs);
+    let forced_close = faults.watch_close_after_seconds.map(Duration::from_secs);
+    let (deadline, end_bookmark) = match (timeout, forced_close) {
+        (Some(t), Some(f)) if f < t => (Some(f), false),
+        (Some(t), _) => (Some(t), true),
+        (None, Some(f)) => (Some(f), false),
+        (None, None) => (None, false),
+    };
+    let from = if initial_events { None } else { from };
+    let start = sh.store.watch(kind, ns.as_deref(), from);
+    let sh = sh.clone();
+    let bookmark_every = Duration::from_millis(sh.settings.bookmark_interval_ms);
+    let stream = async_stream::stream! {
+        let ws = match start {
+            Ok(ws) => ws,
+            Err(oldest) => {
+                let err = ApiError::expired(format!("too old resource version: {} ({oldest})", from.unwrap_or(0)));
+                yield Ok::<Bytes, Infallible>(event_line("ERROR", &Bytes::from(err.to_status().to_string())));
+                return;
+            }
+        };
+        let drop_fraction = faults.watch_drop_fraction;
+        let dropped = |sh: &Shared| drop_fraction > 0.0 && sh.roll() < drop_fraction;
+        for ev in &ws.backlog {
+            if let Some(line) = render(ev, ns.as_deref(), &sel, table)
+                && !dropped(&sh)
+            {
+                yield Ok(line);
+            }
+        }
+        let mut last_rv = ws.rv;
+        if initial_events {
+            yield Ok(bookmark(kind, last_rv, true));
+        }
+        let mut live = ws.live;
+        let sleep = async move {
+            match deadline {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::pin!(sleep);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + bookmark_every, bookmark_every);
+        loop {
+            tokio::select! {
+                received = live.recv() => match received {
+                    Ok(ev) => {
+                        if ev.rv <= last_rv {
+                            continue;
+                        }
+                        last_rv = ev.rv;
+                        if ev.kind != kind {
+                            continue;
+                        }
+                        if let Some(line) = render(&ev, ns.as_deref(), &sel, table)
+                            && !dropped(&sh)
+                        {
+                            yield Ok(line);
+                        }
+                    }
+                    // A watcher too slow for the broadcast is closed, as the real watch cache
+                    // does; the client resumes from its last version.
+                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => break,
+                },
+                _ = &mut sleep => {
+                    if bookmarks && end_bookmark {
+                        yield Ok(bookmark(kind, last_rv, false));
+                    }
+                    break;
+                }
+                _ = ticker.tick(), if bookmarks => {
+                    yield Ok(bookmark(kind, last_rv, false));
+                }
+                _ = sh.cancel.cancelled() => break,
+            }
+        }
+    };
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(resp)
+}
