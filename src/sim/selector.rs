@@ -113,19 +113,23 @@ pub fn validate_key(k: &str) -> Result<(), ApiError> {
     }
 }
 
-/// A DNS-1123 subdomain: lowercase alphanumerics, `-` and `.`, alphanumeric at both ends.
+/// A DNS-1123 subdomain: dot-separated labels of lowercase alphanumerics and `-`, each
+/// alphanumeric at both ends (so `a..b` and `a-.b` are refused, as the API server does),
+/// at most 253 chars in all.
 pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && s.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && s.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+    s.len() <= 253 && s.split('.').all(has_label_shape)
 }
 
-/// A DNS-1123 label: like a subdomain without dots, at most 63 chars.
+/// A DNS-1123 label: one label of a subdomain, at most 63 chars.
 pub fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
+    s.len() <= 63 && has_label_shape(s)
+}
+
+fn has_label_shape(s: &str) -> bool {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    s.starts_with(alphanumeric)
+        && s.ends_with(alphanumeric)
+        && s.chars().all(|c| alphanumeric(c) || c == '-')
 }
 
 struct Cursor<'a> {
@@ -329,6 +333,30 @@ impl FieldSelector {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn dns_names_follow_the_api_server_rules() {
+        for ok in ["a", "a-b", "a.b", "driver-0.x", "0a"] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a..b",
+            "a-.b",
+            "a.-b",
+            ".a",
+            "a.",
+            "A",
+            "a_b",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+        assert!(is_dns_label("exec-1"));
+        for bad in ["a.b", "-a", "a-", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad}");
+        }
+    }
+
     use super::*;
     use serde_json::json;
 
