@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::allocator::AllocationSettings;
 use crate::allocator::state::DEFAULT_EXECUTOR_CONTAINER;
+use crate::allocator::{AllocationOverrides, AllocationSettings};
 
 /// Prefix of environment variables; sections and keys are separated by `__`.
 pub const ENV_PREFIX: &str = "SPARK_POD_ALLOCATOR";
@@ -347,32 +347,16 @@ impl Settings {
     /// The server-side defaults of an application's allocation settings.
     pub fn allocation_defaults(&self) -> AllocationSettings {
         let a = &self.allocation;
-        let mut s = AllocationSettings::default();
-        if let Some(v) = a.batch_size {
-            s.batch_size = v;
-        }
-        if let Some(v) = a.batch_delay_ms {
-            s.batch_delay = Duration::from_millis(v);
-        }
-        if let Some(v) = a.executor_timeout_ms {
-            s.executor_timeout = Duration::from_millis(v);
-        }
-        if let Some(v) = a.executor_idle_timeout_ms {
-            s.executor_idle_timeout = Duration::from_millis(v);
-        }
-        if a.max_pending_pods.is_some() {
-            s.max_pending_pods = a.max_pending_pods;
-        }
-        if a.max_pending_pods_per_profile.is_some() {
-            s.max_pending_pods_per_profile = a.max_pending_pods_per_profile;
-        }
-        if a.max_executors.is_some() {
-            s.max_executors = a.max_executors;
-        }
-        if let Some(v) = a.delete_on_termination {
-            s.delete_on_termination = v;
-        }
-        s
+        AllocationSettings::default().with_overrides(&AllocationOverrides {
+            batch_size: a.batch_size,
+            batch_delay_ms: a.batch_delay_ms,
+            executor_timeout_ms: a.executor_timeout_ms,
+            executor_idle_timeout_ms: a.executor_idle_timeout_ms,
+            max_pending_pods: a.max_pending_pods,
+            max_pending_pods_per_profile: a.max_pending_pods_per_profile,
+            max_executors: a.max_executors,
+            delete_on_termination: a.delete_on_termination,
+        })
     }
 
     /// The full-resync period.

@@ -54,7 +54,7 @@ pub mod types;
 
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
 pub use round::{Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan};
-pub use settings::{AllocationSettings, SettingsError};
+pub use settings::{AllocationOverrides, AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
 pub use types::{ExecutorId, ResourceProfileId, Timestamp};

@@ -60,7 +60,51 @@ const TIMEOUT_BATCH_DELAYS: u32 = 5;
 /// Durations beyond this (about 292 million years) do not fit the engine's millisecond clock.
 const MAX_DURATION_MS: u128 = i64::MAX as u128;
 
+/// Settings given explicitly (by the server's configuration or a Start request), in the
+/// API's units; unset fields keep what they are laid over. One merge rule for both layers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllocationOverrides {
+    pub batch_size: Option<u32>,
+    pub batch_delay_ms: Option<u64>,
+    pub executor_timeout_ms: Option<u64>,
+    pub executor_idle_timeout_ms: Option<u64>,
+    pub max_pending_pods: Option<u32>,
+    pub max_pending_pods_per_profile: Option<u32>,
+    pub max_executors: Option<u64>,
+    pub delete_on_termination: Option<bool>,
+}
+
 impl AllocationSettings {
+    /// These settings with every field `overrides` sets replaced (not yet validated).
+    pub fn with_overrides(mut self, overrides: &AllocationOverrides) -> Self {
+        let o = overrides;
+        if let Some(v) = o.batch_size {
+            self.batch_size = v;
+        }
+        if let Some(v) = o.batch_delay_ms {
+            self.batch_delay = Duration::from_millis(v);
+        }
+        if let Some(v) = o.executor_timeout_ms {
+            self.executor_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = o.executor_idle_timeout_ms {
+            self.executor_idle_timeout = Duration::from_millis(v);
+        }
+        if o.max_pending_pods.is_some() {
+            self.max_pending_pods = o.max_pending_pods;
+        }
+        if o.max_pending_pods_per_profile.is_some() {
+            self.max_pending_pods_per_profile = o.max_pending_pods_per_profile;
+        }
+        if o.max_executors.is_some() {
+            self.max_executors = o.max_executors;
+        }
+        if let Some(v) = o.delete_on_termination {
+            self.delete_on_termination = v;
+        }
+        self
+    }
+
     /// Checks every rule; the first violation names its setting.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let invalid =

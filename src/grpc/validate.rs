@@ -2,11 +2,10 @@
 //! the field as the client spelled it (`settings.batch_delay_ms`, `executor_ids[2]`), so a
 //! driver can tell what to fix without reading server logs.
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
+use crate::allocator::{AllocationOverrides, AllocationSettings, ExecutorId, ResourceProfileId};
 use crate::app::{AppError, AppId, StartApplication};
 use crate::config::is_dns_label;
 use crate::proto;
@@ -105,33 +104,19 @@ pub fn settings(
     requested: Option<&proto::AllocationSettings>,
     defaults: &AllocationSettings,
 ) -> Result<AllocationSettings, AppError> {
-    let mut merged = defaults.clone();
-    if let Some(s) = requested {
-        if let Some(v) = s.batch_size {
-            merged.batch_size = v;
-        }
-        if let Some(v) = s.batch_delay_ms {
-            merged.batch_delay = Duration::from_millis(v);
-        }
-        if let Some(v) = s.executor_timeout_ms {
-            merged.executor_timeout = Duration::from_millis(v);
-        }
-        if let Some(v) = s.executor_idle_timeout_ms {
-            merged.executor_idle_timeout = Duration::from_millis(v);
-        }
-        if let Some(v) = s.max_pending_pods {
-            merged.max_pending_pods = Some(v);
-        }
-        if let Some(v) = s.max_pending_pods_per_profile {
-            merged.max_pending_pods_per_profile = Some(v);
-        }
-        if let Some(v) = s.max_executors {
-            merged.max_executors = Some(v);
-        }
-        if let Some(v) = s.delete_on_termination {
-            merged.delete_on_termination = v;
-        }
-    }
+    let merged = match requested {
+        Some(s) => defaults.clone().with_overrides(&AllocationOverrides {
+            batch_size: s.batch_size,
+            batch_delay_ms: s.batch_delay_ms,
+            executor_timeout_ms: s.executor_timeout_ms,
+            executor_idle_timeout_ms: s.executor_idle_timeout_ms,
+            max_pending_pods: s.max_pending_pods,
+            max_pending_pods_per_profile: s.max_pending_pods_per_profile,
+            max_executors: s.max_executors,
+            delete_on_termination: s.delete_on_termination,
+        }),
+        None => defaults.clone(),
+    };
     merged.validate()?;
     Ok(merged)
 }
