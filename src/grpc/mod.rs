@@ -92,9 +92,8 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = req.application_id.clone();
         answer("Start", &app_id, async {
             let start = validate::start(req, &self.defaults)?;
-            // In a task of its own, outside the call's span: the actor spawned here outlives
-            // the call, and its `application` span must not claim to be part of this Start
-            // forever. (It also lets a Start finish when its client gives up half-way.)
+            // In a task of its own, so a Start whose client gives up half-way still finishes
+            // (never an application half started).
             let applications = self.applications.clone();
             let started = tokio::spawn(async move { applications.start(start).await })
                 .await
