@@ -78,6 +78,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
+            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 3)]),
         })
@@ -273,6 +274,7 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
         .expect("start");
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
+            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 2)]),
         })
@@ -325,6 +327,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
         .expect("start");
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
+            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 3)]),
         })
@@ -342,6 +345,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
     assert_eq!((resumed.resumed, resumed.last_executor_id), (true, 3));
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
+            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 5)]),
         })

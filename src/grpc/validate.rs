@@ -548,6 +548,7 @@ mod tests {
     fn targets_need_non_negative_profiles() {
         let (field, _) = field_of(
             set_total_expected(proto::SetTotalExpectedRequest {
+                resource_profile_templates: Default::default(),
                 application_id: "a".into(),
                 executors_per_profile: HashMap::from([(0, 3), (-2, 1)]),
             })
@@ -555,6 +556,7 @@ mod tests {
         );
         assert_eq!(field, "executors_per_profile[-2]");
         let (_, targets) = set_total_expected(proto::SetTotalExpectedRequest {
+            resource_profile_templates: Default::default(),
             application_id: "a".into(),
             executors_per_profile: HashMap::from([(0, 3), (1, 0)]),
         })
