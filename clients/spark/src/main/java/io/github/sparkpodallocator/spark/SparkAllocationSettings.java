@@ -1,25 +1,23 @@
 package io.github.sparkpodallocator.spark;
 
 import org.apache.spark.SparkConf;
+import org.apache.spark.deploy.k8s.Config$;
+import org.apache.spark.internal.config.ConfigEntry;
 import org.apache.spark.util.Utils;
 import spark.allocator.v1.Allocator.AllocationSettings;
 
 /**
  * The service's {@code AllocationSettings} from Spark's own keys, so an application allocates
  * as Spark's built-in allocator would for the same configuration: each setting carries the
- * user's value or Spark's default. Where Spark's default means "no limit"
- * ({@code maxPendingPods}, {@code dynamicAllocation.maxExecutors}) nothing is sent and the
- * service's default applies.
+ * user's value or the default of the Spark version that runs (read through Spark's own config
+ * entries, with their units and checks; 4.2 raised the batch size default from 10 to 20). Where
+ * Spark's default means "no limit" ({@code maxPendingPods}, {@code dynamicAllocation.maxExecutors})
+ * nothing is sent and the service's default applies.
  */
 public final class SparkAllocationSettings {
-  static final String BATCH_SIZE = "spark.kubernetes.allocation.batch.size";
-  static final String BATCH_DELAY = "spark.kubernetes.allocation.batch.delay";
-  static final String EXECUTOR_TIMEOUT = "spark.kubernetes.allocation.executor.timeout";
-  static final String MAX_PENDING_PODS = "spark.kubernetes.allocation.maxPendingPods";
-  static final String MAX_EXECUTORS = "spark.dynamicAllocation.maxExecutors";
-  static final String EXECUTOR_IDLE_TIMEOUT = "spark.dynamicAllocation.executorIdleTimeout";
-  static final String DELETE_ON_TERMINATION = "spark.kubernetes.executor.deleteOnTermination";
-  static final String CHECK_ALL_CONTAINERS = "spark.kubernetes.executor.checkAllContainers";
+  private static final Config$ K8S = Config$.MODULE$;
+  private static final org.apache.spark.internal.config.package$ CORE =
+      org.apache.spark.internal.config.package$.MODULE$;
 
   private SparkAllocationSettings() {}
 
@@ -31,93 +29,54 @@ public final class SparkAllocationSettings {
    */
   public static AllocationSettings fromConf(SparkConf conf, String executorContainerName) {
     AllocationSettings.Builder settings = AllocationSettings.newBuilder();
-
-    int batchSize = intValue(conf, BATCH_SIZE, 10);
-    if (batchSize <= 0) {
-      throw new IllegalArgumentException(BATCH_SIZE + ": must be a positive integer");
-    }
-    settings.setBatchSize(batchSize);
-
-    long batchDelay = millis(conf, BATCH_DELAY, "1s");
-    if (batchDelay <= 100) {
-      throw new IllegalArgumentException(BATCH_DELAY + ": must be greater than 0.1s");
-    }
+    settings.setBatchSize(intValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_SIZE()));
+    long batchDelay = longValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_DELAY());
     settings.setBatchDelayMs(batchDelay);
-
     // Spark waits max(5 x batch delay, executor.timeout) for a created pod to appear.
-    long executorTimeout = millis(conf, EXECUTOR_TIMEOUT, "600s");
-    if (executorTimeout <= 0) {
-      throw new IllegalArgumentException(EXECUTOR_TIMEOUT + ": must be a positive time");
-    }
+    long executorTimeout = longValue(conf, K8S.KUBERNETES_ALLOCATION_EXECUTOR_TIMEOUT());
     settings.setExecutorTimeoutMs(Math.max(executorTimeout, 5 * batchDelay));
-
-    // Seconds when no unit is given, as Spark reads it.
-    settings.setExecutorIdleTimeoutMs(seconds(conf, EXECUTOR_IDLE_TIMEOUT, "60s") * 1000);
-
-    if (conf.contains(MAX_PENDING_PODS)) {
-      int maxPending = intValue(conf, MAX_PENDING_PODS, Integer.MAX_VALUE);
-      if (maxPending <= 0) {
-        throw new IllegalArgumentException(MAX_PENDING_PODS + ": must be a positive integer");
-      }
-      settings.setMaxPendingPods(maxPending);
+    // Seconds in Spark's entry.
+    settings.setExecutorIdleTimeoutMs(
+        longValue(conf, CORE.DYN_ALLOCATION_EXECUTOR_IDLE_TIMEOUT()) * 1000);
+    if (conf.contains(K8S.KUBERNETES_MAX_PENDING_PODS().key())) {
+      settings.setMaxPendingPods(intValue(conf, K8S.KUBERNETES_MAX_PENDING_PODS()));
     }
-
-    if (Utils.isDynamicAllocationEnabled(conf) && conf.contains(MAX_EXECUTORS)) {
-      int maxExecutors = intValue(conf, MAX_EXECUTORS, Integer.MAX_VALUE);
+    if (Utils.isDynamicAllocationEnabled(conf)
+        && conf.contains(CORE.DYN_ALLOCATION_MAX_EXECUTORS().key())) {
+      int maxExecutors = intValue(conf, CORE.DYN_ALLOCATION_MAX_EXECUTORS());
       if (maxExecutors <= 0) {
-        throw new IllegalArgumentException(MAX_EXECUTORS
+        throw new IllegalArgumentException(CORE.DYN_ALLOCATION_MAX_EXECUTORS().key()
             + ": must be positive for the allocation service (0 executors can never run a task)");
       }
       settings.setMaxExecutors(maxExecutors);
     }
-
-    settings.setDeleteOnTermination(bool(conf, DELETE_ON_TERMINATION, true));
-    settings.setCheckAllContainers(bool(conf, CHECK_ALL_CONTAINERS, true));
+    settings.setDeleteOnTermination(boolValue(conf, K8S.KUBERNETES_DELETE_EXECUTORS()));
+    settings.setCheckAllContainers(
+        boolValue(conf, K8S.KUBERNETES_EXECUTOR_CHECK_ALL_CONTAINERS()));
     settings.setExecutorContainerName(executorContainerName);
     return settings.build();
   }
 
-  private static int intValue(SparkConf conf, String key, int dflt) {
-    if (!conf.contains(key)) {
-      return dflt;
-    }
-    String value = conf.get(key).trim();
+  /** The entry's value as Spark reads it (the user's, else Spark's default), checked by Spark. */
+  private static Object value(SparkConf conf, ConfigEntry<Object> entry) {
     try {
-      return Integer.parseInt(value);
-    } catch (NumberFormatException e) {
-      throw new IllegalArgumentException(key + ": expected an integer, got " + value, e);
-    }
-  }
-
-  private static long millis(SparkConf conf, String key, String dflt) {
-    try {
-      return conf.getTimeAsMs(key, dflt);
+      return conf.get(entry);
     } catch (RuntimeException e) {
-      throw new IllegalArgumentException(key + ": expected a time such as 1s, got "
-          + conf.get(key, dflt), e);
+      String message = e.getMessage() == null ? e.toString() : e.getMessage();
+      throw new IllegalArgumentException(message.contains(entry.key())
+          ? message : entry.key() + ": " + message, e);
     }
   }
 
-  private static long seconds(SparkConf conf, String key, String dflt) {
-    try {
-      return conf.getTimeAsSeconds(key, dflt);
-    } catch (RuntimeException e) {
-      throw new IllegalArgumentException(key + ": expected a time such as 60s, got "
-          + conf.get(key, dflt), e);
-    }
+  private static int intValue(SparkConf conf, ConfigEntry<Object> entry) {
+    return (Integer) value(conf, entry);
   }
 
-  private static boolean bool(SparkConf conf, String key, boolean dflt) {
-    if (!conf.contains(key)) {
-      return dflt;
-    }
-    String value = conf.get(key).trim();
-    if (value.equalsIgnoreCase("true")) {
-      return true;
-    }
-    if (value.equalsIgnoreCase("false")) {
-      return false;
-    }
-    throw new IllegalArgumentException(key + ": expected true or false, got " + value);
+  private static long longValue(SparkConf conf, ConfigEntry<Object> entry) {
+    return (Long) value(conf, entry);
+  }
+
+  private static boolean boolValue(SparkConf conf, ConfigEntry<Object> entry) {
+    return (Boolean) value(conf, entry);
   }
 }
