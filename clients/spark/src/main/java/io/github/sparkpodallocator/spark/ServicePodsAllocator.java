@@ -51,6 +51,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private final Option<Pod> driverPod;
   private final AllocatorClient client;
   private final long registeredCheckMillis;
+  private final String address;
 
   // Guarded by `this`.
   private String applicationId;
@@ -74,12 +75,12 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     try {
       settings = ServiceSettings.fromConf(conf, ServiceSettings.SERVICE_ACCOUNT_TOKEN);
       // The same period Spark's allocator reads the registered executors at.
-      this.registeredCheckMillis = SparkAllocationSettings.fromConf(conf, "unused")
-          .getBatchDelayMs();
+      this.registeredCheckMillis = SparkAllocationSettings.batchDelayMs(conf);
     } catch (IllegalArgumentException e) {
       throw new SparkException("Invalid configuration for " + CLASS_NAME + ": " + e.getMessage(),
           e);
     }
+    this.address = settings.address();
     this.driverPod = lookUpDriverPod(conf, kubernetesClient, namespace);
     try {
       this.client = new AllocatorClient(settings);
@@ -182,6 +183,10 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     return client.isDeleted(executorId);
   }
 
+  /**
+   * Stops the application in the service, which deletes its executor pods. Spark's scheduler
+   * backend goes on with its own clean-up after this call, so a failure is logged, not thrown.
+   */
   @Override
   public void stop(String appId) {
     ScheduledExecutorService check;
@@ -196,6 +201,9 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
       int deleted = client.stop();
       LOG.info("spark-pod-allocator stopped application {} and deleted {} executor pods", appId,
           deleted);
+    } catch (RuntimeException e) {
+      LOG.error("Could not stop application {} in the spark-pod-allocator service at {}; its"
+          + " executor pods may remain", appId, address, e);
     } finally {
       client.close();
     }

@@ -57,6 +57,11 @@ public final class SparkAllocationSettings {
     return settings.build();
   }
 
+  /** Spark's allocation batch delay in milliseconds (the period of Spark's own allocator). */
+  public static long batchDelayMs(SparkConf conf) {
+    return longValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_DELAY());
+  }
+
   /** The entry's value as Spark reads it (the user's, else Spark's default), checked by Spark. */
   private static Object value(SparkConf conf, ConfigEntry<Object> entry) {
     try {
