@@ -28,7 +28,9 @@ class ShadedJarIT {
     assertThrows(ClassNotFoundException.class, () -> Class.forName("io.grpc.Channel"));
     Class.forName("io.github.sparkpodallocator.spark.shaded.io.grpc.Channel");
     Class.forName("io.github.sparkpodallocator.spark.shaded.com.google.protobuf.Message");
-    Class.forName("io.github.sparkpodallocator.spark.shaded.proto.v1.ExecutorAllocatorGrpc");
+    // The stubs keep the proto's package and, above all, the service's name on the wire.
+    Class<?> stubs = Class.forName("spark.allocator.v1.ExecutorAllocatorGrpc");
+    assertEquals("spark.allocator.v1.ExecutorAllocator", stubs.getField("SERVICE_NAME").get(null));
     // Spark's own version, as the build selected it.
     assertEquals(System.getProperty("spark.test.version"),
         org.apache.spark.package$.MODULE$.SPARK_VERSION());

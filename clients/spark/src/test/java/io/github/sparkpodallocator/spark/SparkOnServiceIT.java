@@ -39,7 +39,6 @@ import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestInstance;
 import org.junit.jupiter.api.Timeout;
-import org.junit.jupiter.api.io.TempDir;
 import scala.Tuple2;
 import scala.jdk.javaapi.CollectionConverters;
 
@@ -55,7 +54,8 @@ class SparkOnServiceIT {
   /** The executor image the simulated kubelet runs as a process. */
   static final String IMAGE = "spark-pod-allocator/spark-executor:it";
 
-  @TempDir Path work;
+  /** Kept after the run under target/ (the service's log, each executor pod's log). */
+  private Path work;
 
   private ServiceProcess service;
   private int grpcPort;
@@ -65,6 +65,8 @@ class SparkOnServiceIT {
 
   @BeforeAll
   void startService() throws Exception {
+    work = Files.createDirectories(Path.of("target", "spark-it")).toAbsolutePath();
+    work = Files.createTempDirectory(work, "run-");
     grpcPort = ServiceProcess.freePort();
     apiPort = ServiceProcess.freePort();
     Path config = work.resolve("service.toml");
@@ -113,9 +115,11 @@ class SparkOnServiceIT {
         .set("spark.ui.enabled", "false")
         .set("spark.executor.cores", "1")
         .set("spark.executor.memory", "512m")
-        // The executors run this JVM's classes (Spark, and the tasks' lambdas in test-classes).
-        .set("spark.executor.extraClassPath", System.getProperty("java.class.path"))
-        .set("spark.executor.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1");
+        .set("spark.executor.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+        // Spark creates the executors' ConfigMap only after the allocator's start and first
+        // targets; a kubelet waits for a missing ConfigMap volume, the simulator's process
+        // runtime fails the pod at once. Without the ConfigMap the pods need nothing else.
+        .set("spark.kubernetes.executor.disableConfigMap", "true");
   }
 
   private JavaSparkContext start(SparkConf conf) {
@@ -150,6 +154,7 @@ class SparkOnServiceIT {
       Thread.sleep(100);
     }
     throw new AssertionError("timed out after " + timeout + " waiting for " + what
+        + " (executor pod logs under " + work + ")"
         + "\n--- service log (last 4000 chars) ---\n" + tail(service.log(), 4000));
   }
 
