@@ -225,8 +225,8 @@ class SparkOnServiceIT {
         .set("spark.dynamicAllocation.initialExecutors", "0")
         .set("spark.dynamicAllocation.maxExecutors", "4")
         .set("spark.dynamicAllocation.executorIdleTimeout", "2s")
-        .set("spark.dynamicAllocation.schedulerBacklogTimeout", "200ms")
-        .set("spark.dynamicAllocation.sustainedSchedulerBacklogTimeout", "200ms"));
+        .set("spark.dynamicAllocation.schedulerBacklogTimeout", "1s")
+        .set("spark.dynamicAllocation.sustainedSchedulerBacklogTimeout", "1s"));
     String appId = sc.sc().applicationId();
     assertTrue(executorPods(appId).isEmpty(), "no executor before any load");
 
@@ -272,7 +272,7 @@ class SparkOnServiceIT {
         .set("spark.dynamicAllocation.initialExecutors", "0")
         .set("spark.dynamicAllocation.maxExecutors", "2")
         .set("spark.dynamicAllocation.executorIdleTimeout", "60s")
-        .set("spark.dynamicAllocation.schedulerBacklogTimeout", "200ms"));
+        .set("spark.dynamicAllocation.schedulerBacklogTimeout", "1s"));
     String appId = sc.sc().applicationId();
     ResourceProfile profile = new ResourceProfileBuilder()
         .require(new ExecutorResourceRequests().cores(1).memory("512m"))
