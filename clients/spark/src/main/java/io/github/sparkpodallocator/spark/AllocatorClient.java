@@ -151,9 +151,9 @@ public final class AllocatorClient implements AutoCloseable {
     } catch (AllocatorServiceException e) {
       Status.Code code = e.code();
       if (code == Status.Code.UNAVAILABLE || code == Status.Code.DEADLINE_EXCEEDED) {
-        LOG.warn("IsDeleted({}) could not reach the spark-pod-allocator service; answering {} ({})",
-            executorId, settings.isDeletedWhenUnavailable(),
-            ServiceSettings.IS_DELETED_WHEN_UNAVAILABLE, e);
+        LOG.warn("IsDeleted({}) could not reach the spark-pod-allocator service ({}); answering"
+            + " {} ({})", executorId, e.getMessage(), settings.isDeletedWhenUnavailable(),
+            ServiceSettings.IS_DELETED_WHEN_UNAVAILABLE);
         return settings.isDeletedWhenUnavailable();
       }
       throw e;
@@ -224,7 +224,7 @@ public final class AllocatorClient implements AutoCloseable {
         if (code == Status.Code.UNAVAILABLE
             && System.nanoTime() + backoff.toNanos() < giveUpAt) {
           LOG.warn("spark-pod-allocator {} at {}: {}; retrying in {} ms", name,
-              settings.address(), e.getStatus(), backoff.toMillis());
+              settings.address(), describe(e.getStatus()), backoff.toMillis());
           sleep(backoff);
           backoff = backoff.multipliedBy(2).compareTo(MAX_BACKOFF) > 0
               ? MAX_BACKOFF : backoff.multipliedBy(2);
@@ -233,7 +233,7 @@ public final class AllocatorClient implements AutoCloseable {
         if (code == Status.Code.NOT_FOUND && restartOnNotFound && !restarted) {
           restarted = true;
           LOG.warn("spark-pod-allocator {} answered {}: the service no longer knows the"
-              + " application (restarted?); starting it again", name, e.getStatus());
+              + " application (restarted?); starting it again", name, describe(e.getStatus()));
           restart();
           continue;
         }
@@ -274,6 +274,12 @@ public final class AllocatorClient implements AutoCloseable {
       call("UpdateRegisteredExecutors", s -> s.updateRegisteredExecutors(registeredRequest), false,
           settings.retryTimeout());
     }
+  }
+
+  /** The code and description of a status, without its cause's stack trace. */
+  private static String describe(Status status) {
+    return status.getDescription() == null
+        ? status.getCode().toString() : status.getCode() + ": " + status.getDescription();
   }
 
   private static void sleep(Duration duration) {

@@ -181,7 +181,7 @@ class AllocatorClientTest {
         // Resumed: the same two executors, the last target, no new executor.
         assertEquals(2, profile(status, 0).getTarget(), restarted.log());
         assertEquals(2, status.getLastExecutorId());
-        assertEquals(2, executorPods(k8s, APP).size());
+        assertEquals(2, executorPods(k8s, APP).size(), cluster.log());
         assertEquals(2, client.stop());
       }
     }

@@ -102,11 +102,16 @@ final class ServiceProcess implements AutoCloseable {
 
   /** Ends the process (SIGTERM, then SIGKILL after 10 s) and waits for it. */
   @Override
-  public void close() throws InterruptedException {
+  public void close() {
     process.destroy();
-    if (!process.waitFor(10, java.util.concurrent.TimeUnit.SECONDS)) {
+    try {
+      if (!process.waitFor(10, java.util.concurrent.TimeUnit.SECONDS)) {
+        process.destroyForcibly();
+        process.waitFor();
+      }
+    } catch (InterruptedException e) {
       process.destroyForcibly();
-      process.waitFor();
+      Thread.currentThread().interrupt();
     }
   }
 }
