@@ -356,6 +356,8 @@ impl Settings {
             max_pending_pods_per_profile: a.max_pending_pods_per_profile,
             max_executors: a.max_executors,
             delete_on_termination: a.delete_on_termination,
+            executor_container_name: Some(a.executor_container_name.clone()),
+            check_all_containers: Some(a.check_all_containers),
         })
     }
 

@@ -318,6 +318,7 @@ impl ScriptedDriver {
             .set_total_expected(proto::SetTotalExpectedRequest {
                 application_id: DEMO_APP_ID.into(),
                 executors_per_profile: wanted.iter().map(|(k, v)| (*k, *v)).collect(),
+                ..Default::default()
             })
             .await
             .context("SetTotalExpected")?;

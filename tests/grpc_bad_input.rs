@@ -197,6 +197,7 @@ async fn every_rpc_on_an_unknown_application_is_not_found() {
         c.set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.clone(),
             executors_per_profile: HashMap::from([(0, 3)]),
+            ..Default::default()
         })
         .await
         .expect_err("SetTotalExpected"),
@@ -266,6 +267,7 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
             executors_per_profile: HashMap::from([(-1, 2)]),
+            ..Default::default()
         })
         .await
         .expect_err("negative profile");
@@ -276,6 +278,7 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 2), (5, 1)]),
+            ..Default::default()
         })
         .await
         .expect_err("profile without template");

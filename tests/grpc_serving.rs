@@ -80,6 +80,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 3)]),
+            ..Default::default()
         })
         .await
         .expect("set total");
@@ -275,6 +276,7 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 2)]),
+            ..Default::default()
         })
         .await
         .expect("set total");
@@ -327,6 +329,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 3)]),
+            ..Default::default()
         })
         .await
         .expect("set total");
@@ -344,6 +347,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 5)]),
+            ..Default::default()
         })
         .await
         .expect("set total after restart");
