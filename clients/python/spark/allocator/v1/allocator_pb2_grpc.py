@@ -73,7 +73,9 @@ class ExecutorAllocatorServicer:
 
     def Start(self, request, context):
         """Starts (or resumes) allocation for one application. Idempotent for the same
-        application id and namespace.
+        application id, namespace, templates and settings; a repeated Start whose templates,
+        settings, driver pod or prefix differ from the first is refused (FAILED_PRECONDITION
+        naming the field), never silently ignored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
