@@ -656,10 +656,20 @@ mod tests {
         );
         let err = template_error(TemplateError::Invalid {
             profile: ResourceProfileId(3),
-            reason: "reserved label".into(),
+            reason: "container `x` has no image".into(),
         });
         assert!(
             matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(2)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("resource_profile_templates[2]: ")),
+            "{err:?}"
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(0)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("executor_pod_template: ")),
+            "{err:?}"
         );
     }
 }
