@@ -279,7 +279,8 @@ impl State {
             }
             self.actor.builder = builder;
         }
-        if self.actor.allocator.set_targets(targets) {
+        // Only new targets call a round early (a repeated Start registers templates only).
+        if !targets.is_empty() && self.actor.allocator.set_targets(targets) {
             self.actor.store.notify_now();
         }
         Ok(())
