@@ -39,15 +39,6 @@ pub enum TemplateError {
     Conflict(ResourceProfileId),
 }
 
-/// Labels the service stamps on every executor pod (and finds executors by); a template's
-/// values for them are overwritten.
-pub const SERVICE_LABELS: [&str; 4] = [
-    APP_ID_LABEL,
-    ROLE_LABEL,
-    EXECUTOR_ID_LABEL,
-    RESOURCE_PROFILE_ID_LABEL,
-];
-
 /// Replaced by the application id in the places Spark substitutes it.
 pub const APP_ID_PLACEHOLDER: &str = "{{APP_ID}}";
 /// Replaced by the executor id in the places Spark substitutes it.
@@ -265,6 +256,8 @@ impl ExecutorPodBuilder {
         meta.deletion_timestamp = None;
         meta.deletion_grace_period_seconds = None;
         meta.managed_fields = None;
+        // Spark's labels are the service's: a template's values (Spark's own pod carries
+        // them, with `{{EXECUTOR_ID}}`) are overwritten.
         let labels = meta.labels.get_or_insert_with(BTreeMap::new);
         // A pod created inactive would be invisible to the engine and asked for again and
         // again; the service alone marks finished executors inactive.
