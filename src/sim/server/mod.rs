@@ -248,11 +248,42 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         }
         _ => {}
     }
+    // The deprecated `/watch/` path form: `/api/v1/watch/namespaces/NS/pods[/NAME]`.
+    let watch_path = match segs.as_slice() {
+        ["api", "v1", "watch", ..] => Some(2),
+        ["apis", _, "v1", "watch", ..] => Some(3),
+        _ => None,
+    };
+    let mut segs = segs;
+    if let Some(i) = watch_path {
+        segs.remove(i);
+    }
     let Some(target) = resolve(&segs) else {
         return Err(ApiError::no_route());
     };
     inject_request_faults(sh).await?;
-    let q = query_of(&req);
+    let mut q = query_of(&req);
+    let target = match (watch_path, target) {
+        (None, target) => target,
+        (Some(_), Target::Object { kind, ns, name }) if method == Method::GET => {
+            let by_name = format!("metadata.name={name}");
+            let fields = match q.get("fieldSelector").filter(|f| !f.is_empty()) {
+                Some(f) => format!("{f},{by_name}"),
+                None => by_name,
+            };
+            q.insert("fieldSelector".into(), fields);
+            q.insert("watch".into(), "true".into());
+            Target::Collection {
+                kind,
+                ns: (!ns.is_empty()).then_some(ns),
+            }
+        }
+        (Some(_), target @ Target::Collection { .. }) if method == Method::GET => {
+            q.insert("watch".into(), "true".into());
+            target
+        }
+        (Some(_), _) => return Err(ApiError::no_route()),
+    };
     if q.get("dryRun").is_some_and(|v| !v.is_empty()) {
         // Refused rather than ignored: ignoring it would store what the client meant to try.
         return Err(ApiError::bad_request(
@@ -284,7 +315,14 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     match (method, target) {
         (Method::GET, Target::Collection { kind, ns }) => {
             if flag(&q, "watch") {
-                watch::watch(sh, kind, ns, &q, table)
+                if watch::is_websocket_request(req.headers()) {
+                    let (mut parts, _) = req.into_parts();
+                    return watch::websocket_response(&mut parts, || {
+                        watch::events(sh, kind, ns, &q, table)
+                    })
+                    .await;
+                }
+                watch::events(sh, kind, ns, &q, table).map(watch::http_response)
             } else {
                 let response = list(sh, kind, ns.as_deref(), &q, table);
                 hold_list_response(sh).await;
