@@ -498,6 +498,8 @@ async fn admin(
                 "resourceVersion": sh.store.resource_version().to_string(),
                 "pods": sh.store.count(Kind::Pod, None),
                 "configmaps": sh.store.count(Kind::ConfigMap, None),
+                "services": sh.store.count(Kind::Service, None),
+                "persistentvolumeclaims": sh.store.count(Kind::PersistentVolumeClaim, None),
                 "leases": sh.store.count(Kind::Lease, None),
                 "namespaces": sh.store.count(Kind::Namespace, None),
             }),
