@@ -4,6 +4,7 @@
 
 mod kubelet;
 mod objects;
+mod process;
 pub mod selector;
 mod server;
 mod settings;
@@ -21,7 +22,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use kubelet::node_name;
-pub use settings::{FaultSettings, KubeletMode, KubeletSettings, SimSettings};
+pub use settings::{
+    FaultSettings, ImageEnv, KubeletMode, KubeletRuntime, KubeletSettings, ProcessImage,
+    SimSettings,
+};
 
 use server::Shared;
 use store::{Kind, Store};
@@ -100,9 +104,19 @@ impl SimCluster {
             // A namespace listed twice is already there; nothing else can fail here.
             let _ = server::create_internal(&shared, Kind::Namespace, body);
         }
+        let processes = match shared.settings.kubelet.runtime {
+            KubeletRuntime::Process => Some(
+                process::ProcessRuntime::new(&shared.settings.kubelet).map_err(|e| {
+                    SimError::InvalidSettings(format!(
+                        "kubelet.work_dir: cannot prepare the process runtime's directory: {e}"
+                    ))
+                })?,
+            ),
+            KubeletRuntime::Simulated => None,
+        };
         let mut tasks = Vec::new();
         if shared.settings.kubelet.mode == KubeletMode::Auto {
-            tasks.push(tokio::spawn(kubelet::run(shared.clone())));
+            tasks.push(tokio::spawn(kubelet::run(shared.clone(), processes)));
             tasks.push(tokio::spawn(kubelet::run_gc(shared.clone())));
         }
         let router = server::router(shared.clone());
@@ -240,8 +254,15 @@ impl SimCluster {
                 tracing::warn!("simulated API server did not stop within 5 s; aborted");
             }
         }
-        for task in self.tasks.drain(..) {
-            task.abort();
+        // The kubelet ends on the cancellation and kills its processes as it ends: wait for
+        // that (bounded), so no process outlives the shutdown.
+        for mut task in self.tasks.drain(..) {
+            if tokio::time::timeout(std::time::Duration::from_secs(5), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
         }
     }
 }

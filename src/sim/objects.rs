@@ -234,7 +234,7 @@ fn validate_pod_spec(obj: &Value, causes: &mut Vec<Cause>) {
 }
 
 /// Parses a resource quantity (`500m`, `1Gi`, `2`) to a number, for the QoS class.
-fn quantity(v: &Value) -> Option<f64> {
+pub(crate) fn quantity(v: &Value) -> Option<f64> {
     let s = match v {
         Value::String(s) => s.as_str(),
         Value::Number(n) => return n.as_f64(),
