@@ -534,7 +534,10 @@ async fn the_spark_executor_entrypoint_runs_the_executor_backend() {
         image: "spark:sim".into(),
         command: vec![
             "bash".into(),
-            format!("{}/scripts/sim-spark-executor.sh", env!("CARGO_MANIFEST_DIR")),
+            format!(
+                "{}/scripts/sim-spark-executor.sh",
+                env!("CARGO_MANIFEST_DIR")
+            ),
         ],
         env: vec![
             ImageEnv {
@@ -575,7 +578,8 @@ async fn the_spark_executor_entrypoint_runs_the_executor_backend() {
         "app-exec-2-{}",
         created.metadata.uid.as_deref().unwrap()
     ));
-    let log = std::fs::read_to_string(dir.join("spark-kubernetes-executor.log")).unwrap_or_default();
+    let log =
+        std::fs::read_to_string(dir.join("spark-kubernetes-executor.log")).unwrap_or_default();
     assert_eq!(done, (0, "Completed".into()), "log: {log}");
     let args = std::fs::read_to_string(dir.join("java-args.txt")).unwrap();
     let args: Vec<&str> = args.lines().collect();

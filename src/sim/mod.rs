@@ -5,6 +5,7 @@
 mod kubelet;
 mod objects;
 mod process;
+mod protobuf;
 pub mod selector;
 mod server;
 mod settings;

@@ -17,6 +17,7 @@ use rand::rngs::SmallRng;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::protobuf;
 use super::settings::{FaultSettings, SimSettings};
 use super::status::ApiError;
 use super::store::{Kind, Store};
@@ -306,7 +307,13 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         }
     ) && wants_table(accept))
     .then(|| IncludeObject::parse(q.get("includeObject").map(String::as_str)));
-    if req.method() != Method::PATCH && content_type(&req).contains("protobuf") {
+    // kubectl's `create namespace` and `create configmap` send protobuf; those two kinds
+    // are decoded on create, every other protobuf body is refused as before.
+    let protobuf_create = method == Method::POST
+        && matches!(&target, Target::Collection { kind, .. } if protobuf::understands(*kind))
+        && protobuf::is_protobuf(&content_type(&req));
+    if req.method() != Method::PATCH && content_type(&req).contains("protobuf") && !protobuf_create
+    {
         return Err(ApiError::unsupported_media_type(
             &content_type(&req),
             "application/json, application/yaml",
@@ -332,7 +339,11 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         (Method::POST, Target::Collection { kind, ns }) => {
             let ns = namespace_for_write(kind, ns)?;
             let body = read_body(req).await?;
-            let obj = parse_object(&body)?;
+            let obj = if protobuf_create {
+                crate::sim::protobuf::decode(kind, &body)?
+            } else {
+                parse_object(&body)?
+            };
             create(sh, kind, &ns, obj, true)
         }
         (Method::DELETE, Target::Collection { kind, ns }) => {
