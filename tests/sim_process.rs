@@ -130,6 +130,36 @@ async fn exits_become_container_states_and_phases() {
     assert_eq!(terminated(&done), Some((0, "Completed".into())));
     let log = std::fs::read_to_string(f.dir(&done).join("spark-kubernetes-executor.log")).unwrap();
     assert_eq!(log, "hello\noops\n");
+    // The same through `pods/log`, as `kubectl logs` reads it.
+    let client = f.sim.try_client().unwrap();
+    let (code, headers, body) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/pods/ok/log",
+        "",
+        None,
+    )
+    .await;
+    assert_eq!((code, body.as_str()), (200, Some("hello\noops\n")));
+    assert_eq!(headers["content-type"], "text/plain");
+    let (_, _, body) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/pods/ok/log?container=spark-kubernetes-executor&tailLines=1",
+        "",
+        None,
+    )
+    .await;
+    assert_eq!(body.as_str(), Some("oops\n"));
+    let (code, _, body) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/pods/ok/log?container=nope",
+        "",
+        None,
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
 
     // A process killed by a signal: 128 + the signal (`$$$$` is `$$` after Kubernetes'
     // `$(VAR)` expansion of args).
@@ -610,4 +640,38 @@ async fn the_spark_executor_entrypoint_runs_the_executor_backend() {
             "app-exec-2"
         ]
     );
+}
+
+#[tokio::test]
+async fn a_second_delete_shortens_the_grace_period() {
+    let f = fixture().await;
+    let created = f
+        .create(&shell_pod(
+            "shortened",
+            "trap '' TERM; echo $$$$ > main.pid; while true; do sleep 0.05; done",
+        ))
+        .await;
+    f.phase_becomes("shortened", "Running").await;
+    file_appears(&f.dir(&created).join("main.pid")).await;
+    f.pods
+        .delete("shortened", &DeleteParams::default().grace_period(300))
+        .await
+        .unwrap();
+    f.pods
+        .delete("shortened", &DeleteParams::default().grace_period(1))
+        .await
+        .unwrap();
+    // Gone after about a second, well before the first grace period would end.
+    eventually(
+        "the pod is removed after the shorter grace period",
+        || async {
+            f.pods
+                .get_opt("shortened")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
 }

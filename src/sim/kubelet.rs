@@ -114,6 +114,9 @@ pub(crate) async fn run(sh: Arc<Shared>, processes: Option<ProcessRuntime>) {
             _ = sh.cancel.cancelled() => break,
         }
     }
+    if let Some(p) = &mut k.processes {
+        p.stop_all().await;
+    }
 }
 
 async fn next_exit(processes: &mut Option<ProcessRuntime>) -> Option<Exited> {

@@ -85,8 +85,19 @@ impl SimCluster {
             address: settings.listen.clone(),
             source,
         })?;
+        let processes = match settings.kubelet.runtime {
+            KubeletRuntime::Process => Some(
+                process::ProcessRuntime::new(&settings.kubelet).map_err(|e| {
+                    SimError::InvalidSettings(format!(
+                        "kubelet.work_dir: cannot prepare the process runtime's directory: {e}"
+                    ))
+                })?,
+            ),
+            KubeletRuntime::Simulated => None,
+        };
         let store = Store::new(settings.history);
         let shared = Arc::new(Shared {
+            process_dir: processes.as_ref().map(|p| p.base().to_path_buf()),
             store,
             faults: RwLock::new(settings.faults.clone()),
             rng: Mutex::new(SmallRng::seed_from_u64(settings.seed)),
@@ -105,16 +116,6 @@ impl SimCluster {
             // A namespace listed twice is already there; nothing else can fail here.
             let _ = server::create_internal(&shared, Kind::Namespace, body);
         }
-        let processes = match shared.settings.kubelet.runtime {
-            KubeletRuntime::Process => Some(
-                process::ProcessRuntime::new(&shared.settings.kubelet).map_err(|e| {
-                    SimError::InvalidSettings(format!(
-                        "kubelet.work_dir: cannot prepare the process runtime's directory: {e}"
-                    ))
-                })?,
-            ),
-            KubeletRuntime::Simulated => None,
-        };
         let mut tasks = Vec::new();
         if shared.settings.kubelet.mode == KubeletMode::Auto {
             tasks.push(tokio::spawn(kubelet::run(shared.clone(), processes)));

@@ -84,6 +84,11 @@ impl ProcessRuntime {
         })
     }
 
+    /// The directory holding every pod's working directory.
+    pub(crate) fn base(&self) -> &Path {
+        &self.base
+    }
+
     /// The next container process to end (pending forever while none runs).
     pub(crate) async fn next_exit(&mut self) -> Option<Exited> {
         loop {
@@ -112,6 +117,30 @@ impl ProcessRuntime {
                 None => std::future::pending::<()>().await,
             }
         }
+    }
+
+    /// Kills every process group and waits (bounded) until each container process is
+    /// reaped and each group is empty: the cluster's orderly stop.
+    pub(crate) async fn stop_all(&mut self) {
+        let groups: Vec<i32> = self
+            .pods
+            .values()
+            .flat_map(|p| p.groups.iter().flatten().copied())
+            .collect();
+        for pgid in &groups {
+            let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+        }
+        let bound = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let _ = tokio::time::timeout_at(bound, async {
+            while self.exits.join_next().await.is_some() {}
+            // What the leaders left in their groups dies asynchronously: wait until every
+            // process of the groups is dead (a zombie waiting for its reaper counts).
+            while groups.iter().any(|pgid| group_has_live_process(*pgid)) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        self.pods.clear();
     }
 
     /// Whether any container process of the pod is still running.
@@ -227,6 +256,34 @@ impl Drop for ProcessRuntime {
         // Dropping the wait tasks drops each child, which kills and reaps it too.
         self.exits.abort_all();
     }
+}
+
+/// Whether a process of group `pgid` still runs (not a zombie), from `/proc`; `false`
+/// where `/proc` cannot be read.
+fn group_has_live_process(pgid: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let is_pid = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_pid {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        // "PID (COMM) STATE PPID PGRP ...": COMM may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        let group = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+        group == Some(pgid) && state != "Z" && state != "X"
+    })
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {

@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     pub hold_lists: tokio::sync::watch::Sender<bool>,
     /// LIST answers held back right now.
     pub held_lists: std::sync::atomic::AtomicUsize,
+    /// The process runtime's base directory (pods' logs), when it runs pods.
+    pub process_dir: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -423,11 +425,80 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             let body = read_body(req).await?;
             bind(sh, &ns, &name, &body)
         }
+        (
+            Method::GET,
+            Target::Sub {
+                kind: Kind::Pod,
+                ns,
+                name,
+                sub,
+            },
+        ) if sub == "log" && sh.process_dir.is_some() => pod_log(sh, &ns, &name, &q),
         (_, Target::Sub { sub, .. }) if sub != "status" && sub != "binding" => {
             Err(ApiError::no_route())
         }
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// `pods/NAME/log` under the process runtime: the container's log file as text
+/// (`container`, `tailLines`; `follow` answers what is there now).
+fn pod_log(sh: &Shared, ns: &str, name: &str, q: &Query) -> Result<Response, ApiError> {
+    let pod = sh
+        .store
+        .get(Kind::Pod, ns, name)
+        .ok_or_else(|| ApiError::not_found("pods", "", name))?;
+    let containers: Vec<String> = pod
+        .value
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    let container = match q.get("container").filter(|c| !c.is_empty()) {
+        Some(c) if containers.contains(c) => c.clone(),
+        Some(c) => {
+            return Err(ApiError::bad_request(format!(
+                "container {c} is not valid for pod {name}"
+            )));
+        }
+        None if containers.len() == 1 => containers[0].clone(),
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            )));
+        }
+    };
+    if flag(q, "previous") {
+        return Err(ApiError::bad_request(format!(
+            "previous terminated container \"{container}\" in pod \"{name}\" not found"
+        )));
+    }
+    let dir = sh
+        .process_dir
+        .as_ref()
+        .ok_or_else(ApiError::no_route)?
+        .join(ns)
+        .join(format!("{name}-{}", pod.uid()));
+    let text = std::fs::read_to_string(dir.join(format!("{container}.log"))).map_err(|_| {
+        ApiError::bad_request(format!(
+            "container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"
+        ))
+    })?;
+    let text = match parse_u64(q, "tailLines")? {
+        Some(n) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(n as usize);
+            lines[from..].iter().map(|l| format!("{l}\n")).collect()
+        }
+        None => text,
+    };
+    let mut resp = (StatusCode::OK, text).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    Ok(resp)
 }
 
 fn content_type(req: &Request) -> String {
