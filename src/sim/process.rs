@@ -192,7 +192,7 @@ impl ProcessRuntime {
                 })?;
             entries.push(entry.clone());
         }
-        let dir = self.base.join(&key.0).join(format!("{}-{uid}", key.1));
+        let dir = self.base.join(&key.0).join(pod_dir_name(&key.1, &uid));
         let fail = |container: usize, what: &str, e: &dyn std::fmt::Display| StartFailure {
             container,
             message: format!("{what}: {e}"),
@@ -284,6 +284,16 @@ fn group_has_live_process(pgid: i32) -> bool {
         let group = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
         group == Some(pgid) && state != "Z" && state != "X"
     })
+}
+
+/// The name of a pod's directory under its namespace's: `NAME-UID`, the name cut to 200
+/// bytes so the whole stays within a file name's 255 (pod names may have 253).
+pub(crate) fn pod_dir_name(name: &str, uid: &str) -> String {
+    let mut cut = name.len().min(200);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}-{uid}", &name[..cut])
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {

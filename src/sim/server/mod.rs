@@ -481,7 +481,7 @@ fn pod_log(sh: &Shared, ns: &str, name: &str, q: &Query) -> Result<Response, Api
         .as_ref()
         .ok_or_else(ApiError::no_route)?
         .join(ns)
-        .join(format!("{name}-{}", pod.uid()));
+        .join(crate::sim::process::pod_dir_name(name, pod.uid()));
     let text = std::fs::read_to_string(dir.join(format!("{container}.log"))).map_err(|_| {
         ApiError::bad_request(format!(
             "container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"
