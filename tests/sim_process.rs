@@ -675,3 +675,62 @@ async fn a_second_delete_shortens_the_grace_period() {
     )
     .await;
 }
+
+/// Spark creates its executor ConfigMap after asking for executors: a pod mounting it
+/// waits (`ContainerCreating`), as on a real node, and starts once it exists.
+#[tokio::test]
+async fn a_pod_waits_for_its_configmap_then_starts() {
+    let f = fixture().await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "early"},
+        "spec": {"restartPolicy": "Never",
+          "volumes": [{"name": "conf", "configMap": {"name": "late-conf"}}],
+          "containers": [{"name": "c", "image": "sh:sim",
+            "args": ["cat \"$CONF/spark.properties\" > seen.txt"],
+            "volumeMounts": [{"name": "conf", "mountPath": "/opt/spark/conf"}],
+            "env": [{"name": "CONF", "value": "/opt/spark/conf"},
+                    {"name": "FROM_MAP", "valueFrom": {"configMapKeyRef": {"name": "late-conf", "key": "spark.properties"}}}]}]}
+    }))
+    .unwrap();
+    let created = f.create(&pod).await;
+    let waiting = eventually("the pod waits for its ConfigMap", || async {
+        let pod = f.pods.get("early").await.ok()?;
+        let state = pod.status?.container_statuses?.first()?.state.clone()?;
+        state.waiting
+    })
+    .await;
+    assert_eq!(waiting.reason.as_deref(), Some("ContainerCreating"));
+    assert!(
+        waiting
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("late-conf"),
+        "{waiting:?}"
+    );
+    assert_eq!(
+        f.pods
+            .get("early")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Pending")
+    );
+    let configmaps: Api<ConfigMap> = Api::namespaced(f.sim.try_client().unwrap(), "default");
+    let conf: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "late-conf"}, "data": {"spark.properties": "a=b\n"}
+    }))
+    .unwrap();
+    configmaps
+        .create(&PostParams::default(), &conf)
+        .await
+        .unwrap();
+    f.phase_becomes("early", "Succeeded").await;
+    assert_eq!(
+        std::fs::read_to_string(f.dir(&created).join("seen.txt")).unwrap(),
+        "a=b\n"
+    );
+}

@@ -521,10 +521,17 @@ impl Kubelet {
                         Ok(true) => Outcome::Running,
                         // Started before (a resync saw the pod again): nothing to do.
                         Ok(false) => return,
-                        Err(failure) => {
-                            tracing::warn!(pod = %t.key.1, namespace = %t.key.0, reason = %failure.message, "process runtime cannot start the pod");
-                            Outcome::StartFailed(failure.container, failure.message)
-                        }
+                        Err(failure) => match failure.waiting {
+                            // As a kubelet waits for a missing ConfigMap: try again soon.
+                            Some(reason) => {
+                                self.schedule(&t.key, &t.uid, Action::Start, START_RETRY);
+                                Outcome::Waiting(failure.container, reason, failure.message)
+                            }
+                            None => {
+                                tracing::warn!(pod = %t.key.1, namespace = %t.key.0, reason = %failure.message, "process runtime cannot start the pod");
+                                Outcome::StartFailed(failure.container, failure.message)
+                            }
+                        },
                     }
                 } else if fails {
                     Outcome::Failed(settings.fail_exit_code)
@@ -588,7 +595,12 @@ enum Outcome {
     PullError(String),
     /// The process runtime could not start container N (pod Failed, `StartError`, 128).
     StartFailed(usize, String),
+    /// The process runtime waits for something container N needs (reason, message).
+    Waiting(usize, &'static str, String),
 }
+
+/// How soon the process runtime tries again to start a pod waiting for a ConfigMap.
+const START_RETRY: Duration = Duration::from_millis(500);
 
 fn str_at(v: &Value, pointer: &str) -> String {
     v.pointer(pointer)
@@ -627,6 +639,14 @@ fn started(cur: &Value, outcome: &Outcome, ip: &str, host: &str, containerd: &st
                 Outcome::Failed(code) => json!({"terminated": {"exitCode": code, "reason": "Error", "startedAt": now, "finishedAt": now, "containerID": format!("containerd://{containerd}{i}")}}),
                 Outcome::PullError(bad) if *bad == image => json!({"waiting": {"reason": "ErrImagePull", "message": format!("failed to pull and unpack image \"{image}\": not found")}}),
                 Outcome::PullError(_) => json!({"waiting": {"reason": "PodInitializing"}}),
+                Outcome::Waiting(bad, reason, message) => {
+                    let (reason, message) = if *bad == i { (*reason, message.as_str()) } else { ("ContainerCreating", "") };
+                    let mut waiting = json!({"reason": reason});
+                    if !message.is_empty() {
+                        waiting["message"] = json!(message);
+                    }
+                    json!({"waiting": waiting})
+                }
                 Outcome::StartFailed(bad, message) => {
                     let message = if *bad == i { message.as_str() } else { "another container of the pod could not start" };
                     json!({"terminated": {"exitCode": 128, "reason": "StartError", "message": message, "startedAt": now, "finishedAt": now, "containerID": format!("containerd://{containerd}{i}")}})
@@ -636,7 +656,7 @@ fn started(cur: &Value, outcome: &Outcome, ip: &str, host: &str, containerd: &st
                 "name": str_at(c, "/name"), "image": image, "imageID": "", "ready": ready,
                 "restartCount": 0, "started": ready, "state": state, "lastState": {}
             });
-            if !matches!(outcome, Outcome::PullError(_)) {
+            if !matches!(outcome, Outcome::PullError(_) | Outcome::Waiting(..)) {
                 s["containerID"] = json!(format!("containerd://{containerd}{i}"));
                 s["imageID"] = json!(format!("{}@sha256:{containerd}", str_at(c, "/image")));
             }
@@ -646,14 +666,16 @@ fn started(cur: &Value, outcome: &Outcome, ip: &str, host: &str, containerd: &st
     let pod_phase = match outcome {
         Outcome::Running => "Running",
         Outcome::Failed(_) | Outcome::StartFailed(..) => "Failed",
-        Outcome::PullError(_) => "Pending",
+        Outcome::PullError(_) | Outcome::Waiting(..) => "Pending",
     };
     next["status"]["phase"] = json!(pod_phase);
     next["status"]["containerStatuses"] = Value::Array(statuses);
     next["status"]["hostIP"] = json!(host);
     next["status"]["hostIPs"] = json!([{"ip": host}]);
-    next["status"]["podIP"] = json!(ip);
-    next["status"]["podIPs"] = json!([{"ip": ip}]);
+    if !matches!(outcome, Outcome::Waiting(..)) {
+        next["status"]["podIP"] = json!(ip);
+        next["status"]["podIPs"] = json!([{"ip": ip}]);
+    }
     next["status"]["startTime"] = json!(now);
     let flag = if ready { "True" } else { "False" };
     let reason = (!ready).then_some("ContainersNotReady");

@@ -34,12 +34,47 @@ pub(crate) struct Exited {
     pub code: i32,
 }
 
-/// Why a pod's containers could not be started (the pod fails with `StartError`).
+/// Why a pod's containers could not be started.
 #[derive(Debug)]
 pub(crate) struct StartFailure {
     /// The container the failure is about.
     pub container: usize,
     pub message: String,
+    /// `Some(reason)`: something the pod needs is missing for now (a ConfigMap, as a real
+    /// kubelet waits for it): the containers wait with that reason and the start is tried
+    /// again. `None`: the pod fails with `StartError`.
+    pub waiting: Option<&'static str>,
+}
+
+/// Why one container cannot be prepared.
+enum Problem {
+    /// Missing for now (a ConfigMap): wait with this reason and retry.
+    Wait(&'static str, String),
+    /// Cannot ever start.
+    Fail(String),
+}
+
+impl From<String> for Problem {
+    fn from(message: String) -> Problem {
+        Problem::Fail(message)
+    }
+}
+
+impl Problem {
+    fn at(self, container: usize) -> StartFailure {
+        match self {
+            Problem::Wait(reason, message) => StartFailure {
+                container,
+                message,
+                waiting: Some(reason),
+            },
+            Problem::Fail(message) => StartFailure {
+                container,
+                message,
+                waiting: None,
+            },
+        }
+    }
 }
 
 struct PodProcesses {
@@ -160,7 +195,7 @@ impl ProcessRuntime {
     }
 
     /// Starts every container of the pod, once per uid: `Ok(false)` when this uid was
-    /// started before (nothing is done).
+    /// started before (nothing is done). Nothing is started unless every container can be.
     pub(crate) fn start(
         &mut self,
         key: &Key,
@@ -168,7 +203,7 @@ impl ProcessRuntime {
         store: &Store,
     ) -> Result<bool, StartFailure> {
         let uid = str_at(pod, "/metadata/uid");
-        if !self.started.insert(uid.clone()) {
+        if self.started.contains(&uid) {
             return Ok(false);
         }
         let containers = pod
@@ -184,44 +219,47 @@ impl ProcessRuntime {
                 .iter()
                 .find(|e| e.image == image)
                 .or_else(|| self.images.iter().find(|e| e.image == "*"))
-                .ok_or_else(|| StartFailure {
-                    container: i,
-                    message: format!(
+                .ok_or_else(|| {
+                    Problem::Fail(format!(
                         "no process for image {image:?}: add it (or \"*\") to simulator.kubelet.process_images"
-                    ),
+                    ))
+                    .at(i)
                 })?;
             entries.push(entry.clone());
         }
         let dir = self.base.join(&key.0).join(pod_dir_name(&key.1, &uid));
-        let fail = |container: usize, what: &str, e: &dyn std::fmt::Display| StartFailure {
-            container,
-            message: format!("{what}: {e}"),
-        };
         std::fs::create_dir_all(&dir)
-            .map_err(|e| fail(0, "cannot create the pod directory", &e))?;
-        let volumes = prepare_volumes(pod, &dir, &key.0, store).map_err(|m| StartFailure {
-            container: 0,
-            message: m,
-        })?;
+            .map_err(|e| Problem::Fail(format!("cannot create the pod directory: {e}")).at(0))?;
+        let volumes = prepare_volumes(pod, &dir, &key.0, store).map_err(|p| p.at(0))?;
+        let mut commands = Vec::with_capacity(containers.len());
+        for (i, (c, entry)) in containers.iter().zip(&entries).enumerate() {
+            commands.push(
+                prepare_container(pod, c, entry, &dir, &volumes, store).map_err(|p| p.at(i))?,
+            );
+        }
+        self.started.insert(uid.clone());
         let mut groups = Vec::with_capacity(containers.len());
         let mut children = Vec::with_capacity(containers.len());
-        for (i, (c, entry)) in containers.iter().zip(&entries).enumerate() {
-            let spawned = spawn_container(pod, c, entry, &dir, &volumes, store);
-            match spawned {
+        for (i, (mut cmd, program)) in commands.into_iter().enumerate() {
+            match cmd.spawn() {
                 Ok(child) => {
                     let pgid = child.id().and_then(|id| i32::try_from(id).ok());
                     groups.push(pgid);
                     children.push(child);
                 }
-                Err(message) => {
+                Err(e) => {
                     // What started already goes: the pod fails as a whole.
                     for pgid in groups.iter().flatten() {
                         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
                     }
-                    return Err(StartFailure {
-                        container: i,
-                        message,
-                    });
+                    let cname = containers
+                        .get(i)
+                        .map(|c| str_at(c, "/name"))
+                        .unwrap_or_default();
+                    return Err(Problem::Fail(format!(
+                        "failed to start {program:?} for container {cname:?}: {e}"
+                    ))
+                    .at(i));
                 }
             }
         }
@@ -320,7 +358,7 @@ fn prepare_volumes(
     dir: &Path,
     ns: &str,
     store: &Store,
-) -> Result<HashMap<String, PathBuf>, String> {
+) -> Result<HashMap<String, PathBuf>, Problem> {
     let mut out = HashMap::new();
     let volumes = pod
         .pointer("/spec/volumes")
@@ -363,7 +401,8 @@ fn prepare_volumes(
                         if file.split('/').any(|part| part == "..") {
                             return Err(format!(
                                 "volume {name:?}: path {file:?} leaves the volume"
-                            ));
+                            )
+                            .into());
                         }
                         if let Some(parent) = target.parent() {
                             std::fs::create_dir_all(parent)
@@ -375,8 +414,11 @@ fn prepare_volumes(
                 }
                 None if optional => {}
                 None => {
-                    return Err(format!(
-                        "configmap \"{cm_name}\" not found (volume {name:?})"
+                    return Err(Problem::Wait(
+                        "ContainerCreating",
+                        format!(
+                            "MountVolume.SetUp failed for volume {name:?} : configmap \"{cm_name}\" not found"
+                        ),
                     ));
                 }
             }
@@ -503,14 +545,16 @@ fn resource_ref(container: &Value, spec: &Value) -> Option<String> {
     Some(format!("{}", (value / divisor).ceil() as i64))
 }
 
-fn spawn_container(
+/// Everything needed to run one container: its command, ready to spawn, and the program
+/// it runs (for messages).
+fn prepare_container(
     pod: &Value,
     c: &Value,
     entry: &ProcessImage,
     dir: &Path,
     volumes: &HashMap<String, PathBuf>,
     store: &Store,
-) -> Result<tokio::process::Child, String> {
+) -> Result<(tokio::process::Command, String), Problem> {
     let ns = str_at(pod, "/metadata/namespace");
     let cname = str_at(c, "/name");
     let mut mounts: Vec<(String, PathBuf)> = c
@@ -584,17 +628,18 @@ fn spawn_container(
                 }
                 None if cm.get("optional").and_then(Value::as_bool) == Some(true) => {}
                 None => {
-                    return Err(format!(
-                        "configmap \"{name}\" not found (envFrom of container {cname:?})"
+                    return Err(Problem::Wait(
+                        "CreateContainerConfigError",
+                        format!("configmap \"{name}\" not found"),
                     ));
                 }
             }
         } else if from.get("secretRef").is_some()
             && from.pointer("/secretRef/optional").and_then(Value::as_bool) != Some(true)
         {
-            return Err(format!(
-                "secrets are not simulated (envFrom of container {cname:?})"
-            ));
+            return Err(
+                format!("secrets are not simulated (envFrom of container {cname:?})").into(),
+            );
         }
     }
     for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
@@ -626,8 +671,9 @@ fn spawn_container(
                     Some(v) => Some(v),
                     None if optional => None,
                     None => {
-                        return Err(format!(
-                            "env {name:?}: key {key:?} of configmap \"{cm}\" not found"
+                        return Err(Problem::Wait(
+                            "CreateContainerConfigError",
+                            format!("couldn't find key {key} in ConfigMap {ns}/{cm}"),
                         ));
                     }
                 }
@@ -635,7 +681,7 @@ fn spawn_container(
                 if secret.get("optional").and_then(Value::as_bool) == Some(true) {
                     None
                 } else {
-                    return Err(format!("env {name:?}: secrets are not simulated"));
+                    return Err(format!("env {name:?}: secrets are not simulated").into());
                 }
             } else {
                 None
@@ -666,7 +712,7 @@ fn spawn_container(
         .map(|a| rewrite_mounts(&expand(a, lookup), &mounts))
         .collect();
     let Some((program, image_args)) = entry.command.split_first() else {
-        return Err(format!("image {:?} has an empty command", entry.image));
+        return Err(format!("image {:?} has an empty command", entry.image).into());
     };
     let log_path = dir.join(format!("{cname}.log"));
     let log = std::fs::OpenOptions::new()
@@ -687,8 +733,7 @@ fn spawn_container(
         .stderr(Stdio::from(log_err))
         .process_group(0)
         .kill_on_drop(true);
-    cmd.spawn()
-        .map_err(|e| format!("failed to start {program:?} for container {cname:?}: {e}"))
+    Ok((cmd, program.clone()))
 }
 
 #[cfg(test)]
