@@ -535,6 +535,16 @@ env = [{ name = "SPARK_SIM_CLASSPATH", value = "/spark/jars/*:/app/app.jar" }]
             }],
         }]
     );
+    // The same in YAML.
+    let yaml = dir.path().join("sim.yaml");
+    std::fs::write(
+        &yaml,
+        "simulator:\n  kubelet:\n    runtime: process\n    process_images:\n      - image: spark:sim\n        command: [bash, /repo/scripts/sim-spark-executor.sh]\n        env:\n          - {name: SPARK_SIM_CLASSPATH, value: \"/spark/jars/*:/app/app.jar\"}\n",
+    )
+    .unwrap();
+    let from_yaml = spark_pod_allocator::config::Settings::load(Some(&yaml)).unwrap();
+    assert_eq!(from_yaml.simulator.kubelet.process_images, k.process_images);
+    assert_eq!(from_yaml.simulator.kubelet.runtime, KubeletRuntime::Process);
     let bad = dir.path().join("bad.toml");
     std::fs::write(
         &bad,
