@@ -142,9 +142,11 @@ pub struct AllocationConfig {
     pub max_pending_pods_per_profile: Option<u32>,
     pub max_executors: Option<u64>,
     pub delete_on_termination: Option<bool>,
-    /// The executor container's name in pod templates.
+    /// The executor container's name in pod templates, for applications whose Start does
+    /// not give `settings.executor_container_name`.
     pub executor_container_name: String,
-    /// With restartPolicy Never, any container terminated non-zero marks the executor Failed.
+    /// With restartPolicy Never, any container terminated non-zero marks the executor
+    /// Failed; for applications whose Start does not give `settings.check_all_containers`.
     pub check_all_containers: bool,
 }
 
@@ -356,6 +358,8 @@ impl Settings {
             max_pending_pods_per_profile: a.max_pending_pods_per_profile,
             max_executors: a.max_executors,
             delete_on_termination: a.delete_on_termination,
+            executor_container_name: Some(a.executor_container_name.clone()),
+            check_all_containers: Some(a.check_all_containers),
         })
     }
 

@@ -319,6 +319,7 @@ impl ScriptedDriver {
                 resource_profile_templates: Default::default(),
                 application_id: DEMO_APP_ID.into(),
                 executors_per_profile: wanted.iter().map(|(k, v)| (*k, *v)).collect(),
+                ..Default::default()
             })
             .await
             .context("SetTotalExpected")?;

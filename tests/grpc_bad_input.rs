@@ -195,9 +195,9 @@ async fn every_rpc_on_an_unknown_application_is_not_found() {
     let c = &mut h.client;
     let statuses = [
         c.set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
             application_id: app.clone(),
             executors_per_profile: HashMap::from([(0, 3)]),
+            ..Default::default()
         })
         .await
         .expect_err("SetTotalExpected"),
@@ -265,9 +265,9 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
     let status = h
         .client
         .set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(-1, 2)]),
+            ..Default::default()
         })
         .await
         .expect_err("negative profile");
@@ -276,9 +276,9 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
     let status = h
         .client
         .set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 2), (5, 1)]),
+            ..Default::default()
         })
         .await
         .expect_err("profile without template");

@@ -78,9 +78,9 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 3)]),
+            ..Default::default()
         })
         .await
         .expect("set total");
@@ -274,9 +274,9 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
         .expect("start");
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 2)]),
+            ..Default::default()
         })
         .await
         .expect("set total");
@@ -327,9 +327,9 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
         .expect("start");
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 3)]),
+            ..Default::default()
         })
         .await
         .expect("set total");
@@ -345,9 +345,9 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
     assert_eq!((resumed.resumed, resumed.last_executor_id), (true, 3));
     h.client
         .set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
             application_id: app.into(),
             executors_per_profile: HashMap::from([(0, 5)]),
+            ..Default::default()
         })
         .await
         .expect("set total after restart");

@@ -540,11 +540,13 @@ async fn start_is_idempotent_and_checks_its_inputs() {
         "No pod was found named driver-0 in the cluster in the namespace default"
     );
 
-    let mut reserved = request("app-k", NS);
+    let mut imageless = request("app-k", NS);
     let mut bad = template();
-    bad.metadata.labels = Some(BTreeMap::from([("spark-role".into(), "driver".into())]));
-    reserved.templates.insert(ResourceProfileId(2), bad);
-    let err = apps.start(reserved).await.unwrap_err();
+    if let Some(spec) = bad.spec.as_mut() {
+        spec.containers[0].image = None;
+    }
+    imageless.templates.insert(ResourceProfileId(2), bad);
+    let err = apps.start(imageless).await.unwrap_err();
     assert!(
         matches!(&err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[2]"),
         "{err:?}"

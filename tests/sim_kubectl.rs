@@ -321,20 +321,75 @@ async fn everyday_kubectl_commands_work() {
             "configmaps",
             "leases.coordination.k8s.io",
             "namespaces",
-            "pods"
+            "persistentvolumeclaims",
+            "pods",
+            "services"
         ]
     );
-    // kubectl sends protobuf for its built-in generators: refused clearly, nothing stored.
-    let out = tokio::process::Command::new("kubectl")
-        .args(k.args(&["create", "configmap", "gen", "--from-literal=a=b"]))
+    // kubectl's built-in generators send protobuf: namespaces and configmaps are decoded.
+    let created = k
+        .run(&["create", "configmap", "gen", "--from-literal=a=b"])
+        .await;
+    assert_eq!(created.trim(), "configmap/gen created");
+    let value = k
+        .run(&["get", "configmap", "gen", "-o", "jsonpath={.data.a}"])
+        .await;
+    assert_eq!(value, "b");
+    // Any other protobuf body is refused clearly, nothing stored.
+    let (code, _, body) = raw(
+        &sim.try_client().unwrap(),
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "application/vnd.kubernetes.protobuf",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (415, Some("UnsupportedMediaType"))
+    );
+}
+
+#[tokio::test]
+async fn kubectl_creates_a_namespace() {
+    let sim = cluster_with_executors(0).await;
+    let k = Kubectl::new(&sim);
+    let out = k.run(&["create", "namespace", "team-x"]).await;
+    assert_eq!(out.trim(), "namespace/team-x created");
+    let got = k.run(&["get", "namespace", "team-x", "--no-headers"]).await;
+    assert_eq!(got.split_whitespace().next(), Some("team-x"), "{got}");
+    let phase = k
+        .run(&[
+            "get",
+            "namespace",
+            "team-x",
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+        .await;
+    assert_eq!(phase, "Active");
+    // The namespace is usable at once.
+    let created = k
+        .run(&[
+            "create",
+            "configmap",
+            "in-x",
+            "-n",
+            "team-x",
+            "--from-literal=k=v",
+        ])
+        .await;
+    assert_eq!(created.trim(), "configmap/in-x created");
+    let again = tokio::process::Command::new("kubectl")
+        .args(k.args(&["create", "namespace", "team-x"]))
         .output()
         .await
         .unwrap();
-    assert!(!out.status.success());
+    assert!(!again.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("unknown format"),
+        String::from_utf8_lossy(&again.stderr).contains("AlreadyExists"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&again.stderr)
     );
 }
 

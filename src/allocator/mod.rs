@@ -37,6 +37,11 @@
 //!   under-reported it); refused requests consume no id; at `u64::MAX` requests are refused.
 //! - Built pods carry no namespace (the create request's namespace applies) and none of
 //!   the template's server-set fields; the driver replaces any controller owner.
+//! - Templates may carry Spark's labels (overwritten; `spark-exec-inactive` dropped) and the
+//!   placeholders `{{APP_ID}}` / `{{EXECUTOR_ID}}` (substituted per executor where Spark
+//!   does). Labels are checked once substituted with the widest id (20 digits).
+//! - The executor container and check-all-containers are per application settings
+//!   (`AllocationSettings::state_rules`), not service-wide.
 //! - The store's clock is wall time: a poll at a time before the last poll is due at once.
 //! - Pods count toward the profile in their label even when only one profile has a target
 //!   (Spark lumps everything into profile 0 in that case).

@@ -1,4 +1,9 @@
 //! Executor pods from per-profile templates.
+//!
+//! A template may be the pod Spark itself builds for an executor (with the literal id
+//! `{{EXECUTOR_ID}}`): whatever Spark put in the service-owned places (name, hostname,
+//! Spark's labels, the executor container's identity env) is overwritten, and
+//! `{{APP_ID}}` / `{{EXECUTOR_ID}}` are substituted per executor wherever Spark does.
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -29,16 +34,15 @@ pub enum TemplateError {
     },
     #[error("resource profile {0} has no pod template")]
     NoTemplate(ResourceProfileId),
+    /// A known profile given another template: a profile's pods never change shape.
+    #[error("resource profile {0} already has a different pod template")]
+    Conflict(ResourceProfileId),
 }
 
-/// Labels the engine stamps (and uses to find executors); a template may not set them.
-pub const RESERVED_LABELS: [&str; 5] = [
-    APP_ID_LABEL,
-    ROLE_LABEL,
-    EXECUTOR_ID_LABEL,
-    RESOURCE_PROFILE_ID_LABEL,
-    EXECUTOR_INACTIVE_LABEL,
-];
+/// Replaced by the application id in the places Spark substitutes it.
+pub const APP_ID_PLACEHOLDER: &str = "{{APP_ID}}";
+/// Replaced by the executor id in the places Spark substitutes it.
+pub const EXECUTOR_ID_PLACEHOLDER: &str = "{{EXECUTOR_ID}}";
 
 /// Longest DNS-1123 label, hence longest pod name that can also be its hostname.
 const MAX_NAME_LEN: usize = 63;
@@ -64,7 +68,8 @@ pub struct ExecutorPodBuilder {
 }
 
 impl ExecutorPodBuilder {
-    /// Checks every template (reserved labels are refused) and sanitises the prefix.
+    /// A builder over `templates` with the prefix sanitised. Templates are taken as given:
+    /// [`Self::check`] tells whether they make valid pods.
     pub fn new(
         app_id: &str,
         pod_name_prefix: &str,
@@ -72,18 +77,6 @@ impl ExecutorPodBuilder {
         driver: Option<DriverOwner>,
         executor_container: &str,
     ) -> Result<Self, TemplateError> {
-        for (profile, template) in &templates {
-            let labels = template.metadata.labels.iter().flatten();
-            if let Some((label, _)) = labels
-                .into_iter()
-                .find(|(l, _)| RESERVED_LABELS.contains(&l.as_str()))
-            {
-                return Err(TemplateError::Invalid {
-                    profile: *profile,
-                    reason: format!("the pod template sets the reserved label `{label}`"),
-                });
-            }
-        }
         let executor_container = if executor_container.is_empty() {
             DEFAULT_EXECUTOR_CONTAINER
         } else {
@@ -137,6 +130,89 @@ impl ExecutorPodBuilder {
     pub fn template(&self, profile: ResourceProfileId) -> Option<&Pod> {
         self.templates.get(&profile)
     }
+    /// This builder with `templates` registered, all or none: a profile it already has
+    /// must come with an equal template (as parsed, so formatting does not matter; else
+    /// [`TemplateError::Conflict`]), a new one must pass [`Self::check_template`]. The
+    /// lowest profile at fault is reported.
+    pub fn with_templates(
+        &self,
+        templates: BTreeMap<ResourceProfileId, Pod>,
+    ) -> Result<Self, TemplateError> {
+        let mut next = self.clone();
+        for (profile, template) in templates {
+            match self.templates.get(&profile) {
+                Some(known) if *known == template => {}
+                Some(_) => return Err(TemplateError::Conflict(profile)),
+                None => {
+                    next.templates.insert(profile, template);
+                    next.check_template(profile)?;
+                }
+            }
+        }
+        Ok(next)
+    }
+    /// Checks every template: see [`Self::check_template`].
+    pub fn check(&self) -> Result<(), TemplateError> {
+        self.profiles()
+            .try_for_each(|profile| self.check_template(profile))
+    }
+    /// Whether the pods of `profile` can be created, so a template the API server would
+    /// refuse (422) on every create is refused once, up front: every container (init
+    /// containers too) needs an image, and every label must stay a valid label once the
+    /// placeholders are substituted, checked with the longest executor id there can be.
+    pub fn check_template(&self, profile: ResourceProfileId) -> Result<(), TemplateError> {
+        let given = self
+            .template(profile)
+            .and_then(|t| t.spec.as_ref())
+            .map_or(0, |spec| spec.containers.len());
+        let pod = self.build(ExecutorId(u64::MAX), profile)?;
+        let invalid = |reason: String| TemplateError::Invalid { profile, reason };
+        for (key, value) in pod.metadata.labels.iter().flatten() {
+            if let Err(reason) = label_key(key) {
+                return Err(invalid(format!("label key `{key}` {reason}")));
+            }
+            if let Err(reason) = label_value(value) {
+                let given = self
+                    .template(profile)
+                    .and_then(|t| t.metadata.labels.as_ref())
+                    .and_then(|labels| labels.get(key))
+                    .map_or(value.as_str(), String::as_str);
+                return Err(invalid(format!(
+                    "label `{key}`: {given:?} is not a label value once {APP_ID_PLACEHOLDER} and \
+                     {EXECUTOR_ID_PLACEHOLDER} are substituted ({value:?}): {reason}"
+                )));
+            }
+        }
+        let Some(spec) = pod.spec else {
+            return Ok(());
+        };
+        let added = spec.containers.len() > given;
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers);
+        for container in containers {
+            if container
+                .image
+                .as_deref()
+                .is_some_and(|i| !i.trim().is_empty())
+            {
+                continue;
+            }
+            let reason = if added && spec.containers.last() == Some(container) {
+                format!(
+                    "the template has no executor container (one named `{}`, or a single \
+                     container), so one without an image would be added: give it, with its image",
+                    container.name
+                )
+            } else {
+                format!("container `{}` has no image", container.name)
+            };
+            return Err(invalid(reason));
+        }
+        Ok(())
+    }
     /// The sanitised pod name prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
@@ -166,6 +242,7 @@ impl ExecutorPodBuilder {
             .cloned()
             .ok_or(TemplateError::NoTemplate(profile))?;
         let name = self.pod_name(id);
+        substitute_ids(&mut pod, &self.app_id, id);
 
         // Metadata: a clean create body.
         let meta = &mut pod.metadata;
@@ -179,7 +256,12 @@ impl ExecutorPodBuilder {
         meta.deletion_timestamp = None;
         meta.deletion_grace_period_seconds = None;
         meta.managed_fields = None;
+        // Spark's labels are the service's: a template's values (Spark's own pod carries
+        // them, with `{{EXECUTOR_ID}}`) are overwritten.
         let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+        // A pod created inactive would be invisible to the engine and asked for again and
+        // again; the service alone marks finished executors inactive.
+        labels.remove(EXECUTOR_INACTIVE_LABEL);
         labels.insert(APP_ID_LABEL.into(), self.app_id.clone());
         labels.insert(ROLE_LABEL.into(), EXECUTOR_ROLE.into());
         labels.insert(EXECUTOR_ID_LABEL.into(), id.to_string());
@@ -235,6 +317,96 @@ impl ExecutorPodBuilder {
         set_env(env, "SPARK_EXECUTOR_POD_NAME", None, Some("metadata.name"));
         Ok(pod)
     }
+}
+
+/// Replaces the placeholders where Spark does (its `Utils.substituteAppNExecIds`): label and
+/// annotation values, the env values and args of every container and init container, and
+/// the claim names of PersistentVolumeClaim volumes.
+fn substitute_ids(pod: &mut Pod, app_id: &str, id: ExecutorId) {
+    let id = id.to_string();
+    let substitute = |text: &mut String| {
+        if text.contains("{{") {
+            *text = text
+                .replace(APP_ID_PLACEHOLDER, app_id)
+                .replace(EXECUTOR_ID_PLACEHOLDER, &id);
+        }
+    };
+    let meta = &mut pod.metadata;
+    for value in meta.labels.iter_mut().flatten().map(|(_, v)| v) {
+        substitute(value);
+    }
+    for value in meta.annotations.iter_mut().flatten().map(|(_, v)| v) {
+        substitute(value);
+    }
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let containers = spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut());
+    for container in containers {
+        let values = container
+            .env
+            .iter_mut()
+            .flatten()
+            .filter_map(|e| e.value.as_mut());
+        for value in values {
+            substitute(value);
+        }
+        for arg in container.args.iter_mut().flatten() {
+            substitute(arg);
+        }
+    }
+    let claims = spec
+        .volumes
+        .iter_mut()
+        .flatten()
+        .filter_map(|v| v.persistent_volume_claim.as_mut());
+    for claim in claims {
+        substitute(&mut claim.claim_name);
+    }
+}
+
+/// A label key: an optional DNS-1123 subdomain prefix and `/`, then a name of at most 63
+/// alphanumerics, `-`, `_` or `.` with alphanumeric ends.
+fn label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let subdomain = prefix.len() <= 253 && prefix.split('.').all(crate::config::is_dns_label);
+        if !subdomain {
+            return Err(format!(
+                "has a prefix {prefix:?} that is not a DNS-1123 subdomain"
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Err("has an empty name".into());
+    }
+    label_value(name)
+}
+
+/// A label value: at most 63 characters, empty or alphanumerics, `-`, `_` and `.` with
+/// alphanumeric ends.
+fn label_value(value: &str) -> Result<(), String> {
+    if value.len() > 63 {
+        return Err(format!("longer than 63 characters ({})", value.len()));
+    }
+    let inner_ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let bytes = value.as_bytes();
+    let ends_ok = bytes.first().is_none_or(u8::is_ascii_alphanumeric)
+        && bytes.last().is_none_or(u8::is_ascii_alphanumeric);
+    if !bytes.iter().all(|b| inner_ok(*b)) || !ends_ok {
+        return Err(
+            "only letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Sets `name` (replacing any value from the template) to a value or a downward-API field.

@@ -1,6 +1,8 @@
 //! Allocation settings with Spark's meanings and defaults.
 use std::time::Duration;
 
+use super::state::{DEFAULT_EXECUTOR_CONTAINER, StateRules};
+
 /// Tuning of one application's allocation (Spark's names in the doc comments).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllocationSettings {
@@ -20,6 +22,11 @@ pub struct AllocationSettings {
     pub max_executors: Option<u64>,
     /// spark.kubernetes.executor.deleteOnTermination (default true).
     pub delete_on_termination: bool,
+    /// spark.kubernetes.executor.podTemplateContainerName (default
+    /// `spark-kubernetes-executor`; a DNS-1123 label).
+    pub executor_container_name: String,
+    /// spark.kubernetes.executor.checkAllContainers (default false).
+    pub check_all_containers: bool,
 }
 
 /// A setting that violates its rule; names the setting.
@@ -46,6 +53,8 @@ impl Default for AllocationSettings {
             max_pending_pods_per_profile: None,
             max_executors: None,
             delete_on_termination: true,
+            executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
+            check_all_containers: false,
         }
     }
 }
@@ -72,6 +81,8 @@ pub struct AllocationOverrides {
     pub max_pending_pods_per_profile: Option<u32>,
     pub max_executors: Option<u64>,
     pub delete_on_termination: Option<bool>,
+    pub executor_container_name: Option<String>,
+    pub check_all_containers: Option<bool>,
 }
 
 impl AllocationSettings {
@@ -102,7 +113,74 @@ impl AllocationSettings {
         if let Some(v) = o.delete_on_termination {
             self.delete_on_termination = v;
         }
+        if let Some(v) = &o.executor_container_name {
+            self.executor_container_name = v.clone();
+        }
+        if let Some(v) = o.check_all_containers {
+            self.check_all_containers = v;
+        }
         self
+    }
+
+    /// The first setting (its API name) whose value differs in `other`, if any: what a
+    /// repeated Start must keep.
+    pub fn first_difference(&self, other: &Self) -> Option<&'static str> {
+        // Destructured, so a new setting cannot be forgotten here.
+        let Self {
+            batch_size,
+            batch_delay,
+            executor_timeout,
+            executor_idle_timeout,
+            max_pending_pods,
+            max_pending_pods_per_profile,
+            max_executors,
+            delete_on_termination,
+            executor_container_name,
+            check_all_containers,
+        } = self;
+        [
+            (*batch_size != other.batch_size, "batch_size"),
+            (*batch_delay != other.batch_delay, "batch_delay_ms"),
+            (
+                *executor_timeout != other.executor_timeout,
+                "executor_timeout_ms",
+            ),
+            (
+                *executor_idle_timeout != other.executor_idle_timeout,
+                "executor_idle_timeout_ms",
+            ),
+            (
+                *max_pending_pods != other.max_pending_pods,
+                "max_pending_pods",
+            ),
+            (
+                *max_pending_pods_per_profile != other.max_pending_pods_per_profile,
+                "max_pending_pods_per_profile",
+            ),
+            (*max_executors != other.max_executors, "max_executors"),
+            (
+                *delete_on_termination != other.delete_on_termination,
+                "delete_on_termination",
+            ),
+            (
+                *executor_container_name != other.executor_container_name,
+                "executor_container_name",
+            ),
+            (
+                *check_all_containers != other.check_all_containers,
+                "check_all_containers",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(differs, name)| differs.then_some(name))
+    }
+
+    /// How this application's pods map to executor states.
+    pub fn state_rules(&self) -> StateRules {
+        StateRules {
+            executor_container: self.executor_container_name.clone(),
+            check_all_containers: self.check_all_containers,
+        }
     }
 
     /// Checks every rule; the first violation names its setting.
@@ -152,6 +230,16 @@ impl AllocationSettings {
         }
         if self.max_executors == Some(0) {
             return invalid("max_executors", "must be greater than 0 when set".into());
+        }
+        if !crate::config::is_dns_label(&self.executor_container_name) {
+            return invalid(
+                "executor_container_name",
+                format!(
+                    "{:?} is not a DNS-1123 label: at most 63 lowercase letters, digits and \
+                     '-', starting and ending with a letter or digit",
+                    self.executor_container_name
+                ),
+            );
         }
         Ok(())
     }

@@ -20,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 /// Commands the handle sends; each carries its reply channel.
 pub(crate) enum Command {
-    SetTargets(
-        BTreeMap<ResourceProfileId, u32>,
-        oneshot::Sender<Result<(), AppError>>,
-    ),
+    /// Registers templates of profiles (all or none), then sets targets.
+    SetTargets {
+        templates: BTreeMap<ResourceProfileId, Pod>,
+        targets: BTreeMap<ResourceProfileId, u32>,
+        reply: oneshot::Sender<Result<(), AppError>>,
+    },
     IsDeleted(ExecutorId, oneshot::Sender<bool>),
     UpdateRegistered(BTreeSet<ExecutorId>, oneshot::Sender<()>),
     Report(oneshot::Sender<ActorReport>),
@@ -210,22 +212,12 @@ impl State {
 
     fn handle(&mut self, command: Command) {
         match command {
-            Command::SetTargets(targets, reply) => {
-                let missing = targets
-                    .keys()
-                    .find(|profile| !self.actor.builder.has_profile(**profile));
-                let result = match missing {
-                    Some(profile) => Err(AppError::FailedPrecondition(format!(
-                        "resource profile {profile} has no executor pod template (give one in Start's resource_profile_templates)"
-                    ))),
-                    None => {
-                        if self.actor.allocator.set_targets(&targets) {
-                            self.actor.store.notify_now();
-                        }
-                        Ok(())
-                    }
-                };
-                let _ = reply.send(result);
+            Command::SetTargets {
+                templates,
+                targets,
+                reply,
+            } => {
+                let _ = reply.send(self.set_targets(templates, &targets));
             }
             Command::IsDeleted(id, reply) => {
                 let _ = reply.send(self.actor.allocator.is_deleted(id));
@@ -252,6 +244,46 @@ impl State {
             }
             Command::Stop => {}
         }
+    }
+
+    /// The templates registered and the targets set, or nothing changed at all.
+    fn set_targets(
+        &mut self,
+        templates: BTreeMap<ResourceProfileId, Pod>,
+        targets: &BTreeMap<ResourceProfileId, u32>,
+    ) -> Result<(), AppError> {
+        let registered = if templates.is_empty() {
+            None
+        } else {
+            let builder = self
+                .actor
+                .builder
+                .with_templates(templates)
+                .map_err(super::template_error)?;
+            Some(builder)
+        };
+        let builder = registered.as_ref().unwrap_or(&self.actor.builder);
+        if let Some(profile) = targets.keys().find(|p| !builder.has_profile(**p)) {
+            return Err(AppError::FailedPrecondition(format!(
+                "executors_per_profile[{profile}]: resource profile {profile} has no executor pod \
+                 template (give one in resource_profile_templates, of Start or of this request)"
+            )));
+        }
+        if let Some(builder) = registered {
+            let added: Vec<ResourceProfileId> = builder
+                .profiles()
+                .filter(|p| !self.actor.builder.has_profile(*p))
+                .collect();
+            if !added.is_empty() {
+                tracing::info!(profiles = ?added, "resource profile templates registered");
+            }
+            self.actor.builder = builder;
+        }
+        // Only new targets call a round early (a repeated Start registers templates only).
+        if !targets.is_empty() && self.actor.allocator.set_targets(targets) {
+            self.actor.store.notify_now();
+        }
+        Ok(())
     }
 
     fn ingest(&mut self, event: PodEvent) {

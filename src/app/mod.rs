@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ResourceProfileId, SnapshotStore, StateRules, TemplateError, Timestamp,
+    ExecutorPodsSnapshot, ResourceProfileId, SnapshotStore, TemplateError, Timestamp,
     executor_pod_from,
 };
 use crate::config::Settings;
@@ -106,8 +106,6 @@ pub struct ServiceOptions {
     pub burst: u32,
     /// Creates of one round in flight at once.
     pub create_concurrency: usize,
-    /// Pod → executor state rules.
-    pub state_rules: StateRules,
 }
 
 impl Default for ServiceOptions {
@@ -126,10 +124,6 @@ impl ServiceOptions {
             burst: settings.kubernetes.burst,
             create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
                 .unwrap_or(usize::MAX),
-            state_rules: StateRules {
-                executor_container: settings.allocation.executor_container_name.clone(),
-                check_all_containers: settings.allocation.check_all_containers,
-            },
         }
     }
 }
@@ -192,6 +186,40 @@ struct Entry {
     actor: Option<ActorHandle>,
     /// Where its highest executor id is recorded (Stop deletes a ConfigMap record).
     id_record: IdRecord,
+    /// What the first Start asked for, which a repeated Start must repeat.
+    first_start: FirstStart,
+}
+
+/// The fields of an application's first Start (other than templates, which the actor
+/// keeps) that a repeated Start may not change.
+#[derive(Debug, Clone)]
+struct FirstStart {
+    driver_pod_name: Option<String>,
+    pod_name_prefix: Option<String>,
+    settings: AllocationSettings,
+}
+
+impl FirstStart {
+    fn of(req: &StartApplication) -> Self {
+        Self {
+            driver_pod_name: req.driver_pod_name.clone(),
+            pod_name_prefix: req.pod_name_prefix.clone(),
+            settings: req.settings.clone(),
+        }
+    }
+
+    /// The first field (as the API names it) a repeated Start would change, if any.
+    fn changed_by(&self, req: &StartApplication) -> Option<String> {
+        if self.driver_pod_name != req.driver_pod_name {
+            return Some("driver_pod_name".into());
+        }
+        if self.pod_name_prefix != req.pod_name_prefix {
+            return Some("pod_name_prefix".into());
+        }
+        self.settings
+            .first_difference(&req.settings)
+            .map(|name| format!("settings.{name}"))
+    }
 }
 
 impl Applications {
@@ -219,11 +247,16 @@ impl Applications {
         }
     }
 
-    /// Starts (or resumes) an application; idempotent for the same id and namespace.
+    /// Starts (or resumes) an application. A repeated Start of a running application is
+    /// answered `resumed` when it repeats the first one: same namespace (else
+    /// AlreadyExists), driver pod, prefix and effective settings, and for every profile it
+    /// gives a template of, the template the application has (else FailedPrecondition
+    /// naming the field); profiles the application does not have yet are registered.
     pub async fn start(&self, req: StartApplication) -> Result<Started, AppError> {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
         self.check_running()?;
+        req.settings.validate()?;
         // Templates are checked even when the application already runs: a repeated Start
         // with a template that could never make a pod is refused, not answered `resumed`.
         let builder = self.pod_builder(&req)?;
@@ -236,15 +269,10 @@ impl Applications {
                 });
             }
             if let Some(actor) = actor {
-                let report = actor.call(Command::Report).await?;
-                return Ok(Started {
-                    resumed: true,
-                    last_executor_id: report.status.last_executor_id,
-                });
+                return self.start_again(&req, &actor).await;
             }
         }
         self.check_namespace(&req.namespace)?;
-        req.settings.validate()?;
         if self.inner.pods.namespace_exists(&req.namespace).await? == Some(false) {
             return Err(AppError::FailedPrecondition(format!(
                 "namespace {} does not exist in the cluster",
@@ -252,7 +280,7 @@ impl Applications {
             )));
         }
         let driver = self.driver(&req).await?;
-        let rules = self.inner.ctx.options.state_rules.clone();
+        let rules = req.settings.state_rules();
         let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
 
         // Subscribe before listing so no event between the LIST and the actor is lost.
@@ -308,6 +336,7 @@ impl Applications {
                 namespace: req.namespace.clone(),
                 actor: Some(handle),
                 id_record,
+                first_start: FirstStart::of(&req),
             },
         );
         Ok(Started {
@@ -322,8 +351,26 @@ impl Applications {
         app: &AppId,
         targets: BTreeMap<ResourceProfileId, u32>,
     ) -> Result<(), AppError> {
+        self.set_total_expected_with_templates(app, BTreeMap::new(), targets)
+            .await
+    }
+
+    /// Registers the templates of resource profiles added after Start, then sets targets
+    /// per profile; all or nothing. A profile's template given again must be the one it
+    /// has (FailedPrecondition naming `resource_profile_templates[N]`); a new one is checked
+    /// as Start checks it (InvalidArgument naming the same field).
+    pub async fn set_total_expected_with_templates(
+        &self,
+        app: &AppId,
+        templates: BTreeMap<ResourceProfileId, Pod>,
+        targets: BTreeMap<ResourceProfileId, u32>,
+    ) -> Result<(), AppError> {
         self.actor(app)?
-            .call(|reply| Command::SetTargets(targets, reply))
+            .call(|reply| Command::SetTargets {
+                templates,
+                targets,
+                reply,
+            })
             .await?
     }
 
@@ -433,6 +480,35 @@ impl Applications {
         }
     }
 
+    /// A repeated Start of a running application (see [`Self::start`]).
+    async fn start_again(
+        &self,
+        req: &StartApplication,
+        actor: &ActorHandle,
+    ) -> Result<Started, AppError> {
+        let first = self.apps().get(&req.app_id).map(|e| e.first_start.clone());
+        if let Some(field) = first.and_then(|first| first.changed_by(req)) {
+            return Err(AppError::FailedPrecondition(format!(
+                "{field}: differs from the first Start of application {}, which is running; \
+                 Stop it first, or start under another application id",
+                req.app_id
+            )));
+        }
+        let templates = req.templates.clone();
+        actor
+            .call(|reply| Command::SetTargets {
+                templates,
+                targets: BTreeMap::new(),
+                reply,
+            })
+            .await??;
+        let report = actor.call(Command::Report).await?;
+        Ok(Started {
+            resumed: true,
+            last_executor_id: report.status.last_executor_id,
+        })
+    }
+
     async fn report(&self, app: &AppId) -> Result<ActorReport, AppError> {
         self.actor(app)?.call(Command::Report).await
     }
@@ -505,16 +581,15 @@ impl Applications {
     /// The executor pod builder of a Start request, its templates checked; its pods get
     /// their owner once the driver pod is found ([`ExecutorPodBuilder::with_driver`]).
     fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
-        let rules = &self.inner.ctx.options.state_rules;
         let builder = ExecutorPodBuilder::for_application(
             req.app_id.as_str(),
             req.pod_name_prefix.as_deref(),
             req.templates.clone(),
             None,
-            &rules.executor_container,
+            &req.settings.executor_container_name,
         )
         .map_err(template_error)?;
-        check_images(&builder).map_err(template_error)?;
+        builder.check().map_err(template_error)?;
         Ok(builder)
     }
 
@@ -533,59 +608,27 @@ struct Driver {
     owner: Option<DriverOwner>,
 }
 
-/// Every container of an executor pod needs an image, or each create is refused (422) and
-/// retried forever; say so at Start instead. The pod of executor 1 stands for all of them.
-fn check_images(builder: &ExecutorPodBuilder) -> Result<(), TemplateError> {
-    for profile in builder.profiles() {
-        let given = builder
-            .template(profile)
-            .and_then(|t| t.spec.as_ref())
-            .map_or(0, |spec| spec.containers.len());
-        let Some(spec) = builder.build(ExecutorId(1), profile)?.spec else {
-            continue;
-        };
-        let added = spec.containers.len() > given;
-        let containers = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .chain(&spec.containers);
-        for container in containers {
-            if container
-                .image
-                .as_deref()
-                .is_some_and(|i| !i.trim().is_empty())
-            {
-                continue;
-            }
-            let reason = if added && spec.containers.last() == Some(container) {
-                format!(
-                    "the template has no executor container (one named `{}`, or a single \
-                     container), so one without an image would be added: give it, with its image",
-                    container.name
-                )
-            } else {
-                format!("container `{}` has no image", container.name)
-            };
-            return Err(TemplateError::Invalid { profile, reason });
-        }
-    }
-    Ok(())
-}
-
-/// A template error names the request field it came from.
+/// A template error names the request field it came from: a template that cannot make
+/// pods is an invalid argument, another template for a known profile a failed precondition.
 fn template_error(err: TemplateError) -> AppError {
     let profile = match &err {
-        TemplateError::Invalid { profile, .. } | TemplateError::NoTemplate(profile) => *profile,
+        TemplateError::Invalid { profile, .. }
+        | TemplateError::NoTemplate(profile)
+        | TemplateError::Conflict(profile) => *profile,
     };
     let field = if profile == ResourceProfileId(0) {
         "executor_pod_template".to_string()
     } else {
         format!("resource_profile_templates[{}]", profile.0)
     };
-    AppError::InvalidArgument {
-        field,
-        message: err.to_string(),
+    match err {
+        TemplateError::Conflict(_) => AppError::FailedPrecondition(format!(
+            "{field}: {err}; a resource profile's template cannot change while the application runs"
+        )),
+        _ => AppError::InvalidArgument {
+            field,
+            message: err.to_string(),
+        },
     }
 }
 
@@ -613,10 +656,20 @@ mod tests {
         );
         let err = template_error(TemplateError::Invalid {
             profile: ResourceProfileId(3),
-            reason: "reserved label".into(),
+            reason: "container `x` has no image".into(),
         });
         assert!(
             matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(2)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("resource_profile_templates[2]: ")),
+            "{err:?}"
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(0)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("executor_pod_template: ")),
+            "{err:?}"
         );
     }
 }

@@ -118,8 +118,14 @@ impl ExecutorAllocator for AllocatorService {
         let req = request.into_inner();
         let app_id = req.application_id.clone();
         answer("SetTotalExpected", &app_id, async {
-            let (app, targets) = validate::set_total_expected(req)?;
-            self.applications.set_total_expected(&app, targets).await?;
+            let expected = validate::set_total_expected(req)?;
+            self.applications
+                .set_total_expected_with_templates(
+                    &expected.app_id,
+                    expected.templates,
+                    expected.targets,
+                )
+                .await?;
             Ok(proto::SetTotalExpectedResponse {})
         })
         .await

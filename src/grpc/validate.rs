@@ -73,21 +73,7 @@ pub fn start(
         pod_template("executor_pod_template", &req.executor_pod_template)?
     };
     templates.insert(ResourceProfileId(0), default_template);
-    // Sorted, so that with several bad entries the error is always about the lowest id.
-    let extra: BTreeMap<i32, String> = req.resource_profile_templates.into_iter().collect();
-    for (profile, text) in extra {
-        let field = format!("resource_profile_templates[{profile}]");
-        if profile < 0 {
-            return Err(invalid(field, "a resource profile id must be >= 0"));
-        }
-        if profile == 0 {
-            return Err(invalid(
-                field,
-                "resource profile 0 takes its template from executor_pod_template",
-            ));
-        }
-        templates.insert(ResourceProfileId(profile), pod_template(&field, &text)?);
-    }
+    templates.extend(profile_templates(req.resource_profile_templates)?);
 
     Ok(StartApplication {
         app_id,
@@ -114,6 +100,8 @@ pub fn settings(
             max_pending_pods_per_profile: s.max_pending_pods_per_profile,
             max_executors: s.max_executors,
             delete_on_termination: s.delete_on_termination,
+            executor_container_name: s.executor_container_name.clone(),
+            check_all_containers: s.check_all_containers,
         }),
         None => defaults.clone(),
     };
@@ -121,10 +109,43 @@ pub fn settings(
     Ok(merged)
 }
 
-/// SetTotalExpected: the application and its targets per resource profile.
-pub fn set_total_expected(
-    req: proto::SetTotalExpectedRequest,
-) -> Result<(AppId, BTreeMap<ResourceProfileId, u32>), AppError> {
+/// `resource_profile_templates` of Start or SetTotalExpected, parsed: ids > 0 (profile 0
+/// is Start's `executor_pod_template`).
+fn profile_templates(
+    texts: std::collections::HashMap<i32, String>,
+) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
+    // Sorted, so that with several bad entries the error is always about the lowest id.
+    let sorted: BTreeMap<i32, String> = texts.into_iter().collect();
+    let mut templates = BTreeMap::new();
+    for (profile, text) in sorted {
+        let field = format!("resource_profile_templates[{profile}]");
+        if profile < 0 {
+            return Err(invalid(field, "a resource profile id must be >= 0"));
+        }
+        if profile == 0 {
+            return Err(invalid(
+                field,
+                "resource profile 0 takes its template from Start's executor_pod_template",
+            ));
+        }
+        templates.insert(ResourceProfileId(profile), pod_template(&field, &text)?);
+    }
+    Ok(templates)
+}
+
+/// A SetTotalExpected request, checked.
+#[derive(Debug, Clone)]
+pub struct TotalExpected {
+    pub app_id: AppId,
+    /// Templates of profiles to register before the targets apply.
+    pub templates: BTreeMap<ResourceProfileId, Pod>,
+    /// Executors wanted, by profile.
+    pub targets: BTreeMap<ResourceProfileId, u32>,
+}
+
+/// SetTotalExpected: the application, templates of profiles added since Start, and its
+/// targets per resource profile.
+pub fn set_total_expected(req: proto::SetTotalExpectedRequest) -> Result<TotalExpected, AppError> {
     let app_id = application_id(&req.application_id)?;
     let mut targets = BTreeMap::new();
     let sorted: BTreeMap<i32, u32> = req.executors_per_profile.into_iter().collect();
@@ -137,7 +158,12 @@ pub fn set_total_expected(
         }
         targets.insert(ResourceProfileId(profile), count);
     }
-    Ok((app_id, targets))
+    let templates = profile_templates(req.resource_profile_templates)?;
+    Ok(TotalExpected {
+        app_id,
+        templates,
+        targets,
+    })
 }
 
 /// IsDeleted: the application and one executor id.
@@ -494,6 +520,42 @@ mod tests {
     }
 
     #[test]
+    fn executor_container_settings_are_per_application() {
+        let with = |name: Option<&str>, check_all: Option<bool>| proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                executor_container_name: name.map(str::to_string),
+                check_all_containers: check_all,
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let defaults = StartDefaults {
+            settings: AllocationSettings {
+                executor_container_name: "server-default".into(),
+                check_all_containers: true,
+                ..AllocationSettings::default()
+            },
+            executor_pod_template: None,
+        };
+        let s = start(with(None, None), &defaults).unwrap().settings;
+        assert_eq!(
+            (s.executor_container_name.as_str(), s.check_all_containers),
+            ("server-default", true)
+        );
+        let s = start(with(Some("main"), Some(false)), &defaults)
+            .unwrap()
+            .settings;
+        assert_eq!(
+            (s.executor_container_name.as_str(), s.check_all_containers),
+            ("main", false)
+        );
+        for bad in ["", "Main", "main_1", "-main", &"m".repeat(64)] {
+            let (field, _) = field_of(start(with(Some(bad), None), &defaults).unwrap_err());
+            assert_eq!(field, "settings.executor_container_name", "{bad:?}");
+        }
+    }
+
+    #[test]
     fn pod_name_prefix_must_leave_a_name() {
         for bad in ["---", &"a".repeat(MAX_POD_NAME_PREFIX + 1)] {
             let req = proto::StartRequest {
@@ -548,22 +610,64 @@ mod tests {
     fn targets_need_non_negative_profiles() {
         let (field, _) = field_of(
             set_total_expected(proto::SetTotalExpectedRequest {
-                resource_profile_templates: Default::default(),
                 application_id: "a".into(),
                 executors_per_profile: HashMap::from([(0, 3), (-2, 1)]),
+                ..Default::default()
             })
             .unwrap_err(),
         );
         assert_eq!(field, "executors_per_profile[-2]");
-        let (_, targets) = set_total_expected(proto::SetTotalExpectedRequest {
-            resource_profile_templates: Default::default(),
+        let expected = set_total_expected(proto::SetTotalExpectedRequest {
             application_id: "a".into(),
             executors_per_profile: HashMap::from([(0, 3), (1, 0)]),
+            ..Default::default()
         })
         .unwrap();
         assert_eq!(
-            targets,
+            expected.targets,
             BTreeMap::from([(ResourceProfileId(0), 3), (ResourceProfileId(1), 0)])
         );
+        assert!(expected.templates.is_empty());
+    }
+
+    #[test]
+    fn templates_given_with_targets_follow_starts_rules() {
+        let request = |templates: Vec<(i32, &str)>| proto::SetTotalExpectedRequest {
+            application_id: "a".into(),
+            executors_per_profile: HashMap::from([(1, 2)]),
+            resource_profile_templates: templates
+                .into_iter()
+                .map(|(p, t)| (p, t.to_string()))
+                .collect(),
+        };
+        // (templates, the field refused, or None when accepted)
+        type Case = (Vec<(i32, &'static str)>, Option<&'static str>);
+        let cases: Vec<Case> = vec![
+            (vec![(1, TEMPLATE), (2, TEMPLATE)], None),
+            (vec![(0, TEMPLATE)], Some("resource_profile_templates[0]")),
+            (vec![(-1, TEMPLATE)], Some("resource_profile_templates[-1]")),
+            (
+                vec![(1, TEMPLATE), (3, "kind: [")],
+                Some("resource_profile_templates[3]"),
+            ),
+            (
+                vec![(4, "spec: 7"), (3, "kind: [")],
+                Some("resource_profile_templates[3]"),
+            ),
+        ];
+        for (templates, refused) in cases {
+            let what = format!("{templates:?}");
+            match (set_total_expected(request(templates)), refused) {
+                (Ok(expected), None) => {
+                    assert_eq!(
+                        expected.templates.keys().copied().collect::<Vec<_>>(),
+                        vec![ResourceProfileId(1), ResourceProfileId(2)],
+                        "{what}"
+                    );
+                }
+                (Err(err), Some(field)) => assert_eq!(field_of(err).0, field, "{what}"),
+                (result, _) => panic!("{what}: unexpected {result:?}"),
+            }
+        }
     }
 }

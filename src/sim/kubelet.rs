@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
+use nix::sys::signal::Signal;
+
 use super::objects::{is_bound, now_rfc3339, phase};
+use super::process::{Exited, POD_IP, ProcessRuntime};
 use super::server::{Shared, bind_pod, delete_object, set_condition};
 use super::store::{EventType, Kind};
 
@@ -29,6 +32,8 @@ enum Action {
     Exit,
     /// A gracefully deleted pod has stopped: remove it.
     Remove,
+    /// The grace period of a process-run pod being deleted is over: SIGKILL.
+    Kill,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,6 +51,8 @@ struct Track {
     node: Option<usize>,
     started: bool,
     terminating: bool,
+    /// The grace period (seconds) a SIGKILL is scheduled for (process runtime).
+    kill_grace: Option<u64>,
 }
 
 struct Kubelet {
@@ -58,6 +65,8 @@ struct Kubelet {
     timers: BinaryHeap<Reverse<Timer>>,
     seq: u64,
     next_ip: u32,
+    /// Present with `runtime = "process"`: the containers' local processes.
+    processes: Option<ProcessRuntime>,
 }
 
 /// Name of simulated node `i`.
@@ -70,7 +79,7 @@ fn node_index(name: &str) -> Option<usize> {
 }
 
 /// Runs the scheduler and kubelets until the server shuts down.
-pub(crate) async fn run(sh: Arc<Shared>) {
+pub(crate) async fn run(sh: Arc<Shared>, processes: Option<ProcessRuntime>) {
     let settings = &sh.settings.kubelet;
     let mut k = Kubelet {
         rng: SmallRng::seed_from_u64(sh.settings.seed ^ 0x006b_7562_656c_6574),
@@ -81,6 +90,7 @@ pub(crate) async fn run(sh: Arc<Shared>) {
         timers: BinaryHeap::new(),
         seq: 0,
         next_ip: 0,
+        processes,
         sh: sh.clone(),
     };
     let mut rx = sh.store.subscribe();
@@ -100,8 +110,19 @@ pub(crate) async fn run(sh: Arc<Shared>) {
                 Err(RecvError::Closed) => break,
             },
             _ = sleep_until(next) => k.fire_due(),
+            Some(exited) = next_exit(&mut k.processes) => k.on_exit(exited),
             _ = sh.cancel.cancelled() => break,
         }
+    }
+    if let Some(p) = &mut k.processes {
+        p.stop_all().await;
+    }
+}
+
+async fn next_exit(processes: &mut Option<ProcessRuntime>) -> Option<Exited> {
+    match processes {
+        Some(p) => p.next_exit().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -163,8 +184,16 @@ impl Kubelet {
         }
     }
 
+    /// Kills at once the processes of a pod that is gone from the store.
+    fn kill_processes(&self, key: &Key) {
+        if let (Some(p), Some(track)) = (&self.processes, self.pods.get(key)) {
+            p.signal(&track.uid, Signal::SIGKILL);
+        }
+    }
+
     fn on_pod(&mut self, key: Key, pod: Option<Arc<Value>>) {
         let Some(pod) = pod else {
+            self.kill_processes(&key);
             self.release(&key);
             self.pods.remove(&key);
             return;
@@ -172,6 +201,7 @@ impl Kubelet {
         let uid = uid_of(&pod);
         if self.pods.get(&key).is_some_and(|t| t.uid != uid) {
             // Same name, new pod: forget the old one.
+            self.kill_processes(&key);
             self.release(&key);
             self.pods.remove(&key);
         }
@@ -195,7 +225,28 @@ impl Kubelet {
                 node: None,
                 started: true,
                 terminating: false,
+                kill_grace: None,
             });
+            let grace_s = pod
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(30);
+            if let Some(p) = &self.processes
+                && p.is_running(&uid)
+            {
+                // The real kubelet's stop: SIGTERM now, SIGKILL when the grace period is
+                // over; the pod goes once its processes are gone (see `on_exit`).
+                track.terminating = true;
+                if track.kill_grace.is_none_or(|g| grace_s < g) {
+                    let first = track.kill_grace.is_none();
+                    track.kill_grace = Some(grace_s);
+                    if first {
+                        p.signal(&uid, Signal::SIGTERM);
+                    }
+                    self.schedule(&key, &uid, Action::Kill, Duration::from_secs(grace_s));
+                }
+                return;
+            }
             if !track.terminating {
                 track.terminating = true;
                 let grace_ms = pod
@@ -240,6 +291,7 @@ impl Kubelet {
                     node: (!terminal).then_some(node),
                     started: false,
                     terminating: false,
+                    kill_grace: None,
                 },
             );
         }
@@ -256,6 +308,47 @@ impl Kubelet {
                     .gen_range(k.start_delay_min_ms..=k.start_delay_max_ms);
                 self.schedule(&key, &uid, Action::Start, Duration::from_millis(delay));
             }
+        }
+    }
+
+    /// A container process ended: its terminated state, the pod's phase once every
+    /// container ended, and the pod's removal when it was being deleted.
+    fn on_exit(&mut self, exited: Exited) {
+        let running = self
+            .processes
+            .as_ref()
+            .is_some_and(|p| p.is_running(&exited.uid));
+        let store = &self.sh.store;
+        let (ns, name) = (&exited.key.0, &exited.key.1);
+        let uid = exited.uid.clone();
+        let updated = store.update(
+            Kind::Pod,
+            ns,
+            name,
+            Box::new(|cur| {
+                if uid_of(cur) != uid {
+                    return Ok(None);
+                }
+                Ok(Some(container_exited(
+                    cur,
+                    exited.container,
+                    exited.code,
+                    !running,
+                )))
+            }),
+        );
+        let deleting = updated
+            .as_ref()
+            .is_ok_and(|s| s.value.pointer("/metadata/deletionTimestamp").is_some());
+        if !running && deleting {
+            let uid = exited.uid.clone();
+            let _ = delete_object(store, Kind::Pod, ns, name, Some(0), |cur| {
+                if uid_of(cur) == uid {
+                    Ok(())
+                } else {
+                    Err(super::status::ApiError::no_route())
+                }
+            });
         }
     }
 
@@ -283,6 +376,7 @@ impl Kubelet {
                             node: Some(node),
                             started: false,
                             terminating: false,
+                            kill_grace: None,
                         },
                     );
                 }
@@ -357,6 +451,11 @@ impl Kubelet {
         }
         let settings = self.sh.settings.kubelet.clone();
         match t.action {
+            Action::Kill => {
+                if let Some(p) = &self.processes {
+                    p.signal(&t.uid, Signal::SIGKILL);
+                }
+            }
             Action::Remove => {
                 let _ = store.update(
                     Kind::Pod,
@@ -391,7 +490,8 @@ impl Kubelet {
                     .iter()
                     .find(|i| settings.failing_images.contains(i))
                     .cloned();
-                let fails = settings.fail_fraction > 0.0
+                let fails = self.processes.is_none()
+                    && settings.fail_fraction > 0.0
                     && self.rng.r#gen::<f64>() < settings.fail_fraction;
                 self.next_ip += 1;
                 let ip = format!(
@@ -400,6 +500,11 @@ impl Kubelet {
                     (self.next_ip >> 8) & 255,
                     self.next_ip & 255
                 );
+                let (ip, host) = if self.processes.is_some() {
+                    (POD_IP.to_string(), POD_IP.to_string())
+                } else {
+                    (ip, host_ip(&current.value))
+                };
                 let containerd: String = (0..16)
                     .map(|_| format!("{:x}", self.rng.gen_range(0..16u8)))
                     .collect();
@@ -411,6 +516,23 @@ impl Kubelet {
                         Duration::from_millis(settings.image_pull_backoff_ms),
                     );
                     Outcome::PullError(image)
+                } else if let Some(p) = &mut self.processes {
+                    match p.start(&t.key, &current.value, store) {
+                        Ok(true) => Outcome::Running,
+                        // Started before (a resync saw the pod again): nothing to do.
+                        Ok(false) => return,
+                        Err(failure) => match failure.waiting {
+                            // As a kubelet waits for a missing ConfigMap: try again soon.
+                            Some(reason) => {
+                                self.schedule(&t.key, &t.uid, Action::Start, START_RETRY);
+                                Outcome::Waiting(failure.container, reason, failure.message)
+                            }
+                            None => {
+                                tracing::warn!(pod = %t.key.1, namespace = %t.key.0, reason = %failure.message, "process runtime cannot start the pod");
+                                Outcome::StartFailed(failure.container, failure.message)
+                            }
+                        },
+                    }
                 } else if fails {
                     Outcome::Failed(settings.fail_exit_code)
                 } else {
@@ -423,7 +545,7 @@ impl Kubelet {
                     Kind::Pod,
                     &t.key.0,
                     &t.key.1,
-                    Box::new(|cur| Ok(Some(started(cur, &outcome, &ip, &containerd)))),
+                    Box::new(|cur| Ok(Some(started(cur, &outcome, &ip, &host, &containerd)))),
                 );
             }
             Action::Backoff => {
@@ -471,7 +593,14 @@ enum Outcome {
     Running,
     Failed(i32),
     PullError(String),
+    /// The process runtime could not start container N (pod Failed, `StartError`, 128).
+    StartFailed(usize, String),
+    /// The process runtime waits for something container N needs (reason, message).
+    Waiting(usize, &'static str, String),
 }
+
+/// How soon the process runtime tries again to start a pod waiting for a ConfigMap.
+const START_RETRY: Duration = Duration::from_millis(500);
 
 fn str_at(v: &Value, pointer: &str) -> String {
     v.pointer(pointer)
@@ -496,7 +625,7 @@ fn host_ip(pod: &Value) -> String {
     format!("192.168.{}.{}", node / 250, node % 250 + 1)
 }
 
-fn started(cur: &Value, outcome: &Outcome, ip: &str, containerd: &str) -> Value {
+fn started(cur: &Value, outcome: &Outcome, ip: &str, host: &str, containerd: &str) -> Value {
     let now = now_rfc3339();
     let mut next = cur.clone();
     let ready = matches!(outcome, Outcome::Running);
@@ -510,12 +639,24 @@ fn started(cur: &Value, outcome: &Outcome, ip: &str, containerd: &str) -> Value 
                 Outcome::Failed(code) => json!({"terminated": {"exitCode": code, "reason": "Error", "startedAt": now, "finishedAt": now, "containerID": format!("containerd://{containerd}{i}")}}),
                 Outcome::PullError(bad) if *bad == image => json!({"waiting": {"reason": "ErrImagePull", "message": format!("failed to pull and unpack image \"{image}\": not found")}}),
                 Outcome::PullError(_) => json!({"waiting": {"reason": "PodInitializing"}}),
+                Outcome::Waiting(bad, reason, message) => {
+                    let (reason, message) = if *bad == i { (*reason, message.as_str()) } else { ("ContainerCreating", "") };
+                    let mut waiting = json!({"reason": reason});
+                    if !message.is_empty() {
+                        waiting["message"] = json!(message);
+                    }
+                    json!({"waiting": waiting})
+                }
+                Outcome::StartFailed(bad, message) => {
+                    let message = if *bad == i { message.as_str() } else { "another container of the pod could not start" };
+                    json!({"terminated": {"exitCode": 128, "reason": "StartError", "message": message, "startedAt": now, "finishedAt": now, "containerID": format!("containerd://{containerd}{i}")}})
+                }
             };
             let mut s = json!({
                 "name": str_at(c, "/name"), "image": image, "imageID": "", "ready": ready,
                 "restartCount": 0, "started": ready, "state": state, "lastState": {}
             });
-            if !matches!(outcome, Outcome::PullError(_)) {
+            if !matches!(outcome, Outcome::PullError(_) | Outcome::Waiting(..)) {
                 s["containerID"] = json!(format!("containerd://{containerd}{i}"));
                 s["imageID"] = json!(format!("{}@sha256:{containerd}", str_at(c, "/image")));
             }
@@ -524,15 +665,17 @@ fn started(cur: &Value, outcome: &Outcome, ip: &str, containerd: &str) -> Value 
         .collect();
     let pod_phase = match outcome {
         Outcome::Running => "Running",
-        Outcome::Failed(_) => "Failed",
-        Outcome::PullError(_) => "Pending",
+        Outcome::Failed(_) | Outcome::StartFailed(..) => "Failed",
+        Outcome::PullError(_) | Outcome::Waiting(..) => "Pending",
     };
     next["status"]["phase"] = json!(pod_phase);
     next["status"]["containerStatuses"] = Value::Array(statuses);
-    next["status"]["hostIP"] = json!(host_ip(cur));
-    next["status"]["hostIPs"] = json!([{"ip": host_ip(cur)}]);
-    next["status"]["podIP"] = json!(ip);
-    next["status"]["podIPs"] = json!([{"ip": ip}]);
+    next["status"]["hostIP"] = json!(host);
+    next["status"]["hostIPs"] = json!([{"ip": host}]);
+    if !matches!(outcome, Outcome::Waiting(..)) {
+        next["status"]["podIP"] = json!(ip);
+        next["status"]["podIPs"] = json!([{"ip": ip}]);
+    }
     next["status"]["startTime"] = json!(now);
     let flag = if ready { "True" } else { "False" };
     let reason = (!ready).then_some("ContainersNotReady");
@@ -540,6 +683,50 @@ fn started(cur: &Value, outcome: &Outcome, ip: &str, containerd: &str) -> Value 
     set_condition(&mut next, "Initialized", "True", None, None);
     set_condition(&mut next, "Ready", flag, reason, None);
     set_condition(&mut next, "ContainersReady", flag, reason, None);
+    next
+}
+
+/// The pod after container `index` ended with `code`; with `all_done`, its phase too
+/// (Succeeded when every container exited 0, else Failed: no restarts).
+fn container_exited(cur: &Value, index: usize, code: i32, all_done: bool) -> Value {
+    let now = now_rfc3339();
+    let mut next = cur.clone();
+    if let Some(s) = next
+        .pointer_mut("/status/containerStatuses")
+        .and_then(Value::as_array_mut)
+        .and_then(|list| list.get_mut(index))
+        .filter(|s| s.is_object())
+    {
+        let started_at = s
+            .pointer("/state/running/startedAt")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let container_id = s.get("containerID").cloned().unwrap_or(Value::Null);
+        let reason = if code == 0 { "Completed" } else { "Error" };
+        s["state"] = json!({"terminated": {"exitCode": code, "reason": reason, "startedAt": started_at, "finishedAt": now, "containerID": container_id}});
+        s["ready"] = json!(false);
+        s["started"] = json!(false);
+    }
+    let reason = if all_done {
+        "PodCompleted"
+    } else {
+        "ContainersNotReady"
+    };
+    set_condition(&mut next, "Ready", "False", Some(reason), None);
+    set_condition(&mut next, "ContainersReady", "False", Some(reason), None);
+    if all_done {
+        let all_zero = next
+            .pointer("/status/containerStatuses")
+            .and_then(Value::as_array)
+            .is_some_and(|list| {
+                list.iter().all(|s| {
+                    s.pointer("/state/terminated/exitCode")
+                        .and_then(Value::as_i64)
+                        == Some(0)
+                })
+            });
+        next["status"]["phase"] = json!(if all_zero { "Succeeded" } else { "Failed" });
+    }
     next
 }
 

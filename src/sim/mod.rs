@@ -4,6 +4,8 @@
 
 mod kubelet;
 mod objects;
+mod process;
+mod protobuf;
 pub mod selector;
 mod server;
 mod settings;
@@ -21,7 +23,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use kubelet::node_name;
-pub use settings::{FaultSettings, KubeletMode, KubeletSettings, SimSettings};
+pub use settings::{
+    FaultSettings, ImageEnv, KubeletMode, KubeletRuntime, KubeletSettings, ProcessImage,
+    SimSettings,
+};
 
 use server::Shared;
 use store::{Kind, Store};
@@ -80,8 +85,19 @@ impl SimCluster {
             address: settings.listen.clone(),
             source,
         })?;
+        let processes = match settings.kubelet.runtime {
+            KubeletRuntime::Process => Some(
+                process::ProcessRuntime::new(&settings.kubelet).map_err(|e| {
+                    SimError::InvalidSettings(format!(
+                        "kubelet.work_dir: cannot prepare the process runtime's directory: {e}"
+                    ))
+                })?,
+            ),
+            KubeletRuntime::Simulated => None,
+        };
         let store = Store::new(settings.history);
         let shared = Arc::new(Shared {
+            process_dir: processes.as_ref().map(|p| p.base().to_path_buf()),
             store,
             faults: RwLock::new(settings.faults.clone()),
             rng: Mutex::new(SmallRng::seed_from_u64(settings.seed)),
@@ -102,7 +118,7 @@ impl SimCluster {
         }
         let mut tasks = Vec::new();
         if shared.settings.kubelet.mode == KubeletMode::Auto {
-            tasks.push(tokio::spawn(kubelet::run(shared.clone())));
+            tasks.push(tokio::spawn(kubelet::run(shared.clone(), processes)));
             tasks.push(tokio::spawn(kubelet::run_gc(shared.clone())));
         }
         let router = server::router(shared.clone());
@@ -240,8 +256,15 @@ impl SimCluster {
                 tracing::warn!("simulated API server did not stop within 5 s; aborted");
             }
         }
-        for task in self.tasks.drain(..) {
-            task.abort();
+        // The kubelet ends on the cancellation and kills its processes as it ends: wait for
+        // that (bounded), so no process outlives the shutdown.
+        for mut task in self.tasks.drain(..) {
+            if tokio::time::timeout(std::time::Duration::from_secs(5), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
         }
     }
 }

@@ -42,6 +42,10 @@ pub fn check_schema(kind: Kind, obj: &Value) -> Result<(), ApiError> {
         Kind::Pod => serde_json::from_value::<v1::Pod>(obj.clone()).map(drop),
         Kind::Namespace => serde_json::from_value::<v1::Namespace>(obj.clone()).map(drop),
         Kind::ConfigMap => serde_json::from_value::<v1::ConfigMap>(obj.clone()).map(drop),
+        Kind::Service => serde_json::from_value::<v1::Service>(obj.clone()).map(drop),
+        Kind::PersistentVolumeClaim => {
+            serde_json::from_value::<v1::PersistentVolumeClaim>(obj.clone()).map(drop)
+        }
         Kind::Lease => serde_json::from_value::<Lease>(obj.clone()).map(drop),
     };
     result.map_err(|e| {
@@ -56,20 +60,16 @@ pub fn check_schema(kind: Kind, obj: &Value) -> Result<(), ApiError> {
 /// Field-level problems of an object about to be stored (empty when valid).
 pub fn validate(kind: Kind, obj: &Value, name: &str) -> Vec<Cause> {
     let mut causes = Vec::new();
-    let name_ok = match kind {
-        Kind::Namespace => is_dns_label(name),
-        _ => is_dns_subdomain(name),
+    let (name_ok, name_msg) = match kind {
+        Kind::Namespace => (is_dns_label(name), LABEL_MSG),
+        Kind::Service => (
+            is_dns_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()),
+            DNS1035_MSG,
+        ),
+        _ => (is_dns_subdomain(name), SUBDOMAIN_MSG),
     };
     if !name_ok {
-        causes.push(invalid(
-            "metadata.name",
-            name,
-            if kind == Kind::Namespace {
-                LABEL_MSG
-            } else {
-                SUBDOMAIN_MSG
-            },
-        ));
+        causes.push(invalid("metadata.name", name, name_msg));
     }
     if let Some(labels) = obj.pointer("/metadata/labels") {
         match labels.as_object() {
@@ -91,10 +91,84 @@ pub fn validate(kind: Kind, obj: &Value, name: &str) -> Vec<Cause> {
             )),
         }
     }
-    if kind == Kind::Pod {
-        validate_pod_spec(obj, &mut causes);
+    match kind {
+        Kind::Pod => validate_pod_spec(obj, &mut causes),
+        Kind::Service => validate_service_spec(obj, &mut causes),
+        Kind::PersistentVolumeClaim => validate_claim_spec(obj, &mut causes),
+        _ => {}
     }
     causes
+}
+
+const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character";
+
+/// A Service: a known type, and ports (1..=65535, known protocol) unless
+/// headless (`clusterIP: None`) or `ExternalName`.
+fn validate_service_spec(obj: &Value, causes: &mut Vec<Cause>) {
+    let spec = obj.get("spec").cloned().unwrap_or(Value::Null);
+    let service_type = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP");
+    if !["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"].contains(&service_type) {
+        causes.push(Cause {
+            reason: "FieldValueNotSupported",
+            field: "spec.type".into(),
+            message: format!("Unsupported value: \"{service_type}\": supported values: \"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePort\""),
+        });
+    }
+    let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
+    let ports = spec
+        .get("ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if ports.is_empty() && !headless && service_type != "ExternalName" {
+        causes.push(required("spec.ports"));
+    }
+    for (i, port) in ports.iter().enumerate() {
+        let number = port.get("port").and_then(Value::as_i64).unwrap_or(0);
+        if !(1..=65535).contains(&number) {
+            causes.push(Cause {
+                reason: "FieldValueInvalid",
+                field: format!("spec.ports[{i}].port"),
+                message: format!("Invalid value: {number}: must be between 1 and 65535, inclusive"),
+            });
+        }
+        let protocol = port
+            .get("protocol")
+            .and_then(Value::as_str)
+            .unwrap_or("TCP");
+        if !["TCP", "UDP", "SCTP"].contains(&protocol) {
+            causes.push(Cause {
+                reason: "FieldValueNotSupported",
+                field: format!("spec.ports[{i}].protocol"),
+                message: format!("Unsupported value: \"{protocol}\": supported values: \"SCTP\", \"TCP\", \"UDP\""),
+            });
+        }
+    }
+}
+
+/// A PersistentVolumeClaim needs at least one access mode and a storage request.
+fn validate_claim_spec(obj: &Value, causes: &mut Vec<Cause>) {
+    let modes = obj
+        .pointer("/spec/accessModes")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    if modes == 0 {
+        causes.push(Cause {
+            reason: "FieldValueRequired",
+            field: "spec.accessModes".into(),
+            message: "Required value: at least 1 access mode is required".into(),
+        });
+    }
+    if obj.pointer("/spec/resources/requests/storage").is_none() {
+        causes.push(Cause {
+            reason: "FieldValueRequired",
+            field: "spec.resources[storage]".into(),
+            message: "Required value".into(),
+        });
+    }
 }
 
 struct LabelValue<'a>(&'a str);
@@ -160,7 +234,7 @@ fn validate_pod_spec(obj: &Value, causes: &mut Vec<Cause>) {
 }
 
 /// Parses a resource quantity (`500m`, `1Gi`, `2`) to a number, for the QoS class.
-fn quantity(v: &Value) -> Option<f64> {
+pub(crate) fn quantity(v: &Value) -> Option<f64> {
     let s = match v {
         Value::String(s) => s.as_str(),
         Value::Number(n) => return n.as_f64(),
@@ -273,8 +347,63 @@ pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &s
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
             obj["status"] = json!({"phase": "Active"});
         }
+        Kind::Service => default_service(obj, uid),
+        Kind::PersistentVolumeClaim => {
+            let spec = &mut obj["spec"];
+            if let Some(s) = spec.as_object_mut() {
+                s.entry("volumeMode").or_insert(json!("Filesystem"));
+            }
+            obj["status"] = json!({"phase": "Pending"});
+        }
         Kind::ConfigMap | Kind::Lease => {}
     }
+}
+
+/// A Service's defaults as the real registry fills them: `ClusterIP` type with an address
+/// allocated from the service range (here derived from the uid), single-stack IPv4, and
+/// per port `protocol: TCP` and `targetPort` = `port`.
+fn default_service(obj: &mut Value, uid: &str) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        obj["status"] = json!({"loadBalancer": {}});
+        return;
+    };
+    let service_type = spec
+        .entry("type")
+        .or_insert(json!("ClusterIP"))
+        .as_str()
+        .unwrap_or("ClusterIP")
+        .to_string();
+    spec.entry("sessionAffinity").or_insert(json!("None"));
+    if service_type != "ExternalName" {
+        let digits: Vec<u8> = uid
+            .bytes()
+            .filter(u8::is_ascii_hexdigit)
+            .take(4)
+            .map(|b| (b as char).to_digit(16).unwrap_or(0) as u8)
+            .collect();
+        let (a, b) = match digits.as_slice() {
+            [w, x, y, z, ..] => (w * 16 + x, (y * 16 + z).max(1)),
+            _ => (0, 1),
+        };
+        let ip = spec
+            .entry("clusterIP")
+            .or_insert(json!(format!("10.96.{a}.{b}")))
+            .clone();
+        spec.entry("clusterIPs").or_insert(json!([ip]));
+        spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
+        spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
+        spec.entry("internalTrafficPolicy")
+            .or_insert(json!("Cluster"));
+    }
+    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+        for port in ports.iter_mut().filter_map(Value::as_object_mut) {
+            port.entry("protocol").or_insert(json!("TCP"));
+            if let Some(number) = port.get("port").cloned() {
+                port.entry("targetPort").or_insert(number);
+            }
+        }
+    }
+    obj["status"] = json!({"loadBalancer": {}});
 }
 
 fn default_pod(obj: &mut Value, _now: &str) {

@@ -63,6 +63,58 @@ impl TryFrom<String> for KubeletMode {
     }
 }
 
+/// How a simulated kubelet runs a pod's containers.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase", try_from = "String")]
+pub enum KubeletRuntime {
+    /// Nothing runs: containers go Running after the start delay and exit only as the
+    /// settings say (`exit_after_ms`, `fail_fraction`, ...).
+    #[default]
+    Simulated,
+    /// Each container runs as a local process chosen by its image from `process_images`;
+    /// its exit becomes the container's terminated state and the pod's phase.
+    Process,
+}
+
+impl TryFrom<String> for KubeletRuntime {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "simulated" => Ok(KubeletRuntime::Simulated),
+            "process" => Ok(KubeletRuntime::Process),
+            _ => Err(format!("expected `simulated` or `process`, got {value:?}")),
+        }
+    }
+}
+
+/// What runs for containers of one image under the process runtime: the image's
+/// entrypoint as a local command, and the image's own environment.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessImage {
+    /// The image name exactly as in the pod spec (`spark:4.0.1`), or `*` for every image
+    /// without an entry of its own.
+    pub image: String,
+    /// The argv run for it (as the image's ENTRYPOINT); the container's `args` are
+    /// appended, its `command` is ignored.
+    pub command: Vec<String>,
+    /// Environment of the image (as its ENV lines): below the container's own `env`,
+    /// above the simulator's inherited environment.
+    #[serde(default)]
+    pub env: Vec<ImageEnv>,
+}
+
+/// One environment variable of a [`ProcessImage`] (a list, not a map, so names keep
+/// their case whatever the configuration loader does with keys).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ImageEnv {
+    /// Variable name.
+    pub name: String,
+    /// Its value.
+    pub value: String,
+}
+
 /// Behaviour of the scheduler, the kubelets and the garbage collector.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -94,6 +146,13 @@ pub struct KubeletSettings {
     pub termination_ms: u64,
     /// Period of the garbage collector removing pods whose owner is gone, in milliseconds.
     pub gc_interval_ms: u64,
+    /// `simulated` (nothing runs) or `process` (containers run as local processes).
+    pub runtime: KubeletRuntime,
+    /// The process runtime's images: what runs for each image.
+    pub process_images: Vec<ProcessImage>,
+    /// Where the process runtime puts each pod's working directory, log files and volumes
+    /// (kept afterwards); unset: a temporary directory removed when the cluster stops.
+    pub work_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for KubeletSettings {
@@ -112,6 +171,9 @@ impl Default for KubeletSettings {
             exit_code: 0,
             termination_ms: 100,
             gc_interval_ms: 2_000,
+            runtime: KubeletRuntime::Simulated,
+            process_images: Vec::new(),
+            work_dir: None,
         }
     }
 }
@@ -185,6 +247,42 @@ impl SimSettings {
         }
         if k.gc_interval_ms == 0 {
             return Err("kubelet.gc_interval_ms must be at least 1".into());
+        }
+        if k.runtime == KubeletRuntime::Process && k.mode == KubeletMode::Manual {
+            return Err(
+                "kubelet.runtime = \"process\" needs kubelet.mode = \"auto\" (in manual mode nothing runs pods)"
+                    .into(),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, entry) in k.process_images.iter().enumerate() {
+            if entry.image.trim().is_empty() {
+                return Err(format!(
+                    "kubelet.process_images[{i}].image must not be empty"
+                ));
+            }
+            if entry.command.first().is_none_or(|c| c.trim().is_empty()) {
+                return Err(format!(
+                    "kubelet.process_images[{i}].command must name a program (image {:?})",
+                    entry.image
+                ));
+            }
+            if !seen.insert(entry.image.as_str()) {
+                return Err(format!(
+                    "kubelet.process_images[{i}].image {:?} is listed twice",
+                    entry.image
+                ));
+            }
+            if let Some(bad) = entry
+                .env
+                .iter()
+                .find(|e| e.name.is_empty() || e.name.contains('='))
+            {
+                return Err(format!(
+                    "kubelet.process_images[{i}].env has an invalid name {:?}",
+                    bad.name
+                ));
+            }
         }
         Ok(())
     }

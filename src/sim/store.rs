@@ -21,13 +21,24 @@ pub enum Kind {
     Pod,
     /// core/v1 configmaps.
     ConfigMap,
+    /// core/v1 services (no endpoints, no proxying: stored and listed only).
+    Service,
+    /// core/v1 persistentvolumeclaims (never bound: no provisioner).
+    PersistentVolumeClaim,
     /// coordination.k8s.io/v1 leases.
     Lease,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 4] = [Kind::Namespace, Kind::Pod, Kind::ConfigMap, Kind::Lease];
+    pub const ALL: [Kind; 6] = [
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::ConfigMap,
+        Kind::Service,
+        Kind::PersistentVolumeClaim,
+        Kind::Lease,
+    ];
 
     fn index(self) -> usize {
         self as usize
@@ -38,6 +49,8 @@ impl Kind {
             Kind::Namespace => "namespaces",
             Kind::Pod => "pods",
             Kind::ConfigMap => "configmaps",
+            Kind::Service => "services",
+            Kind::PersistentVolumeClaim => "persistentvolumeclaims",
             Kind::Lease => "leases",
         }
     }
@@ -47,6 +60,8 @@ impl Kind {
             Kind::Namespace => "Namespace",
             Kind::Pod => "Pod",
             Kind::ConfigMap => "ConfigMap",
+            Kind::Service => "Service",
+            Kind::PersistentVolumeClaim => "PersistentVolumeClaim",
             Kind::Lease => "Lease",
         }
     }
@@ -74,6 +89,8 @@ impl Kind {
             Kind::Namespace => &["ns"],
             Kind::Pod => &["po"],
             Kind::ConfigMap => &["cm"],
+            Kind::Service => &["svc"],
+            Kind::PersistentVolumeClaim => &["pvc"],
             Kind::Lease => &[],
         }
     }
@@ -92,6 +109,12 @@ impl Kind {
                 "status.nominatedNodeName",
             ],
             Kind::Namespace => &["metadata.name", "status.phase"],
+            Kind::Service => &[
+                "metadata.name",
+                "metadata.namespace",
+                "spec.clusterIP",
+                "spec.type",
+            ],
             _ => &["metadata.name", "metadata.namespace"],
         }
     }
@@ -192,7 +215,7 @@ type Key = (String, String);
 
 struct Inner {
     rv: u64,
-    objects: [BTreeMap<Key, Stored>; 4],
+    objects: [BTreeMap<Key, Stored>; Kind::ALL.len()],
     history: VecDeque<Arc<Event>>,
     /// Watches from a version below this get 410 Expired.
     compacted: u64,
@@ -479,7 +502,7 @@ impl Store {
     /// Removes a namespace and everything in it (the namespace controller's work, done at once).
     pub fn delete_namespace(&self, name: &str) -> Result<Stored, ApiError> {
         let mut g = self.lock();
-        for kind in [Kind::Pod, Kind::ConfigMap, Kind::Lease] {
+        for kind in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
             let keys: Vec<Key> = g.objects[kind.index()]
                 .range((name.to_string(), String::new())..)
                 .take_while(|((n, _), _)| n == name)

@@ -30,6 +30,8 @@ _SETTING_FIELDS = (
     "max_pending_pods_per_profile",
     "max_executors",
     "delete_on_termination",
+    "executor_container_name",
+    "check_all_containers",
 )
 
 
@@ -89,7 +91,12 @@ class AllocatorClient:
         settings: Optional[Mapping[str, object]] = None,
         resource_profile_templates: Optional[Mapping[int, str]] = None,
     ) -> pb.StartResponse:
-        """Starts (or resumes) allocation; ``settings`` keys are AllocationSettings fields."""
+        """Starts (or resumes) allocation; ``settings`` keys are AllocationSettings fields.
+
+        A repeated Start of a running application must repeat the first one (templates,
+        effective settings, driver pod, prefix), else FAILED_PRECONDITION names the field;
+        it may add resource profiles the application does not have yet.
+        """
         unknown = set(settings or {}) - set(_SETTING_FIELDS)
         if unknown:
             raise ValueError(f"unknown settings: {sorted(unknown)}")
@@ -104,13 +111,25 @@ class AllocatorClient:
         )
         return self._call("Start", request)
 
-    def set_total_expected(self, application_id: str, executors_per_profile: Mapping[int, int]) -> None:
-        """Sets the wanted executors per resource profile."""
+    def set_total_expected(
+        self,
+        application_id: str,
+        executors_per_profile: Mapping[int, int],
+        *,
+        resource_profile_templates: Optional[Mapping[int, str]] = None,
+    ) -> None:
+        """Sets the wanted executors per resource profile.
+
+        ``resource_profile_templates`` registers the pod templates (YAML or JSON) of
+        profiles created after Start, before the targets apply (all or nothing); a known
+        profile's template may be given again only unchanged.
+        """
         self._call(
             "SetTotalExpected",
             pb.SetTotalExpectedRequest(
                 application_id=application_id,
                 executors_per_profile=dict(executors_per_profile),
+                resource_profile_templates=dict(resource_profile_templates or {}),
             ),
         )
 

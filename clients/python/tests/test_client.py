@@ -133,9 +133,19 @@ def test_start_scale_status_is_deleted_stop(service):
         assert client.is_deleted("py-app-1", 1) is False
 
         # Start again: idempotent, reports the application as resumed.
-        again = client.start("py-app-1", "default", executor_pod_template=TEMPLATE)
+        again = client.start(
+            "py-app-1",
+            "default",
+            executor_pod_template=TEMPLATE,
+            settings={"batch_size": 2, "batch_delay_ms": 200},
+        )
         assert again.resumed is True
         assert again.last_executor_id == 3
+        # ... but only when it repeats the first: other settings are refused, named.
+        with pytest.raises(AllocatorError) as err:
+            client.start("py-app-1", "default", executor_pod_template=TEMPLATE)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.details.startswith("settings.batch_size: ")
 
         assert client.stop("py-app-1") == 3
         with pytest.raises(AllocatorError) as err:
@@ -160,3 +170,35 @@ def test_bad_input_is_reported_with_the_field(service):
         with pytest.raises(AllocatorError) as err:
             client.stop("never-started")
         assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+GPU_TEMPLATE = TEMPLATE.replace("spark:4.0.0", "spark-gpu:4.0.0")
+
+
+def test_profiles_added_after_start_bring_their_template(service):
+    with AllocatorClient(service) as client:
+        client.start(
+            "py-app-3",
+            "default",
+            executor_pod_template=TEMPLATE,
+            settings={
+                "executor_container_name": "spark-kubernetes-executor",
+                "check_all_containers": True,
+            },
+        )
+        client.set_total_expected("py-app-3", {1: 1}, resource_profile_templates={1: GPU_TEMPLATE})
+
+        def profile_1_has_one():
+            profiles = client.get_status("py-app-3").profiles
+            targets = [(p.resource_profile_id, p.target) for p in profiles]
+            alive = {p.resource_profile_id: p.running + p.pending for p in profiles}
+            return targets == [(0, 0), (1, 1)] and alive.get(1) == 1
+
+        _wait_until(profile_1_has_one, "an executor of profile 1")
+        # The same template again is fine; another one is refused, naming the field.
+        client.set_total_expected("py-app-3", {1: 1}, resource_profile_templates={1: GPU_TEMPLATE})
+        with pytest.raises(AllocatorError) as err:
+            client.set_total_expected("py-app-3", {1: 2}, resource_profile_templates={1: TEMPLATE})
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.details.startswith("resource_profile_templates[1]: ")
+        assert client.stop("py-app-3") == 1

@@ -9,6 +9,7 @@ mod max_executors;
 mod pending_caps;
 mod pod_builder;
 mod pod_state;
+mod profile_templates;
 mod profiles;
 mod properties;
 mod round_basics;

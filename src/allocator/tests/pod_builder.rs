@@ -159,27 +159,282 @@ fn prefix_is_sanitised_to_a_dns_label() {
 }
 
 #[test]
-fn reserved_labels_are_refused() {
-    for label in [
-        "spark-app-selector",
-        "spark-role",
-        "spark-exec-id",
-        "spark-exec-resourceprofile-id",
-        "spark-exec-inactive",
-    ] {
-        let bad = template(
-            json!({ "metadata": { "labels": { label: "x" } }, "spec": { "containers": [] } }),
+fn sparks_labels_in_a_template_are_overwritten() {
+    // (label in the template, its value there, the value on the built pod, or None: dropped)
+    let cases: &[(&str, &str, Option<&str>)] = &[
+        ("spark-app-selector", "spark-other", Some("spark-123")),
+        ("spark-role", "driver", Some("executor")),
+        ("spark-exec-id", "{{EXECUTOR_ID}}", Some("17")),
+        ("spark-exec-id", "999", Some("17")),
+        ("spark-exec-resourceprofile-id", "0", Some("3")),
+        // Born inactive, a pod would be invisible to the engine: only the service marks it.
+        ("spark-exec-inactive", "true", None),
+        ("spark-app-name", "pi", Some("pi")),
+    ];
+    for (label, given, expected) in cases {
+        let t = template(json!({
+            "metadata": { "labels": { *label: given } },
+            "spec": { "containers": [{ "name": "spark-kubernetes-executor", "image": "spark:4" }] }
+        }));
+        let b = builder(vec![(3, t)], "app").expect("accepted");
+        assert_eq!(b.check(), Ok(()), "{label}={given}");
+        let pod = b.build(ExecutorId(17), rp(3)).expect("built");
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get(*label).map(String::as_str),
+            *expected,
+            "{label}={given}"
         );
-        let err = builder(vec![(0, basic_template()), (4, bad)], "app").expect_err("refused");
-        assert!(
-            matches!(&err, TemplateError::Invalid { profile, .. } if *profile == rp(4)),
-            "{label}: {err:?}"
-        );
-        let message = err.to_string();
-        assert!(
-            message.contains(label) && message.contains("resource profile 4"),
-            "{message}"
-        );
+        let back = executor_pod_from(&pod, &StateRules::default()).expect("an executor");
+        assert_eq!((back.id, back.profile), (ExecutorId(17), rp(3)), "{label}");
+    }
+}
+
+/// The pod Spark builds for an executor whose id is the literal `{{EXECUTOR_ID}}` (what a
+/// Spark plugin sends as its template), trimmed to what matters here.
+fn spark_built_template() -> Pod {
+    template(json!({
+        "metadata": {
+            "name": "pi-7f3a-exec-{{EXECUTOR_ID}}",
+            "labels": {
+                "spark-app-selector": "spark-123",
+                "spark-role": "executor",
+                "spark-exec-id": "{{EXECUTOR_ID}}",
+                "spark-exec-resourceprofile-id": "0",
+                "spark-app-name": "pi",
+                "shard": "{{APP_ID}}-{{EXECUTOR_ID}}",
+            },
+            "annotations": { "log-path": "/logs/{{APP_ID}}/{{EXECUTOR_ID}}", "fixed": "{{OTHER}}" },
+        },
+        "spec": {
+            "hostname": "pi-7f3a-exec-__EXECUTOR_ID__",
+            "initContainers": [{
+                "name": "init", "image": "busybox",
+                "args": ["mkdir", "/data/{{EXECUTOR_ID}}"],
+                "env": [{ "name": "DIR", "value": "/data/{{APP_ID}}/{{EXECUTOR_ID}}" }],
+            }],
+            "containers": [{
+                "name": "spark-kubernetes-executor", "image": "spark:4",
+                "args": ["executor", "--id={{EXECUTOR_ID}}"],
+                "command": ["/opt/entrypoint.sh", "{{EXECUTOR_ID}}"],
+                "env": [
+                    { "name": "SPARK_EXECUTOR_ID", "value": "{{EXECUTOR_ID}}" },
+                    { "name": "SPARK_APPLICATION_ID", "value": "spark-123" },
+                    { "name": "SPARK_JAVA_OPT_0", "value": "-Dspark.driver.port=7078" },
+                    { "name": "SPARK_JAVA_OPT_1", "value": "-Dlog=/tmp/{{APP_ID}}-{{EXECUTOR_ID}}.log" },
+                    { "name": "SPARK_EXECUTOR_DIRS", "value": "/data/{{EXECUTOR_ID}}" },
+                    { "name": "SPARK_EXECUTOR_POD_IP",
+                      "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "status.podIP" } } },
+                ],
+            }],
+            "volumes": [
+                { "name": "data", "persistentVolumeClaim": { "claimName": "pi-exec-{{EXECUTOR_ID}}-pvc-0" } },
+                { "name": "tmp", "emptyDir": {} },
+            ],
+        },
+    }))
+}
+
+#[test]
+fn app_and_executor_ids_are_substituted_where_spark_does() {
+    let b = builder(vec![(0, spark_built_template())], "pi-7f3a").expect("accepted");
+    assert_eq!(b.check(), Ok(()));
+    for id in [1u64, 42] {
+        let pod = as_json(&b.build(ExecutorId(id), rp(0)).expect("built"));
+        let env = |container: &Value, name: &str| {
+            container["env"]
+                .as_array()
+                .and_then(|e| e.iter().find(|v| v["name"] == name))
+                .map(|v| v["value"].clone())
+        };
+        let executor = &pod["spec"]["containers"][0];
+        let init = &pod["spec"]["initContainers"][0];
+        let name = format!("pi-7f3a-exec-{id}");
+        // (what, found, expected)
+        let checks: Vec<(&str, Value, Value)> = vec![
+            ("pod name", pod["metadata"]["name"].clone(), json!(name)),
+            ("hostname", pod["spec"]["hostname"].clone(), json!(name)),
+            (
+                "spark-exec-id",
+                pod["metadata"]["labels"]["spark-exec-id"].clone(),
+                json!(id.to_string()),
+            ),
+            (
+                "other label",
+                pod["metadata"]["labels"]["shard"].clone(),
+                json!(format!("spark-123-{id}")),
+            ),
+            (
+                "annotation",
+                pod["metadata"]["annotations"]["log-path"].clone(),
+                json!(format!("/logs/spark-123/{id}")),
+            ),
+            (
+                "unknown placeholder",
+                pod["metadata"]["annotations"]["fixed"].clone(),
+                json!("{{OTHER}}"),
+            ),
+            (
+                "SPARK_EXECUTOR_ID",
+                env(executor, "SPARK_EXECUTOR_ID").unwrap_or_default(),
+                json!(id.to_string()),
+            ),
+            (
+                "java option",
+                env(executor, "SPARK_JAVA_OPT_1").unwrap_or_default(),
+                json!(format!("-Dlog=/tmp/spark-123-{id}.log")),
+            ),
+            (
+                "plain env",
+                env(executor, "SPARK_JAVA_OPT_0").unwrap_or_default(),
+                json!("-Dspark.driver.port=7078"),
+            ),
+            (
+                "executor dirs",
+                env(executor, "SPARK_EXECUTOR_DIRS").unwrap_or_default(),
+                json!(format!("/data/{id}")),
+            ),
+            (
+                "args",
+                executor["args"].clone(),
+                json!(["executor", format!("--id={id}")]),
+            ),
+            // Spark leaves the command alone, and so does the service.
+            (
+                "command",
+                executor["command"].clone(),
+                json!(["/opt/entrypoint.sh", "{{EXECUTOR_ID}}"]),
+            ),
+            (
+                "init env",
+                env(init, "DIR").unwrap_or_default(),
+                json!(format!("/data/spark-123/{id}")),
+            ),
+            (
+                "init args",
+                init["args"].clone(),
+                json!(["mkdir", format!("/data/{id}")]),
+            ),
+            (
+                "claim name",
+                pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"].clone(),
+                json!(format!("pi-exec-{id}-pvc-0")),
+            ),
+        ];
+        for (what, found, expected) in checks {
+            assert_eq!(found, expected, "executor {id}: {what}");
+        }
+    }
+    // The template itself is untouched: the next executor substitutes afresh.
+    assert_eq!(b.template(rp(0)), Some(&spark_built_template()));
+}
+
+#[test]
+fn templates_are_checked_for_labels_that_stay_valid_once_substituted() {
+    let long_app = "a".repeat(60);
+    // (label key, label value, app id, refused because of)
+    let cases: Vec<(&str, String, &str, Option<&str>)> = vec![
+        ("team", "data".into(), "spark-123", None),
+        ("team", "".into(), "spark-123", None),
+        ("example.com/team", "data".into(), "spark-123", None),
+        ("shard", "exec-{{EXECUTOR_ID}}".into(), "spark-123", None),
+        ("shard", "{{APP_ID}}".into(), &long_app, None),
+        // The widest id (20 digits) must fit too.
+        (
+            "shard",
+            format!("{}-{{{{EXECUTOR_ID}}}}", "x".repeat(42)),
+            "spark-123",
+            None,
+        ),
+        (
+            "shard",
+            format!("{}-{{{{EXECUTOR_ID}}}}", "x".repeat(43)),
+            "spark-123",
+            Some("shard"),
+        ),
+        (
+            "shard",
+            "{{APP_ID}}-{{EXECUTOR_ID}}".into(),
+            &long_app,
+            Some("shard"),
+        ),
+        (
+            "shard",
+            "exec {{EXECUTOR_ID}}".into(),
+            "spark-123",
+            Some("shard"),
+        ),
+        ("shard", "{{OTHER}}".into(), "spark-123", Some("shard")),
+        ("shard", "-x".into(), "spark-123", Some("shard")),
+        ("bad key!", "x".into(), "spark-123", Some("bad key!")),
+        (
+            "Bad_Prefix/x",
+            "x".into(),
+            "spark-123",
+            Some("Bad_Prefix/x"),
+        ),
+        (
+            "example.com/",
+            "x".into(),
+            "spark-123",
+            Some("example.com/"),
+        ),
+    ];
+    for (key, value, app, refused) in cases {
+        let t = template(json!({
+            "metadata": { "labels": { key: value } },
+            "spec": { "containers": [{ "name": "spark-kubernetes-executor", "image": "spark:4" }] }
+        }));
+        let b = ExecutorPodBuilder::new(app, "app", BTreeMap::from([(rp(2), t)]), None, "")
+            .expect("builder");
+        let what = format!("{key}={value:?} for {app}");
+        match (b.check(), refused) {
+            (Ok(()), None) => {}
+            (Err(TemplateError::Invalid { profile, reason }), Some(label)) => {
+                assert_eq!(profile, rp(2), "{what}");
+                assert!(reason.contains(&format!("`{label}`")), "{what}: {reason}");
+            }
+            (result, _) => panic!("{what}: unexpected {result:?}"),
+        }
+    }
+}
+
+#[test]
+fn templates_need_images() {
+    // (containers, init containers, refused)
+    let cases: Vec<(Value, Value, bool)> = vec![
+        (
+            json!([{ "name": "spark-kubernetes-executor", "image": "spark:4" }]),
+            json!([]),
+            false,
+        ),
+        (
+            json!([{ "name": "spark-kubernetes-executor" }]),
+            json!([]),
+            true,
+        ),
+        (
+            json!([{ "name": "spark-kubernetes-executor", "image": " " }]),
+            json!([]),
+            true,
+        ),
+        (
+            json!([{ "name": "spark-kubernetes-executor", "image": "spark:4" }]),
+            json!([{ "name": "i" }]),
+            true,
+        ),
+        // Two containers, none the executor's: one without an image would be added.
+        (
+            json!([{ "name": "a", "image": "x" }, { "name": "b", "image": "y" }]),
+            json!([]),
+            true,
+        ),
+    ];
+    for (containers, init, refused) in cases {
+        let what = format!("{containers} / {init}");
+        let t = template(json!({ "spec": { "containers": containers, "initContainers": init } }));
+        let b = builder(vec![(0, t)], "app").expect("builder");
+        assert_eq!(b.check().is_err(), refused, "{what}");
     }
 }
 

@@ -33,6 +33,7 @@ fn arb_settings(max_executors: bool) -> impl Strategy<Value = AllocationSettings
                     max_pending_pods_per_profile: per_rp,
                     max_executors: if max_executors { max_exec } else { None },
                     delete_on_termination: delete,
+                    ..AllocationSettings::default()
                 }
             },
         )

@@ -87,6 +87,26 @@ fn validation_names_the_offending_setting() {
             Some("max_executors"),
         ),
         ("max executors 1", |s| s.max_executors = Some(1), None),
+        (
+            "container name main",
+            |s| s.executor_container_name = "main-1".into(),
+            None,
+        ),
+        (
+            "container name empty",
+            |s| s.executor_container_name = String::new(),
+            Some("executor_container_name"),
+        ),
+        (
+            "container name upper case",
+            |s| s.executor_container_name = "Main".into(),
+            Some("executor_container_name"),
+        ),
+        (
+            "container name 64 characters",
+            |s| s.executor_container_name = "m".repeat(64),
+            Some("executor_container_name"),
+        ),
     ];
     for (name, edit, expected) in cases {
         let mut s = AllocationSettings::default();
@@ -108,4 +128,73 @@ fn error_message_carries_name_and_reason() {
     let message = s.validate().unwrap_err().to_string();
     assert!(message.starts_with("batch_delay_ms: "), "{message}");
     assert!(message.contains("100 ms"), "{message}");
+}
+
+#[test]
+fn first_difference_names_the_setting_in_the_apis_words() {
+    type Edit = fn(&mut AllocationSettings);
+    let cases: &[(Edit, Option<&str>)] = &[
+        (|_| {}, None),
+        (|s| s.batch_size = 3, Some("batch_size")),
+        (
+            |s| s.batch_delay = Duration::from_millis(1500),
+            Some("batch_delay_ms"),
+        ),
+        (
+            |s| s.executor_timeout = Duration::from_secs(30),
+            Some("executor_timeout_ms"),
+        ),
+        (
+            |s| s.executor_idle_timeout = Duration::from_secs(5),
+            Some("executor_idle_timeout_ms"),
+        ),
+        (|s| s.max_pending_pods = Some(4), Some("max_pending_pods")),
+        (
+            |s| s.max_pending_pods_per_profile = Some(4),
+            Some("max_pending_pods_per_profile"),
+        ),
+        (|s| s.max_executors = Some(9), Some("max_executors")),
+        (
+            |s| s.delete_on_termination = false,
+            Some("delete_on_termination"),
+        ),
+        (
+            |s| s.executor_container_name = "main".into(),
+            Some("executor_container_name"),
+        ),
+        (
+            |s| s.check_all_containers = true,
+            Some("check_all_containers"),
+        ),
+        (
+            |s| {
+                s.max_executors = Some(9);
+                s.batch_size = 3;
+            },
+            Some("batch_size"),
+        ),
+    ];
+    let first = AllocationSettings::default();
+    for (edit, expected) in cases {
+        let mut other = first.clone();
+        edit(&mut other);
+        assert_eq!(first.first_difference(&other), *expected, "{other:?}");
+        assert_eq!(other.first_difference(&first), *expected, "{other:?}");
+    }
+}
+
+#[test]
+fn state_rules_follow_the_applications_settings() {
+    let s = AllocationSettings {
+        executor_container_name: "main".into(),
+        check_all_containers: true,
+        ..AllocationSettings::default()
+    };
+    let rules = s.state_rules();
+    assert_eq!(rules.executor_container, "main");
+    assert!(rules.check_all_containers);
+    assert_eq!(
+        AllocationSettings::default().state_rules(),
+        StateRules::default()
+    );
 }

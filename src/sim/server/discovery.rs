@@ -118,6 +118,9 @@ fn resource_list(group: &str) -> Value {
             resources.push(json!({"name": "pods/status", "singularName": "", "namespaced": true, "kind": "Pod", "verbs": ["get", "patch", "update"]}));
             resources.push(json!({"name": "pods/binding", "singularName": "", "namespaced": true, "kind": "Binding", "verbs": ["create"]}));
         } else {
+            if kind == Kind::Service {
+                r["categories"] = json!(["all"]);
+            }
             if kind == Kind::Namespace {
                 r["verbs"] = json!([
                     "create", "delete", "get", "list", "patch", "update", "watch"

@@ -17,6 +17,7 @@ use rand::rngs::SmallRng;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::protobuf;
 use super::settings::{FaultSettings, SimSettings};
 use super::status::ApiError;
 use super::store::{Kind, Store};
@@ -43,6 +44,8 @@ pub(crate) struct Shared {
     pub hold_lists: tokio::sync::watch::Sender<bool>,
     /// LIST answers held back right now.
     pub held_lists: std::sync::atomic::AtomicUsize,
+    /// The process runtime's base directory (pods' logs), when it runs pods.
+    pub process_dir: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -248,11 +251,42 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         }
         _ => {}
     }
+    // The deprecated `/watch/` path form: `/api/v1/watch/namespaces/NS/pods[/NAME]`.
+    let watch_path = match segs.as_slice() {
+        ["api", "v1", "watch", ..] => Some(2),
+        ["apis", _, "v1", "watch", ..] => Some(3),
+        _ => None,
+    };
+    let mut segs = segs;
+    if let Some(i) = watch_path {
+        segs.remove(i);
+    }
     let Some(target) = resolve(&segs) else {
         return Err(ApiError::no_route());
     };
     inject_request_faults(sh).await?;
-    let q = query_of(&req);
+    let mut q = query_of(&req);
+    let target = match (watch_path, target) {
+        (None, target) => target,
+        (Some(_), Target::Object { kind, ns, name }) if method == Method::GET => {
+            let by_name = format!("metadata.name={name}");
+            let fields = match q.get("fieldSelector").filter(|f| !f.is_empty()) {
+                Some(f) => format!("{f},{by_name}"),
+                None => by_name,
+            };
+            q.insert("fieldSelector".into(), fields);
+            q.insert("watch".into(), "true".into());
+            Target::Collection {
+                kind,
+                ns: (!ns.is_empty()).then_some(ns),
+            }
+        }
+        (Some(_), target @ Target::Collection { .. }) if method == Method::GET => {
+            q.insert("watch".into(), "true".into());
+            target
+        }
+        (Some(_), _) => return Err(ApiError::no_route()),
+    };
     if q.get("dryRun").is_some_and(|v| !v.is_empty()) {
         // Refused rather than ignored: ignoring it would store what the client meant to try.
         return Err(ApiError::bad_request(
@@ -275,7 +309,13 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         }
     ) && wants_table(accept))
     .then(|| IncludeObject::parse(q.get("includeObject").map(String::as_str)));
-    if req.method() != Method::PATCH && content_type(&req).contains("protobuf") {
+    // kubectl's `create namespace` and `create configmap` send protobuf; those two kinds
+    // are decoded on create, every other protobuf body is refused as before.
+    let protobuf_create = method == Method::POST
+        && matches!(&target, Target::Collection { kind, .. } if protobuf::understands(*kind))
+        && protobuf::is_protobuf(&content_type(&req));
+    if req.method() != Method::PATCH && content_type(&req).contains("protobuf") && !protobuf_create
+    {
         return Err(ApiError::unsupported_media_type(
             &content_type(&req),
             "application/json, application/yaml",
@@ -284,7 +324,14 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     match (method, target) {
         (Method::GET, Target::Collection { kind, ns }) => {
             if flag(&q, "watch") {
-                watch::watch(sh, kind, ns, &q, table)
+                if watch::is_websocket_request(req.headers()) {
+                    let (mut parts, _) = req.into_parts();
+                    return watch::websocket_response(&mut parts, || {
+                        watch::events(sh, kind, ns, &q, table)
+                    })
+                    .await;
+                }
+                watch::events(sh, kind, ns, &q, table).map(watch::http_response)
             } else {
                 let response = list(sh, kind, ns.as_deref(), &q, table);
                 hold_list_response(sh).await;
@@ -294,7 +341,11 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         (Method::POST, Target::Collection { kind, ns }) => {
             let ns = namespace_for_write(kind, ns)?;
             let body = read_body(req).await?;
-            let obj = parse_object(&body)?;
+            let obj = if protobuf_create {
+                crate::sim::protobuf::decode(kind, &body)?
+            } else {
+                parse_object(&body)?
+            };
             create(sh, kind, &ns, obj, true)
         }
         (Method::DELETE, Target::Collection { kind, ns }) => {
@@ -374,11 +425,80 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             let body = read_body(req).await?;
             bind(sh, &ns, &name, &body)
         }
+        (
+            Method::GET,
+            Target::Sub {
+                kind: Kind::Pod,
+                ns,
+                name,
+                sub,
+            },
+        ) if sub == "log" && sh.process_dir.is_some() => pod_log(sh, &ns, &name, &q),
         (_, Target::Sub { sub, .. }) if sub != "status" && sub != "binding" => {
             Err(ApiError::no_route())
         }
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// `pods/NAME/log` under the process runtime: the container's log file as text
+/// (`container`, `tailLines`; `follow` answers what is there now).
+fn pod_log(sh: &Shared, ns: &str, name: &str, q: &Query) -> Result<Response, ApiError> {
+    let pod = sh
+        .store
+        .get(Kind::Pod, ns, name)
+        .ok_or_else(|| ApiError::not_found("pods", "", name))?;
+    let containers: Vec<String> = pod
+        .value
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    let container = match q.get("container").filter(|c| !c.is_empty()) {
+        Some(c) if containers.contains(c) => c.clone(),
+        Some(c) => {
+            return Err(ApiError::bad_request(format!(
+                "container {c} is not valid for pod {name}"
+            )));
+        }
+        None if containers.len() == 1 => containers[0].clone(),
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            )));
+        }
+    };
+    if flag(q, "previous") {
+        return Err(ApiError::bad_request(format!(
+            "previous terminated container \"{container}\" in pod \"{name}\" not found"
+        )));
+    }
+    let dir = sh
+        .process_dir
+        .as_ref()
+        .ok_or_else(ApiError::no_route)?
+        .join(ns)
+        .join(crate::sim::process::pod_dir_name(name, pod.uid()));
+    let text = std::fs::read_to_string(dir.join(format!("{container}.log"))).map_err(|_| {
+        ApiError::bad_request(format!(
+            "container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"
+        ))
+    })?;
+    let text = match parse_u64(q, "tailLines")? {
+        Some(n) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(n as usize);
+            lines[from..].iter().map(|l| format!("{l}\n")).collect()
+        }
+        None => text,
+    };
+    let mut resp = (StatusCode::OK, text).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    Ok(resp)
 }
 
 fn content_type(req: &Request) -> String {
@@ -460,6 +580,8 @@ async fn admin(
                 "resourceVersion": sh.store.resource_version().to_string(),
                 "pods": sh.store.count(Kind::Pod, None),
                 "configmaps": sh.store.count(Kind::ConfigMap, None),
+                "services": sh.store.count(Kind::Service, None),
+                "persistentvolumeclaims": sh.store.count(Kind::PersistentVolumeClaim, None),
                 "leases": sh.store.count(Kind::Lease, None),
                 "namespaces": sh.store.count(Kind::Namespace, None),
             }),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt};
 use http::{HeaderValue, header};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
@@ -86,13 +87,34 @@ fn bookmark(kind: Kind, rv: u64, initial_end: bool) -> Bytes {
     event_line("BOOKMARK", &Bytes::from(obj.to_string()))
 }
 
-pub(super) fn watch(
+/// The events of one watch, each one JSON line (`{"type":..,"object":..}` and a newline),
+/// ending when the watch ends (timeout, injected close, lagging, shutdown, or after the
+/// 410 ERROR event of a too old resourceVersion).
+pub(super) type EventStream = std::pin::Pin<Box<dyn Stream<Item = Bytes> + Send>>;
+
+/// A chunked HTTP watch response: one event per line.
+pub(super) fn http_response(events: EventStream) -> Response {
+    let mut resp = Response::new(Body::from_stream(events.map(Ok::<Bytes, Infallible>)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    resp
+}
+
+/// Starts a watch: validates the query and registers with the store now (so a 400 is
+/// answered before any upgrade), and returns the stream of its events.
+pub(super) fn events(
     sh: &Arc<Shared>,
     kind: Kind,
     ns: Option<String>,
     q: &Query,
     table: Option<IncludeObject>,
-) -> Result<Response, ApiError> {
+) -> Result<EventStream, ApiError> {
     let sel = selector_of(kind, q)?;
     let from = match q.get("resourceVersion").map(String::as_str) {
         None | Some("") | Some("0") => None,
@@ -121,7 +143,7 @@ pub(super) fn watch(
             Ok(ws) => ws,
             Err(oldest) => {
                 let err = ApiError::expired(format!("too old resource version: {} ({oldest})", from.unwrap_or(0)));
-                yield Ok::<Bytes, Infallible>(event_line("ERROR", &Bytes::from(err.to_status().to_string())));
+                yield event_line("ERROR", &Bytes::from(err.to_status().to_string()));
                 return;
             }
         };
@@ -131,12 +153,12 @@ pub(super) fn watch(
             if let Some(line) = render(ev, ns.as_deref(), &sel, table)
                 && !dropped(&sh)
             {
-                yield Ok(line);
+                yield line;
             }
         }
         let mut last_rv = ws.rv;
         if initial_events {
-            yield Ok(bookmark(kind, last_rv, true));
+            yield bookmark(kind, last_rv, true);
         }
         let mut live = ws.live;
         let sleep = async move {
@@ -161,7 +183,7 @@ pub(super) fn watch(
                         if let Some(line) = render(&ev, ns.as_deref(), &sel, table)
                             && !dropped(&sh)
                         {
-                            yield Ok(line);
+                            yield line;
                         }
                     }
                     // A watcher too slow for the broadcast is closed, as the real watch cache
@@ -170,25 +192,126 @@ pub(super) fn watch(
                 },
                 _ = &mut sleep => {
                     if bookmarks && end_bookmark {
-                        yield Ok(bookmark(kind, last_rv, false));
+                        yield bookmark(kind, last_rv, false);
                     }
                     break;
                 }
                 _ = ticker.tick(), if bookmarks => {
-                    yield Ok(bookmark(kind, last_rv, false));
+                    yield bookmark(kind, last_rv, false);
                 }
                 _ = sh.cancel.cancelled() => break,
             }
         }
     };
-    let mut resp = Response::new(Body::from_stream(stream));
+    Ok(Box::pin(stream))
+}
+
+/// Whether a request asks for its watch over WebSocket, as kube-apiserver decides it
+/// (`Upgrade: websocket` and an `upgrade` token in `Connection`).
+pub(super) fn is_websocket_request(headers: &http::HeaderMap) -> bool {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"));
+    let connection = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    upgrade && connection
+}
+
+/// Answers a watch over WebSocket as kube-apiserver does (its watch handler on
+/// `golang.org/x/net/websocket`): the handshake needs an `Origin` header (else 403) and
+/// at most one subprotocol, which is echoed (two or more are a 400); each event is one
+/// text message holding the same JSON line as the chunked watch; anything the client
+/// sends is ignored except close (answered) and ping (answered with pong); when the watch
+/// ends the server sends a normal close.
+pub(super) async fn websocket_response(
+    parts: &mut http::request::Parts,
+    start: impl FnOnce() -> Result<EventStream, ApiError>,
+) -> Result<Response, ApiError> {
+    use axum::extract::FromRequestParts;
+    use axum::extract::ws::WebSocketUpgrade;
+    use axum::response::IntoResponse;
+
+    let mut upgrade = match WebSocketUpgrade::from_request_parts(parts, &()).await {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return Ok(rejection.into_response()),
+    };
+    if !parts.headers.contains_key(header::ORIGIN) {
+        return Ok(handshake_refused(
+            http::StatusCode::FORBIDDEN,
+            "websocket handshake refused: null origin (an Origin header is required)",
+        ));
+    }
+    let requested: Vec<HeaderValue> = upgrade.requested_protocols().cloned().collect();
+    match requested.as_slice() {
+        [] => {}
+        [one] => upgrade.set_selected_protocol(one.clone()),
+        _ => {
+            return Ok(handshake_refused(
+                http::StatusCode::BAD_REQUEST,
+                "websocket handshake refused: more than one subprotocol offered",
+            ));
+        }
+    }
+    let events = start()?;
+    Ok(upgrade.on_upgrade(move |socket| serve_socket(socket, events)))
+}
+
+fn handshake_refused(code: http::StatusCode, message: &'static str) -> Response {
+    let mut resp = Response::new(Body::from(message));
+    *resp.status_mut() = code;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
+        HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    resp.headers_mut().insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, private"),
-    );
-    Ok(resp)
+    resp
+}
+
+async fn serve_socket(mut socket: axum::extract::ws::WebSocket, mut events: EventStream) {
+    use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
+
+    loop {
+        tokio::select! {
+            next = events.next() => match next {
+                Some(line) => {
+                    // Every event is serialized JSON, hence UTF-8.
+                    let Ok(text) = Utf8Bytes::try_from(line) else { continue };
+                    if socket.send(Message::Text(text)).await.is_err() {
+                        return;
+                    }
+                }
+                None => break,
+            },
+            incoming = socket.recv() => match incoming {
+                // The close reply is queued by the protocol layer and flushed by the next
+                // read, which then reports the end of the connection.
+                Some(Ok(Message::Close(_))) => {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), socket.recv()).await;
+                    return;
+                }
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => return,
+            },
+        }
+    }
+    let close = Message::Close(Some(CloseFrame {
+        code: 1000,
+        reason: Utf8Bytes::from_static(""),
+    }));
+    if socket.send(close).await.is_err() {
+        return;
+    }
+    // Give the client a moment to answer the close, as the protocol expects.
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(Ok(msg)) = socket.recv().await {
+            if matches!(msg, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }

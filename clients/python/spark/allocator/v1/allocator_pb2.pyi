@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AllocationSettings(_message.Message):
-    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination")
+    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,8 @@ class AllocationSettings(_message.Message):
     MAX_PENDING_PODS_PER_PROFILE_FIELD_NUMBER: _ClassVar[int]
     MAX_EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     DELETE_ON_TERMINATION_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
+    CHECK_ALL_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     batch_delay_ms: int
     executor_timeout_ms: int
@@ -24,7 +26,9 @@ class AllocationSettings(_message.Message):
     max_pending_pods_per_profile: int
     max_executors: int
     delete_on_termination: bool
-    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ...) -> None: ...
+    executor_container_name: str
+    check_all_containers: bool
+    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ...) -> None: ...
 
 class StartRequest(_message.Message):
     __slots__ = ("application_id", "namespace", "driver_pod_name", "executor_pod_template", "pod_name_prefix", "settings", "resource_profile_templates")
@@ -60,7 +64,7 @@ class StartResponse(_message.Message):
     def __init__(self, resumed: _Optional[bool] = ..., last_executor_id: _Optional[int] = ...) -> None: ...
 
 class SetTotalExpectedRequest(_message.Message):
-    __slots__ = ("application_id", "executors_per_profile")
+    __slots__ = ("application_id", "executors_per_profile", "resource_profile_templates")
     class ExecutorsPerProfileEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,11 +72,20 @@ class SetTotalExpectedRequest(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class ResourceProfileTemplatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTORS_PER_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_PROFILE_TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     application_id: str
     executors_per_profile: _containers.ScalarMap[int, int]
-    def __init__(self, application_id: _Optional[str] = ..., executors_per_profile: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    resource_profile_templates: _containers.ScalarMap[int, str]
+    def __init__(self, application_id: _Optional[str] = ..., executors_per_profile: _Optional[_Mapping[int, int]] = ..., resource_profile_templates: _Optional[_Mapping[int, str]] = ...) -> None: ...
 
 class SetTotalExpectedResponse(_message.Message):
     __slots__ = ()

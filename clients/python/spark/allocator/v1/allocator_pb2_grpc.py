@@ -73,7 +73,11 @@ class ExecutorAllocatorServicer:
 
     def Start(self, request, context):
         """Starts (or resumes) allocation for one application. Idempotent for the same
-        application id and namespace.
+        application id, namespace, templates and settings; a repeated Start whose templates,
+        settings, driver pod or prefix differ from the first is refused (FAILED_PRECONDITION
+        naming the field), never silently ignored. Templates compare as parsed Pods, settings
+        as merged over the server's defaults. Profiles a repeated Start gives that the
+        application does not have yet are registered, as by SetTotalExpected.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
