@@ -115,11 +115,7 @@ class SparkOnServiceIT {
         .set("spark.ui.enabled", "false")
         .set("spark.executor.cores", "1")
         .set("spark.executor.memory", "512m")
-        .set("spark.executor.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        // Spark creates the executors' ConfigMap only after the allocator's start and first
-        // targets; a kubelet waits for a missing ConfigMap volume, the simulator's process
-        // runtime fails the pod at once. Without the ConfigMap the pods need nothing else.
-        .set("spark.kubernetes.executor.disableConfigMap", "true");
+        .set("spark.executor.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1");
   }
 
   private JavaSparkContext start(SparkConf conf) {
