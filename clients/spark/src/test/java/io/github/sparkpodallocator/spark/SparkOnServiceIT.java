@@ -227,9 +227,12 @@ class SparkOnServiceIT {
     assertTrue(executorPods(appId).isEmpty(), "no executor before any load");
 
     AtomicInteger mostPods = new AtomicInteger();
+    Set<String> seen = java.util.concurrent.ConcurrentHashMap.newKeySet();
     Thread watcher = new Thread(() -> {
       while (!Thread.currentThread().isInterrupted()) {
-        mostPods.accumulateAndGet(executorPods(appId).size(), Math::max);
+        List<Pod> pods = executorPods(appId);
+        mostPods.accumulateAndGet(pods.size(), Math::max);
+        seen.addAll(names(pods));
         try {
           Thread.sleep(200);
         } catch (InterruptedException e) {
@@ -257,6 +260,10 @@ class SparkOnServiceIT {
         () -> registeredExecutors(sc).isEmpty() && executorPods(appId).isEmpty());
     Thread.sleep(1_500);
     assertTrue(executorPods(appId).isEmpty(), "no executor comes back without load");
+    // Ids 1..n with n <= maxExecutors: no executor was lost and replaced along the way.
+    Set<String> expected = IntStream.rangeClosed(1, seen.size())
+        .mapToObj(i -> "it-dyn-exec-" + i).collect(Collectors.toSet());
+    assertEquals(expected, seen);
   }
 
   @Test
