@@ -190,12 +190,19 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   @Override
   public void stop(String appId) {
     ScheduledExecutorService check;
+    boolean started;
     synchronized (this) {
       check = registeredExecutorsCheck;
       registeredExecutorsCheck = null;
+      started = applicationId != null;
     }
     if (check != null) {
       check.shutdownNow();
+    }
+    if (!started) {
+      // Spark stops the backend even when its start failed before ours ran.
+      client.close();
+      return;
     }
     try {
       int deleted = client.stop();
