@@ -59,7 +59,10 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private ScheduledExecutorService registeredExecutorsCheck;
   private List<String> lastRegistered;
 
-  /** The constructor Spark's {@code KubernetesClusterManager} calls by reflection. */
+  /**
+   * The constructor Spark's {@code KubernetesClusterManager} calls by reflection. The snapshot
+   * store and the clock go unused: the service watches the executor pods itself.
+   */
   public ServicePodsAllocator(
       SparkConf conf,
       SecurityManager securityManager,
