@@ -268,7 +268,9 @@ class SparkOnServiceIT {
 
   @Test
   void aStageWithItsOwnResourceProfileGetsItsOwnExecutors() throws Exception {
+    // No pod-name prefix: Spark derives one from the application name.
     JavaSparkContext sc = start(conf("it-rp")
+        .remove("spark.kubernetes.executor.podNamePrefix")
         .set("spark.dynamicAllocation.enabled", "true")
         .set("spark.dynamicAllocation.shuffleTracking.enabled", "true")
         .set("spark.dynamicAllocation.minExecutors", "0")
@@ -288,14 +290,18 @@ class SparkOnServiceIT {
         .map(i -> SparkEnv.get().executorId())
         .collect();
 
+    String prefix = sc.getConf().get("spark.kubernetes.executor.podNamePrefix");
+    assertTrue(prefix.startsWith("on-service-it-rp-"), prefix);
     List<Pod> pods = executorPods(appId);
     assertFalse(pods.isEmpty());
     Set<String> profileExecutors = new TreeSet<>();
     for (Pod pod : pods) {
+      String id = pod.getMetadata().getLabels().get("spark-exec-id");
+      assertEquals(prefix + "-exec-" + id, pod.getMetadata().getName());
       assertEquals(String.valueOf(profile.id()),
           pod.getMetadata().getLabels().get("spark-exec-resourceprofile-id"),
           pod.getMetadata().getName());
-      profileExecutors.add(pod.getMetadata().getLabels().get("spark-exec-id"));
+      profileExecutors.add(id);
     }
     assertTrue(profileExecutors.containsAll(ranOn), "tasks ran on " + ranOn
         + ", the profile's executors are " + profileExecutors);
