@@ -3,7 +3,6 @@ package io.github.sparkpodallocator.spark;
 import org.apache.spark.SparkConf;
 import org.apache.spark.deploy.k8s.Config$;
 import org.apache.spark.internal.config.ConfigEntry;
-import org.apache.spark.util.Utils;
 import spark.allocator.v1.Allocator.AllocationSettings;
 
 /**
@@ -11,8 +10,8 @@ import spark.allocator.v1.Allocator.AllocationSettings;
  * as Spark's built-in allocator would for the same configuration: each setting carries the
  * user's value or the default of the Spark version that runs (read through Spark's own config
  * entries, with their units and checks; 4.2 raised the batch size default from 10 to 20). Where
- * Spark's default means "no limit" ({@code maxPendingPods}, {@code dynamicAllocation.maxExecutors})
- * nothing is sent and the service's default applies.
+ * Spark's default means "no limit" ({@code maxPendingPods}) nothing is sent and the service's
+ * default applies.
  */
 public final class SparkAllocationSettings {
   private static final Config$ K8S = Config$.MODULE$;
@@ -41,15 +40,9 @@ public final class SparkAllocationSettings {
     if (conf.contains(K8S.KUBERNETES_MAX_PENDING_PODS().key())) {
       settings.setMaxPendingPods(intValue(conf, K8S.KUBERNETES_MAX_PENDING_PODS()));
     }
-    if (Utils.isDynamicAllocationEnabled(conf)
-        && conf.contains(CORE.DYN_ALLOCATION_MAX_EXECUTORS().key())) {
-      int maxExecutors = intValue(conf, CORE.DYN_ALLOCATION_MAX_EXECUTORS());
-      if (maxExecutors <= 0) {
-        throw new IllegalArgumentException(CORE.DYN_ALLOCATION_MAX_EXECUTORS().key()
-            + ": must be positive for the allocation service (0 executors can never run a task)");
-      }
-      settings.setMaxExecutors(maxExecutors);
-    }
+    // spark.dynamicAllocation.maxExecutors is not sent: Spark bounds the executors it asks for
+    // at once itself, while the service's max_executors caps the ids an application may ever
+    // use, which would starve a long dynamic-allocation application after its first bursts.
     settings.setDeleteOnTermination(boolValue(conf, K8S.KUBERNETES_DELETE_EXECUTORS()));
     settings.setCheckAllContainers(
         boolValue(conf, K8S.KUBERNETES_EXECUTOR_CHECK_ALL_CONTAINERS()));

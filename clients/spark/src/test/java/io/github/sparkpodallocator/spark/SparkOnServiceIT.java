@@ -264,6 +264,13 @@ class SparkOnServiceIT {
     Set<String> expected = IntStream.rangeClosed(1, seen.size())
         .mapToObj(i -> "it-dyn-exec-" + i).collect(Collectors.toSet());
     assertEquals(expected, seen);
+
+    // Load again: new executors with new ids (maxExecutors bounds executors at once, not
+    // the ids an application may ever use).
+    Map.Entry<Long, Set<String>> again = sumOneToAMillion(sc, 500);
+    assertEquals(500_000_500_000L, again.getKey());
+    assertTrue(again.getValue().stream().allMatch(id -> Integer.parseInt(id) > seen.size()),
+        "the second job ran on " + again.getValue() + " after " + seen);
   }
 
   @Test
