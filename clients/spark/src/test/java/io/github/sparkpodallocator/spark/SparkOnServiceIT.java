@@ -49,7 +49,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * watch, the lifecycle manager, killing executors); the executor pods come from the service.
  */
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
-@Timeout(value = 5, unit = TimeUnit.MINUTES)
+@Timeout(value = 3, unit = TimeUnit.MINUTES)
 class SparkOnServiceIT {
   /** The executor image the simulated kubelet runs as a process. */
   static final String IMAGE = "spark-pod-allocator/spark-executor:it";
