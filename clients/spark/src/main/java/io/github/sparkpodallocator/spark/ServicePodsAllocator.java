@@ -51,6 +51,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private final Option<Pod> driverPod;
   private final AllocatorClient client;
   private final long registeredCheckMillis;
+  private final long serviceCheckMillis;
   private final String address;
 
   // Guarded by `this`.
@@ -84,6 +85,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
           e);
     }
     this.address = settings.address();
+    this.serviceCheckMillis = settings.checkInterval().toMillis();
     this.driverPod = lookUpDriverPod(conf, kubernetesClient, namespace);
     try {
       this.client = new AllocatorClient(settings);
@@ -140,12 +142,14 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     client.start(request.build());
 
     ScheduledExecutorService check = Executors.newSingleThreadScheduledExecutor(r -> {
-      Thread thread = new Thread(r, "spark-pod-allocator-registered-executors");
+      Thread thread = new Thread(r, "spark-pod-allocator-checks");
       thread.setDaemon(true);
       return thread;
     });
     check.scheduleWithFixedDelay(() -> reportRegisteredExecutors(backend),
         0, registeredCheckMillis, TimeUnit.MILLISECONDS);
+    check.scheduleWithFixedDelay(this::checkServiceKnowsApplication,
+        serviceCheckMillis, serviceCheckMillis, TimeUnit.MILLISECONDS);
     synchronized (this) {
       registeredExecutorsCheck = check;
     }
@@ -224,6 +228,20 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
       return templates.build(appId, driverPod, profile);
     } catch (SparkException e) {
       throw new IllegalStateException(e.getMessage(), e);
+    }
+  }
+
+  /**
+   * Asks the service about the application; a service that restarted answers NOT_FOUND and the
+   * client starts the application again (with its templates, targets and registered executors),
+   * so lost executors are replaced even while Spark has nothing to say.
+   */
+  private void checkServiceKnowsApplication() {
+    try {
+      client.status();
+    } catch (RuntimeException e) {
+      LOG.warn("Could not check the application in the spark-pod-allocator service at {};"
+          + " trying again in {} ms", address, serviceCheckMillis, e);
     }
   }
 

@@ -25,6 +25,7 @@ public final class ServiceSettings {
   public static final String DEADLINE = PREFIX + "deadline";
   public static final String RETRY_TIMEOUT = PREFIX + "retryTimeout";
   public static final String IS_DELETED_WHEN_UNAVAILABLE = PREFIX + "isDeletedWhenUnavailable";
+  public static final String CHECK_INTERVAL = PREFIX + "checkInterval";
 
   /** The token a pod's service account gets, sent when {@link #TOKEN_FILE} is not set. */
   public static final Path SERVICE_ACCOUNT_TOKEN =
@@ -32,6 +33,7 @@ public final class ServiceSettings {
 
   static final Duration DEFAULT_DEADLINE = Duration.ofSeconds(10);
   static final Duration DEFAULT_RETRY_TIMEOUT = Duration.ofSeconds(60);
+  static final Duration DEFAULT_CHECK_INTERVAL = Duration.ofSeconds(10);
 
   private final String address;
   private final boolean tls;
@@ -42,6 +44,7 @@ public final class ServiceSettings {
   private final Duration deadline;
   private final Duration retryTimeout;
   private final boolean isDeletedWhenUnavailable;
+  private final Duration checkInterval;
 
   private ServiceSettings(
       String address,
@@ -52,7 +55,8 @@ public final class ServiceSettings {
       Optional<Path> tokenFile,
       Duration deadline,
       Duration retryTimeout,
-      boolean isDeletedWhenUnavailable) {
+      boolean isDeletedWhenUnavailable,
+      Duration checkInterval) {
     this.address = address;
     this.tls = tls;
     this.caFile = caFile;
@@ -62,6 +66,7 @@ public final class ServiceSettings {
     this.deadline = deadline;
     this.retryTimeout = retryTimeout;
     this.isDeletedWhenUnavailable = isDeletedWhenUnavailable;
+    this.checkInterval = checkInterval;
   }
 
   /**
@@ -104,8 +109,9 @@ public final class ServiceSettings {
     Duration deadline = positiveDuration(conf, DEADLINE, DEFAULT_DEADLINE);
     Duration retryTimeout = duration(conf, RETRY_TIMEOUT, DEFAULT_RETRY_TIMEOUT);
     boolean isDeletedWhenUnavailable = bool(conf, IS_DELETED_WHEN_UNAVAILABLE, false);
+    Duration checkInterval = positiveDuration(conf, CHECK_INTERVAL, DEFAULT_CHECK_INTERVAL);
     return new ServiceSettings(address, tls, caFile, certFile, keyFile, tokenFile, deadline,
-        retryTimeout, isDeletedWhenUnavailable);
+        retryTimeout, isDeletedWhenUnavailable, checkInterval);
   }
 
   /** The gRPC target, e.g. {@code spark-pod-allocator.spark.svc:50051}. */
@@ -151,6 +157,14 @@ public final class ServiceSettings {
   /** What {@code isDeleted} answers when the service cannot be reached. */
   public boolean isDeletedWhenUnavailable() {
     return isDeletedWhenUnavailable;
+  }
+
+  /**
+   * How often the plugin asks the service about the application (GetStatus), so that a
+   * restarted service gets the application again even while Spark has nothing to tell it.
+   */
+  public Duration checkInterval() {
+    return checkInterval;
   }
 
   private static Optional<String> get(SparkConf conf, String key) {

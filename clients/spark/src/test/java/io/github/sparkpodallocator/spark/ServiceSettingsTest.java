@@ -50,6 +50,7 @@ class ServiceSettingsTest {
     assertEquals(Duration.ofSeconds(10), settings.deadline());
     assertEquals(Duration.ofSeconds(60), settings.retryTimeout());
     assertFalse(settings.isDeletedWhenUnavailable());
+    assertEquals(Duration.ofSeconds(10), settings.checkInterval());
   }
 
   @Test
@@ -107,7 +108,9 @@ class ServiceSettingsTest {
     ServiceSettings settings = ServiceSettings.fromConf(conf()
         .set(ServiceSettings.DEADLINE, "2s")
         .set(ServiceSettings.RETRY_TIMEOUT, "1min")
-        .set(ServiceSettings.IS_DELETED_WHEN_UNAVAILABLE, "TRUE"), missing());
+        .set(ServiceSettings.IS_DELETED_WHEN_UNAVAILABLE, "TRUE")
+        .set(ServiceSettings.CHECK_INTERVAL, "3s"), missing());
+    assertEquals(Duration.ofSeconds(3), settings.checkInterval());
     assertEquals(Duration.ofSeconds(2), settings.deadline());
     assertEquals(Duration.ofMinutes(1), settings.retryTimeout());
     assertTrue(settings.isDeletedWhenUnavailable());
@@ -121,6 +124,7 @@ class ServiceSettingsTest {
         {ServiceSettings.DEADLINE, "soon"},
         {ServiceSettings.DEADLINE, "0s"},
         {ServiceSettings.RETRY_TIMEOUT, "-1s"},
+        {ServiceSettings.CHECK_INTERVAL, "0"},
         {ServiceSettings.TLS_ENABLED, "yes"},
         {ServiceSettings.IS_DELETED_WHEN_UNAVAILABLE, "maybe"},
     }) {

@@ -19,10 +19,14 @@ final class SimulatorProcessRuntime {
   }
 
   static String config(int grpcPort, int apiPort, String image, Path work) {
+    return "listen = " + toml("127.0.0.1:" + grpcPort) + "\n\n"
+        + simulatorConfig(apiPort, image, work);
+  }
+
+  /** The [simulator] part alone, for a cluster run on its own ({@code simulate}). */
+  static String simulatorConfig(int apiPort, String image, Path work) {
     Path entrypoint = repository().resolve("scripts/sim-spark-executor.sh");
     return String.join("\n",
-        "listen = " + toml("127.0.0.1:" + grpcPort),
-        "",
         "[simulator]",
         "listen = " + toml("127.0.0.1:" + apiPort),
         "",

@@ -99,6 +99,10 @@ class SparkOnServiceIT {
 
   /** The driver's settings shared by every scenario; {@code prefix} names its executor pods. */
   private SparkConf conf(String prefix) {
+    return conf(prefix, apiPort, grpcPort);
+  }
+
+  private SparkConf conf(String prefix, int apiPort, int grpcPort) {
     return new SparkConf(false)
         .setMaster("k8s://http://127.0.0.1:" + apiPort)
         .setAppName("on-service-" + prefix)
@@ -343,5 +347,58 @@ class SparkOnServiceIT {
         () -> podNames.get().equals(Set.of("it-kill-exec-2", "it-kill-exec-3")));
     List<String> ids = new ArrayList<>(registeredExecutors(sc));
     assertFalse(ids.contains("1"));
+  }
+
+  @Test
+  void aRestartedServiceGetsTheApplicationBackAndReplacesALostExecutor() throws Exception {
+    // The cluster on its own, so that it (and the executor processes) outlive the service.
+    int api = ServiceProcess.freePort();
+    int grpc = ServiceProcess.freePort();
+    Path dir = Files.createDirectories(work.resolve("restart"));
+    Path clusterConfig = dir.resolve("cluster.toml");
+    Files.writeString(clusterConfig, SimulatorProcessRuntime.simulatorConfig(api, IMAGE, dir),
+        StandardCharsets.UTF_8);
+    Path kubeconfig = dir.resolve("kubeconfig");
+    Map<String, String> serveEnv = Map.of(
+        "SPARK_POD_ALLOCATOR__LISTEN", "127.0.0.1:" + grpc,
+        "SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig.toString());
+    try (ServiceProcess cluster = ServiceProcess.start(dir, Map.of(), api, "--config",
+            clusterConfig.toString(), "simulate", "--listen", "127.0.0.1:" + api,
+            "--kubeconfig", kubeconfig.toString());
+        KubernetesClient k8s = new KubernetesClientBuilder()
+            .withConfig(new ConfigBuilder().withMasterUrl("http://127.0.0.1:" + api).build())
+            .build()) {
+      ServiceProcess first = ServiceProcess.start(dir, serveEnv, grpc, "serve");
+      JavaSparkContext sc;
+      try {
+        sc = start(conf("it-restart", api, grpc)
+            .set("spark.executor.instances", "2")
+            .set("spark.kubernetes.allocation.service.checkInterval", "1s")
+            .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+            .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s"));
+        await("2 registered executors", Duration.ofSeconds(120),
+            () -> registeredExecutors(sc).size() == 2);
+      } finally {
+        first.close();
+      }
+
+      try (ServiceProcess restarted = ServiceProcess.start(dir, serveEnv, grpc, "serve")) {
+        // The executors ran on while the service was away; the plugin's next check finds the
+        // service without the application and starts it again (resumed).
+        Thread.sleep(3_000);
+        assertEquals(Set.of("1", "2"), registeredExecutors(sc));
+        k8s.pods().inNamespace("default").withName("it-restart-exec-1").delete();
+        await("executor 3 replacing the deleted executor 1", Duration.ofSeconds(120),
+            () -> registeredExecutors(sc).equals(Set.of("2", "3")));
+        assertEquals(500_000_500_000L, sumOneToAMillion(sc, 0).getKey(), restarted.log());
+        String appId = sc.sc().applicationId();
+        sc.stop();
+        this.sc = null;
+        List<Pod> left = k8s.pods().inNamespace("default")
+            .withLabel("spark-app-selector", appId).list().getItems();
+        assertTrue(left.isEmpty() || left.stream().allMatch(
+            p -> p.getMetadata().getDeletionTimestamp() != null), cluster.log());
+      }
+    }
   }
 }
