@@ -119,14 +119,17 @@ struct State {
     actor: Actor,
     /// Deletes that failed, retried by the next round (merged per `only_pending`).
     retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
-    /// Finished executors whose pod was already deleted (or labelled inactive).
+    /// Finished executors whose pod was deleted (or labelled inactive), or is being.
     finished_handled: BTreeSet<ExecutorId>,
-    /// Rounds carried out completely (their creates answered).
+    /// Rounds carried out completely (their requests answered).
     rounds: u64,
+    /// A round's deletes, clean-up and id record are being sent: the next round waits
+    /// for their results (so a failed delete is retried and ids are recorded in order).
+    upkeep_in_flight: bool,
     /// Rounds whose creates are still in flight.
     creates_in_flight: usize,
-    /// Where create tasks report; the receiver lives in `run`.
-    creates_done: mpsc::UnboundedSender<CreateResults>,
+    /// Where the round workers report; the receiver lives in `run`.
+    work_done: mpsc::UnboundedSender<WorkDone>,
     /// Fired on Stop: creates not yet sent are skipped.
     cancel: CancellationToken,
     /// Consecutive rounds whose creates all failed at the API server.
@@ -141,15 +144,50 @@ const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(60);
 /// The outcome of one round's creates.
 type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
 
+/// What a round's worker reports back to the actor.
+enum WorkDone {
+    /// The round's deletes, clean-up of finished executors and id record were answered.
+    Upkeep(Upkeep),
+    /// The round's creates were answered (or not sent: see [`CreateError`]).
+    Created(CreateResults),
+}
+
+/// The Kubernetes requests of one round other than its creates, sent in this order.
+struct UpkeepWork {
+    /// Collection deletes, per `only_pending`.
+    deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Finished executors (id, pod name) to delete or label inactive.
+    finished: Vec<(ExecutorId, String)>,
+    /// Delete finished executors (else label them inactive).
+    delete_on_termination: bool,
+    /// The highest id of the round's creates, to record before they are sent.
+    record: Option<ExecutorId>,
+    /// Whether the round has creates waiting for this (the round is counted with them).
+    with_creates: bool,
+}
+
+/// The outcome of [`UpkeepWork`].
+struct Upkeep {
+    /// Deletes that failed (retried by the next round).
+    failed_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Finished executors whose clean-up failed (retried by the next round).
+    finished_failed: Vec<ExecutorId>,
+    /// The id recorded, or why recording failed.
+    recorded: Result<Option<ExecutorId>, String>,
+    /// Copied from [`UpkeepWork::with_creates`].
+    with_creates: bool,
+}
+
 impl State {
-    fn new(actor: Actor, creates_done: mpsc::UnboundedSender<CreateResults>) -> Self {
+    fn new(actor: Actor, work_done: mpsc::UnboundedSender<WorkDone>) -> Self {
         Self {
             actor,
             retry_deletes: BTreeMap::new(),
             finished_handled: BTreeSet::new(),
             rounds: 0,
+            upkeep_in_flight: false,
             creates_in_flight: 0,
-            creates_done,
+            work_done,
             cancel: CancellationToken::new(),
             failed_create_rounds: 0,
             backoff_until: Timestamp(0),
@@ -162,30 +200,35 @@ impl State {
         mut subscription: Subscription,
     ) {
         tracing::info!("application actor started");
-        let (creates_done, mut created) = mpsc::unbounded_channel();
-        let mut this = Self::new(actor, creates_done);
-        this.serve(&mut commands, &mut subscription, &mut created)
+        let (work_done, mut done) = mpsc::unbounded_channel();
+        let mut this = Self::new(actor, work_done);
+        this.serve(&mut commands, &mut subscription, &mut done)
             .await;
-        // No create may land after Stop's DELETE: skip unsent ones, await those in flight.
+        // No create may land after Stop's DELETE: skip unsent ones, await those in flight
+        // (every request has a deadline, so this ends).
         this.cancel.cancel();
-        while this.creates_in_flight > 0 {
-            match created.recv().await {
-                Some(results) => this.creates_answered(results),
+        while this.upkeep_in_flight || this.creates_in_flight > 0 {
+            match done.recv().await {
+                Some(work) => this.work_done(work),
                 None => break,
             }
         }
         tracing::info!("application actor stopped");
     }
 
+    /// The loop: it only computes and answers; every Kubernetes request of a round runs in
+    /// a worker task whose results come back on `done`, so no command ever waits on the
+    /// API server.
     async fn serve(
         &mut self,
         commands: &mut mpsc::Receiver<Command>,
         subscription: &mut Subscription,
-        created: &mut mpsc::UnboundedReceiver<CreateResults>,
+        done: &mut mpsc::UnboundedReceiver<WorkDone>,
     ) {
         let mut events_open = true;
         loop {
             let due = self.next_round_at();
+            let round_possible = !self.upkeep_in_flight;
             tokio::select! {
                 biased;
                 command = commands.recv() => match command {
@@ -199,12 +242,11 @@ impl State {
                         events_open = false;
                     }
                 },
-                Some(results) = created.recv() => self.creates_answered(results),
-                () = self.actor.clock.sleep_until(due) => self.round().await,
+                Some(work) = done.recv() => self.work_done(work),
+                () = self.actor.clock.sleep_until(due), if round_possible => self.round(),
             }
         }
     }
-
     /// When the next round may run: the store's schedule, held back by any backoff.
     fn next_round_at(&self) -> Timestamp {
         self.actor.store.next_due().max(self.backoff_until)
@@ -311,9 +353,9 @@ impl State {
         }
     }
 
-    /// One round if the store is due: the engine's plan, then its deletes and creates,
-    /// then the clean-up of finished executors.
-    async fn round(&mut self) {
+    /// One round if the store is due: the engine's plan, then a worker sends its deletes,
+    /// the clean-up of finished executors and the id record, then its creates.
+    fn round(&mut self) {
         let now = self.actor.clock.now();
         let Some(batch) = self.actor.store.poll(now) else {
             return;
@@ -331,82 +373,59 @@ impl State {
                 .or_default()
                 .extend(request.ids);
         }
-        self.delete_planned().await;
-        self.clean_up_finished().await;
-        if let Err(err) = self.record_last_id(&plan.creates).await {
-            // Nothing is created with ids a restarted service could not know of; they are
-            // forgotten like refused creates (backoff included), and later rounds ask again.
-            let message = format!(
-                "{}: {}",
-                self.actor.id_record,
-                crate::k8s::describe_error(&err)
-            );
-            let results = plan
-                .creates
-                .iter()
-                .map(|(id, _)| (*id, Err(CreateError::IdNotRecorded(message.clone()))))
-                .collect();
-            self.record_creates(results);
+        let record = plan
+            .creates
+            .iter()
+            .map(|(id, _)| *id)
+            .max()
+            .filter(|highest| highest.0 > self.actor.recorded_last_id);
+        let upkeep = UpkeepWork {
+            deletes: std::mem::take(&mut self.retry_deletes),
+            finished: self.finished_to_clean_up(),
+            delete_on_termination: self.actor.allocator.settings().delete_on_termination,
+            record,
+            with_creates: false,
+        };
+        let pods = self.build_pods(plan.creates);
+        if upkeep.deletes.is_empty() && upkeep.finished.is_empty() && upkeep.record.is_none() {
+            if pods.is_empty() {
+                self.rounds += 1;
+            } else {
+                self.spawn_creates(pods, None);
+            }
             return;
         }
-        // Counted once carried out (creates answered), so an observer seeing the count
-        // sees the round's effects.
-        if !self.create_planned(plan.creates) {
-            self.rounds += 1;
-        }
-    }
-
-    /// Records the highest id of `creates` ([`IdRecord`]) before they are sent, so a
-    /// restarted service never hands out an id again, even one whose pod is gone.
-    async fn record_last_id(
-        &mut self,
-        creates: &[(ExecutorId, ResourceProfileId)],
-    ) -> Result<(), kube::Error> {
-        let Some(highest) = creates.iter().map(|(id, _)| *id).max() else {
-            return Ok(());
+        self.upkeep_in_flight = true;
+        let (tx, rx) = oneshot::channel();
+        let upkeep = UpkeepWork {
+            with_creates: !pods.is_empty(),
+            ..upkeep
         };
-        if highest.0 <= self.actor.recorded_last_id {
-            return Ok(());
+        if !pods.is_empty() {
+            self.spawn_creates(pods, Some(rx));
         }
-        self.actor
-            .pods
-            .record_last_executor_id(&self.actor.namespace, &self.actor.id_record, highest)
-            .await?;
-        self.actor.recorded_last_id = highest.0;
-        Ok(())
-    }
-
-    async fn delete_planned(&mut self) {
-        for (only_pending, ids) in std::mem::take(&mut self.retry_deletes) {
-            let list: Vec<ExecutorId> = ids.iter().copied().collect();
-            let result = self
-                .actor
-                .pods
-                .delete_executors(
-                    &self.actor.namespace,
-                    &self.actor.app_id,
-                    &list,
-                    only_pending,
-                )
-                .await;
-            match result {
-                Ok(deleted) => {
-                    tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
-                }
-                Err(_) => {
-                    // Already logged with the API server's reason; the next round retries.
-                    self.retry_deletes
-                        .entry(only_pending)
-                        .or_default()
-                        .extend(ids);
-                }
+        let client = self.actor.pods.clone();
+        let namespace = self.actor.namespace.clone();
+        let app_id = self.actor.app_id.clone();
+        let id_record = self.actor.id_record.clone();
+        let done = self.work_done.clone();
+        tokio::spawn(
+            async move {
+                let upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
+                // The creates wait for the record: none is sent with an id it does not cover.
+                let _ = tx.send(upkeep.recorded.clone());
+                // The actor outlives its workers (it awaits them before ending).
+                let _ = done.send(WorkDone::Upkeep(upkeep));
             }
-        }
+            .in_current_span(),
+        );
     }
 
-    /// Sends the round's creates from a separate task, so the actor keeps answering while
-    /// they are in flight (rate limit, slow API server). Returns whether any was sent.
-    fn create_planned(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) -> bool {
+    /// The executor pods of the round's creates; one that cannot be built is forgotten.
+    fn build_pods(
+        &mut self,
+        creates: Vec<(ExecutorId, ResourceProfileId)>,
+    ) -> Vec<(ExecutorId, Pod)> {
         let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
         for (id, profile) in creates {
             match self.actor.builder.build(id, profile) {
@@ -417,35 +436,80 @@ impl State {
                 }
             }
         }
-        if pods.is_empty() {
-            return false;
-        }
+        pods
+    }
+
+    /// Sends the round's creates from a worker task, concurrently up to the configured
+    /// limit, once `recorded` (the round's id record) succeeded; if it failed, none is sent
+    /// and each counts as a failed create.
+    fn spawn_creates(
+        &mut self,
+        pods: Vec<(ExecutorId, Pod)>,
+        recorded: Option<oneshot::Receiver<Result<Option<ExecutorId>, String>>>,
+    ) {
         self.creates_in_flight += 1;
         let client = self.actor.pods.clone();
         let namespace = self.actor.namespace.clone();
         let cancel = self.cancel.clone();
-        let done = self.creates_done.clone();
+        let done = self.work_done.clone();
+        let record_name = self.actor.id_record.to_string();
         tokio::spawn(
             async move {
-                let results = client.create_all(&namespace, pods, &cancel).await;
-                // The actor outlives its create tasks (it awaits them before ending).
-                let _ = done.send(results);
+                let recorded = match recorded {
+                    None => Ok(()),
+                    Some(rx) => match rx.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(message)) => Err(format!("{record_name}: {message}")),
+                        Err(_) => Err(format!("{record_name}: not written")),
+                    },
+                };
+                let results = match recorded {
+                    Ok(()) => client.create_all(&namespace, pods, &cancel).await,
+                    // Nothing is created with ids a restarted service could not know of;
+                    // they are forgotten like refused creates (backoff included).
+                    Err(message) => pods
+                        .into_iter()
+                        .map(|(id, _)| (id, Err(CreateError::IdNotRecorded(message.clone()))))
+                        .collect(),
+                };
+                let _ = done.send(WorkDone::Created(results));
             }
             .in_current_span(),
         );
-        true
     }
 
-    /// A round's creates were answered: forget the failed ones (a later round asks again
+    /// A worker's report.
+    fn work_done(&mut self, work: WorkDone) {
+        match work {
+            WorkDone::Upkeep(upkeep) => {
+                self.upkeep_in_flight = false;
+                for (only_pending, ids) in upkeep.failed_deletes {
+                    self.retry_deletes
+                        .entry(only_pending)
+                        .or_default()
+                        .extend(ids);
+                }
+                for id in upkeep.finished_failed {
+                    self.finished_handled.remove(&id);
+                }
+                if let Ok(Some(id)) = upkeep.recorded {
+                    self.actor.recorded_last_id = self.actor.recorded_last_id.max(id.0);
+                }
+                // A round with creates is counted once they are answered.
+                if !upkeep.with_creates {
+                    self.rounds += 1;
+                }
+            }
+            WorkDone::Created(results) => {
+                self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+                self.record_creates(results);
+            }
+        }
+    }
+    /// The outcome of a round's creates: forget the failed ones (a later round asks again
     /// with new ids). When every create of the round failed at the API server (quota,
     /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
     /// minute) instead of burning a batch of ids every batch delay.
-    fn creates_answered(&mut self, results: CreateResults) {
-        self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
-        self.record_creates(results);
-    }
-
-    /// The outcome of a round's creates (see [`Self::creates_answered`]).
     fn record_creates(&mut self, results: CreateResults) {
         let requested = results.len();
         let mut failed = 0usize;
@@ -480,9 +544,9 @@ impl State {
         self.rounds += 1;
     }
 
-    /// Failed and succeeded executors: delete their pods (delete-on-termination) or label
-    /// them inactive, once each; a failure is retried by the next round.
-    async fn clean_up_finished(&mut self) {
+    /// Failed and succeeded executors not handled yet (their pod to delete or label
+    /// inactive), marked handled; a failure un-marks them for the next round.
+    fn finished_to_clean_up(&mut self) -> Vec<(ExecutorId, String)> {
         let snapshot = &self.actor.store.current().executors;
         self.finished_handled.retain(|id| snapshot.contains_key(id));
         let finished: Vec<(ExecutorId, String)> = snapshot
@@ -495,33 +559,72 @@ impl State {
             })
             .map(|e| (e.id, e.pod_name.clone()))
             .collect();
-        if finished.is_empty() {
-            return;
-        }
-        if self.actor.allocator.settings().delete_on_termination {
-            let ids: Vec<ExecutorId> = finished.iter().map(|(id, _)| *id).collect();
-            if self
-                .actor
-                .pods
-                .delete_executors(&self.actor.namespace, &self.actor.app_id, &ids, false)
+        self.finished_handled
+            .extend(finished.iter().map(|(id, _)| *id));
+        finished
+    }
+}
+
+impl UpkeepWork {
+    /// Sends the requests, in order: deletes, clean-up, id record. Each failure is logged
+    /// (with the API server's reason) and reported for a retry.
+    async fn send(
+        self,
+        pods: &ExecutorPods,
+        namespace: &str,
+        app_id: &str,
+        id_record: &IdRecord,
+    ) -> Upkeep {
+        let mut failed_deletes = BTreeMap::new();
+        for (only_pending, ids) in self.deletes {
+            let list: Vec<ExecutorId> = ids.iter().copied().collect();
+            match pods
+                .delete_executors(namespace, app_id, &list, only_pending)
                 .await
-                .is_ok()
             {
-                tracing::info!(executors = ?ids, "finished executor pods deleted");
-                self.finished_handled.extend(ids);
+                Ok(deleted) => {
+                    tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
+                }
+                // Already logged with the API server's reason; the next round retries.
+                Err(_) => {
+                    failed_deletes.insert(only_pending, ids);
+                }
             }
-        } else {
-            for (id, pod_name) in finished {
-                if self
-                    .actor
-                    .pods
-                    .mark_inactive(&self.actor.namespace, &pod_name)
+        }
+        let mut finished_failed = Vec::new();
+        if !self.finished.is_empty() {
+            if self.delete_on_termination {
+                let ids: Vec<ExecutorId> = self.finished.iter().map(|(id, _)| *id).collect();
+                if pods
+                    .delete_executors(namespace, app_id, &ids, false)
                     .await
                     .is_ok()
                 {
-                    self.finished_handled.insert(id);
+                    tracing::info!(executors = ?ids, "finished executor pods deleted");
+                } else {
+                    finished_failed = ids;
+                }
+            } else {
+                for (id, pod_name) in self.finished {
+                    if pods.mark_inactive(namespace, &pod_name).await.is_err() {
+                        finished_failed.push(id);
+                    }
                 }
             }
+        }
+        let recorded = match self.record {
+            None => Ok(None),
+            Some(highest) => pods
+                .record_last_executor_id(namespace, id_record, highest)
+                .await
+                .map(|()| Some(highest))
+                .map_err(|err| crate::k8s::describe_error(&err)),
+        };
+        Upkeep {
+            failed_deletes,
+            finished_failed,
+            recorded,
+            with_creates: self.with_creates,
         }
     }
 }

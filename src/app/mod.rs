@@ -17,7 +17,7 @@ use crate::allocator::{
 };
 use crate::config::Settings;
 use crate::k8s::pods::{IdRecord, highest_executor_id};
-use crate::k8s::{ExecutorPods, PodWatches, RateLimiter};
+use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
 
 mod actor;
 pub mod clock;
@@ -106,6 +106,8 @@ pub struct ServiceOptions {
     pub burst: u32,
     /// Creates of one round in flight at once.
     pub create_concurrency: usize,
+    /// Deadline and retries of every Kubernetes request.
+    pub request_policy: RequestPolicy,
 }
 
 impl Default for ServiceOptions {
@@ -124,6 +126,7 @@ impl ServiceOptions {
             burst: settings.kubernetes.burst,
             create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
                 .unwrap_or(usize::MAX),
+            request_policy: settings.request_policy(),
         }
     }
 }
@@ -228,7 +231,8 @@ impl Applications {
     pub fn new(ctx: ServiceContext) -> Self {
         let options = &ctx.options;
         let limiter = RateLimiter::new(options.qps, options.burst);
-        let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency);
+        let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency)
+            .with_policy(options.request_policy);
         let watches = PodWatches::new(
             ctx.client.clone(),
             Arc::clone(&ctx.clock),

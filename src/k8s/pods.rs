@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::describe_error;
 use super::rate_limit::RateLimiter;
+use super::request::RequestPolicy;
 use crate::allocator::ExecutorId;
 use crate::allocator::pod_builder::{sanitize_prefix, stable_hash};
 use crate::allocator::types::{
@@ -105,6 +106,7 @@ pub struct ExecutorPods {
     client: kube::Client,
     limiter: RateLimiter,
     create_concurrency: usize,
+    policy: RequestPolicy,
 }
 
 impl ExecutorPods {
@@ -115,7 +117,19 @@ impl ExecutorPods {
             client,
             limiter,
             create_concurrency: create_concurrency.max(1),
+            policy: RequestPolicy::default(),
         }
+    }
+
+    /// The same client with every request under `policy` (deadline, retries).
+    pub fn with_policy(mut self, policy: RequestPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The deadline and retries of every request.
+    pub fn policy(&self) -> RequestPolicy {
+        self.policy
     }
 
     fn api(&self, namespace: &str) -> Api<Pod> {
@@ -144,7 +158,28 @@ impl ExecutorPods {
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
                     }
-                    let result = api.create(&PostParams::default(), &pod).await.map(|_| ());
+                    let mut first = true;
+                    let result = self
+                        .policy
+                        .run(|unknown_outcome| {
+                            let (api, pod) = (api.clone(), &pod);
+                            let retry = !std::mem::take(&mut first);
+                            async move {
+                                // A retry is a new request: none is sent once Stop began.
+                                if retry {
+                                    if cancel.is_cancelled() {
+                                        return Err(stopping());
+                                    }
+                                    self.limiter.acquire().await;
+                                }
+                                match api.create(&PostParams::default(), pod).await {
+                                    // An earlier attempt with no answer did create it.
+                                    Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
+                                    other => other.map(drop),
+                                }
+                            }
+                        })
+                        .await;
                     if let Err(err) = &result {
                         tracing::debug!(executor = id.0, namespace, error = %describe_error(err), "executor pod create failed");
                     }
@@ -195,12 +230,15 @@ impl ExecutorPods {
         namespace: &str,
         lp: &ListParams,
     ) -> Result<u32, kube::Error> {
-        self.limiter.acquire().await;
-        match self
-            .api(namespace)
-            .delete_collection(&DeleteParams::default(), lp)
-            .await
-        {
+        let api = self.api(namespace);
+        let answer = self
+            .policy
+            .run(|_| async {
+                self.limiter.acquire().await;
+                api.delete_collection(&DeleteParams::default(), lp).await
+            })
+            .await;
+        match answer {
             Ok(either) => Ok(either.left().map_or(0, |list| {
                 u32::try_from(list.items.len()).unwrap_or(u32::MAX)
             })),
@@ -273,15 +311,20 @@ impl ExecutorPods {
     ) -> Result<Option<u64>, kube::Error> {
         let value = match record {
             IdRecord::DriverPod(driver) => {
-                self.api(namespace).get_opt(driver).await?.and_then(|pod| {
-                    pod.metadata
-                        .annotations?
-                        .remove(LAST_EXECUTOR_ID_ANNOTATION)
-                })
+                let api = self.api(namespace);
+                self.policy
+                    .run(|_| api.get_opt(driver))
+                    .await?
+                    .and_then(|pod| {
+                        pod.metadata
+                            .annotations?
+                            .remove(LAST_EXECUTOR_ID_ANNOTATION)
+                    })
             }
             IdRecord::ConfigMap { name, .. } => {
-                Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                    .get_opt(name)
+                let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+                self.policy
+                    .run(|_| api.get_opt(name))
                     .await?
                     .and_then(|cm| cm.data?.remove(LAST_EXECUTOR_ID_KEY))
             }
@@ -299,11 +342,15 @@ impl ExecutorPods {
         let IdRecord::ConfigMap { name, .. } = record else {
             return Ok(());
         };
-        self.limiter.acquire().await;
-        match Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-            .delete(name, &DeleteParams::default())
-            .await
-        {
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+        let answer = self
+            .policy
+            .run(|_| async {
+                self.limiter.acquire().await;
+                api.delete(name, &DeleteParams::default()).await
+            })
+            .await;
+        match answer {
             Ok(_) => Ok(()),
             Err(err) if is_status(&err, 404) => Ok(()),
             Err(err) => {
@@ -338,11 +385,20 @@ impl ExecutorPods {
             )])),
             ..ConfigMap::default()
         };
-        self.limiter.acquire().await;
-        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-            .create(&PostParams::default(), &config_map)
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+        self.policy
+            .run(|unknown_outcome| {
+                let (api, config_map) = (&api, &config_map);
+                async move {
+                    self.limiter.acquire().await;
+                    match api.create(&PostParams::default(), config_map).await {
+                        // An earlier attempt with no answer did create it (with this value).
+                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
+                        other => other.map(drop),
+                    }
+                }
+            })
             .await
-            .map(drop)
     }
 
     /// One rate-limited merge PATCH of a namespaced object.
@@ -358,11 +414,15 @@ impl ExecutorPods {
             + DeserializeOwned
             + fmt::Debug,
     {
-        self.limiter.acquire().await;
-        Api::<K>::namespaced(self.client.clone(), namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        let api = Api::<K>::namespaced(self.client.clone(), namespace);
+        self.policy
+            .run(|_| async {
+                self.limiter.acquire().await;
+                api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map(drop)
+            })
             .await
-            .map(drop)
     }
 
     /// Every executor pod of the application, inactive ones included (they hold ids too).
@@ -372,7 +432,11 @@ impl ExecutorPods {
         app_id: &str,
     ) -> Result<Vec<Pod>, kube::Error> {
         let lp = ListParams::default().labels(&app_selector(app_id));
-        self.api(namespace).list(&lp).await.map(|list| list.items)
+        let api = self.api(namespace);
+        self.policy
+            .run(|_| api.list(&lp))
+            .await
+            .map(|list| list.items)
     }
 
     /// Whether `namespace` exists; `None` when the service may not read namespaces (403),
@@ -380,7 +444,7 @@ impl ExecutorPods {
     /// the creates would fail, each with 404, for as long as the application runs.)
     pub async fn namespace_exists(&self, namespace: &str) -> Result<Option<bool>, kube::Error> {
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
-        match api.get_opt(namespace).await {
+        match self.policy.run(|_| api.get_opt(namespace)).await {
             Ok(found) => Ok(Some(found.is_some())),
             Err(err) if is_status(&err, 403) => Ok(None),
             Err(err) => Err(err),
@@ -393,7 +457,8 @@ impl ExecutorPods {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Pod>, kube::Error> {
-        self.api(namespace).get_opt(name).await
+        let api = self.api(namespace);
+        self.policy.run(|_| api.get_opt(name)).await
     }
 }
 
@@ -414,6 +479,11 @@ fn parse_recorded_id(value: Option<&str>, record: &IdRecord) -> Option<u64> {
             None
         }
     }
+}
+
+/// The error of a retry not sent because the application is stopping.
+fn stopping() -> kube::Error {
+    kube::Error::Service("not retried: the application is stopping".into())
 }
 
 /// Whether `err` is the API server answering `code`.
