@@ -48,6 +48,9 @@ pub struct Settings {
     pub allocation: AllocationConfig,
     /// Period of the full LIST per namespace that replaces the snapshots.
     pub resync_interval_ms: u64,
+    /// How long an application whose driver pod Failed or Succeeded is kept before it is
+    /// forgotten (its executors are deleted at once, per delete-on-termination).
+    pub driver_end_grace_ms: u64,
     /// Namespaces applications may run in; empty = all.
     pub allowed_namespaces: Vec<String>,
     /// A Pod (YAML or JSON file) used when Start gives no executor pod template.
@@ -190,6 +193,7 @@ impl Default for Settings {
             kubernetes: KubernetesSettings::default(),
             allocation: AllocationConfig::default(),
             resync_interval_ms: 30_000,
+            driver_end_grace_ms: 60_000,
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
             simulator: crate::sim::SimSettings::default(),

@@ -39,7 +39,37 @@ pub(crate) struct ActorReport {
     pub status: AllocatorStatus,
     pub rounds: u64,
     pub next_round_at: Timestamp,
+    /// The driver pod's life as the actor follows it (`None` without a driver pod).
+    pub driver: Option<DriverReport>,
 }
+
+/// The driver pod of an application, as its actor follows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverReport {
+    pub pod_name: String,
+    /// Whether its life is followed (it carries `spark-role=driver`).
+    pub followed: bool,
+    /// Its phase as last seen (`Pending`, `Running`, `Succeeded`, `Failed`), or `Deleted`.
+    pub phase: Option<String>,
+    /// When the service saw it end (Succeeded, Failed or deleted).
+    pub ended_at: Option<Timestamp>,
+    /// When the ended application is forgotten.
+    pub forget_at: Option<Timestamp>,
+}
+
+/// How an actor follows its application's driver pod.
+#[derive(Debug, Clone)]
+pub(crate) struct DriverLife {
+    pub pod_name: String,
+    /// Followed through the namespace's watch (the pod carries `spark-role=driver`).
+    pub followed: bool,
+    /// How long an application whose driver pod Failed or Succeeded is kept before it is
+    /// forgotten (one whose driver pod is deleted is forgotten at once).
+    pub grace: Duration,
+}
+
+/// Called once when an actor ends because its driver ended: forgets the application.
+pub(crate) type ForgetHook = Box<dyn FnOnce() + Send>;
 
 /// Everything an actor owns.
 pub(crate) struct Actor {
@@ -55,6 +85,10 @@ pub(crate) struct Actor {
     pub id_record: IdRecord,
     /// The highest executor id recorded there.
     pub recorded_last_id: u64,
+    /// The driver pod, when Start named one.
+    pub driver: Option<DriverLife>,
+    /// Forgets the application once its driver ended and the grace period passed.
+    pub forget: Option<ForgetHook>,
 }
 
 /// Reaches a running actor.
@@ -136,6 +170,22 @@ struct State {
     failed_create_rounds: u32,
     /// No round before this (backoff after failed create rounds; 0 = none).
     backoff_until: Timestamp,
+    /// The driver pod's phase as last seen.
+    driver_phase: Option<String>,
+    /// Set once the driver pod ended: no round runs any more.
+    ended: Option<Ended>,
+    /// When the delete of every executor pod (driver ended, delete-on-termination) is due.
+    cleanup_due: Option<Timestamp>,
+    /// That delete is in flight.
+    cleanup_in_flight: bool,
+}
+
+/// The end of the driver pod as the actor saw it.
+#[derive(Debug, Clone)]
+struct Ended {
+    phase: String,
+    at: Timestamp,
+    forget_at: Timestamp,
 }
 
 /// Longest backoff after failed create rounds (unless the batch delay is longer).
@@ -150,6 +200,8 @@ enum WorkDone {
     Upkeep(Upkeep),
     /// The round's creates were answered (or not sent: see [`CreateError`]).
     Created(CreateResults),
+    /// The delete of every executor pod after the driver ended was answered.
+    CleanedUp(Result<u32, String>),
 }
 
 /// The Kubernetes requests of one round other than its creates, sent in this order.
@@ -191,6 +243,10 @@ impl State {
             cancel: CancellationToken::new(),
             failed_create_rounds: 0,
             backoff_until: Timestamp(0),
+            driver_phase: None,
+            ended: None,
+            cleanup_due: None,
+            cleanup_in_flight: false,
         }
     }
 
@@ -202,37 +258,53 @@ impl State {
         tracing::info!("application actor started");
         let (work_done, mut done) = mpsc::unbounded_channel();
         let mut this = Self::new(actor, work_done);
-        this.serve(&mut commands, &mut subscription, &mut done)
+        let forgotten = this
+            .serve(&mut commands, &mut subscription, &mut done)
             .await;
         // No create may land after Stop's DELETE: skip unsent ones, await those in flight
         // (every request has a deadline, so this ends).
         this.cancel.cancel();
-        while this.upkeep_in_flight || this.creates_in_flight > 0 {
+        while this.in_flight() {
             match done.recv().await {
                 Some(work) => this.work_done(work),
                 None => break,
             }
         }
+        if forgotten && let Some(forget) = this.actor.forget.take() {
+            forget();
+            tracing::info!("application forgotten: its driver pod ended");
+        }
         tracing::info!("application actor stopped");
+    }
+
+    /// Whether any worker of the actor is still sending requests.
+    fn in_flight(&self) -> bool {
+        self.upkeep_in_flight || self.creates_in_flight > 0 || self.cleanup_in_flight
     }
 
     /// The loop: it only computes and answers; every Kubernetes request of a round runs in
     /// a worker task whose results come back on `done`, so no command ever waits on the
-    /// API server.
+    /// API server. Returns true when it ended because the driver ended (forget it).
     async fn serve(
         &mut self,
         commands: &mut mpsc::Receiver<Command>,
         subscription: &mut Subscription,
         done: &mut mpsc::UnboundedReceiver<WorkDone>,
-    ) {
+    ) -> bool {
         let mut events_open = true;
         loop {
-            let due = self.next_round_at();
-            let round_possible = !self.upkeep_in_flight;
+            let (due, may_wake) = match &self.ended {
+                None => (self.next_round_at(), !self.upkeep_in_flight),
+                Some(ended) => (
+                    self.cleanup_due
+                        .map_or(ended.forget_at, |at| at.min(ended.forget_at)),
+                    !self.in_flight(),
+                ),
+            };
             tokio::select! {
                 biased;
                 command = commands.recv() => match command {
-                    None | Some(Command::Stop) => break,
+                    None | Some(Command::Stop) => return false,
                     Some(command) => self.handle(command),
                 },
                 event = subscription.events.recv(), if events_open => match event {
@@ -243,9 +315,80 @@ impl State {
                     }
                 },
                 Some(work) = done.recv() => self.work_done(work),
-                () = self.actor.clock.sleep_until(due), if round_possible => self.round(),
+                () = self.actor.clock.sleep_until(due), if may_wake => {
+                    if self.ended.is_none() {
+                        self.round();
+                    } else if self.after_end() {
+                        return true;
+                    }
+                }
             }
         }
+    }
+
+    /// The driver pod ended (`phase`): no round runs any more, creates not sent yet are
+    /// skipped, every executor pod is deleted (delete-on-termination), and the application
+    /// is forgotten after `grace`.
+    fn driver_ended(&mut self, phase: &str, grace: Duration) {
+        let now = self.actor.clock.now();
+        if let Some(ended) = &mut self.ended {
+            // Deleted after it failed: forgotten at once.
+            ended.forget_at = ended.forget_at.min(now.plus(grace));
+            return;
+        }
+        self.cancel.cancel();
+        let delete = self.actor.allocator.settings().delete_on_termination;
+        if delete {
+            self.cleanup_due = Some(now);
+        }
+        let forget_at = now.plus(grace);
+        let driver = self.actor.driver.as_ref().map(|d| d.pod_name.clone());
+        tracing::warn!(driver = ?driver, phase, delete_executors = delete, grace_ms = grace.as_millis(),
+            "driver pod ended: no new executors; the application is forgotten after the grace period");
+        self.ended = Some(Ended {
+            phase: phase.to_string(),
+            at: now,
+            forget_at,
+        });
+    }
+
+    /// A wake-up after the driver ended (nothing in flight): the executors' delete when
+    /// due, then forgetting the application once the grace period passed (returns true).
+    fn after_end(&mut self) -> bool {
+        let now = self.actor.clock.now();
+        if let Some(due) = self.cleanup_due
+            && due <= now
+        {
+            self.cleanup_due = None;
+            self.cleanup_in_flight = true;
+            let client = self.actor.pods.clone();
+            let namespace = self.actor.namespace.clone();
+            let app_id = self.actor.app_id.clone();
+            let done = self.work_done.clone();
+            tokio::spawn(
+                async move {
+                    let result = client
+                        .delete_all(&namespace, &app_id)
+                        .await
+                        .map_err(|err| crate::k8s::describe_error(&err));
+                    let _ = done.send(WorkDone::CleanedUp(result));
+                }
+                .in_current_span(),
+            );
+            return false;
+        }
+        let Some(ended) = &self.ended else {
+            return false;
+        };
+        if now < ended.forget_at {
+            return false;
+        }
+        if self.cleanup_due.is_some() {
+            tracing::warn!(
+                "forgetting the application although deleting its executor pods failed; the driver pod's ownerReferences remain"
+            );
+        }
+        true
     }
     /// When the next round may run: the store's schedule, held back by any backoff.
     fn next_round_at(&self) -> Timestamp {
@@ -279,6 +422,7 @@ impl State {
                     status,
                     rounds: self.rounds,
                     next_round_at: self.next_round_at(),
+                    driver: self.driver_report(),
                 });
             }
             Command::Snapshot(reply) => {
@@ -286,6 +430,21 @@ impl State {
             }
             Command::Stop => {}
         }
+    }
+
+    fn driver_report(&self) -> Option<DriverReport> {
+        let driver = self.actor.driver.as_ref()?;
+        Some(DriverReport {
+            pod_name: driver.pod_name.clone(),
+            followed: driver.followed,
+            phase: self
+                .ended
+                .as_ref()
+                .map(|e| e.phase.clone())
+                .or_else(|| self.driver_phase.clone()),
+            ended_at: self.ended.as_ref().map(|e| e.at),
+            forget_at: self.ended.as_ref().map(|e| e.forget_at),
+        })
     }
 
     /// The templates registered and the targets set, or nothing changed at all.
@@ -341,6 +500,19 @@ impl State {
                     self.actor.store.delete_pod(executor);
                 }
             }
+            PodEvent::Driver(pod) => {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+                if let Some(phase) = &phase
+                    && matches!(phase.as_str(), "Failed" | "Succeeded")
+                    && let Some(grace) = self.actor.driver.as_ref().map(|d| d.grace)
+                {
+                    self.driver_ended(phase, grace);
+                }
+                if self.ended.is_none() {
+                    self.driver_phase = phase;
+                }
+            }
+            PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
                 let executors = pods
                     .iter()
@@ -503,6 +675,19 @@ impl State {
             WorkDone::Created(results) => {
                 self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
                 self.record_creates(results);
+            }
+            WorkDone::CleanedUp(result) => {
+                self.cleanup_in_flight = false;
+                match result {
+                    Ok(deleted) => {
+                        tracing::info!(deleted, "executor pods deleted after the driver ended")
+                    }
+                    Err(_) => {
+                        // Logged with the reason; tried again one batch delay later.
+                        let delay = self.actor.allocator.settings().batch_delay;
+                        self.cleanup_due = Some(self.actor.clock.now().plus(delay));
+                    }
+                }
             }
         }
     }

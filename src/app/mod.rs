@@ -4,12 +4,13 @@
 //! CONTRACT between the service core (k8s + actors) and the gRPC edge: keep these names and
 //! signatures; extend freely.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::allocator::types::{DRIVER_ROLE, ROLE_LABEL};
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
     ExecutorPodsSnapshot, ResourceProfileId, SnapshotStore, TemplateError, Timestamp,
@@ -23,7 +24,8 @@ mod actor;
 pub mod clock;
 pub mod error;
 
-use actor::{Actor, ActorHandle, ActorReport, Command};
+pub use actor::DriverReport;
+use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::AppError;
 
@@ -86,6 +88,15 @@ pub struct StartApplication {
     pub settings: AllocationSettings,
 }
 
+/// An application's state as GetStatus reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplicationStatus {
+    /// The engine's counts, targets, deleted executors and last id.
+    pub allocation: AllocatorStatus,
+    /// The driver pod's life (`None` when Start named no driver pod).
+    pub driver: Option<DriverReport>,
+}
+
 /// What Start reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Started {
@@ -108,6 +119,9 @@ pub struct ServiceOptions {
     pub create_concurrency: usize,
     /// Deadline and retries of every Kubernetes request.
     pub request_policy: RequestPolicy,
+    /// How long an application whose driver pod Failed or Succeeded is kept (calls still
+    /// answer, nothing is created) before it is forgotten.
+    pub driver_end_grace: Duration,
 }
 
 impl Default for ServiceOptions {
@@ -127,6 +141,7 @@ impl ServiceOptions {
             create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
                 .unwrap_or(usize::MAX),
             request_policy: settings.request_policy(),
+            driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
         }
     }
 }
@@ -180,6 +195,9 @@ struct Registry {
     /// Serialises Start and Stop, so an id is never started twice concurrently.
     lifecycle: tokio::sync::Mutex<()>,
     shutting_down: AtomicBool,
+    /// Numbers the actors, so a forgotten application's entry is removed only if it is
+    /// still that actor's.
+    generations: AtomicU64,
 }
 
 /// A registered application; `actor` is `None` after a Stop whose deletes failed
@@ -191,6 +209,8 @@ struct Entry {
     id_record: IdRecord,
     /// What the first Start asked for, which a repeated Start must repeat.
     first_start: FirstStart,
+    /// The actor's number ([`Registry::generations`]).
+    generation: u64,
 }
 
 /// The fields of an application's first Start (other than templates, which the actor
@@ -247,6 +267,7 @@ impl Applications {
                 apps: Mutex::new(HashMap::new()),
                 lifecycle: tokio::sync::Mutex::new(()),
                 shutting_down: AtomicBool::new(false),
+                generations: AtomicU64::new(0),
             }),
         }
     }
@@ -288,10 +309,15 @@ impl Applications {
         let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
 
         // Subscribe before listing so no event between the LIST and the actor is lost.
-        let subscription = self
-            .inner
-            .watches
-            .subscribe(&req.namespace, req.app_id.as_str());
+        let followed_driver = driver
+            .as_ref()
+            .filter(|d| d.followed)
+            .map(|d| d.name.as_str());
+        let subscription = self.inner.watches.subscribe_with_driver(
+            &req.namespace,
+            req.app_id.as_str(),
+            followed_driver,
+        );
         let found = self
             .inner
             .pods
@@ -321,6 +347,7 @@ impl Applications {
             store.replace_all(executors, now);
             tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.len(), last_executor_id, "resuming application from its executor pods");
         }
+        let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
         let actor = Actor {
             app_id: req.app_id.to_string(),
             namespace: req.namespace.clone(),
@@ -332,6 +359,12 @@ impl Applications {
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: id_record.clone(),
             recorded_last_id: recorded,
+            driver: driver.as_ref().map(|d| DriverLife {
+                pod_name: d.name.clone(),
+                followed: d.followed,
+                grace: self.inner.ctx.options.driver_end_grace,
+            }),
+            forget: Some(self.forget_hook(&req.app_id, generation)),
         };
         let handle = ActorHandle::spawn(actor, subscription);
         self.apps().insert(
@@ -341,6 +374,7 @@ impl Applications {
                 actor: Some(handle),
                 id_record,
                 first_start: FirstStart::of(&req),
+                generation,
             },
         );
         Ok(Started {
@@ -439,6 +473,15 @@ impl Applications {
         Ok(self.report(app).await?.status)
     }
 
+    /// What GetStatus reports: the allocation state plus the driver pod's life.
+    pub async fn application_status(&self, app: &AppId) -> Result<ApplicationStatus, AppError> {
+        let report = self.report(app).await?;
+        Ok(ApplicationStatus {
+            allocation: report.status,
+            driver: report.driver,
+        })
+    }
+
     /// How many allocation rounds the application's actor has run (observability, tests).
     pub async fn rounds(&self, app: &AppId) -> Result<u64, AppError> {
         Ok(self.report(app).await?.rounds)
@@ -513,6 +556,25 @@ impl Applications {
         })
     }
 
+    /// Removes the application's entry once its actor ended because the driver ended
+    /// (unless a Stop or a new Start replaced it meanwhile).
+    fn forget_hook(&self, app: &AppId, generation: u64) -> actor::ForgetHook {
+        let registry = Arc::downgrade(&self.inner);
+        let app = app.clone();
+        Box::new(move || {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            let mut apps = match registry.apps.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if apps.get(&app).is_some_and(|e| e.generation == generation) {
+                apps.remove(&app);
+            }
+        })
+    }
+
     async fn report(&self, app: &AppId) -> Result<ActorReport, AppError> {
         self.actor(app)?.call(Command::Report).await
     }
@@ -552,6 +614,18 @@ impl Applications {
                     req.namespace
                 ))
             })?;
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if let Some(phase @ ("Failed" | "Succeeded")) = phase {
+            return Err(AppError::FailedPrecondition(format!(
+                "driver_pod_name: the driver pod {name} has ended (phase {phase})"
+            )));
+        }
+        let followed = crate::k8s::pods::labels(&pod)
+            .get(ROLE_LABEL)
+            .is_some_and(|role| role == DRIVER_ROLE);
+        if !followed {
+            tracing::warn!(driver = %name, "driver pod has no label {ROLE_LABEL}={DRIVER_ROLE}: its end is not followed (Stop it explicitly)");
+        }
         let owner = match pod.metadata.uid {
             Some(uid) => Some(DriverOwner {
                 name: name.clone(),
@@ -565,6 +639,7 @@ impl Applications {
         Ok(Some(Driver {
             name: name.clone(),
             owner,
+            followed,
         }))
     }
 
@@ -610,6 +685,8 @@ struct Driver {
     name: String,
     /// The executors' controller owner (none when the pod has no uid).
     owner: Option<DriverOwner>,
+    /// It carries `spark-role=driver`, so the namespace's watch follows its life.
+    followed: bool,
 }
 
 /// A template error names the request field it came from: a template that cannot make

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::allocator::AllocatorStatus;
-use crate::app::{AppError, Applications};
+use crate::app::{AppError, ApplicationStatus, Applications};
 use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
@@ -46,8 +45,16 @@ fn wire_id(id: u64) -> i64 {
     i64::try_from(id).unwrap_or(i64::MAX)
 }
 
-fn status_message(status: AllocatorStatus) -> proto::ApplicationStatus {
+fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus {
+    let status = app.allocation;
     proto::ApplicationStatus {
+        driver: app.driver.map(|d| proto::DriverStatus {
+            pod_name: d.pod_name,
+            phase: d.phase.unwrap_or_default(),
+            followed: d.followed,
+            ended_at_ms: d.ended_at.map_or(0, |t| t.0),
+            forget_at_ms: d.forget_at.map_or(0, |t| t.0),
+        }),
         profiles: status
             .profiles
             .into_iter()
@@ -180,7 +187,9 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = request.into_inner().application_id;
         answer("GetStatus", &app_id, async {
             let app = validate::application_id(&app_id)?;
-            Ok(status_message(self.applications.status(&app).await?))
+            Ok(status_message(
+                self.applications.application_status(&app).await?,
+            ))
         })
         .await
     }

@@ -150,13 +150,29 @@ class ProfileStatus(_message.Message):
     def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ...) -> None: ...
 
 class ApplicationStatus(_message.Message):
-    __slots__ = ("profiles", "deleted_executor_ids", "last_executor_id", "outstanding")
+    __slots__ = ("profiles", "deleted_executor_ids", "last_executor_id", "outstanding", "driver")
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     DELETED_EXECUTOR_IDS_FIELD_NUMBER: _ClassVar[int]
     LAST_EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
     profiles: _containers.RepeatedCompositeFieldContainer[ProfileStatus]
     deleted_executor_ids: _containers.RepeatedScalarFieldContainer[int]
     last_executor_id: int
     outstanding: bool
-    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileStatus, _Mapping]]] = ..., deleted_executor_ids: _Optional[_Iterable[int]] = ..., last_executor_id: _Optional[int] = ..., outstanding: _Optional[bool] = ...) -> None: ...
+    driver: DriverStatus
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileStatus, _Mapping]]] = ..., deleted_executor_ids: _Optional[_Iterable[int]] = ..., last_executor_id: _Optional[int] = ..., outstanding: _Optional[bool] = ..., driver: _Optional[_Union[DriverStatus, _Mapping]] = ...) -> None: ...
+
+class DriverStatus(_message.Message):
+    __slots__ = ("pod_name", "phase", "followed", "ended_at_ms", "forget_at_ms")
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    FORGET_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    pod_name: str
+    phase: str
+    followed: bool
+    ended_at_ms: int
+    forget_at_ms: int
+    def __init__(self, pod_name: _Optional[str] = ..., phase: _Optional[str] = ..., followed: _Optional[bool] = ..., ended_at_ms: _Optional[int] = ..., forget_at_ms: _Optional[int] = ...) -> None: ...
