@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, ExecutorId, ExecutorPodBuilder, ExecutorPodsSnapshot,
+    Allocator, AllocatorStatus, ExecutorId, ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot,
     ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
 use crate::k8s::pods::IdRecord;
@@ -497,6 +497,7 @@ impl State {
             }
             PodEvent::Deleted(pod) => {
                 if let Some(executor) = executor_pod_from(&pod, rules) {
+                    self.actor.allocator.pod_gone(executor.id);
                     self.actor.store.delete_pod(executor);
                 }
             }
@@ -514,10 +515,23 @@ impl State {
             }
             PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
-                let executors = pods
+                let executors: Vec<ExecutorPod> = pods
                     .iter()
                     .filter_map(|pod| executor_pod_from(pod, rules))
                     .collect();
+                let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
+                let gone: Vec<ExecutorId> = self
+                    .actor
+                    .store
+                    .current()
+                    .executors
+                    .keys()
+                    .filter(|id| !listed.contains(id))
+                    .copied()
+                    .collect();
+                for id in gone {
+                    self.actor.allocator.pod_gone(id);
+                }
                 self.actor
                     .store
                     .replace_all(executors, self.actor.clock.now());

@@ -339,6 +339,16 @@ impl Applications {
         let resumed = !found.is_empty();
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
+        let mut allocator = Allocator::new(req.settings.clone(), last_executor_id);
+        // Pods being deleted when the service stopped count as deleted again (IsDeleted).
+        allocator.restore_deleted(
+            found
+                .iter()
+                .filter(|pod| pod.metadata.deletion_timestamp.is_some())
+                .filter_map(|pod| executor_pod_from(pod, &rules))
+                .map(|executor| executor.id),
+            now,
+        );
         if resumed {
             let executors = found
                 .iter()
@@ -351,7 +361,7 @@ impl Applications {
         let actor = Actor {
             app_id: req.app_id.to_string(),
             namespace: req.namespace.clone(),
-            allocator: Allocator::new(req.settings.clone(), last_executor_id),
+            allocator,
             store,
             builder,
             rules,

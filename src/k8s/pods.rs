@@ -3,7 +3,7 @@
 //! the driver pod lookup, and the record of the highest executor id handed out
 //! ([`IdRecord`]). Every mutating request first takes a slot of the shared [`RateLimiter`];
 //! every failure is logged with the API server's reason and returned.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use futures::StreamExt;
@@ -219,10 +219,21 @@ impl ExecutorPods {
         Ok(deleted)
     }
 
-    /// Deletes every executor pod of the application (Stop); returns pods deleted.
+    /// Deletes every executor pod of the application (Stop); returns the pods this delete
+    /// deleted: pods already terminating (a deletionTimestamp, as a LIST just before
+    /// shows) are deleted again but not counted.
     pub async fn delete_all(&self, namespace: &str, app_id: &str) -> Result<u32, kube::Error> {
+        let terminating: BTreeSet<String> = self
+            .list_executors(namespace, app_id)
+            .await?
+            .into_iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_some())
+            .filter_map(|pod| pod.metadata.name)
+            .collect();
         let lp = ListParams::default().labels(&app_selector(app_id));
-        self.delete_collection(namespace, &lp).await
+        let deleted = self.delete_collection_names(namespace, &lp).await?;
+        let newly = deleted.iter().filter(|name| !terminating.contains(*name));
+        Ok(u32::try_from(newly.count()).unwrap_or(u32::MAX))
     }
 
     async fn delete_collection(
@@ -230,6 +241,16 @@ impl ExecutorPods {
         namespace: &str,
         lp: &ListParams,
     ) -> Result<u32, kube::Error> {
+        let names = self.delete_collection_names(namespace, lp).await?;
+        Ok(u32::try_from(names.len()).unwrap_or(u32::MAX))
+    }
+
+    /// One collection delete; the names of the pods it returned.
+    async fn delete_collection_names(
+        &self,
+        namespace: &str,
+        lp: &ListParams,
+    ) -> Result<Vec<String>, kube::Error> {
         let api = self.api(namespace);
         let answer = self
             .policy
@@ -239,8 +260,11 @@ impl ExecutorPods {
             })
             .await;
         match answer {
-            Ok(either) => Ok(either.left().map_or(0, |list| {
-                u32::try_from(list.items.len()).unwrap_or(u32::MAX)
+            Ok(either) => Ok(either.left().map_or_else(Vec::new, |list| {
+                list.items
+                    .into_iter()
+                    .map(|pod| pod.metadata.name.unwrap_or_default())
+                    .collect()
             })),
             Err(err) => {
                 tracing::warn!(namespace, selector = ?lp.label_selector, error = %describe_error(&err), "executor pod delete failed");
