@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
+use super::failures::{CreateFailure, ExecutorFailure, Failures};
 use super::{AppError, Clock};
 use crate::allocator::{
     Allocator, AllocatorStatus, ExecutorId, ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot,
@@ -41,6 +42,12 @@ pub(crate) struct ActorReport {
     pub next_round_at: Timestamp,
     /// The driver pod's life as the actor follows it (`None` without a driver pod).
     pub driver: Option<DriverReport>,
+    /// The last failed create per profile.
+    pub create_failures: BTreeMap<ResourceProfileId, CreateFailure>,
+    /// No round before this while backing off after failed create rounds.
+    pub backoff_until: Option<Timestamp>,
+    /// Executors that failed or cannot start.
+    pub failed_executors: Vec<ExecutorFailure>,
 }
 
 /// The driver pod of an application, as its actor follows it.
@@ -178,6 +185,10 @@ struct State {
     cleanup_due: Option<Timestamp>,
     /// That delete is in flight.
     cleanup_in_flight: bool,
+    /// Failed creates and failed executors, for GetStatus.
+    failures: Failures,
+    /// The profile of each create in flight.
+    create_profiles: BTreeMap<ExecutorId, ResourceProfileId>,
 }
 
 /// The end of the driver pod as the actor saw it.
@@ -247,6 +258,8 @@ impl State {
             ended: None,
             cleanup_due: None,
             cleanup_in_flight: false,
+            failures: Failures::default(),
+            create_profiles: BTreeMap::new(),
         }
     }
 
@@ -423,6 +436,10 @@ impl State {
                     rounds: self.rounds,
                     next_round_at: self.next_round_at(),
                     driver: self.driver_report(),
+                    create_failures: self.failures.creates().clone(),
+                    backoff_until: Some(self.backoff_until)
+                        .filter(|until| *until > self.actor.clock.now()),
+                    failed_executors: self.failures.executors(),
                 });
             }
             Command::Snapshot(reply) => {
@@ -489,14 +506,17 @@ impl State {
 
     fn ingest(&mut self, event: PodEvent) {
         let rules = &self.actor.rules;
+        let now = self.actor.clock.now();
         match event {
             PodEvent::Applied(pod) => {
                 if let Some(executor) = executor_pod_from(&pod, rules) {
+                    self.failures.observe(&pod, &executor, now);
                     self.actor.store.update_pod(executor);
                 }
             }
             PodEvent::Deleted(pod) => {
                 if let Some(executor) = executor_pod_from(&pod, rules) {
+                    self.failures.pod_gone(executor.id);
                     self.actor.allocator.pod_gone(executor.id);
                     self.actor.store.delete_pod(executor);
                 }
@@ -515,10 +535,13 @@ impl State {
             }
             PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
-                let executors: Vec<ExecutorPod> = pods
-                    .iter()
-                    .filter_map(|pod| executor_pod_from(pod, rules))
-                    .collect();
+                let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
+                for pod in &pods {
+                    if let Some(executor) = executor_pod_from(pod, rules) {
+                        self.failures.observe(pod, &executor, now);
+                        executors.push(executor);
+                    }
+                }
                 let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
                 let gone: Vec<ExecutorId> = self
                     .actor
@@ -530,6 +553,7 @@ impl State {
                     .copied()
                     .collect();
                 for id in gone {
+                    self.failures.pod_gone(id);
                     self.actor.allocator.pod_gone(id);
                 }
                 self.actor
@@ -615,7 +639,10 @@ impl State {
         let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
         for (id, profile) in creates {
             match self.actor.builder.build(id, profile) {
-                Ok(pod) => pods.push((id, pod)),
+                Ok(pod) => {
+                    self.create_profiles.insert(id, profile);
+                    pods.push((id, pod));
+                }
                 Err(err) => {
                     tracing::error!(executor = id.0, error = %err, "cannot build executor pod");
                     self.actor.allocator.create_failed(id);
@@ -713,7 +740,13 @@ impl State {
         let requested = results.len();
         let mut failed = 0usize;
         let mut first_error = None;
+        let now = self.actor.clock.now();
         for (id, result) in results {
+            let profile = self.create_profiles.remove(&id).unwrap_or_default();
+            match &result {
+                Ok(()) => self.failures.create_passed(profile),
+                Err(err) => self.failures.create_failed(profile, err, now),
+            }
             if let Err(err) = result {
                 self.actor.allocator.create_failed(id);
                 if !matches!(err, CreateError::Cancelled) {

@@ -23,11 +23,13 @@ use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
 mod actor;
 pub mod clock;
 pub mod error;
+pub mod failures;
 
 pub use actor::DriverReport;
 use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::AppError;
+pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 
 /// A validated application id (a label value: ≤ 63 chars, alphanumeric ends, `-_.` inside).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -95,6 +97,12 @@ pub struct ApplicationStatus {
     pub allocation: AllocatorStatus,
     /// The driver pod's life (`None` when Start named no driver pod).
     pub driver: Option<DriverReport>,
+    /// The last failed create per profile (with how many failed in a row).
+    pub create_failures: BTreeMap<ResourceProfileId, CreateFailure>,
+    /// No round before this while backing off after failed create rounds.
+    pub backoff_until: Option<Timestamp>,
+    /// Executors that failed (the last 100) or cannot start, ascending by id.
+    pub failed_executors: Vec<ExecutorFailure>,
 }
 
 /// What Start reports.
@@ -489,6 +497,9 @@ impl Applications {
         Ok(ApplicationStatus {
             allocation: report.status,
             driver: report.driver,
+            create_failures: report.create_failures,
+            backoff_until: report.backoff_until,
+            failed_executors: report.failed_executors,
         })
     }
 
