@@ -249,6 +249,19 @@ async fn serve(
         Arc::new(SystemClock),
         &settings,
     ));
+    // Applications a previous service ran go on before the first call is taken.
+    match applications.resume_registered().await {
+        Ok(resumed) if !resumed.is_empty() => {
+            tracing::info!(
+                applications = resumed.len(),
+                "applications resumed from their registrations"
+            )
+        }
+        Ok(_) => {}
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list the registrations of applications to resume; they resume on their driver's next Start")
+        }
+    }
     let address = listen.unwrap_or(settings.listen);
     let listener = TcpListener::bind(address)
         .await

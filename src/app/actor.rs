@@ -10,10 +10,12 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::failures::{CreateFailure, ExecutorFailure, Failures};
+use super::registration::{REGISTRATION_KEY, Registration};
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, ExecutorId, ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot,
-    ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
+    Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPod, ExecutorPodBuilder,
+    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
+    executor_pod_from,
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
@@ -96,6 +98,10 @@ pub(crate) struct Actor {
     pub driver: Option<DriverLife>,
     /// Forgets the application once its driver ended and the grace period passed.
     pub forget: Option<ForgetHook>,
+    /// What a restarted service needs to resume the application, kept in Kubernetes.
+    pub registration: Registration,
+    /// The driver pod as the registration's ConfigMap owner.
+    pub owner: Option<DriverOwner>,
 }
 
 /// Reaches a running actor.
@@ -189,6 +195,8 @@ struct State {
     failures: Failures,
     /// The profile of each create in flight.
     create_profiles: BTreeMap<ExecutorId, ResourceProfileId>,
+    /// The registration changed since it was last written (the next round writes it).
+    registration_dirty: bool,
 }
 
 /// The end of the driver pod as the actor saw it.
@@ -227,6 +235,10 @@ struct UpkeepWork {
     record: Option<ExecutorId>,
     /// Whether the round has creates waiting for this (the round is counted with them).
     with_creates: bool,
+    /// The application's registration (JSON) to write, when it changed.
+    registration: Option<String>,
+    /// The driver pod, owner of a registration ConfigMap created now.
+    owner: Option<DriverOwner>,
 }
 
 /// The outcome of [`UpkeepWork`].
@@ -239,6 +251,8 @@ struct Upkeep {
     recorded: Result<Option<ExecutorId>, String>,
     /// Copied from [`UpkeepWork::with_creates`].
     with_creates: bool,
+    /// Writing the registration failed (the next round writes it again).
+    registration_failed: bool,
 }
 
 impl State {
@@ -260,6 +274,7 @@ impl State {
             cleanup_in_flight: false,
             failures: Failures::default(),
             create_profiles: BTreeMap::new(),
+            registration_dirty: true,
         }
     }
 
@@ -421,6 +436,11 @@ impl State {
                 let _ = reply.send(self.actor.allocator.is_deleted(id));
             }
             Command::UpdateRegistered(ids, reply) => {
+                let stored: BTreeSet<u64> = ids.iter().map(|id| id.0).collect();
+                if stored != self.actor.registration.registered {
+                    self.actor.registration.registered = stored;
+                    self.registration_dirty = true;
+                }
                 self.actor.allocator.set_registered(ids);
                 let _ = reply.send(());
             }
@@ -501,7 +521,32 @@ impl State {
         if !targets.is_empty() && self.actor.allocator.set_targets(targets) {
             self.actor.store.notify_now();
         }
+        self.update_registration();
         Ok(())
+    }
+
+    /// Brings the registration in line with the templates and targets; marks it for
+    /// writing when it changed.
+    fn update_registration(&mut self) {
+        let templates: BTreeMap<i32, Pod> = self
+            .actor
+            .builder
+            .profiles()
+            .filter_map(|p| Some((p.0, self.actor.builder.template(p)?.clone())))
+            .collect();
+        let targets: BTreeMap<i32, u32> = self
+            .actor
+            .allocator
+            .targets()
+            .iter()
+            .map(|(p, t)| (p.0, *t))
+            .collect();
+        let registration = &mut self.actor.registration;
+        if registration.templates != templates || registration.targets != targets {
+            registration.templates = templates;
+            registration.targets = targets;
+            self.registration_dirty = true;
+        }
     }
 
     fn ingest(&mut self, event: PodEvent) {
@@ -595,9 +640,15 @@ impl State {
             delete_on_termination: self.actor.allocator.settings().delete_on_termination,
             record,
             with_creates: false,
+            registration: self.registration_to_write(),
+            owner: self.actor.owner.clone(),
         };
         let pods = self.build_pods(plan.creates);
-        if upkeep.deletes.is_empty() && upkeep.finished.is_empty() && upkeep.record.is_none() {
+        if upkeep.deletes.is_empty()
+            && upkeep.finished.is_empty()
+            && upkeep.record.is_none()
+            && upkeep.registration.is_none()
+        {
             if pods.is_empty() {
                 self.rounds += 1;
             } else {
@@ -607,7 +658,7 @@ impl State {
         }
         self.upkeep_in_flight = true;
         let (tx, rx) = oneshot::channel();
-        let upkeep = UpkeepWork {
+        let mut upkeep = UpkeepWork {
             with_creates: !pods.is_empty(),
             ..upkeep
         };
@@ -621,14 +672,44 @@ impl State {
         let done = self.work_done.clone();
         tokio::spawn(
             async move {
-                let upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
+                let registration = upkeep.registration.take();
+                let owner = upkeep.owner.take();
+                let mut upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
                 let _ = tx.send(upkeep.recorded.clone());
+                // The registration is written beside the creates, not before them.
+                if let Some(json) = registration {
+                    upkeep.registration_failed = client
+                        .write_registration(
+                            &namespace,
+                            &app_id,
+                            owner.as_ref(),
+                            REGISTRATION_KEY,
+                            &json,
+                        )
+                        .await
+                        .is_err();
+                }
                 // The actor outlives its workers (it awaits them before ending).
                 let _ = done.send(WorkDone::Upkeep(upkeep));
             }
             .in_current_span(),
         );
+    }
+
+    /// The registration as JSON when it must be written (then no longer dirty; a failed
+    /// write marks it again).
+    fn registration_to_write(&mut self) -> Option<String> {
+        if !std::mem::take(&mut self.registration_dirty) {
+            return None;
+        }
+        match serde_json::to_string(&self.actor.registration) {
+            Ok(json) => Some(json),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot encode the application's registration");
+                None
+            }
+        }
     }
 
     /// The executor pods of the round's creates; one that cannot be built is forgotten.
@@ -704,6 +785,9 @@ impl State {
                 }
                 for id in upkeep.finished_failed {
                     self.finished_handled.remove(&id);
+                }
+                if upkeep.registration_failed {
+                    self.registration_dirty = true;
                 }
                 if let Ok(Some(id)) = upkeep.recorded {
                     self.actor.recorded_last_id = self.actor.recorded_last_id.max(id.0);
@@ -857,6 +941,7 @@ impl UpkeepWork {
             finished_failed,
             recorded,
             with_creates: self.with_creates,
+            registration_failed: false,
         }
     }
 }

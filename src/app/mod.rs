@@ -19,11 +19,13 @@ use crate::allocator::{
 use crate::config::Settings;
 use crate::k8s::pods::{IdRecord, highest_executor_id};
 use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
+use registration::{REGISTRATION_KEY, Registration};
 
 mod actor;
 pub mod clock;
 pub mod error;
 pub mod failures;
+pub mod registration;
 
 pub use actor::DriverReport;
 use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
@@ -383,6 +385,8 @@ impl Applications {
                 grace: self.inner.ctx.options.driver_end_grace,
             }),
             forget: Some(self.forget_hook(&req.app_id, generation)),
+            registration: Registration::of_start(&req),
+            owner: driver.as_ref().and_then(|d| d.owner.clone()),
         };
         let handle = ActorHandle::spawn(actor, subscription);
         self.apps().insert(
@@ -399,6 +403,70 @@ impl Applications {
             resumed,
             last_executor_id,
         })
+    }
+
+    /// Resumes every application whose registration a previous service kept in Kubernetes
+    /// (in the allowed namespaces, else in all): Start as first asked, then its targets
+    /// and registered executors, so allocation goes on with no call from the driver.
+    /// Returns the applications resumed; one that cannot be resumed is logged (and its
+    /// registration deleted when its driver pod is gone or ended).
+    pub async fn resume_registered(&self) -> Result<Vec<AppId>, AppError> {
+        let namespaces: Vec<String> = self
+            .inner
+            .ctx
+            .options
+            .allowed_namespaces
+            .iter()
+            .cloned()
+            .collect();
+        let stored = self
+            .inner
+            .pods
+            .list_registrations(&namespaces, REGISTRATION_KEY)
+            .await?;
+        let mut resumed = Vec::new();
+        for json in stored {
+            let registration: Registration = match serde_json::from_str(&json) {
+                Ok(registration) => registration,
+                Err(err) => {
+                    tracing::warn!(error = %err, "ignoring an unreadable application registration");
+                    continue;
+                }
+            };
+            let req = match registration.start_request() {
+                Ok(req) => req,
+                Err(err) => {
+                    tracing::warn!(error = %err, "ignoring an invalid application registration");
+                    continue;
+                }
+            };
+            let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
+            match self.start(req).await {
+                Ok(_) => {}
+                Err(AppError::FailedPrecondition(reason)) => {
+                    tracing::warn!(%app, %namespace, %reason, "not resuming the application; its registration is deleted");
+                    let _ = self
+                        .inner
+                        .pods
+                        .delete_registration(&namespace, app.as_str())
+                        .await;
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(%app, %namespace, error = %err, "cannot resume the application");
+                    continue;
+                }
+            }
+            let targets = registration.targets();
+            if !targets.is_empty() {
+                self.set_total_expected(&app, targets).await?;
+            }
+            self.update_registered(&app, registration.registered())
+                .await?;
+            tracing::info!(%app, %namespace, "application resumed from its registration");
+            resumed.push(app);
+        }
+        Ok(resumed)
     }
 
     /// Sets targets per profile (profiles left out keep theirs).
@@ -453,7 +521,7 @@ impl Applications {
     pub async fn stop(&self, app: &AppId) -> Result<u32, AppError> {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
-        let Some((namespace, actor, id_record)) = self.entry(app) else {
+        let Some((namespace, actor, _)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
         if let Some(actor) = actor {
@@ -465,7 +533,7 @@ impl Applications {
             Ok(deleted) => self
                 .inner
                 .pods
-                .delete_id_record(&namespace, &id_record)
+                .delete_registration(&namespace, app.as_str())
                 .await
                 .map(|()| deleted),
             Err(err) => Err(err),
@@ -590,8 +658,18 @@ impl Applications {
                 Ok(guard) => guard,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            if apps.get(&app).is_some_and(|e| e.generation == generation) {
-                apps.remove(&app);
+            if let Some(entry) = apps.remove(&app) {
+                if entry.generation != generation {
+                    apps.insert(app, entry);
+                    return;
+                }
+                // A restarted service must not resume it.
+                let pods = registry.pods.clone();
+                tokio::spawn(async move {
+                    let _ = pods
+                        .delete_registration(&entry.namespace, app.as_str())
+                        .await;
+                });
             }
         })
     }

@@ -9,6 +9,7 @@ use std::fmt;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -16,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 use super::describe_error;
 use super::rate_limit::RateLimiter;
 use super::request::RequestPolicy;
-use crate::allocator::ExecutorId;
 use crate::allocator::pod_builder::{sanitize_prefix, stable_hash};
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
+use crate::allocator::{DriverOwner, ExecutorId};
 
 /// Why one executor pod was not created.
 #[derive(Debug, thiserror::Error)]
@@ -384,6 +385,116 @@ impl ExecutorPods {
         }
     }
 
+    /// Writes an application's registration (JSON) under `key` of its ConfigMap: one merge
+    /// PATCH; for a ConfigMap not there yet a create, owned by the driver pod when there
+    /// is one (so it goes with it), and the PATCH again if another create won the race.
+    pub async fn write_registration(
+        &self,
+        namespace: &str,
+        app_id: &str,
+        owner: Option<&DriverOwner>,
+        key: &str,
+        value: &str,
+    ) -> Result<(), kube::Error> {
+        let name = IdRecord::config_map_name(app_id);
+        let patch = serde_json::json!({"data": {key: value}});
+        let result = match self
+            .merge_patch::<ConfigMap>(namespace, &name, &patch)
+            .await
+        {
+            Err(err) if is_status(&err, 404) => {
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        labels: Some(managed_labels(app_id)),
+                        owner_references: owner.map(|owner| {
+                            vec![OwnerReference {
+                                api_version: "v1".into(),
+                                kind: "Pod".into(),
+                                name: owner.name.clone(),
+                                uid: owner.uid.clone(),
+                                ..OwnerReference::default()
+                            }]
+                        }),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+                    ..ConfigMap::default()
+                };
+                match self.create_config_map(namespace, &config_map).await {
+                    Err(err) if is_status(&err, 409) => {
+                        self.merge_patch::<ConfigMap>(namespace, &name, &patch)
+                            .await
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        result.inspect_err(|err| {
+            tracing::warn!(namespace, config_map = %name, error = %describe_error(err), "writing the application's registration failed");
+        })
+    }
+
+    /// The values under `key` of every ConfigMap of the service, in `namespaces` (all
+    /// namespaces when empty).
+    pub async fn list_registrations(
+        &self,
+        namespaces: &[String],
+        key: &str,
+    ) -> Result<Vec<String>, kube::Error> {
+        let lp =
+            ListParams::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
+        let apis: Vec<Api<ConfigMap>> = if namespaces.is_empty() {
+            vec![Api::all(self.client.clone())]
+        } else {
+            namespaces
+                .iter()
+                .map(|ns| Api::namespaced(self.client.clone(), ns))
+                .collect()
+        };
+        let mut values = Vec::new();
+        for api in apis {
+            let list = self.policy.run(|_| api.list(&lp)).await?;
+            values.extend(list.items.into_iter().filter_map(|cm| cm.data?.remove(key)));
+        }
+        Ok(values)
+    }
+
+    /// Deletes the application's ConfigMap (registration and, without a driver pod, id
+    /// record) once it has stopped; gone already is fine.
+    pub async fn delete_registration(
+        &self,
+        namespace: &str,
+        app_id: &str,
+    ) -> Result<(), kube::Error> {
+        let record = IdRecord::ConfigMap {
+            name: IdRecord::config_map_name(app_id),
+            app_id: app_id.to_string(),
+        };
+        self.delete_id_record(namespace, &record).await
+    }
+
+    async fn create_config_map(
+        &self,
+        namespace: &str,
+        config_map: &ConfigMap,
+    ) -> Result<(), kube::Error> {
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+        self.policy
+            .run(|unknown_outcome| {
+                let api = &api;
+                async move {
+                    self.limiter.acquire().await;
+                    match api.create(&PostParams::default(), config_map).await {
+                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
+                        other => other.map(drop),
+                    }
+                }
+            })
+            .await
+    }
+
     async fn create_id_config_map(
         &self,
         namespace: &str,
@@ -394,13 +505,7 @@ impl ExecutorPods {
         let config_map = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
-                labels: Some(BTreeMap::from([
-                    (APP_ID_LABEL.to_string(), app_id.to_string()),
-                    (
-                        "app.kubernetes.io/managed-by".to_string(),
-                        MANAGED_BY.to_string(),
-                    ),
-                ])),
+                labels: Some(managed_labels(app_id)),
                 ..ObjectMeta::default()
             },
             data: Some(BTreeMap::from([(
@@ -503,6 +608,17 @@ fn parse_recorded_id(value: Option<&str>, record: &IdRecord) -> Option<u64> {
             None
         }
     }
+}
+
+/// The labels of the service's own ConfigMaps.
+fn managed_labels(app_id: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (APP_ID_LABEL.to_string(), app_id.to_string()),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            MANAGED_BY.to_string(),
+        ),
+    ])
 }
 
 /// The error of a retry not sent because the application is stopping.
