@@ -1,6 +1,8 @@
 //! The actor of one application: a tokio task owning its `Allocator`, `SnapshotStore` and
-//! `ExecutorPodBuilder`. It serves commands, ingests pod events, and runs a round whenever
-//! the snapshot store is due; a Kubernetes failure is logged and retried by a later round.
+//! `ExecutorPodBuilder`. It serves commands, ingests pod events (its executors' and its
+//! driver pod's), and runs a round whenever the snapshot store is due. It never awaits
+//! Kubernetes: a round's requests run in worker tasks whose results come back as messages;
+//! a Kubernetes failure is logged and retried by a later round.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;

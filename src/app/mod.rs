@@ -516,8 +516,9 @@ impl Applications {
             .await
     }
 
-    /// Deletes every executor pod of the application, then its id record (a ConfigMap),
-    /// and forgets it; returns pods deleted.
+    /// Deletes every executor pod of the application, then its ConfigMap (registration,
+    /// id record), and forgets it; returns the pods this delete deleted (not those already
+    /// terminating).
     pub async fn stop(&self, app: &AppId) -> Result<u32, AppError> {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
