@@ -234,9 +234,11 @@ async fn serve(
             .await
             .context("starting the simulated cluster")?;
         tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
-        let client = cluster
-            .try_client()
-            .context("a client for the simulated cluster")?;
+        // As `k8s::connect`: the service's RequestPolicy retries, not kube's retry layer.
+        let mut config = cluster.kube_config();
+        config.default_retry = false;
+        let client =
+            kube::Client::try_from(config).context("a client for the simulated cluster")?;
         (client, Some(cluster))
     } else {
         let client = k8s::connect(&settings.kubernetes)
