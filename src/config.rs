@@ -48,6 +48,9 @@ pub struct Settings {
     pub allocation: AllocationConfig,
     /// Period of the full LIST per namespace that replaces the snapshots.
     pub resync_interval_ms: u64,
+    /// How long an application whose driver pod Failed or Succeeded is kept before it is
+    /// forgotten (its executors are deleted at once, per delete-on-termination).
+    pub driver_end_grace_ms: u64,
     /// Namespaces applications may run in; empty = all.
     pub allowed_namespaces: Vec<String>,
     /// A Pod (YAML or JSON file) used when Start gives no executor pod template.
@@ -73,6 +76,10 @@ pub struct KubernetesSettings {
     pub burst: u32,
     /// Creates of one round that may be in flight at once.
     pub create_concurrency: u32,
+    /// Deadline of one attempt of any Kubernetes request.
+    pub request_timeout_ms: u64,
+    /// Attempts of a request that timed out or failed transiently (1 = no retry).
+    pub request_attempts: u32,
 }
 
 /// Whether to use the in-cluster service account: `auto`, `true` or `false`, given as a
@@ -186,6 +193,7 @@ impl Default for Settings {
             kubernetes: KubernetesSettings::default(),
             allocation: AllocationConfig::default(),
             resync_interval_ms: 30_000,
+            driver_end_grace_ms: 60_000,
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
             simulator: crate::sim::SimSettings::default(),
@@ -220,6 +228,8 @@ impl Default for KubernetesSettings {
             qps: 50,
             burst: 100,
             create_concurrency: 16,
+            request_timeout_ms: 10_000,
+            request_attempts: 2,
         }
     }
 }
@@ -297,6 +307,15 @@ impl Settings {
         if self.kubernetes.create_concurrency == 0 {
             return Err(invalid("kubernetes.create_concurrency", "must be > 0"));
         }
+        if self.kubernetes.request_timeout_ms < 100 {
+            return Err(invalid("kubernetes.request_timeout_ms", "must be ≥ 100"));
+        }
+        if !(1..=5).contains(&self.kubernetes.request_attempts) {
+            return Err(invalid(
+                "kubernetes.request_attempts",
+                "must be within 1..=5",
+            ));
+        }
         if self.resync_interval_ms < 1000 {
             return Err(invalid("resync_interval_ms", "must be ≥ 1000"));
         }
@@ -361,6 +380,15 @@ impl Settings {
             executor_container_name: Some(a.executor_container_name.clone()),
             check_all_containers: Some(a.check_all_containers),
         })
+    }
+
+    /// The deadline and retries of every Kubernetes request.
+    pub fn request_policy(&self) -> crate::k8s::RequestPolicy {
+        crate::k8s::RequestPolicy {
+            timeout: Duration::from_millis(self.kubernetes.request_timeout_ms),
+            attempts: self.kubernetes.request_attempts,
+            ..crate::k8s::RequestPolicy::default()
+        }
     }
 
     /// The full-resync period.

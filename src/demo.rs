@@ -316,7 +316,6 @@ impl ScriptedDriver {
         let begin = Instant::now();
         self.client
             .set_total_expected(proto::SetTotalExpectedRequest {
-                resource_profile_templates: Default::default(),
                 application_id: DEMO_APP_ID.into(),
                 executors_per_profile: wanted.iter().map(|(k, v)| (*k, *v)).collect(),
                 ..Default::default()

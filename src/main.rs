@@ -234,9 +234,11 @@ async fn serve(
             .await
             .context("starting the simulated cluster")?;
         tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
-        let client = cluster
-            .try_client()
-            .context("a client for the simulated cluster")?;
+        // As `k8s::connect`: the service's RequestPolicy retries, not kube's retry layer.
+        let mut config = cluster.kube_config();
+        config.default_retry = false;
+        let client =
+            kube::Client::try_from(config).context("a client for the simulated cluster")?;
         (client, Some(cluster))
     } else {
         let client = k8s::connect(&settings.kubernetes)
@@ -249,6 +251,19 @@ async fn serve(
         Arc::new(SystemClock),
         &settings,
     ));
+    // Applications a previous service ran go on before the first call is taken.
+    match applications.resume_registered().await {
+        Ok(resumed) if !resumed.is_empty() => {
+            tracing::info!(
+                applications = resumed.len(),
+                "applications resumed from their registrations"
+            )
+        }
+        Ok(_) => {}
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list the registrations of applications to resume; they resume on their driver's next Start")
+        }
+    }
     let address = listen.unwrap_or(settings.listen);
     let listener = TcpListener::bind(address)
         .await

@@ -1306,7 +1306,8 @@ async fn executors_registered_with_the_driver_are_never_deleted_on_downscale() {
         .iter()
         .map(|e| e.0)
         .collect();
-    assert_eq!(deleted, BTreeSet::from([3, 4]));
+    // Unbound pods go at once: their ids leave `deleted` as soon as the watch says so.
+    assert!(deleted.is_subset(&BTreeSet::from([3, 4])), "{deleted:?}");
     assert_eq!(cluster_ids(&h.sim, NS, "app-reg").await, range(1, 2));
     h.apps.stop(&id("app-reg")).await.unwrap();
 }

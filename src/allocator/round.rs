@@ -393,7 +393,17 @@ impl Allocator {
         self.known_newly_created.remove(&id);
         self.outstanding = self.unknown_pending + self.newly_created.len() as u64 > 0;
     }
-    /// True iff the allocator deleted `id` and it is still in the last snapshot.
+    /// The pod of `id` is gone from the cluster (a DELETED watch event, or a full listing
+    /// without it): the executor is no longer one "deleted and still there".
+    pub fn pod_gone(&mut self, id: ExecutorId) {
+        self.deleted.remove(&id);
+    }
+    /// Executors whose pods were being deleted (they carry a deletionTimestamp) when the
+    /// application resumed: deleted as if this allocator had asked at `now`.
+    pub fn restore_deleted(&mut self, ids: impl IntoIterator<Item = ExecutorId>, now: Timestamp) {
+        self.deleted.extend(ids.into_iter().map(|id| (id, now)));
+    }
+    /// True iff the allocator deleted `id` and its pod is still there.
     pub fn is_deleted(&self, id: ExecutorId) -> bool {
         self.deleted.contains_key(&id)
     }

@@ -1,6 +1,8 @@
 //! The actor of one application: a tokio task owning its `Allocator`, `SnapshotStore` and
-//! `ExecutorPodBuilder`. It serves commands, ingests pod events, and runs a round whenever
-//! the snapshot store is due; a Kubernetes failure is logged and retried by a later round.
+//! `ExecutorPodBuilder`. It serves commands, ingests pod events (its executors' and its
+//! driver pod's), and runs a round whenever the snapshot store is due. It never awaits
+//! Kubernetes: a round's requests run in worker tasks whose results come back as messages;
+//! a Kubernetes failure is logged and retried by a later round.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +11,13 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
+use super::failures::{CreateFailure, ExecutorFailure, Failures};
+use super::registration::{REGISTRATION_KEY, Registration};
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, ExecutorId, ExecutorPodBuilder, ExecutorPodsSnapshot,
-    ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
+    Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPod, ExecutorPodBuilder,
+    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
+    executor_pod_from,
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
@@ -39,7 +44,43 @@ pub(crate) struct ActorReport {
     pub status: AllocatorStatus,
     pub rounds: u64,
     pub next_round_at: Timestamp,
+    /// The driver pod's life as the actor follows it (`None` without a driver pod).
+    pub driver: Option<DriverReport>,
+    /// The last failed create per profile.
+    pub create_failures: BTreeMap<ResourceProfileId, CreateFailure>,
+    /// No round before this while backing off after failed create rounds.
+    pub backoff_until: Option<Timestamp>,
+    /// Executors that failed or cannot start.
+    pub failed_executors: Vec<ExecutorFailure>,
 }
+
+/// The driver pod of an application, as its actor follows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverReport {
+    pub pod_name: String,
+    /// Whether its life is followed (it carries `spark-role=driver`).
+    pub followed: bool,
+    /// Its phase as last seen (`Pending`, `Running`, `Succeeded`, `Failed`), or `Deleted`.
+    pub phase: Option<String>,
+    /// When the service saw it end (Succeeded, Failed or deleted).
+    pub ended_at: Option<Timestamp>,
+    /// When the ended application is forgotten.
+    pub forget_at: Option<Timestamp>,
+}
+
+/// How an actor follows its application's driver pod.
+#[derive(Debug, Clone)]
+pub(crate) struct DriverLife {
+    pub pod_name: String,
+    /// Followed through the namespace's watch (the pod carries `spark-role=driver`).
+    pub followed: bool,
+    /// How long an application whose driver pod Failed or Succeeded is kept before it is
+    /// forgotten (one whose driver pod is deleted is forgotten at once).
+    pub grace: Duration,
+}
+
+/// Called once when an actor ends because its driver ended: forgets the application.
+pub(crate) type ForgetHook = Box<dyn FnOnce() + Send>;
 
 /// Everything an actor owns.
 pub(crate) struct Actor {
@@ -55,6 +96,14 @@ pub(crate) struct Actor {
     pub id_record: IdRecord,
     /// The highest executor id recorded there.
     pub recorded_last_id: u64,
+    /// The driver pod, when Start named one.
+    pub driver: Option<DriverLife>,
+    /// Forgets the application once its driver ended and the grace period passed.
+    pub forget: Option<ForgetHook>,
+    /// What a restarted service needs to resume the application, kept in Kubernetes.
+    pub registration: Registration,
+    /// The driver pod as the registration's ConfigMap owner.
+    pub owner: Option<DriverOwner>,
 }
 
 /// Reaches a running actor.
@@ -119,20 +168,45 @@ struct State {
     actor: Actor,
     /// Deletes that failed, retried by the next round (merged per `only_pending`).
     retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
-    /// Finished executors whose pod was already deleted (or labelled inactive).
+    /// Finished executors whose pod was deleted (or labelled inactive), or is being.
     finished_handled: BTreeSet<ExecutorId>,
-    /// Rounds carried out completely (their creates answered).
+    /// Rounds carried out completely (their requests answered).
     rounds: u64,
+    /// A round's deletes, clean-up and id record are being sent: the next round waits
+    /// for their results (so a failed delete is retried and ids are recorded in order).
+    upkeep_in_flight: bool,
     /// Rounds whose creates are still in flight.
     creates_in_flight: usize,
-    /// Where create tasks report; the receiver lives in `run`.
-    creates_done: mpsc::UnboundedSender<CreateResults>,
+    /// Where the round workers report; the receiver lives in `run`.
+    work_done: mpsc::UnboundedSender<WorkDone>,
     /// Fired on Stop: creates not yet sent are skipped.
     cancel: CancellationToken,
     /// Consecutive rounds whose creates all failed at the API server.
     failed_create_rounds: u32,
     /// No round before this (backoff after failed create rounds; 0 = none).
     backoff_until: Timestamp,
+    /// The driver pod's phase as last seen.
+    driver_phase: Option<String>,
+    /// Set once the driver pod ended: no round runs any more.
+    ended: Option<Ended>,
+    /// When the delete of every executor pod (driver ended, delete-on-termination) is due.
+    cleanup_due: Option<Timestamp>,
+    /// That delete is in flight.
+    cleanup_in_flight: bool,
+    /// Failed creates and failed executors, for GetStatus.
+    failures: Failures,
+    /// The profile of each create in flight.
+    create_profiles: BTreeMap<ExecutorId, ResourceProfileId>,
+    /// The registration changed since it was last written (the next round writes it).
+    registration_dirty: bool,
+}
+
+/// The end of the driver pod as the actor saw it.
+#[derive(Debug, Clone)]
+struct Ended {
+    phase: String,
+    at: Timestamp,
+    forget_at: Timestamp,
 }
 
 /// Longest backoff after failed create rounds (unless the batch delay is longer).
@@ -141,18 +215,68 @@ const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(60);
 /// The outcome of one round's creates.
 type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
 
+/// What a round's worker reports back to the actor.
+enum WorkDone {
+    /// The round's deletes, clean-up of finished executors and id record were answered.
+    Upkeep(Upkeep),
+    /// The round's creates were answered (or not sent: see [`CreateError`]).
+    Created(CreateResults),
+    /// The delete of every executor pod after the driver ended was answered.
+    CleanedUp(Result<u32, String>),
+}
+
+/// The Kubernetes requests of one round other than its creates, sent in this order.
+struct UpkeepWork {
+    /// Collection deletes, per `only_pending`.
+    deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Finished executors (id, pod name) to delete or label inactive.
+    finished: Vec<(ExecutorId, String)>,
+    /// Delete finished executors (else label them inactive).
+    delete_on_termination: bool,
+    /// The highest id of the round's creates, to record before they are sent.
+    record: Option<ExecutorId>,
+    /// Whether the round has creates waiting for this (the round is counted with them).
+    with_creates: bool,
+    /// The application's registration (JSON) to write, when it changed.
+    registration: Option<String>,
+    /// The driver pod, owner of a registration ConfigMap created now.
+    owner: Option<DriverOwner>,
+}
+
+/// The outcome of [`UpkeepWork`].
+struct Upkeep {
+    /// Deletes that failed (retried by the next round).
+    failed_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Finished executors whose clean-up failed (retried by the next round).
+    finished_failed: Vec<ExecutorId>,
+    /// The id recorded, or why recording failed.
+    recorded: Result<Option<ExecutorId>, String>,
+    /// Copied from [`UpkeepWork::with_creates`].
+    with_creates: bool,
+    /// Writing the registration failed (the next round writes it again).
+    registration_failed: bool,
+}
+
 impl State {
-    fn new(actor: Actor, creates_done: mpsc::UnboundedSender<CreateResults>) -> Self {
+    fn new(actor: Actor, work_done: mpsc::UnboundedSender<WorkDone>) -> Self {
         Self {
             actor,
             retry_deletes: BTreeMap::new(),
             finished_handled: BTreeSet::new(),
             rounds: 0,
+            upkeep_in_flight: false,
             creates_in_flight: 0,
-            creates_done,
+            work_done,
             cancel: CancellationToken::new(),
             failed_create_rounds: 0,
             backoff_until: Timestamp(0),
+            driver_phase: None,
+            ended: None,
+            cleanup_due: None,
+            cleanup_in_flight: false,
+            failures: Failures::default(),
+            create_profiles: BTreeMap::new(),
+            registration_dirty: true,
         }
     }
 
@@ -162,34 +286,55 @@ impl State {
         mut subscription: Subscription,
     ) {
         tracing::info!("application actor started");
-        let (creates_done, mut created) = mpsc::unbounded_channel();
-        let mut this = Self::new(actor, creates_done);
-        this.serve(&mut commands, &mut subscription, &mut created)
+        let (work_done, mut done) = mpsc::unbounded_channel();
+        let mut this = Self::new(actor, work_done);
+        let forgotten = this
+            .serve(&mut commands, &mut subscription, &mut done)
             .await;
-        // No create may land after Stop's DELETE: skip unsent ones, await those in flight.
+        // No create may land after Stop's DELETE: skip unsent ones, await those in flight
+        // (every request has a deadline, so this ends).
         this.cancel.cancel();
-        while this.creates_in_flight > 0 {
-            match created.recv().await {
-                Some(results) => this.creates_answered(results),
+        while this.in_flight() {
+            match done.recv().await {
+                Some(work) => this.work_done(work),
                 None => break,
             }
+        }
+        if forgotten && let Some(forget) = this.actor.forget.take() {
+            forget();
+            tracing::info!("application forgotten: its driver pod ended");
         }
         tracing::info!("application actor stopped");
     }
 
+    /// Whether any worker of the actor is still sending requests.
+    fn in_flight(&self) -> bool {
+        self.upkeep_in_flight || self.creates_in_flight > 0 || self.cleanup_in_flight
+    }
+
+    /// The loop: it only computes and answers; every Kubernetes request of a round runs in
+    /// a worker task whose results come back on `done`, so no command ever waits on the
+    /// API server. Returns true when it ended because the driver ended (forget it).
     async fn serve(
         &mut self,
         commands: &mut mpsc::Receiver<Command>,
         subscription: &mut Subscription,
-        created: &mut mpsc::UnboundedReceiver<CreateResults>,
-    ) {
+        done: &mut mpsc::UnboundedReceiver<WorkDone>,
+    ) -> bool {
         let mut events_open = true;
         loop {
-            let due = self.next_round_at();
+            let (due, may_wake) = match &self.ended {
+                None => (self.next_round_at(), !self.upkeep_in_flight),
+                Some(ended) => (
+                    self.cleanup_due
+                        .map_or(ended.forget_at, |at| at.min(ended.forget_at)),
+                    !self.in_flight(),
+                ),
+            };
             tokio::select! {
                 biased;
                 command = commands.recv() => match command {
-                    None | Some(Command::Stop) => break,
+                    None | Some(Command::Stop) => return false,
                     Some(command) => self.handle(command),
                 },
                 event = subscription.events.recv(), if events_open => match event {
@@ -199,12 +344,82 @@ impl State {
                         events_open = false;
                     }
                 },
-                Some(results) = created.recv() => self.creates_answered(results),
-                () = self.actor.clock.sleep_until(due) => self.round().await,
+                Some(work) = done.recv() => self.work_done(work),
+                () = self.actor.clock.sleep_until(due), if may_wake => {
+                    if self.ended.is_none() {
+                        self.round();
+                    } else if self.after_end() {
+                        return true;
+                    }
+                }
             }
         }
     }
 
+    /// The driver pod ended (`phase`): no round runs any more, creates not sent yet are
+    /// skipped, every executor pod is deleted (delete-on-termination), and the application
+    /// is forgotten after `grace`.
+    fn driver_ended(&mut self, phase: &str, grace: Duration) {
+        let now = self.actor.clock.now();
+        if let Some(ended) = &mut self.ended {
+            // Deleted after it failed: forgotten at once.
+            ended.forget_at = ended.forget_at.min(now.plus(grace));
+            return;
+        }
+        self.cancel.cancel();
+        let delete = self.actor.allocator.settings().delete_on_termination;
+        if delete {
+            self.cleanup_due = Some(now);
+        }
+        let forget_at = now.plus(grace);
+        let driver = self.actor.driver.as_ref().map(|d| d.pod_name.clone());
+        tracing::warn!(driver = ?driver, phase, delete_executors = delete, grace_ms = grace.as_millis(),
+            "driver pod ended: no new executors; the application is forgotten after the grace period");
+        self.ended = Some(Ended {
+            phase: phase.to_string(),
+            at: now,
+            forget_at,
+        });
+    }
+
+    /// A wake-up after the driver ended (nothing in flight): the executors' delete when
+    /// due, then forgetting the application once the grace period passed (returns true).
+    fn after_end(&mut self) -> bool {
+        let now = self.actor.clock.now();
+        if let Some(due) = self.cleanup_due
+            && due <= now
+        {
+            self.cleanup_due = None;
+            self.cleanup_in_flight = true;
+            let client = self.actor.pods.clone();
+            let namespace = self.actor.namespace.clone();
+            let app_id = self.actor.app_id.clone();
+            let done = self.work_done.clone();
+            tokio::spawn(
+                async move {
+                    let result = client
+                        .delete_all(&namespace, &app_id)
+                        .await
+                        .map_err(|err| crate::k8s::describe_error(&err));
+                    let _ = done.send(WorkDone::CleanedUp(result));
+                }
+                .in_current_span(),
+            );
+            return false;
+        }
+        let Some(ended) = &self.ended else {
+            return false;
+        };
+        if now < ended.forget_at {
+            return false;
+        }
+        if self.cleanup_due.is_some() {
+            tracing::warn!(
+                "forgetting the application although deleting its executor pods failed; the driver pod's ownerReferences remain"
+            );
+        }
+        true
+    }
     /// When the next round may run: the store's schedule, held back by any backoff.
     fn next_round_at(&self) -> Timestamp {
         self.actor.store.next_due().max(self.backoff_until)
@@ -223,6 +438,11 @@ impl State {
                 let _ = reply.send(self.actor.allocator.is_deleted(id));
             }
             Command::UpdateRegistered(ids, reply) => {
+                let stored: BTreeSet<u64> = ids.iter().map(|id| id.0).collect();
+                if stored != self.actor.registration.registered {
+                    self.actor.registration.registered = stored;
+                    self.registration_dirty = true;
+                }
                 self.actor.allocator.set_registered(ids);
                 let _ = reply.send(());
             }
@@ -237,6 +457,11 @@ impl State {
                     status,
                     rounds: self.rounds,
                     next_round_at: self.next_round_at(),
+                    driver: self.driver_report(),
+                    create_failures: self.failures.creates().clone(),
+                    backoff_until: Some(self.backoff_until)
+                        .filter(|until| *until > self.actor.clock.now()),
+                    failed_executors: self.failures.executors(),
                 });
             }
             Command::Snapshot(reply) => {
@@ -244,6 +469,21 @@ impl State {
             }
             Command::Stop => {}
         }
+    }
+
+    fn driver_report(&self) -> Option<DriverReport> {
+        let driver = self.actor.driver.as_ref()?;
+        Some(DriverReport {
+            pod_name: driver.pod_name.clone(),
+            followed: driver.followed,
+            phase: self
+                .ended
+                .as_ref()
+                .map(|e| e.phase.clone())
+                .or_else(|| self.driver_phase.clone()),
+            ended_at: self.ended.as_ref().map(|e| e.at),
+            forget_at: self.ended.as_ref().map(|e| e.forget_at),
+        })
     }
 
     /// The templates registered and the targets set, or nothing changed at all.
@@ -283,27 +523,86 @@ impl State {
         if !targets.is_empty() && self.actor.allocator.set_targets(targets) {
             self.actor.store.notify_now();
         }
+        self.update_registration();
         Ok(())
+    }
+
+    /// Brings the registration in line with the templates and targets; marks it for
+    /// writing when it changed.
+    fn update_registration(&mut self) {
+        let templates: BTreeMap<i32, Pod> = self
+            .actor
+            .builder
+            .profiles()
+            .filter_map(|p| Some((p.0, self.actor.builder.template(p)?.clone())))
+            .collect();
+        let targets: BTreeMap<i32, u32> = self
+            .actor
+            .allocator
+            .targets()
+            .iter()
+            .map(|(p, t)| (p.0, *t))
+            .collect();
+        let registration = &mut self.actor.registration;
+        if registration.templates != templates || registration.targets != targets {
+            registration.templates = templates;
+            registration.targets = targets;
+            self.registration_dirty = true;
+        }
     }
 
     fn ingest(&mut self, event: PodEvent) {
         let rules = &self.actor.rules;
+        let now = self.actor.clock.now();
         match event {
             PodEvent::Applied(pod) => {
                 if let Some(executor) = executor_pod_from(&pod, rules) {
+                    self.failures.observe(&pod, &executor, now);
                     self.actor.store.update_pod(executor);
                 }
             }
             PodEvent::Deleted(pod) => {
                 if let Some(executor) = executor_pod_from(&pod, rules) {
+                    self.failures.pod_gone(executor.id);
+                    self.actor.allocator.pod_gone(executor.id);
                     self.actor.store.delete_pod(executor);
                 }
             }
+            PodEvent::Driver(pod) => {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+                if let Some(phase) = &phase
+                    && matches!(phase.as_str(), "Failed" | "Succeeded")
+                    && let Some(grace) = self.actor.driver.as_ref().map(|d| d.grace)
+                {
+                    self.driver_ended(phase, grace);
+                }
+                if self.ended.is_none() {
+                    self.driver_phase = phase;
+                }
+            }
+            PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
-                let executors = pods
-                    .iter()
-                    .filter_map(|pod| executor_pod_from(pod, rules))
+                let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
+                for pod in &pods {
+                    if let Some(executor) = executor_pod_from(pod, rules) {
+                        self.failures.observe(pod, &executor, now);
+                        executors.push(executor);
+                    }
+                }
+                let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
+                let gone: Vec<ExecutorId> = self
+                    .actor
+                    .store
+                    .current()
+                    .executors
+                    .keys()
+                    .filter(|id| !listed.contains(id))
+                    .copied()
                     .collect();
+                for id in gone {
+                    self.failures.pod_gone(id);
+                    self.actor.allocator.pod_gone(id);
+                }
                 self.actor
                     .store
                     .replace_all(executors, self.actor.clock.now());
@@ -311,9 +610,9 @@ impl State {
         }
     }
 
-    /// One round if the store is due: the engine's plan, then its deletes and creates,
-    /// then the clean-up of finished executors.
-    async fn round(&mut self) {
+    /// One round if the store is due: the engine's plan, then a worker sends its deletes,
+    /// the clean-up of finished executors and the id record, then its creates.
+    fn round(&mut self) {
         let now = self.actor.clock.now();
         let Some(batch) = self.actor.store.poll(now) else {
             return;
@@ -331,126 +630,209 @@ impl State {
                 .or_default()
                 .extend(request.ids);
         }
-        self.delete_planned().await;
-        self.clean_up_finished().await;
-        if let Err(err) = self.record_last_id(&plan.creates).await {
-            // Nothing is created with ids a restarted service could not know of; they are
-            // forgotten like refused creates (backoff included), and later rounds ask again.
-            let message = format!(
-                "{}: {}",
-                self.actor.id_record,
-                crate::k8s::describe_error(&err)
-            );
-            let results = plan
-                .creates
-                .iter()
-                .map(|(id, _)| (*id, Err(CreateError::IdNotRecorded(message.clone()))))
-                .collect();
-            self.record_creates(results);
+        let record = plan
+            .creates
+            .iter()
+            .map(|(id, _)| *id)
+            .max()
+            .filter(|highest| highest.0 > self.actor.recorded_last_id);
+        let upkeep = UpkeepWork {
+            deletes: std::mem::take(&mut self.retry_deletes),
+            finished: self.finished_to_clean_up(),
+            delete_on_termination: self.actor.allocator.settings().delete_on_termination,
+            record,
+            with_creates: false,
+            registration: self.registration_to_write(),
+            owner: self.actor.owner.clone(),
+        };
+        let pods = self.build_pods(plan.creates);
+        if upkeep.deletes.is_empty()
+            && upkeep.finished.is_empty()
+            && upkeep.record.is_none()
+            && upkeep.registration.is_none()
+        {
+            if pods.is_empty() {
+                self.rounds += 1;
+            } else {
+                self.spawn_creates(pods, None);
+            }
             return;
         }
-        // Counted once carried out (creates answered), so an observer seeing the count
-        // sees the round's effects.
-        if !self.create_planned(plan.creates) {
-            self.rounds += 1;
-        }
-    }
-
-    /// Records the highest id of `creates` ([`IdRecord`]) before they are sent, so a
-    /// restarted service never hands out an id again, even one whose pod is gone.
-    async fn record_last_id(
-        &mut self,
-        creates: &[(ExecutorId, ResourceProfileId)],
-    ) -> Result<(), kube::Error> {
-        let Some(highest) = creates.iter().map(|(id, _)| *id).max() else {
-            return Ok(());
+        self.upkeep_in_flight = true;
+        let (tx, rx) = oneshot::channel();
+        let mut upkeep = UpkeepWork {
+            with_creates: !pods.is_empty(),
+            ..upkeep
         };
-        if highest.0 <= self.actor.recorded_last_id {
-            return Ok(());
+        if !pods.is_empty() {
+            self.spawn_creates(pods, Some(rx));
         }
-        self.actor
-            .pods
-            .record_last_executor_id(&self.actor.namespace, &self.actor.id_record, highest)
-            .await?;
-        self.actor.recorded_last_id = highest.0;
-        Ok(())
+        let client = self.actor.pods.clone();
+        let namespace = self.actor.namespace.clone();
+        let app_id = self.actor.app_id.clone();
+        let id_record = self.actor.id_record.clone();
+        let done = self.work_done.clone();
+        tokio::spawn(
+            async move {
+                let registration = upkeep.registration.take();
+                let owner = upkeep.owner.take();
+                let mut upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
+                // The creates wait for the record: none is sent with an id it does not cover.
+                let _ = tx.send(upkeep.recorded.clone());
+                // The registration is written beside the creates, not before them.
+                if let Some(json) = registration {
+                    upkeep.registration_failed = client
+                        .write_registration(
+                            &namespace,
+                            &app_id,
+                            owner.as_ref(),
+                            REGISTRATION_KEY,
+                            &json,
+                        )
+                        .await
+                        .is_err();
+                }
+                // The actor outlives its workers (it awaits them before ending).
+                let _ = done.send(WorkDone::Upkeep(upkeep));
+            }
+            .in_current_span(),
+        );
     }
 
-    async fn delete_planned(&mut self) {
-        for (only_pending, ids) in std::mem::take(&mut self.retry_deletes) {
-            let list: Vec<ExecutorId> = ids.iter().copied().collect();
-            let result = self
-                .actor
-                .pods
-                .delete_executors(
-                    &self.actor.namespace,
-                    &self.actor.app_id,
-                    &list,
-                    only_pending,
-                )
-                .await;
-            match result {
-                Ok(deleted) => {
-                    tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
-                }
-                Err(_) => {
-                    // Already logged with the API server's reason; the next round retries.
-                    self.retry_deletes
-                        .entry(only_pending)
-                        .or_default()
-                        .extend(ids);
-                }
+    /// The registration as JSON when it must be written (then no longer dirty; a failed
+    /// write marks it again).
+    fn registration_to_write(&mut self) -> Option<String> {
+        if !std::mem::take(&mut self.registration_dirty) {
+            return None;
+        }
+        match serde_json::to_string(&self.actor.registration) {
+            Ok(json) => Some(json),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot encode the application's registration");
+                None
             }
         }
     }
 
-    /// Sends the round's creates from a separate task, so the actor keeps answering while
-    /// they are in flight (rate limit, slow API server). Returns whether any was sent.
-    fn create_planned(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) -> bool {
+    /// The executor pods of the round's creates; one that cannot be built is forgotten.
+    fn build_pods(
+        &mut self,
+        creates: Vec<(ExecutorId, ResourceProfileId)>,
+    ) -> Vec<(ExecutorId, Pod)> {
         let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
         for (id, profile) in creates {
             match self.actor.builder.build(id, profile) {
-                Ok(pod) => pods.push((id, pod)),
+                Ok(pod) => {
+                    self.create_profiles.insert(id, profile);
+                    pods.push((id, pod));
+                }
                 Err(err) => {
                     tracing::error!(executor = id.0, error = %err, "cannot build executor pod");
                     self.actor.allocator.create_failed(id);
                 }
             }
         }
-        if pods.is_empty() {
-            return false;
-        }
+        pods
+    }
+
+    /// Sends the round's creates from a worker task, concurrently up to the configured
+    /// limit, once `recorded` (the round's id record) succeeded; if it failed, none is sent
+    /// and each counts as a failed create.
+    fn spawn_creates(
+        &mut self,
+        pods: Vec<(ExecutorId, Pod)>,
+        recorded: Option<oneshot::Receiver<Result<Option<ExecutorId>, String>>>,
+    ) {
         self.creates_in_flight += 1;
         let client = self.actor.pods.clone();
         let namespace = self.actor.namespace.clone();
         let cancel = self.cancel.clone();
-        let done = self.creates_done.clone();
+        let done = self.work_done.clone();
+        let record_name = self.actor.id_record.to_string();
         tokio::spawn(
             async move {
-                let results = client.create_all(&namespace, pods, &cancel).await;
-                // The actor outlives its create tasks (it awaits them before ending).
-                let _ = done.send(results);
+                let recorded = match recorded {
+                    None => Ok(()),
+                    Some(rx) => match rx.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(message)) => Err(format!("{record_name}: {message}")),
+                        Err(_) => Err(format!("{record_name}: not written")),
+                    },
+                };
+                let results = match recorded {
+                    Ok(()) => client.create_all(&namespace, pods, &cancel).await,
+                    // Nothing is created with ids a restarted service could not know of;
+                    // they are forgotten like refused creates (backoff included).
+                    Err(message) => pods
+                        .into_iter()
+                        .map(|(id, _)| (id, Err(CreateError::IdNotRecorded(message.clone()))))
+                        .collect(),
+                };
+                let _ = done.send(WorkDone::Created(results));
             }
             .in_current_span(),
         );
-        true
     }
 
-    /// A round's creates were answered: forget the failed ones (a later round asks again
+    /// A worker's report.
+    fn work_done(&mut self, work: WorkDone) {
+        match work {
+            WorkDone::Upkeep(upkeep) => {
+                self.upkeep_in_flight = false;
+                for (only_pending, ids) in upkeep.failed_deletes {
+                    self.retry_deletes
+                        .entry(only_pending)
+                        .or_default()
+                        .extend(ids);
+                }
+                for id in upkeep.finished_failed {
+                    self.finished_handled.remove(&id);
+                }
+                if upkeep.registration_failed {
+                    self.registration_dirty = true;
+                }
+                if let Ok(Some(id)) = upkeep.recorded {
+                    self.actor.recorded_last_id = self.actor.recorded_last_id.max(id.0);
+                }
+                // A round with creates is counted once they are answered.
+                if !upkeep.with_creates {
+                    self.rounds += 1;
+                }
+            }
+            WorkDone::Created(results) => {
+                self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+                self.record_creates(results);
+            }
+            WorkDone::CleanedUp(result) => {
+                self.cleanup_in_flight = false;
+                match result {
+                    Ok(deleted) => {
+                        tracing::info!(deleted, "executor pods deleted after the driver ended")
+                    }
+                    Err(_) => {
+                        // Logged with the reason; tried again one batch delay later.
+                        let delay = self.actor.allocator.settings().batch_delay;
+                        self.cleanup_due = Some(self.actor.clock.now().plus(delay));
+                    }
+                }
+            }
+        }
+    }
+    /// The outcome of a round's creates: forget the failed ones (a later round asks again
     /// with new ids). When every create of the round failed at the API server (quota,
     /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
     /// minute) instead of burning a batch of ids every batch delay.
-    fn creates_answered(&mut self, results: CreateResults) {
-        self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
-        self.record_creates(results);
-    }
-
-    /// The outcome of a round's creates (see [`Self::creates_answered`]).
     fn record_creates(&mut self, results: CreateResults) {
         let requested = results.len();
         let mut failed = 0usize;
         let mut first_error = None;
+        let now = self.actor.clock.now();
         for (id, result) in results {
+            let profile = self.create_profiles.remove(&id).unwrap_or_default();
+            match &result {
+                Ok(()) => self.failures.create_passed(profile),
+                Err(err) => self.failures.create_failed(profile, err, now),
+            }
             if let Err(err) = result {
                 self.actor.allocator.create_failed(id);
                 if !matches!(err, CreateError::Cancelled) {
@@ -480,9 +862,9 @@ impl State {
         self.rounds += 1;
     }
 
-    /// Failed and succeeded executors: delete their pods (delete-on-termination) or label
-    /// them inactive, once each; a failure is retried by the next round.
-    async fn clean_up_finished(&mut self) {
+    /// Failed and succeeded executors not handled yet (their pod to delete or label
+    /// inactive), marked handled; a failure un-marks them for the next round.
+    fn finished_to_clean_up(&mut self) -> Vec<(ExecutorId, String)> {
         let snapshot = &self.actor.store.current().executors;
         self.finished_handled.retain(|id| snapshot.contains_key(id));
         let finished: Vec<(ExecutorId, String)> = snapshot
@@ -495,33 +877,73 @@ impl State {
             })
             .map(|e| (e.id, e.pod_name.clone()))
             .collect();
-        if finished.is_empty() {
-            return;
-        }
-        if self.actor.allocator.settings().delete_on_termination {
-            let ids: Vec<ExecutorId> = finished.iter().map(|(id, _)| *id).collect();
-            if self
-                .actor
-                .pods
-                .delete_executors(&self.actor.namespace, &self.actor.app_id, &ids, false)
+        self.finished_handled
+            .extend(finished.iter().map(|(id, _)| *id));
+        finished
+    }
+}
+
+impl UpkeepWork {
+    /// Sends the requests, in order: deletes, clean-up, id record. Each failure is logged
+    /// (with the API server's reason) and reported for a retry.
+    async fn send(
+        self,
+        pods: &ExecutorPods,
+        namespace: &str,
+        app_id: &str,
+        id_record: &IdRecord,
+    ) -> Upkeep {
+        let mut failed_deletes = BTreeMap::new();
+        for (only_pending, ids) in self.deletes {
+            let list: Vec<ExecutorId> = ids.iter().copied().collect();
+            match pods
+                .delete_executors(namespace, app_id, &list, only_pending)
                 .await
-                .is_ok()
             {
-                tracing::info!(executors = ?ids, "finished executor pods deleted");
-                self.finished_handled.extend(ids);
+                Ok(deleted) => {
+                    tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
+                }
+                // Already logged with the API server's reason; the next round retries.
+                Err(_) => {
+                    failed_deletes.insert(only_pending, ids);
+                }
             }
-        } else {
-            for (id, pod_name) in finished {
-                if self
-                    .actor
-                    .pods
-                    .mark_inactive(&self.actor.namespace, &pod_name)
+        }
+        let mut finished_failed = Vec::new();
+        if !self.finished.is_empty() {
+            if self.delete_on_termination {
+                let ids: Vec<ExecutorId> = self.finished.iter().map(|(id, _)| *id).collect();
+                if pods
+                    .delete_executors(namespace, app_id, &ids, false)
                     .await
                     .is_ok()
                 {
-                    self.finished_handled.insert(id);
+                    tracing::info!(executors = ?ids, "finished executor pods deleted");
+                } else {
+                    finished_failed = ids;
+                }
+            } else {
+                for (id, pod_name) in self.finished {
+                    if pods.mark_inactive(namespace, &pod_name).await.is_err() {
+                        finished_failed.push(id);
+                    }
                 }
             }
+        }
+        let recorded = match self.record {
+            None => Ok(None),
+            Some(highest) => pods
+                .record_last_executor_id(namespace, id_record, highest)
+                .await
+                .map(|()| Some(highest))
+                .map_err(|err| crate::k8s::describe_error(&err)),
+        };
+        Upkeep {
+            failed_deletes,
+            finished_failed,
+            recorded,
+            with_creates: self.with_creates,
+            registration_failed: false,
         }
     }
 }

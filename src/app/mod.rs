@@ -4,12 +4,13 @@
 //! CONTRACT between the service core (k8s + actors) and the gRPC edge: keep these names and
 //! signatures; extend freely.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::allocator::types::{DRIVER_ROLE, ROLE_LABEL};
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
     ExecutorPodsSnapshot, ResourceProfileId, SnapshotStore, TemplateError, Timestamp,
@@ -17,15 +18,20 @@ use crate::allocator::{
 };
 use crate::config::Settings;
 use crate::k8s::pods::{IdRecord, highest_executor_id};
-use crate::k8s::{ExecutorPods, PodWatches, RateLimiter};
+use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
+use registration::{REGISTRATION_KEY, Registration};
 
 mod actor;
 pub mod clock;
 pub mod error;
+pub mod failures;
+pub mod registration;
 
-use actor::{Actor, ActorHandle, ActorReport, Command};
+pub use actor::DriverReport;
+use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::AppError;
+pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 
 /// A validated application id (a label value: ≤ 63 chars, alphanumeric ends, `-_.` inside).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -86,6 +92,21 @@ pub struct StartApplication {
     pub settings: AllocationSettings,
 }
 
+/// An application's state as GetStatus reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplicationStatus {
+    /// The engine's counts, targets, deleted executors and last id.
+    pub allocation: AllocatorStatus,
+    /// The driver pod's life (`None` when Start named no driver pod).
+    pub driver: Option<DriverReport>,
+    /// The last failed create per profile (with how many failed in a row).
+    pub create_failures: BTreeMap<ResourceProfileId, CreateFailure>,
+    /// No round before this while backing off after failed create rounds.
+    pub backoff_until: Option<Timestamp>,
+    /// Executors that failed (the last 100) or cannot start, ascending by id.
+    pub failed_executors: Vec<ExecutorFailure>,
+}
+
 /// What Start reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Started {
@@ -106,6 +127,11 @@ pub struct ServiceOptions {
     pub burst: u32,
     /// Creates of one round in flight at once.
     pub create_concurrency: usize,
+    /// Deadline and retries of every Kubernetes request.
+    pub request_policy: RequestPolicy,
+    /// How long an application whose driver pod Failed or Succeeded is kept (calls still
+    /// answer, nothing is created) before it is forgotten.
+    pub driver_end_grace: Duration,
 }
 
 impl Default for ServiceOptions {
@@ -124,6 +150,8 @@ impl ServiceOptions {
             burst: settings.kubernetes.burst,
             create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
                 .unwrap_or(usize::MAX),
+            request_policy: settings.request_policy(),
+            driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
         }
     }
 }
@@ -177,6 +205,9 @@ struct Registry {
     /// Serialises Start and Stop, so an id is never started twice concurrently.
     lifecycle: tokio::sync::Mutex<()>,
     shutting_down: AtomicBool,
+    /// Numbers the actors, so a forgotten application's entry is removed only if it is
+    /// still that actor's.
+    generations: AtomicU64,
 }
 
 /// A registered application; `actor` is `None` after a Stop whose deletes failed
@@ -188,6 +219,8 @@ struct Entry {
     id_record: IdRecord,
     /// What the first Start asked for, which a repeated Start must repeat.
     first_start: FirstStart,
+    /// The actor's number ([`Registry::generations`]).
+    generation: u64,
 }
 
 /// The fields of an application's first Start (other than templates, which the actor
@@ -228,7 +261,8 @@ impl Applications {
     pub fn new(ctx: ServiceContext) -> Self {
         let options = &ctx.options;
         let limiter = RateLimiter::new(options.qps, options.burst);
-        let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency);
+        let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency)
+            .with_policy(options.request_policy);
         let watches = PodWatches::new(
             ctx.client.clone(),
             Arc::clone(&ctx.clock),
@@ -243,6 +277,7 @@ impl Applications {
                 apps: Mutex::new(HashMap::new()),
                 lifecycle: tokio::sync::Mutex::new(()),
                 shutting_down: AtomicBool::new(false),
+                generations: AtomicU64::new(0),
             }),
         }
     }
@@ -284,10 +319,15 @@ impl Applications {
         let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
 
         // Subscribe before listing so no event between the LIST and the actor is lost.
-        let subscription = self
-            .inner
-            .watches
-            .subscribe(&req.namespace, req.app_id.as_str());
+        let followed_driver = driver
+            .as_ref()
+            .filter(|d| d.followed)
+            .map(|d| d.name.as_str());
+        let subscription = self.inner.watches.subscribe_with_driver(
+            &req.namespace,
+            req.app_id.as_str(),
+            followed_driver,
+        );
         let found = self
             .inner
             .pods
@@ -309,6 +349,16 @@ impl Applications {
         let resumed = !found.is_empty();
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
+        let mut allocator = Allocator::new(req.settings.clone(), last_executor_id);
+        // Pods being deleted when the service stopped count as deleted again (IsDeleted).
+        allocator.restore_deleted(
+            found
+                .iter()
+                .filter(|pod| pod.metadata.deletion_timestamp.is_some())
+                .filter_map(|pod| executor_pod_from(pod, &rules))
+                .map(|executor| executor.id),
+            now,
+        );
         if resumed {
             let executors = found
                 .iter()
@@ -317,10 +367,11 @@ impl Applications {
             store.replace_all(executors, now);
             tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.len(), last_executor_id, "resuming application from its executor pods");
         }
+        let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
         let actor = Actor {
             app_id: req.app_id.to_string(),
             namespace: req.namespace.clone(),
-            allocator: Allocator::new(req.settings.clone(), last_executor_id),
+            allocator,
             store,
             builder,
             rules,
@@ -328,6 +379,14 @@ impl Applications {
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: id_record.clone(),
             recorded_last_id: recorded,
+            driver: driver.as_ref().map(|d| DriverLife {
+                pod_name: d.name.clone(),
+                followed: d.followed,
+                grace: self.inner.ctx.options.driver_end_grace,
+            }),
+            forget: Some(self.forget_hook(&req.app_id, generation)),
+            registration: Registration::of_start(&req),
+            owner: driver.as_ref().and_then(|d| d.owner.clone()),
         };
         let handle = ActorHandle::spawn(actor, subscription);
         self.apps().insert(
@@ -337,12 +396,77 @@ impl Applications {
                 actor: Some(handle),
                 id_record,
                 first_start: FirstStart::of(&req),
+                generation,
             },
         );
         Ok(Started {
             resumed,
             last_executor_id,
         })
+    }
+
+    /// Resumes every application whose registration a previous service kept in Kubernetes
+    /// (in the allowed namespaces, else in all): Start as first asked, then its targets
+    /// and registered executors, so allocation goes on with no call from the driver.
+    /// Returns the applications resumed; one that cannot be resumed is logged (and its
+    /// registration deleted when its driver pod is gone or ended).
+    pub async fn resume_registered(&self) -> Result<Vec<AppId>, AppError> {
+        let namespaces: Vec<String> = self
+            .inner
+            .ctx
+            .options
+            .allowed_namespaces
+            .iter()
+            .cloned()
+            .collect();
+        let stored = self
+            .inner
+            .pods
+            .list_registrations(&namespaces, REGISTRATION_KEY)
+            .await?;
+        let mut resumed = Vec::new();
+        for json in stored {
+            let registration: Registration = match serde_json::from_str(&json) {
+                Ok(registration) => registration,
+                Err(err) => {
+                    tracing::warn!(error = %err, "ignoring an unreadable application registration");
+                    continue;
+                }
+            };
+            let req = match registration.start_request() {
+                Ok(req) => req,
+                Err(err) => {
+                    tracing::warn!(error = %err, "ignoring an invalid application registration");
+                    continue;
+                }
+            };
+            let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
+            match self.start(req).await {
+                Ok(_) => {}
+                Err(AppError::FailedPrecondition(reason)) => {
+                    tracing::warn!(%app, %namespace, %reason, "not resuming the application; its registration is deleted");
+                    let _ = self
+                        .inner
+                        .pods
+                        .delete_registration(&namespace, app.as_str())
+                        .await;
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(%app, %namespace, error = %err, "cannot resume the application");
+                    continue;
+                }
+            }
+            let targets = registration.targets();
+            if !targets.is_empty() {
+                self.set_total_expected(&app, targets).await?;
+            }
+            self.update_registered(&app, registration.registered())
+                .await?;
+            tracing::info!(%app, %namespace, "application resumed from its registration");
+            resumed.push(app);
+        }
+        Ok(resumed)
     }
 
     /// Sets targets per profile (profiles left out keep theirs).
@@ -392,12 +516,13 @@ impl Applications {
             .await
     }
 
-    /// Deletes every executor pod of the application, then its id record (a ConfigMap),
-    /// and forgets it; returns pods deleted.
+    /// Deletes every executor pod of the application, then its ConfigMap (registration,
+    /// id record), and forgets it; returns the pods this delete deleted (not those already
+    /// terminating).
     pub async fn stop(&self, app: &AppId) -> Result<u32, AppError> {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
-        let Some((namespace, actor, id_record)) = self.entry(app) else {
+        let Some((namespace, actor, _)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
         if let Some(actor) = actor {
@@ -409,7 +534,7 @@ impl Applications {
             Ok(deleted) => self
                 .inner
                 .pods
-                .delete_id_record(&namespace, &id_record)
+                .delete_registration(&namespace, app.as_str())
                 .await
                 .map(|()| deleted),
             Err(err) => Err(err),
@@ -433,6 +558,18 @@ impl Applications {
     /// The application's allocation state.
     pub async fn status(&self, app: &AppId) -> Result<AllocatorStatus, AppError> {
         Ok(self.report(app).await?.status)
+    }
+
+    /// What GetStatus reports: the allocation state plus the driver pod's life.
+    pub async fn application_status(&self, app: &AppId) -> Result<ApplicationStatus, AppError> {
+        let report = self.report(app).await?;
+        Ok(ApplicationStatus {
+            allocation: report.status,
+            driver: report.driver,
+            create_failures: report.create_failures,
+            backoff_until: report.backoff_until,
+            failed_executors: report.failed_executors,
+        })
     }
 
     /// How many allocation rounds the application's actor has run (observability, tests).
@@ -509,6 +646,35 @@ impl Applications {
         })
     }
 
+    /// Removes the application's entry once its actor ended because the driver ended
+    /// (unless a Stop or a new Start replaced it meanwhile).
+    fn forget_hook(&self, app: &AppId, generation: u64) -> actor::ForgetHook {
+        let registry = Arc::downgrade(&self.inner);
+        let app = app.clone();
+        Box::new(move || {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            let mut apps = match registry.apps.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if let Some(entry) = apps.remove(&app) {
+                if entry.generation != generation {
+                    apps.insert(app, entry);
+                    return;
+                }
+                // A restarted service must not resume it.
+                let pods = registry.pods.clone();
+                tokio::spawn(async move {
+                    let _ = pods
+                        .delete_registration(&entry.namespace, app.as_str())
+                        .await;
+                });
+            }
+        })
+    }
+
     async fn report(&self, app: &AppId) -> Result<ActorReport, AppError> {
         self.actor(app)?.call(Command::Report).await
     }
@@ -548,6 +714,18 @@ impl Applications {
                     req.namespace
                 ))
             })?;
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if let Some(phase @ ("Failed" | "Succeeded")) = phase {
+            return Err(AppError::FailedPrecondition(format!(
+                "driver_pod_name: the driver pod {name} has ended (phase {phase})"
+            )));
+        }
+        let followed = crate::k8s::pods::labels(&pod)
+            .get(ROLE_LABEL)
+            .is_some_and(|role| role == DRIVER_ROLE);
+        if !followed {
+            tracing::warn!(driver = %name, "driver pod has no label {ROLE_LABEL}={DRIVER_ROLE}: its end is not followed (Stop it explicitly)");
+        }
         let owner = match pod.metadata.uid {
             Some(uid) => Some(DriverOwner {
                 name: name.clone(),
@@ -561,6 +739,7 @@ impl Applications {
         Ok(Some(Driver {
             name: name.clone(),
             owner,
+            followed,
         }))
     }
 
@@ -606,6 +785,8 @@ struct Driver {
     name: String,
     /// The executors' controller owner (none when the pod has no uid).
     owner: Option<DriverOwner>,
+    /// It carries `spark-role=driver`, so the namespace's watch follows its life.
+    followed: bool,
 }
 
 /// A template error names the request field it came from: a template that cannot make

@@ -18,18 +18,46 @@ pub fn to_status(err: AppError) -> Status {
     }
 }
 
+/// The gRPC code of an API server answer (HTTP status and reason).
+pub fn api_code(http_code: u16, reason: &str) -> Code {
+    match (http_code, reason) {
+        (403, _) => Code::PermissionDenied,
+        (404, _) => Code::NotFound,
+        (409, "AlreadyExists") => Code::AlreadyExists,
+        (409, _) => Code::Aborted,
+        (422, _) => Code::InvalidArgument,
+        (429, _) => Code::ResourceExhausted,
+        _ => Code::Unavailable,
+    }
+}
+
+/// A code's name as the gRPC spec spells it (`PERMISSION_DENIED`).
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 fn kubernetes_status(err: &kube::Error) -> Status {
     match err {
         kube::Error::Api(status) => {
-            let code = match (status.code, status.reason.as_str()) {
-                (403, _) => Code::PermissionDenied,
-                (404, _) => Code::NotFound,
-                (409, "AlreadyExists") => Code::AlreadyExists,
-                (409, _) => Code::Aborted,
-                (422, _) => Code::InvalidArgument,
-                (429, _) => Code::ResourceExhausted,
-                _ => Code::Unavailable,
-            };
+            let code = api_code(status.code, &status.reason);
             let message = if status.message.is_empty() {
                 "no message"
             } else {

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::allocator::AllocatorStatus;
-use crate::app::{AppError, Applications};
+use crate::app::{AppError, ApplicationStatus, Applications, CreateFailure, ExecutorProblem};
 use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
@@ -46,8 +45,36 @@ fn wire_id(id: u64) -> i64 {
     i64::try_from(id).unwrap_or(i64::MAX)
 }
 
-fn status_message(status: AllocatorStatus) -> proto::ApplicationStatus {
+fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus {
+    let status = app.allocation;
+    let mut create_failures = app.create_failures;
+    let backoff_until_ms = app.backoff_until.map_or(0, |t| t.0);
     proto::ApplicationStatus {
+        failed_executors: app
+            .failed_executors
+            .into_iter()
+            .map(|f| proto::ExecutorFailure {
+                executor_id: wire_id(f.executor_id.0),
+                resource_profile_id: f.profile.0,
+                pod_name: f.pod_name,
+                state: match f.problem {
+                    ExecutorProblem::Failed => "Failed",
+                    ExecutorProblem::Waiting => "Waiting",
+                }
+                .into(),
+                exit_code: f.exit_code,
+                reason: f.reason.unwrap_or_default(),
+                message: f.message.unwrap_or_default(),
+                time_ms: f.at.0,
+            })
+            .collect(),
+        driver: app.driver.map(|d| proto::DriverStatus {
+            pod_name: d.pod_name,
+            phase: d.phase.unwrap_or_default(),
+            followed: d.followed,
+            ended_at_ms: d.ended_at.map_or(0, |t| t.0),
+            forget_at_ms: d.forget_at.map_or(0, |t| t.0),
+        }),
         profiles: status
             .profiles
             .into_iter()
@@ -57,11 +84,32 @@ fn status_message(status: AllocatorStatus) -> proto::ApplicationStatus {
                 running: c.running,
                 pending: c.pending,
                 newly_created: c.newly_created,
+                backoff_until_ms: create_failures
+                    .get(&profile)
+                    .filter(|f| f.consecutive > 0)
+                    .map_or(0, |_| backoff_until_ms),
+                last_create_failure: create_failures.remove(&profile).map(create_failure),
             })
             .collect(),
         deleted_executor_ids: status.deleted.into_iter().map(|id| wire_id(id.0)).collect(),
         last_executor_id: wire_id(status.last_executor_id),
         outstanding: status.outstanding,
+    }
+}
+
+fn create_failure(f: CreateFailure) -> proto::CreateFailure {
+    let code = match f.http_code {
+        Some(http) => error::api_code(http, &f.reason),
+        None if f.reason == "IdNotRecorded" => tonic::Code::FailedPrecondition,
+        None => tonic::Code::Unavailable,
+    };
+    proto::CreateFailure {
+        http_code: f.http_code.map_or(0, u32::from),
+        code: error::code_name(code).into(),
+        reason: f.reason,
+        message: f.message,
+        time_ms: f.at.0,
+        consecutive_failures: f.consecutive,
     }
 }
 
@@ -180,7 +228,9 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = request.into_inner().application_id;
         answer("GetStatus", &app_id, async {
             let app = validate::application_id(&app_id)?;
-            Ok(status_message(self.applications.status(&app).await?))
+            Ok(status_message(
+                self.applications.application_status(&app).await?,
+            ))
         })
         .await
     }

@@ -3,10 +3,12 @@
 //! limit ([`ExecutorPods`]), and building the client from the configuration ([`connect`]).
 pub mod pods;
 pub mod rate_limit;
+pub mod request;
 pub mod watch;
 
 pub use pods::{CreateError, ExecutorPods, IdRecord};
 pub use rate_limit::RateLimiter;
+pub use request::RequestPolicy;
 pub use watch::{PodEvent, PodWatches, Subscription};
 
 use crate::config::{InCluster, KubernetesSettings};
@@ -40,7 +42,7 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
         context: settings.context.clone(),
         ..Default::default()
     };
-    let config = match (&settings.kubeconfig, settings.in_cluster) {
+    let mut config = match (&settings.kubeconfig, settings.in_cluster) {
         (_, InCluster::True) => kube::Config::incluster()?,
         (Some(path), _) => {
             let in_file = |source| ConnectError::KubeconfigFile {
@@ -58,6 +60,9 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
         }
         (None, InCluster::Auto) => kube::Config::infer().await?,
     };
+    // Our own deadline and retries apply to every request (`RequestPolicy`); kube's retry
+    // layer would retry 429/503/504 up to 15 times honouring Retry-After inside them.
+    config.default_retry = false;
     // Later "not reachable" warnings and UNAVAILABLE answers name no address: this does.
     tracing::info!(url = %config.cluster_url, namespace = %config.default_namespace, "kubernetes API server");
     Ok(kube::Client::try_from(config)?)

@@ -3,23 +3,25 @@
 //! the driver pod lookup, and the record of the highest executor id handed out
 //! ([`IdRecord`]). Every mutating request first takes a slot of the shared [`RateLimiter`];
 //! every failure is logged with the API server's reason and returned.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::describe_error;
 use super::rate_limit::RateLimiter;
-use crate::allocator::ExecutorId;
+use super::request::RequestPolicy;
 use crate::allocator::pod_builder::{sanitize_prefix, stable_hash};
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
+use crate::allocator::{DriverOwner, ExecutorId};
 
 /// Why one executor pod was not created.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +107,7 @@ pub struct ExecutorPods {
     client: kube::Client,
     limiter: RateLimiter,
     create_concurrency: usize,
+    policy: RequestPolicy,
 }
 
 impl ExecutorPods {
@@ -115,7 +118,19 @@ impl ExecutorPods {
             client,
             limiter,
             create_concurrency: create_concurrency.max(1),
+            policy: RequestPolicy::default(),
         }
+    }
+
+    /// The same client with every request under `policy` (deadline, retries).
+    pub fn with_policy(mut self, policy: RequestPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The deadline and retries of every request.
+    pub fn policy(&self) -> RequestPolicy {
+        self.policy
     }
 
     fn api(&self, namespace: &str) -> Api<Pod> {
@@ -144,7 +159,28 @@ impl ExecutorPods {
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
                     }
-                    let result = api.create(&PostParams::default(), &pod).await.map(|_| ());
+                    let mut first = true;
+                    let result = self
+                        .policy
+                        .run(|unknown_outcome| {
+                            let (api, pod) = (api.clone(), &pod);
+                            let retry = !std::mem::take(&mut first);
+                            async move {
+                                // A retry is a new request: none is sent once Stop began.
+                                if retry {
+                                    if cancel.is_cancelled() {
+                                        return Err(stopping());
+                                    }
+                                    self.limiter.acquire().await;
+                                }
+                                match api.create(&PostParams::default(), pod).await {
+                                    // An earlier attempt with no answer did create it.
+                                    Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
+                                    other => other.map(drop),
+                                }
+                            }
+                        })
+                        .await;
                     if let Err(err) = &result {
                         tracing::debug!(executor = id.0, namespace, error = %describe_error(err), "executor pod create failed");
                     }
@@ -184,10 +220,21 @@ impl ExecutorPods {
         Ok(deleted)
     }
 
-    /// Deletes every executor pod of the application (Stop); returns pods deleted.
+    /// Deletes every executor pod of the application (Stop); returns the pods this delete
+    /// deleted: pods already terminating (a deletionTimestamp, as a LIST just before
+    /// shows) are deleted again but not counted.
     pub async fn delete_all(&self, namespace: &str, app_id: &str) -> Result<u32, kube::Error> {
+        let terminating: BTreeSet<String> = self
+            .list_executors(namespace, app_id)
+            .await?
+            .into_iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_some())
+            .filter_map(|pod| pod.metadata.name)
+            .collect();
         let lp = ListParams::default().labels(&app_selector(app_id));
-        self.delete_collection(namespace, &lp).await
+        let deleted = self.delete_collection_names(namespace, &lp).await?;
+        let newly = deleted.iter().filter(|name| !terminating.contains(*name));
+        Ok(u32::try_from(newly.count()).unwrap_or(u32::MAX))
     }
 
     async fn delete_collection(
@@ -195,14 +242,30 @@ impl ExecutorPods {
         namespace: &str,
         lp: &ListParams,
     ) -> Result<u32, kube::Error> {
-        self.limiter.acquire().await;
-        match self
-            .api(namespace)
-            .delete_collection(&DeleteParams::default(), lp)
-            .await
-        {
-            Ok(either) => Ok(either.left().map_or(0, |list| {
-                u32::try_from(list.items.len()).unwrap_or(u32::MAX)
+        let names = self.delete_collection_names(namespace, lp).await?;
+        Ok(u32::try_from(names.len()).unwrap_or(u32::MAX))
+    }
+
+    /// One collection delete; the names of the pods it returned.
+    async fn delete_collection_names(
+        &self,
+        namespace: &str,
+        lp: &ListParams,
+    ) -> Result<Vec<String>, kube::Error> {
+        let api = self.api(namespace);
+        let answer = self
+            .policy
+            .run(|_| async {
+                self.limiter.acquire().await;
+                api.delete_collection(&DeleteParams::default(), lp).await
+            })
+            .await;
+        match answer {
+            Ok(either) => Ok(either.left().map_or_else(Vec::new, |list| {
+                list.items
+                    .into_iter()
+                    .map(|pod| pod.metadata.name.unwrap_or_default())
+                    .collect()
             })),
             Err(err) => {
                 tracing::warn!(namespace, selector = ?lp.label_selector, error = %describe_error(&err), "executor pod delete failed");
@@ -273,15 +336,20 @@ impl ExecutorPods {
     ) -> Result<Option<u64>, kube::Error> {
         let value = match record {
             IdRecord::DriverPod(driver) => {
-                self.api(namespace).get_opt(driver).await?.and_then(|pod| {
-                    pod.metadata
-                        .annotations?
-                        .remove(LAST_EXECUTOR_ID_ANNOTATION)
-                })
+                let api = self.api(namespace);
+                self.policy
+                    .run(|_| api.get_opt(driver))
+                    .await?
+                    .and_then(|pod| {
+                        pod.metadata
+                            .annotations?
+                            .remove(LAST_EXECUTOR_ID_ANNOTATION)
+                    })
             }
             IdRecord::ConfigMap { name, .. } => {
-                Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                    .get_opt(name)
+                let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+                self.policy
+                    .run(|_| api.get_opt(name))
                     .await?
                     .and_then(|cm| cm.data?.remove(LAST_EXECUTOR_ID_KEY))
             }
@@ -299,11 +367,15 @@ impl ExecutorPods {
         let IdRecord::ConfigMap { name, .. } = record else {
             return Ok(());
         };
-        self.limiter.acquire().await;
-        match Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-            .delete(name, &DeleteParams::default())
-            .await
-        {
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+        let answer = self
+            .policy
+            .run(|_| async {
+                self.limiter.acquire().await;
+                api.delete(name, &DeleteParams::default()).await
+            })
+            .await;
+        match answer {
             Ok(_) => Ok(()),
             Err(err) if is_status(&err, 404) => Ok(()),
             Err(err) => {
@@ -311,6 +383,116 @@ impl ExecutorPods {
                 Err(err)
             }
         }
+    }
+
+    /// Writes an application's registration (JSON) under `key` of its ConfigMap: one merge
+    /// PATCH; for a ConfigMap not there yet a create, owned by the driver pod when there
+    /// is one (so it goes with it), and the PATCH again if another create won the race.
+    pub async fn write_registration(
+        &self,
+        namespace: &str,
+        app_id: &str,
+        owner: Option<&DriverOwner>,
+        key: &str,
+        value: &str,
+    ) -> Result<(), kube::Error> {
+        let name = IdRecord::config_map_name(app_id);
+        let patch = serde_json::json!({"data": {key: value}});
+        let result = match self
+            .merge_patch::<ConfigMap>(namespace, &name, &patch)
+            .await
+        {
+            Err(err) if is_status(&err, 404) => {
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        labels: Some(managed_labels(app_id)),
+                        owner_references: owner.map(|owner| {
+                            vec![OwnerReference {
+                                api_version: "v1".into(),
+                                kind: "Pod".into(),
+                                name: owner.name.clone(),
+                                uid: owner.uid.clone(),
+                                ..OwnerReference::default()
+                            }]
+                        }),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+                    ..ConfigMap::default()
+                };
+                match self.create_config_map(namespace, &config_map).await {
+                    Err(err) if is_status(&err, 409) => {
+                        self.merge_patch::<ConfigMap>(namespace, &name, &patch)
+                            .await
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        result.inspect_err(|err| {
+            tracing::warn!(namespace, config_map = %name, error = %describe_error(err), "writing the application's registration failed");
+        })
+    }
+
+    /// The values under `key` of every ConfigMap of the service, in `namespaces` (all
+    /// namespaces when empty).
+    pub async fn list_registrations(
+        &self,
+        namespaces: &[String],
+        key: &str,
+    ) -> Result<Vec<String>, kube::Error> {
+        let lp =
+            ListParams::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
+        let apis: Vec<Api<ConfigMap>> = if namespaces.is_empty() {
+            vec![Api::all(self.client.clone())]
+        } else {
+            namespaces
+                .iter()
+                .map(|ns| Api::namespaced(self.client.clone(), ns))
+                .collect()
+        };
+        let mut values = Vec::new();
+        for api in apis {
+            let list = self.policy.run(|_| api.list(&lp)).await?;
+            values.extend(list.items.into_iter().filter_map(|cm| cm.data?.remove(key)));
+        }
+        Ok(values)
+    }
+
+    /// Deletes the application's ConfigMap (registration and, without a driver pod, id
+    /// record) once it has stopped; gone already is fine.
+    pub async fn delete_registration(
+        &self,
+        namespace: &str,
+        app_id: &str,
+    ) -> Result<(), kube::Error> {
+        let record = IdRecord::ConfigMap {
+            name: IdRecord::config_map_name(app_id),
+            app_id: app_id.to_string(),
+        };
+        self.delete_id_record(namespace, &record).await
+    }
+
+    async fn create_config_map(
+        &self,
+        namespace: &str,
+        config_map: &ConfigMap,
+    ) -> Result<(), kube::Error> {
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+        self.policy
+            .run(|unknown_outcome| {
+                let api = &api;
+                async move {
+                    self.limiter.acquire().await;
+                    match api.create(&PostParams::default(), config_map).await {
+                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
+                        other => other.map(drop),
+                    }
+                }
+            })
+            .await
     }
 
     async fn create_id_config_map(
@@ -323,13 +505,7 @@ impl ExecutorPods {
         let config_map = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
-                labels: Some(BTreeMap::from([
-                    (APP_ID_LABEL.to_string(), app_id.to_string()),
-                    (
-                        "app.kubernetes.io/managed-by".to_string(),
-                        MANAGED_BY.to_string(),
-                    ),
-                ])),
+                labels: Some(managed_labels(app_id)),
                 ..ObjectMeta::default()
             },
             data: Some(BTreeMap::from([(
@@ -338,11 +514,20 @@ impl ExecutorPods {
             )])),
             ..ConfigMap::default()
         };
-        self.limiter.acquire().await;
-        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-            .create(&PostParams::default(), &config_map)
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
+        self.policy
+            .run(|unknown_outcome| {
+                let (api, config_map) = (&api, &config_map);
+                async move {
+                    self.limiter.acquire().await;
+                    match api.create(&PostParams::default(), config_map).await {
+                        // An earlier attempt with no answer did create it (with this value).
+                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
+                        other => other.map(drop),
+                    }
+                }
+            })
             .await
-            .map(drop)
     }
 
     /// One rate-limited merge PATCH of a namespaced object.
@@ -358,11 +543,15 @@ impl ExecutorPods {
             + DeserializeOwned
             + fmt::Debug,
     {
-        self.limiter.acquire().await;
-        Api::<K>::namespaced(self.client.clone(), namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        let api = Api::<K>::namespaced(self.client.clone(), namespace);
+        self.policy
+            .run(|_| async {
+                self.limiter.acquire().await;
+                api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map(drop)
+            })
             .await
-            .map(drop)
     }
 
     /// Every executor pod of the application, inactive ones included (they hold ids too).
@@ -372,7 +561,11 @@ impl ExecutorPods {
         app_id: &str,
     ) -> Result<Vec<Pod>, kube::Error> {
         let lp = ListParams::default().labels(&app_selector(app_id));
-        self.api(namespace).list(&lp).await.map(|list| list.items)
+        let api = self.api(namespace);
+        self.policy
+            .run(|_| api.list(&lp))
+            .await
+            .map(|list| list.items)
     }
 
     /// Whether `namespace` exists; `None` when the service may not read namespaces (403),
@@ -380,7 +573,7 @@ impl ExecutorPods {
     /// the creates would fail, each with 404, for as long as the application runs.)
     pub async fn namespace_exists(&self, namespace: &str) -> Result<Option<bool>, kube::Error> {
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
-        match api.get_opt(namespace).await {
+        match self.policy.run(|_| api.get_opt(namespace)).await {
             Ok(found) => Ok(Some(found.is_some())),
             Err(err) if is_status(&err, 403) => Ok(None),
             Err(err) => Err(err),
@@ -393,7 +586,8 @@ impl ExecutorPods {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Pod>, kube::Error> {
-        self.api(namespace).get_opt(name).await
+        let api = self.api(namespace);
+        self.policy.run(|_| api.get_opt(name)).await
     }
 }
 
@@ -414,6 +608,22 @@ fn parse_recorded_id(value: Option<&str>, record: &IdRecord) -> Option<u64> {
             None
         }
     }
+}
+
+/// The labels of the service's own ConfigMaps.
+fn managed_labels(app_id: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (APP_ID_LABEL.to_string(), app_id.to_string()),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            MANAGED_BY.to_string(),
+        ),
+    ])
+}
+
+/// The error of a retry not sent because the application is stopping.
+fn stopping() -> kube::Error {
+    kube::Error::Service("not retried: the application is stopping".into())
 }
 
 /// Whether `err` is the API server answering `code`.

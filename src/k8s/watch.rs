@@ -1,6 +1,8 @@
-//! One pod watch per namespace, shared by every application there and fanned out by the
-//! `spark-app-selector` label, plus the periodic full LIST that replaces each application's
-//! snapshot. A namespace's watch starts with its first subscriber and stops with its last.
+//! One pod watch per namespace, shared by every application there: executor pods fanned
+//! out by the `spark-app-selector` label, driver pods (`spark-role=driver`) by name to the
+//! application that named them; plus the periodic full LIST that replaces each
+//! application's snapshot. A namespace's watch starts with its first subscriber and stops
+//! with its last.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,7 +18,9 @@ use tokio::task::JoinHandle;
 use super::describe_error;
 use super::pods::labels;
 use crate::allocator::Timestamp;
-use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
+use crate::allocator::types::{
+    APP_ID_LABEL, DRIVER_ROLE, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
+};
 use crate::app::Clock;
 
 /// What an application actor hears about its executor pods.
@@ -29,6 +33,11 @@ pub enum PodEvent {
     /// A full listing of the application's executor pods (watch restart or periodic
     /// LIST): replaces the snapshot; empty when it has none.
     Resync(Vec<Pod>),
+    /// The application's driver pod was added or changed (also sent by every listing
+    /// that holds it).
+    Driver(Pod),
+    /// The application's driver pod is gone (a DELETED event, or a listing without it).
+    DriverDeleted,
 }
 
 /// The shared watches of the service.
@@ -45,7 +54,14 @@ struct Inner {
     synced: AtomicBool,
 }
 
-type Subscribers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<PodEvent>>>>;
+type Subscribers = Arc<Mutex<HashMap<String, Subscriber>>>;
+
+/// Where one application's events go.
+struct Subscriber {
+    tx: mpsc::UnboundedSender<PodEvent>,
+    /// The driver pod followed for it (named at Start, labelled `spark-role=driver`).
+    driver: Option<String>,
+}
 
 /// The watch task of one namespace (it runs the periodic LIST too); dropping it stops it.
 struct NamespaceWatch {
@@ -86,9 +102,10 @@ impl Drop for Subscription {
     }
 }
 
-/// The selector of every executor pod the service cares about (inactive ones are ignored).
-pub fn executor_selector() -> String {
-    format!("{ROLE_LABEL}={EXECUTOR_ROLE},{EXECUTOR_INACTIVE_LABEL}!=true")
+/// The selector of every pod the service follows: executor pods (inactive ones are
+/// ignored) and driver pods.
+pub fn followed_pods_selector() -> String {
+    format!("{ROLE_LABEL} in ({DRIVER_ROLE},{EXECUTOR_ROLE}),{EXECUTOR_INACTIVE_LABEL}!=true")
 }
 
 impl PodWatches {
@@ -142,12 +159,27 @@ impl PodWatches {
     /// Subscribes `app_id` to the executor pods of `namespace`, starting the namespace's
     /// watch if it is the first application there.
     pub fn subscribe(&self, namespace: &str, app_id: &str) -> Subscription {
+        self.subscribe_with_driver(namespace, app_id, None)
+    }
+
+    /// [`Self::subscribe`], also following the driver pod `driver` (which must carry
+    /// `spark-role=driver`: a listing without it reports it deleted).
+    pub fn subscribe_with_driver(
+        &self,
+        namespace: &str,
+        app_id: &str,
+        driver: Option<&str>,
+    ) -> Subscription {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut namespaces = lock(&self.inner.namespaces);
         let watch = namespaces
             .entry(namespace.to_string())
             .or_insert_with(|| self.start_namespace(namespace));
-        lock(&watch.subscribers).insert(app_id.to_string(), tx);
+        let subscriber = Subscriber {
+            tx,
+            driver: driver.map(str::to_string),
+        };
+        lock(&watch.subscribers).insert(app_id.to_string(), subscriber);
         Subscription {
             events: rx,
             namespace: namespace.to_string(),
@@ -215,9 +247,9 @@ async fn run_watch(
     inner: Arc<Inner>,
     namespace: String,
 ) {
-    let config = watcher::Config::default().labels(&executor_selector());
+    let config = watcher::Config::default().labels(&followed_pods_selector());
     let mut stream = watcher(api.clone(), config).default_backoff().boxed();
-    let mut relisting: Option<HashMap<String, Vec<Pod>>> = None;
+    let mut relisting: Option<Vec<Pod>> = None;
     let mut next_resync = first_resync;
     loop {
         let event = tokio::select! {
@@ -232,12 +264,12 @@ async fn run_watch(
             break;
         };
         match event {
-            Ok(watcher::Event::Apply(pod)) => route(&subscribers, pod, PodEvent::Applied),
-            Ok(watcher::Event::Delete(pod)) => route(&subscribers, pod, PodEvent::Deleted),
-            Ok(watcher::Event::Init) => relisting = Some(HashMap::new()),
+            Ok(watcher::Event::Apply(pod)) => route(&subscribers, pod, false),
+            Ok(watcher::Event::Delete(pod)) => route(&subscribers, pod, true),
+            Ok(watcher::Event::Init) => relisting = Some(Vec::new()),
             Ok(watcher::Event::InitApply(pod)) => {
-                if let (Some(by_app), Some(app)) = (relisting.as_mut(), app_of(&pod)) {
-                    by_app.entry(app.to_string()).or_default().push(pod);
+                if let Some(pods) = relisting.as_mut() {
+                    pods.push(pod);
                 }
             }
             Ok(watcher::Event::InitDone) => {
@@ -259,7 +291,7 @@ const RESYNC_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot.
 async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
-    let lp = ListParams::default().labels(&executor_selector());
+    let lp = ListParams::default().labels(&followed_pods_selector());
     let Ok(answer) = tokio::time::timeout(RESYNC_LIST_TIMEOUT, api.list(&lp)).await else {
         tracing::warn!(
             namespace,
@@ -269,15 +301,7 @@ async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
         return;
     };
     match answer {
-        Ok(list) => {
-            let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
-            for pod in list.items {
-                if let Some(app) = app_of(&pod) {
-                    by_app.entry(app.to_string()).or_default().push(pod);
-                }
-            }
-            resync_all(subscribers, by_app);
-        }
+        Ok(list) => resync_all(subscribers, list.items),
         Err(err) => {
             tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
         }
@@ -288,19 +312,67 @@ fn app_of(pod: &Pod) -> Option<&str> {
     labels(pod).get(APP_ID_LABEL).map(String::as_str)
 }
 
-fn route(subscribers: &Subscribers, pod: Pod, event: fn(Pod) -> PodEvent) {
-    let Some(app) = app_of(&pod).map(str::to_string) else {
-        return;
-    };
-    if let Some(tx) = lock(subscribers).get(&app) {
-        // A closed receiver means the application is stopping; nothing to do.
-        let _ = tx.send(event(pod));
-    }
+fn is_driver(pod: &Pod) -> bool {
+    labels(pod)
+        .get(ROLE_LABEL)
+        .is_some_and(|role| role == DRIVER_ROLE)
 }
 
-fn resync_all(subscribers: &Subscribers, mut by_app: HashMap<String, Vec<Pod>>) {
-    for (app, tx) in lock(subscribers).iter() {
-        let _ = tx.send(PodEvent::Resync(by_app.remove(app).unwrap_or_default()));
+/// One watch event to the application it concerns: an executor pod's by its application
+/// label, a driver pod's to the application following it by name. A closed receiver
+/// means the application is stopping; nothing to do.
+fn route(subscribers: &Subscribers, pod: Pod, deleted: bool) {
+    let subscribers = lock(subscribers);
+    if is_driver(&pod) {
+        let name = pod.metadata.name.as_deref();
+        for subscriber in subscribers.values() {
+            if subscriber.driver.is_some() && subscriber.driver.as_deref() == name {
+                let event = if deleted {
+                    PodEvent::DriverDeleted
+                } else {
+                    PodEvent::Driver(pod.clone())
+                };
+                let _ = subscriber.tx.send(event);
+            }
+        }
+        return;
+    }
+    let Some(subscriber) = app_of(&pod).and_then(|app| subscribers.get(app)) else {
+        return;
+    };
+    let event = if deleted {
+        PodEvent::Deleted(pod)
+    } else {
+        PodEvent::Applied(pod)
+    };
+    let _ = subscriber.tx.send(event);
+}
+
+/// A full listing to every subscriber: its executor pods, and its driver pod (or that it
+/// is gone).
+fn resync_all(subscribers: &Subscribers, pods: Vec<Pod>) {
+    let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
+    let mut drivers: HashMap<String, Pod> = HashMap::new();
+    for pod in pods {
+        if is_driver(&pod) {
+            if let Some(name) = pod.metadata.name.clone() {
+                drivers.insert(name, pod);
+            }
+        } else if let Some(app) = app_of(&pod) {
+            by_app.entry(app.to_string()).or_default().push(pod);
+        }
+    }
+    for (app, subscriber) in lock(subscribers).iter() {
+        let _ = subscriber
+            .tx
+            .send(PodEvent::Resync(by_app.remove(app).unwrap_or_default()));
+        if let Some(driver) = &subscriber.driver {
+            let event = match drivers.get(driver) {
+                Some(pod) => PodEvent::Driver(pod.clone()),
+                None => PodEvent::DriverDeleted,
+            };
+            let _ = subscriber.tx.send(event);
+        }
     }
 }
 

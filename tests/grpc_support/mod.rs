@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
 use spark_pod_allocator::allocator::Timestamp;
-use spark_pod_allocator::app::{Applications, ManualClock, ServiceContext};
+use spark_pod_allocator::app::{Applications, ManualClock, ServiceContext, ServiceOptions};
 use spark_pod_allocator::grpc::{self, ServeError, ServeSettings};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
@@ -22,6 +22,8 @@ use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
 pub const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 
 pub struct Harness {
+    /// The options every service of this harness runs with (a restart keeps them).
+    pub options: ServiceOptions,
     pub sim: SimCluster,
     pub applications: Applications,
     pub clock: ManualClock,
@@ -47,12 +49,22 @@ impl Harness {
     }
 
     pub async fn start_with(sim_settings: SimSettings, serve_settings: ServeSettings) -> Self {
+        Self::start_with_options(sim_settings, serve_settings, ServiceOptions::default()).await
+    }
+
+    /// A harness whose service runs with `options` (request deadline, rate limit, …).
+    pub async fn start_with_options(
+        sim_settings: SimSettings,
+        serve_settings: ServeSettings,
+        options: ServiceOptions,
+    ) -> Self {
         let sim = SimCluster::start(sim_settings)
             .await
             .expect("simulated cluster");
         let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-        let service = Service::start(&sim, &clock, serve_settings).await;
+        let service = Service::start(&sim, &clock, serve_settings, options.clone()).await;
         Self {
+            options,
             sim,
             applications: service.applications,
             clock,
@@ -68,7 +80,13 @@ impl Harness {
     /// its own, on the same cluster: a restarted service.
     pub async fn restart(&mut self) {
         self.stop_server().await;
-        let service = Service::start(&self.sim, &self.clock, ServeSettings::default()).await;
+        let service = Service::start(
+            &self.sim,
+            &self.clock,
+            ServeSettings::default(),
+            self.options.clone(),
+        )
+        .await;
         self.applications = service.applications;
         self.address = service.address;
         self.channel = service.channel;
@@ -141,11 +159,19 @@ struct Service {
 }
 
 impl Service {
-    async fn start(sim: &SimCluster, clock: &ManualClock, serve_settings: ServeSettings) -> Self {
-        let applications = Applications::new(ServiceContext::new(
-            sim.try_client().expect("sim client"),
-            Arc::new(clock.clone()),
-        ));
+    async fn start(
+        sim: &SimCluster,
+        clock: &ManualClock,
+        serve_settings: ServeSettings,
+        options: ServiceOptions,
+    ) -> Self {
+        let applications = Applications::new(
+            ServiceContext::new(
+                sim.try_client().expect("sim client"),
+                Arc::new(clock.clone()),
+            )
+            .with_options(options),
+        );
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
         let address = listener.local_addr().expect("address");
         let (stop, stop_rx) = oneshot::channel::<()>();

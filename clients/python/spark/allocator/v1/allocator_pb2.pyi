@@ -136,27 +136,85 @@ class GetStatusRequest(_message.Message):
     def __init__(self, application_id: _Optional[str] = ...) -> None: ...
 
 class ProfileStatus(_message.Message):
-    __slots__ = ("resource_profile_id", "target", "running", "pending", "newly_created")
+    __slots__ = ("resource_profile_id", "target", "running", "pending", "newly_created", "last_create_failure", "backoff_until_ms")
     RESOURCE_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     NEWLY_CREATED_FIELD_NUMBER: _ClassVar[int]
+    LAST_CREATE_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     resource_profile_id: int
     target: int
     running: int
     pending: int
     newly_created: int
-    def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ...) -> None: ...
+    last_create_failure: CreateFailure
+    backoff_until_ms: int
+    def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ..., last_create_failure: _Optional[_Union[CreateFailure, _Mapping]] = ..., backoff_until_ms: _Optional[int] = ...) -> None: ...
+
+class CreateFailure(_message.Message):
+    __slots__ = ("http_code", "code", "reason", "message", "time_ms", "consecutive_failures")
+    HTTP_CODE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    http_code: int
+    code: str
+    reason: str
+    message: str
+    time_ms: int
+    consecutive_failures: int
+    def __init__(self, http_code: _Optional[int] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., time_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ...) -> None: ...
+
+class ExecutorFailure(_message.Message):
+    __slots__ = ("executor_id", "resource_profile_id", "pod_name", "state", "exit_code", "reason", "message", "time_ms")
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    executor_id: int
+    resource_profile_id: int
+    pod_name: str
+    state: str
+    exit_code: int
+    reason: str
+    message: str
+    time_ms: int
+    def __init__(self, executor_id: _Optional[int] = ..., resource_profile_id: _Optional[int] = ..., pod_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., time_ms: _Optional[int] = ...) -> None: ...
 
 class ApplicationStatus(_message.Message):
-    __slots__ = ("profiles", "deleted_executor_ids", "last_executor_id", "outstanding")
+    __slots__ = ("profiles", "deleted_executor_ids", "last_executor_id", "outstanding", "driver", "failed_executors")
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     DELETED_EXECUTOR_IDS_FIELD_NUMBER: _ClassVar[int]
     LAST_EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    FAILED_EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     profiles: _containers.RepeatedCompositeFieldContainer[ProfileStatus]
     deleted_executor_ids: _containers.RepeatedScalarFieldContainer[int]
     last_executor_id: int
     outstanding: bool
-    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileStatus, _Mapping]]] = ..., deleted_executor_ids: _Optional[_Iterable[int]] = ..., last_executor_id: _Optional[int] = ..., outstanding: _Optional[bool] = ...) -> None: ...
+    driver: DriverStatus
+    failed_executors: _containers.RepeatedCompositeFieldContainer[ExecutorFailure]
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileStatus, _Mapping]]] = ..., deleted_executor_ids: _Optional[_Iterable[int]] = ..., last_executor_id: _Optional[int] = ..., outstanding: _Optional[bool] = ..., driver: _Optional[_Union[DriverStatus, _Mapping]] = ..., failed_executors: _Optional[_Iterable[_Union[ExecutorFailure, _Mapping]]] = ...) -> None: ...
+
+class DriverStatus(_message.Message):
+    __slots__ = ("pod_name", "phase", "followed", "ended_at_ms", "forget_at_ms")
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    FORGET_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    pod_name: str
+    phase: str
+    followed: bool
+    ended_at_ms: int
+    forget_at_ms: int
+    def __init__(self, pod_name: _Optional[str] = ..., phase: _Optional[str] = ..., followed: _Optional[bool] = ..., ended_at_ms: _Optional[int] = ..., forget_at_ms: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,151 @@
+//! The one retry policy of every Kubernetes request the service sends: each attempt has a
+//! deadline, and an attempt that timed out or failed transiently (no answer, 429, 500, 502,
+//! 503, 504) is tried again after a short pause, up to a fixed number of attempts. kube's
+//! own retry layer (15 retries honouring `Retry-After`, which let one PATCH take 34 s during
+//! an etcd outage) is switched off by [`super::connect`]; on a client built elsewhere it
+//! still runs, but inside each attempt's deadline.
+use std::future::Future;
+use std::time::Duration;
+
+/// Deadline and attempts of every Kubernetes request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestPolicy {
+    /// How long one attempt may take before it is given up.
+    pub timeout: Duration,
+    /// Attempts in all (1 = no retry).
+    pub attempts: u32,
+    /// Pause before the first retry; doubled for each further one.
+    pub retry_delay: Duration,
+}
+
+impl Default for RequestPolicy {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(10),
+            attempts: 2,
+            retry_delay: Duration::from_millis(200),
+        }
+    }
+}
+
+/// An attempt not answered within [`RequestPolicy::timeout`].
+#[derive(Debug, thiserror::Error)]
+#[error("no answer from the Kubernetes API server within {} ms", .0.as_millis())]
+pub struct RequestTimedOut(pub Duration);
+
+impl RequestPolicy {
+    /// Runs `attempt` under this policy; the error is that of the last attempt (a timeout
+    /// becomes a `kube::Error::Service` holding [`RequestTimedOut`]). `attempt` receives
+    /// whether an earlier attempt's outcome is unknown (it timed out or lost its
+    /// connection), so it may have taken effect (a create's 409 then means it did).
+    pub async fn run<T, F, Fut>(&self, mut attempt: F) -> Result<T, kube::Error>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let attempts = self.attempts.max(1);
+        let mut delay = self.retry_delay;
+        let mut unknown_outcome = false;
+        let mut tried = 0;
+        loop {
+            tried += 1;
+            let result = match tokio::time::timeout(self.timeout, attempt(unknown_outcome)).await {
+                Ok(result) => result,
+                Err(_) => Err(kube::Error::Service(Box::new(RequestTimedOut(
+                    self.timeout,
+                )))),
+            };
+            let err = match result {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
+            if tried >= attempts || !is_transient(&err) {
+                return Err(err);
+            }
+            unknown_outcome |= outcome_unknown(&err);
+            tracing::debug!(error = %super::describe_error(&err), attempt = tried, "kubernetes request failed; retrying");
+            tokio::time::sleep(delay).await;
+            delay = delay.saturating_mul(2);
+        }
+    }
+}
+
+/// Whether `err` may pass if the request is sent again.
+pub fn is_transient(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => matches!(status.code, 429 | 500 | 502 | 503 | 504),
+        other => outcome_unknown(other),
+    }
+}
+
+/// Whether the request may have taken effect although no answer said so.
+fn outcome_unknown(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Service(_) | kube::Error::HyperError(_))
+}
+
+/// Whether `err` is an attempt given up after [`RequestPolicy::timeout`].
+pub fn is_timeout(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Service(inner) if inner.is::<RequestTimedOut>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("x", "Reason").with_code(code),
+        ))
+    }
+
+    #[tokio::test]
+    async fn transient_failures_are_retried_up_to_the_attempts() {
+        let policy = RequestPolicy {
+            timeout: Duration::from_secs(1),
+            attempts: 3,
+            retry_delay: Duration::from_millis(1),
+        };
+        let calls = AtomicU32::new(0);
+        let result: Result<(), _> = policy
+            .run(|_| async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err(api(503))
+            })
+            .await;
+        assert!(matches!(result, Err(kube::Error::Api(s)) if s.code == 503));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+        calls.store(0, Ordering::SeqCst);
+        let result: Result<(), _> = policy
+            .run(|_| async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err(api(403))
+            })
+            .await;
+        assert!(result.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "a 403 is not retried");
+    }
+
+    #[tokio::test]
+    async fn an_attempt_past_its_deadline_is_given_up_and_marks_the_outcome_unknown() {
+        let policy = RequestPolicy {
+            timeout: Duration::from_millis(20),
+            attempts: 2,
+            retry_delay: Duration::from_millis(1),
+        };
+        let seen = std::sync::Mutex::new(Vec::new());
+        let result: Result<(), _> = policy
+            .run(|unknown| {
+                seen.lock().unwrap().push(unknown);
+                async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok(())
+                }
+            })
+            .await;
+        let err = result.unwrap_err();
+        assert!(is_timeout(&err), "{err}");
+        assert_eq!(*seen.lock().unwrap(), vec![false, true]);
+    }
+}

@@ -1,0 +1,181 @@
+//! Restart without the driver's help: the service binary, killed with SIGKILL in the middle
+//! of a scale-up, is started again against the same (simulated) cluster and finishes the
+//! scale-up from the registration it kept in Kubernetes, with no call from the driver; the
+//! next call just works, and Stop deletes the registration.
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, ListParams};
+use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
+use spark_pod_allocator::demo::wait_until_serving;
+use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::{Channel, Endpoint};
+
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+const NS: &str = "default";
+const APP: &str = "app-restart";
+/// Guards against a hang only; every wait ends on a condition.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Starts the service binary against the cluster of `kubeconfig`; returns it and a client.
+async fn serve(kubeconfig: &std::path::Path) -> (Child, ExecutorAllocatorClient<Channel>) {
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .env_remove("KUBECONFIG")
+        .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let address = tokio::time::timeout(HANG_GUARD, async {
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if entry["fields"]["message"] == "serving gRPC" {
+                return entry["fields"]["address"]
+                    .as_str()
+                    .expect("address")
+                    .to_string();
+            }
+        }
+        panic!("the service ended before serving");
+    })
+    .await
+    .expect("serving in time");
+    // Keep reading its log so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    wait_until_serving(channel.clone()).await.expect("serving");
+    (child, ExecutorAllocatorClient::new(channel))
+}
+
+async fn executor_ids(sim: &SimCluster) -> BTreeSet<u64> {
+    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("client"), NS);
+    api.list(&ListParams::default().labels(&format!("spark-app-selector={APP}")))
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .filter_map(|p| {
+            p.metadata
+                .labels
+                .as_ref()?
+                .get("spark-exec-id")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not reached: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_the_driver() {
+    let mut settings = SimSettings::default();
+    settings.kubelet.mode = KubeletMode::Manual;
+    let sim = SimCluster::start(settings).await.expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+
+    let (mut first, mut client) = serve(&kubeconfig).await;
+    client
+        .start(proto::StartRequest {
+            application_id: APP.into(),
+            namespace: NS.into(),
+            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
+            settings: Some(proto::AllocationSettings {
+                batch_size: Some(2),
+                batch_delay_ms: Some(1000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("Start");
+    client
+        .set_total_expected(proto::SetTotalExpectedRequest {
+            application_id: APP.into(),
+            executors_per_profile: [(0, 6)].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("SetTotalExpected");
+    until("the first batch", async || {
+        !executor_ids(&sim).await.is_empty()
+    })
+    .await;
+    first.start_kill().expect("SIGKILL");
+    first.wait().await.expect("killed");
+    let at_kill = executor_ids(&sim).await;
+    assert!(at_kill.len() < 6, "killed mid scale-up: {at_kill:?}");
+
+    // What the killed service left: its registration, with the target.
+    let config_maps: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
+    let stored = config_maps
+        .get(&IdRecord::config_map_name(APP))
+        .await
+        .expect("the registration's ConfigMap");
+    let registration: Registration =
+        serde_json::from_str(&stored.data.expect("data")[REGISTRATION_KEY]).expect("JSON");
+    assert_eq!(registration.targets.get(&0), Some(&6));
+
+    // A new service, and no call from the driver: the scale-up completes.
+    let (_second, mut client) = serve(&kubeconfig).await;
+    until("6 executors", async || executor_ids(&sim).await.len() == 6).await;
+    let ids = executor_ids(&sim).await;
+    assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
+    assert_eq!(ids, (1..=6).collect(), "ids continue, none reused");
+
+    // The next call just works.
+    let status = client
+        .get_status(proto::GetStatusRequest {
+            application_id: APP.into(),
+        })
+        .await
+        .expect("GetStatus")
+        .into_inner();
+    assert_eq!(status.profiles[0].target, 6);
+    assert_eq!(status.last_executor_id, 6);
+    let stopped = client
+        .stop(proto::StopRequest {
+            application_id: APP.into(),
+        })
+        .await
+        .expect("Stop")
+        .into_inner();
+    assert_eq!(stopped.deleted_pods, 6);
+    assert!(
+        config_maps
+            .get_opt(&IdRecord::config_map_name(APP))
+            .await
+            .expect("get")
+            .is_none(),
+        "Stop deleted the registration"
+    );
+}

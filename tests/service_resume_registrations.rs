@@ -1,0 +1,157 @@
+//! The registrations a service keeps in Kubernetes, over real HTTP against the simulated
+//! cluster: what they hold, a new service resuming them by itself (targets and registered
+//! executors included), and a registration whose driver pod ended meanwhile deleted
+//! instead of resumed.
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
+use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
+use spark_pod_allocator::app::{
+    AppId, Applications, ManualClock, ServiceContext, StartApplication,
+};
+use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+
+const NS: &str = "default";
+const P0: ResourceProfileId = ResourceProfileId(0);
+
+fn request(app: &str, driver: Option<&str>) -> StartApplication {
+    let template: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
+    }))
+    .unwrap();
+    StartApplication {
+        app_id: AppId::parse(app).unwrap(),
+        namespace: NS.into(),
+        driver_pod_name: driver.map(str::to_string),
+        templates: BTreeMap::from([(P0, template)]),
+        pod_name_prefix: None,
+        settings: AllocationSettings {
+            batch_delay: Duration::from_secs(1),
+            max_executors: Some(50),
+            ..AllocationSettings::default()
+        },
+    }
+}
+
+fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
+    Applications::new(ServiceContext::new(
+        sim.try_client().expect("sim client"),
+        Arc::new(clock.clone()),
+    ))
+}
+
+async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn registration(sim: &SimCluster, app: &str) -> Option<Registration> {
+    let api: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
+    let cm = api
+        .get_opt(&IdRecord::config_map_name(app))
+        .await
+        .expect("get")?;
+    let json = cm.data?.remove(REGISTRATION_KEY)?;
+    Some(serde_json::from_str(&json).expect("registration JSON"))
+}
+
+#[tokio::test]
+async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() {
+    let mut settings = SimSettings::default();
+    settings.kubelet.mode = KubeletMode::Manual;
+    let sim = SimCluster::start(settings).await.expect("sim");
+    let clock = ManualClock::starting_now();
+    let apps = applications(&sim, &clock);
+    let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("client"), NS);
+
+    // app-a without a driver pod; app-b with one (spark-submit's labels).
+    apps.start(request("app-a", None)).await.expect("start a");
+    let driver: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "driver-b", "labels": {"spark-role": "driver", "spark-app-selector": "app-b"}},
+        "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": "spark:4"}]}
+    }))
+    .unwrap();
+    let driver = pods
+        .create(&PostParams::default(), &driver)
+        .await
+        .expect("driver");
+    apps.start(request("app-b", Some("driver-b")))
+        .await
+        .expect("start b");
+    let a = AppId::parse("app-a").unwrap();
+    apps.set_total_expected(&a, BTreeMap::from([(P0, 3)]))
+        .await
+        .unwrap();
+    apps.update_registered(&a, BTreeSet::from([ExecutorId(1)]))
+        .await
+        .unwrap();
+    wait_for("app-a's registration written", || async {
+        clock.advance(Duration::from_secs(1));
+        registration(&sim, "app-a")
+            .await
+            .is_some_and(|r| r.targets.get(&0) == Some(&3) && r.registered.contains(&1))
+    })
+    .await;
+    let stored = registration(&sim, "app-a").await.unwrap();
+    assert_eq!(stored.settings.max_executors, Some(50));
+    assert_eq!(stored.driver_pod_name, None);
+    wait_for("app-b's registration written", || async {
+        registration(&sim, "app-b").await.is_some()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
+    let owners = api
+        .get(&IdRecord::config_map_name("app-b"))
+        .await
+        .unwrap()
+        .metadata
+        .owner_references
+        .unwrap_or_default();
+    assert_eq!(owners.len(), 1, "owned by the driver pod");
+    assert_eq!(Some(&owners[0].uid), driver.metadata.uid.as_ref());
+
+    // The service goes; meanwhile app-b's driver succeeds.
+    apps.shutdown().await;
+    pods.patch_status(
+        "driver-b",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await
+    .unwrap();
+
+    let apps = applications(&sim, &clock);
+    let resumed = apps.resume_registered().await.expect("resume");
+    assert_eq!(resumed, vec![a.clone()]);
+    let status = apps.status(&a).await.expect("app-a runs again");
+    assert_eq!(status.profiles[&P0].target, 3);
+    assert!(
+        registration(&sim, "app-b").await.is_none(),
+        "an ended driver's registration is deleted"
+    );
+    assert!(matches!(
+        apps.status(&AppId::parse("app-b").unwrap()).await,
+        Err(spark_pod_allocator::app::AppError::NotFound(_))
+    ));
+    apps.stop(&a).await.expect("stop");
+    assert!(registration(&sim, "app-a").await.is_none());
+}
