@@ -8,7 +8,6 @@
 #
 # Maven's downloads land in ~/.m2 as usual, so a second run needs no network.
 set -euo pipefail
-cd "$(dirname "$0")"
 
 bin=${1:-${SPARK_POD_ALLOCATOR_BIN:-}}
 if [ -z "$bin" ]; then
@@ -20,6 +19,8 @@ if [ ! -x "$bin" ]; then
   exit 2
 fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+# The binary path is resolved from the caller's directory before moving to the project.
+cd "$(dirname "$0")"
 
 versions=${SPARK_VERSIONS:-"4.0.1 4.2.0"}
 for version in $versions; do
