@@ -63,10 +63,17 @@ class ServicePodsAllocatorTest {
           .withNewSpec().addNewContainer().withName("driver").withImage("spark:4")
           .endContainer().endSpec()
           .build()).create();
-      Pod driver = construct(conf, k8s).driverPod().get();
-      assertEquals("the-driver", driver.getMetadata().getName());
-      assertTrue(construct(conf.clone().remove("spark.kubernetes.driver.pod.name"), k8s)
-          .driverPod().isEmpty(), service.log());
+      ServicePodsAllocator withDriver = construct(conf, k8s);
+      ServicePodsAllocator withoutDriver =
+          construct(conf.clone().remove("spark.kubernetes.driver.pod.name"), k8s);
+      try {
+        assertEquals("the-driver", withDriver.driverPod().get().getMetadata().getName());
+        assertTrue(withoutDriver.driverPod().isEmpty(), service.log());
+      } finally {
+        // Never started: stop only closes each one's channel.
+        withDriver.stop("never-started");
+        withoutDriver.stop("never-started");
+      }
     }
   }
 }
