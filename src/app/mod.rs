@@ -457,12 +457,19 @@ impl Applications {
                     continue;
                 }
             }
+            // One application's failure never keeps the others from resuming.
             let targets = registration.targets();
-            if !targets.is_empty() {
-                self.set_total_expected(&app, targets).await?;
+            if !targets.is_empty()
+                && let Err(err) = self.set_total_expected(&app, targets).await
+            {
+                tracing::warn!(%app, %namespace, error = %err, "resumed without its stored targets");
             }
-            self.update_registered(&app, registration.registered())
-                .await?;
+            if let Err(err) = self
+                .update_registered(&app, registration.registered())
+                .await
+            {
+                tracing::warn!(%app, %namespace, error = %err, "resumed without its registered executors");
+            }
             tracing::info!(%app, %namespace, "application resumed from its registration");
             resumed.push(app);
         }

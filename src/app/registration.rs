@@ -105,6 +105,9 @@ impl Registration {
 
     /// The Start request that resumes it; an invalid application id is an error.
     pub fn start_request(&self) -> Result<StartApplication, String> {
+        // A ConfigMap is outside input: its settings get the checks a Start request gets.
+        let settings = AllocationSettings::from(&self.settings);
+        settings.validate().map_err(|e| format!("settings: {e}"))?;
         Ok(StartApplication {
             app_id: AppId::parse(&self.app_id).map_err(|e| format!("app_id: {e}"))?,
             namespace: self.namespace.clone(),
@@ -115,7 +118,7 @@ impl Registration {
                 .map(|(p, t)| (ResourceProfileId(*p), t.clone()))
                 .collect(),
             pod_name_prefix: self.pod_name_prefix.clone(),
-            settings: AllocationSettings::from(&self.settings),
+            settings,
         })
     }
 
@@ -165,5 +168,25 @@ mod tests {
         assert_eq!(again.templates, req.templates);
         assert_eq!(back.targets(), BTreeMap::from([(ResourceProfileId(0), 4)]));
         assert_eq!(back.registered(), BTreeSet::from([ExecutorId(2)]));
+    }
+
+    #[test]
+    fn a_stored_registration_with_invalid_settings_is_refused_naming_the_setting() {
+        let req = StartApplication {
+            app_id: AppId::parse("app-1").unwrap(),
+            namespace: "ns".into(),
+            driver_pod_name: None,
+            templates: BTreeMap::new(),
+            pod_name_prefix: None,
+            settings: AllocationSettings::default(),
+        };
+        let mut registration = Registration::of_start(&req);
+        registration.settings.batch_size = 0;
+        let err = registration.start_request().unwrap_err();
+        assert!(err.contains("batch_size"), "{err}");
+        registration.settings.batch_size = 5;
+        registration.settings.batch_delay_ms = 1;
+        let err = registration.start_request().unwrap_err();
+        assert!(err.contains("batch_delay_ms"), "{err}");
     }
 }
