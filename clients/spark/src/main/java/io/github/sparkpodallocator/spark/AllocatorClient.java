@@ -1,0 +1,332 @@
+package io.github.sparkpodallocator.spark;
+
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ChannelCredentials;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ClientInterceptors;
+import io.grpc.ForwardingClientCall;
+import io.grpc.InsecureChannelCredentials;
+import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.MethodDescriptor;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.TlsChannelCredentials;
+import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.TreeMap;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import spark.allocator.v1.Allocator.ApplicationStatus;
+import spark.allocator.v1.Allocator.GetStatusRequest;
+import spark.allocator.v1.Allocator.IsDeletedRequest;
+import spark.allocator.v1.Allocator.SetTotalExpectedRequest;
+import spark.allocator.v1.Allocator.StartRequest;
+import spark.allocator.v1.Allocator.StartResponse;
+import spark.allocator.v1.Allocator.StopRequest;
+import spark.allocator.v1.Allocator.UpdateRegisteredExecutorsRequest;
+import spark.allocator.v1.ExecutorAllocatorGrpc;
+import spark.allocator.v1.ExecutorAllocatorGrpc.ExecutorAllocatorBlockingStub;
+
+/**
+ * One application's connection to the allocation service. It remembers what the application
+ * told the service (the Start request, the templates of later profiles, the last targets and
+ * registered executors) so that a restarted service, which answers NOT_FOUND for an application
+ * it no longer knows, gets all of it again through a new Start (which resumes the executors
+ * found in the cluster) before the failed call is retried. An UNAVAILABLE service is retried
+ * with exponential backoff for at most {@link ServiceSettings#retryTimeout()}.
+ */
+public final class AllocatorClient implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(AllocatorClient.class);
+  private static final Duration FIRST_BACKOFF = Duration.ofMillis(100);
+  private static final Duration MAX_BACKOFF = Duration.ofSeconds(5);
+  private static final Metadata.Key<String> AUTHORIZATION =
+      Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
+
+  private final ManagedChannel channel;
+  private final ExecutorAllocatorBlockingStub stub;
+  private final ServiceSettings settings;
+
+  // What was sent, for a Start after a service restart. Guarded by `this`.
+  private StartRequest start;
+  private final Map<Integer, String> laterTemplates = new TreeMap<>();
+  private final Map<Integer, Integer> targets = new TreeMap<>();
+  private List<String> registered;
+
+  /** Serialises SetTotalExpected so targets reach the service in the order Spark set them. */
+  private final Object targetsOrder = new Object();
+
+  /** A client on a new channel to {@link ServiceSettings#address()}. */
+  public AllocatorClient(ServiceSettings settings) throws IOException {
+    this(channel(settings), settings);
+  }
+
+  AllocatorClient(ManagedChannel channel, ServiceSettings settings) {
+    this.channel = channel;
+    this.settings = settings;
+    Channel intercepted = settings.tokenFile().isPresent()
+        ? ClientInterceptors.intercept(channel, new BearerToken(settings.tokenFile().get()))
+        : channel;
+    this.stub = ExecutorAllocatorGrpc.newBlockingStub(intercepted);
+    if (settings.tokenFile().isPresent() && !settings.tls()) {
+      LOG.warn("Sending the bearer token of {} to {} without TLS; set {}=true",
+          settings.tokenFile().get(), settings.address(), ServiceSettings.TLS_ENABLED);
+    }
+  }
+
+  private static ManagedChannel channel(ServiceSettings settings) throws IOException {
+    ChannelCredentials credentials;
+    if (settings.tls()) {
+      TlsChannelCredentials.Builder tls = TlsChannelCredentials.newBuilder();
+      if (settings.caFile().isPresent()) {
+        tls.trustManager(settings.caFile().get().toFile());
+      }
+      if (settings.certFile().isPresent() && settings.keyFile().isPresent()) {
+        tls.keyManager(settings.certFile().get().toFile(), settings.keyFile().get().toFile());
+      }
+      credentials = tls.build();
+    } else {
+      credentials = InsecureChannelCredentials.create();
+    }
+    // The Netty builder directly: no provider lookup through the (relocated) registry.
+    return NettyChannelBuilder.forTarget(settings.address(), credentials).build();
+  }
+
+  /** The application's Start; remembered for a Start after a service restart. */
+  public StartResponse start(StartRequest request) {
+    synchronized (this) {
+      start = request;
+      laterTemplates.clear();
+      laterTemplates.putAll(request.getResourceProfileTemplatesMap());
+    }
+    StartResponse response = call("Start", s -> s.start(request), false, settings.retryTimeout());
+    LOG.info("spark-pod-allocator started application {} (resumed: {}, last executor id: {})",
+        request.getApplicationId(), response.getResumed(), response.getLastExecutorId());
+    return response;
+  }
+
+  /**
+   * Sets the executors wanted per profile; {@code newTemplates} are the templates of profiles
+   * the service has not been sent yet.
+   */
+  public void setTotalExpected(Map<Integer, Integer> perProfile, Map<Integer, String> newTemplates) {
+    synchronized (targetsOrder) {
+      SetTotalExpectedRequest.Builder request = SetTotalExpectedRequest.newBuilder()
+          .setApplicationId(applicationId())
+          .putAllResourceProfileTemplates(newTemplates);
+      perProfile.forEach((profile, total) -> request.putExecutorsPerProfile(profile, total));
+      SetTotalExpectedRequest built = request.build();
+      call("SetTotalExpected", s -> s.setTotalExpected(built), true, settings.retryTimeout());
+      synchronized (this) {
+        laterTemplates.putAll(newTemplates);
+        targets.putAll(perProfile);
+      }
+    }
+  }
+
+  /**
+   * Whether the service deleted this executor; {@link ServiceSettings#isDeletedWhenUnavailable()}
+   * when the service stays unreachable for one deadline (the answer is on the path of the
+   * executor's registration, which must not hang).
+   */
+  public boolean isDeleted(String executorId) {
+    IsDeletedRequest request = IsDeletedRequest.newBuilder()
+        .setApplicationId(applicationId())
+        .setExecutorId(executorId)
+        .build();
+    try {
+      return call("IsDeleted", s -> s.isDeleted(request), true, settings.deadline()).getDeleted();
+    } catch (AllocatorServiceException e) {
+      Status.Code code = e.code();
+      if (code == Status.Code.UNAVAILABLE || code == Status.Code.DEADLINE_EXCEEDED) {
+        LOG.warn("IsDeleted({}) could not reach the spark-pod-allocator service ({}); answering"
+            + " {} ({})", executorId, e.getMessage(), settings.isDeletedWhenUnavailable(),
+            ServiceSettings.IS_DELETED_WHEN_UNAVAILABLE);
+        return settings.isDeletedWhenUnavailable();
+      }
+      throw e;
+    }
+  }
+
+  /** Replaces the set of executors registered with the driver. */
+  public void updateRegisteredExecutors(List<String> executorIds) {
+    UpdateRegisteredExecutorsRequest request = UpdateRegisteredExecutorsRequest.newBuilder()
+        .setApplicationId(applicationId())
+        .addAllExecutorIds(executorIds)
+        .build();
+    call("UpdateRegisteredExecutors", s -> s.updateRegisteredExecutors(request), true,
+        settings.retryTimeout());
+    synchronized (this) {
+      registered = List.copyOf(executorIds);
+    }
+  }
+
+  /** Deletes the application's executor pods; the number the service deleted. */
+  public int stop() {
+    StopRequest request = StopRequest.newBuilder().setApplicationId(applicationId()).build();
+    return call("Stop", s -> s.stop(request), true, settings.retryTimeout()).getDeletedPods();
+  }
+
+  /** The service's view of the application. */
+  public ApplicationStatus status() {
+    GetStatusRequest request =
+        GetStatusRequest.newBuilder().setApplicationId(applicationId()).build();
+    return call("GetStatus", s -> s.getStatus(request), true, settings.retryTimeout());
+  }
+
+  @Override
+  public void close() {
+    channel.shutdown();
+    try {
+      if (!channel.awaitTermination(5, TimeUnit.SECONDS)) {
+        channel.shutdownNow();
+      }
+    } catch (InterruptedException e) {
+      channel.shutdownNow();
+      Thread.currentThread().interrupt();
+    }
+  }
+
+  private synchronized String applicationId() {
+    if (start == null) {
+      throw new IllegalStateException("the application was not started (no Start call yet)");
+    }
+    return start.getApplicationId();
+  }
+
+  /**
+   * Runs {@code rpc}: UNAVAILABLE is retried with backoff within {@code retryFor}; NOT_FOUND
+   * (the service no longer knows the application) is answered once by a new Start.
+   */
+  private <T> T call(String name, Function<ExecutorAllocatorBlockingStub, T> rpc,
+      boolean restartOnNotFound, Duration retryFor) {
+    long giveUpAt = System.nanoTime() + retryFor.toNanos();
+    Duration backoff = FIRST_BACKOFF;
+    boolean restarted = false;
+    while (true) {
+      try {
+        return rpc.apply(
+            stub.withDeadlineAfter(settings.deadline().toMillis(), TimeUnit.MILLISECONDS));
+      } catch (StatusRuntimeException e) {
+        Status.Code code = e.getStatus().getCode();
+        if (code == Status.Code.UNAVAILABLE
+            && System.nanoTime() + backoff.toNanos() < giveUpAt) {
+          LOG.warn("spark-pod-allocator {} at {}: {}; retrying in {} ms", name,
+              settings.address(), describe(e.getStatus()), backoff.toMillis());
+          sleep(backoff);
+          backoff = backoff.multipliedBy(2).compareTo(MAX_BACKOFF) > 0
+              ? MAX_BACKOFF : backoff.multipliedBy(2);
+          continue;
+        }
+        if (code == Status.Code.NOT_FOUND && restartOnNotFound && !restarted) {
+          restarted = true;
+          LOG.warn("spark-pod-allocator {} answered {}: the service no longer knows the"
+              + " application (restarted?); starting it again", name, describe(e.getStatus()));
+          restart();
+          continue;
+        }
+        throw new AllocatorServiceException(name, e);
+      }
+    }
+  }
+
+  /** Start again with everything sent so far, then the last targets and registered set. */
+  private void restart() {
+    StartRequest request;
+    Map<Integer, Integer> lastTargets;
+    List<String> lastRegistered;
+    synchronized (this) {
+      request = start.toBuilder()
+          .clearResourceProfileTemplates()
+          .putAllResourceProfileTemplates(laterTemplates)
+          .build();
+      lastTargets = new TreeMap<>(targets);
+      lastRegistered = registered == null ? null : new ArrayList<>(registered);
+    }
+    StartResponse response = call("Start", s -> s.start(request), false, settings.retryTimeout());
+    LOG.info("spark-pod-allocator started application {} again (resumed: {}, last executor id:"
+        + " {})", request.getApplicationId(), response.getResumed(), response.getLastExecutorId());
+    if (!lastTargets.isEmpty()) {
+      SetTotalExpectedRequest.Builder targetsRequest =
+          SetTotalExpectedRequest.newBuilder().setApplicationId(request.getApplicationId());
+      lastTargets.forEach((profile, total) -> targetsRequest.putExecutorsPerProfile(profile, total));
+      SetTotalExpectedRequest built = targetsRequest.build();
+      call("SetTotalExpected", s -> s.setTotalExpected(built), false, settings.retryTimeout());
+    }
+    if (lastRegistered != null) {
+      UpdateRegisteredExecutorsRequest registeredRequest =
+          UpdateRegisteredExecutorsRequest.newBuilder()
+              .setApplicationId(request.getApplicationId())
+              .addAllExecutorIds(lastRegistered)
+              .build();
+      call("UpdateRegisteredExecutors", s -> s.updateRegisteredExecutors(registeredRequest), false,
+          settings.retryTimeout());
+    }
+  }
+
+  /** The code and description of a status, without its cause's stack trace. */
+  private static String describe(Status status) {
+    return status.getDescription() == null
+        ? status.getCode().toString() : status.getCode() + ": " + status.getDescription();
+  }
+
+  private static void sleep(Duration duration) {
+    try {
+      Thread.sleep(duration.toMillis());
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new AllocatorServiceException("interrupted while waiting to retry", e);
+    }
+  }
+
+  /** Adds {@code authorization: Bearer <token>}, re-reading the file as tokens rotate. */
+  private static final class BearerToken implements ClientInterceptor {
+    private static final long REREAD_NANOS = TimeUnit.SECONDS.toNanos(30);
+    private final Path file;
+    private Optional<String> token = Optional.empty();
+    private long readAt;
+
+    BearerToken(Path file) {
+      this.file = file;
+    }
+
+    private synchronized Optional<String> token() {
+      if (token.isEmpty() || System.nanoTime() - readAt > REREAD_NANOS) {
+        try {
+          String read = Files.readString(file, StandardCharsets.UTF_8).trim();
+          token = read.isEmpty() ? Optional.empty() : Optional.of(read);
+          readAt = System.nanoTime();
+        } catch (IOException e) {
+          LOG.warn("Cannot read the bearer token file {} (set by {}); keeping the last token",
+              file, ServiceSettings.TOKEN_FILE, e);
+        }
+      }
+      return token;
+    }
+
+    @Override
+    public <ReqT, RespT> ClientCall<ReqT, RespT> interceptCall(
+        MethodDescriptor<ReqT, RespT> method, CallOptions options, Channel next) {
+      Optional<String> current = token();
+      return new ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
+        @Override
+        public void start(Listener<RespT> listener, Metadata headers) {
+          current.ifPresent(t -> headers.put(AUTHORIZATION, "Bearer " + t));
+          super.start(listener, headers);
+        }
+      };
+    }
+  }
+}

@@ -1,0 +1,267 @@
+package io.github.sparkpodallocator.spark;
+
+import io.fabric8.kubernetes.api.model.Pod;
+import io.fabric8.kubernetes.client.KubernetesClient;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+import org.apache.spark.SecurityManager;
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkException;
+import org.apache.spark.resource.ResourceProfile;
+import org.apache.spark.resource.ResourceProfile$;
+import org.apache.spark.scheduler.cluster.k8s.AbstractPodsAllocator;
+import org.apache.spark.scheduler.cluster.k8s.ExecutorPodsSnapshotsStore;
+import org.apache.spark.scheduler.cluster.k8s.KubernetesClusterSchedulerBackend;
+import org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBuilder;
+import org.apache.spark.util.Clock;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import scala.Option;
+import scala.jdk.javaapi.CollectionConverters;
+import spark.allocator.v1.Allocator.AllocationSettings;
+import spark.allocator.v1.Allocator.StartRequest;
+
+/**
+ * Spark's executor-pod allocator, delegated to the spark-pod-allocator service. Spark loads it
+ * with {@code spark.kubernetes.allocation.pods.allocator=}{@value #CLASS_NAME}; the driver keeps
+ * everything else (its pod watch, the lifecycle manager, killing executors).
+ *
+ * <p>Each resource profile's executor pod is built once, the way Spark builds it, with the
+ * executor id {@code {{EXECUTOR_ID}}}, and sent to the service: profile 0 with Start, later
+ * profiles with the SetTotalExpected that first asks for them.
+ */
+public class ServicePodsAllocator extends AbstractPodsAllocator {
+  /** The value of {@code spark.kubernetes.allocation.pods.allocator} that selects this class. */
+  public static final String CLASS_NAME = "io.github.sparkpodallocator.spark.ServicePodsAllocator";
+
+  private static final Logger LOG = LoggerFactory.getLogger(ServicePodsAllocator.class);
+  private static final String NAMESPACE = "spark.kubernetes.namespace";
+  private static final String DRIVER_POD_NAME = "spark.kubernetes.driver.pod.name";
+
+  private final SparkConf conf;
+  private final ExecutorPodTemplates templates;
+  private final String namespace;
+  private final Option<Pod> driverPod;
+  private final AllocatorClient client;
+  private final long registeredCheckMillis;
+  private final long serviceCheckMillis;
+  private final String address;
+
+  // Guarded by `this`.
+  private String applicationId;
+  private final Map<Integer, String> sentTemplates = new HashMap<>();
+  private ScheduledExecutorService registeredExecutorsCheck;
+  private List<String> lastRegistered;
+
+  /**
+   * The constructor Spark's {@code KubernetesClusterManager} calls by reflection. The snapshot
+   * store and the clock go unused: the service watches the executor pods itself.
+   */
+  public ServicePodsAllocator(
+      SparkConf conf,
+      SecurityManager securityManager,
+      KubernetesExecutorBuilder executorBuilder,
+      KubernetesClient kubernetesClient,
+      ExecutorPodsSnapshotsStore snapshotsStore,
+      Clock clock) throws SparkException {
+    this.conf = conf;
+    this.templates =
+        new ExecutorPodTemplates(conf, securityManager, executorBuilder, kubernetesClient);
+    this.namespace = conf.get(NAMESPACE, "default");
+    ServiceSettings settings;
+    try {
+      settings = ServiceSettings.fromConf(conf, ServiceSettings.SERVICE_ACCOUNT_TOKEN);
+      // The same period Spark's allocator reads the registered executors at.
+      this.registeredCheckMillis = SparkAllocationSettings.batchDelayMs(conf);
+    } catch (IllegalArgumentException e) {
+      throw new SparkException("Invalid configuration for " + CLASS_NAME + ": " + e.getMessage(),
+          e);
+    }
+    this.address = settings.address();
+    this.serviceCheckMillis = settings.checkInterval().toMillis();
+    this.driverPod = lookUpDriverPod(conf, kubernetesClient, namespace);
+    try {
+      this.client = new AllocatorClient(settings);
+    } catch (IOException e) {
+      throw new SparkException("Cannot set up the channel to the spark-pod-allocator service at "
+          + settings.address() + ": " + e.getMessage(), e);
+    }
+  }
+
+  private static Option<Pod> lookUpDriverPod(
+      SparkConf conf, KubernetesClient client, String namespace) throws SparkException {
+    if (!conf.contains(DRIVER_POD_NAME)) {
+      return Option.empty();
+    }
+    String name = conf.get(DRIVER_POD_NAME);
+    Pod pod = client.pods().inNamespace(namespace).withName(name).get();
+    if (pod == null) {
+      throw new SparkException("No pod named " + name + " in namespace " + namespace
+          + " (" + DRIVER_POD_NAME + " names the driver pod)");
+    }
+    return Option.apply(pod);
+  }
+
+  @Override
+  public Option<Pod> driverPod() {
+    return driverPod;
+  }
+
+  @Override
+  public void start(String appId, KubernetesClusterSchedulerBackend backend) {
+    ResourceProfile defaultProfile = ResourceProfile$.MODULE$.getOrCreateDefaultProfile(conf);
+    ExecutorPodTemplates.Template template = buildTemplate(appId, defaultProfile);
+    AllocationSettings settings;
+    try {
+      settings = SparkAllocationSettings.fromConf(conf, template.executorContainerName());
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("Invalid configuration for " + CLASS_NAME + ": "
+          + e.getMessage(), e);
+    }
+    String json = template.json();
+    StartRequest.Builder request = StartRequest.newBuilder()
+        .setApplicationId(appId)
+        .setNamespace(namespace)
+        .setExecutorPodTemplate(json)
+        .setPodNamePrefix(template.podNamePrefix())
+        .setSettings(settings);
+    if (driverPod.isDefined()) {
+      request.setDriverPodName(driverPod.get().getMetadata().getName());
+    }
+    synchronized (this) {
+      applicationId = appId;
+      sentTemplates.put(defaultProfile.id(), json);
+    }
+    client.start(request.build());
+
+    ScheduledExecutorService check = Executors.newSingleThreadScheduledExecutor(r -> {
+      Thread thread = new Thread(r, "spark-pod-allocator-checks");
+      thread.setDaemon(true);
+      return thread;
+    });
+    check.scheduleWithFixedDelay(() -> reportRegisteredExecutors(backend),
+        0, registeredCheckMillis, TimeUnit.MILLISECONDS);
+    check.scheduleWithFixedDelay(this::checkServiceKnowsApplication,
+        serviceCheckMillis, serviceCheckMillis, TimeUnit.MILLISECONDS);
+    synchronized (this) {
+      registeredExecutorsCheck = check;
+    }
+  }
+
+  @Override
+  public void setTotalExpectedExecutors(
+      scala.collection.immutable.Map<ResourceProfile, Object> resourceProfileToTotalExecs) {
+    String appId;
+    synchronized (this) {
+      appId = applicationId;
+    }
+    if (appId == null) {
+      throw new IllegalStateException(CLASS_NAME + ".setTotalExpectedExecutors before start");
+    }
+    Map<Integer, Integer> perProfile = new TreeMap<>();
+    Map<Integer, String> newTemplates = new TreeMap<>();
+    for (Map.Entry<ResourceProfile, Object> entry
+        : CollectionConverters.asJava(resourceProfileToTotalExecs).entrySet()) {
+      ResourceProfile profile = entry.getKey();
+      perProfile.put(profile.id(), (Integer) entry.getValue());
+      boolean known;
+      synchronized (this) {
+        known = sentTemplates.containsKey(profile.id());
+      }
+      if (!known) {
+        newTemplates.put(profile.id(), buildTemplate(appId, profile).json());
+      }
+    }
+    client.setTotalExpected(perProfile, newTemplates);
+    synchronized (this) {
+      sentTemplates.putAll(newTemplates);
+    }
+  }
+
+  @Override
+  public boolean isDeleted(String executorId) {
+    return client.isDeleted(executorId);
+  }
+
+  /**
+   * Stops the application in the service, which deletes its executor pods. Spark's scheduler
+   * backend goes on with its own clean-up after this call, so a failure is logged, not thrown.
+   */
+  @Override
+  public void stop(String appId) {
+    ScheduledExecutorService check;
+    boolean started;
+    synchronized (this) {
+      check = registeredExecutorsCheck;
+      registeredExecutorsCheck = null;
+      started = applicationId != null;
+    }
+    if (check != null) {
+      check.shutdownNow();
+    }
+    if (!started) {
+      // Spark stops the backend even when its start failed before ours ran.
+      client.close();
+      return;
+    }
+    try {
+      int deleted = client.stop();
+      LOG.info("spark-pod-allocator stopped application {} and deleted {} executor pods", appId,
+          deleted);
+    } catch (RuntimeException e) {
+      LOG.error("Could not stop application {} in the spark-pod-allocator service at {}; its"
+          + " executor pods may remain", appId, address, e);
+    } finally {
+      client.close();
+    }
+  }
+
+  private ExecutorPodTemplates.Template buildTemplate(String appId, ResourceProfile profile) {
+    try {
+      return templates.build(appId, driverPod, profile);
+    } catch (SparkException e) {
+      throw new IllegalStateException(e.getMessage(), e);
+    }
+  }
+
+  /**
+   * Asks the service about the application; a service that restarted answers NOT_FOUND and the
+   * client starts the application again (with its templates, targets and registered executors),
+   * so lost executors are replaced even while Spark has nothing to say.
+   */
+  private void checkServiceKnowsApplication() {
+    try {
+      client.status();
+    } catch (RuntimeException e) {
+      LOG.warn("Could not check the application in the spark-pod-allocator service at {};"
+          + " trying again in {} ms", address, serviceCheckMillis, e);
+    }
+  }
+
+  /** Sends the driver's registered executors when they changed since the last report. */
+  private void reportRegisteredExecutors(KubernetesClusterSchedulerBackend backend) {
+    try {
+      List<String> ids = new ArrayList<>(CollectionConverters.asJava(backend.getExecutorIds()));
+      ids.sort((a, b) -> a.length() != b.length() ? a.length() - b.length() : a.compareTo(b));
+      synchronized (this) {
+        if (ids.equals(lastRegistered)) {
+          return;
+        }
+      }
+      client.updateRegisteredExecutors(ids);
+      synchronized (this) {
+        lastRegistered = ids;
+      }
+    } catch (RuntimeException e) {
+      LOG.warn("Could not report the registered executors to the spark-pod-allocator service;"
+          + " trying again in {} ms", registeredCheckMillis, e);
+    }
+  }
+}

@@ -1,0 +1,80 @@
+package io.github.sparkpodallocator.spark;
+
+import org.apache.spark.SparkConf;
+import org.apache.spark.deploy.k8s.Config$;
+import org.apache.spark.internal.config.ConfigEntry;
+import spark.allocator.v1.Allocator.AllocationSettings;
+
+/**
+ * The service's {@code AllocationSettings} from Spark's own keys, so an application allocates
+ * as Spark's built-in allocator would for the same configuration: each setting carries the
+ * user's value or the default of the Spark version that runs (read through Spark's own config
+ * entries, with their units and checks; 4.2 raised the batch size default from 10 to 20). Where
+ * Spark's default means "no limit" ({@code maxPendingPods}) nothing is sent and the service's
+ * default applies.
+ */
+public final class SparkAllocationSettings {
+  private static final Config$ K8S = Config$.MODULE$;
+  private static final org.apache.spark.internal.config.package$ CORE =
+      org.apache.spark.internal.config.package$.MODULE$;
+
+  private SparkAllocationSettings() {}
+
+  /**
+   * The settings of an application whose executor container (in the template the plugin
+   * built) is named {@code executorContainerName}.
+   *
+   * @throws IllegalArgumentException naming the Spark key whose value is invalid
+   */
+  public static AllocationSettings fromConf(SparkConf conf, String executorContainerName) {
+    AllocationSettings.Builder settings = AllocationSettings.newBuilder();
+    settings.setBatchSize(intValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_SIZE()));
+    long batchDelay = longValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_DELAY());
+    settings.setBatchDelayMs(batchDelay);
+    // Spark waits max(5 x batch delay, executor.timeout) for a created pod to appear.
+    long executorTimeout = longValue(conf, K8S.KUBERNETES_ALLOCATION_EXECUTOR_TIMEOUT());
+    settings.setExecutorTimeoutMs(Math.max(executorTimeout, 5 * batchDelay));
+    // Seconds in Spark's entry.
+    settings.setExecutorIdleTimeoutMs(
+        longValue(conf, CORE.DYN_ALLOCATION_EXECUTOR_IDLE_TIMEOUT()) * 1000);
+    if (conf.contains(K8S.KUBERNETES_MAX_PENDING_PODS().key())) {
+      settings.setMaxPendingPods(intValue(conf, K8S.KUBERNETES_MAX_PENDING_PODS()));
+    }
+    // spark.dynamicAllocation.maxExecutors is not sent: Spark bounds the executors it asks for
+    // at once itself, while the service's max_executors caps the ids an application may ever
+    // use, which would starve a long dynamic-allocation application after its first bursts.
+    settings.setDeleteOnTermination(boolValue(conf, K8S.KUBERNETES_DELETE_EXECUTORS()));
+    settings.setCheckAllContainers(
+        boolValue(conf, K8S.KUBERNETES_EXECUTOR_CHECK_ALL_CONTAINERS()));
+    settings.setExecutorContainerName(executorContainerName);
+    return settings.build();
+  }
+
+  /** Spark's allocation batch delay in milliseconds (the period of Spark's own allocator). */
+  public static long batchDelayMs(SparkConf conf) {
+    return longValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_DELAY());
+  }
+
+  /** The entry's value as Spark reads it (the user's, else Spark's default), checked by Spark. */
+  private static Object value(SparkConf conf, ConfigEntry<Object> entry) {
+    try {
+      return conf.get(entry);
+    } catch (RuntimeException e) {
+      String message = e.getMessage() == null ? e.toString() : e.getMessage();
+      throw new IllegalArgumentException(message.contains(entry.key())
+          ? message : entry.key() + ": " + message, e);
+    }
+  }
+
+  private static int intValue(SparkConf conf, ConfigEntry<Object> entry) {
+    return (Integer) value(conf, entry);
+  }
+
+  private static long longValue(SparkConf conf, ConfigEntry<Object> entry) {
+    return (Long) value(conf, entry);
+  }
+
+  private static boolean boolValue(SparkConf conf, ConfigEntry<Object> entry) {
+    return (Boolean) value(conf, entry);
+  }
+}

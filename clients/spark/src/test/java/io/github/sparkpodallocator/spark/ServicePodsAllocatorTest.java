@@ -1,0 +1,72 @@
+package io.github.sparkpodallocator.spark;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.fabric8.kubernetes.api.model.Pod;
+import io.fabric8.kubernetes.api.model.PodBuilder;
+import io.fabric8.kubernetes.client.ConfigBuilder;
+import io.fabric8.kubernetes.client.KubernetesClient;
+import io.fabric8.kubernetes.client.KubernetesClientBuilder;
+import java.nio.file.Path;
+import java.util.Map;
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkException;
+import org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBuilder;
+import org.apache.spark.util.SystemClock;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** What Spark's reflective construction of the plugin checks, against the simulated cluster. */
+class ServicePodsAllocatorTest {
+  @TempDir Path dir;
+
+  private static ServicePodsAllocator construct(SparkConf conf, KubernetesClient client)
+      throws SparkException {
+    return new ServicePodsAllocator(conf, null, new KubernetesExecutorBuilder(), client, null,
+        new SystemClock());
+  }
+
+  @Test
+  void aMissingAddressStopsTheDriverNamingTheKey() {
+    SparkException e = assertThrows(SparkException.class,
+        () -> construct(new SparkConf(false), null));
+    assertTrue(e.getMessage().contains("spark.kubernetes.allocation.service.address"),
+        e.getMessage());
+  }
+
+  @Test
+  void theDriverPodIsLookedUpInTheNamespace() throws Exception {
+    int grpc = ServiceProcess.freePort();
+    int api = ServiceProcess.freePort();
+    try (ServiceProcess service = ServiceProcess.start(dir, Map.of(
+            "SPARK_POD_ALLOCATOR__LISTEN", "127.0.0.1:" + grpc,
+            "SPARK_POD_ALLOCATOR__SIMULATOR__LISTEN", "127.0.0.1:" + api),
+            grpc, "serve", "--simulate");
+        KubernetesClient k8s = new KubernetesClientBuilder()
+            .withConfig(new ConfigBuilder().withMasterUrl("http://127.0.0.1:" + api).build())
+            .build()) {
+      SparkConf conf = new SparkConf(false)
+          .set(ServiceSettings.ADDRESS, "127.0.0.1:" + grpc)
+          .set(ServiceSettings.TOKEN_FILE, "")
+          .set("spark.kubernetes.namespace", "default")
+          .set("spark.kubernetes.driver.pod.name", "the-driver");
+
+      SparkException missing = assertThrows(SparkException.class, () -> construct(conf, k8s));
+      assertTrue(missing.getMessage().contains("the-driver")
+          && missing.getMessage().contains("spark.kubernetes.driver.pod.name"),
+          missing.getMessage());
+
+      k8s.pods().inNamespace("default").resource(new PodBuilder()
+          .withNewMetadata().withName("the-driver").endMetadata()
+          .withNewSpec().addNewContainer().withName("driver").withImage("spark:4")
+          .endContainer().endSpec()
+          .build()).create();
+      Pod driver = construct(conf, k8s).driverPod().get();
+      assertEquals("the-driver", driver.getMetadata().getName());
+      assertTrue(construct(conf.clone().remove("spark.kubernetes.driver.pod.name"), k8s)
+          .driverPod().isEmpty(), service.log());
+    }
+  }
+}

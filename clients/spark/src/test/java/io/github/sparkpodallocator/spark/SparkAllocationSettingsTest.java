@@ -1,0 +1,85 @@
+package io.github.sparkpodallocator.spark;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import org.apache.spark.SparkConf;
+import org.junit.jupiter.api.Test;
+import spark.allocator.v1.Allocator.AllocationSettings;
+
+class SparkAllocationSettingsTest {
+  @Test
+  void sparksDefaultsWhenNothingIsSet() {
+    AllocationSettings s = SparkAllocationSettings.fromConf(new SparkConf(false), "exec");
+    // The default of the Spark version under test: 10 up to 4.1, 20 from 4.2.
+    String version = org.apache.spark.package$.MODULE$.SPARK_VERSION();
+    assertEquals(version.compareTo("4.2") >= 0 ? 20 : 10, s.getBatchSize(), version);
+    assertEquals(1000, s.getBatchDelayMs());
+    assertEquals(600_000, s.getExecutorTimeoutMs());
+    assertEquals(60_000, s.getExecutorIdleTimeoutMs());
+    assertTrue(s.getDeleteOnTermination());
+    assertTrue(s.getCheckAllContainers());
+    assertEquals("exec", s.getExecutorContainerName());
+    // Spark's "no limit" default leaves the service's own.
+    assertFalse(s.hasMaxPendingPods());
+    assertFalse(s.hasMaxExecutors());
+    assertFalse(s.hasMaxPendingPodsPerProfile());
+  }
+
+  @Test
+  void theUsersValues() {
+    SparkConf conf = new SparkConf(false)
+        .set("spark.kubernetes.allocation.batch.size", "3")
+        .set("spark.kubernetes.allocation.batch.delay", "500ms")
+        .set("spark.kubernetes.allocation.executor.timeout", "30s")
+        .set("spark.kubernetes.allocation.maxPendingPods", "7")
+        .set("spark.dynamicAllocation.executorIdleTimeout", "5") // seconds, as Spark reads it
+        .set("spark.kubernetes.executor.deleteOnTermination", "false")
+        .set("spark.kubernetes.executor.checkAllContainers", "false");
+    AllocationSettings s = SparkAllocationSettings.fromConf(conf, "main");
+    assertEquals(3, s.getBatchSize());
+    assertEquals(500, s.getBatchDelayMs());
+    assertEquals(30_000, s.getExecutorTimeoutMs());
+    assertEquals(7, s.getMaxPendingPods());
+    assertEquals(5_000, s.getExecutorIdleTimeoutMs());
+    assertFalse(s.getDeleteOnTermination());
+    assertFalse(s.getCheckAllContainers());
+  }
+
+  @Test
+  void theExecutorTimeoutIsAtLeastFiveBatchDelaysAsInSpark() {
+    SparkConf conf = new SparkConf(false)
+        .set("spark.kubernetes.allocation.batch.delay", "10s")
+        .set("spark.kubernetes.allocation.executor.timeout", "20s");
+    assertEquals(50_000, SparkAllocationSettings.fromConf(conf, "e").getExecutorTimeoutMs());
+  }
+
+  @Test
+  void dynamicAllocationsMaxExecutorsIsNotALifetimeCap() {
+    // Spark keeps at most maxExecutors at once through its targets; the service's
+    // max_executors would cap the executor ids ever used.
+    SparkConf conf = new SparkConf(false)
+        .set("spark.dynamicAllocation.enabled", "true")
+        .set("spark.dynamicAllocation.maxExecutors", "4");
+    assertFalse(SparkAllocationSettings.fromConf(conf, "e").hasMaxExecutors());
+  }
+
+  @Test
+  void badValuesNameTheirKey() {
+    for (String[] bad : new String[][] {
+        {"spark.kubernetes.allocation.batch.size", "0"},
+        {"spark.kubernetes.allocation.batch.size", "ten"},
+        {"spark.kubernetes.allocation.batch.delay", "100ms"},
+        {"spark.kubernetes.allocation.batch.delay", "later"},
+        {"spark.kubernetes.allocation.maxPendingPods", "-1"},
+        {"spark.kubernetes.executor.deleteOnTermination", "no"},
+    }) {
+      SparkConf conf = new SparkConf(false).set(bad[0], bad[1]);
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+          () -> SparkAllocationSettings.fromConf(conf, "e"), bad[0] + "=" + bad[1]);
+      assertTrue(e.getMessage().contains(bad[0]), e.getMessage());
+    }
+  }
+}
