@@ -344,3 +344,41 @@ async fn bad_requests_name_the_field_and_unknown_applications_are_not_found() {
         .expect_err("unknown app");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
 }
+
+#[tokio::test]
+async fn the_stream_ends_when_the_application_is_forgotten_after_its_driver_pod_goes() {
+    let h = Harness::start().await;
+    let driver: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "app-gone-driver",
+                     "labels": {"spark-app-selector": "app-gone", "spark-role": "driver"}},
+        "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": "spark:4"}]}
+    }))
+    .expect("driver pod");
+    pods_api(&h)
+        .create(&kube::api::PostParams::default(), &driver)
+        .await
+        .expect("create driver pod");
+    let mut request = start_request("app-gone", NS);
+    request.driver_pod_name = "app-gone-driver".into();
+    h.client.clone().start(request).await.expect("Start");
+    let mut stream = watch(&h, "app-gone", 0).await;
+    full_state(&mut stream).await;
+    pods_api(&h)
+        .delete("app-gone-driver", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete driver pod");
+    while let Some(event) = next(&mut stream).await {
+        assert_ne!(event.kind(), Kind::Snapshot, "{event:?}");
+    }
+    let status = h
+        .client
+        .clone()
+        .watch_executors(proto::WatchExecutorsRequest {
+            application_id: "app-gone".into(),
+            since: 0,
+        })
+        .await
+        .expect_err("a forgotten application");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+}
