@@ -534,3 +534,41 @@ async fn run_until_writes_a_kubeconfig_clients_can_use() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn admin_endpoint_counts_requests_by_user_agent_verb_and_resource() {
+    let sim = manual_cluster().await;
+    let client = sim.try_client().expect("sim client");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &executor_pod("a", 1))
+        .await
+        .unwrap();
+    pods.list(&Default::default()).await.unwrap();
+    pods.list(&Default::default()).await.unwrap();
+    let (_, events) = raw_watch_events(
+        &client,
+        "/api/v1/namespaces/default/pods?watch=1&resourceVersion=0&timeoutSeconds=1",
+    )
+    .await;
+    assert!(!events.is_empty());
+    let (code, _, body) = raw(&client, "GET", "/sim/requests", "", None).await;
+    assert_eq!(code, 200);
+    let count = |verb: &str| -> u64 {
+        body["requests"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter(|r| r["verb"] == verb && r["resource"] == "pods")
+            .map(|r| {
+                assert!(r["userAgent"].as_str().is_some(), "{r}");
+                r["count"].as_u64().expect("count")
+            })
+            .sum()
+    };
+    assert_eq!(
+        (count("create"), count("list"), count("watch")),
+        (1, 2, 1),
+        "{body}"
+    );
+    assert_eq!(count("delete"), 0);
+}

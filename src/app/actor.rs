@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::failures::{CreateFailure, ExecutorFailure, Failures};
+use super::feed::{ExecutorEvents, Feed};
 use super::registration::{REGISTRATION_KEY, Registration};
 use super::{AppError, Clock};
 use crate::allocator::{
@@ -35,6 +36,8 @@ pub(crate) enum Command {
     UpdateRegistered(BTreeSet<ExecutorId>, oneshot::Sender<()>),
     Report(oneshot::Sender<ActorReport>),
     Snapshot(oneshot::Sender<ExecutorPodsSnapshot>),
+    /// Opens an executor event stream resuming after a sequence (0: full state).
+    WatchExecutors(u64, oneshot::Sender<ExecutorEvents>),
     Stop,
 }
 
@@ -104,6 +107,8 @@ pub(crate) struct Actor {
     pub registration: Registration,
     /// The driver pod as the registration's ConfigMap owner.
     pub owner: Option<DriverOwner>,
+    /// Publishes the executor pods' changes to WatchExecutors streams (ended with the actor).
+    pub feed: Feed,
 }
 
 /// Reaches a running actor.
@@ -467,6 +472,9 @@ impl State {
             Command::Snapshot(reply) => {
                 let _ = reply.send(self.actor.store.current().clone());
             }
+            Command::WatchExecutors(since, reply) => {
+                let _ = reply.send(self.actor.feed.subscribe(since));
+            }
             Command::Stop => {}
         }
     }
@@ -556,12 +564,14 @@ impl State {
         let now = self.actor.clock.now();
         match event {
             PodEvent::Applied(pod) => {
+                self.actor.feed.applied(&pod, rules);
                 if let Some(executor) = executor_pod_from(&pod, rules) {
                     self.failures.observe(&pod, &executor, now);
                     self.actor.store.update_pod(executor);
                 }
             }
             PodEvent::Deleted(pod) => {
+                self.actor.feed.deleted(&pod);
                 if let Some(executor) = executor_pod_from(&pod, rules) {
                     self.failures.pod_gone(executor.id);
                     self.actor.allocator.pod_gone(executor.id);
@@ -582,6 +592,7 @@ impl State {
             }
             PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
+                self.actor.feed.relisted(&pods, rules);
                 let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
                 for pod in &pods {
                     if let Some(executor) = executor_pod_from(pod, rules) {

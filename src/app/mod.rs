@@ -25,6 +25,7 @@ mod actor;
 pub mod clock;
 pub mod error;
 pub mod failures;
+pub mod feed;
 pub mod registration;
 
 pub use actor::DriverReport;
@@ -32,6 +33,7 @@ use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
+pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
 
 /// A validated application id (a label value: ≤ 63 chars, alphanumeric ends, `-_.` inside).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,6 +134,9 @@ pub struct ServiceOptions {
     /// How long an application whose driver pod Failed or Succeeded is kept (calls still
     /// answer, nothing is created) before it is forgotten.
     pub driver_end_grace: Duration,
+    /// Changes a WatchExecutors stream may leave unread before it is given a fresh full
+    /// state instead (bounds each stream's memory; never blocks the actor).
+    pub executor_stream_buffer: usize,
 }
 
 impl Default for ServiceOptions {
@@ -152,6 +157,7 @@ impl ServiceOptions {
                 .unwrap_or(usize::MAX),
             request_policy: settings.request_policy(),
             driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
+            executor_stream_buffer: feed::STREAM_BUFFER,
         }
     }
 }
@@ -368,6 +374,8 @@ impl Applications {
             tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.len(), last_executor_id, "resuming application from its executor pods");
         }
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
+        let feed = Feed::new(Feed::base_at(now.0), &found, &rules)
+            .with_buffer(self.inner.ctx.options.executor_stream_buffer);
         let actor = Actor {
             app_id: req.app_id.to_string(),
             namespace: req.namespace.clone(),
@@ -387,6 +395,7 @@ impl Applications {
             forget: Some(self.forget_hook(&req.app_id, generation)),
             registration: Registration::of_start(&req),
             owner: driver.as_ref().and_then(|d| d.owner.clone()),
+            feed,
         };
         let handle = ActorHandle::spawn(actor, subscription);
         self.apps().insert(
@@ -588,6 +597,19 @@ impl Applications {
     /// while backing off after rounds whose creates all failed).
     pub async fn next_round_at(&self, app: &AppId) -> Result<Timestamp, AppError> {
         Ok(self.report(app).await?.next_round_at)
+    }
+
+    /// A stream of the application's executor pod changes after `since` (a sequence of an
+    /// earlier event), or starting with the full current state (0, or when those changes
+    /// are no longer kept); it ends when the application's actor ends.
+    pub async fn watch_executors(
+        &self,
+        app: &AppId,
+        since: u64,
+    ) -> Result<ExecutorEvents, AppError> {
+        self.actor(app)?
+            .call(|reply| Command::WatchExecutors(since, reply))
+            .await
     }
 
     /// The application's current snapshot as its actor has ingested it (observability, tests).

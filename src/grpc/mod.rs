@@ -1,11 +1,17 @@
 //! The tonic service: validates requests at the edge ([`validate`]), calls the application
 //! registry, maps errors in one place ([`error`]). No allocation logic lives here.
+use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::Stream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::app::{AppError, ApplicationStatus, Applications, CreateFailure, ExecutorProblem};
+use crate::allocator::ExecutorState;
+use crate::app::{
+    AppError, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
+    ExecutorProblem, ExecutorView,
+};
 use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
@@ -113,6 +119,57 @@ fn create_failure(f: CreateFailure) -> proto::CreateFailure {
     }
 }
 
+/// One executor event on the wire.
+fn executor_event(event: ExecutorEvent) -> proto::ExecutorEvent {
+    let kind = match event.kind {
+        EventKind::Snapshot => proto::ExecutorEventKind::Snapshot,
+        EventKind::Synced => proto::ExecutorEventKind::Synced,
+        EventKind::Updated => proto::ExecutorEventKind::Updated,
+        EventKind::Deleted => proto::ExecutorEventKind::Deleted,
+    };
+    proto::ExecutorEvent {
+        sequence: event.sequence,
+        kind: kind.into(),
+        executor: event.executor.map(|view| executor_pod(&view)),
+    }
+}
+
+fn executor_pod(view: &ExecutorView) -> proto::ExecutorPod {
+    use proto::ExecutorPodState as Wire;
+    let executor = &view.executor;
+    let (state, exit_code, reason, message) = match &executor.state {
+        ExecutorState::Pending => (Wire::Pending, None, None, None),
+        ExecutorState::Running => (Wire::Running, None, None, None),
+        ExecutorState::Succeeded { exit_code } => (Wire::Succeeded, *exit_code, None, None),
+        ExecutorState::Failed {
+            exit_code,
+            reason,
+            message,
+        } => (Wire::Failed, *exit_code, reason.clone(), message.clone()),
+        ExecutorState::Deleted => (Wire::Deleted, None, None, None),
+        ExecutorState::Terminating => (Wire::Terminating, None, None, None),
+        ExecutorState::Unknown => (Wire::Unknown, None, None, None),
+    };
+    let pod_json = match serde_json::to_string(view.pod.as_ref()) {
+        Ok(json) => json,
+        Err(err) => {
+            tracing::error!(pod = %executor.pod_name, error = %err, "cannot encode an executor pod as JSON");
+            String::new()
+        }
+    };
+    proto::ExecutorPod {
+        executor_id: wire_id(executor.id.0),
+        resource_profile_id: executor.profile.0,
+        pod_name: executor.pod_name.clone(),
+        phase: view.phase.clone().unwrap_or_default(),
+        state: state.into(),
+        exit_code,
+        reason: reason.unwrap_or_default(),
+        message: message.unwrap_or_default(),
+        pod_json,
+    }
+}
+
 /// Runs one call inside its span and turns its error into a status (logged once here).
 async fn answer<T>(
     method: &'static str,
@@ -130,8 +187,38 @@ async fn answer<T>(
     }
 }
 
+/// The events of one WatchExecutors stream.
+pub type ExecutorEventStream =
+    Pin<Box<dyn Stream<Item = Result<proto::ExecutorEvent, Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl ExecutorAllocator for AllocatorService {
+    type WatchExecutorsStream = ExecutorEventStream;
+
+    async fn watch_executors(
+        &self,
+        request: Request<proto::WatchExecutorsRequest>,
+    ) -> Result<Response<Self::WatchExecutorsStream>, Status> {
+        let req = request.into_inner();
+        let app_id = req.application_id.clone();
+        let response = answer("WatchExecutors", &app_id, async {
+            let app = validate::application_id(&req.application_id)?;
+            let events = self.applications.watch_executors(&app, req.since).await?;
+            tracing::debug!(since = req.since, "executor event stream opened");
+            Ok(events)
+        })
+        .await?;
+        let span = rpc_span("WatchExecutors", &app_id);
+        let mut events = response.into_inner();
+        let stream = async_stream::stream! {
+            while let Some(event) = events.next().await {
+                yield Ok(executor_event(event));
+            }
+            span.in_scope(|| tracing::debug!("executor event stream ended: the application's actor ended"));
+        };
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn start(
         &self,
         request: Request<proto::StartRequest>,

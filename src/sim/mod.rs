@@ -105,6 +105,7 @@ impl SimCluster {
             address: addr.to_string(),
             hold_lists: tokio::sync::watch::channel(false).0,
             held_lists: std::sync::atomic::AtomicUsize::new(0),
+            requests: Mutex::new(std::collections::BTreeMap::new()),
             settings,
         });
         let mut namespaces = shared.settings.namespaces.clone();

@@ -8,11 +8,13 @@ executor-pod allocation to the service::
         client.set_total_expected("app-1", {0: 10})
         ...
         client.stop("app-1")
+
+and follows its executor pods with :meth:`AllocatorClient.watch_executors`.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 import grpc
 
@@ -158,3 +160,38 @@ class AllocatorClient:
     def stop(self, application_id: str) -> int:
         """Deletes every executor pod of the application; returns how many were deleted."""
         return self._call("Stop", pb.StopRequest(application_id=application_id)).deleted_pods
+
+    def watch_executors(
+        self,
+        application_id: str,
+        since: int = 0,
+        *,
+        timeout: Optional[float] = None,
+    ) -> Iterator[pb.ExecutorEvent]:
+        """Iterates over the application's executor pod events as they happen.
+
+        The stream starts with the full current state (``EXECUTOR_EVENT_KIND_SNAPSHOT``
+        events, one per executor, then one ``EXECUTOR_EVENT_KIND_SYNCED``), unless ``since``
+        (the ``sequence`` of an event received earlier) is still resumable: then only the
+        changes after it come. Changes are ``EXECUTOR_EVENT_KIND_UPDATED`` (a pod added or
+        changed; ``executor.state`` FAILED carries ``exit_code`` and ``reason``) and
+        ``EXECUTOR_EVENT_KIND_DELETED``. A reader too slow for the service's per-stream
+        buffer gets a fresh full state (SNAPSHOT events then SYNCED) in the middle of the
+        stream: whatever it knew is replaced by it. ``executor.pod_json`` is the whole Pod.
+
+        The iteration ends when the application is stopped or forgotten. ``timeout`` (no
+        limit by default, unlike the other calls) bounds the whole stream. Errors raise
+        :class:`AllocatorError` (NOT_FOUND for an unknown application); stopping the
+        iteration early (``break``, ``close()``) cancels the stream.
+        """
+        call = self._stub.WatchExecutors(
+            pb.WatchExecutorsRequest(application_id=application_id, since=since),
+            timeout=timeout,
+        )
+        try:
+            for event in call:
+                yield event
+        except grpc.RpcError as err:
+            raise AllocatorError("WatchExecutors", err.code(), err.details() or "") from None
+        finally:
+            call.cancel()

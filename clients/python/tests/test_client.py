@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import socket
@@ -13,7 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from spark_pod_allocator import AllocatorClient, AllocatorError
+from spark_pod_allocator import AllocatorClient, AllocatorError, pb
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -202,3 +203,55 @@ def test_profiles_added_after_start_bring_their_template(service):
         assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert err.value.details.startswith("resource_profile_templates[1]: ")
         assert client.stop("py-app-3") == 1
+
+
+def test_watch_executors_streams_the_state_then_changes_and_ends_on_stop(service):
+    kinds = pb.ExecutorEventKind
+    with AllocatorClient(service) as client:
+        with pytest.raises(AllocatorError) as err:
+            next(client.watch_executors("never-started"))
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+        client.start(
+            "py-app-4",
+            "default",
+            executor_pod_template=TEMPLATE,
+            settings={"batch_delay_ms": 200},
+        )
+        client.set_total_expected("py-app-4", {0: 2})
+        events = client.watch_executors("py-app-4")
+        # The state as it is now (possibly empty), closed by SYNCED; then changes until
+        # both executors run (the simulator's kubelets start them).
+        first = next(events)
+        known = {}
+        event = first
+        while event.kind == kinds.EXECUTOR_EVENT_KIND_SNAPSHOT:
+            known[event.executor.executor_id] = event.executor
+            event = next(events)
+        assert event.kind == kinds.EXECUTOR_EVENT_KIND_SYNCED
+        synced = event.sequence
+        last = synced
+        while sorted(
+            e.executor_id for e in known.values() if e.state == pb.EXECUTOR_POD_STATE_RUNNING
+        ) != [1, 2]:
+            event = next(events)
+            assert event.kind == kinds.EXECUTOR_EVENT_KIND_UPDATED, event
+            assert event.sequence == last + 1
+            last = event.sequence
+            known[event.executor.executor_id] = event.executor
+        pod = json.loads(known[1].pod_json)
+        assert pod["metadata"]["name"] == known[1].pod_name
+        assert pod["metadata"]["labels"]["spark-exec-id"] == "1"
+        assert pod["status"]["phase"] == "Running"
+        events.close()
+
+        # Resumed from the SYNCED sequence: the same changes again, no full state.
+        resumed = client.watch_executors("py-app-4", since=synced)
+        replay = next(resumed)
+        assert replay.kind == kinds.EXECUTOR_EVENT_KIND_UPDATED
+        assert replay.sequence == synced + 1
+
+        assert client.stop("py-app-4") == 2
+        # Deletes may still come; then the iteration ends by itself.
+        rest = list(resumed)
+        assert all(e.kind != kinds.EXECUTOR_EVENT_KIND_SNAPSHOT for e in rest)

@@ -2,7 +2,7 @@
 //! paths, injected faults and the admin endpoints. The verbs of each resource are in
 //! [`verbs`], watches in [`watch`], discovery documents in [`discovery`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -46,6 +46,9 @@ pub(crate) struct Shared {
     pub held_lists: std::sync::atomic::AtomicUsize,
     /// The process runtime's base directory (pods' logs), when it runs pods.
     pub process_dir: Option<std::path::PathBuf>,
+    /// API requests served, by (User-Agent, verb, resource): lets a test tell which
+    /// client listed or watched what (`GET /sim/requests`).
+    pub requests: Mutex<BTreeMap<(String, String, String), u64>>,
 }
 
 impl Shared {
@@ -266,6 +269,13 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     };
     inject_request_faults(sh).await?;
     let mut q = query_of(&req);
+    count_request(
+        sh,
+        &req,
+        &method,
+        &target,
+        watch_path.is_some() || flag(&q, "watch"),
+    );
     let target = match (watch_path, target) {
         (None, target) => target,
         (Some(_), Target::Object { kind, ns, name }) if method == Method::GET => {
@@ -550,6 +560,33 @@ async fn inject_request_faults(sh: &Shared) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Counts a request under its User-Agent, verb (as Kubernetes' audit log names it) and
+/// resource.
+fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, watch: bool) {
+    let (verb, kind) = match (target, method.clone()) {
+        (Target::Collection { kind, .. }, Method::GET) if watch => ("watch", kind),
+        (Target::Collection { kind, .. }, Method::GET) => ("list", kind),
+        (Target::Collection { kind, .. }, Method::POST) => ("create", kind),
+        (Target::Collection { kind, .. }, Method::DELETE) => ("deletecollection", kind),
+        (Target::Object { kind, .. }, Method::GET) => ("get", kind),
+        (Target::Object { kind, .. }, Method::PUT) => ("update", kind),
+        (Target::Object { kind, .. }, Method::PATCH) => ("patch", kind),
+        (Target::Object { kind, .. }, Method::DELETE) => ("delete", kind),
+        (Target::Sub { kind, .. }, _) => ("subresource", kind),
+        (Target::Collection { kind, .. } | Target::Object { kind, .. }, _) => ("other", kind),
+    };
+    let agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let mut requests = sh.requests.lock().unwrap_or_else(|p| p.into_inner());
+    *requests
+        .entry((agent, verb.to_string(), kind.plural().to_string()))
+        .or_default() += 1;
+}
+
 async fn admin(
     sh: &Shared,
     method: Method,
@@ -586,7 +623,17 @@ async fn admin(
                 "namespaces": sh.store.count(Kind::Namespace, None),
             }),
         )),
-        (_, ["faults" | "compact" | "stats"]) => Err(ApiError::method_not_allowed()),
+        (Method::GET, ["requests"]) => {
+            let requests = sh.requests.lock().unwrap_or_else(|p| p.into_inner());
+            let rows: Vec<Value> = requests
+                .iter()
+                .map(|((agent, verb, resource), count)| {
+                    json!({"userAgent": agent, "verb": verb, "resource": resource, "count": count})
+                })
+                .collect();
+            Ok(value_response(StatusCode::OK, &json!({ "requests": rows })))
+        }
+        (_, ["faults" | "compact" | "stats" | "requests"]) => Err(ApiError::method_not_allowed()),
         _ => Err(ApiError::no_route()),
     }
 }

@@ -1,10 +1,43 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ExecutorEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXECUTOR_EVENT_KIND_UNSPECIFIED: _ClassVar[ExecutorEventKind]
+    EXECUTOR_EVENT_KIND_SNAPSHOT: _ClassVar[ExecutorEventKind]
+    EXECUTOR_EVENT_KIND_SYNCED: _ClassVar[ExecutorEventKind]
+    EXECUTOR_EVENT_KIND_UPDATED: _ClassVar[ExecutorEventKind]
+    EXECUTOR_EVENT_KIND_DELETED: _ClassVar[ExecutorEventKind]
+
+class ExecutorPodState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXECUTOR_POD_STATE_UNSPECIFIED: _ClassVar[ExecutorPodState]
+    EXECUTOR_POD_STATE_PENDING: _ClassVar[ExecutorPodState]
+    EXECUTOR_POD_STATE_RUNNING: _ClassVar[ExecutorPodState]
+    EXECUTOR_POD_STATE_SUCCEEDED: _ClassVar[ExecutorPodState]
+    EXECUTOR_POD_STATE_FAILED: _ClassVar[ExecutorPodState]
+    EXECUTOR_POD_STATE_DELETED: _ClassVar[ExecutorPodState]
+    EXECUTOR_POD_STATE_TERMINATING: _ClassVar[ExecutorPodState]
+    EXECUTOR_POD_STATE_UNKNOWN: _ClassVar[ExecutorPodState]
+EXECUTOR_EVENT_KIND_UNSPECIFIED: ExecutorEventKind
+EXECUTOR_EVENT_KIND_SNAPSHOT: ExecutorEventKind
+EXECUTOR_EVENT_KIND_SYNCED: ExecutorEventKind
+EXECUTOR_EVENT_KIND_UPDATED: ExecutorEventKind
+EXECUTOR_EVENT_KIND_DELETED: ExecutorEventKind
+EXECUTOR_POD_STATE_UNSPECIFIED: ExecutorPodState
+EXECUTOR_POD_STATE_PENDING: ExecutorPodState
+EXECUTOR_POD_STATE_RUNNING: ExecutorPodState
+EXECUTOR_POD_STATE_SUCCEEDED: ExecutorPodState
+EXECUTOR_POD_STATE_FAILED: ExecutorPodState
+EXECUTOR_POD_STATE_DELETED: ExecutorPodState
+EXECUTOR_POD_STATE_TERMINATING: ExecutorPodState
+EXECUTOR_POD_STATE_UNKNOWN: ExecutorPodState
 
 class AllocationSettings(_message.Message):
     __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers")
@@ -218,3 +251,43 @@ class DriverStatus(_message.Message):
     ended_at_ms: int
     forget_at_ms: int
     def __init__(self, pod_name: _Optional[str] = ..., phase: _Optional[str] = ..., followed: _Optional[bool] = ..., ended_at_ms: _Optional[int] = ..., forget_at_ms: _Optional[int] = ...) -> None: ...
+
+class WatchExecutorsRequest(_message.Message):
+    __slots__ = ("application_id", "since")
+    APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    application_id: str
+    since: int
+    def __init__(self, application_id: _Optional[str] = ..., since: _Optional[int] = ...) -> None: ...
+
+class ExecutorPod(_message.Message):
+    __slots__ = ("executor_id", "resource_profile_id", "pod_name", "phase", "state", "exit_code", "reason", "message", "pod_json")
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    POD_JSON_FIELD_NUMBER: _ClassVar[int]
+    executor_id: int
+    resource_profile_id: int
+    pod_name: str
+    phase: str
+    state: ExecutorPodState
+    exit_code: int
+    reason: str
+    message: str
+    pod_json: str
+    def __init__(self, executor_id: _Optional[int] = ..., resource_profile_id: _Optional[int] = ..., pod_name: _Optional[str] = ..., phase: _Optional[str] = ..., state: _Optional[_Union[ExecutorPodState, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pod_json: _Optional[str] = ...) -> None: ...
+
+class ExecutorEvent(_message.Message):
+    __slots__ = ("sequence", "kind", "executor")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    kind: ExecutorEventKind
+    executor: ExecutorPod
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ExecutorEventKind, str]] = ..., executor: _Optional[_Union[ExecutorPod, _Mapping]] = ...) -> None: ...

@@ -65,6 +65,11 @@ class ExecutorAllocatorStub:
                 request_serializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.ApplicationStatus.FromString,
                 _registered_method=True)
+        self.WatchExecutors = channel.unary_stream(
+                '/spark.allocator.v1.ExecutorAllocator/WatchExecutors',
+                request_serializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.WatchExecutorsRequest.SerializeToString,
+                response_deserializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.ExecutorEvent.FromString,
+                _registered_method=True)
 
 
 class ExecutorAllocatorServicer:
@@ -119,6 +124,17 @@ class ExecutorAllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchExecutors(self, request, context):
+        """Streams the application's executor pods: first their full current state (SNAPSHOT
+        events closed by one SYNCED event), then every change as it is seen. Resumable from
+        the sequence of an event already received; a reader too slow for the bounded
+        per-stream buffer, or resuming from a point no longer kept, gets a fresh full state.
+        The stream ends (OK) when the application is stopped or forgotten.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorAllocatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +167,11 @@ def add_ExecutorAllocatorServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.GetStatusRequest.FromString,
                     response_serializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.ApplicationStatus.SerializeToString,
+            ),
+            'WatchExecutors': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchExecutors,
+                    request_deserializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.WatchExecutorsRequest.FromString,
+                    response_serializer=spark_dot_allocator_dot_v1_dot_allocator__pb2.ExecutorEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -316,6 +337,33 @@ class ExecutorAllocator:
             '/spark.allocator.v1.ExecutorAllocator/GetStatus',
             spark_dot_allocator_dot_v1_dot_allocator__pb2.GetStatusRequest.SerializeToString,
             spark_dot_allocator_dot_v1_dot_allocator__pb2.ApplicationStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchExecutors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/spark.allocator.v1.ExecutorAllocator/WatchExecutors',
+            spark_dot_allocator_dot_v1_dot_allocator__pb2.WatchExecutorsRequest.SerializeToString,
+            spark_dot_allocator_dot_v1_dot_allocator__pb2.ExecutorEvent.FromString,
             options,
             channel_credentials,
             insecure,

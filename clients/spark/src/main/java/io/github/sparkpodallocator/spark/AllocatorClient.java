@@ -6,6 +6,7 @@ import io.grpc.ChannelCredentials;
 import io.grpc.ClientCall;
 import io.grpc.ClientInterceptor;
 import io.grpc.ClientInterceptors;
+import io.grpc.Context;
 import io.grpc.ForwardingClientCall;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
@@ -21,6 +22,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
@@ -30,6 +32,7 @@ import java.util.function.Function;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 import spark.allocator.v1.Allocator.ApplicationStatus;
+import spark.allocator.v1.Allocator.ExecutorEvent;
 import spark.allocator.v1.Allocator.GetStatusRequest;
 import spark.allocator.v1.Allocator.IsDeletedRequest;
 import spark.allocator.v1.Allocator.SetTotalExpectedRequest;
@@ -37,6 +40,7 @@ import spark.allocator.v1.Allocator.StartRequest;
 import spark.allocator.v1.Allocator.StartResponse;
 import spark.allocator.v1.Allocator.StopRequest;
 import spark.allocator.v1.Allocator.UpdateRegisteredExecutorsRequest;
+import spark.allocator.v1.Allocator.WatchExecutorsRequest;
 import spark.allocator.v1.ExecutorAllocatorGrpc;
 import spark.allocator.v1.ExecutorAllocatorGrpc.ExecutorAllocatorBlockingStub;
 
@@ -184,6 +188,25 @@ public final class AllocatorClient implements AutoCloseable {
     GetStatusRequest request =
         GetStatusRequest.newBuilder().setApplicationId(applicationId()).build();
     return call("GetStatus", s -> s.getStatus(request), true, settings.retryTimeout());
+  }
+
+  /**
+   * Opens the application's executor event stream after {@code since} (0: the full state
+   * first). It has no deadline: it lasts as long as the application; cancelling {@code context}
+   * ends it. Errors surface from the iterator as {@link StatusRuntimeException}.
+   */
+  public Iterator<ExecutorEvent> watchExecutors(long since, Context.CancellableContext context) {
+    WatchExecutorsRequest request = WatchExecutorsRequest.newBuilder()
+        .setApplicationId(applicationId())
+        .setSince(since)
+        .build();
+    // The call belongs to the context current when it is made.
+    Context previous = context.attach();
+    try {
+      return stub.watchExecutors(request);
+    } finally {
+      context.detach(previous);
+    }
   }
 
   @Override

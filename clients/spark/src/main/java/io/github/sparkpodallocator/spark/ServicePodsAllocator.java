@@ -53,16 +53,20 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private final long registeredCheckMillis;
   private final long serviceCheckMillis;
   private final String address;
+  private final ExecutorPodsSnapshotsStore snapshotsStore;
+  private final boolean executorEvents;
 
   // Guarded by `this`.
   private String applicationId;
   private final Map<Integer, String> sentTemplates = new HashMap<>();
   private ScheduledExecutorService registeredExecutorsCheck;
   private List<String> lastRegistered;
+  private ExecutorEventsFeed eventsFeed;
 
   /**
    * The constructor Spark's {@code KubernetesClusterManager} calls by reflection. The snapshot
-   * store and the clock go unused: the service watches the executor pods itself.
+   * store is fed from the service's executor event stream (unless
+   * {@code spark.kubernetes.allocation.service.executorEvents=false}); the clock goes unused.
    */
   public ServicePodsAllocator(
       SparkConf conf,
@@ -86,6 +90,8 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     }
     this.address = settings.address();
     this.serviceCheckMillis = settings.checkInterval().toMillis();
+    this.snapshotsStore = snapshotsStore;
+    this.executorEvents = settings.executorEvents();
     this.driverPod = lookUpDriverPod(conf, kubernetesClient, namespace);
     try {
       this.client = new AllocatorClient(settings);
@@ -140,6 +146,13 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
       sentTemplates.put(defaultProfile.id(), json);
     }
     client.start(request.build());
+    if (executorEvents) {
+      ExecutorEventsFeed feed = new ExecutorEventsFeed(client, snapshotsStore);
+      synchronized (this) {
+        eventsFeed = feed;
+      }
+      feed.start();
+    }
 
     ScheduledExecutorService check = Executors.newSingleThreadScheduledExecutor(r -> {
       Thread thread = new Thread(r, "spark-pod-allocator-checks");
@@ -197,11 +210,18 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   @Override
   public void stop(String appId) {
     ScheduledExecutorService check;
+    ExecutorEventsFeed feed;
     boolean started;
     synchronized (this) {
       check = registeredExecutorsCheck;
       registeredExecutorsCheck = null;
+      feed = eventsFeed;
+      eventsFeed = null;
       started = applicationId != null;
+    }
+    // Before Stop, whose end of the stream must not be taken for a restarted service.
+    if (feed != null) {
+      feed.close();
     }
     if (check != null) {
       check.shutdownNow();

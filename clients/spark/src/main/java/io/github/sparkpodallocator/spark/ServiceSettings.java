@@ -26,6 +26,7 @@ public final class ServiceSettings {
   public static final String RETRY_TIMEOUT = PREFIX + "retryTimeout";
   public static final String IS_DELETED_WHEN_UNAVAILABLE = PREFIX + "isDeletedWhenUnavailable";
   public static final String CHECK_INTERVAL = PREFIX + "checkInterval";
+  public static final String EXECUTOR_EVENTS = PREFIX + "executorEvents";
 
   /** The token a pod's service account gets, sent when {@link #TOKEN_FILE} is not set. */
   public static final Path SERVICE_ACCOUNT_TOKEN =
@@ -45,6 +46,7 @@ public final class ServiceSettings {
   private final Duration retryTimeout;
   private final boolean isDeletedWhenUnavailable;
   private final Duration checkInterval;
+  private boolean executorEvents = true;
 
   private ServiceSettings(
       String address,
@@ -110,8 +112,10 @@ public final class ServiceSettings {
     Duration retryTimeout = duration(conf, RETRY_TIMEOUT, DEFAULT_RETRY_TIMEOUT);
     boolean isDeletedWhenUnavailable = bool(conf, IS_DELETED_WHEN_UNAVAILABLE, false);
     Duration checkInterval = positiveDuration(conf, CHECK_INTERVAL, DEFAULT_CHECK_INTERVAL);
-    return new ServiceSettings(address, tls, caFile, certFile, keyFile, tokenFile, deadline,
-        retryTimeout, isDeletedWhenUnavailable, checkInterval);
+    ServiceSettings settings = new ServiceSettings(address, tls, caFile, certFile, keyFile,
+        tokenFile, deadline, retryTimeout, isDeletedWhenUnavailable, checkInterval);
+    settings.executorEvents = bool(conf, EXECUTOR_EVENTS, true);
+    return settings;
   }
 
   /** The gRPC target, e.g. {@code spark-pod-allocator.spark.svc:50051}. */
@@ -165,6 +169,14 @@ public final class ServiceSettings {
    */
   public Duration checkInterval() {
     return checkInterval;
+  }
+
+  /**
+   * Whether the service's executor event stream feeds the driver's snapshot store, so the
+   * driver may turn its own pod watch and polling off.
+   */
+  public boolean executorEvents() {
+    return executorEvents;
   }
 
   private static Optional<String> get(SparkConf conf, String key) {

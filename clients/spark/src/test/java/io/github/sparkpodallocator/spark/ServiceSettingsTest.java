@@ -51,6 +51,7 @@ class ServiceSettingsTest {
     assertEquals(Duration.ofSeconds(60), settings.retryTimeout());
     assertFalse(settings.isDeletedWhenUnavailable());
     assertEquals(Duration.ofSeconds(10), settings.checkInterval());
+    assertTrue(settings.executorEvents());
   }
 
   @Test
@@ -132,5 +133,15 @@ class ServiceSettingsTest {
           () -> ServiceSettings.fromConf(conf().set(bad[0], bad[1]), missing()), bad[0]);
       assertTrue(e.getMessage().startsWith(bad[0]), e.getMessage());
     }
+  }
+
+  @Test
+  void executorEventsCanBeTurnedOffAndTheKeyIsNamedWhenInvalid() {
+    assertFalse(ServiceSettings.fromConf(
+        conf().set(ServiceSettings.EXECUTOR_EVENTS, "false"), missing()).executorEvents());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> ServiceSettings.fromConf(conf().set(ServiceSettings.EXECUTOR_EVENTS, "yes"),
+            missing()));
+    assertTrue(e.getMessage().startsWith(ServiceSettings.EXECUTOR_EVENTS), e.getMessage());
   }
 }

@@ -8,6 +8,11 @@ import io.fabric8.kubernetes.api.model.Pod;
 import io.fabric8.kubernetes.client.ConfigBuilder;
 import io.fabric8.kubernetes.client.KubernetesClient;
 import io.fabric8.kubernetes.client.KubernetesClientBuilder;
+import io.fabric8.kubernetes.client.utils.Serialization;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -75,8 +80,35 @@ class SparkOnServiceIT {
     service = ServiceProcess.start(work, Map.of(), grpcPort,
         "--config", config.toString(), "serve", "--simulate");
     k8s = new KubernetesClientBuilder()
-        .withConfig(new ConfigBuilder().withMasterUrl("http://127.0.0.1:" + apiPort).build())
+        .withConfig(new ConfigBuilder().withMasterUrl("http://127.0.0.1:" + apiPort)
+            .withUserAgent(TEST_USER_AGENT).build())
         .build();
+  }
+
+  /** The test's own Kubernetes client, told apart from the driver's in the request counts. */
+  static final String TEST_USER_AGENT = "spark-on-service-it";
+
+  /**
+   * Pod LISTs and watches the driver made so far, as the simulator counted them: requests of
+   * a fabric8 client (the driver's), not the test's own client.
+   */
+  private long driverPodListsAndWatches() throws Exception {
+    HttpResponse<String> response = HttpClient.newHttpClient().send(
+        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + apiPort + "/sim/requests"))
+            .build(),
+        HttpResponse.BodyHandlers.ofString());
+    assertEquals(200, response.statusCode(), response.body());
+    Map<?, ?> body = Serialization.unmarshal(response.body(), Map.class);
+    long count = 0;
+    for (Object row : (List<?>) body.get("requests")) {
+      Map<?, ?> r = (Map<?, ?>) row;
+      String agent = String.valueOf(r.get("userAgent"));
+      if (agent.startsWith("fabric8") && "pods".equals(r.get("resource"))
+          && ("list".equals(r.get("verb")) || "watch".equals(r.get("verb")))) {
+        count += ((Number) r.get("count")).longValue();
+      }
+    }
+    return count;
   }
 
   @AfterEach
@@ -400,5 +432,40 @@ class SparkOnServiceIT {
             p -> p.getMetadata().getDeletionTimestamp() != null), cluster.log());
       }
     }
+  }
+
+  @Test
+  void withoutItsOwnPodWatchOrPollingTheDriverLearnsOfAFailedExecutorFromTheService()
+      throws Exception {
+    long before = driverPodListsAndWatches();
+    JavaSparkContext sc = start(conf("it-events")
+        .set("spark.kubernetes.executor.enableApiWatcher", "false")
+        .set("spark.kubernetes.executor.enableApiPolling", "false")
+        .set("spark.executor.instances", "2")
+        .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s"));
+    String appId = sc.sc().applicationId();
+    await("2 registered executors", Duration.ofSeconds(120),
+        () -> registeredExecutors(sc).equals(Set.of("1", "2")));
+
+    // The pod fails in Kubernetes while its process still answers the driver: only the pod's
+    // state, which the driver now gets from the service alone, tells Spark the executor is lost.
+    k8s.pods().inNamespace("default").withName("it-events-exec-1").editStatus(pod -> {
+      pod.getStatus().setPhase("Failed");
+      pod.getStatus().setContainerStatuses(List.of(
+          new io.fabric8.kubernetes.api.model.ContainerStatusBuilder()
+              .withName("spark-kubernetes-executor").withImage(IMAGE).withImageID("")
+              .withReady(false).withRestartCount(0)
+              .withNewState().withNewTerminated().withExitCode(137).withReason("OOMKilled")
+              .endTerminated().endState().build()));
+      return pod;
+    });
+    await("Spark removing executor 1 and executor 3 replacing it", Duration.ofSeconds(120),
+        () -> registeredExecutors(sc).equals(Set.of("2", "3")));
+    assertEquals(500_000_500_000L, sumOneToAMillion(sc, 0).getKey());
+    await("pods exec-2 and exec-3 only", Duration.ofSeconds(60),
+        () -> names(executorPods(appId)).equals(Set.of("it-events-exec-2", "it-events-exec-3")));
+    assertEquals(0, driverPodListsAndWatches() - before,
+        "the driver listed or watched pods itself");
   }
 }

@@ -1,0 +1,166 @@
+package io.github.sparkpodallocator.spark;
+
+import io.fabric8.kubernetes.api.model.Pod;
+import io.fabric8.kubernetes.client.utils.Serialization;
+import io.grpc.Context;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.scheduler.cluster.k8s.ExecutorPodsSnapshotsStore;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import scala.jdk.javaapi.CollectionConverters;
+import spark.allocator.v1.Allocator.ExecutorEvent;
+
+/**
+ * Feeds the service's executor event stream (WatchExecutors) into the driver's snapshot store,
+ * as Spark's own pod watch and polling would: a full state replaces the snapshot, a changed pod
+ * updates it, a pod gone leaves it. So a driver with
+ * {@code spark.kubernetes.executor.enableApiWatcher=false} and
+ * {@code spark.kubernetes.executor.enableApiPolling=false} still learns of every executor
+ * failure without a pod watch or LIST of its own.
+ *
+ * <p>A broken stream is opened again (backoff 100 ms … 5 s) resuming after the last change
+ * applied; NOT_FOUND (a restarted service) has the client start the application again first.
+ */
+final class ExecutorEventsFeed implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(ExecutorEventsFeed.class);
+  private static final Duration FIRST_BACKOFF = Duration.ofMillis(100);
+  private static final Duration MAX_BACKOFF = Duration.ofSeconds(5);
+
+  private final AllocatorClient client;
+  private final ExecutorPodsSnapshotsStore store;
+  private final Thread thread;
+  private volatile boolean closed;
+  private volatile Context.CancellableContext current;
+
+  /** The pods as the driver's snapshot store has them, by name (owned by the thread). */
+  private final Map<String, Pod> pods = new LinkedHashMap<>();
+  /** The sequence of the last full state or change applied; 0 = none. */
+  private long appliedUpTo;
+
+  ExecutorEventsFeed(AllocatorClient client, ExecutorPodsSnapshotsStore store) {
+    this.client = client;
+    this.store = store;
+    this.thread = new Thread(this::run, "spark-pod-allocator-executor-events");
+    this.thread.setDaemon(true);
+  }
+
+  void start() {
+    thread.start();
+  }
+
+  @Override
+  public void close() {
+    closed = true;
+    Context.CancellableContext context = current;
+    if (context != null) {
+      context.cancel(null);
+    }
+    thread.interrupt();
+    try {
+      thread.join(5_000);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+  }
+
+  private void run() {
+    Duration backoff = FIRST_BACKOFF;
+    while (!closed) {
+      Context.CancellableContext context = Context.current().withCancellation();
+      current = context;
+      try {
+        Iterator<ExecutorEvent> events = client.watchExecutors(appliedUpTo, context);
+        List<Pod> fullState = null;
+        while (events.hasNext()) {
+          ExecutorEvent event = events.next();
+          backoff = FIRST_BACKOFF;
+          switch (event.getKind()) {
+            case EXECUTOR_EVENT_KIND_SNAPSHOT:
+              if (fullState == null) {
+                fullState = new ArrayList<>();
+              }
+              fullState.add(pod(event));
+              break;
+            case EXECUTOR_EVENT_KIND_SYNCED:
+              replace(fullState == null ? List.of() : fullState);
+              fullState = null;
+              appliedUpTo = event.getSequence();
+              break;
+            case EXECUTOR_EVENT_KIND_UPDATED:
+              Pod updated = pod(event);
+              pods.put(updated.getMetadata().getName(), updated);
+              store.updatePod(updated);
+              appliedUpTo = event.getSequence();
+              break;
+            case EXECUTOR_EVENT_KIND_DELETED:
+              // A full snapshot without it: Spark's lifecycle manager removes an executor
+              // whose pod is missing, whatever phase the pod had when it went.
+              pods.remove(event.getExecutor().getPodName());
+              store.replaceSnapshot(
+                  CollectionConverters.asScala(new ArrayList<>(pods.values())).toSeq());
+              appliedUpTo = event.getSequence();
+              break;
+            default:
+              LOG.debug("Ignoring an executor event of an unknown kind: {}", event);
+          }
+        }
+        // Ended cleanly: the application was stopped or forgotten, or the service shut down.
+        if (!closed) {
+          LOG.info("The spark-pod-allocator executor event stream ended; opening it again");
+        }
+      } catch (StatusRuntimeException e) {
+        if (closed) {
+          break;
+        }
+        Status.Code code = e.getStatus().getCode();
+        LOG.warn("The spark-pod-allocator executor event stream failed ({}); opening it again"
+            + " in {} ms", code, backoff.toMillis());
+        if (code == Status.Code.NOT_FOUND) {
+          try {
+            // The client answers NOT_FOUND with a new Start (a restarted service).
+            client.status();
+          } catch (RuntimeException restart) {
+            LOG.warn("Could not start the application again in the service", restart);
+          }
+        }
+      } catch (RuntimeException e) {
+        if (closed) {
+          break;
+        }
+        LOG.warn("Cannot apply an executor event; opening the stream again", e);
+        appliedUpTo = 0;
+      } finally {
+        context.cancel(null);
+      }
+      if (closed) {
+        break;
+      }
+      try {
+        Thread.sleep(backoff.toMillis());
+      } catch (InterruptedException e) {
+        break;
+      }
+      backoff = backoff.multipliedBy(2).compareTo(MAX_BACKOFF) > 0
+          ? MAX_BACKOFF : backoff.multipliedBy(2);
+    }
+  }
+
+  private void replace(List<Pod> fullState) {
+    pods.clear();
+    for (Pod pod : fullState) {
+      pods.put(pod.getMetadata().getName(), pod);
+    }
+    store.replaceSnapshot(CollectionConverters.asScala(fullState).toSeq());
+  }
+
+  private static Pod pod(ExecutorEvent event) {
+    return Serialization.unmarshal(event.getExecutor().getPodJson(), Pod.class);
+  }
+}
