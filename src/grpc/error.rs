@@ -18,6 +18,58 @@ pub fn to_status(err: AppError) -> Status {
     }
 }
 
+/// The status of a failed call, logged once: a client's mistake at info with the request
+/// field it concerns (visible at the default level without alarming anyone), a failure of
+/// ours or of Kubernetes at warn.
+pub fn failed_call(err: AppError) -> Status {
+    let blame = blame(&err);
+    let status = to_status(err);
+    let code = code_name(status.code());
+    match blame {
+        Blame::Client { field } => {
+            tracing::info!(code, field, detail = status.message(), "refused")
+        }
+        Blame::Service => tracing::warn!(code, detail = status.message(), "failed"),
+    }
+    status
+}
+
+/// Whose mistake a failed call is.
+#[derive(Debug, PartialEq, Eq)]
+enum Blame {
+    /// The request is wrong for this service or its state; `field` is the request field it
+    /// concerns, when one can be named.
+    Client { field: Option<String> },
+    /// The service or the Kubernetes API failed.
+    Service,
+}
+
+fn blame(err: &AppError) -> Blame {
+    let field = match err {
+        AppError::InvalidArgument { field, .. } => Some(field.clone()),
+        AppError::NotFound(_) | AppError::AlreadyExists { .. } => {
+            Some("application_id".to_string())
+        }
+        AppError::PermissionDenied(_) => Some("namespace".to_string()),
+        AppError::FailedPrecondition(message) => field_prefix(message).map(str::to_string),
+        AppError::Kubernetes(_) | AppError::ShuttingDown | AppError::Internal(_) => {
+            return Blame::Service;
+        }
+    };
+    Blame::Client { field }
+}
+
+/// `executors_per_profile[1]` of `executors_per_profile[1]: resource profile 1 has no …`:
+/// the field path a message starts with, if it starts with one.
+fn field_prefix(message: &str) -> Option<&str> {
+    let (head, _) = message.split_once(": ")?;
+    let is_path = !head.is_empty()
+        && head.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'[' | b']')
+        });
+    is_path.then_some(head)
+}
+
 /// The gRPC code of an API server answer (HTTP status and reason).
 pub fn api_code(http_code: u16, reason: &str) -> Code {
     match (http_code, reason) {
@@ -150,6 +202,57 @@ mod tests {
             let s = to_status(api(http, reason, quota));
             assert_eq!(s.code(), code, "{http} {reason}");
             assert!(s.message().contains(quota), "{}", s.message());
+        }
+    }
+
+    #[test]
+    fn client_mistakes_name_their_field_and_failures_are_the_services() {
+        let client = |field: Option<&str>| Blame::Client {
+            field: field.map(str::to_string),
+        };
+        let cases = [
+            (
+                AppError::InvalidArgument {
+                    field: "settings.batch_size".into(),
+                    message: "must be greater than 0".into(),
+                },
+                client(Some("settings.batch_size")),
+            ),
+            (
+                AppError::NotFound("a".into()),
+                client(Some("application_id")),
+            ),
+            (
+                AppError::AlreadyExists {
+                    app_id: "a".into(),
+                    namespace: "n".into(),
+                },
+                client(Some("application_id")),
+            ),
+            (
+                AppError::PermissionDenied("namespace x is not allowed".into()),
+                client(Some("namespace")),
+            ),
+            (
+                AppError::FailedPrecondition(
+                    "executors_per_profile[1]: resource profile 1 has no executor pod template"
+                        .into(),
+                ),
+                client(Some("executors_per_profile[1]")),
+            ),
+            (
+                AppError::FailedPrecondition(
+                    "No pod was found named d in the cluster in the namespace n".into(),
+                ),
+                client(None),
+            ),
+            (AppError::ShuttingDown, Blame::Service),
+            (AppError::Internal("actor ended".into()), Blame::Service),
+            (api(422, "Invalid", "bad pod"), Blame::Service),
+        ];
+        for (err, expected) in cases {
+            let shown = err.to_string();
+            assert_eq!(blame(&err), expected, "{shown}");
         }
     }
 

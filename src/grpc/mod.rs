@@ -179,11 +179,7 @@ async fn answer<T>(
     let span = rpc_span(method, application_id);
     match call.instrument(span.clone()).await {
         Ok(reply) => Ok(Response::new(reply)),
-        Err(err) => {
-            let status = to_status(err);
-            span.in_scope(|| log_failure(&status));
-            Err(status)
-        }
+        Err(err) => Err(span.in_scope(|| error::failed_call(err))),
     }
 }
 
@@ -320,16 +316,5 @@ impl ExecutorAllocator for AllocatorService {
             ))
         })
         .await
-    }
-}
-
-/// Client mistakes are logged quietly; failures of ours or of Kubernetes loudly.
-fn log_failure(status: &Status) {
-    use tonic::Code;
-    match status.code() {
-        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition => {
-            tracing::debug!(code = ?status.code(), message = status.message(), "refused")
-        }
-        _ => tracing::warn!(code = ?status.code(), message = status.message(), "failed"),
     }
 }

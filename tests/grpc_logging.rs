@@ -1,0 +1,128 @@
+//! The log lines an operator reads, from a real `serve --simulate` process at the default
+//! level: a client's mistake is logged at info naming the request field, and every line of
+//! a call carries its request id (the client's `x-request-id`, else a generated one).
+use std::process::Stdio;
+use std::time::Duration;
+
+use spark_pod_allocator::demo::wait_until_serving;
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{ChildStderr, Command};
+use tonic::transport::Endpoint;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+/// Guards against a hang only; every wait ends on output or exit, not on time.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Reads JSON log lines until one has `message`; returns the whole line.
+async fn until_logged(
+    lines: &mut Lines<BufReader<ChildStderr>>,
+    message: &str,
+) -> serde_json::Value {
+    let wait = async {
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                panic!("not a JSON log line: {line}");
+            };
+            if entry["fields"]["message"] == message {
+                return entry;
+            }
+        }
+        panic!("the process ended before logging {message:?}");
+    };
+    tokio::time::timeout(HANG_GUARD, wait)
+        .await
+        .expect("log line")
+}
+
+/// The `request_id` of the line's enclosing `request` span.
+fn request_id(entry: &serde_json::Value) -> String {
+    let spans = entry["spans"].as_array().expect("spans");
+    let request = spans
+        .iter()
+        .find(|span| span["name"] == "request")
+        .unwrap_or_else(|| panic!("no request span: {entry}"));
+    request["request_id"]
+        .as_str()
+        .expect("request_id")
+        .to_string()
+}
+
+#[tokio::test]
+async fn client_mistakes_are_logged_at_info_with_their_field_and_request_id() {
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "serve", "--simulate"])
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let serving = until_logged(&mut lines, "serving gRPC").await;
+    let address = serving["fields"]["address"].as_str().expect("address");
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    wait_until_serving(channel.clone()).await.expect("serving");
+    let mut client = ExecutorAllocatorClient::new(channel);
+
+    // INVALID_ARGUMENT, with the client's request id (cut to what is safe in a log line).
+    let mut start = tonic::Request::new(proto::StartRequest {
+        application_id: "spark-logged".into(),
+        namespace: "default".into(),
+        settings: Some(proto::AllocationSettings {
+            batch_size: Some(0),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    start.metadata_mut().insert(
+        "x-request-id",
+        "driver-7/start \"1\"".parse().expect("ascii"),
+    );
+    let status = client.start(start).await.expect_err("invalid");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let refused = until_logged(&mut lines, "refused").await;
+    assert_eq!(refused["level"], "INFO", "{refused}");
+    assert_eq!(refused["fields"]["code"], "INVALID_ARGUMENT", "{refused}");
+    assert_eq!(
+        refused["fields"]["field"], "settings.batch_size",
+        "{refused}"
+    );
+    assert_eq!(
+        refused["fields"]["detail"], "settings.batch_size: must be greater than 0",
+        "{refused}"
+    );
+    assert_eq!(request_id(&refused), "driver-7/start1");
+    assert_eq!(refused["span"]["method"], "Start", "{refused}");
+
+    // NOT_FOUND, without a request id: one is generated, new for each call.
+    let mut generated = Vec::new();
+    for _ in 0..2 {
+        let status = client
+            .get_status(proto::GetStatusRequest {
+                application_id: "spark-unknown".into(),
+            })
+            .await
+            .expect_err("unknown application");
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        let refused = until_logged(&mut lines, "refused").await;
+        assert_eq!(refused["level"], "INFO", "{refused}");
+        assert_eq!(refused["fields"]["code"], "NOT_FOUND", "{refused}");
+        assert_eq!(refused["fields"]["field"], "application_id", "{refused}");
+        let id = request_id(&refused);
+        assert!(
+            id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+        generated.push(id);
+    }
+    assert_ne!(generated[0], generated[1]);
+}
