@@ -243,3 +243,73 @@ def test_the_bearer_token_is_sent_and_a_token_file_is_read_again(recorder_server
     with AllocatorClient(target) as client:
         client.get_status("app")
     assert "authorization" not in recorder.calls[-1][1]
+
+
+def _openssl(*args, cwd):
+    import subprocess
+
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """A CA, a server certificate for `localhost` and a client certificate, all signed by it."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make test certificates")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=tmp_path)
+    (tmp_path / "server.ext").write_text("subjectAltName=DNS:localhost\n")
+    for name, extra in (("server", ["-extfile", "server.ext"]), ("client", [])):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=tmp_path)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "1", "-out", f"{name}.pem", *extra, cwd=tmp_path)
+    return tmp_path
+
+
+def test_tls_with_a_private_ca_and_a_client_certificate(pki):
+    recorder = _Recorder()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_ExecutorAllocatorServicer_to_server(recorder, server)
+    credentials = grpc.ssl_server_credentials(
+        [((pki / "server.key").read_bytes(), (pki / "server.pem").read_bytes())],
+        root_certificates=(pki / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    try:
+        target = f"127.0.0.1:{port}"
+        with AllocatorClient(
+            target,
+            root_certificates=pki / "ca.pem",
+            client_certificate=pki / "client.pem",
+            client_key=(pki / "client.key").read_bytes(),
+            tls_server_name="localhost",
+            token="over-tls",
+        ) as client:
+            assert client.get_status("app").last_executor_id == 1
+        assert recorder.calls[-1][1]["authorization"] == "Bearer over-tls"
+
+        async def scenario():
+            async with AsyncAllocatorClient(
+                target,
+                root_certificates=pki / "ca.pem",
+                client_certificate=pki / "client.pem",
+                client_key=pki / "client.key",
+                tls_server_name="localhost",
+            ) as client:
+                return await client.get_status("app")
+
+        assert asyncio.run(scenario()).last_executor_id == 2
+        # Without the client certificate the server refuses the handshake.
+        with AllocatorClient(
+            target, root_certificates=pki / "ca.pem", tls_server_name="localhost", retry=FAST
+        ) as client:
+            with pytest.raises(Unavailable):
+                client.get_status("app")
+        assert len(recorder.calls) == 2
+    finally:
+        server.stop(None)
