@@ -42,6 +42,25 @@ echo "--- newest dependencies"
 "$python" -m venv "$work/newest"
 "$work/newest/bin/pip" install "${pip_quiet[@]}" --upgrade "${wheel}[test]"
 run_tests "$work/newest"
+# py.typed: a typed caller of the installed package type-checks against it.
+"$work/newest/bin/pip" install "${pip_quiet[@]}" mypy types-protobuf grpc-stubs
+cat >"$work/run/caller.py" <<'PY'
+from spark_pod_allocator import AllocatorClient, AsyncAllocatorClient, NotFound, pb
+
+
+def running(client: AllocatorClient, application_id: str) -> int:
+    status: pb.ApplicationStatus = client.get_status(application_id)
+    return sum(p.running for p in status.profiles)
+
+
+async def stop(client: AsyncAllocatorClient, application_id: str) -> int:
+    try:
+        return await client.stop(application_id)
+    except NotFound as err:
+        print(err.code, err.details)
+        return 0
+PY
+(cd "$work/run" && "$work/newest/bin/mypy" --strict --no-incremental caller.py)
 
 echo "--- dependency floors"
 "$python" -m venv "$work/floor"

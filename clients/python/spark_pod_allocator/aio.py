@@ -76,7 +76,7 @@ class AsyncAllocatorClient:
     async def close(self) -> None:
         """Closes the channel if this client opened it."""
         if self._own_channel:
-            await self._channel.close()
+            await self._channel.close(None)
 
     def _metadata(self):
         return self._token.metadata() if self._token is not None else None
