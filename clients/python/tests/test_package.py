@@ -157,6 +157,15 @@ class _Recorder(pb_grpc.ExecutorAllocatorServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
         return pb.ApplicationStatus(last_executor_id=n)
 
+    def WatchExecutors(self, request, context):
+        """UNAVAILABLE `unavailable` times, then two events and UNAVAILABLE mid-stream."""
+        n = self._record("WatchExecutors", context)
+        if n <= self.unavailable:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        for sequence in (1, 2):
+            yield pb.ExecutorEvent(sequence=sequence, kind=pb.EXECUTOR_EVENT_KIND_UPDATED)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "broken mid-stream")
+
     def Stop(self, request, context):
         self._record("Stop", context)
         context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
@@ -313,3 +322,44 @@ def test_tls_with_a_private_ca_and_a_client_certificate(pki):
         assert len(recorder.calls) == 2
     finally:
         server.stop(None)
+
+
+def test_watch_is_retried_before_its_first_event_only(recorder_server):
+    flaky = _Recorder(unavailable=2)
+    target = recorder_server(flaky)
+    seen = []
+    with AllocatorClient(target, retry=FAST) as client:
+        with pytest.raises(Unavailable) as err:
+            for event in client.watch_executors("app"):
+                seen.append(event.sequence)
+    assert seen == [1, 2]
+    assert err.value.details == "broken mid-stream"
+    assert [c[0] for c in flaky.calls] == ["WatchExecutors"] * 3
+
+    async def scenario():
+        sequences = []
+        async with AsyncAllocatorClient(target, retry=FAST) as client:
+            with pytest.raises(Unavailable):
+                async for event in client.watch_executors("app"):
+                    sequences.append(event.sequence)
+        return sequences
+
+    assert asyncio.run(scenario()) == [1, 2]
+    assert len(flaky.calls) == 4
+
+
+def test_retry_policy_backoff_grows_and_is_bounded():
+    policy = RetryPolicy(max_attempts=10, initial_backoff=0.1, max_backoff=0.4, multiplier=2, max_elapsed=100)
+    for attempt, ceiling in ((1, 0.1), (2, 0.2), (3, 0.4), (4, 0.4), (9, 0.4)):
+        for _ in range(20):
+            assert ceiling / 2 <= policy.delay(attempt) <= ceiling
+    import time
+
+    now = time.monotonic()
+    assert policy.next_delay(10, now) is None, "no attempt past max_attempts"
+    assert policy.next_delay(1, now - 100) is None, "no attempt past max_elapsed"
+    assert policy.next_delay(1, now) is not None
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)
+    with pytest.raises(ValueError):
+        RetryPolicy(initial_backoff=2, max_backoff=1)
