@@ -3,110 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import socket
-import subprocess
-import tempfile
-import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from spark_pod_allocator import AllocatorClient, AllocatorError, pb
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-
-
-def _binary() -> pathlib.Path:
-    """SPARK_POD_ALLOCATOR_BIN, else the debug build; a relative path that does not exist
-    from here is taken from the repository root (`target/release/spark-pod-allocator`)."""
-    given = os.environ.get("SPARK_POD_ALLOCATOR_BIN")
-    if not given:
-        return ROOT / "target" / "debug" / "spark-pod-allocator"
-    path = pathlib.Path(given)
-    if not path.is_absolute() and not path.exists():
-        return ROOT / path
-    return path
-
-
-BINARY = _binary()
-
-TEMPLATE = """
-apiVersion: v1
-kind: Pod
-metadata:
-  labels:
-    team: data
-spec:
-  containers:
-    - name: spark-kubernetes-executor
-      image: spark:4.0.0
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_until(condition, what: str, deadline_s: float = 60.0):
-    """Polls `condition` until it returns a truthy value; fails naming `what` after the deadline."""
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        last = condition()
-        if last:
-            return last
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what} (last value: {last!r})")
-
-
-@pytest.fixture(scope="module")
-def service():
-    if not BINARY.exists():
-        pytest.fail(f"{BINARY} does not exist: run `cargo build` first or set SPARK_POD_ALLOCATOR_BIN")
-    port = _free_port()
-    env = dict(os.environ, SPARK_POD_ALLOCATOR__LISTEN=f"127.0.0.1:{port}")
-    # The service's log goes to a file, not a pipe nobody drains (a full pipe would block it).
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(
-        [str(BINARY), "serve", "--simulate"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-
-    def service_log() -> str:
-        log.seek(0)
-        return log.read().decode(errors="replace")
-    target = f"127.0.0.1:{port}"
-    channel = grpc.insecure_channel(target)
-    health = health_pb2_grpc.HealthStub(channel)
-
-    def serving():
-        if proc.poll() is not None:
-            pytest.fail(f"service exited with {proc.returncode}: {service_log()}")
-        try:
-            reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError:
-            return False
-
-    _wait_until(serving, "the service's health to be SERVING")
-    yield target
-    channel.close()
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("service did not stop within 20 s of SIGTERM")
-    assert proc.returncode == 0, service_log()
-    log.close()
-
+from conftest import TEMPLATE
+from conftest import wait_until as _wait_until
 
 def test_start_scale_status_is_deleted_stop(service):
     with AllocatorClient(service) as client:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from spark.allocator.v1 import allocator_pb2 as spark_dot_allocator_dot_v1_dot_allocator__pb2
+from spark_pod_allocator.v1 import allocator_pb2 as spark_dot_allocator_dot_v1_dot_allocator__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

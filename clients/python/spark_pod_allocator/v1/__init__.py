@@ -1,0 +1,1 @@
+"""Generated code of spark.allocator.v1 (see regenerate.sh); do not edit."""
