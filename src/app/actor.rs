@@ -22,6 +22,7 @@ use crate::allocator::{
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
+use crate::metrics::DeleteReason;
 use tokio_util::sync::CancellationToken;
 
 /// Commands the handle sends; each carries its reply channel.
@@ -406,6 +407,11 @@ impl State {
                         .delete_all(&namespace, &app_id)
                         .await
                         .map_err(|err| crate::k8s::describe_error(&err));
+                    if let Ok(deleted) = result {
+                        client
+                            .metrics()
+                            .pods_deleted(DeleteReason::Stop, u64::from(deleted));
+                    }
                     let _ = done.send(WorkDone::CleanedUp(result));
                 }
                 .in_current_span(),
@@ -838,11 +844,20 @@ impl State {
         let mut failed = 0usize;
         let mut first_error = None;
         let now = self.actor.clock.now();
+        let metrics = self.actor.pods.metrics().clone();
         for (id, result) in results {
             let profile = self.create_profiles.remove(&id).unwrap_or_default();
             match &result {
-                Ok(()) => self.failures.create_passed(profile),
-                Err(err) => self.failures.create_failed(profile, err, now),
+                Ok(()) => {
+                    metrics.pods_created(1);
+                    self.failures.create_passed(profile);
+                }
+                Err(err) => {
+                    if let Some((status, reason, _)) = super::failures::create_failure_cause(err) {
+                        metrics.pod_create_failed(status, &reason);
+                    }
+                    self.failures.create_failed(profile, err, now);
+                }
             }
             if let Err(err) = result {
                 self.actor.allocator.create_failed(id);
@@ -912,6 +927,12 @@ impl UpkeepWork {
                 .await
             {
                 Ok(deleted) => {
+                    let reason = if only_pending {
+                        DeleteReason::Downscale
+                    } else {
+                        DeleteReason::Timeout
+                    };
+                    pods.metrics().pods_deleted(reason, u64::from(deleted));
                     tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
                 }
                 // Already logged with the API server's reason; the next round retries.
@@ -924,14 +945,13 @@ impl UpkeepWork {
         if !self.finished.is_empty() {
             if self.delete_on_termination {
                 let ids: Vec<ExecutorId> = self.finished.iter().map(|(id, _)| *id).collect();
-                if pods
-                    .delete_executors(namespace, app_id, &ids, false)
-                    .await
-                    .is_ok()
-                {
-                    tracing::info!(executors = ?ids, "finished executor pods deleted");
-                } else {
-                    finished_failed = ids;
+                match pods.delete_executors(namespace, app_id, &ids, false).await {
+                    Ok(deleted) => {
+                        pods.metrics()
+                            .pods_deleted(DeleteReason::Finished, u64::from(deleted));
+                        tracing::info!(executors = ?ids, "finished executor pods deleted");
+                    }
+                    Err(_) => finished_failed = ids,
                 }
             } else {
                 for (id, pod_name) in self.finished {

@@ -22,6 +22,7 @@ use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
 use crate::allocator::{DriverOwner, ExecutorId};
+use crate::metrics::Metrics;
 
 /// Why one executor pod was not created.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +109,7 @@ pub struct ExecutorPods {
     limiter: RateLimiter,
     create_concurrency: usize,
     policy: RequestPolicy,
+    metrics: Metrics,
 }
 
 impl ExecutorPods {
@@ -119,6 +121,7 @@ impl ExecutorPods {
             limiter,
             create_concurrency: create_concurrency.max(1),
             policy: RequestPolicy::default(),
+            metrics: Metrics::default(),
         }
     }
 
@@ -126,6 +129,17 @@ impl ExecutorPods {
     pub fn with_policy(mut self, policy: RequestPolicy) -> Self {
         self.policy = policy;
         self
+    }
+
+    /// Records into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Where the callers count the pods they create and delete.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The deadline and retries of every request.

@@ -1,0 +1,338 @@
+//! Prometheus metrics: one [`Metrics`] handle, created by the composition root and passed to
+//! the gRPC, application and Kubernetes layers (the allocation engine records none), and
+//! the `/metrics` endpoint that serves them on an address of its own.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+/// Every metric name starts with this.
+pub const PREFIX: &str = "spark_pod_allocator";
+
+/// Why executor pods were deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// Pending pods beyond the target (downscale).
+    Downscale,
+    /// Pods not seen within the executor creation timeout.
+    Timeout,
+    /// Failed or succeeded executors' pods.
+    Finished,
+    /// Every pod of an application, on Stop or after its driver ended.
+    Stop,
+}
+
+impl DeleteReason {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Downscale => "downscale",
+            Self::Timeout => "timeout",
+            Self::Finished => "finished",
+            Self::Stop => "stop",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CreateFailureLabels {
+    status: String,
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The service's metrics; cheap to clone (every clone records into the same registry).
+/// `Metrics::default()` is a registry nobody serves, for tests and embedders.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    rpcs: Family<RpcLabels, Counter>,
+    rpc_seconds: HistogramFamily<MethodLabels>,
+    pods_created: Counter,
+    pods_deleted: Family<ReasonLabels, Counter>,
+    create_failures: Family<CreateFailureLabels, Counter>,
+    applications: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry holding every metric of the service.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let rpcs = Family::<RpcLabels, Counter>::default();
+        registry.register(
+            "grpc_requests",
+            "gRPC calls answered, by method and status code",
+            rpcs.clone(),
+        );
+        let rpc_seconds: HistogramFamily<MethodLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "grpc_request_duration_seconds",
+            "Time from a gRPC call's arrival to its response headers, by method",
+            rpc_seconds.clone(),
+        );
+        let pods_created = Counter::default();
+        registry.register(
+            "executor_pods_created",
+            "Executor pods the API server accepted",
+            pods_created.clone(),
+        );
+        let pods_deleted = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "executor_pods_deleted",
+            "Executor pods deleted, by reason (downscale, timeout, finished, stop)",
+            pods_deleted.clone(),
+        );
+        let create_failures = Family::<CreateFailureLabels, Counter>::default();
+        registry.register(
+            "executor_pod_create_failures",
+            "Executor pod creates that failed, by HTTP status (empty when none came back) and reason",
+            create_failures.clone(),
+        );
+        let applications = Gauge::default();
+        registry.register(
+            "applications_active",
+            "Applications the service allocates for",
+            applications.clone(),
+        );
+        registry.register(
+            "build",
+            "The service's version",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        );
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                rpcs,
+                rpc_seconds,
+                pods_created,
+                pods_deleted,
+                create_failures,
+                applications,
+            }),
+        }
+    }
+
+    /// One answered gRPC call; `method` is the call's path (`/package.Service/Method`), `code`
+    /// the status code's name as the gRPC spec spells it.
+    pub fn rpc_answered(&self, method: &str, code: &str, elapsed: Duration) {
+        let method = bounded_method(method).to_string();
+        self.inner
+            .rpcs
+            .get_or_create(&RpcLabels {
+                method: method.clone(),
+                code: code.to_string(),
+            })
+            .inc();
+        self.inner
+            .rpc_seconds
+            .get_or_create(&MethodLabels { method })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Executor pods the API server accepted.
+    pub fn pods_created(&self, count: u64) {
+        self.inner.pods_created.inc_by(count);
+    }
+
+    /// Executor pods the API server deleted.
+    pub fn pods_deleted(&self, reason: DeleteReason, count: u64) {
+        if count > 0 {
+            self.inner
+                .pods_deleted
+                .get_or_create(&ReasonLabels {
+                    reason: reason.label().to_string(),
+                })
+                .inc_by(count);
+        }
+    }
+
+    /// One executor pod create that failed with `status` (none when the API server never
+    /// answered) and `reason` (the API server's, or `Timeout`, `Unreachable`, `IdNotRecorded`).
+    pub fn pod_create_failed(&self, status: Option<u16>, reason: &str) {
+        self.inner
+            .create_failures
+            .get_or_create(&CreateFailureLabels {
+                status: status.map(|s| s.to_string()).unwrap_or_default(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// The number of applications the service allocates for.
+    pub fn set_active_applications(&self, count: usize) {
+        self.inner
+            .applications
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// The registry in Prometheus' text exposition format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.inner.registry);
+        text
+    }
+}
+
+/// The methods of the services this server has keep their name; any other path is one
+/// `unknown` label, so a client probing paths cannot grow the label set.
+fn bounded_method(path: &str) -> &str {
+    const SERVICES: [&str; 4] = [
+        "/spark.allocator.v1.ExecutorAllocator/",
+        "/grpc.health.v1.Health/",
+        "/grpc.reflection.v1.ServerReflection/",
+        "/grpc.reflection.v1alpha.ServerReflection/",
+    ];
+    let known = SERVICES.iter().any(|service| {
+        path.strip_prefix(service).is_some_and(|method| {
+            !method.is_empty()
+                && method.len() <= 64
+                && method.chars().all(|c| c.is_ascii_alphanumeric())
+        })
+    });
+    if known { path } else { "unknown" }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    metrics: Metrics,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.encode(),
+                )
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds `address` and serves the metrics there in a background task; returns the bound
+/// address (port 0 picks a free one).
+pub async fn spawn(metrics: Metrics, address: SocketAddr) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(err) = serve(metrics, listener, std::future::pending()).await {
+            tracing::warn!(%err, "the metrics endpoint stopped");
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_paths_share_one_label() {
+        assert_eq!(
+            bounded_method("/spark.allocator.v1.ExecutorAllocator/Start"),
+            "/spark.allocator.v1.ExecutorAllocator/Start"
+        );
+        assert_eq!(bounded_method("/evil/x"), "unknown");
+        assert_eq!(
+            bounded_method("/grpc.health.v1.Health/a-b"),
+            "unknown",
+            "only plain method names"
+        );
+    }
+
+    #[test]
+    fn encodes_counts_by_label() {
+        let metrics = Metrics::new();
+        metrics.pods_created(3);
+        metrics.pods_deleted(DeleteReason::Downscale, 2);
+        metrics.pods_deleted(DeleteReason::Stop, 0);
+        metrics.pod_create_failed(Some(403), "Forbidden");
+        metrics.rpc_answered(
+            "/spark.allocator.v1.ExecutorAllocator/Start",
+            "OK",
+            Duration::from_millis(3),
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("spark_pod_allocator_executor_pods_created_total 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "spark_pod_allocator_executor_pods_deleted_total{reason=\"downscale\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("reason=\"stop\""), "{text}");
+        assert!(text.contains("spark_pod_allocator_executor_pod_create_failures_total{status=\"403\",reason=\"Forbidden\"} 1"), "{text}");
+        assert!(text.contains("spark_pod_allocator_grpc_requests_total{method=\"/spark.allocator.v1.ExecutorAllocator/Start\",code=\"OK\"} 1"), "{text}");
+        assert!(text.contains("spark_pod_allocator_grpc_request_duration_seconds_count{method=\"/spark.allocator.v1.ExecutorAllocator/Start\"} 1"), "{text}");
+        assert!(
+            text.contains("spark_pod_allocator_build_info{version=\""),
+            "{text}"
+        );
+    }
+}
