@@ -1,6 +1,7 @@
 //! Prometheus metrics: one [`Metrics`] handle, created by the composition root and passed to
 //! the gRPC, application and Kubernetes layers (the allocation engine records none), and
 //! the `/metrics` endpoint that serves them on an address of its own.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +69,25 @@ struct BuildLabels {
     version: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProfileLabels {
+    application: String,
+    profile: String,
+}
+
+/// Applications whose per-profile gauges are exported at most; the ones beyond are left
+/// out (counted in `applications_unexported`) so the label set stays bounded.
+pub const MAX_EXPORTED_APPLICATIONS: usize = 500;
+
+/// One resource profile's executor counts, as GetStatus reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProfileGauges {
+    pub target: u32,
+    pub running: u32,
+    pub pending: u32,
+    pub newly_created: u32,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -90,6 +110,14 @@ struct Inner {
     pods_deleted: Family<ReasonLabels, Counter>,
     create_failures: Family<CreateFailureLabels, Counter>,
     applications: Gauge,
+    rate_limit_wait: Histogram,
+    target: Family<ProfileLabels, Gauge>,
+    running: Family<ProfileLabels, Gauge>,
+    pending: Family<ProfileLabels, Gauge>,
+    newly_created: Family<ProfileLabels, Gauge>,
+    unexported: Gauge,
+    /// The applications whose gauges are exported, with their profiles.
+    exported: std::sync::Mutex<HashMap<String, BTreeSet<i32>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -145,6 +173,43 @@ impl Metrics {
             "Applications the service allocates for",
             applications.clone(),
         );
+        let rate_limit_wait = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register(
+            "rate_limit_wait_seconds",
+            "Time a mutating Kubernetes request (create, delete, patch) waited for the shared rate limiter (kubernetes.qps, kubernetes.burst)",
+            rate_limit_wait.clone(),
+        );
+        let per_profile = |registry: &mut Registry, name: &str, help: &str| {
+            let family = Family::<ProfileLabels, Gauge>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let target = per_profile(
+            &mut registry,
+            "executors_target",
+            "Executors wanted, by application and resource profile",
+        );
+        let running = per_profile(
+            &mut registry,
+            "executors_running",
+            "Executors whose pod is Running, by application and resource profile",
+        );
+        let pending = per_profile(
+            &mut registry,
+            "executors_pending",
+            "Executors whose pod is Pending, by application and resource profile",
+        );
+        let newly_created = per_profile(
+            &mut registry,
+            "executors_newly_created",
+            "Executors requested but not yet seen in the cluster, by application and resource profile",
+        );
+        let unexported = Gauge::default();
+        registry.register(
+            "applications_unexported",
+            "Applications left out of the per-profile gauges (beyond the first 500)",
+            unexported.clone(),
+        );
         registry.register(
             "build",
             "The service's version",
@@ -161,6 +226,13 @@ impl Metrics {
                 pods_deleted,
                 create_failures,
                 applications,
+                rate_limit_wait,
+                target,
+                running,
+                pending,
+                newly_created,
+                unexported,
+                exported: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -216,6 +288,86 @@ impl Metrics {
         self.inner
             .applications
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+        self.set_unexported(count);
+    }
+
+    /// One wait for the shared rate limiter of mutating Kubernetes requests.
+    pub fn rate_limit_waited(&self, waited: Duration) {
+        self.inner.rate_limit_wait.observe(waited.as_secs_f64());
+    }
+
+    /// An application's executor counts per resource profile, after one of its rounds.
+    /// Profiles it no longer reports lose their series; an application beyond the first
+    /// [`MAX_EXPORTED_APPLICATIONS`] is not exported.
+    pub fn application_profiles(
+        &self,
+        application: &str,
+        profiles: impl IntoIterator<Item = (i32, ProfileGauges)>,
+    ) {
+        let mut exported = self.exported();
+        if !exported.contains_key(application) && exported.len() >= MAX_EXPORTED_APPLICATIONS {
+            return;
+        }
+        let now: BTreeMap<i32, ProfileGauges> = profiles.into_iter().collect();
+        let before = exported
+            .insert(application.to_string(), now.keys().copied().collect())
+            .unwrap_or_default();
+        for gone in before.iter().filter(|p| !now.contains_key(p)) {
+            self.remove_profile(application, *gone);
+        }
+        for (profile, counts) in now {
+            let labels = ProfileLabels {
+                application: application.to_string(),
+                profile: profile.to_string(),
+            };
+            let set = |family: &Family<ProfileLabels, Gauge>, value: u32| {
+                family.get_or_create(&labels).set(i64::from(value));
+            };
+            set(&self.inner.target, counts.target);
+            set(&self.inner.running, counts.running);
+            set(&self.inner.pending, counts.pending);
+            set(&self.inner.newly_created, counts.newly_created);
+        }
+    }
+
+    /// An application's actor ended: its per-profile series go.
+    pub fn forget_application(&self, application: &str) {
+        let mut exported = self.exported();
+        if let Some(profiles) = exported.remove(application) {
+            for profile in profiles {
+                self.remove_profile(application, profile);
+            }
+        }
+    }
+
+    /// Applications the service has beyond the exported ones.
+    fn set_unexported(&self, active: usize) {
+        let exported = self.exported().len();
+        self.inner
+            .unexported
+            .set(i64::try_from(active.saturating_sub(exported)).unwrap_or(i64::MAX));
+    }
+
+    fn remove_profile(&self, application: &str, profile: i32) {
+        let labels = ProfileLabels {
+            application: application.to_string(),
+            profile: profile.to_string(),
+        };
+        for family in [
+            &self.inner.target,
+            &self.inner.running,
+            &self.inner.pending,
+            &self.inner.newly_created,
+        ] {
+            family.remove(&labels);
+        }
+    }
+
+    fn exported(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<i32>>> {
+        match self.inner.exported.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     /// The registry in Prometheus' text exposition format.
@@ -301,6 +453,47 @@ mod tests {
             "unknown",
             "only plain method names"
         );
+    }
+
+    #[test]
+    fn per_profile_gauges_are_bounded_and_forgotten() {
+        let metrics = Metrics::new();
+        let counts = ProfileGauges {
+            target: 4,
+            running: 1,
+            pending: 2,
+            newly_created: 1,
+        };
+        for app in 0..MAX_EXPORTED_APPLICATIONS + 2 {
+            metrics.application_profiles(&format!("app-{app}"), [(0, counts)]);
+        }
+        metrics.set_active_applications(MAX_EXPORTED_APPLICATIONS + 2);
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "spark_pod_allocator_executors_pending{application=\"app-0\",profile=\"0\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("application=\"app-500\""), "beyond the cap");
+        assert!(
+            text.contains("spark_pod_allocator_applications_unexported 2"),
+            "{text}"
+        );
+        metrics.application_profiles("app-0", [(1, counts)]);
+        metrics.forget_application("app-1");
+        let text = metrics.encode();
+        assert!(
+            !text.contains("application=\"app-0\",profile=\"0\""),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "spark_pod_allocator_executors_target{application=\"app-0\",profile=\"1\"} 4"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("application=\"app-1\""), "{text}");
     }
 
     #[test]

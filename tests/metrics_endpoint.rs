@@ -195,6 +195,35 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         Some(1.0),
         "{text}"
     );
+    // The gauges are those of the application's last round: until the pods are seen.
+    let text = until_sample(
+        &metrics,
+        "spark_pod_allocator_executors_newly_created{application=\"spark-metrics\",profile=\"0\"}",
+        0.0,
+    )
+    .await;
+    assert_eq!(
+        sample(
+            &text,
+            "spark_pod_allocator_executors_target{application=\"spark-metrics\",profile=\"0\"}"
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    let seen = ["running", "pending"]
+        .map(|state| {
+            sample(
+                &text,
+                &format!("spark_pod_allocator_executors_{state}{{application=\"spark-metrics\",profile=\"0\"}}"),
+            )
+            .expect(state)
+        })
+        .iter()
+        .sum::<f64>();
+    assert_eq!(seen, 3.0, "{text}");
+    let waits = sample(&text, "spark_pod_allocator_rate_limit_wait_seconds_count")
+        .expect("rate limiter waits");
+    assert!(waits >= 3.0, "one wait per create at least: {text}");
     assert!(
         !text.contains("spark_pod_allocator_executor_pod_create_failures_total{"),
         "no create failed: {text}"
@@ -221,6 +250,10 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         sample(&text, "spark_pod_allocator_applications_active"),
         Some(0.0),
         "{text}"
+    );
+    assert!(
+        !text.contains("application=\"spark-metrics\""),
+        "a stopped application's gauges go: {text}"
     );
     child.start_kill().expect("kill");
 }

@@ -22,7 +22,7 @@ use crate::allocator::{
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
-use crate::metrics::DeleteReason;
+use crate::metrics::{DeleteReason, ProfileGauges};
 use tokio_util::sync::CancellationToken;
 
 /// Commands the handle sends; each carries its reply channel.
@@ -310,7 +310,30 @@ impl State {
             forget();
             tracing::info!("application forgotten: its driver pod ended");
         }
+        this.actor
+            .pods
+            .metrics()
+            .forget_application(&this.actor.app_id);
         tracing::info!("application actor stopped");
+    }
+
+    /// The application's counts per profile into the metrics (as GetStatus reports them).
+    fn export_counts(&self) {
+        let status = self.actor.allocator.status();
+        self.actor.pods.metrics().application_profiles(
+            &self.actor.app_id,
+            status.profiles.iter().map(|(profile, counts)| {
+                (
+                    profile.0,
+                    ProfileGauges {
+                        target: counts.target,
+                        running: counts.running,
+                        pending: counts.pending,
+                        newly_created: counts.newly_created,
+                    },
+                )
+            }),
+        );
     }
 
     /// Whether any worker of the actor is still sending requests.
@@ -635,6 +658,7 @@ impl State {
             return;
         };
         let plan = self.actor.allocator.round(batch, now);
+        self.export_counts();
         if !plan.timed_out.is_empty() {
             tracing::warn!(executors = ?plan.timed_out, "executors not seen within the executor timeout; forgotten and re-requested");
         }

@@ -131,6 +131,13 @@ impl ExecutorPods {
         self
     }
 
+    /// A token of the shared rate limiter; the wait is recorded.
+    async fn acquire(&self) {
+        let started = std::time::Instant::now();
+        self.limiter.acquire().await;
+        self.metrics.rate_limit_waited(started.elapsed());
+    }
+
     /// Records into `metrics`.
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
         self.metrics = metrics;
@@ -168,7 +175,7 @@ impl ExecutorPods {
                     tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
-                        () = self.limiter.acquire() => {}
+                        () = self.acquire() => {}
                     }
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
@@ -185,7 +192,7 @@ impl ExecutorPods {
                                     if cancel.is_cancelled() {
                                         return Err(stopping());
                                     }
-                                    self.limiter.acquire().await;
+                                    self.acquire().await;
                                 }
                                 match api.create(&PostParams::default(), pod).await {
                                     // An earlier attempt with no answer did create it.
@@ -270,7 +277,7 @@ impl ExecutorPods {
         let answer = self
             .policy
             .run(|_| async {
-                self.limiter.acquire().await;
+                self.acquire().await;
                 api.delete_collection(&DeleteParams::default(), lp).await
             })
             .await;
@@ -385,7 +392,7 @@ impl ExecutorPods {
         let answer = self
             .policy
             .run(|_| async {
-                self.limiter.acquire().await;
+                self.acquire().await;
                 api.delete(name, &DeleteParams::default()).await
             })
             .await;
@@ -499,7 +506,7 @@ impl ExecutorPods {
             .run(|unknown_outcome| {
                 let api = &api;
                 async move {
-                    self.limiter.acquire().await;
+                    self.acquire().await;
                     match api.create(&PostParams::default(), config_map).await {
                         Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
                         other => other.map(drop),
@@ -533,7 +540,7 @@ impl ExecutorPods {
             .run(|unknown_outcome| {
                 let (api, config_map) = (&api, &config_map);
                 async move {
-                    self.limiter.acquire().await;
+                    self.acquire().await;
                     match api.create(&PostParams::default(), config_map).await {
                         // An earlier attempt with no answer did create it (with this value).
                         Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
@@ -560,7 +567,7 @@ impl ExecutorPods {
         let api = Api::<K>::namespaced(self.client.clone(), namespace);
         self.policy
             .run(|_| async {
-                self.limiter.acquire().await;
+                self.acquire().await;
                 api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                     .map(drop)
