@@ -70,6 +70,16 @@ struct BuildLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProfileLabels {
     application: String,
     profile: String,
@@ -111,6 +121,10 @@ struct Inner {
     create_failures: Family<CreateFailureLabels, Counter>,
     applications: Gauge,
     rate_limit_wait: Histogram,
+    watch_events: Family<KindLabels, Counter>,
+    watch_relists: Counter,
+    watch_errors: Family<StatusLabels, Counter>,
+    resync_seconds: Histogram,
     target: Family<ProfileLabels, Gauge>,
     running: Family<ProfileLabels, Gauge>,
     pending: Family<ProfileLabels, Gauge>,
@@ -179,6 +193,30 @@ impl Metrics {
             "Time a mutating Kubernetes request (create, delete, patch) waited for the shared rate limiter (kubernetes.qps, kubernetes.burst)",
             rate_limit_wait.clone(),
         );
+        let watch_events = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "watch_events",
+            "Executor pod watch events, by kind (apply: added or modified; delete)",
+            watch_events.clone(),
+        );
+        let watch_relists = Counter::default();
+        registry.register(
+            "watch_relists",
+            "Full relists of a namespace's pod watch (its start, and after 410 Gone or a failure)",
+            watch_relists.clone(),
+        );
+        let watch_errors = Family::<StatusLabels, Counter>::default();
+        registry.register(
+            "watch_errors",
+            "Pod watch failures, by HTTP status (410: the resource version expired; empty when none came back)",
+            watch_errors.clone(),
+        );
+        let resync_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "resync_duration_seconds",
+            "Duration of the periodic full LIST of a namespace's executor pods (resync_interval_ms)",
+            resync_seconds.clone(),
+        );
         let per_profile = |registry: &mut Registry, name: &str, help: &str| {
             let family = Family::<ProfileLabels, Gauge>::default();
             registry.register(name, help, family.clone());
@@ -227,6 +265,10 @@ impl Metrics {
                 create_failures,
                 applications,
                 rate_limit_wait,
+                watch_events,
+                watch_relists,
+                watch_errors,
+                resync_seconds,
                 target,
                 running,
                 pending,
@@ -368,6 +410,36 @@ impl Metrics {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+
+    /// One pod watch event (`apply` or `delete`).
+    pub fn watch_event(&self, kind: &'static str) {
+        self.inner
+            .watch_events
+            .get_or_create(&KindLabels {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// A pod watch began a full relist.
+    pub fn watch_relisted(&self) {
+        self.inner.watch_relists.inc();
+    }
+
+    /// A pod watch failed with `status` (none when no answer came back).
+    pub fn watch_failed(&self, status: Option<u16>) {
+        self.inner
+            .watch_errors
+            .get_or_create(&StatusLabels {
+                status: status.map(|s| s.to_string()).unwrap_or_default(),
+            })
+            .inc();
+    }
+
+    /// One periodic full LIST took `elapsed`.
+    pub fn resync_listed(&self, elapsed: Duration) {
+        self.inner.resync_seconds.observe(elapsed.as_secs_f64());
     }
 
     /// The registry in Prometheus' text exposition format.

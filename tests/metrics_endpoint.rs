@@ -221,6 +221,18 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         .iter()
         .sum::<f64>();
     assert_eq!(seen, 3.0, "{text}");
+    assert!(
+        sample(&text, "spark_pod_allocator_watch_relists_total").is_some_and(|n| n >= 1.0),
+        "the namespace's watch listed once at least: {text}"
+    );
+    assert!(
+        sample(
+            &text,
+            "spark_pod_allocator_watch_events_total{kind=\"apply\"}"
+        )
+        .is_some_and(|n| n >= 3.0),
+        "the three pods came as watch events: {text}"
+    );
     let waits = sample(&text, "spark_pod_allocator_rate_limit_wait_seconds_count")
         .expect("rate limiter waits");
     assert!(waits >= 3.0, "one wait per create at least: {text}");

@@ -281,10 +281,11 @@ impl Applications {
         let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency)
             .with_policy(options.request_policy)
             .with_metrics(ctx.metrics.clone());
-        let watches = PodWatches::new(
+        let watches = PodWatches::with_metrics(
             ctx.client.clone(),
             Arc::clone(&ctx.clock),
             options.resync_interval,
+            ctx.metrics.clone(),
         );
         let _probe = watches.spawn_probe();
         Self {
