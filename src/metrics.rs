@@ -121,6 +121,8 @@ struct Inner {
     create_failures: Family<CreateFailureLabels, Counter>,
     applications: Gauge,
     rate_limit_wait: Histogram,
+    seen_after: Histogram,
+    running_after: Histogram,
     watch_events: Family<KindLabels, Counter>,
     watch_relists: Counter,
     watch_errors: Family<StatusLabels, Counter>,
@@ -192,6 +194,19 @@ impl Metrics {
             "rate_limit_wait_seconds",
             "Time a mutating Kubernetes request (create, delete, patch) waited for the shared rate limiter (kubernetes.qps, kubernetes.burst)",
             rate_limit_wait.clone(),
+        );
+        // 10 ms .. ~11 min.
+        let seen_after = Histogram::new(exponential_buckets(0.01, 2.0, 17));
+        registry.register(
+            "executor_seen_seconds",
+            "Time from an executor's request (its pod built for a create) to its pod first seen by the watch or a LIST",
+            seen_after.clone(),
+        );
+        let running_after = Histogram::new(exponential_buckets(0.01, 2.0, 17));
+        registry.register(
+            "executor_running_seconds",
+            "Time from an executor's request to its pod first seen Running",
+            running_after.clone(),
         );
         let watch_events = Family::<KindLabels, Counter>::default();
         registry.register(
@@ -265,6 +280,8 @@ impl Metrics {
                 create_failures,
                 applications,
                 rate_limit_wait,
+                seen_after,
+                running_after,
                 watch_events,
                 watch_relists,
                 watch_errors,
@@ -410,6 +427,16 @@ impl Metrics {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+
+    /// An executor's pod was first seen `elapsed` after its request.
+    pub fn executor_seen_after(&self, elapsed: Duration) {
+        self.inner.seen_after.observe(elapsed.as_secs_f64());
+    }
+
+    /// An executor's pod was first seen Running `elapsed` after its request.
+    pub fn executor_running_after(&self, elapsed: Duration) {
+        self.inner.running_after.observe(elapsed.as_secs_f64());
     }
 
     /// One pod watch event (`apply` or `delete`).

@@ -233,6 +233,12 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         .is_some_and(|n| n >= 3.0),
         "the three pods came as watch events: {text}"
     );
+    let seen = sample(&text, "spark_pod_allocator_executor_seen_seconds_count");
+    assert_eq!(
+        seen,
+        Some(3.0),
+        "each pod timed once when first seen: {text}"
+    );
     let waits = sample(&text, "spark_pod_allocator_rate_limit_wait_seconds_count")
         .expect("rate limiter waits");
     assert!(waits >= 3.0, "one wait per create at least: {text}");

@@ -22,7 +22,7 @@ use crate::allocator::{
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
-use crate::metrics::{DeleteReason, ProfileGauges};
+use crate::metrics::{DeleteReason, Metrics, ProfileGauges};
 use tokio_util::sync::CancellationToken;
 
 /// Commands the handle sends; each carries its reply channel.
@@ -201,6 +201,9 @@ struct State {
     cleanup_in_flight: bool,
     /// Failed creates and failed executors, for GetStatus.
     failures: Failures,
+    /// When each executor not yet Running was requested, and whether its pod was seen
+    /// (wall time, for the metrics' request-to-seen and request-to-Running latencies).
+    requested_at: BTreeMap<ExecutorId, (std::time::Instant, bool)>,
     /// The profile of each create in flight.
     create_profiles: BTreeMap<ExecutorId, ResourceProfileId>,
     /// The registration changed since it was last written (the next round writes it).
@@ -282,6 +285,7 @@ impl State {
             cleanup_in_flight: false,
             failures: Failures::default(),
             create_profiles: BTreeMap::new(),
+            requested_at: BTreeMap::new(),
             registration_dirty: true,
         }
     }
@@ -315,6 +319,33 @@ impl State {
             .metrics()
             .forget_application(&this.actor.app_id);
         tracing::info!("application actor stopped");
+    }
+
+    /// The time from an executor's request to its pod first seen, and to Running, into the
+    /// metrics (once each; a pod that ends before Running is timed as seen only).
+    fn time_requested(
+        requested_at: &mut BTreeMap<ExecutorId, (std::time::Instant, bool)>,
+        metrics: &Metrics,
+        executor: &ExecutorPod,
+    ) {
+        let Some((requested, seen)) = requested_at.get_mut(&executor.id) else {
+            return;
+        };
+        let elapsed = requested.elapsed();
+        if !*seen {
+            *seen = true;
+            metrics.executor_seen_after(elapsed);
+        }
+        match executor.state {
+            ExecutorState::Pending => {}
+            ExecutorState::Running => {
+                metrics.executor_running_after(elapsed);
+                requested_at.remove(&executor.id);
+            }
+            _ => {
+                requested_at.remove(&executor.id);
+            }
+        }
     }
 
     /// The application's counts per profile into the metrics (as GetStatus reports them).
@@ -596,6 +627,11 @@ impl State {
                 self.actor.feed.applied(&pod, rules);
                 if let Some(executor) = executor_pod_from(&pod, rules) {
                     self.failures.observe(&pod, &executor, now);
+                    Self::time_requested(
+                        &mut self.requested_at,
+                        self.actor.pods.metrics(),
+                        &executor,
+                    );
                     self.actor.store.update_pod(executor);
                 }
             }
@@ -603,6 +639,7 @@ impl State {
                 self.actor.feed.deleted(&pod);
                 if let Some(executor) = executor_pod_from(&pod, rules) {
                     self.failures.pod_gone(executor.id);
+                    self.requested_at.remove(&executor.id);
                     self.actor.allocator.pod_gone(executor.id);
                     self.actor.store.delete_pod(executor);
                 }
@@ -626,6 +663,11 @@ impl State {
                 for pod in &pods {
                     if let Some(executor) = executor_pod_from(pod, rules) {
                         self.failures.observe(pod, &executor, now);
+                        Self::time_requested(
+                            &mut self.requested_at,
+                            self.actor.pods.metrics(),
+                            &executor,
+                        );
                         executors.push(executor);
                     }
                 }
@@ -659,6 +701,9 @@ impl State {
         };
         let plan = self.actor.allocator.round(batch, now);
         self.export_counts();
+        for id in &plan.timed_out {
+            self.requested_at.remove(id);
+        }
         if !plan.timed_out.is_empty() {
             tracing::warn!(executors = ?plan.timed_out, "executors not seen within the executor timeout; forgotten and re-requested");
         }
@@ -765,6 +810,8 @@ impl State {
             match self.actor.builder.build(id, profile) {
                 Ok(pod) => {
                     self.create_profiles.insert(id, profile);
+                    self.requested_at
+                        .insert(id, (std::time::Instant::now(), false));
                     pods.push((id, pod));
                 }
                 Err(err) => {
@@ -884,6 +931,7 @@ impl State {
                 }
             }
             if let Err(err) = result {
+                self.requested_at.remove(&id);
                 self.actor.allocator.create_failed(id);
                 if !matches!(err, CreateError::Cancelled) {
                     failed += 1;
