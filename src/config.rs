@@ -58,6 +58,35 @@ pub struct Settings {
     /// The simulated cluster of `serve --simulate`, `simulate` and `demo`.
     pub simulator: crate::sim::SimSettings,
     pub log: LogSettings,
+    pub metrics: MetricsSettings,
+}
+
+/// The Prometheus endpoint.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Address of `GET /metrics`, apart from the gRPC port, e.g. `0.0.0.0:9090` in a
+    /// cluster. Unset or empty (the default) serves no endpoint: a fixed default port would
+    /// make two services on one host (tests, a laptop) collide.
+    #[serde(deserialize_with = "optional_socket_address")]
+    pub listen: Option<SocketAddr>,
+}
+
+/// A socket address, or none for an empty string.
+fn optional_socket_address<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    text.trim().parse().map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "expected an IP address and port such as 127.0.0.1:9090 or 0.0.0.0:9090 \
+             (host names are not resolved), or an empty string for no metrics endpoint, \
+             got {text:?}"
+        ))
+    })
 }
 
 /// How the service reaches Kubernetes.
@@ -198,6 +227,7 @@ impl Default for Settings {
             default_executor_pod_template: None,
             simulator: crate::sim::SimSettings::default(),
             log: LogSettings::default(),
+            metrics: MetricsSettings::default(),
         }
     }
 }
@@ -486,6 +516,21 @@ mod tests {
             DEFAULT_EXECUTOR_CONTAINER
         );
         assert_eq!(s.allocation_defaults(), AllocationSettings::default());
+    }
+
+    #[test]
+    fn metrics_listen_is_off_by_default_and_when_empty() {
+        let s = Settings::load_with_env(None, env(&[])).unwrap();
+        assert_eq!(s.metrics.listen, None);
+        let f = file("toml", "[metrics]\nlisten = \"0.0.0.0:9100\"\n");
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.metrics.listen, Some("0.0.0.0:9100".parse().unwrap()));
+        let f = file("toml", "[metrics]\nlisten = \"\"\n");
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.metrics.listen, None);
+        let f = file("toml", "[metrics]\nlisten = \"localhost:9090\"\n");
+        let err = Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("metrics.listen"), "{err}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`app`]: one actor per application, joining the engine to Kubernetes.
 //! - [`grpc`]: the tonic service; validates requests at the edge.
 //! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
+//! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
 //! - [`config`]: layered configuration (defaults < file < environment).
 #![forbid(unsafe_code)]
 
@@ -15,6 +16,7 @@ pub mod config;
 pub mod demo;
 pub mod grpc;
 pub mod k8s;
+pub mod metrics;
 pub mod sim;
 
 /// Generated protobuf and gRPC code of the v1 API.

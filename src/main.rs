@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
+use spark_pod_allocator::metrics::{self, Metrics};
 use spark_pod_allocator::sim::{self, SimCluster};
 use spark_pod_allocator::{demo, k8s};
 
@@ -246,11 +247,19 @@ async fn serve(
             .context("connecting to Kubernetes")?;
         (client, None)
     };
-    let applications = Applications::new(ServiceContext::from_settings(
-        client,
-        Arc::new(SystemClock),
-        &settings,
-    ));
+    // The one metrics handle: the gRPC layer, the applications and the pod client record
+    // into it; its endpoint has an address of its own.
+    let metrics = Metrics::new();
+    if let Some(address) = settings.metrics.listen {
+        let bound = metrics::spawn(metrics.clone(), address)
+            .await
+            .with_context(|| format!("cannot serve metrics on {address} (metrics.listen)"))?;
+        tracing::info!(address = %bound, "serving metrics at /metrics");
+    }
+    let applications = Applications::new(
+        ServiceContext::from_settings(client, Arc::new(SystemClock), &settings)
+            .with_metrics(metrics.clone()),
+    );
     // Applications a previous service ran go on before the first call is taken.
     match applications.resume_registered().await {
         Ok(resumed) if !resumed.is_empty() => {
@@ -271,6 +280,7 @@ async fn serve(
     tracing::info!(address = %listener.local_addr().unwrap_or(address), "serving gRPC");
     let serve_settings = ServeSettings {
         defaults,
+        metrics,
         ..ServeSettings::default()
     };
     grpc::serve(serve_settings, applications, listener, stop).await?;

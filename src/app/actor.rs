@@ -22,6 +22,7 @@ use crate::allocator::{
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
+use crate::metrics::{DeleteReason, Metrics, ProfileGauges};
 use tokio_util::sync::CancellationToken;
 
 /// Commands the handle sends; each carries its reply channel.
@@ -200,6 +201,9 @@ struct State {
     cleanup_in_flight: bool,
     /// Failed creates and failed executors, for GetStatus.
     failures: Failures,
+    /// When each executor not yet Running was requested, and whether its pod was seen
+    /// (wall time, for the metrics' request-to-seen and request-to-Running latencies).
+    requested_at: BTreeMap<ExecutorId, (std::time::Instant, bool)>,
     /// The profile of each create in flight.
     create_profiles: BTreeMap<ExecutorId, ResourceProfileId>,
     /// The registration changed since it was last written (the next round writes it).
@@ -281,6 +285,7 @@ impl State {
             cleanup_in_flight: false,
             failures: Failures::default(),
             create_profiles: BTreeMap::new(),
+            requested_at: BTreeMap::new(),
             registration_dirty: true,
         }
     }
@@ -309,7 +314,57 @@ impl State {
             forget();
             tracing::info!("application forgotten: its driver pod ended");
         }
+        this.actor
+            .pods
+            .metrics()
+            .forget_application(&this.actor.app_id);
         tracing::info!("application actor stopped");
+    }
+
+    /// The time from an executor's request to its pod first seen, and to Running, into the
+    /// metrics (once each; a pod that ends before Running is timed as seen only).
+    fn time_requested(
+        requested_at: &mut BTreeMap<ExecutorId, (std::time::Instant, bool)>,
+        metrics: &Metrics,
+        executor: &ExecutorPod,
+    ) {
+        let Some((requested, seen)) = requested_at.get_mut(&executor.id) else {
+            return;
+        };
+        let elapsed = requested.elapsed();
+        if !*seen {
+            *seen = true;
+            metrics.executor_seen_after(elapsed);
+        }
+        match executor.state {
+            ExecutorState::Pending => {}
+            ExecutorState::Running => {
+                metrics.executor_running_after(elapsed);
+                requested_at.remove(&executor.id);
+            }
+            _ => {
+                requested_at.remove(&executor.id);
+            }
+        }
+    }
+
+    /// The application's counts per profile into the metrics (as GetStatus reports them).
+    fn export_counts(&self) {
+        let status = self.actor.allocator.status();
+        self.actor.pods.metrics().application_profiles(
+            &self.actor.app_id,
+            status.profiles.iter().map(|(profile, counts)| {
+                (
+                    profile.0,
+                    ProfileGauges {
+                        target: counts.target,
+                        running: counts.running,
+                        pending: counts.pending,
+                        newly_created: counts.newly_created,
+                    },
+                )
+            }),
+        );
     }
 
     /// Whether any worker of the actor is still sending requests.
@@ -406,6 +461,11 @@ impl State {
                         .delete_all(&namespace, &app_id)
                         .await
                         .map_err(|err| crate::k8s::describe_error(&err));
+                    if let Ok(deleted) = result {
+                        client
+                            .metrics()
+                            .pods_deleted(DeleteReason::Stop, u64::from(deleted));
+                    }
                     let _ = done.send(WorkDone::CleanedUp(result));
                 }
                 .in_current_span(),
@@ -567,6 +627,11 @@ impl State {
                 self.actor.feed.applied(&pod, rules);
                 if let Some(executor) = executor_pod_from(&pod, rules) {
                     self.failures.observe(&pod, &executor, now);
+                    Self::time_requested(
+                        &mut self.requested_at,
+                        self.actor.pods.metrics(),
+                        &executor,
+                    );
                     self.actor.store.update_pod(executor);
                 }
             }
@@ -574,6 +639,7 @@ impl State {
                 self.actor.feed.deleted(&pod);
                 if let Some(executor) = executor_pod_from(&pod, rules) {
                     self.failures.pod_gone(executor.id);
+                    self.requested_at.remove(&executor.id);
                     self.actor.allocator.pod_gone(executor.id);
                     self.actor.store.delete_pod(executor);
                 }
@@ -597,6 +663,11 @@ impl State {
                 for pod in &pods {
                     if let Some(executor) = executor_pod_from(pod, rules) {
                         self.failures.observe(pod, &executor, now);
+                        Self::time_requested(
+                            &mut self.requested_at,
+                            self.actor.pods.metrics(),
+                            &executor,
+                        );
                         executors.push(executor);
                     }
                 }
@@ -629,6 +700,10 @@ impl State {
             return;
         };
         let plan = self.actor.allocator.round(batch, now);
+        self.export_counts();
+        for id in &plan.timed_out {
+            self.requested_at.remove(id);
+        }
         if !plan.timed_out.is_empty() {
             tracing::warn!(executors = ?plan.timed_out, "executors not seen within the executor timeout; forgotten and re-requested");
         }
@@ -735,6 +810,8 @@ impl State {
             match self.actor.builder.build(id, profile) {
                 Ok(pod) => {
                     self.create_profiles.insert(id, profile);
+                    self.requested_at
+                        .insert(id, (std::time::Instant::now(), false));
                     pods.push((id, pod));
                 }
                 Err(err) => {
@@ -838,13 +915,23 @@ impl State {
         let mut failed = 0usize;
         let mut first_error = None;
         let now = self.actor.clock.now();
+        let metrics = self.actor.pods.metrics().clone();
         for (id, result) in results {
             let profile = self.create_profiles.remove(&id).unwrap_or_default();
             match &result {
-                Ok(()) => self.failures.create_passed(profile),
-                Err(err) => self.failures.create_failed(profile, err, now),
+                Ok(()) => {
+                    metrics.pods_created(1);
+                    self.failures.create_passed(profile);
+                }
+                Err(err) => {
+                    if let Some((status, reason, _)) = super::failures::create_failure_cause(err) {
+                        metrics.pod_create_failed(status, &reason);
+                    }
+                    self.failures.create_failed(profile, err, now);
+                }
             }
             if let Err(err) = result {
+                self.requested_at.remove(&id);
                 self.actor.allocator.create_failed(id);
                 if !matches!(err, CreateError::Cancelled) {
                     failed += 1;
@@ -912,6 +999,12 @@ impl UpkeepWork {
                 .await
             {
                 Ok(deleted) => {
+                    let reason = if only_pending {
+                        DeleteReason::Downscale
+                    } else {
+                        DeleteReason::Timeout
+                    };
+                    pods.metrics().pods_deleted(reason, u64::from(deleted));
                     tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
                 }
                 // Already logged with the API server's reason; the next round retries.
@@ -924,14 +1017,13 @@ impl UpkeepWork {
         if !self.finished.is_empty() {
             if self.delete_on_termination {
                 let ids: Vec<ExecutorId> = self.finished.iter().map(|(id, _)| *id).collect();
-                if pods
-                    .delete_executors(namespace, app_id, &ids, false)
-                    .await
-                    .is_ok()
-                {
-                    tracing::info!(executors = ?ids, "finished executor pods deleted");
-                } else {
-                    finished_failed = ids;
+                match pods.delete_executors(namespace, app_id, &ids, false).await {
+                    Ok(deleted) => {
+                        pods.metrics()
+                            .pods_deleted(DeleteReason::Finished, u64::from(deleted));
+                        tracing::info!(executors = ?ids, "finished executor pods deleted");
+                    }
+                    Err(_) => finished_failed = ids,
                 }
             } else {
                 for (id, pod_name) in self.finished {

@@ -82,22 +82,8 @@ impl Failures {
     /// A create of `profile` failed with `err` at `at` (a create not sent because the
     /// application stops is not a failure).
     pub fn create_failed(&mut self, profile: ResourceProfileId, err: &CreateError, at: Timestamp) {
-        let (http_code, reason, message) = match err {
-            CreateError::Cancelled => return,
-            CreateError::IdNotRecorded(message) => (None, "IdNotRecorded".into(), message.clone()),
-            CreateError::Kubernetes(kube::Error::Api(status)) => (
-                Some(status.code),
-                status.reason.clone(),
-                status.message.clone(),
-            ),
-            CreateError::Kubernetes(other) => {
-                let reason = if crate::k8s::request::is_timeout(other) {
-                    "Timeout"
-                } else {
-                    "Unreachable"
-                };
-                (None, reason.into(), crate::k8s::describe_error(other))
-            }
+        let Some((http_code, reason, message)) = create_failure_cause(err) else {
+            return;
         };
         let consecutive = self
             .creates
@@ -214,6 +200,28 @@ fn stuck_container(pod: &Pod) -> Option<(String, Option<String>)> {
                 .is_some_and(|r| STUCK_REASONS.contains(&r))
         })
         .map(|w| (w.reason.clone().unwrap_or_default(), w.message.clone()))
+}
+
+/// A failed create's HTTP status (none when the API server did not answer), reason and
+/// message; none for a create that was not sent because the application stopped.
+pub fn create_failure_cause(err: &CreateError) -> Option<(Option<u16>, String, String)> {
+    Some(match err {
+        CreateError::Cancelled => return None,
+        CreateError::IdNotRecorded(message) => (None, "IdNotRecorded".into(), message.clone()),
+        CreateError::Kubernetes(kube::Error::Api(status)) => (
+            Some(status.code),
+            status.reason.clone(),
+            status.message.clone(),
+        ),
+        CreateError::Kubernetes(other) => {
+            let reason = if crate::k8s::request::is_timeout(other) {
+                "Timeout"
+            } else {
+                "Unreachable"
+            };
+            (None, reason.into(), crate::k8s::describe_error(other))
+        }
+    })
 }
 
 #[cfg(test)]

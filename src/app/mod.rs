@@ -19,6 +19,7 @@ use crate::allocator::{
 use crate::config::Settings;
 use crate::k8s::pods::{IdRecord, highest_executor_id};
 use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
+use crate::metrics::{DeleteReason, Metrics};
 use registration::{REGISTRATION_KEY, Registration};
 
 mod actor;
@@ -169,6 +170,8 @@ pub struct ServiceContext {
     pub clock: Arc<dyn Clock>,
     /// Service-wide options (added by the service core; [`ServiceContext::new`] gives defaults).
     pub options: ServiceOptions,
+    /// Where pods created and deleted, create failures and active applications are counted.
+    pub metrics: Metrics,
 }
 
 impl ServiceContext {
@@ -178,6 +181,7 @@ impl ServiceContext {
             client,
             clock,
             options: ServiceOptions::default(),
+            metrics: Metrics::default(),
         }
     }
 
@@ -187,7 +191,14 @@ impl ServiceContext {
             client,
             clock,
             options: ServiceOptions::from_settings(settings),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Records into `metrics` (the one the composition root serves).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Replaces the options.
@@ -268,11 +279,13 @@ impl Applications {
         let options = &ctx.options;
         let limiter = RateLimiter::new(options.qps, options.burst);
         let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency)
-            .with_policy(options.request_policy);
-        let watches = PodWatches::new(
+            .with_policy(options.request_policy)
+            .with_metrics(ctx.metrics.clone());
+        let watches = PodWatches::with_metrics(
             ctx.client.clone(),
             Arc::clone(&ctx.clock),
             options.resync_interval,
+            ctx.metrics.clone(),
         );
         let _probe = watches.spawn_probe();
         Self {
@@ -398,16 +411,20 @@ impl Applications {
             feed,
         };
         let handle = ActorHandle::spawn(actor, subscription);
-        self.apps().insert(
-            req.app_id.clone(),
-            Entry {
-                namespace: req.namespace.clone(),
-                actor: Some(handle),
-                id_record,
-                first_start: FirstStart::of(&req),
-                generation,
-            },
-        );
+        {
+            let mut apps = self.apps();
+            apps.insert(
+                req.app_id.clone(),
+                Entry {
+                    namespace: req.namespace.clone(),
+                    actor: Some(handle),
+                    id_record,
+                    first_start: FirstStart::of(&req),
+                    generation,
+                },
+            );
+            self.inner.ctx.metrics.set_active_applications(apps.len());
+        }
         Ok(Started {
             resumed,
             last_executor_id,
@@ -557,7 +574,15 @@ impl Applications {
         };
         match deleted {
             Ok(deleted) => {
-                self.apps().remove(app);
+                self.inner
+                    .ctx
+                    .metrics
+                    .pods_deleted(DeleteReason::Stop, u64::from(deleted));
+                {
+                    let mut apps = self.apps();
+                    apps.remove(app);
+                    self.inner.ctx.metrics.set_active_applications(apps.len());
+                }
                 tracing::info!(%app, %namespace, deleted, "application stopped");
                 Ok(deleted)
             }
@@ -638,6 +663,7 @@ impl Applications {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
         let _serial = self.inner.lifecycle.lock().await;
         let entries: Vec<(AppId, Entry)> = self.apps().drain().collect();
+        self.inner.ctx.metrics.set_active_applications(0);
         for (app, entry) in entries {
             if let Some(actor) = entry.actor {
                 actor.stop().await;
@@ -693,6 +719,7 @@ impl Applications {
                     apps.insert(app, entry);
                     return;
                 }
+                registry.ctx.metrics.set_active_applications(apps.len());
                 // A restarted service must not resume it.
                 let pods = registry.pods.clone();
                 tokio::spawn(async move {

@@ -16,6 +16,7 @@ use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
 pub mod error;
+pub mod observe;
 pub mod server;
 pub mod validate;
 

@@ -9,8 +9,10 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use super::observe::ObserveLayer;
 use super::{AllocatorService, StartDefaults};
 use crate::app::Applications;
+use crate::metrics::Metrics;
 use crate::proto::executor_allocator_server::ExecutorAllocatorServer;
 
 /// How the gRPC server behaves around its calls.
@@ -22,6 +24,8 @@ pub struct ServeSettings {
     pub drain_timeout: Duration,
     /// How often health checks whether the Kubernetes watches have synced.
     pub health_poll: Duration,
+    /// Where every call is counted and timed.
+    pub metrics: Metrics,
 }
 
 impl Default for ServeSettings {
@@ -30,6 +34,7 @@ impl Default for ServeSettings {
             defaults: StartDefaults::default(),
             drain_timeout: Duration::from_secs(10),
             health_poll: Duration::from_millis(100),
+            metrics: Metrics::default(),
         }
     }
 }
@@ -82,6 +87,7 @@ pub async fn serve(
     };
     let server = tonic::transport::Server::builder()
         .trace_fn(request_span)
+        .layer(ObserveLayer::new(settings.metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

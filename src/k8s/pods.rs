@@ -22,6 +22,7 @@ use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
 use crate::allocator::{DriverOwner, ExecutorId};
+use crate::metrics::Metrics;
 
 /// Why one executor pod was not created.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +109,7 @@ pub struct ExecutorPods {
     limiter: RateLimiter,
     create_concurrency: usize,
     policy: RequestPolicy,
+    metrics: Metrics,
 }
 
 impl ExecutorPods {
@@ -119,6 +121,7 @@ impl ExecutorPods {
             limiter,
             create_concurrency: create_concurrency.max(1),
             policy: RequestPolicy::default(),
+            metrics: Metrics::default(),
         }
     }
 
@@ -126,6 +129,24 @@ impl ExecutorPods {
     pub fn with_policy(mut self, policy: RequestPolicy) -> Self {
         self.policy = policy;
         self
+    }
+
+    /// A token of the shared rate limiter; the wait is recorded.
+    async fn acquire(&self) {
+        let started = std::time::Instant::now();
+        self.limiter.acquire().await;
+        self.metrics.rate_limit_waited(started.elapsed());
+    }
+
+    /// Records into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Where the callers count the pods they create and delete.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The deadline and retries of every request.
@@ -154,7 +175,7 @@ impl ExecutorPods {
                     tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
-                        () = self.limiter.acquire() => {}
+                        () = self.acquire() => {}
                     }
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
@@ -171,7 +192,7 @@ impl ExecutorPods {
                                     if cancel.is_cancelled() {
                                         return Err(stopping());
                                     }
-                                    self.limiter.acquire().await;
+                                    self.acquire().await;
                                 }
                                 match api.create(&PostParams::default(), pod).await {
                                     // An earlier attempt with no answer did create it.
@@ -256,7 +277,7 @@ impl ExecutorPods {
         let answer = self
             .policy
             .run(|_| async {
-                self.limiter.acquire().await;
+                self.acquire().await;
                 api.delete_collection(&DeleteParams::default(), lp).await
             })
             .await;
@@ -371,7 +392,7 @@ impl ExecutorPods {
         let answer = self
             .policy
             .run(|_| async {
-                self.limiter.acquire().await;
+                self.acquire().await;
                 api.delete(name, &DeleteParams::default()).await
             })
             .await;
@@ -485,7 +506,7 @@ impl ExecutorPods {
             .run(|unknown_outcome| {
                 let api = &api;
                 async move {
-                    self.limiter.acquire().await;
+                    self.acquire().await;
                     match api.create(&PostParams::default(), config_map).await {
                         Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
                         other => other.map(drop),
@@ -519,7 +540,7 @@ impl ExecutorPods {
             .run(|unknown_outcome| {
                 let (api, config_map) = (&api, &config_map);
                 async move {
-                    self.limiter.acquire().await;
+                    self.acquire().await;
                     match api.create(&PostParams::default(), config_map).await {
                         // An earlier attempt with no answer did create it (with this value).
                         Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
@@ -546,7 +567,7 @@ impl ExecutorPods {
         let api = Api::<K>::namespaced(self.client.clone(), namespace);
         self.policy
             .run(|_| async {
-                self.limiter.acquire().await;
+                self.acquire().await;
                 api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                     .map(drop)

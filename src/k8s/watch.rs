@@ -22,6 +22,7 @@ use crate::allocator::types::{
     APP_ID_LABEL, DRIVER_ROLE, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
 use crate::app::Clock;
+use crate::metrics::Metrics;
 
 /// What an application actor hears about its executor pods.
 #[derive(Debug, Clone)]
@@ -52,6 +53,7 @@ struct Inner {
     resync_interval: Duration,
     namespaces: Mutex<HashMap<String, NamespaceWatch>>,
     synced: AtomicBool,
+    metrics: Metrics,
 }
 
 type Subscribers = Arc<Mutex<HashMap<String, Subscriber>>>;
@@ -111,6 +113,16 @@ pub fn followed_pods_selector() -> String {
 impl PodWatches {
     /// Watches with `client`; the full LIST runs every `resync_interval` of `clock`.
     pub fn new(client: kube::Client, clock: Arc<dyn Clock>, resync_interval: Duration) -> Self {
+        Self::with_metrics(client, clock, resync_interval, Metrics::default())
+    }
+
+    /// As [`PodWatches::new`], counting events, relists, errors and LISTs into `metrics`.
+    pub fn with_metrics(
+        client: kube::Client,
+        clock: Arc<dyn Clock>,
+        resync_interval: Duration,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 client,
@@ -118,6 +130,7 @@ impl PodWatches {
                 resync_interval,
                 namespaces: Mutex::new(HashMap::new()),
                 synced: AtomicBool::new(false),
+                metrics,
             }),
         }
     }
@@ -256,7 +269,9 @@ async fn run_watch(
             event = stream.next() => event,
             () = inner.clock.sleep_until(next_resync) => {
                 next_resync = inner.clock.now().plus(inner.resync_interval);
+                let started = std::time::Instant::now();
                 resync(&api, &subscribers, &namespace).await;
+                inner.metrics.resync_listed(started.elapsed());
                 continue;
             }
         };
@@ -264,9 +279,18 @@ async fn run_watch(
             break;
         };
         match event {
-            Ok(watcher::Event::Apply(pod)) => route(&subscribers, pod, false),
-            Ok(watcher::Event::Delete(pod)) => route(&subscribers, pod, true),
-            Ok(watcher::Event::Init) => relisting = Some(Vec::new()),
+            Ok(watcher::Event::Apply(pod)) => {
+                inner.metrics.watch_event("apply");
+                route(&subscribers, pod, false)
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                inner.metrics.watch_event("delete");
+                route(&subscribers, pod, true)
+            }
+            Ok(watcher::Event::Init) => {
+                inner.metrics.watch_relisted();
+                relisting = Some(Vec::new())
+            }
             Ok(watcher::Event::InitApply(pod)) => {
                 if let Some(pods) = relisting.as_mut() {
                     pods.push(pod);
@@ -279,9 +303,22 @@ async fn run_watch(
                 tracing::debug!(%namespace, "executor pod watch (re)listed");
             }
             Err(err) => {
+                inner.metrics.watch_failed(watch_error_code(&err));
                 tracing::warn!(%namespace, error = %err, "executor pod watch failed; retrying with backoff");
             }
         }
+    }
+}
+
+/// The HTTP status of a failed watch or LIST (410 Gone: the resource version expired and
+/// the watcher relists), or none when no answer came back.
+fn watch_error_code(err: &watcher::Error) -> Option<u16> {
+    match err {
+        watcher::Error::WatchError(status) => Some(status.code),
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
     }
 }
 

@@ -1,0 +1,630 @@
+//! Prometheus metrics: one [`Metrics`] handle, created by the composition root and passed to
+//! the gRPC, application and Kubernetes layers (the allocation engine records none), and
+//! the `/metrics` endpoint that serves them on an address of its own.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+/// Every metric name starts with this.
+pub const PREFIX: &str = "spark_pod_allocator";
+
+/// Why executor pods were deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// Pending pods beyond the target (downscale).
+    Downscale,
+    /// Pods not seen within the executor creation timeout.
+    Timeout,
+    /// Failed or succeeded executors' pods.
+    Finished,
+    /// Every pod of an application, on Stop or after its driver ended.
+    Stop,
+}
+
+impl DeleteReason {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Downscale => "downscale",
+            Self::Timeout => "timeout",
+            Self::Finished => "finished",
+            Self::Stop => "stop",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CreateFailureLabels {
+    status: String,
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProfileLabels {
+    application: String,
+    profile: String,
+}
+
+/// Applications whose per-profile gauges are exported at most; the ones beyond are left
+/// out (counted in `applications_unexported`) so the label set stays bounded.
+pub const MAX_EXPORTED_APPLICATIONS: usize = 500;
+
+/// One resource profile's executor counts, as GetStatus reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProfileGauges {
+    pub target: u32,
+    pub running: u32,
+    pub pending: u32,
+    pub newly_created: u32,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The service's metrics; cheap to clone (every clone records into the same registry).
+/// `Metrics::default()` is a registry nobody serves, for tests and embedders.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    rpcs: Family<RpcLabels, Counter>,
+    rpc_seconds: HistogramFamily<MethodLabels>,
+    pods_created: Counter,
+    pods_deleted: Family<ReasonLabels, Counter>,
+    create_failures: Family<CreateFailureLabels, Counter>,
+    applications: Gauge,
+    rate_limit_wait: Histogram,
+    seen_after: Histogram,
+    running_after: Histogram,
+    watch_events: Family<KindLabels, Counter>,
+    watch_relists: Counter,
+    watch_errors: Family<StatusLabels, Counter>,
+    resync_seconds: Histogram,
+    target: Family<ProfileLabels, Gauge>,
+    running: Family<ProfileLabels, Gauge>,
+    pending: Family<ProfileLabels, Gauge>,
+    newly_created: Family<ProfileLabels, Gauge>,
+    unexported: Gauge,
+    /// The applications whose gauges are exported, with their profiles.
+    exported: std::sync::Mutex<HashMap<String, BTreeSet<i32>>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry holding every metric of the service.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let rpcs = Family::<RpcLabels, Counter>::default();
+        registry.register(
+            "grpc_requests",
+            "gRPC calls answered, by method and status code",
+            rpcs.clone(),
+        );
+        let rpc_seconds: HistogramFamily<MethodLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "grpc_request_duration_seconds",
+            "Time from a gRPC call's arrival to its response headers, by method",
+            rpc_seconds.clone(),
+        );
+        let pods_created = Counter::default();
+        registry.register(
+            "executor_pods_created",
+            "Executor pods the API server accepted",
+            pods_created.clone(),
+        );
+        let pods_deleted = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "executor_pods_deleted",
+            "Executor pods deleted, by reason (downscale, timeout, finished, stop)",
+            pods_deleted.clone(),
+        );
+        let create_failures = Family::<CreateFailureLabels, Counter>::default();
+        registry.register(
+            "executor_pod_create_failures",
+            "Executor pod creates that failed, by HTTP status (empty when none came back) and reason",
+            create_failures.clone(),
+        );
+        let applications = Gauge::default();
+        registry.register(
+            "applications_active",
+            "Applications the service allocates for",
+            applications.clone(),
+        );
+        let rate_limit_wait = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register(
+            "rate_limit_wait_seconds",
+            "Time a mutating Kubernetes request (create, delete, patch) waited for the shared rate limiter (kubernetes.qps, kubernetes.burst)",
+            rate_limit_wait.clone(),
+        );
+        // 10 ms .. ~11 min.
+        let seen_after = Histogram::new(exponential_buckets(0.01, 2.0, 17));
+        registry.register(
+            "executor_seen_seconds",
+            "Time from an executor's request (its pod built for a create) to its pod first seen by the watch or a LIST",
+            seen_after.clone(),
+        );
+        let running_after = Histogram::new(exponential_buckets(0.01, 2.0, 17));
+        registry.register(
+            "executor_running_seconds",
+            "Time from an executor's request to its pod first seen Running",
+            running_after.clone(),
+        );
+        let watch_events = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "watch_events",
+            "Executor pod watch events, by kind (apply: added or modified; delete)",
+            watch_events.clone(),
+        );
+        let watch_relists = Counter::default();
+        registry.register(
+            "watch_relists",
+            "Full relists of a namespace's pod watch (its start, and after 410 Gone or a failure)",
+            watch_relists.clone(),
+        );
+        let watch_errors = Family::<StatusLabels, Counter>::default();
+        registry.register(
+            "watch_errors",
+            "Pod watch failures, by HTTP status (410: the resource version expired; empty when none came back)",
+            watch_errors.clone(),
+        );
+        let resync_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "resync_duration_seconds",
+            "Duration of the periodic full LIST of a namespace's executor pods (resync_interval_ms)",
+            resync_seconds.clone(),
+        );
+        let per_profile = |registry: &mut Registry, name: &str, help: &str| {
+            let family = Family::<ProfileLabels, Gauge>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let target = per_profile(
+            &mut registry,
+            "executors_target",
+            "Executors wanted, by application and resource profile",
+        );
+        let running = per_profile(
+            &mut registry,
+            "executors_running",
+            "Executors whose pod is Running, by application and resource profile",
+        );
+        let pending = per_profile(
+            &mut registry,
+            "executors_pending",
+            "Executors whose pod is Pending, by application and resource profile",
+        );
+        let newly_created = per_profile(
+            &mut registry,
+            "executors_newly_created",
+            "Executors requested but not yet seen in the cluster, by application and resource profile",
+        );
+        let unexported = Gauge::default();
+        registry.register(
+            "applications_unexported",
+            "Applications left out of the per-profile gauges (beyond the first 500)",
+            unexported.clone(),
+        );
+        registry.register(
+            "build",
+            "The service's version",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            }),
+        );
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                rpcs,
+                rpc_seconds,
+                pods_created,
+                pods_deleted,
+                create_failures,
+                applications,
+                rate_limit_wait,
+                seen_after,
+                running_after,
+                watch_events,
+                watch_relists,
+                watch_errors,
+                resync_seconds,
+                target,
+                running,
+                pending,
+                newly_created,
+                unexported,
+                exported: std::sync::Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// One answered gRPC call; `method` is the call's path (`/package.Service/Method`), `code`
+    /// the status code's name as the gRPC spec spells it.
+    pub fn rpc_answered(&self, method: &str, code: &str, elapsed: Duration) {
+        let method = bounded_method(method).to_string();
+        self.inner
+            .rpcs
+            .get_or_create(&RpcLabels {
+                method: method.clone(),
+                code: code.to_string(),
+            })
+            .inc();
+        self.inner
+            .rpc_seconds
+            .get_or_create(&MethodLabels { method })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Executor pods the API server accepted.
+    pub fn pods_created(&self, count: u64) {
+        self.inner.pods_created.inc_by(count);
+    }
+
+    /// Executor pods the API server deleted.
+    pub fn pods_deleted(&self, reason: DeleteReason, count: u64) {
+        if count > 0 {
+            self.inner
+                .pods_deleted
+                .get_or_create(&ReasonLabels {
+                    reason: reason.label().to_string(),
+                })
+                .inc_by(count);
+        }
+    }
+
+    /// One executor pod create that failed with `status` (none when the API server never
+    /// answered) and `reason` (the API server's, or `Timeout`, `Unreachable`, `IdNotRecorded`).
+    pub fn pod_create_failed(&self, status: Option<u16>, reason: &str) {
+        self.inner
+            .create_failures
+            .get_or_create(&CreateFailureLabels {
+                status: status.map(|s| s.to_string()).unwrap_or_default(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// The number of applications the service allocates for.
+    pub fn set_active_applications(&self, count: usize) {
+        self.inner
+            .applications
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+        self.set_unexported(count);
+    }
+
+    /// One wait for the shared rate limiter of mutating Kubernetes requests.
+    pub fn rate_limit_waited(&self, waited: Duration) {
+        self.inner.rate_limit_wait.observe(waited.as_secs_f64());
+    }
+
+    /// An application's executor counts per resource profile, after one of its rounds.
+    /// Profiles it no longer reports lose their series; an application beyond the first
+    /// [`MAX_EXPORTED_APPLICATIONS`] is not exported.
+    pub fn application_profiles(
+        &self,
+        application: &str,
+        profiles: impl IntoIterator<Item = (i32, ProfileGauges)>,
+    ) {
+        let mut exported = self.exported();
+        if !exported.contains_key(application) && exported.len() >= MAX_EXPORTED_APPLICATIONS {
+            return;
+        }
+        let now: BTreeMap<i32, ProfileGauges> = profiles.into_iter().collect();
+        let before = exported
+            .insert(application.to_string(), now.keys().copied().collect())
+            .unwrap_or_default();
+        for gone in before.iter().filter(|p| !now.contains_key(p)) {
+            self.remove_profile(application, *gone);
+        }
+        for (profile, counts) in now {
+            let labels = ProfileLabels {
+                application: application.to_string(),
+                profile: profile.to_string(),
+            };
+            let set = |family: &Family<ProfileLabels, Gauge>, value: u32| {
+                family.get_or_create(&labels).set(i64::from(value));
+            };
+            set(&self.inner.target, counts.target);
+            set(&self.inner.running, counts.running);
+            set(&self.inner.pending, counts.pending);
+            set(&self.inner.newly_created, counts.newly_created);
+        }
+    }
+
+    /// An application's actor ended: its per-profile series go.
+    pub fn forget_application(&self, application: &str) {
+        let mut exported = self.exported();
+        if let Some(profiles) = exported.remove(application) {
+            for profile in profiles {
+                self.remove_profile(application, profile);
+            }
+        }
+    }
+
+    /// Applications the service has beyond the exported ones.
+    fn set_unexported(&self, active: usize) {
+        let exported = self.exported().len();
+        self.inner
+            .unexported
+            .set(i64::try_from(active.saturating_sub(exported)).unwrap_or(i64::MAX));
+    }
+
+    fn remove_profile(&self, application: &str, profile: i32) {
+        let labels = ProfileLabels {
+            application: application.to_string(),
+            profile: profile.to_string(),
+        };
+        for family in [
+            &self.inner.target,
+            &self.inner.running,
+            &self.inner.pending,
+            &self.inner.newly_created,
+        ] {
+            family.remove(&labels);
+        }
+    }
+
+    fn exported(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<i32>>> {
+        match self.inner.exported.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// An executor's pod was first seen `elapsed` after its request.
+    pub fn executor_seen_after(&self, elapsed: Duration) {
+        self.inner.seen_after.observe(elapsed.as_secs_f64());
+    }
+
+    /// An executor's pod was first seen Running `elapsed` after its request.
+    pub fn executor_running_after(&self, elapsed: Duration) {
+        self.inner.running_after.observe(elapsed.as_secs_f64());
+    }
+
+    /// One pod watch event (`apply` or `delete`).
+    pub fn watch_event(&self, kind: &'static str) {
+        self.inner
+            .watch_events
+            .get_or_create(&KindLabels {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// A pod watch began a full relist.
+    pub fn watch_relisted(&self) {
+        self.inner.watch_relists.inc();
+    }
+
+    /// A pod watch failed with `status` (none when no answer came back).
+    pub fn watch_failed(&self, status: Option<u16>) {
+        self.inner
+            .watch_errors
+            .get_or_create(&StatusLabels {
+                status: status.map(|s| s.to_string()).unwrap_or_default(),
+            })
+            .inc();
+    }
+
+    /// One periodic full LIST took `elapsed`.
+    pub fn resync_listed(&self, elapsed: Duration) {
+        self.inner.resync_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// The registry in Prometheus' text exposition format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.inner.registry);
+        text
+    }
+}
+
+/// The methods of the services this server has keep their name; any other path is one
+/// `unknown` label, so a client probing paths cannot grow the label set.
+fn bounded_method(path: &str) -> &str {
+    const SERVICES: [&str; 4] = [
+        "/spark.allocator.v1.ExecutorAllocator/",
+        "/grpc.health.v1.Health/",
+        "/grpc.reflection.v1.ServerReflection/",
+        "/grpc.reflection.v1alpha.ServerReflection/",
+    ];
+    let known = SERVICES.iter().any(|service| {
+        path.strip_prefix(service).is_some_and(|method| {
+            !method.is_empty()
+                && method.len() <= 64
+                && method.chars().all(|c| c.is_ascii_alphanumeric())
+        })
+    });
+    if known { path } else { "unknown" }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    metrics: Metrics,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.encode(),
+                )
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds `address` and serves the metrics there in a background task; returns the bound
+/// address (port 0 picks a free one).
+pub async fn spawn(metrics: Metrics, address: SocketAddr) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(err) = serve(metrics, listener, std::future::pending()).await {
+            tracing::warn!(%err, "the metrics endpoint stopped");
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_paths_share_one_label() {
+        assert_eq!(
+            bounded_method("/spark.allocator.v1.ExecutorAllocator/Start"),
+            "/spark.allocator.v1.ExecutorAllocator/Start"
+        );
+        assert_eq!(bounded_method("/evil/x"), "unknown");
+        assert_eq!(
+            bounded_method("/grpc.health.v1.Health/a-b"),
+            "unknown",
+            "only plain method names"
+        );
+    }
+
+    #[test]
+    fn per_profile_gauges_are_bounded_and_forgotten() {
+        let metrics = Metrics::new();
+        let counts = ProfileGauges {
+            target: 4,
+            running: 1,
+            pending: 2,
+            newly_created: 1,
+        };
+        for app in 0..MAX_EXPORTED_APPLICATIONS + 2 {
+            metrics.application_profiles(&format!("app-{app}"), [(0, counts)]);
+        }
+        metrics.set_active_applications(MAX_EXPORTED_APPLICATIONS + 2);
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "spark_pod_allocator_executors_pending{application=\"app-0\",profile=\"0\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("application=\"app-500\""), "beyond the cap");
+        assert!(
+            text.contains("spark_pod_allocator_applications_unexported 2"),
+            "{text}"
+        );
+        metrics.application_profiles("app-0", [(1, counts)]);
+        metrics.forget_application("app-1");
+        let text = metrics.encode();
+        assert!(
+            !text.contains("application=\"app-0\",profile=\"0\""),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "spark_pod_allocator_executors_target{application=\"app-0\",profile=\"1\"} 4"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("application=\"app-1\""), "{text}");
+    }
+
+    #[test]
+    fn encodes_counts_by_label() {
+        let metrics = Metrics::new();
+        metrics.pods_created(3);
+        metrics.pods_deleted(DeleteReason::Downscale, 2);
+        metrics.pods_deleted(DeleteReason::Stop, 0);
+        metrics.pod_create_failed(Some(403), "Forbidden");
+        metrics.rpc_answered(
+            "/spark.allocator.v1.ExecutorAllocator/Start",
+            "OK",
+            Duration::from_millis(3),
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("spark_pod_allocator_executor_pods_created_total 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "spark_pod_allocator_executor_pods_deleted_total{reason=\"downscale\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("reason=\"stop\""), "{text}");
+        assert!(text.contains("spark_pod_allocator_executor_pod_create_failures_total{status=\"403\",reason=\"Forbidden\"} 1"), "{text}");
+        assert!(text.contains("spark_pod_allocator_grpc_requests_total{method=\"/spark.allocator.v1.ExecutorAllocator/Start\",code=\"OK\"} 1"), "{text}");
+        assert!(text.contains("spark_pod_allocator_grpc_request_duration_seconds_count{method=\"/spark.allocator.v1.ExecutorAllocator/Start\"} 1"), "{text}");
+        assert!(
+            text.contains("spark_pod_allocator_build_info{version=\""),
+            "{text}"
+        );
+    }
+}
