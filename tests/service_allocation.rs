@@ -2,8 +2,10 @@
 //! real HTTP against the simulated cluster. A `ManualClock` drives the rounds, so a round
 //! happens only when a test advances time (or SetTotalExpected notifies); tests wait for
 //! observable conditions with a bounded deadline, never sleep-then-assert.
+mod sim_support;
+use sim_support::until;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,30 +102,11 @@ fn targets(n: u32) -> BTreeMap<ResourceProfileId, u32> {
 async fn start(apps: &Applications, req: StartApplication) -> Started {
     let app = req.app_id.clone();
     let started = apps.start(req).await.expect("start");
-    wait_for("start round", || async {
+    until("start round", || async {
         apps.rounds(&app).await.expect("rounds") >= 1
     })
     .await;
     started
-}
-
-/// Polls `check` until it holds; fails the test after a generous deadline.
-async fn wait_for<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The executor ids of the application's pods in the cluster (inactive ones included).
@@ -163,7 +146,7 @@ async fn snapshot_ids(apps: &Applications, app: &str) -> BTreeSet<u64> {
 
 /// Waits until the actor's snapshot holds exactly `ids`.
 async fn wait_seen(h: &Harness, app: &str, ids: BTreeSet<u64>) {
-    wait_for(&format!("{app} sees {ids:?}"), || async {
+    until(&format!("{app} sees {ids:?}"), || async {
         snapshot_ids(&h.apps, app).await == ids
     })
     .await;
@@ -173,7 +156,7 @@ async fn wait_seen(h: &Harness, app: &str, ids: BTreeSet<u64>) {
 async fn advance_round(h: &Harness, app: &str, by: Duration) {
     let before = h.apps.rounds(&id(app)).await.expect("rounds");
     h.clock.advance(by);
-    wait_for(&format!("a round of {app}"), || async {
+    until(&format!("a round of {app}"), || async {
         h.apps.rounds(&id(app)).await.expect("rounds") > before
     })
     .await;
@@ -186,7 +169,7 @@ async fn set_targets_and_round(h: &Harness, app: &str, n: u32) {
         .set_total_expected(&id(app), targets(n))
         .await
         .expect("set targets");
-    wait_for(
+    until(
         &format!("the round after SetTotalExpected of {app}"),
         || async { h.apps.rounds(&id(app)).await.expect("rounds") > before },
     )
@@ -329,7 +312,7 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
     for exec in 4..=8 {
         bind(&h.sim, "app-down", exec).await;
     }
-    wait_for("running pods seen", || async {
+    until("running pods seen", || async {
         let snap = h.apps.snapshot(&id("app-down")).await.unwrap();
         snap.executors
             .values()
@@ -385,7 +368,7 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
         .unwrap();
     }
     let live: BTreeSet<u64> = range(1, 8).difference(&deleted).copied().collect();
-    wait_for("deleted pods gone from the snapshot", || async {
+    until("deleted pods gone from the snapshot", || async {
         let snap = h.apps.snapshot(&id("app-down")).await.unwrap();
         deleted.iter().all(|d| {
             snap.executors
@@ -420,7 +403,7 @@ async fn failed_pods_are_deleted_and_replaced_with_new_ids() {
         set_running(&h.sim, "app-fail", exec).await;
     }
     set_failed(&h.sim, "app-fail", 2).await;
-    wait_for("failure seen", || async {
+    until("failure seen", || async {
         let snap = h.apps.snapshot(&id("app-fail")).await.unwrap();
         matches!(
             snap.executors.get(&ExecutorId(2)).map(|e| &e.state),
@@ -478,7 +461,7 @@ async fn applications_in_one_namespace_share_a_watch_but_not_pods() {
     // A failure of y's executor 1 is y's business only.
     set_running(&h.sim, "app-y", 1).await;
     set_failed(&h.sim, "app-y", 1).await;
-    wait_for("y sees its failure", || async {
+    until("y sees its failure", || async {
         let snap = h.apps.snapshot(&id("app-y")).await.unwrap();
         matches!(
             snap.executors.get(&ExecutorId(1)).map(|e| &e.state),
@@ -609,7 +592,7 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
     assert_eq!(started.last_executor_id, 5);
     // The start round runs at once; the resumed pods are outstanding, so the new target
     // waits for the next round.
-    wait_for("start round", || async {
+    until("start round", || async {
         restarted.rounds(&id("app-r")).await.unwrap() >= 1
     })
     .await;
@@ -619,7 +602,7 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
         .await
         .unwrap();
     h.clock.advance(BATCH_DELAY);
-    wait_for("resumed round", || async {
+    until("resumed round", || async {
         restarted.rounds(&id("app-r")).await.unwrap() > before
     })
     .await;
@@ -639,7 +622,7 @@ async fn a_resumed_application_reports_its_executors_before_any_target() {
     set_targets_and_round(&h, app, 3).await;
     set_running(&h.sim, app, 1).await;
     set_running(&h.sim, app, 2).await;
-    wait_for("executors 1 and 2 running", || async {
+    until("executors 1 and 2 running", || async {
         let snapshot = h.apps.snapshot(&id(app)).await.expect("snapshot");
         snapshot
             .executors
@@ -656,7 +639,7 @@ async fn a_resumed_application_reports_its_executors_before_any_target() {
     assert!(started.resumed);
     // Once the resumed pods are in a round's snapshot, GetStatus shows them (profile 0 has
     // no target in this service yet), and the template-only profile 2 with zeros.
-    wait_for("the resumed pods in the snapshot", || async {
+    until("the resumed pods in the snapshot", || async {
         restarted
             .snapshot(&id(app))
             .await
@@ -668,7 +651,7 @@ async fn a_resumed_application_reports_its_executors_before_any_target() {
     .await;
     let before = restarted.rounds(&id(app)).await.expect("rounds");
     h.clock.advance(BATCH_DELAY);
-    wait_for("a round of the resumed application", || async {
+    until("a round of the resumed application", || async {
         restarted.rounds(&id(app)).await.expect("rounds") > before
     })
     .await;
@@ -712,7 +695,7 @@ async fn a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
     let started = restarted.start(req).await.unwrap();
     assert!(started.resumed);
     assert_eq!(started.last_executor_id, 5, "ids 4 and 5 were handed out");
-    wait_for("start round", || async {
+    until("start round", || async {
         restarted.rounds(&id("app-gone")).await.unwrap() >= 1
     })
     .await;
@@ -722,7 +705,7 @@ async fn a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
         .await
         .unwrap();
     h.clock.advance(BATCH_DELAY);
-    wait_for("resumed round", || async {
+    until("resumed round", || async {
         restarted.rounds(&id("app-gone")).await.unwrap() > before
     })
     .await;
@@ -810,7 +793,7 @@ async fn without_a_driver_pod_a_restarted_service_never_reuses_the_ids_of_pods_a
     let started = restarted.start(request(app, NS)).await.unwrap();
     assert!(started.resumed);
     assert_eq!(started.last_executor_id, 5, "ids 4 and 5 were handed out");
-    wait_for("start round", || async {
+    until("start round", || async {
         restarted.rounds(&id(app)).await.unwrap() >= 1
     })
     .await;
@@ -820,7 +803,7 @@ async fn without_a_driver_pod_a_restarted_service_never_reuses_the_ids_of_pods_a
         .await
         .unwrap();
     h.clock.advance(BATCH_DELAY);
-    wait_for("resumed round", || async {
+    until("resumed round", || async {
         restarted.rounds(&id(app)).await.unwrap() > before
     })
     .await;
@@ -1010,7 +993,7 @@ async fn periodic_resync_recovers_dropped_watch_events() {
     let mut req = request("app-sync", NS);
     req.settings.executor_timeout = Duration::from_secs(600);
     start(&h.apps, req).await;
-    wait_for("namespace watch listed", || async {
+    until("namespace watch listed", || async {
         h.apps.is_namespace_synced(NS)
     })
     .await;
@@ -1037,7 +1020,7 @@ async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
     set_targets_and_round(&h, "app-keep", 2).await;
     set_running(&h.sim, "app-keep", 1).await;
     set_failed(&h.sim, "app-keep", 1).await;
-    wait_for("failure seen", || async {
+    until("failure seen", || async {
         let snap = h.apps.snapshot(&id("app-keep")).await.unwrap();
         matches!(
             snap.executors.get(&ExecutorId(1)).map(|e| &e.state),
@@ -1059,7 +1042,7 @@ async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
     );
     assert_eq!(cluster_ids(&h.sim, NS, "app-keep").await, range(1, 3));
     // The inactive pod leaves the snapshot (the watch selector excludes it).
-    wait_for("inactive pod ignored", || async {
+    until("inactive pod ignored", || async {
         let snap = h.apps.snapshot(&id("app-keep")).await.unwrap();
         snap.executors
             .get(&ExecutorId(1))
@@ -1111,7 +1094,7 @@ async fn the_actor_answers_while_rate_limited_creates_are_in_flight() {
         .await
         .unwrap();
     // The round has planned all 30 while their creates trickle out.
-    wait_for("round planned", || async {
+    until("round planned", || async {
         apps.status(&id("app-slow")).await.unwrap().last_executor_id == 30
     })
     .await;
@@ -1132,7 +1115,7 @@ async fn the_actor_answers_while_rate_limited_creates_are_in_flight() {
 async fn a_slow_periodic_list_does_not_undo_newer_watch_events() {
     let h = harness().await;
     start(&h.apps, request("app-slow", NS)).await;
-    wait_for("namespace watch listed", || async {
+    until("namespace watch listed", || async {
         h.apps.is_namespace_synced(NS)
     })
     .await;
@@ -1144,7 +1127,7 @@ async fn a_slow_periodic_list_does_not_undo_newer_watch_events() {
     h.sim.hold_list_responses();
     h.clock.advance(Duration::from_secs(30));
     let resync_at = h.clock.now();
-    wait_for("the periodic LIST is held", || async {
+    until("the periodic LIST is held", || async {
         h.sim.held_list_responses() >= 1
     })
     .await;
@@ -1167,7 +1150,7 @@ async fn a_slow_periodic_list_does_not_undo_newer_watch_events() {
 
     // The late LIST is older than the deletion: after it, executor 2 must still end up
     // Deleted (the state a round counts as nothing, so it gets replaced).
-    wait_for("the resync, then executor 2 deleted", || async {
+    until("the resync, then executor 2 deleted", || async {
         let snapshot = h.apps.snapshot(&id("app-slow")).await.expect("snapshot");
         snapshot.full_resync_at >= resync_at
             && snapshot
@@ -1191,7 +1174,7 @@ async fn a_watch_expired_by_compaction_relists_into_a_resync() {
     let mut req = request("app-410", NS);
     req.settings.executor_timeout = Duration::from_secs(600);
     start(&h.apps, req).await;
-    wait_for("namespace watch listed", || async {
+    until("namespace watch listed", || async {
         h.apps.is_namespace_synced(NS)
     })
     .await;
@@ -1219,7 +1202,7 @@ async fn concurrent_starts_of_one_application_make_one_actor() {
         1,
         "{a:?} {b:?}"
     );
-    wait_for("start round", || async {
+    until("start round", || async {
         h.apps.rounds(&id("app-twice")).await.unwrap() >= 1
     })
     .await;
@@ -1243,7 +1226,7 @@ async fn health_follows_the_api_server() {
 
     // A reachable API server: healthy even before any application starts.
     let h = harness().await;
-    wait_for("synced", || async { h.apps.is_synced() }).await;
+    until("synced", || async { h.apps.is_synced() }).await;
     assert!(h.apps.watched_namespaces().is_empty());
 }
 

@@ -2,8 +2,10 @@
 //! deleted executors follow the watch (false as soon as the pod is gone, with no round and
 //! no resync in between), are rebuilt by a restarted service from pods that carry a
 //! deletionTimestamp, and Stop counts only the pods it deleted itself.
+mod sim_support;
+use sim_support::until;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,21 +50,6 @@ fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
         sim.try_client().expect("sim client"),
         Arc::new(clock.clone()),
     ))
-}
-
-async fn wait_for<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Plays the scheduler: a bound pod's deletion is graceful (it stays, terminating).
@@ -110,7 +97,7 @@ async fn deletion_state_follows_the_watch_survives_a_restart_and_stop_counts_its
     apps.set_total_expected(&app(), BTreeMap::from([(P0, 4)]))
         .await
         .unwrap();
-    wait_for("4 pods", || async {
+    until("4 pods", || async {
         pods(&sim)
             .list(&Default::default())
             .await
@@ -128,7 +115,7 @@ async fn deletion_state_follows_the_watch_survives_a_restart_and_stop_counts_its
         .await
         .unwrap();
     clock.advance(Duration::from_secs(61));
-    wait_for("3 executors deleted", || async {
+    until("3 executors deleted", || async {
         deleted_ids(&apps).await.len() == 3
     })
     .await;
@@ -140,7 +127,7 @@ async fn deletion_state_follows_the_watch_survives_a_restart_and_stop_counts_its
     for exec in &deleted {
         assert!(is_deleted(&apps, *exec).await);
     }
-    wait_for("the deletes carried out (pods terminating)", || async {
+    until("the deletes carried out (pods terminating)", || async {
         let list = pods(&sim).list(&Default::default()).await.unwrap().items;
         list.iter()
             .filter(|p| p.metadata.deletion_timestamp.is_some())
@@ -161,7 +148,7 @@ async fn deletion_state_follows_the_watch_survives_a_restart_and_stop_counts_its
         )
         .await
         .unwrap();
-    wait_for("the gone pod no longer deleted", || async {
+    until("the gone pod no longer deleted", || async {
         !is_deleted(&apps, gone).await
     })
     .await;

@@ -2,8 +2,10 @@
 //! cluster: what they hold, a new service resuming them by itself (targets and registered
 //! executors included), and a registration whose driver pod ended meanwhile deleted
 //! instead of resumed.
+mod sim_support;
+use sim_support::until;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,21 +50,6 @@ fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
     ))
 }
 
-async fn wait_for<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 async fn registration(sim: &SimCluster, app: &str) -> Option<Registration> {
     let api: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
     let cm = api
@@ -104,7 +91,7 @@ async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() 
     apps.update_registered(&a, BTreeSet::from([ExecutorId(1)]))
         .await
         .unwrap();
-    wait_for("app-a's registration written", || async {
+    until("app-a's registration written", || async {
         clock.advance(Duration::from_secs(1));
         registration(&sim, "app-a")
             .await
@@ -114,7 +101,7 @@ async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() 
     let stored = registration(&sim, "app-a").await.unwrap();
     assert_eq!(stored.settings.max_executors, Some(50));
     assert_eq!(stored.driver_pod_name, None);
-    wait_for("app-b's registration written", || async {
+    until("app-b's registration written", || async {
         registration(&sim, "app-b").await.is_some()
     })
     .await;

@@ -98,6 +98,19 @@ where
     }
 }
 
+/// [`eventually`] for a yes/no condition.
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    eventually(what, || {
+        let reached = check();
+        async move { reached.await.then_some(()) }
+    })
+    .await
+}
+
 /// The API error of a kube-rs call, as (code, reason, message).
 pub fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String, String) {
     match result {
