@@ -1,21 +1,21 @@
 //! The binary as a user runs it: `serve --simulate` answering gRPC and stopping cleanly on
 //! SIGTERM, `simulate` writing a usable kubeconfig, `demo` finishing with exit 0, and bad
 //! configuration refused with a message naming the key (no panic).
+mod process_support;
+use process_support::{HANG_GUARD, until_logged};
+
 use std::process::Stdio;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
 use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStderr, Command};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
 use tonic::transport::Endpoint;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
-/// Guards against a hang only; every wait ends on output or exit, not on time.
-const HANG_GUARD: Duration = Duration::from_secs(60);
 
 fn command(args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
@@ -25,27 +25,6 @@ fn command(args: &[&str]) -> Command {
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd
-}
-
-/// Reads JSON log lines until one has `message`; returns that line's fields.
-async fn until_logged(
-    lines: &mut Lines<BufReader<ChildStderr>>,
-    message: &str,
-) -> serde_json::Value {
-    let wait = async {
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if entry["fields"]["message"] == message {
-                return entry["fields"].clone();
-            }
-        }
-        panic!("the process ended before logging {message:?}");
-    };
-    tokio::time::timeout(HANG_GUARD, wait)
-        .await
-        .expect("log line")
 }
 
 fn terminate(child: &Child) {

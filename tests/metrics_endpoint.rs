@@ -1,42 +1,22 @@
 //! `serve --simulate` with `metrics.listen` set, as a platform team scrapes it: after a
 //! scale-up the pods created, the gRPC calls by method and code and the active
 //! applications read back from `/metrics`; after Stop, the pods it deleted.
+mod process_support;
+use process_support::{HANG_GUARD, until_logged};
+
 use std::process::Stdio;
 use std::time::Duration;
 
 use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{ChildStderr, Command};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
 use tonic::transport::Endpoint;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
-/// Guards against a hang only; every wait ends on output or a scraped value.
-const HANG_GUARD: Duration = Duration::from_secs(60);
 const START: &str = "/spark.allocator.v1.ExecutorAllocator/Start";
 const SET_TOTAL: &str = "/spark.allocator.v1.ExecutorAllocator/SetTotalExpected";
-
-/// Reads JSON log lines until one has `message`; returns that line's fields.
-async fn until_logged(
-    lines: &mut Lines<BufReader<ChildStderr>>,
-    message: &str,
-) -> serde_json::Value {
-    let wait = async {
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if entry["fields"]["message"] == message {
-                return entry["fields"].clone();
-            }
-        }
-        panic!("the process ended before logging {message:?}");
-    };
-    tokio::time::timeout(HANG_GUARD, wait)
-        .await
-        .expect("log line")
-}
 
 /// `GET /metrics` over plain HTTP/1.1; returns the body.
 async fn scrape(address: &str) -> String {
