@@ -2,15 +2,20 @@
 # Checks the Helm chart: lint (strict), render with the defaults and with every value set
 # (ci/full-values.yaml), values the schema must refuse, the `restricted` Pod Security
 # essentials of every pod, and every rendered manifest against the Kubernetes OpenAPI schema
-# (kubernetes-validate, strict, offline). Installs helm from the Go module proxy into
+# (kubernetes-validate, strict, offline), the prometheus-operator objects against their CRDs'
+# schemas, and the metric names of the alerts and the dashboard in a scrape of the service
+# started with each rendered configuration. Installs helm from the Go module proxy into
 # .tools/bin (built once, reused while its version matches) and kubernetes-validate into
-# .venv-validate. Needs Go, Python 3 and, the first time, network access to both registries.
+# .venv-validate; reads the CRDs from the prometheus-operator Go module (in Go's module
+# cache). Needs Go, Python 3 and, the first time, network access to both registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 helm_version=v3.22.0
 kube_version=1.33.0   # the Kubernetes API the service is built against (k8s-openapi v1_33)
+# The CRDs of PodMonitor, ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1).
+prometheus_operator_version=v0.85.0
 chart=helm/spark-pod-allocator
 helm="$root/.tools/bin/helm"
 
@@ -39,6 +44,13 @@ if [ ! -x .venv-validate/bin/kubernetes-validate ]; then
   .venv-validate/bin/pip install --quiet --disable-pip-version-check kubernetes-validate
 fi
 
+step "prometheus-operator $prometheus_operator_version CRDs (Go module)"
+# `go mod download` fetches the module once into Go's module cache; only its CRD files are read.
+module_json=$(go mod download -json "github.com/prometheus-operator/prometheus-operator@$prometheus_operator_version")
+module_dir=$(printf '%s' "$module_json" | .venv-validate/bin/python -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+crd_dir="$module_dir/example/prometheus-operator-crd"
+ls "$crd_dir"/monitoring.coreos.com_{podmonitors,servicemonitors,prometheusrules}.yaml
+
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -59,6 +71,8 @@ render full -f "$chart/ci/full-values.yaml"
 render namespaces --set 'allowedNamespaces={spark-a,spark-b}' --set networkPolicy.enabled=true
 render external-account --set serviceAccount.create=false --set serviceAccount.name=existing \
   --set rbac.create=false --set replicaCount=0
+render pod-monitor --set metrics.enabled=true --set metrics.podMonitor.enabled=true \
+  --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true
 
 step "values the chart must refuse"
 refused=0
@@ -94,6 +108,15 @@ expect_refusal batch_size --set allocation.batch_size=5
 expect_refusal format --set log.format=xml
 expect_refusal driverNamespaceSelector --set networkPolicy.enabled=true
 expect_refusal serviceAccount.name --set serviceAccount.create=false
+expect_refusal "needs metrics.enabled" --set metrics.serviceMonitor.enabled=true
+expect_refusal "needs metrics.enabled" --set metrics.dashboard.enabled=true
+expect_refusal "scrapes the pod twice" --set metrics.enabled=true \
+  --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true
+expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051
+expect_refusal scraperNamespaceSelector --set metrics.enabled=true \
+  --set networkPolicy.enabled=true --set 'allowedNamespaces={spark-a}'
+expect_refusal interval --set metrics.podMonitor.interval=30
+expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2
   exit 1
@@ -152,12 +175,60 @@ if pods == 0:
 print(f"{pods} pod specs pass")
 PY
 
-step "kubernetes-validate --strict -k $kube_version (every rendered manifest)"
-.venv-validate/bin/kubernetes-validate --strict -k "$kube_version" "$out"/*.yaml
+step "kubernetes-validate --strict -k $kube_version (every rendered manifest of a built-in kind)"
+# kubernetes-validate knows only the built-in kinds (it merely warns on others): the
+# monitoring.coreos.com objects go to their own check below, any other kind fails here.
+mkdir "$out/builtin"
+.venv-validate/bin/python - "$out" <<'PY'
+import os
+import sys
+
+import yaml
+
+out = sys.argv[1]
+builtin = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1", "policy/v1"}
+unknown = []
+for name in sorted(os.listdir(out)):
+    if not name.endswith(".yaml"):
+        continue
+    kept = []
+    for doc in yaml.safe_load_all(open(os.path.join(out, name))):
+        if not doc:
+            continue
+        what = f"{name}: {doc['kind']} {doc['metadata']['name']} ({doc['apiVersion']})"
+        if doc["apiVersion"] in builtin:
+            kept.append(doc)
+        elif doc["apiVersion"] == "monitoring.coreos.com/v1":
+            print(f"{what}: not for kubernetes-validate; checked against its CRD below")
+        else:
+            unknown.append(what)
+    yaml.safe_dump_all(kept, open(os.path.join(out, "builtin", name), "w"))
+if unknown:
+    print("kinds no check here knows:\n" + "\n".join(unknown), file=sys.stderr)
+    sys.exit(1)
+PY
+validate_log=$(.venv-validate/bin/kubernetes-validate --strict -k "$kube_version" "$out"/builtin/*.yaml 2>&1) || {
+  printf '%s\n' "$validate_log" >&2
+  exit 1
+}
+printf '%s\n' "$validate_log"
+case "$validate_log" in
+  *"Couldn't find schema"*)
+    echo "kubernetes-validate has no schema for a kind above" >&2
+    exit 1
+    ;;
+esac
+
+step "PodMonitor, ServiceMonitor, PrometheusRule against the prometheus-operator CRDs"
+.venv-validate/bin/python helm/validate-monitoring.py "$crd_dir" "$out"/*.yaml
 
 step "the service starts with the configuration each rendering gives it"
 # The binary reads the rendered ConfigMap (its pod template at a local path) and serves a
 # simulated cluster: a key the service does not know, or a value it refuses, fails here.
+# Where the rendering turns metrics on, the service must serve them (on a free loopback
+# port here, instead of 0.0.0.0:metrics.port). The metric names of the alerts and the
+# dashboard are checked by tests/metrics_endpoint.rs, against a scrape after a scale-up
+# with failed creates and a 410 (a family appears in a scrape only once it has a sample).
 bin=${SPARK_POD_ALLOCATOR_BIN:-}
 if [ -z "$bin" ]; then
   cargo build --quiet --bin spark-pod-allocator
@@ -169,21 +240,35 @@ import sys
 import yaml
 
 out = sys.argv[1]
+import socket
+
+out = sys.argv[1]
 for name in os.listdir(out):
     if not name.endswith(".yaml"):
         continue
+    directory = os.path.join(out, "config-" + name[: -len(".yaml")])
+    config = None
     for doc in yaml.safe_load_all(open(os.path.join(out, name))):
-        if not doc or doc.get("kind") != "ConfigMap":
+        if not doc:
             continue
-        data = doc["data"]
-        directory = os.path.join(out, "config-" + name[: -len(".yaml")])
-        os.makedirs(directory)
-        config = yaml.safe_load(data["config.yaml"])
-        if "executor-pod-template.yaml" in data:
-            template = os.path.join(directory, "executor-pod-template.yaml")
-            open(template, "w").write(data["executor-pod-template.yaml"])
-            config["default_executor_pod_template"] = template
-        yaml.safe_dump(config, open(os.path.join(directory, "config.yaml"), "w"))
+        data = doc.get("data") or {}
+        # The service's ConfigMap (the dashboard's has no config.yaml).
+        if doc["kind"] == "ConfigMap" and "config.yaml" in data:
+            os.makedirs(directory)
+            config = yaml.safe_load(data["config.yaml"])
+            if "executor-pod-template.yaml" in data:
+                template = os.path.join(directory, "executor-pod-template.yaml")
+                open(template, "w").write(data["executor-pod-template.yaml"])
+                config["default_executor_pod_template"] = template
+    if config is None:
+        continue
+    if config.get("metrics", {}).get("listen"):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        config["metrics"]["listen"] = f"127.0.0.1:{port}"
+        open(os.path.join(directory, "metrics-url"), "w").write(f"http://127.0.0.1:{port}/metrics")
+    yaml.safe_dump(config, open(os.path.join(directory, "config.yaml"), "w"))
 PY
 for config in "$out"/config-*/config.yaml; do
   log="${config%.yaml}.log"
@@ -201,11 +286,37 @@ for config in "$out"/config-*/config.yaml; do
     fi
     sleep 0.2
   done
+  scraped=0
+  if [ "$started" -eq 1 ] && [ -f "${config%/*}/metrics-url" ]; then
+    .venv-validate/bin/python - "${config%/*}" <<'PY' && scraped=1
+import sys
+import time
+import urllib.request
+
+url = open(f"{sys.argv[1]}/metrics-url").read()
+for _ in range(50):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            kind, text = response.headers["Content-Type"], response.read().decode()
+        break
+    except OSError:
+        time.sleep(0.2)
+else:
+    sys.exit(f"no answer from {url}")
+if not kind.startswith("application/openmetrics-text") or "\nspark_pod_allocator_build_info{" not in text:
+    sys.exit(f"{url} does not serve the service's metrics ({kind}):\n{text}")
+print(f"{url}: the service's metrics")
+PY
+  fi
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" || true
   if [ "$started" -ne 1 ]; then
     echo "the service did not start with $config:" >&2
     cat "$log" >&2
+    exit 1
+  fi
+  if [ -f "${config%/*}/metrics-url" ] && [ "$scraped" -ne 1 ]; then
+    echo "the metrics of the service started with $config are not what the chart expects" >&2
     exit 1
   fi
   echo "$config: accepted"

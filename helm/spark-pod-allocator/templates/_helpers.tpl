@@ -73,6 +73,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "allocation" $allocation
   "log" (dict "format" .Values.log.format "filter" .Values.log.filter)
 -}}
+{{- if .Values.metrics.enabled }}
+{{- $_ := set $config "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .Values.metrics.port))) -}}
+{{- end }}
 {{- if .Values.defaultExecutorPodTemplate }}
 {{- $_ := set $config "default_executor_pod_template" "/etc/spark-pod-allocator/executor-pod-template.yaml" -}}
 {{- end -}}
@@ -84,4 +87,29 @@ Service nor the NetworkPolicy's podSelector picks it up as an allocator pod. */ 
 {{- define "spa.testSelectorLabels" -}}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: test
+{{- end -}}
+
+{{- /* Labels of the metrics Service, which a ServiceMonitor selects (the gRPC Service lacks the component). */ -}}
+{{- define "spa.metricsServiceLabels" -}}
+{{ include "spa.selectorLabels" . }}
+app.kubernetes.io/component: metrics
+{{- end -}}
+
+{{- /* Fails on metrics values that contradict each other; included by every metrics template. */ -}}
+{{- define "spa.metricsChecks" -}}
+{{- $m := .Values.metrics -}}
+{{- if not $m.enabled -}}
+{{- range $key := list "podMonitor" "serviceMonitor" "prometheusRule" "dashboard" -}}
+{{- if (get $m $key).enabled -}}
+{{- fail (printf "metrics.%s.enabled needs metrics.enabled: the service serves no metrics without it" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- else -}}
+{{- if eq (int $m.port) (int $.Values.service.port) -}}
+{{- fail "metrics.port must differ from service.port (metrics have a port of their own)" -}}
+{{- end -}}
+{{- if and $m.podMonitor.enabled $m.serviceMonitor.enabled -}}
+{{- fail "metrics.podMonitor.enabled and metrics.serviceMonitor.enabled: enable one, else Prometheus scrapes the pod twice" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
