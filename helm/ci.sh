@@ -222,6 +222,53 @@ esac
 step "PodMonitor, ServiceMonitor, PrometheusRule against the prometheus-operator CRDs"
 .venv-validate/bin/python helm/validate-monitoring.py "$crd_dir" "$out"/*.yaml
 
+step "the rendered alerts and dashboard are the chart's files, as tests/metrics_endpoint.rs checks them"
+.venv-validate/bin/python - "$chart" "$out"/*.yaml <<'PY'
+import json
+import sys
+
+import yaml
+
+chart, rendered = sys.argv[1], sys.argv[2:]
+source_rules = {
+    rule["alert"]: rule
+    for group in yaml.safe_load(open(f"{chart}/files/prometheus-rules.yaml"))["groups"]
+    for rule in group["rules"]
+}
+source_dashboard = json.load(open(f"{chart}/dashboards/spark-pod-allocator.json"))
+problems = []
+checked = 0
+for path in rendered:
+    for doc in yaml.safe_load_all(open(path)):
+        if not doc:
+            continue
+        if doc["kind"] == "PrometheusRule":
+            checked += 1
+            for group in doc["spec"]["groups"]:
+                for rule in group["rules"]:
+                    source = source_rules.get(rule["alert"])
+                    if source is None:
+                        problems.append(f"{path}: {rule['alert']} is not in files/prometheus-rules.yaml")
+                        continue
+                    # Only the labels may differ (alertLabels are merged in).
+                    same = {k: v for k, v in rule.items() if k != "labels"}
+                    if same != {k: v for k, v in source.items() if k != "labels"}:
+                        problems.append(f"{path}: {rule['alert']} differs from files/prometheus-rules.yaml")
+                    for key, value in (source.get("labels") or {}).items():
+                        if key not in rule["labels"]:
+                            problems.append(f"{path}: {rule['alert']} lost its label {key}")
+        elif doc["kind"] == "ConfigMap" and "spark-pod-allocator.json" in (doc.get("data") or {}):
+            checked += 1
+            if json.loads(doc["data"]["spark-pod-allocator.json"]) != source_dashboard:
+                problems.append(f"{path}: the dashboard differs from dashboards/spark-pod-allocator.json")
+if problems:
+    print("\n".join(problems), file=sys.stderr)
+    sys.exit(1)
+if checked == 0:
+    sys.exit("no PrometheusRule or dashboard rendered")
+print(f"{checked} rendered PrometheusRules and dashboards match the chart's files")
+PY
+
 step "the service starts with the configuration each rendering gives it"
 # The binary reads the rendered ConfigMap (its pod template at a local path) and serves a
 # simulated cluster: a key the service does not know, or a value it refuses, fails here.
