@@ -3,11 +3,12 @@
 # (ci/full-values.yaml), values the schema must refuse, the `restricted` Pod Security
 # essentials of every pod, and every rendered manifest against the Kubernetes OpenAPI schema
 # (kubernetes-validate, strict, offline), the prometheus-operator objects against their CRDs'
-# schemas, and the metric names of the alerts and the dashboard in a scrape of the service
-# started with each rendered configuration. Installs helm from the Go module proxy into
-# .tools/bin (built once, reused while its version matches) and kubernetes-validate into
-# .venv-validate; reads the CRDs from the prometheus-operator Go module (in Go's module
-# cache). Needs Go, Python 3 and, the first time, network access to both registries.
+# schemas, the alerts' unit tests (promtool), and the service started with each rendered
+# configuration. Installs helm from the Go module proxy into .tools/bin (built once, reused
+# while its version matches), promtool from Debian's prometheus package into .tools/bin
+# (the binary only) and kubernetes-validate into .venv-validate; reads the CRDs from the
+# prometheus-operator Go module (in Go's module cache). Needs Go, Python 3, apt and, the
+# first time, network access to the registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -43,6 +44,24 @@ if [ ! -x .venv-validate/bin/kubernetes-validate ]; then
   python3 -m venv .venv-validate
   .venv-validate/bin/pip install --quiet --disable-pip-version-check kubernetes-validate
 fi
+
+step "promtool (Debian's prometheus package)"
+promtool="$root/.tools/bin/promtool"
+if [ ! -x "$promtool" ]; then
+  # Only the promtool binary is taken from the package: no server is installed or started.
+  deb_dir=$(mktemp -d)
+  chmod 755 "$deb_dir"
+  if ! (cd "$deb_dir" && apt-get download prometheus); then
+    apt-get update -qq
+    (cd "$deb_dir" && apt-get download prometheus)
+  fi
+  dpkg-deb -x "$deb_dir"/prometheus_*.deb "$deb_dir/package"
+  mkdir -p "$root/.tools/bin"
+  cp "$deb_dir/package/usr/bin/promtool" "$promtool"
+  rm -rf "$deb_dir"
+fi
+promtool_version=$("$promtool" --version 2>&1)
+printf '%s\n' "${promtool_version%%$'\n'*}"
 
 step "prometheus-operator $prometheus_operator_version CRDs (Go module)"
 # `go mod download` fetches the module once into Go's module cache; only its CRD files are read.
@@ -221,6 +240,10 @@ esac
 
 step "PodMonitor, ServiceMonitor, PrometheusRule against the prometheus-operator CRDs"
 .venv-validate/bin/python helm/validate-monitoring.py "$crd_dir" "$out"/*.yaml
+
+step "the alerts: promtool check rules, and their unit tests (helm/alerts-test.yaml)"
+"$promtool" check rules "$chart/files/prometheus-rules.yaml"
+"$promtool" test rules helm/alerts-test.yaml
 
 step "the rendered alerts and dashboard are the chart's files, as tests/metrics_endpoint.rs checks them"
 .venv-validate/bin/python - "$chart" "$out"/*.yaml <<'PY'
