@@ -135,6 +135,9 @@ expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metri
 expect_refusal scraperNamespaceSelector --set metrics.enabled=true \
   --set networkPolicy.enabled=true --set 'allowedNamespaces={spark-a}'
 expect_refusal interval --set metrics.podMonitor.interval=30
+expect_refusal "must not exceed its interval" --set metrics.enabled=true \
+  --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.interval=1m \
+  --set metrics.serviceMonitor.scrapeTimeout=1m30s
 expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2

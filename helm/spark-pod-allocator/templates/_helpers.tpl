@@ -111,5 +111,22 @@ app.kubernetes.io/component: metrics
 {{- if and $m.podMonitor.enabled $m.serviceMonitor.enabled -}}
 {{- fail "metrics.podMonitor.enabled and metrics.serviceMonitor.enabled: enable one, else Prometheus scrapes the pod twice" -}}
 {{- end -}}
+{{- range $key := list "podMonitor" "serviceMonitor" -}}
+{{- $monitor := get $m $key -}}
+{{- if and $monitor.enabled (gt (include "spa.durationMs" $monitor.scrapeTimeout | int64) (include "spa.durationMs" $monitor.interval | int64)) -}}
+{{- fail (printf "metrics.%s.scrapeTimeout (%s) must not exceed its interval (%s): Prometheus refuses such a scrape" $key $monitor.scrapeTimeout $monitor.interval) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* A Prometheus duration (1h30m, 30s, 500ms; the schema checks its form) in milliseconds. */ -}}
+{{- define "spa.durationMs" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 -}}
+{{- $total := 0 -}}
+{{- range $part := regexFindAll "[0-9]+(ms|[smhdwy])" . -1 -}}
+{{- $count := regexFind "^[0-9]+" $part -}}
+{{- $total = add $total (mul (int64 $count) (get $units (trimPrefix $count $part))) -}}
+{{- end -}}
+{{- $total -}}
 {{- end -}}
