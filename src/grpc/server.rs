@@ -12,6 +12,7 @@ use tonic_health::server::HealthReporter;
 use super::observe::ObserveLayer;
 use super::{AllocatorService, StartDefaults};
 use crate::app::Applications;
+use crate::auth::Gate;
 use crate::metrics::Metrics;
 use crate::proto::executor_allocator_server::ExecutorAllocatorServer;
 
@@ -26,6 +27,8 @@ pub struct ServeSettings {
     pub health_poll: Duration,
     /// Where every call is counted and timed.
     pub metrics: Metrics,
+    /// Who may call, and what they may do.
+    pub gate: Gate,
 }
 
 impl Default for ServeSettings {
@@ -35,6 +38,7 @@ impl Default for ServeSettings {
             drain_timeout: Duration::from_secs(10),
             health_poll: Duration::from_millis(100),
             metrics: Metrics::default(),
+            gate: Gate::open(),
         }
     }
 }
@@ -71,7 +75,8 @@ pub async fn serve(
         applications.clone(),
         settings.health_poll,
     ));
-    let service = AllocatorService::new(applications.clone(), settings.defaults.clone());
+    let service = AllocatorService::new(applications.clone(), settings.defaults.clone())
+        .with_gate(settings.gate.clone());
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = {
