@@ -43,7 +43,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 step "helm lint --strict (defaults, full values)"
-"$helm" lint --strict "$chart"
+"$helm" lint --strict "$chart" --set 'allowedNamespaces={spark}'
 "$helm" lint --strict "$chart" -f "$chart/ci/full-values.yaml"
 
 step "helm template (defaults, full values, a Role per namespace)"
@@ -54,11 +54,15 @@ render() {
     >"$out/$name.yaml"
   echo "$name: rendered"
 }
-render defaults
+# allowedNamespaces is the one value without a default (unless rbac.clusterWide).
+render defaults --set 'allowedNamespaces={spark}'
 render full -f "$chart/ci/full-values.yaml"
 render namespaces --set 'allowedNamespaces={spark-a,spark-b}' --set networkPolicy.enabled=true
+render cluster-wide --set rbac.clusterWide=true
+render no-auth --set 'allowedNamespaces={spark}' --set auth.mode=none \
+  --set auth.allowUnauthenticatedRemote=true
 render external-account --set serviceAccount.create=false --set serviceAccount.name=existing \
-  --set rbac.create=false --set replicaCount=0
+  --set rbac.create=false --set replicaCount=0 --set 'allowedNamespaces={spark}'
 
 step "values the chart must refuse"
 refused=0
@@ -92,8 +96,12 @@ expect_refusal replicas --set replicas=3
 expect_refusal podAnnotation --set podAnnotation.a=b
 expect_refusal batch_size --set allocation.batch_size=5
 expect_refusal format --set log.format=xml
-expect_refusal driverNamespaceSelector --set networkPolicy.enabled=true
-expect_refusal serviceAccount.name --set serviceAccount.create=false
+expect_refusal driverNamespaceSelector --set networkPolicy.enabled=true --set rbac.clusterWide=true
+expect_refusal serviceAccount.name --set serviceAccount.create=false --set 'allowedNamespaces={spark}'
+expect_refusal allowedNamespaces --set rbac.clusterWide=false
+expect_refusal mode --set auth.mode=ldap --set 'allowedNamespaces={spark}'
+expect_refusal allowUnauthenticatedRemote --set auth.mode=none --set 'allowedNamespaces={spark}'
+expect_refusal reviewTimeoutMs --set auth.reviewTimeoutMs=5 --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2
   exit 1

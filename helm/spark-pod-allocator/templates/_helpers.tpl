@@ -72,11 +72,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     "request_attempts" $k.requestAttempts)
   "allocation" $allocation
   "log" (dict "format" .Values.log.format "filter" .Values.log.filter)
+  "auth" (include "spa.authConfig" . | fromYaml)
 -}}
 {{- if .Values.defaultExecutorPodTemplate }}
 {{- $_ := set $config "default_executor_pod_template" "/etc/spark-pod-allocator/executor-pod-template.yaml" -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite $config (deepCopy .Values.extraConfig)) -}}
+{{- end -}}
+
+{{- /* The service's `auth` section. */ -}}
+{{- define "spa.authConfig" -}}
+{{- $auth := .Values.auth -}}
+{{- toYaml (dict
+  "mode" $auth.mode
+  "audiences" $auth.audiences
+  "admin_groups" $auth.adminGroups
+  "cache_ttl_ms" $auth.cacheTtlMs
+  "cache_capacity" $auth.cacheCapacity
+  "review_timeout_ms" $auth.reviewTimeoutMs
+  "max_concurrent_reviews" $auth.maxConcurrentReviews
+  "allow_unauthenticated_remote" $auth.allowUnauthenticatedRemote) -}}
 {{- end -}}
 
 {{- /* Labels of the helm test pod: without app.kubernetes.io/name, so that neither the
