@@ -61,6 +61,8 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     /// Who may call, and what they may do (see docs/security.md).
     pub auth: crate::auth::AuthSettings,
+    /// TLS on the gRPC port.
+    pub tls: crate::grpc::tls::TlsSettings,
 }
 
 /// The Prometheus endpoint.
@@ -231,6 +233,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
             auth: crate::auth::AuthSettings::default(),
+            tls: crate::grpc::tls::TlsSettings::default(),
         }
     }
 }
@@ -376,6 +379,9 @@ impl Settings {
         }
         tracing_filter_check(&self.log.filter)?;
         if let Err((key, reason)) = self.auth.validate() {
+            return Err(ConfigError::Invalid { key, reason });
+        }
+        if let Err((key, reason)) = self.tls.validate() {
             return Err(ConfigError::Invalid { key, reason });
         }
         if let Err(reason) = self.simulator.validate() {

@@ -284,11 +284,12 @@ async fn serve(
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address}"))?;
-    tracing::info!(address = %listener.local_addr().unwrap_or(address), "serving gRPC");
+    tracing::info!(address = %listener.local_addr().unwrap_or(address), tls = settings.tls.enabled(), "serving gRPC");
     let serve_settings = ServeSettings {
         defaults,
         metrics,
         gate,
+        tls: settings.tls.clone(),
         ..ServeSettings::default()
     };
     grpc::serve(serve_settings, applications, listener, stop).await?;

@@ -649,3 +649,194 @@ fn serve_without_authentication_refuses_a_non_loopback_address() {
         assert!(stderr.contains(key), "expected {key:?} in {stderr}");
     }
 }
+
+/// A certificate authority and a certificate it signed for `localhost` and 127.0.0.1 (by
+/// the `openssl` command), as (CA, certificate, key) files `dir/NAME-*.pem`.
+fn certificate(
+    dir: &std::path::Path,
+    name: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let file = |suffix: &str| dir.join(format!("{name}-{suffix}"));
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("the openssl command runs (it makes the test certificates)");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca_subject = format!("/CN={name}-ca");
+    let (ca, ca_key) = (format!("{name}-ca.pem"), format!("{name}-ca-key.pem"));
+    let (csr, cert, key) = (
+        format!("{name}-csr.pem"),
+        format!("{name}-cert.pem"),
+        format!("{name}-key.pem"),
+    );
+    let mut args = vec!["req", "-x509"];
+    args.extend(ec);
+    args.extend([
+        "-days",
+        "1",
+        "-subj",
+        &ca_subject,
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca,
+    ]);
+    openssl(&args);
+    let mut args = vec!["req"];
+    args.extend(ec);
+    args.extend(["-subj", "/CN=localhost", "-keyout", &key, "-out", &csr]);
+    openssl(&args);
+    let ext = format!("{name}-ext.cnf");
+    std::fs::write(
+        dir.join(&ext),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("extension file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &ext,
+        "-out",
+        &cert,
+    ]);
+    (file("ca.pem"), file("cert.pem"), file("key.pem"))
+}
+
+/// A TLS channel to `address` trusting only `ca` (a PEM file).
+async fn tls_channel(
+    address: std::net::SocketAddr,
+    ca: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let pem = std::fs::read(ca).expect("CA file");
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        .domain_name("localhost");
+    tonic::transport::Endpoint::from_shared(format!("https://localhost:{}", address.port()))
+        .expect("endpoint")
+        .tls_config(tls)?
+        .connect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (first_ca, first_cert, first_key) = certificate(dir.path(), "first");
+    // The files the service reads; replaced below as a Secret update would.
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::copy(&first_cert, &cert).expect("certificate");
+    std::fs::copy(&first_key, &key).expect("key");
+    let sim = spark_pod_allocator::sim::SimCluster::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let client = sim.try_client().expect("sim client");
+    let applications =
+        spark_pod_allocator::app::Applications::new(spark_pod_allocator::app::ServiceContext::new(
+            client.clone(),
+            Arc::new(spark_pod_allocator::app::ManualClock::starting_now()),
+        ));
+    let settings = spark_pod_allocator::grpc::ServeSettings {
+        gate: spark_pod_allocator::auth::Gate::kubernetes(&auth(), client),
+        tls: spark_pod_allocator::grpc::tls::TlsSettings {
+            cert_file: Some(cert.clone()),
+            key_file: Some(key.clone()),
+            reload_interval_ms: 100,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(spark_pod_allocator::grpc::serve(
+        settings,
+        applications,
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // Over TLS, a driver with its token starts its application.
+    let channel = tls_channel(address, &first_ca).await.expect("TLS connect");
+    let mut driver = ExecutorAllocatorClient::new(channel);
+    driver
+        .start(as_caller(
+            "alice-token",
+            start_request("spark-tls", "team-a"),
+        ))
+        .await
+        .expect("Start over TLS");
+    // A plaintext client gets no answer from the TLS port.
+    let plaintext = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await;
+    if let Ok(channel) = plaintext {
+        let mut health = HealthClient::new(channel);
+        assert!(
+            health
+                .check(HealthCheckRequest {
+                    service: String::new()
+                })
+                .await
+                .is_err(),
+            "plaintext answered on the TLS port"
+        );
+    }
+
+    // A rotated certificate is served to new connections without a restart.
+    let (second_ca, second_cert, second_key) = certificate(dir.path(), "second");
+    assert!(
+        tls_channel(address, &second_ca).await.is_err(),
+        "a client trusting only the second CA is refused before the rotation"
+    );
+    std::fs::copy(&second_key, &key).expect("replace key");
+    std::fs::copy(&second_cert, &cert).expect("replace certificate");
+    let reloaded = async {
+        loop {
+            if let Ok(channel) = tls_channel(address, &second_ca).await {
+                let mut health = HealthClient::new(channel);
+                if health
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), reloaded)
+        .await
+        .expect("the rotated certificate is served");
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server result");
+}

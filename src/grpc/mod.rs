@@ -19,6 +19,7 @@ use crate::proto::executor_allocator_server::ExecutorAllocator;
 pub mod error;
 pub mod observe;
 pub mod server;
+pub mod tls;
 pub mod validate;
 
 pub use error::to_status;
