@@ -101,6 +101,7 @@ expect_refusal serviceAccount.name --set serviceAccount.create=false --set 'allo
 expect_refusal allowedNamespaces --set rbac.clusterWide=false
 expect_refusal mode --set auth.mode=ldap --set 'allowedNamespaces={spark}'
 expect_refusal allowUnauthenticatedRemote --set auth.mode=none --set 'allowedNamespaces={spark}'
+expect_refusal secretName --set tls.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal reviewTimeoutMs --set auth.reviewTimeoutMs=5 --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2
@@ -173,6 +174,7 @@ if [ -z "$bin" ]; then
 fi
 .venv-validate/bin/python - "$out" <<'PY'
 import os
+import subprocess
 import sys
 import yaml
 
@@ -187,6 +189,17 @@ for name in os.listdir(out):
         directory = os.path.join(out, "config-" + name[: -len(".yaml")])
         os.makedirs(directory)
         config = yaml.safe_load(data["config.yaml"])
+        if "tls" in config:
+            # The Secret's files, as mounted: a certificate made here stands in for them.
+            cert = os.path.join(directory, "tls.crt")
+            key = os.path.join(directory, "tls.key")
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                 "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=ci",
+                 "-keyout", key, "-out", cert],
+                check=True, stderr=subprocess.DEVNULL)
+            config["tls"]["cert_file"] = cert
+            config["tls"]["key_file"] = key
         if "executor-pod-template.yaml" in data:
             template = os.path.join(directory, "executor-pod-template.yaml")
             open(template, "w").write(data["executor-pod-template.yaml"])

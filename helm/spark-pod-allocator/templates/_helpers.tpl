@@ -74,10 +74,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "log" (dict "format" .Values.log.format "filter" .Values.log.filter)
   "auth" (include "spa.authConfig" . | fromYaml)
 -}}
+{{- if .Values.tls.enabled }}
+{{- $_ := set $config "tls" (dict
+  "cert_file" "/etc/spark-pod-allocator-tls/tls.crt"
+  "key_file" "/etc/spark-pod-allocator-tls/tls.key"
+  "reload_interval_ms" .Values.tls.reloadIntervalMs) -}}
+{{- end -}}
 {{- if .Values.defaultExecutorPodTemplate }}
 {{- $_ := set $config "default_executor_pod_template" "/etc/spark-pod-allocator/executor-pod-template.yaml" -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite $config (deepCopy .Values.extraConfig)) -}}
+{{- end -}}
+
+{{- /* A probe of the gRPC port: grpc.health.v1 in plaintext; with TLS a TCP connect, as
+the kubelet's gRPC probe does not speak TLS. */ -}}
+{{- define "spa.probe" -}}
+{{- if .Values.tls.enabled -}}
+tcpSocket:
+  port: {{ .Values.service.port }}
+{{- else -}}
+grpc:
+  port: {{ .Values.service.port }}
+{{- end -}}
 {{- end -}}
 
 {{- /* The service's `auth` section. */ -}}
