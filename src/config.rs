@@ -579,6 +579,35 @@ mod tests {
     }
 
     #[test]
+    fn tls_needs_both_files_and_reads_them_at_load() {
+        let s = Settings::load_with_env(None, env(&[])).unwrap();
+        assert!(!s.tls.enabled());
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__TLS__CERT_FILE", "/etc/tls.crt")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("tls.key_file"), "{err}");
+        let err = Settings::load_with_env(
+            None,
+            env(&[
+                (
+                    "SPARK_POD_ALLOCATOR__TLS__CERT_FILE",
+                    "/nonexistent/tls.crt",
+                ),
+                ("SPARK_POD_ALLOCATOR__TLS__KEY_FILE", "/nonexistent/tls.key"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("tls.cert_file") && err.contains("/nonexistent/tls.crt"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn file_overrides_defaults_and_env_overrides_file() {
         let f = file(
             "toml",
