@@ -50,6 +50,7 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
             batch_size: pods,
             ..AllocationSettings::default()
         },
+        owner: None,
     })
     .await
     .expect("start");

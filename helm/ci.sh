@@ -74,7 +74,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 step "helm lint --strict (defaults, full values)"
-"$helm" lint --strict "$chart"
+"$helm" lint --strict "$chart" --set 'allowedNamespaces={spark}'
 "$helm" lint --strict "$chart" -f "$chart/ci/full-values.yaml"
 
 step "helm template (defaults, full values, a Role per namespace)"
@@ -85,13 +85,18 @@ render() {
     >"$out/$name.yaml"
   echo "$name: rendered"
 }
-render defaults
+# allowedNamespaces is the one value without a default (unless rbac.clusterWide).
+render defaults --set 'allowedNamespaces={spark}'
 render full -f "$chart/ci/full-values.yaml"
 render namespaces --set 'allowedNamespaces={spark-a,spark-b}' --set networkPolicy.enabled=true
+render cluster-wide --set rbac.clusterWide=true
+render no-auth --set 'allowedNamespaces={spark}' --set auth.mode=none \
+  --set auth.allowUnauthenticatedRemote=true
 render external-account --set serviceAccount.create=false --set serviceAccount.name=existing \
-  --set rbac.create=false --set replicaCount=0
-render pod-monitor --set metrics.enabled=true --set metrics.podMonitor.enabled=true \
-  --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true
+  --set rbac.create=false --set replicaCount=0 --set 'allowedNamespaces={spark}'
+render pod-monitor --set 'allowedNamespaces={spark}' --set metrics.enabled=true \
+  --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
+  --set metrics.dashboard.enabled=true
 
 step "values the chart must refuse"
 refused=0
@@ -125,20 +130,25 @@ expect_refusal replicas --set replicas=3
 expect_refusal podAnnotation --set podAnnotation.a=b
 expect_refusal batch_size --set allocation.batch_size=5
 expect_refusal format --set log.format=xml
-expect_refusal driverNamespaceSelector --set networkPolicy.enabled=true
-expect_refusal serviceAccount.name --set serviceAccount.create=false
-expect_refusal "needs metrics.enabled" --set metrics.serviceMonitor.enabled=true
-expect_refusal "needs metrics.enabled" --set metrics.dashboard.enabled=true
-expect_refusal "scrapes the pod twice" --set metrics.enabled=true \
+expect_refusal driverNamespaceSelector --set networkPolicy.enabled=true --set rbac.clusterWide=true
+expect_refusal serviceAccount.name --set serviceAccount.create=false --set 'allowedNamespaces={spark}'
+expect_refusal allowedNamespaces --set rbac.clusterWide=false
+expect_refusal mode --set auth.mode=ldap --set 'allowedNamespaces={spark}'
+expect_refusal allowUnauthenticatedRemote --set auth.mode=none --set 'allowedNamespaces={spark}'
+expect_refusal secretName --set tls.enabled=true --set 'allowedNamespaces={spark}'
+expect_refusal reviewTimeoutMs --set auth.reviewTimeoutMs=5 --set 'allowedNamespaces={spark}'
+expect_refusal "needs metrics.enabled" --set metrics.serviceMonitor.enabled=true --set 'allowedNamespaces={spark}'
+expect_refusal "needs metrics.enabled" --set metrics.dashboard.enabled=true --set 'allowedNamespaces={spark}'
+expect_refusal "scrapes the pod twice" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
   --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true
-expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051
+expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}'
 expect_refusal scraperNamespaceSelector --set metrics.enabled=true \
   --set networkPolicy.enabled=true --set 'allowedNamespaces={spark-a}'
-expect_refusal interval --set metrics.podMonitor.interval=30
-expect_refusal "must not exceed its interval" --set metrics.enabled=true \
+expect_refusal interval --set metrics.podMonitor.interval=30 --set 'allowedNamespaces={spark}'
+expect_refusal "must not exceed its interval" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
   --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.interval=1m \
   --set metrics.serviceMonitor.scrapeTimeout=1m30s
-expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}'
+expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}' --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2
   exit 1
@@ -309,11 +319,10 @@ if [ -z "$bin" ]; then
 fi
 .venv-validate/bin/python - "$out" <<'PY'
 import os
+import socket
+import subprocess
 import sys
 import yaml
-
-out = sys.argv[1]
-import socket
 
 out = sys.argv[1]
 for name in os.listdir(out):
@@ -329,6 +338,17 @@ for name in os.listdir(out):
         if doc["kind"] == "ConfigMap" and "config.yaml" in data:
             os.makedirs(directory)
             config = yaml.safe_load(data["config.yaml"])
+            if "tls" in config:
+                # The Secret's files, as mounted: a certificate made here stands in for them.
+                cert = os.path.join(directory, "tls.crt")
+                key = os.path.join(directory, "tls.key")
+                subprocess.run(
+                    ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                     "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=ci",
+                     "-keyout", key, "-out", cert],
+                    check=True, stderr=subprocess.DEVNULL)
+                config["tls"]["cert_file"] = cert
+                config["tls"]["key_file"] = key
             if "executor-pod-template.yaml" in data:
                 template = os.path.join(directory, "executor-pod-template.yaml")
                 open(template, "w").write(data["executor-pod-template.yaml"])

@@ -59,6 +59,10 @@ pub struct Settings {
     pub simulator: crate::sim::SimSettings,
     pub log: LogSettings,
     pub metrics: MetricsSettings,
+    /// Who may call, and what they may do (see docs/security.md).
+    pub auth: crate::auth::AuthSettings,
+    /// TLS on the gRPC port.
+    pub tls: crate::grpc::tls::TlsSettings,
 }
 
 /// The Prometheus endpoint.
@@ -228,6 +232,8 @@ impl Default for Settings {
             simulator: crate::sim::SimSettings::default(),
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
+            auth: crate::auth::AuthSettings::default(),
+            tls: crate::grpc::tls::TlsSettings::default(),
         }
     }
 }
@@ -306,6 +312,8 @@ impl Settings {
             .try_parsing(true)
             .list_separator(",")
             .with_list_parse_key("allowed_namespaces")
+            .with_list_parse_key("auth.audiences")
+            .with_list_parse_key("auth.admin_groups")
             .ignore_empty(true)
             .source(env);
         let mut settings: Settings = builder
@@ -370,6 +378,12 @@ impl Settings {
             });
         }
         tracing_filter_check(&self.log.filter)?;
+        if let Err((key, reason)) = self.auth.validate() {
+            return Err(ConfigError::Invalid { key, reason });
+        }
+        if let Err((key, reason)) = self.tls.validate() {
+            return Err(ConfigError::Invalid { key, reason });
+        }
         if let Err(reason) = self.simulator.validate() {
             return Err(ConfigError::Invalid {
                 key: "simulator".to_string(),
@@ -531,6 +545,66 @@ mod tests {
         let f = file("toml", "[metrics]\nlisten = \"localhost:9090\"\n");
         let err = Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err();
         assert!(err.to_string().contains("metrics.listen"), "{err}");
+    }
+
+    #[test]
+    fn auth_section_is_loaded_and_checked() {
+        let s = Settings::load_with_env(None, env(&[])).unwrap();
+        assert_eq!(s.auth.mode, crate::auth::AuthMode::None);
+        let f = file(
+            "yaml",
+            "auth:\n  mode: kubernetes\n  audiences: [spark-pod-allocator]\n  admin_groups: [ops]\n",
+        );
+        let s = Settings::load_with_env(
+            Some(f.path()),
+            env(&[("SPARK_POD_ALLOCATOR__AUTH__ADMIN_GROUPS", "ops,sre")]),
+        )
+        .unwrap();
+        assert_eq!(s.auth.mode, crate::auth::AuthMode::Kubernetes);
+        assert_eq!(s.auth.audiences, vec!["spark-pod-allocator"]);
+        assert_eq!(s.auth.admin_groups, vec!["ops", "sre"]);
+        for (key, value, named) in [
+            ("SPARK_POD_ALLOCATOR__AUTH__MODE", "ldap", "auth.mode"),
+            (
+                "SPARK_POD_ALLOCATOR__AUTH__CACHE_CAPACITY",
+                "0",
+                "auth.cache_capacity",
+            ),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{key}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_reads_them_at_load() {
+        let s = Settings::load_with_env(None, env(&[])).unwrap();
+        assert!(!s.tls.enabled());
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__TLS__CERT_FILE", "/etc/tls.crt")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("tls.key_file"), "{err}");
+        let err = Settings::load_with_env(
+            None,
+            env(&[
+                (
+                    "SPARK_POD_ALLOCATOR__TLS__CERT_FILE",
+                    "/nonexistent/tls.crt",
+                ),
+                ("SPARK_POD_ALLOCATOR__TLS__KEY_FILE", "/nonexistent/tls.key"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("tls.cert_file") && err.contains("/nonexistent/tls.crt"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! - [`allocator`]: the pure, clock-driven allocation engine (no I/O).
 //! - [`k8s`]: everything that talks to Kubernetes (shared watches, resync, create/delete).
 //! - [`app`]: one actor per application, joining the engine to Kubernetes.
+//! - [`auth`]: who calls (TokenReview) and what they may do (SubjectAccessReview, ownership).
 //! - [`grpc`]: the tonic service; validates requests at the edge.
 //! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
@@ -12,6 +13,7 @@
 
 pub mod allocator;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod grpc;

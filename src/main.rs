@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio::net::TcpListener;
 
 use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
+use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
@@ -225,6 +226,11 @@ async fn serve(
     listen: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     let stop = shutdown_signal()?;
+    let address = listen.unwrap_or(settings.listen);
+    settings
+        .auth
+        .check_listen(address)
+        .map_err(anyhow::Error::msg)?;
     let defaults = StartDefaults {
         settings: settings.allocation_defaults(),
         executor_pod_template: settings.default_template()?,
@@ -256,6 +262,8 @@ async fn serve(
             .with_context(|| format!("cannot serve metrics on {address} (metrics.listen)"))?;
         tracing::info!(address = %bound, "serving metrics at /metrics");
     }
+    let gate = Gate::from_settings(&settings.auth, client.clone());
+    tracing::info!(mode = ?settings.auth.mode, "authentication");
     let applications = Applications::new(
         ServiceContext::from_settings(client, Arc::new(SystemClock), &settings)
             .with_metrics(metrics.clone()),
@@ -273,14 +281,15 @@ async fn serve(
             tracing::warn!(error = %err, "cannot list the registrations of applications to resume; they resume on their driver's next Start")
         }
     }
-    let address = listen.unwrap_or(settings.listen);
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address}"))?;
-    tracing::info!(address = %listener.local_addr().unwrap_or(address), "serving gRPC");
+    tracing::info!(address = %listener.local_addr().unwrap_or(address), tls = settings.tls.enabled(), "serving gRPC");
     let serve_settings = ServeSettings {
         defaults,
         metrics,
+        gate,
+        tls: settings.tls.clone(),
         ..ServeSettings::default()
     };
     grpc::serve(serve_settings, applications, listener, stop).await?;

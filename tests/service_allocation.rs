@@ -86,6 +86,7 @@ fn request(app: &str, namespace: &str) -> StartApplication {
         templates: BTreeMap::from([(P0, template())]),
         pod_name_prefix: None,
         settings: settings(),
+        owner: None,
     }
 }
 

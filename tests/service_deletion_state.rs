@@ -42,6 +42,7 @@ fn request() -> StartApplication {
             batch_delay: Duration::from_secs(1),
             ..AllocationSettings::default()
         },
+        owner: None,
     }
 }
 

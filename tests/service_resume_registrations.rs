@@ -40,6 +40,7 @@ fn request(app: &str, driver: Option<&str>) -> StartApplication {
             max_executors: Some(50),
             ..AllocationSettings::default()
         },
+        owner: None,
     }
 }
 

@@ -23,6 +23,12 @@ pub enum AppError {
     /// The Kubernetes API failed.
     #[error("kubernetes: {}", crate::k8s::describe_error(.0))]
     Kubernetes(#[from] kube::Error),
+    /// The caller sent no valid credentials (auth.mode = kubernetes).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A dependency of the call (TokenReview, SubjectAccessReview) did not answer in time.
+    #[error("{0}")]
+    Unavailable(String),
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,

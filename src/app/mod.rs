@@ -93,6 +93,9 @@ pub struct StartApplication {
     /// sanitising it into a DNS label loses information, see [`ExecutorPodBuilder::for_application`]).
     pub pod_name_prefix: Option<String>,
     pub settings: AllocationSettings,
+    /// The identity that starts it (the authenticated user name); `None` when the service
+    /// authenticates nobody. Kept in its registration, so a resumed application keeps it.
+    pub owner: Option<String>,
 }
 
 /// An application's state as GetStatus reports it.
@@ -238,6 +241,15 @@ struct Entry {
     first_start: FirstStart,
     /// The actor's number ([`Registry::generations`]).
     generation: u64,
+    /// The identity that started it ([`StartApplication::owner`]).
+    owner: Option<String>,
+}
+
+/// Where a registered application runs and whom it belongs to, for authorization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    pub namespace: String,
+    pub owner: Option<String>,
 }
 
 /// The fields of an application's first Start (other than templates, which the actor
@@ -307,9 +319,30 @@ impl Applications {
     /// gives a template of, the template the application has (else FailedPrecondition
     /// naming the field); profiles the application does not have yet are registered.
     pub async fn start(&self, req: StartApplication) -> Result<Started, AppError> {
+        self.start_by(req, false).await
+    }
+
+    /// As [`Self::start`], checking ownership under the lifecycle lock: an application
+    /// another identity started is PermissionDenied, unless `may_act_on_any` (an admin, or
+    /// a service that authenticates nobody); it keeps its first owner either way.
+    pub async fn start_by(
+        &self,
+        mut req: StartApplication,
+        may_act_on_any: bool,
+    ) -> Result<Started, AppError> {
         self.check_running()?;
         let _serial = self.inner.lifecycle.lock().await;
         self.check_running()?;
+        if let Some(existing) = self.ownership(&req.app_id) {
+            if existing.owner != req.owner && !may_act_on_any {
+                return Err(AppError::PermissionDenied(format!(
+                    "application {} was started by another identity; only that identity \
+                     (or a member of auth.admin_groups) may call it",
+                    req.app_id
+                )));
+            }
+            req.owner = existing.owner;
+        }
         req.settings.validate()?;
         // Templates are checked even when the application already runs: a repeated Start
         // with a template that could never make a pod is refused, not answered `resumed`.
@@ -421,6 +454,7 @@ impl Applications {
                     id_record,
                     first_start: FirstStart::of(&req),
                     generation,
+                    owner: req.owner.clone(),
                 },
             );
             self.inner.ctx.metrics.set_active_applications(apps.len());
@@ -805,6 +839,14 @@ impl Applications {
             Some((_, Some(actor), _)) => Ok(actor),
             _ => Err(AppError::NotFound(app.to_string())),
         }
+    }
+
+    /// The namespace and owner of a registered application (`None`: no such application).
+    pub fn ownership(&self, app: &AppId) -> Option<Ownership> {
+        self.apps().get(app).map(|e| Ownership {
+            namespace: e.namespace.clone(),
+            owner: e.owner.clone(),
+        })
     }
 
     fn entry(&self, app: &AppId) -> Option<(String, Option<ActorHandle>, IdRecord)> {

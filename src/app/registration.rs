@@ -29,6 +29,9 @@ pub struct Registration {
     pub targets: BTreeMap<i32, u32>,
     /// Executors registered with the driver.
     pub registered: BTreeSet<u64>,
+    /// The identity that started the application (absent: started unauthenticated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// [`AllocationSettings`] as stored (durations in milliseconds).
@@ -100,6 +103,7 @@ impl Registration {
                 .collect(),
             targets: BTreeMap::new(),
             registered: BTreeSet::new(),
+            owner: req.owner.clone(),
         }
     }
 
@@ -119,6 +123,7 @@ impl Registration {
                 .collect(),
             pod_name_prefix: self.pod_name_prefix.clone(),
             settings,
+            owner: self.owner.clone(),
         })
     }
 
@@ -156,6 +161,7 @@ mod tests {
                 max_executors: Some(9),
                 ..AllocationSettings::default()
             },
+            owner: Some("system:serviceaccount:ns:driver".into()),
         };
         let mut registration = Registration::of_start(&req);
         registration.targets.insert(0, 4);
@@ -166,6 +172,7 @@ mod tests {
         let again = back.start_request().unwrap();
         assert_eq!(again.settings, req.settings);
         assert_eq!(again.templates, req.templates);
+        assert_eq!(again.owner, req.owner);
         assert_eq!(back.targets(), BTreeMap::from([(ResourceProfileId(0), 4)]));
         assert_eq!(back.registered(), BTreeSet::from([ExecutorId(2)]));
     }
@@ -179,6 +186,7 @@ mod tests {
             templates: BTreeMap::new(),
             pod_name_prefix: None,
             settings: AllocationSettings::default(),
+            owner: None,
         };
         let mut registration = Registration::of_start(&req);
         registration.settings.batch_size = 0;

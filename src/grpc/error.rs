@@ -12,6 +12,8 @@ pub fn to_status(err: AppError) -> Status {
         AppError::FailedPrecondition(message) => Status::failed_precondition(message),
         AppError::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
         AppError::PermissionDenied(message) => Status::permission_denied(message),
+        AppError::Unauthenticated(message) => Status::unauthenticated(message),
+        AppError::Unavailable(message) => Status::unavailable(message),
         AppError::ShuttingDown => Status::unavailable(err.to_string()),
         AppError::Internal(_) => Status::internal(err.to_string()),
         AppError::Kubernetes(kube_err) => kubernetes_status(&kube_err),
@@ -51,8 +53,12 @@ fn blame(err: &AppError) -> Blame {
             Some("application_id".to_string())
         }
         AppError::PermissionDenied(_) => Some("namespace".to_string()),
+        AppError::Unauthenticated(_) => Some("authorization".to_string()),
         AppError::FailedPrecondition(message) => field_prefix(message).map(str::to_string),
-        AppError::Kubernetes(_) | AppError::ShuttingDown | AppError::Internal(_) => {
+        AppError::Kubernetes(_)
+        | AppError::ShuttingDown
+        | AppError::Unavailable(_)
+        | AppError::Internal(_) => {
             return Blame::Service;
         }
     };

@@ -9,15 +9,17 @@ use tracing::Instrument;
 
 use crate::allocator::ExecutorState;
 use crate::app::{
-    AppError, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
+    AppError, AppId, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
     ExecutorProblem, ExecutorView,
 };
+use crate::auth::{Access, Caller, Gate};
 use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
 pub mod error;
 pub mod observe;
 pub mod server;
+pub mod tls;
 pub mod validate;
 
 pub use error::to_status;
@@ -29,15 +31,50 @@ pub use validate::StartDefaults;
 pub struct AllocatorService {
     applications: Applications,
     defaults: Arc<StartDefaults>,
+    gate: Gate,
 }
 
 impl AllocatorService {
-    /// A service answering for `applications`, filling unset Start fields from `defaults`.
+    /// A service answering for `applications`, filling unset Start fields from `defaults`,
+    /// letting every caller do everything (see [`AllocatorService::with_gate`]).
     pub fn new(applications: Applications, defaults: StartDefaults) -> Self {
         Self {
             applications,
             defaults: Arc::new(defaults),
+            gate: Gate::open(),
         }
+    }
+
+    /// Authenticates and authorizes every call through `gate`.
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = gate;
+        self
+    }
+
+    /// The caller of a request; UNAUTHENTICATED without valid credentials.
+    async fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, AppError> {
+        self.gate.authenticate(metadata).await
+    }
+
+    /// Checks that `caller` owns `app` (or is an admin) and may still do `access` in its
+    /// namespace. An unknown application passes: the call itself answers NOT_FOUND.
+    async fn authorize(
+        &self,
+        caller: &Caller,
+        app: &AppId,
+        access: Access,
+    ) -> Result<(), AppError> {
+        if !self.gate.authenticates() {
+            return Ok(());
+        }
+        let Some(ownership) = self.applications.ownership(app) else {
+            return Ok(());
+        };
+        self.gate
+            .check_owner(caller, app, ownership.owner.as_deref())?;
+        self.gate
+            .authorize(caller, &ownership.namespace, access)
+            .await
     }
 }
 
@@ -196,10 +233,12 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::WatchExecutorsRequest>,
     ) -> Result<Response<Self::WatchExecutorsStream>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         let response = answer("WatchExecutors", &app_id, async {
+            let caller = self.caller(&metadata).await?;
             let app = validate::application_id(&req.application_id)?;
+            self.authorize(&caller, &app, Access::Read).await?;
             let events = self.applications.watch_executors(&app, req.since).await?;
             tracing::debug!(since = req.since, "executor event stream opened");
             Ok(events)
@@ -220,16 +259,25 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::StartRequest>,
     ) -> Result<Response<proto::StartResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("Start", &app_id, async {
-            let start = validate::start(req, &self.defaults)?;
+            let caller = self.caller(&metadata).await?;
+            let mut start = validate::start(req, &self.defaults)?;
+            // Never more than the caller could do itself: it must be able to create and
+            // delete pods in the namespace; the owner check is under the lifecycle lock.
+            self.gate
+                .authorize(&caller, &start.namespace, Access::Change)
+                .await?;
+            start.owner = caller.user.clone();
+            let may_act_on_any = self.gate.is_admin(&caller);
             // In a task of its own, so a Start whose client gives up half-way still finishes
             // (never an application half started).
             let applications = self.applications.clone();
-            let started = tokio::spawn(async move { applications.start(start).await })
-                .await
-                .map_err(|err| AppError::Internal(format!("Start did not finish: {err}")))??;
+            let started =
+                tokio::spawn(async move { applications.start_by(start, may_act_on_any).await })
+                    .await
+                    .map_err(|err| AppError::Internal(format!("Start did not finish: {err}")))??;
             tracing::info!(
                 resumed = started.resumed,
                 last_executor_id = started.last_executor_id,
@@ -247,10 +295,13 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::SetTotalExpectedRequest>,
     ) -> Result<Response<proto::SetTotalExpectedResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("SetTotalExpected", &app_id, async {
+            let caller = self.caller(&metadata).await?;
             let expected = validate::set_total_expected(req)?;
+            self.authorize(&caller, &expected.app_id, Access::Change)
+                .await?;
             self.applications
                 .set_total_expected_with_templates(
                     &expected.app_id,
@@ -267,10 +318,12 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::IsDeletedRequest>,
     ) -> Result<Response<proto::IsDeletedResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("IsDeleted", &app_id, async {
+            let caller = self.caller(&metadata).await?;
             let (app, id) = validate::is_deleted(req)?;
+            self.authorize(&caller, &app, Access::Read).await?;
             let deleted = self.applications.is_deleted(&app, id).await?;
             Ok(proto::IsDeletedResponse { deleted })
         })
@@ -281,10 +334,12 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::UpdateRegisteredExecutorsRequest>,
     ) -> Result<Response<proto::UpdateRegisteredExecutorsResponse>, Status> {
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("UpdateRegisteredExecutors", &app_id, async {
+            let caller = self.caller(&metadata).await?;
             let (app, ids) = validate::update_registered(req)?;
+            self.authorize(&caller, &app, Access::Change).await?;
             self.applications.update_registered(&app, ids).await?;
             Ok(proto::UpdateRegisteredExecutorsResponse {})
         })
@@ -295,9 +350,12 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::StopRequest>,
     ) -> Result<Response<proto::StopResponse>, Status> {
-        let app_id = request.into_inner().application_id;
+        let (metadata, _, req) = request.into_parts();
+        let app_id = req.application_id;
         answer("Stop", &app_id, async {
+            let caller = self.caller(&metadata).await?;
             let app = validate::application_id(&app_id)?;
+            self.authorize(&caller, &app, Access::Change).await?;
             let deleted_pods = self.applications.stop(&app).await?;
             tracing::info!(deleted_pods, "stopped");
             Ok(proto::StopResponse { deleted_pods })
@@ -309,9 +367,12 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::GetStatusRequest>,
     ) -> Result<Response<proto::ApplicationStatus>, Status> {
-        let app_id = request.into_inner().application_id;
+        let (metadata, _, req) = request.into_parts();
+        let app_id = req.application_id;
         answer("GetStatus", &app_id, async {
+            let caller = self.caller(&metadata).await?;
             let app = validate::application_id(&app_id)?;
+            self.authorize(&caller, &app, Access::Read).await?;
             Ok(status_message(
                 self.applications.application_status(&app).await?,
             ))

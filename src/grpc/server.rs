@@ -10,8 +10,10 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::observe::ObserveLayer;
+use super::tls::{ReloadingTls, TlsSettings};
 use super::{AllocatorService, StartDefaults};
 use crate::app::Applications;
+use crate::auth::Gate;
 use crate::metrics::Metrics;
 use crate::proto::executor_allocator_server::ExecutorAllocatorServer;
 
@@ -26,6 +28,10 @@ pub struct ServeSettings {
     pub health_poll: Duration,
     /// Where every call is counted and timed.
     pub metrics: Metrics,
+    /// Who may call, and what they may do.
+    pub gate: Gate,
+    /// TLS on the port (off unless both files are set).
+    pub tls: TlsSettings,
 }
 
 impl Default for ServeSettings {
@@ -35,6 +41,8 @@ impl Default for ServeSettings {
             drain_timeout: Duration::from_secs(10),
             health_poll: Duration::from_millis(100),
             metrics: Metrics::default(),
+            gate: Gate::open(),
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -48,6 +56,9 @@ pub enum ServeError {
     /// The listener failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The TLS certificate or key cannot be used.
+    #[error("gRPC TLS: {0}")]
+    Tls(String),
 }
 
 /// The name health reports the allocator under (`spark.allocator.v1.ExecutorAllocator`).
@@ -62,6 +73,11 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let tls = if settings.tls.enabled() {
+        Some(ReloadingTls::start(&settings.tls).map_err(ServeError::Tls)?)
+    } else {
+        None
+    };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -71,7 +87,8 @@ pub async fn serve(
         applications.clone(),
         settings.health_poll,
     ));
-    let service = AllocatorService::new(applications.clone(), settings.defaults.clone());
+    let service = AllocatorService::new(applications.clone(), settings.defaults.clone())
+        .with_gate(settings.gate.clone());
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = {
@@ -85,14 +102,22 @@ pub async fn serve(
             let _ = draining_tx.send(());
         }
     };
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .trace_fn(request_span)
         .layer(ObserveLayer::new(settings.metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ExecutorAllocatorServer::new(service))
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), signal);
+        .add_service(ExecutorAllocatorServer::new(service));
+    let server: std::pin::Pin<
+        Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match tls {
+        Some(tls) => Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), signal)),
+        None => Box::pin(router.serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            signal,
+        )),
+    };
 
     let drain_timeout = settings.drain_timeout;
     let result = tokio::select! {

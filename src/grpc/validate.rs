@@ -82,6 +82,7 @@ pub fn start(
         templates,
         pod_name_prefix,
         settings,
+        owner: None,
     })
 }
 

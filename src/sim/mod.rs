@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use kubelet::node_name;
 pub use settings::{
-    FaultSettings, ImageEnv, KubeletMode, KubeletRuntime, KubeletSettings, ProcessImage,
-    SimSettings,
+    AccessSettings, FaultSettings, ImageEnv, KubeletMode, KubeletRuntime, KubeletSettings,
+    ProcessImage, SimGrant, SimSettings, SimToken,
 };
 
 use server::Shared;

@@ -23,6 +23,56 @@ pub struct SimSettings {
     pub kubelet: KubeletSettings,
     /// Faults injected from the start (changeable while running).
     pub faults: FaultSettings,
+    /// Identities and permissions answered by TokenReview and SubjectAccessReview.
+    pub access: AccessSettings,
+}
+
+/// What the simulated TokenReview and SubjectAccessReview answer: tokens standing for
+/// users, and what users and groups may do. Nothing is granted by default.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct AccessSettings {
+    /// Tokens TokenReview accepts; any other is `authenticated: false`.
+    pub tokens: Vec<SimToken>,
+    /// Permissions SubjectAccessReview allows (as RBAC role bindings would); anything not
+    /// granted is `allowed: false`.
+    pub grants: Vec<SimGrant>,
+    /// The API server's own audience: a token with no `audiences` is meant for it only.
+    pub api_audience: String,
+}
+
+/// One bearer token and the user it authenticates.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SimToken {
+    pub token: String,
+    /// User name, e.g. `system:serviceaccount:team-a:spark`.
+    pub username: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Audiences the token was issued for; empty = the API server's (`api_audience`).
+    #[serde(default)]
+    pub audiences: Vec<String>,
+}
+
+/// Verbs on resources in namespaces, granted to users or groups.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SimGrant {
+    /// User names this applies to.
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// Groups this applies to.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Namespaces; `*` for all (as a ClusterRoleBinding).
+    pub namespaces: Vec<String>,
+    /// Verbs (`create`, `delete`, `list`, …); `*` for all.
+    pub verbs: Vec<String>,
+    /// Resources (`pods`, …); `*` for all.
+    pub resources: Vec<String>,
 }
 
 impl Default for SimSettings {
@@ -36,6 +86,7 @@ impl Default for SimSettings {
             seed: 42,
             kubelet: KubeletSettings::default(),
             faults: FaultSettings::default(),
+            access: AccessSettings::default(),
         }
     }
 }
@@ -229,6 +280,13 @@ impl SimSettings {
     /// Rejects settings that cannot describe a cluster, naming the offending key.
     pub fn validate(&self) -> Result<(), String> {
         self.faults.validate()?;
+        for (i, token) in self.access.tokens.iter().enumerate() {
+            if token.token.trim().is_empty() || token.username.trim().is_empty() {
+                return Err(format!(
+                    "access.tokens[{i}] needs a non-empty token and username"
+                ));
+            }
+        }
         let k = &self.kubelet;
         if !(0.0..=1.0).contains(&k.fail_fraction) {
             return Err(format!(

@@ -13,6 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use spark_pod_allocator::allocator::Timestamp;
 use spark_pod_allocator::app::{Applications, ManualClock, ServiceContext, ServiceOptions};
+use spark_pod_allocator::auth::{AuthSettings, Gate};
 use spark_pod_allocator::grpc::{self, ServeError, ServeSettings};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
@@ -30,6 +31,8 @@ pub struct Harness {
     pub address: SocketAddr,
     pub channel: Channel,
     pub client: ExecutorAllocatorClient<Channel>,
+    /// Authentication of every service of this harness (`None`: nobody is authenticated).
+    pub auth: Option<AuthSettings>,
     stop: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), ServeError>>>,
 }
@@ -58,11 +61,33 @@ impl Harness {
         serve_settings: ServeSettings,
         options: ServiceOptions,
     ) -> Self {
+        Self::start_full(sim_settings, serve_settings, options, None).await
+    }
+
+    /// A harness whose service authenticates callers with the simulator's TokenReview and
+    /// authorizes them with its SubjectAccessReview.
+    pub async fn start_with_auth(sim_settings: SimSettings, auth: AuthSettings) -> Self {
+        Self::start_full(
+            sim_settings,
+            ServeSettings::default(),
+            ServiceOptions::default(),
+            Some(auth),
+        )
+        .await
+    }
+
+    async fn start_full(
+        sim_settings: SimSettings,
+        serve_settings: ServeSettings,
+        options: ServiceOptions,
+        auth: Option<AuthSettings>,
+    ) -> Self {
         let sim = SimCluster::start(sim_settings)
             .await
             .expect("simulated cluster");
         let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-        let service = Service::start(&sim, &clock, serve_settings, options.clone()).await;
+        let service =
+            Service::start(&sim, &clock, serve_settings, options.clone(), auth.as_ref()).await;
         Self {
             options,
             sim,
@@ -71,6 +96,7 @@ impl Harness {
             address: service.address,
             channel: service.channel,
             client: service.client,
+            auth,
             stop: Some(service.stop),
             server: Some(service.server),
         }
@@ -85,6 +111,7 @@ impl Harness {
             &self.clock,
             ServeSettings::default(),
             self.options.clone(),
+            self.auth.as_ref(),
         )
         .await;
         self.applications = service.applications;
@@ -162,9 +189,13 @@ impl Service {
     async fn start(
         sim: &SimCluster,
         clock: &ManualClock,
-        serve_settings: ServeSettings,
+        mut serve_settings: ServeSettings,
         options: ServiceOptions,
+        auth: Option<&AuthSettings>,
     ) -> Self {
+        if let Some(auth) = auth {
+            serve_settings.gate = Gate::kubernetes(auth, sim.try_client().expect("sim client"));
+        }
         let applications = Applications::new(
             ServiceContext::new(
                 sim.try_client().expect("sim client"),

@@ -64,16 +64,18 @@ def wait_until(condition, what: str, deadline_s: float = 60.0):
 
 
 @contextlib.contextmanager
-def running_service(port: int) -> Iterator[str]:
-    """A `serve --simulate` process listening on 127.0.0.1:`port`, SERVING when yielded;
-    stopped with SIGTERM (and required to exit 0) afterwards."""
+def running_service(port: int, config: "pathlib.Path | None" = None) -> Iterator[str]:
+    """A `serve --simulate` process listening on 127.0.0.1:`port` (with the configuration
+    file `config`, if given), SERVING when yielded; stopped with SIGTERM (and required to
+    exit 0) afterwards."""
     if not BINARY.exists():
         pytest.fail(f"{BINARY} does not exist: run `cargo build` first or set SPARK_POD_ALLOCATOR_BIN")
     env = dict(os.environ, SPARK_POD_ALLOCATOR__LISTEN=f"127.0.0.1:{port}")
     # The service's log goes to a file, not a pipe nobody drains (a full pipe would block it).
     log = tempfile.TemporaryFile()
+    config_args = ["--config", str(config)] if config is not None else []
     proc = subprocess.Popen(
-        [str(BINARY), "serve", "--simulate"],
+        [str(BINARY), *config_args, "serve", "--simulate"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log,

@@ -72,14 +72,47 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     "request_attempts" $k.requestAttempts)
   "allocation" $allocation
   "log" (dict "format" .Values.log.format "filter" .Values.log.filter)
+  "auth" (include "spa.authConfig" . | fromYaml)
 -}}
 {{- if .Values.metrics.enabled }}
 {{- $_ := set $config "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .Values.metrics.port))) -}}
 {{- end }}
+{{- if .Values.tls.enabled }}
+{{- $_ := set $config "tls" (dict
+  "cert_file" "/etc/spark-pod-allocator-tls/tls.crt"
+  "key_file" "/etc/spark-pod-allocator-tls/tls.key"
+  "reload_interval_ms" .Values.tls.reloadIntervalMs) -}}
+{{- end -}}
 {{- if .Values.defaultExecutorPodTemplate }}
 {{- $_ := set $config "default_executor_pod_template" "/etc/spark-pod-allocator/executor-pod-template.yaml" -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite $config (deepCopy .Values.extraConfig)) -}}
+{{- end -}}
+
+{{- /* A probe of the gRPC port: grpc.health.v1 in plaintext; with TLS a TCP connect, as
+the kubelet's gRPC probe does not speak TLS. */ -}}
+{{- define "spa.probe" -}}
+{{- if .Values.tls.enabled -}}
+tcpSocket:
+  port: {{ .Values.service.port }}
+{{- else -}}
+grpc:
+  port: {{ .Values.service.port }}
+{{- end -}}
+{{- end -}}
+
+{{- /* The service's `auth` section. */ -}}
+{{- define "spa.authConfig" -}}
+{{- $auth := .Values.auth -}}
+{{- toYaml (dict
+  "mode" $auth.mode
+  "audiences" $auth.audiences
+  "admin_groups" $auth.adminGroups
+  "cache_ttl_ms" $auth.cacheTtlMs
+  "cache_capacity" $auth.cacheCapacity
+  "review_timeout_ms" $auth.reviewTimeoutMs
+  "max_concurrent_reviews" $auth.maxConcurrentReviews
+  "allow_unauthenticated_remote" $auth.allowUnauthenticatedRemote) -}}
 {{- end -}}
 
 {{- /* Labels of the helm test pod: without app.kubernetes.io/name, so that neither the

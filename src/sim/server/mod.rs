@@ -24,6 +24,7 @@ use super::store::{Kind, Store};
 use super::table::{IncludeObject, pod_table, wants_table};
 
 mod discovery;
+mod reviews;
 mod verbs;
 mod watch;
 
@@ -251,6 +252,20 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         (_, ["sim", rest @ ..]) => {
             let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
             return admin(sh, method, &rest, req).await;
+        }
+        (method, ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            inject_request_faults(sh).await?;
+            return reviews::token_review(sh, &read_body(req).await?);
+        }
+        (method, ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            inject_request_faults(sh).await?;
+            return reviews::subject_access_review(sh, &read_body(req).await?);
         }
         _ => {}
     }

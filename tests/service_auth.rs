@@ -1,0 +1,842 @@
+//! Authentication and authorization over real gRPC, with the simulator answering
+//! TokenReview and SubjectAccessReview over real HTTP: no token, a bad token, a token for
+//! another audience, a caller lacking pod rights, the hijack of another identity's
+//! application, the admin group, an owner kept across a restart, a slow review, and the
+//! health check answering while callers are refused.
+mod grpc_support;
+mod sim_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use grpc_support::{Harness, TEMPLATE, quiet_cluster, start_request};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use serde_json::json;
+use sim_support::{raw, until};
+use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
+use spark_pod_allocator::auth::{AuthMode, AuthSettings};
+use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::sim::{FaultSettings, SimGrant, SimSettings, SimToken};
+use tonic::{Code, Request};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+/// The tests of this file run one at a time: two of them time a health check, which the
+/// others (each with a cluster and a service of its own) would slow down on a small machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const AUDIENCE: &str = "spark-pod-allocator";
+const ALICE: &str = "system:serviceaccount:team-a:alice";
+const MALLORY: &str = "system:serviceaccount:team-a:mallory";
+
+fn token(token: &str, username: &str, groups: &[&str], audiences: &[&str]) -> SimToken {
+    SimToken {
+        token: token.into(),
+        username: username.into(),
+        uid: format!("uid-{token}"),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        audiences: audiences.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+fn grant(users: &[&str], groups: &[&str], namespace: &str, verbs: &[&str]) -> SimGrant {
+    SimGrant {
+        users: users.iter().map(|u| u.to_string()).collect(),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        namespaces: vec![namespace.into()],
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        resources: vec!["pods".into()],
+    }
+}
+
+/// alice and mallory may create, delete and list pods in team-a; carol may only create in
+/// team-b; eve may do nothing; ops is in the admin group.
+fn cluster() -> SimSettings {
+    let mut settings = quiet_cluster();
+    settings.access.tokens = vec![
+        token(
+            "alice-token",
+            ALICE,
+            &["system:serviceaccounts"],
+            &[AUDIENCE],
+        ),
+        token(
+            "mallory-token",
+            MALLORY,
+            &["system:serviceaccounts"],
+            &[AUDIENCE],
+        ),
+        token("carol-token", "carol", &[], &[AUDIENCE]),
+        token("eve-token", "eve", &[], &[AUDIENCE]),
+        token("ops-token", "ops", &["allocator-admins"], &[AUDIENCE]),
+        // Issued for the API server, not for this service.
+        token("apiserver-token", ALICE, &[], &[]),
+    ];
+    let everything = ["create", "delete", "list"];
+    settings.access.grants = vec![
+        grant(&[ALICE, MALLORY], &[], "team-a", &everything),
+        grant(&["carol"], &[], "team-b", &["create"]),
+        grant(&[], &["allocator-admins"], "*", &["*"]),
+    ];
+    settings
+}
+
+fn auth() -> AuthSettings {
+    AuthSettings {
+        mode: AuthMode::Kubernetes,
+        audiences: vec![AUDIENCE.into()],
+        admin_groups: vec!["allocator-admins".into()],
+        ..AuthSettings::default()
+    }
+}
+
+/// `message` sent with `authorization: Bearer <token>`.
+fn as_caller<T>(token: &str, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("metadata value"),
+    );
+    request
+}
+
+fn status_request(app: &str) -> proto::GetStatusRequest {
+    proto::GetStatusRequest {
+        application_id: app.into(),
+    }
+}
+
+fn targets(app: &str, total: u32) -> proto::SetTotalExpectedRequest {
+    proto::SetTotalExpectedRequest {
+        application_id: app.into(),
+        executors_per_profile: [(0, total)].into(),
+        ..Default::default()
+    }
+}
+
+#[track_caller]
+fn assert_code(status: &tonic::Status, code: Code, words: &[&str]) {
+    assert_eq!(status.code(), code, "{status:?}");
+    for word in words {
+        assert!(
+            status.message().contains(word),
+            "expected {word:?} in {:?}",
+            status.message()
+        );
+    }
+}
+
+/// The time one health check takes over a connection of its own (as a kubelet's probe).
+async fn health_check_time(h: &Harness) -> Duration {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", h.address))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    let began = Instant::now();
+    health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health answers");
+    began.elapsed()
+}
+
+#[tokio::test]
+async fn calls_without_a_valid_token_are_unauthenticated() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(cluster(), auth()).await;
+    let app = "spark-anon";
+    let err = h
+        .client
+        .start(start_request(app, "team-a"))
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::Unauthenticated, &["authorization: Bearer"]);
+    let err = h
+        .client
+        .start(as_caller("forged", start_request(app, "team-a")))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::Unauthenticated,
+        &["not accepted", "invalid bearer token"],
+    );
+    let err = h
+        .client
+        .start(as_caller("apiserver-token", start_request(app, "team-a")))
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::Unauthenticated, &["audiences"]);
+    let mut basic = Request::new(status_request(app));
+    basic
+        .metadata_mut()
+        .insert("authorization", "Basic YWxpY2U6cHc=".parse().unwrap());
+    let err = h.client.get_status(basic).await.unwrap_err();
+    assert_code(&err, Code::Unauthenticated, &["Bearer <token>"]);
+    assert!(h.pods("team-a", app).await.is_empty());
+    assert!(h.applications.ownership(&app_id(app)).is_none());
+}
+
+fn app_id(app: &str) -> spark_pod_allocator::app::AppId {
+    spark_pod_allocator::app::AppId::parse(app).expect("app id")
+}
+
+#[tokio::test]
+async fn start_needs_create_and_delete_pods_in_the_namespace() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(cluster(), auth()).await;
+    let err = h
+        .client
+        .start(as_caller("eve-token", start_request("spark-eve", "team-a")))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &["eve may not create pods in namespace team-a"],
+    );
+    let err = h
+        .client
+        .start(as_caller(
+            "carol-token",
+            start_request("spark-carol", "team-b"),
+        ))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &["carol may not delete pods in namespace team-b"],
+    );
+    // Rights in one namespace give none in another (the confused deputy).
+    let err = h
+        .client
+        .start(as_caller(
+            "mallory-token",
+            start_request("spark-m", "team-b"),
+        ))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &[&format!(
+            "{MALLORY} may not create pods in namespace team-b"
+        )],
+    );
+    for (app, namespace) in [
+        ("spark-eve", "team-a"),
+        ("spark-carol", "team-b"),
+        ("spark-m", "team-b"),
+    ] {
+        assert!(h.pods(namespace, app).await.is_empty());
+        assert!(h.applications.ownership(&app_id(app)).is_none());
+    }
+    // With the rights, the same call goes through.
+    let started = h
+        .client
+        .start(as_caller(
+            "alice-token",
+            start_request("spark-alice", "team-a"),
+        ))
+        .await
+        .expect("alice may start in team-a")
+        .into_inner();
+    assert!(!started.resumed);
+}
+
+#[tokio::test]
+async fn only_the_owner_or_an_admin_may_call_an_application() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(cluster(), auth()).await;
+    let app = "spark-alice";
+    h.client
+        .start(as_caller("alice-token", start_request(app, "team-a")))
+        .await
+        .expect("start");
+    h.client
+        .set_total_expected(as_caller("alice-token", targets(app, 2)))
+        .await
+        .expect("alice scales her application");
+    let owned = ["started by another identity"];
+    let denied = Code::PermissionDenied;
+    // mallory has every pod right in team-a, but the application is not hers.
+    let m = "mallory-token";
+    assert_code(
+        &h.client
+            .get_status(as_caller(m, status_request(app)))
+            .await
+            .unwrap_err(),
+        denied,
+        &owned,
+    );
+    assert_code(
+        &h.client
+            .set_total_expected(as_caller(m, targets(app, 50)))
+            .await
+            .unwrap_err(),
+        denied,
+        &owned,
+    );
+    assert_code(
+        &h.client
+            .is_deleted(as_caller(
+                m,
+                proto::IsDeletedRequest {
+                    application_id: app.into(),
+                    executor_id: "1".into(),
+                },
+            ))
+            .await
+            .unwrap_err(),
+        denied,
+        &owned,
+    );
+    assert_code(
+        &h.client
+            .update_registered_executors(as_caller(
+                m,
+                proto::UpdateRegisteredExecutorsRequest {
+                    application_id: app.into(),
+                    executor_ids: vec![],
+                },
+            ))
+            .await
+            .unwrap_err(),
+        denied,
+        &owned,
+    );
+    assert_code(
+        &h.client
+            .watch_executors(as_caller(
+                m,
+                proto::WatchExecutorsRequest {
+                    application_id: app.into(),
+                    since: 0,
+                },
+            ))
+            .await
+            .expect_err("watch refused"),
+        denied,
+        &owned,
+    );
+    assert_code(
+        &h.client
+            .stop(as_caller(
+                m,
+                proto::StopRequest {
+                    application_id: app.into(),
+                },
+            ))
+            .await
+            .unwrap_err(),
+        denied,
+        &owned,
+    );
+    // Nothing mallory asked for happened.
+    let status = h
+        .client
+        .get_status(as_caller("alice-token", status_request(app)))
+        .await
+        .expect("alice reads her application")
+        .into_inner();
+    assert_eq!(status.profiles[0].target, 2);
+    // An admin may act on any application.
+    h.client
+        .get_status(as_caller("ops-token", status_request(app)))
+        .await
+        .expect("the admin reads it");
+    h.client
+        .stop(as_caller(
+            "ops-token",
+            proto::StopRequest {
+                application_id: app.into(),
+            },
+        ))
+        .await
+        .expect("the admin stops it");
+}
+
+#[tokio::test]
+async fn a_hijacker_starting_first_never_hands_its_template_to_the_victim() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(cluster(), auth()).await;
+    let app = "spark-victim";
+    let mut evil = start_request(app, "team-a");
+    evil.executor_pod_template = TEMPLATE.replace("spark:4", "evil:latest");
+    h.client
+        .start(as_caller("mallory-token", evil))
+        .await
+        .expect("mallory may start an application in team-a");
+    // The victim's Start is refused, never answered `resumed` with mallory's template.
+    let err = h
+        .client
+        .start(as_caller("alice-token", start_request(app, "team-a")))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &["spark-victim", "another identity"],
+    );
+    // Nor can the victim be led to scale mallory's pods.
+    assert_code(
+        &h.client
+            .set_total_expected(as_caller("alice-token", targets(app, 3)))
+            .await
+            .unwrap_err(),
+        Code::PermissionDenied,
+        &["another identity"],
+    );
+    assert!(h.pods("team-a", app).await.is_empty());
+    assert_eq!(
+        h.applications.ownership(&app_id(app)).and_then(|o| o.owner),
+        Some(MALLORY.to_string())
+    );
+}
+
+#[tokio::test]
+async fn the_owner_is_kept_in_the_registration_and_survives_a_restart() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(cluster(), auth()).await;
+    let app = "spark-kept";
+    h.client
+        .start(as_caller("alice-token", start_request(app, "team-a")))
+        .await
+        .expect("start");
+    h.client
+        .set_total_expected(as_caller("alice-token", targets(app, 1)))
+        .await
+        .expect("targets");
+    let configmaps: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), "team-a");
+    let clock = h.clock.clone();
+    until("the registration is written with its owner", || {
+        let configmaps = configmaps.clone();
+        let clock = clock.clone();
+        async move {
+            clock.advance(Duration::from_secs(1));
+            let Ok(Some(cm)) = configmaps.get_opt(&IdRecord::config_map_name(app)).await else {
+                return false;
+            };
+            let Some(json) = cm.data.and_then(|mut d| d.remove(REGISTRATION_KEY)) else {
+                return false;
+            };
+            serde_json::from_str::<Registration>(&json)
+                .is_ok_and(|r| r.owner.as_deref() == Some(ALICE) && r.targets.get(&0) == Some(&1))
+        }
+    })
+    .await;
+    h.restart().await;
+    let resumed = h.applications.resume_registered().await.expect("resume");
+    assert_eq!(resumed, vec![app_id(app)]);
+    let err = h
+        .client
+        .start(as_caller("mallory-token", start_request(app, "team-a")))
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::PermissionDenied, &["another identity"]);
+    let again = h
+        .client
+        .start(as_caller("alice-token", start_request(app, "team-a")))
+        .await
+        .expect("the owner starts it again")
+        .into_inner();
+    assert!(again.resumed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_that_does_not_answer_is_unavailable_and_never_stalls_health() {
+    let _serial = SERIAL.lock().await;
+    let settings = AuthSettings {
+        review_timeout_ms: 300,
+        ..auth()
+    };
+    let h = Harness::start_with_auth(cluster(), settings).await;
+    h.sim.set_faults(FaultSettings {
+        latency_ms: 5_000,
+        ..FaultSettings::default()
+    });
+    // Many callers at once, each with its own token (no cache helps).
+    let calls: Vec<_> = (0..40)
+        .map(|i| {
+            let mut client = h.client.clone();
+            tokio::spawn(async move {
+                client
+                    .get_status(as_caller(&format!("token-{i}"), status_request("spark-x")))
+                    .await
+            })
+        })
+        .collect();
+    let health = health_check_time(&h).await;
+    assert!(
+        health < Duration::from_millis(100),
+        "health took {health:?}"
+    );
+    for call in calls {
+        let err = call.await.expect("call task").unwrap_err();
+        assert_code(
+            &err,
+            Code::Unavailable,
+            &["TokenReview", "auth.review_timeout_ms"],
+        );
+    }
+    h.sim.set_faults(FaultSettings::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bad_tokens_is_refused_while_health_answers() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start_with_auth(cluster(), auth()).await;
+    // Attackers call back to back with forged tokens (a new one every tenth call), on
+    // connections of their own, from a runtime of their own (as from other machines),
+    // until the health checks are done.
+    let attacking = Arc::new(AtomicBool::new(true));
+    let address = h.address;
+    let attack = {
+        let attacking = Arc::clone(&attacking);
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("attackers' runtime");
+            runtime.block_on(async move {
+                let attackers: Vec<_> = (0..8)
+                    .map(|worker| tokio::spawn(attacker(address, worker, Arc::clone(&attacking))))
+                    .collect();
+                let mut refused = 0;
+                for attacker in attackers {
+                    refused += attacker.await.expect("attacker");
+                }
+                refused
+            })
+        })
+    };
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        slowest = slowest.max(health_check_time(&h).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    attacking.store(false, Ordering::Relaxed);
+    let refused = attack.join().expect("attack thread");
+    eprintln!("{refused} forged calls refused; slowest health check {slowest:?}");
+    assert!(refused >= 8, "the attack ran ({refused} calls refused)");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "the slowest health check took {slowest:?} while {refused} forged calls were refused"
+    );
+    assert!(h.applications.ownership(&app_id("spark-victim")).is_none());
+}
+
+/// Calls Start with forged tokens until told to stop; returns how many were refused.
+async fn attacker(address: std::net::SocketAddr, worker: u32, attacking: Arc<AtomicBool>) -> u32 {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = ExecutorAllocatorClient::new(channel);
+    let mut refused = 0u32;
+    while attacking.load(Ordering::Relaxed) {
+        let forged = format!("forged-{worker}-{}", refused / 10);
+        let err = client
+            .start(as_caller(&forged, start_request("spark-victim", "team-a")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+        refused += 1;
+    }
+    refused
+}
+
+#[tokio::test]
+async fn the_simulator_reviews_tokens_and_access_as_an_api_server() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start_with_auth(cluster(), auth()).await;
+    let client = h.sim.try_client().expect("client");
+    let (code, _, body) = raw(
+        &client,
+        "POST",
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        "application/json",
+        Some(
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": "alice-token", "audiences": [AUDIENCE]}}),
+        ),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["kind"], "TokenReview");
+    assert_eq!(body["status"]["authenticated"], true);
+    assert_eq!(body["status"]["user"]["username"], ALICE);
+    assert_eq!(body["status"]["audiences"], json!([AUDIENCE]));
+    let (code, _, body) = raw(
+        &client,
+        "POST",
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        "application/json",
+        Some(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {}})),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (400, Some("BadRequest")),
+        "{body}"
+    );
+    let review = |user: &str, namespace: &str, verb: &str| {
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": {"namespace": namespace, "verb": verb, "resource": "pods"}}})
+    };
+    let (code, _, body) = raw(
+        &client,
+        "POST",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        "application/json",
+        Some(review("carol", "team-b", "create")),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["status"]["allowed"], true);
+    let (_, _, body) = raw(
+        &client,
+        "POST",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        "application/json",
+        Some(review("carol", "team-b", "delete")),
+    )
+    .await;
+    assert_eq!(body["status"]["allowed"], false);
+    let (code, _, body) = raw(
+        &client,
+        "POST",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        "application/json",
+        Some(
+            json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (422, Some("Invalid")),
+        "{body}"
+    );
+}
+
+#[test]
+fn serve_without_authentication_refuses_a_non_loopback_address() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_spark-pod-allocator"))
+        .args(["serve", "--simulate", "--listen", "0.0.0.0:0"])
+        .env_remove("SPARK_POD_ALLOCATOR__AUTH__MODE")
+        .env_remove("SPARK_POD_ALLOCATOR__AUTH__ALLOW_UNAUTHENTICATED_REMOTE")
+        .output()
+        .expect("the binary runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for key in [
+        "auth.mode",
+        "auth.allow_unauthenticated_remote",
+        "0.0.0.0:0",
+    ] {
+        assert!(stderr.contains(key), "expected {key:?} in {stderr}");
+    }
+}
+
+/// A certificate authority and a certificate it signed for `localhost` and 127.0.0.1 (by
+/// the `openssl` command), as (CA, certificate, key) files `dir/NAME-*.pem`.
+fn certificate(
+    dir: &std::path::Path,
+    name: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let file = |suffix: &str| dir.join(format!("{name}-{suffix}"));
+    let openssl = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("the openssl command runs (it makes the test certificates)");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca_subject = format!("/CN={name}-ca");
+    let (ca, ca_key) = (format!("{name}-ca.pem"), format!("{name}-ca-key.pem"));
+    let (csr, cert, key) = (
+        format!("{name}-csr.pem"),
+        format!("{name}-cert.pem"),
+        format!("{name}-key.pem"),
+    );
+    let mut args = vec!["req", "-x509"];
+    args.extend(ec);
+    args.extend([
+        "-days",
+        "1",
+        "-subj",
+        &ca_subject,
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca,
+    ]);
+    openssl(&args);
+    let mut args = vec!["req"];
+    args.extend(ec);
+    args.extend(["-subj", "/CN=localhost", "-keyout", &key, "-out", &csr]);
+    openssl(&args);
+    let ext = format!("{name}-ext.cnf");
+    std::fs::write(
+        dir.join(&ext),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("extension file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        &ext,
+        "-out",
+        &cert,
+    ]);
+    (file("ca.pem"), file("cert.pem"), file("key.pem"))
+}
+
+/// A TLS channel to `address` trusting only `ca` (a PEM file).
+async fn tls_channel(
+    address: std::net::SocketAddr,
+    ca: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let pem = std::fs::read(ca).expect("CA file");
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        .domain_name("localhost");
+    tonic::transport::Endpoint::from_shared(format!("https://localhost:{}", address.port()))
+        .expect("endpoint")
+        .tls_config(tls)?
+        .connect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (first_ca, first_cert, first_key) = certificate(dir.path(), "first");
+    // The files the service reads; replaced below as a Secret update would.
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::copy(&first_cert, &cert).expect("certificate");
+    std::fs::copy(&first_key, &key).expect("key");
+    let sim = spark_pod_allocator::sim::SimCluster::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let client = sim.try_client().expect("sim client");
+    let applications =
+        spark_pod_allocator::app::Applications::new(spark_pod_allocator::app::ServiceContext::new(
+            client.clone(),
+            Arc::new(spark_pod_allocator::app::ManualClock::starting_now()),
+        ));
+    let settings = spark_pod_allocator::grpc::ServeSettings {
+        gate: spark_pod_allocator::auth::Gate::kubernetes(&auth(), client),
+        tls: spark_pod_allocator::grpc::tls::TlsSettings {
+            cert_file: Some(cert.clone()),
+            key_file: Some(key.clone()),
+            reload_interval_ms: 100,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(spark_pod_allocator::grpc::serve(
+        settings,
+        applications,
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // Over TLS, a driver with its token starts its application.
+    let channel = tls_channel(address, &first_ca).await.expect("TLS connect");
+    let mut driver = ExecutorAllocatorClient::new(channel);
+    driver
+        .start(as_caller(
+            "alice-token",
+            start_request("spark-tls", "team-a"),
+        ))
+        .await
+        .expect("Start over TLS");
+    // A plaintext client gets no answer from the TLS port.
+    let plaintext = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await;
+    if let Ok(channel) = plaintext {
+        let mut health = HealthClient::new(channel);
+        assert!(
+            health
+                .check(HealthCheckRequest {
+                    service: String::new()
+                })
+                .await
+                .is_err(),
+            "plaintext answered on the TLS port"
+        );
+    }
+
+    // A rotated certificate is served to new connections without a restart.
+    let (second_ca, second_cert, second_key) = certificate(dir.path(), "second");
+    assert!(
+        tls_channel(address, &second_ca).await.is_err(),
+        "a client trusting only the second CA is refused before the rotation"
+    );
+    std::fs::copy(&second_key, &key).expect("replace key");
+    std::fs::copy(&second_cert, &cert).expect("replace certificate");
+    let reloaded = async {
+        loop {
+            if let Ok(channel) = tls_channel(address, &second_ca).await {
+                let mut health = HealthClient::new(channel);
+                if health
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), reloaded)
+        .await
+        .expect("the rotated certificate is served");
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server result");
+}
