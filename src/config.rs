@@ -59,6 +59,12 @@ pub struct Settings {
     pub simulator: crate::sim::SimSettings,
     pub log: LogSettings,
     pub metrics: MetricsSettings,
+    /// What an executor pod template may ask for (strict by default).
+    pub pod_policy: crate::allocator::pod_policy::PodPolicy,
+    /// Bounds on the work one request may cause.
+    pub limits: crate::grpc::validate::RequestLimits,
+    /// Limits of the gRPC server: message size, streams, keepalive, connections.
+    pub grpc: crate::grpc::limits::ServerLimits,
 }
 
 /// The Prometheus endpoint.
@@ -228,6 +234,9 @@ impl Default for Settings {
             simulator: crate::sim::SimSettings::default(),
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
+            pod_policy: Default::default(),
+            limits: Default::default(),
+            grpc: Default::default(),
         }
     }
 }
@@ -369,6 +378,25 @@ impl Settings {
                 reason,
             });
         }
+        if let Err((key, reason)) = self.limits.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("limits.{key}"),
+                reason,
+            });
+        }
+        let cap = self.limits.max_executors_per_application;
+        if self.allocation.max_executors.is_some_and(|max| max > cap) {
+            return Err(ConfigError::Invalid {
+                key: "allocation.max_executors".to_string(),
+                reason: format!("must be at most limits.max_executors_per_application ({cap})"),
+            });
+        }
+        if let Err((key, reason)) = self.grpc.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("grpc.{key}"),
+                reason,
+            });
+        }
         tracing_filter_check(&self.log.filter)?;
         if let Err(reason) = self.simulator.validate() {
             return Err(ConfigError::Invalid {
@@ -380,7 +408,8 @@ impl Settings {
         Ok(())
     }
 
-    /// The Pod of `default_executor_pod_template` (YAML or JSON), if configured.
+    /// The Pod of `default_executor_pod_template` (YAML or JSON), if configured, within
+    /// the template limits and the pod policy.
     pub fn default_template(&self) -> Result<Option<k8s_openapi::api::core::v1::Pod>, ConfigError> {
         let Some(path) = &self.default_executor_pod_template else {
             return Ok(None);
@@ -390,9 +419,19 @@ impl Settings {
             reason: format!("{}: {reason}", path.display()),
         };
         let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
-        serde_yaml::from_str(&text)
-            .map(Some)
-            .map_err(|e| invalid(format!("not a Pod: {e}")))
+        let pod = crate::grpc::validate::pod_template_within("template", &text, &self.limits)
+            .map_err(|e| match e {
+                crate::app::AppError::InvalidArgument { message, .. } => invalid(message),
+                other => invalid(other.to_string()),
+            })?;
+        let as_default = crate::allocator::pod_policy::TemplateUse {
+            namespace: None,
+            driver_pod_name: None,
+        };
+        self.pod_policy
+            .check(&pod, as_default)
+            .map_err(|violation| invalid(format!("refused by pod_policy: {violation}")))?;
+        Ok(Some(pod))
     }
 
     /// The server-side defaults of an application's allocation settings.

@@ -228,6 +228,8 @@ async fn serve(
     let defaults = StartDefaults {
         settings: settings.allocation_defaults(),
         executor_pod_template: settings.default_template()?,
+        policy: settings.pod_policy.clone(),
+        limits: settings.limits.clone(),
     };
     // The simulated cluster, if any, lives as long as the service.
     let (client, sim) = if simulate {
@@ -281,6 +283,7 @@ async fn serve(
     let serve_settings = ServeSettings {
         defaults,
         metrics,
+        limits: settings.grpc.clone(),
         ..ServeSettings::default()
     };
     grpc::serve(serve_settings, applications, listener, stop).await?;

@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::allocator::ExecutorState;
+use crate::app::AppId;
 use crate::app::{
     AppError, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
     ExecutorProblem, ExecutorView,
@@ -15,7 +16,9 @@ use crate::app::{
 use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
+pub mod codec;
 pub mod error;
+pub mod limits;
 pub mod observe;
 pub mod server;
 pub mod validate;
@@ -29,15 +32,39 @@ pub use validate::StartDefaults;
 pub struct AllocatorService {
     applications: Applications,
     defaults: Arc<StartDefaults>,
+    /// Requests whose templates are being parsed, at most `limits.template_parsers`.
+    parsers: Arc<tokio::sync::Semaphore>,
 }
 
 impl AllocatorService {
     /// A service answering for `applications`, filling unset Start fields from `defaults`.
     pub fn new(applications: Applications, defaults: StartDefaults) -> Self {
+        let parsers = defaults.limits.parsers();
         Self {
             applications,
             defaults: Arc::new(defaults),
+            parsers: Arc::new(tokio::sync::Semaphore::new(parsers)),
         }
+    }
+
+    /// Runs `check` (template parsing: CPU-bound, up to the size and depth limits) on the
+    /// blocking pool, a bounded number at once, so calls without templates — health checks
+    /// included — never wait behind it.
+    async fn off_runtime<T: Send + 'static>(
+        &self,
+        check: impl FnOnce(&StartDefaults) -> Result<T, AppError> + Send + 'static,
+    ) -> Result<T, AppError> {
+        let permit = Arc::clone(&self.parsers)
+            .acquire_owned()
+            .await
+            .map_err(|_| AppError::ShuttingDown)?;
+        let defaults = Arc::clone(&self.defaults);
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            check(&defaults)
+        })
+        .await
+        .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
     }
 }
 
@@ -223,7 +250,9 @@ impl ExecutorAllocator for AllocatorService {
         let req = request.into_inner();
         let app_id = req.application_id.clone();
         answer("Start", &app_id, async {
-            let start = validate::start(req, &self.defaults)?;
+            let start = self
+                .off_runtime(move |defaults| validate::start(req, defaults))
+                .await?;
             // In a task of its own, so a Start whose client gives up half-way still finishes
             // (never an application half started).
             let applications = self.applications.clone();
@@ -250,7 +279,17 @@ impl ExecutorAllocator for AllocatorService {
         let req = request.into_inner();
         let app_id = req.application_id.clone();
         answer("SetTotalExpected", &app_id, async {
-            let expected = validate::set_total_expected(req)?;
+            let app: AppId = validate::application_id(&req.application_id)?;
+            let expected = if req.resource_profile_templates.is_empty() {
+                validate::set_total_expected(req, &self.defaults, None)?
+            } else {
+                // The policy needs where the application's pods go.
+                let placement = self.applications.placement(&app)?;
+                self.off_runtime(move |defaults| {
+                    validate::set_total_expected(req, defaults, Some(&placement))
+                })
+                .await?
+            };
             self.applications
                 .set_total_expected_with_templates(
                     &expected.app_id,

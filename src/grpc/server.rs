@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use super::limits::{self, ServerLimits};
 use super::observe::ObserveLayer;
 use super::{AllocatorService, StartDefaults};
 use crate::app::Applications;
@@ -26,6 +26,8 @@ pub struct ServeSettings {
     pub health_poll: Duration,
     /// Where every call is counted and timed.
     pub metrics: Metrics,
+    /// Message size, streams, keepalive, handshake and connection limits.
+    pub limits: ServerLimits,
 }
 
 impl Default for ServeSettings {
@@ -35,6 +37,7 @@ impl Default for ServeSettings {
             drain_timeout: Duration::from_secs(10),
             health_poll: Duration::from_millis(100),
             metrics: Metrics::default(),
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -85,14 +88,25 @@ pub async fn serve(
             let _ = draining_tx.send(());
         }
     };
-    let server = tonic::transport::Server::builder()
+    let limits = &settings.limits;
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(limits.keepalive_interval())
+        .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
+        .http2_max_header_list_size(limits.max_header_list_bytes);
+    if let Some(timeout) = limits.request_timeout() {
+        builder = builder.timeout(timeout);
+    }
+    let allocator =
+        ExecutorAllocatorServer::new(service).max_decoding_message_size(limits.max_message_bytes);
+    let server = builder
         .trace_fn(request_span)
         .layer(ObserveLayer::new(settings.metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ExecutorAllocatorServer::new(service))
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), signal);
+        .add_service(allocator)
+        .serve_with_incoming_shutdown(limits::incoming(listener, limits), signal);
 
     let drain_timeout = settings.drain_timeout;
     let result = tokio::select! {
