@@ -763,6 +763,65 @@ mod tests {
     }
 
     #[test]
+    fn a_default_template_the_policy_refuses_stops_start_up() {
+        let pod = file(
+            "yaml",
+            "apiVersion: v1\nkind: Pod\nspec:\n  hostNetwork: true\n  containers:\n  - name: x\n    image: busybox\n",
+        );
+        let key = "SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE";
+        let path = pod.path().to_str().unwrap();
+        let err = Settings::load_with_env(None, env(&[(key, path)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("default_executor_pod_template") && err.contains("spec.hostNetwork"),
+            "{err}"
+        );
+        let allowed = file("toml", "[pod_policy]\nallow_host_namespaces = true\n");
+        let s = Settings::load_with_env(Some(allowed.path()), env(&[(key, path)])).unwrap();
+        assert!(s.default_template().unwrap().is_some());
+    }
+
+    #[test]
+    fn policy_limits_and_server_limits_are_loaded_and_checked() {
+        let f = file(
+            "toml",
+            "[pod_policy]\nallowed_service_accounts = [\"default\", \"spark\"]\n\
+             [limits]\nmax_template_bytes = 1024\nmax_executors_per_application = 50\n\
+             [grpc]\nmax_connections = 8\nkeepalive_interval_ms = 0\n",
+        );
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.pod_policy.allowed_service_accounts, ["default", "spark"]);
+        assert!(s.pod_policy.enforce);
+        assert_eq!(s.limits.max_template_bytes, 1024);
+        assert_eq!(s.limits.max_resource_profiles, 64);
+        assert_eq!(s.grpc.max_connections, 8);
+        assert_eq!(s.grpc.keepalive_interval(), None);
+        for (key, value, named) in [
+            (
+                "SPARK_POD_ALLOCATOR__LIMITS__MAX_TEMPLATE_DEPTH",
+                "0",
+                "limits.max_template_depth",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__GRPC__MAX_CONNECTIONS",
+                "0",
+                "grpc.max_connections",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOCATION__MAX_EXECUTORS",
+                "10001",
+                "allocation.max_executors",
+            ),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{key}={value}: {err}");
+        }
+    }
+
+    #[test]
     fn simulator_section_is_loaded_and_checked() {
         let f = file(
             "toml",
