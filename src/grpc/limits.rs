@@ -23,7 +23,9 @@ pub struct ServerLimits {
     /// Largest request message, in bytes (default 4 MiB, gRPC's usual default); a larger
     /// one answers RESOURCE_EXHAUSTED.
     pub max_message_bytes: usize,
-    /// Streams (calls) open at once on one HTTP/2 connection (default 100).
+    /// Streams (calls) open at once on one HTTP/2 connection (default 32: a driver has one
+    /// connection with a WatchExecutors stream and a few calls; 32 × `max_connections`
+    /// bounds the half-open streams a flood can hold).
     pub max_concurrent_streams: u32,
     /// Connections open at once; one more is closed as soon as it is accepted (default 1024).
     pub max_connections: usize,
@@ -46,7 +48,7 @@ impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             max_message_bytes: 4 * 1024 * 1024,
-            max_concurrent_streams: 100,
+            max_concurrent_streams: 32,
             max_connections: 1024,
             handshake_timeout_ms: 10_000,
             keepalive_interval_ms: 30_000,
