@@ -699,3 +699,44 @@ async fn stalled_handshakes_are_closed_and_connections_capped() {
         .await
         .expect("health on the new connection");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_whose_template_was_changed_is_not_resumed() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, Patch, PatchParams};
+    use spark_pod_allocator::app::registration::REGISTRATION_KEY;
+    use spark_pod_allocator::app::{Applications, ServiceContext};
+    use spark_pod_allocator::k8s::IdRecord;
+
+    let mut h = harness().await;
+    for app in ["kept", "tampered"] {
+        h.client
+            .clone()
+            .start(start_request(app, NS))
+            .await
+            .expect("start");
+    }
+    h.stop_server().await;
+    // Someone who may edit ConfigMaps in the namespace gives a template host networking.
+    let api: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), NS);
+    let name = IdRecord::config_map_name("tampered");
+    let stored = api.get(&name).await.expect("registration ConfigMap");
+    let mut registration: serde_json::Value =
+        serde_json::from_str(&stored.data.expect("data")[REGISTRATION_KEY]).expect("JSON");
+    registration["templates"]["0"]["spec"]["hostNetwork"] = serde_json::Value::Bool(true);
+    let patch = serde_json::json!({"data": {REGISTRATION_KEY: registration.to_string()}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch");
+
+    let restarted = Applications::new(
+        ServiceContext::new(
+            h.sim.try_client().expect("client"),
+            std::sync::Arc::new(h.clock.clone()),
+        )
+        .with_options(h.options.clone()),
+    );
+    let resumed = restarted.resume_registered().await.expect("resume");
+    let resumed: Vec<&str> = resumed.iter().map(|a| a.as_str()).collect();
+    assert_eq!(resumed, ["kept"]);
+}

@@ -150,6 +150,10 @@ pub struct ServiceOptions {
     pub max_resource_profiles: usize,
     /// Creates one round of an application may plan (`limits.max_creates_per_round`).
     pub max_creates_per_round: u32,
+    /// What a template may ask for (`pod_policy`): checked again on the templates of a
+    /// registration before it is resumed, since anyone who may edit ConfigMaps in its
+    /// namespace could have changed them.
+    pub pod_policy: crate::allocator::pod_policy::PodPolicy,
 }
 
 impl Default for ServiceOptions {
@@ -173,6 +177,7 @@ impl ServiceOptions {
             executor_stream_buffer: feed::STREAM_BUFFER,
             max_resource_profiles: settings.limits.max_resource_profiles,
             max_creates_per_round: settings.limits.max_creates_per_round,
+            pod_policy: settings.pod_policy.clone(),
         }
     }
 }
@@ -482,6 +487,19 @@ impl Applications {
                 }
             };
             let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
+            let refused = req.templates.iter().find_map(|(profile, template)| {
+                let at = crate::allocator::pod_policy::TemplateUse {
+                    namespace: Some(&req.namespace),
+                    driver_pod_name: req.driver_pod_name.as_deref(),
+                };
+                let policy = &self.inner.ctx.options.pod_policy;
+                policy.check(template, at).err().map(|v| (*profile, v))
+            });
+            if let Some((profile, violation)) = refused {
+                tracing::warn!(%app, %namespace, %profile, %violation,
+                    "not resuming the application: a template of its registration breaks the pod policy");
+                continue;
+            }
             match self.start(req).await {
                 Ok(_) => {}
                 Err(AppError::FailedPrecondition(reason)) => {
