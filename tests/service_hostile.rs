@@ -740,3 +740,61 @@ async fn a_registration_whose_template_was_changed_is_not_resumed() {
     let resumed: Vec<&str> = resumed.iter().map(|a| a.as_str()).collect();
     assert_eq!(resumed, ["kept"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_spark_builds_passes_the_default_policy() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+
+    let h = harness().await;
+    let pods: Api<Pod> = Api::namespaced(h.sim.try_client().expect("client"), NS);
+    let driver: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pi-driver", "labels": {"spark-app-selector": "spark-pi", "spark-role": "driver"}},
+        "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": "spark:4"}]}
+    }))
+    .expect("driver");
+    let driver = pods
+        .create(&PostParams::default(), &driver)
+        .await
+        .expect("driver pod");
+    // What Spark's executor builder puts in a pod: the driver as controller owner, the
+    // namespace, the service account, an emptyDir local dir, a downward-API env.
+    let template = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "pi-exec-{{EXECUTOR_ID}}", "namespace": NS,
+            "labels": {"spark-app-selector": "spark-pi", "spark-role": "executor", "spark-exec-id": "{{EXECUTOR_ID}}"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "pi-driver",
+                "uid": driver.metadata.uid.clone().expect("uid"), "controller": true}],
+        },
+        "spec": {
+            "serviceAccountName": "default", "restartPolicy": "Never",
+            "containers": [{"name": "spark-kubernetes-executor", "image": "spark:4", "args": ["executor"],
+                "env": [{"name": "SPARK_EXECUTOR_POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}],
+                "volumeMounts": [{"name": "spark-local-dir-1", "mountPath": "/var/data/spark"}]}],
+            "volumes": [{"name": "spark-local-dir-1", "emptyDir": {}}],
+        },
+    });
+    let mut req = start_request("spark-pi", NS);
+    req.driver_pod_name = "pi-driver".into();
+    req.executor_pod_template = template.to_string();
+    h.client
+        .clone()
+        .start(req)
+        .await
+        .expect("Spark's pod is accepted");
+    h.client
+        .clone()
+        .set_total_expected(proto::SetTotalExpectedRequest {
+            application_id: "spark-pi".into(),
+            executors_per_profile: [(0, 2)].into(),
+            resource_profile_templates: Default::default(),
+        })
+        .await
+        .expect("targets");
+    until("two executor pods", || async {
+        h.pods(NS, "spark-pi").await.len() == 2
+    })
+    .await;
+}
