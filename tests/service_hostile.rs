@@ -205,33 +205,36 @@ async fn each_template_rule_refuses_start_naming_the_path() {
             "metadata.namespace",
         ),
     ];
-    for (i, (text, path)) in rows.iter().enumerate() {
-        let mut req = start_request(&format!("hostile-{i}"), NS);
-        req.executor_pod_template = text.clone();
-        // The driver pod does not exist: the policy refuses before it is looked up.
-        req.driver_pod_name = "driver-0".into();
-        let status = h.client.clone().start(req).await.unwrap_err();
-        assert_invalid(&status, "executor_pod_template");
-        assert!(
-            status
-                .message()
-                .starts_with(&format!("executor_pod_template: {path}: ")),
-            "{path}: {}",
-            status.message()
-        );
-        // As a profile template of Start, named by its field.
-        let mut req = start_request(&format!("hostile-p-{i}"), NS);
-        req.resource_profile_templates = [(1, text.clone())].into();
-        req.driver_pod_name = "driver-0".into();
-        let status = h.client.clone().start(req).await.unwrap_err();
-        assert!(
-            status
-                .message()
-                .starts_with(&format!("resource_profile_templates[1]: {path}: ")),
-            "{path}: {}",
-            status.message()
-        );
-    }
+    while_healthy(&h.channel, async {
+        for (i, (text, path)) in rows.iter().enumerate() {
+            let mut req = start_request(&format!("hostile-{i}"), NS);
+            req.executor_pod_template = text.clone();
+            // The driver pod does not exist: the policy refuses before it is looked up.
+            req.driver_pod_name = "driver-0".into();
+            let status = h.client.clone().start(req).await.unwrap_err();
+            assert_invalid(&status, "executor_pod_template");
+            assert!(
+                status
+                    .message()
+                    .starts_with(&format!("executor_pod_template: {path}: ")),
+                "{path}: {}",
+                status.message()
+            );
+            // As a profile template of Start, named by its field.
+            let mut req = start_request(&format!("hostile-p-{i}"), NS);
+            req.resource_profile_templates = [(1, text.clone())].into();
+            req.driver_pod_name = "driver-0".into();
+            let status = h.client.clone().start(req).await.unwrap_err();
+            assert!(
+                status
+                    .message()
+                    .starts_with(&format!("resource_profile_templates[1]: {path}: ")),
+                "{path}: {}",
+                status.message()
+            );
+        }
+    })
+    .await;
     assert!(h.pods(NS, "hostile-0").await.is_empty());
 }
 
@@ -434,16 +437,19 @@ async fn set_total_expected_u32_max_is_bounded_per_round_and_for_life() {
     })
     .await;
     // Four profiles of batch size 10 would plan 40 creates; the round cap allows 12.
-    client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: "greedy".into(),
-            executors_per_profile: (0..MAX_PROFILES as i32).map(|p| (p, u32::MAX)).collect(),
-            resource_profile_templates: Default::default(),
+    while_healthy(&h.channel, async {
+        client
+            .set_total_expected(proto::SetTotalExpectedRequest {
+                application_id: "greedy".into(),
+                executors_per_profile: (0..MAX_PROFILES as i32).map(|p| (p, u32::MAX)).collect(),
+                resource_profile_templates: Default::default(),
+            })
+            .await
+            .expect("targets");
+        until("the round's creates", || async {
+            h.pods(NS, "greedy").await.len() == ROUND_CAP as usize
         })
-        .await
-        .expect("targets");
-    until("the round's creates", || async {
-        h.pods(NS, "greedy").await.len() == ROUND_CAP as usize
+        .await;
     })
     .await;
     let status = client
