@@ -8,7 +8,6 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::allocator::ExecutorState;
-use crate::app::AppId;
 use crate::app::{
     AppError, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
     ExecutorProblem, ExecutorView,
@@ -279,7 +278,7 @@ impl ExecutorAllocator for AllocatorService {
         let req = request.into_inner();
         let app_id = req.application_id.clone();
         answer("SetTotalExpected", &app_id, async {
-            let app: AppId = validate::application_id(&req.application_id)?;
+            let app = validate::application_id(&req.application_id)?;
             let expected = if req.resource_profile_templates.is_empty() {
                 validate::set_total_expected(req, &self.defaults, None)?
             } else {
