@@ -31,6 +31,8 @@ const NS: &str = "team-a";
 const HEALTHY: Duration = Duration::from_millis(100);
 const HANDSHAKE: Duration = Duration::from_millis(500);
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(400);
+const KEEPALIVE: Duration = Duration::from_millis(300);
+const MAX_MESSAGE: usize = 1024 * 1024;
 const MAX_CONNECTIONS: usize = 12;
 const MAX_STREAMS: u32 = 8;
 const MAX_PROFILES: usize = 4;
@@ -48,7 +50,38 @@ fn limits() -> RequestLimits {
     }
 }
 
-async fn harness() -> Harness {
+/// The tests of this file run one at a time: each measures health latency, which other
+/// attacks in the same process on a 2-core machine would skew.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A harness held alone (see [`SERIAL`]).
+struct Alone {
+    harness: Harness,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Alone {
+    type Target = Harness;
+    fn deref(&self) -> &Harness {
+        &self.harness
+    }
+}
+
+impl std::ops::DerefMut for Alone {
+    fn deref_mut(&mut self) -> &mut Harness {
+        &mut self.harness
+    }
+}
+
+async fn harness() -> Alone {
+    let serial = SERIAL.lock().await;
+    Alone {
+        harness: service().await,
+        _serial: serial,
+    }
+}
+
+async fn service() -> Harness {
     let serve = ServeSettings {
         defaults: StartDefaults {
             limits: limits(),
@@ -59,6 +92,9 @@ async fn harness() -> Harness {
             max_concurrent_streams: MAX_STREAMS,
             handshake_timeout_ms: HANDSHAKE.as_millis() as u64,
             request_timeout_ms: REQUEST_TIMEOUT.as_millis() as u64,
+            keepalive_interval_ms: KEEPALIVE.as_millis() as u64,
+            keepalive_timeout_ms: KEEPALIVE.as_millis() as u64,
+            max_message_bytes: MAX_MESSAGE,
             ..ServerLimits::default()
         },
         ..ServeSettings::default()
@@ -803,4 +839,40 @@ async fn the_pod_spark_builds_passes_the_default_policy() {
         h.pods(NS, "spark-pi").await.len() == 2
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_stops_answering_after_its_handshake_is_closed() {
+    let h = harness().await;
+    let silent = while_healthy(&h.channel, async {
+        let mut tcp = TcpStream::connect(h.address).await.expect("connect");
+        // The whole preface and an empty SETTINGS frame, then silence: PINGs go unanswered.
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .expect("preface");
+        tcp.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
+            .await
+            .expect("settings");
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), read_until_closed(&mut tcp))
+            .await
+            .expect("closed by keepalive");
+        started.elapsed()
+    })
+    .await;
+    assert!(silent >= KEEPALIVE, "closed after {silent:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_limit_is_refused_unread() {
+    let h = harness().await;
+    let mut req = start_request("huge", NS);
+    req.executor_pod_template = format!("{TEMPLATE}# {}\n", "x".repeat(MAX_MESSAGE));
+    let status = while_healthy(&h.channel, async {
+        h.client.clone().start(req).await.unwrap_err()
+    })
+    .await;
+    // tonic's code for a message over the decoding limit.
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert!(status.message().contains("too large"), "{status:?}");
 }

@@ -21,7 +21,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 #[serde(default, deny_unknown_fields)]
 pub struct ServerLimits {
     /// Largest request message, in bytes (default 4 MiB, gRPC's usual default); a larger
-    /// one answers RESOURCE_EXHAUSTED.
+    /// one answers OUT_OF_RANGE (tonic's code), unread.
     pub max_message_bytes: usize,
     /// Streams (calls) open at once on one HTTP/2 connection (default 32: a driver has one
     /// connection with a WatchExecutors stream and a few calls; 32 × `max_connections`
