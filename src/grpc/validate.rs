@@ -811,6 +811,18 @@ mod tests {
         assert_eq!(too_deep(spark_like, 32), None);
     }
 
+    proptest::proptest! {
+        /// Any text, however broken, is scanned without a panic, and a deeper limit never
+        /// refuses what a shallower one accepts.
+        #[test]
+        fn the_depth_scan_takes_any_text(text in "[ -~\\n\\t\u{e9}\u{1f600}]{0,200}", max in 1usize..8) {
+            let shallow = too_deep(&text, max);
+            if shallow.is_none() {
+                proptest::prop_assert!(too_deep(&text, max + 1).is_none());
+            }
+        }
+    }
+
     #[test]
     fn the_template_is_required_unless_the_server_has_one() {
         let req = proto::StartRequest {
