@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        .codec_path("crate::grpc::codec::ApiCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -63,6 +63,12 @@ pub struct Settings {
     pub auth: crate::auth::AuthSettings,
     /// TLS on the gRPC port.
     pub tls: crate::grpc::tls::TlsSettings,
+    /// What an executor pod template may ask for (strict by default).
+    pub pod_policy: crate::allocator::pod_policy::PodPolicy,
+    /// Bounds on the work one request may cause.
+    pub limits: crate::grpc::validate::RequestLimits,
+    /// Limits of the gRPC server: message size, streams, keepalive, connections.
+    pub grpc: crate::grpc::limits::ServerLimits,
 }
 
 /// The Prometheus endpoint.
@@ -234,6 +240,9 @@ impl Default for Settings {
             metrics: MetricsSettings::default(),
             auth: crate::auth::AuthSettings::default(),
             tls: crate::grpc::tls::TlsSettings::default(),
+            pod_policy: Default::default(),
+            limits: Default::default(),
+            grpc: Default::default(),
         }
     }
 }
@@ -377,6 +386,25 @@ impl Settings {
                 reason,
             });
         }
+        if let Err((key, reason)) = self.limits.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("limits.{key}"),
+                reason,
+            });
+        }
+        let cap = self.limits.max_executors_per_application;
+        if self.allocation.max_executors.is_some_and(|max| max > cap) {
+            return Err(ConfigError::Invalid {
+                key: "allocation.max_executors".to_string(),
+                reason: format!("must be at most limits.max_executors_per_application ({cap})"),
+            });
+        }
+        if let Err((key, reason)) = self.grpc.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("grpc.{key}"),
+                reason,
+            });
+        }
         tracing_filter_check(&self.log.filter)?;
         if let Err((key, reason)) = self.auth.validate() {
             return Err(ConfigError::Invalid { key, reason });
@@ -394,7 +422,8 @@ impl Settings {
         Ok(())
     }
 
-    /// The Pod of `default_executor_pod_template` (YAML or JSON), if configured.
+    /// The Pod of `default_executor_pod_template` (YAML or JSON), if configured, within
+    /// the template limits and the pod policy.
     pub fn default_template(&self) -> Result<Option<k8s_openapi::api::core::v1::Pod>, ConfigError> {
         let Some(path) = &self.default_executor_pod_template else {
             return Ok(None);
@@ -404,9 +433,19 @@ impl Settings {
             reason: format!("{}: {reason}", path.display()),
         };
         let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
-        serde_yaml::from_str(&text)
-            .map(Some)
-            .map_err(|e| invalid(format!("not a Pod: {e}")))
+        let pod = crate::grpc::validate::pod_template_within("template", &text, &self.limits)
+            .map_err(|e| match e {
+                crate::app::AppError::InvalidArgument { message, .. } => invalid(message),
+                other => invalid(other.to_string()),
+            })?;
+        let as_default = crate::allocator::pod_policy::TemplateUse {
+            namespace: None,
+            driver_pod_name: None,
+        };
+        self.pod_policy
+            .check(&pod, as_default)
+            .map_err(|violation| invalid(format!("refused by pod_policy: {violation}")))?;
+        Ok(Some(pod))
     }
 
     /// The server-side defaults of an application's allocation settings.
@@ -795,6 +834,65 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("default_executor_pod_template"), "{err}");
+    }
+
+    #[test]
+    fn a_default_template_the_policy_refuses_stops_start_up() {
+        let pod = file(
+            "yaml",
+            "apiVersion: v1\nkind: Pod\nspec:\n  hostNetwork: true\n  containers:\n  - name: x\n    image: busybox\n",
+        );
+        let key = "SPARK_POD_ALLOCATOR__DEFAULT_EXECUTOR_POD_TEMPLATE";
+        let path = pod.path().to_str().unwrap();
+        let err = Settings::load_with_env(None, env(&[(key, path)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("default_executor_pod_template") && err.contains("spec.hostNetwork"),
+            "{err}"
+        );
+        let allowed = file("toml", "[pod_policy]\nallow_host_namespaces = true\n");
+        let s = Settings::load_with_env(Some(allowed.path()), env(&[(key, path)])).unwrap();
+        assert!(s.default_template().unwrap().is_some());
+    }
+
+    #[test]
+    fn policy_limits_and_server_limits_are_loaded_and_checked() {
+        let f = file(
+            "toml",
+            "[pod_policy]\nallowed_service_accounts = [\"default\", \"spark\"]\n\
+             [limits]\nmax_template_bytes = 1024\nmax_executors_per_application = 50\n\
+             [grpc]\nmax_connections = 8\nkeepalive_interval_ms = 0\n",
+        );
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.pod_policy.allowed_service_accounts, ["default", "spark"]);
+        assert!(s.pod_policy.enforce);
+        assert_eq!(s.limits.max_template_bytes, 1024);
+        assert_eq!(s.limits.max_resource_profiles, 64);
+        assert_eq!(s.grpc.max_connections, 8);
+        assert_eq!(s.grpc.keepalive_interval(), None);
+        for (key, value, named) in [
+            (
+                "SPARK_POD_ALLOCATOR__LIMITS__MAX_TEMPLATE_DEPTH",
+                "0",
+                "limits.max_template_depth",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__GRPC__MAX_CONNECTIONS",
+                "0",
+                "grpc.max_connections",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__ALLOCATION__MAX_EXECUTORS",
+                "10001",
+                "allocation.max_executors",
+            ),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(key, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{key}={value}: {err}");
+        }
     }
 
     #[test]

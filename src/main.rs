@@ -234,6 +234,8 @@ async fn serve(
     let defaults = StartDefaults {
         settings: settings.allocation_defaults(),
         executor_pod_template: settings.default_template()?,
+        policy: settings.pod_policy.clone(),
+        limits: settings.limits.clone(),
     };
     // The simulated cluster, if any, lives as long as the service.
     let (client, sim) = if simulate {
@@ -290,6 +292,7 @@ async fn serve(
         metrics,
         gate,
         tls: settings.tls.clone(),
+        limits: settings.grpc.clone(),
         ..ServeSettings::default()
     };
     grpc::serve(serve_settings, applications, listener, stop).await?;

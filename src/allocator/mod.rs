@@ -50,6 +50,7 @@
 //!   (`create_failed` just forgets the request, as Spark does; the service owns retries).
 
 pub mod pod_builder;
+pub mod pod_policy;
 pub mod round;
 pub mod settings;
 pub mod snapshot;

@@ -37,6 +37,9 @@ pub enum TemplateError {
     /// A known profile given another template: a profile's pods never change shape.
     #[error("resource profile {0} already has a different pod template")]
     Conflict(ResourceProfileId),
+    /// More profiles than an application may have.
+    #[error("an application may have at most {limit} resource profiles")]
+    TooManyProfiles { limit: usize },
 }
 
 /// Replaced by the application id in the places Spark substitutes it.
@@ -65,6 +68,8 @@ pub struct ExecutorPodBuilder {
     id_hash: Option<String>,
     /// Whether sanitising the application id into the prefix lost information.
     lossy_prefix: bool,
+    /// The most templates (resource profiles) it takes.
+    profile_limit: usize,
 }
 
 impl ExecutorPodBuilder {
@@ -90,6 +95,7 @@ impl ExecutorPodBuilder {
             executor_container: executor_container.to_string(),
             id_hash: None,
             lossy_prefix: false,
+            profile_limit: usize::MAX,
         })
     }
     /// The builder of an application: an explicit `pod_name_prefix` is used as given
@@ -116,6 +122,12 @@ impl ExecutorPodBuilder {
     /// pod was looked up, after the templates were checked).
     pub fn with_driver(mut self, driver: Option<DriverOwner>) -> Self {
         self.driver = driver;
+        self
+    }
+    /// The same builder taking at most `limit` profiles ([`Self::check`] and
+    /// [`Self::with_templates`] refuse more).
+    pub fn with_profile_limit(mut self, limit: usize) -> Self {
+        self.profile_limit = limit;
         self
     }
     /// Whether the profile has a template.
@@ -145,6 +157,11 @@ impl ExecutorPodBuilder {
                 Some(_) => return Err(TemplateError::Conflict(profile)),
                 None => {
                     next.templates.insert(profile, template);
+                    if next.templates.len() > self.profile_limit {
+                        return Err(TemplateError::TooManyProfiles {
+                            limit: self.profile_limit,
+                        });
+                    }
                     next.check_template(profile)?;
                 }
             }
@@ -153,6 +170,11 @@ impl ExecutorPodBuilder {
     }
     /// Checks every template: see [`Self::check_template`].
     pub fn check(&self) -> Result<(), TemplateError> {
+        if self.templates.len() > self.profile_limit {
+            return Err(TemplateError::TooManyProfiles {
+                limit: self.profile_limit,
+            });
+        }
         self.profiles()
             .try_for_each(|profile| self.check_template(profile))
     }

@@ -99,6 +99,8 @@ pub struct Allocator {
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
     outstanding: bool,
+    /// Creates one round may plan over all profiles.
+    round_cap: u64,
 }
 
 impl Allocator {
@@ -115,7 +117,15 @@ impl Allocator {
             last_executor_id,
             unknown_pending: 0,
             outstanding: false,
+            round_cap: u64::MAX,
         }
+    }
+    /// The same allocator planning at most `cap` creates per round over all profiles
+    /// (beyond Spark, whose batch size caps each profile alone: an application with many
+    /// profiles would otherwise plan profiles × batch size creates at once).
+    pub fn with_round_cap(mut self, cap: u32) -> Self {
+        self.round_cap = u64::from(cap.max(1));
+        self
     }
     /// Stores the targets (profiles left out keep theirs). Returns true when nothing is
     /// outstanding, i.e. the caller should run a round now (notify now).
@@ -285,7 +295,8 @@ impl Allocator {
         let remaining = match self.settings.max_pending_pods {
             Some(cap) => u64::from(cap).saturating_sub(total_not_running),
             None => u64::MAX,
-        };
+        }
+        .min(self.round_cap);
         if remaining > 0 && !askers.is_empty() {
             let k = askers.len() as u64;
             let (share, extra) = if remaining == u64::MAX {

@@ -143,12 +143,9 @@ impl ActorHandle {
         command: impl FnOnce(oneshot::Sender<R>) -> Command,
     ) -> Result<R, AppError> {
         let (reply, answer) = oneshot::channel();
-        let gone = || {
-            AppError::Internal(format!(
-                "the actor of application {} has ended",
-                self.app_id
-            ))
-        };
+        // The actor ends when the application is stopped or forgotten: a call racing that
+        // finds no application, as one made just after it would.
+        let gone = || AppError::NotFound(self.app_id.clone());
         self.tx.send(command(reply)).await.map_err(|_| gone())?;
         answer.await.map_err(|_| gone())
     }

@@ -32,7 +32,8 @@ pub enum AppError {
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,
-    /// The application's actor ended unexpectedly (a bug); the application must be restarted.
+    /// A task of the service failed (a bug). An actor that ended is `NotFound`: it ends
+    /// when its application is stopped or forgotten.
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -98,6 +98,14 @@ pub struct StartApplication {
     pub owner: Option<String>,
 }
 
+/// Where an application's pods go: its namespace and driver pod (the one owner its
+/// templates may name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub namespace: String,
+    pub driver_pod_name: Option<String>,
+}
+
 /// An application's state as GetStatus reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplicationStatus {
@@ -141,6 +149,14 @@ pub struct ServiceOptions {
     /// Changes a WatchExecutors stream may leave unread before it is given a fresh full
     /// state instead (bounds each stream's memory; never blocks the actor).
     pub executor_stream_buffer: usize,
+    /// Resource profiles an application may have (`limits.max_resource_profiles`).
+    pub max_resource_profiles: usize,
+    /// Creates one round of an application may plan (`limits.max_creates_per_round`).
+    pub max_creates_per_round: u32,
+    /// What a template may ask for (`pod_policy`): checked again on the templates of a
+    /// registration before it is resumed, since anyone who may edit ConfigMaps in its
+    /// namespace could have changed them.
+    pub pod_policy: crate::allocator::pod_policy::PodPolicy,
 }
 
 impl Default for ServiceOptions {
@@ -162,6 +178,9 @@ impl ServiceOptions {
             request_policy: settings.request_policy(),
             driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
             executor_stream_buffer: feed::STREAM_BUFFER,
+            max_resource_profiles: settings.limits.max_resource_profiles,
+            max_creates_per_round: settings.limits.max_creates_per_round,
+            pod_policy: settings.pod_policy.clone(),
         }
     }
 }
@@ -401,7 +420,8 @@ impl Applications {
         let resumed = !found.is_empty();
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
-        let mut allocator = Allocator::new(req.settings.clone(), last_executor_id);
+        let mut allocator = Allocator::new(req.settings.clone(), last_executor_id)
+            .with_round_cap(self.inner.ctx.options.max_creates_per_round);
         // Pods being deleted when the service stopped count as deleted again (IsDeleted).
         allocator.restore_deleted(
             found
@@ -501,6 +521,19 @@ impl Applications {
                 }
             };
             let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
+            let refused = req.templates.iter().find_map(|(profile, template)| {
+                let at = crate::allocator::pod_policy::TemplateUse {
+                    namespace: Some(&req.namespace),
+                    driver_pod_name: req.driver_pod_name.as_deref(),
+                };
+                let policy = &self.inner.ctx.options.pod_policy;
+                policy.check(template, at).err().map(|v| (*profile, v))
+            });
+            if let Some((profile, violation)) = refused {
+                tracing::warn!(%app, %namespace, %profile, %violation,
+                    "not resuming the application: a template of its registration breaks the pod policy");
+                continue;
+            }
             match self.start(req).await {
                 Ok(_) => {}
                 Err(AppError::FailedPrecondition(reason)) => {
@@ -849,6 +882,21 @@ impl Applications {
         })
     }
 
+    /// Where a running application's pods go (its namespace and driver pod), which the
+    /// template policy checks templates against; NotFound when it does not run here.
+    pub fn placement(&self, app: &AppId) -> Result<Placement, AppError> {
+        self.check_running()?;
+        let apps = self.apps();
+        let entry = apps
+            .get(app)
+            .filter(|e| e.actor.is_some())
+            .ok_or_else(|| AppError::NotFound(app.to_string()))?;
+        Ok(Placement {
+            namespace: entry.namespace.clone(),
+            driver_pod_name: entry.first_start.driver_pod_name.clone(),
+        })
+    }
+
     fn entry(&self, app: &AppId) -> Option<(String, Option<ActorHandle>, IdRecord)> {
         self.apps()
             .get(app)
@@ -865,7 +913,8 @@ impl Applications {
             None,
             &req.settings.executor_container_name,
         )
-        .map_err(template_error)?;
+        .map_err(template_error)?
+        .with_profile_limit(self.inner.ctx.options.max_resource_profiles);
         builder.check().map_err(template_error)?;
         Ok(builder)
     }
@@ -891,6 +940,12 @@ struct Driver {
 /// pods is an invalid argument, another template for a known profile a failed precondition.
 fn template_error(err: TemplateError) -> AppError {
     let profile = match &err {
+        TemplateError::TooManyProfiles { .. } => {
+            return AppError::InvalidArgument {
+                field: "resource_profile_templates".into(),
+                message: format!("{err} (the service's limits.max_resource_profiles)"),
+            };
+        }
         TemplateError::Invalid { profile, .. }
         | TemplateError::NoTemplate(profile)
         | TemplateError::Conflict(profile) => *profile,

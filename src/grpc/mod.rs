@@ -16,7 +16,9 @@ use crate::auth::{Access, Caller, Gate};
 use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
+pub mod codec;
 pub mod error;
+pub mod limits;
 pub mod observe;
 pub mod server;
 pub mod tls;
@@ -32,16 +34,20 @@ pub struct AllocatorService {
     applications: Applications,
     defaults: Arc<StartDefaults>,
     gate: Gate,
+    /// Requests whose templates are being parsed, at most `limits.template_parsers`.
+    parsers: Arc<tokio::sync::Semaphore>,
 }
 
 impl AllocatorService {
     /// A service answering for `applications`, filling unset Start fields from `defaults`,
     /// letting every caller do everything (see [`AllocatorService::with_gate`]).
     pub fn new(applications: Applications, defaults: StartDefaults) -> Self {
+        let parsers = defaults.limits.parsers();
         Self {
             applications,
             defaults: Arc::new(defaults),
             gate: Gate::open(),
+            parsers: Arc::new(tokio::sync::Semaphore::new(parsers)),
         }
     }
 
@@ -75,6 +81,26 @@ impl AllocatorService {
         self.gate
             .authorize(caller, &ownership.namespace, access)
             .await
+    }
+
+    /// Runs `check` (template parsing: CPU-bound, up to the size and depth limits) on the
+    /// blocking pool, a bounded number at once, so calls without templates — health checks
+    /// included — never wait behind it.
+    async fn off_runtime<T: Send + 'static>(
+        &self,
+        check: impl FnOnce(&StartDefaults) -> Result<T, AppError> + Send + 'static,
+    ) -> Result<T, AppError> {
+        let permit = Arc::clone(&self.parsers)
+            .acquire_owned()
+            .await
+            .map_err(|_| AppError::ShuttingDown)?;
+        let defaults = Arc::clone(&self.defaults);
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            check(&defaults)
+        })
+        .await
+        .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
     }
 }
 
@@ -263,7 +289,9 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = req.application_id.clone();
         answer("Start", &app_id, async {
             let caller = self.caller(&metadata).await?;
-            let mut start = validate::start(req, &self.defaults)?;
+            let mut start = self
+                .off_runtime(move |defaults| validate::start(req, defaults))
+                .await?;
             // Never more than the caller could do itself: it must be able to create and
             // delete pods in the namespace; the owner check is under the lifecycle lock.
             self.gate
@@ -299,9 +327,18 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = req.application_id.clone();
         answer("SetTotalExpected", &app_id, async {
             let caller = self.caller(&metadata).await?;
-            let expected = validate::set_total_expected(req)?;
-            self.authorize(&caller, &expected.app_id, Access::Change)
-                .await?;
+            let app = validate::application_id(&req.application_id)?;
+            self.authorize(&caller, &app, Access::Change).await?;
+            let expected = if req.resource_profile_templates.is_empty() {
+                validate::set_total_expected(req, &self.defaults, None)?
+            } else {
+                // The policy needs where the application's pods go.
+                let placement = self.applications.placement(&app)?;
+                self.off_runtime(move |defaults| {
+                    validate::set_total_expected(req, defaults, Some(&placement))
+                })
+                .await?
+            };
             self.applications
                 .set_total_expected_with_templates(
                     &expected.app_id,

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tonic::server::NamedService;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use super::limits::{self, ServerLimits};
 use super::observe::ObserveLayer;
 use super::tls::{ReloadingTls, TlsSettings};
 use super::{AllocatorService, StartDefaults};
@@ -32,6 +32,8 @@ pub struct ServeSettings {
     pub gate: Gate,
     /// TLS on the port (off unless both files are set).
     pub tls: TlsSettings,
+    /// Message size, streams, keepalive, handshake and connection limits.
+    pub limits: ServerLimits,
 }
 
 impl Default for ServeSettings {
@@ -43,6 +45,7 @@ impl Default for ServeSettings {
             metrics: Metrics::default(),
             gate: Gate::open(),
             tls: TlsSettings::default(),
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -102,21 +105,32 @@ pub async fn serve(
             let _ = draining_tx.send(());
         }
     };
-    let router = tonic::transport::Server::builder()
+    let limits = &settings.limits;
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(limits.keepalive_interval())
+        .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
+        .http2_max_header_list_size(limits.max_header_list_bytes);
+    if let Some(timeout) = limits.request_timeout() {
+        builder = builder.timeout(timeout);
+    }
+    let allocator =
+        ExecutorAllocatorServer::new(service).max_decoding_message_size(limits.max_message_bytes);
+    let router = builder
         .trace_fn(request_span)
         .layer(ObserveLayer::new(settings.metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ExecutorAllocatorServer::new(service));
+        .add_service(allocator);
+    let connections = limits::incoming(listener, limits);
     let server: std::pin::Pin<
         Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
     > = match tls {
-        Some(tls) => Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), signal)),
-        None => Box::pin(router.serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            signal,
-        )),
+        Some(tls) => {
+            Box::pin(router.serve_with_incoming_shutdown(tls.incoming(connections), signal))
+        }
+        None => Box::pin(router.serve_with_incoming_shutdown(connections, signal)),
     };
 
     let drain_timeout = settings.drain_timeout;

@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
+use futures::StreamExt;
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::server::Connected;
+
+use super::limits::GuardedConnection;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -164,30 +167,32 @@ impl ReloadingTls {
         })
     }
 
-    /// The TLS connections of `listener`, each handshake in a task of its own.
+    /// The TLS connections over `connections` (the listener's, already bounded in number
+    /// and handshake time), each handshake in a task of its own.
     pub fn incoming(
         self,
-        listener: TcpListener,
-    ) -> impl futures::Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> + Send + 'static
+        connections: impl futures::Stream<Item = std::io::Result<GuardedConnection>> + Send + 'static,
+    ) -> impl futures::Stream<Item = Result<TlsStream<GuardedConnection>, std::io::Error>> + Send + 'static
     {
         let (tx, rx) =
-            tokio::sync::mpsc::channel::<Result<TlsStream<TcpStream>, std::io::Error>>(64);
+            tokio::sync::mpsc::channel::<Result<TlsStream<GuardedConnection>, std::io::Error>>(64);
         tokio::spawn(async move {
             // Owns the acceptor (and its reloader) as long as connections are accepted.
             let tls = self;
+            let mut connections = Box::pin(connections);
             loop {
-                let (stream, peer) = tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok(accepted) => accepted,
-                        Err(err) => {
+                let stream = tokio::select! {
+                    accepted = connections.next() => match accepted {
+                        Some(Ok(stream)) => stream,
+                        Some(Err(err)) => {
                             tracing::warn!(error = %err, "cannot accept a connection");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
                             continue;
                         }
+                        None => return,
                     },
                     () = tx.closed() => return,
                 };
-                let _ = stream.set_nodelay(true);
+                let peer = stream.connect_info().remote_addr();
                 let acceptor = tls.acceptor.clone();
                 let timeout = tls.handshake_timeout;
                 let tx = tx.clone();
@@ -197,9 +202,9 @@ impl ReloadingTls {
                             let _ = tx.send(Ok(tls)).await;
                         }
                         Ok(Err(err)) => {
-                            tracing::debug!(%peer, error = %err, "TLS handshake failed")
+                            tracing::debug!(?peer, error = %err, "TLS handshake failed")
                         }
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        Err(_) => tracing::debug!(?peer, "TLS handshake timed out"),
                     }
                 });
             }

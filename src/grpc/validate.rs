@@ -5,18 +5,103 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use serde::Deserialize;
+
+use crate::allocator::pod_policy::{PodPolicy, TemplateUse};
 use crate::allocator::{AllocationOverrides, AllocationSettings, ExecutorId, ResourceProfileId};
-use crate::app::{AppError, AppId, StartApplication};
+use crate::app::{AppError, AppId, Placement, StartApplication};
 use crate::config::is_dns_label;
 use crate::proto;
 
-/// What the server fills in when a Start request leaves a field unset.
+/// What the server fills in when a Start request leaves a field unset, and the rules
+/// every request's templates and settings are held to.
 #[derive(Debug, Clone, Default)]
 pub struct StartDefaults {
     /// Allocation settings under the request's `settings`.
     pub settings: AllocationSettings,
     /// The executor pod template used when `executor_pod_template` is empty.
     pub executor_pod_template: Option<Pod>,
+    /// What a template may ask for (Start, SetTotalExpected and the default template).
+    pub policy: PodPolicy,
+    /// How much work one request may cause.
+    pub limits: RequestLimits,
+}
+
+/// Bounds on the work one request can cause (`limits` in the configuration), so that no
+/// request can stall the service or hold memory without bound.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestLimits {
+    /// Longest pod template, in bytes (default 256 KiB).
+    pub max_template_bytes: usize,
+    /// Deepest nesting of a template (block indentation levels plus open `[`/`{`), checked
+    /// by a linear scan before the YAML parser, whose time grows with the square of the
+    /// depth (default 32; a Spark executor pod nests about 10 deep).
+    pub max_template_depth: usize,
+    /// Resource profiles (templates) an application may have, its executor template
+    /// included (default 64).
+    pub max_resource_profiles: usize,
+    /// Lifetime cap on the executors of an application: what `settings.max_executors`
+    /// defaults to, and the most it may be set to (default 10,000).
+    pub max_executors_per_application: u64,
+    /// Creates one allocation round of an application may plan, over all its profiles
+    /// (default 500; Spark's batch size applies per profile under it).
+    pub max_creates_per_round: u32,
+    /// Templates parsed at once, off the async runtime (0 = one per CPU).
+    pub template_parsers: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_template_bytes: 256 * 1024,
+            max_template_depth: 32,
+            max_resource_profiles: 64,
+            max_executors_per_application: 10_000,
+            max_creates_per_round: 500,
+            template_parsers: 0,
+        }
+    }
+}
+
+impl RequestLimits {
+    /// The rule a value breaks, as `(key, reason)`.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let positive = [
+            ("max_template_bytes", self.max_template_bytes as u64),
+            ("max_template_depth", self.max_template_depth as u64),
+            ("max_resource_profiles", self.max_resource_profiles as u64),
+            (
+                "max_executors_per_application",
+                self.max_executors_per_application,
+            ),
+            (
+                "max_creates_per_round",
+                u64::from(self.max_creates_per_round),
+            ),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err((key, "must be greater than 0".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// How many templates may be parsed at once.
+    pub fn parsers(&self) -> usize {
+        if self.template_parsers > 0 {
+            return self.template_parsers;
+        }
+        std::thread::available_parallelism().map_or(2, usize::from)
+    }
+}
+
+fn template_use(placement: &Placement) -> TemplateUse<'_> {
+    TemplateUse {
+        namespace: Some(&placement.namespace),
+        driver_pod_name: placement.driver_pod_name.as_deref(),
+    }
 }
 
 /// Longest `pod_name_prefix` that still leaves room for `-exec-<u64>` in a 253-char pod name.
@@ -60,20 +145,30 @@ pub fn start(
     };
 
     // Before the templates: a bad setting is refused without parsing any YAML.
-    let settings = settings(req.settings.as_ref(), &defaults.settings)?;
+    let settings = settings(req.settings.as_ref(), defaults)?;
+    let placement = Placement {
+        namespace: req.namespace.clone(),
+        driver_pod_name: driver_pod_name.clone(),
+    };
+    let field = "executor_pod_template";
     let mut templates = BTreeMap::new();
     let default_template = if req.executor_pod_template.trim().is_empty() {
         defaults.executor_pod_template.clone().ok_or_else(|| {
             invalid(
-                "executor_pod_template",
+                field,
                 "required: the server has no default executor pod template",
             )
         })?
     } else {
-        pod_template("executor_pod_template", &req.executor_pod_template)?
+        pod_template_within(field, &req.executor_pod_template, &defaults.limits)?
     };
+    allowed(field, &default_template, defaults, &placement)?;
     templates.insert(ResourceProfileId(0), default_template);
-    templates.extend(profile_templates(req.resource_profile_templates)?);
+    templates.extend(profile_templates(
+        req.resource_profile_templates,
+        defaults,
+        Some(&placement),
+    )?);
 
     Ok(StartApplication {
         app_id,
@@ -86,12 +181,15 @@ pub fn start(
     })
 }
 
-/// The request's settings over `defaults`, then checked by the engine's rules.
+/// The request's settings over the server's, then checked by the engine's rules; the
+/// lifetime executor cap defaults to, and may not exceed,
+/// `limits.max_executors_per_application`.
 pub fn settings(
     requested: Option<&proto::AllocationSettings>,
-    defaults: &AllocationSettings,
+    server: &StartDefaults,
 ) -> Result<AllocationSettings, AppError> {
-    let merged = match requested {
+    let defaults = &server.settings;
+    let mut merged = match requested {
         Some(s) => defaults.clone().with_overrides(&AllocationOverrides {
             batch_size: s.batch_size,
             batch_delay_ms: s.batch_delay_ms,
@@ -107,14 +205,55 @@ pub fn settings(
         None => defaults.clone(),
     };
     merged.validate()?;
+    let cap = server.limits.max_executors_per_application;
+    match merged.max_executors {
+        None => merged.max_executors = Some(cap),
+        Some(asked) if asked > cap => {
+            return Err(invalid(
+                "settings.max_executors",
+                format!(
+                    "must be at most {cap} (the service's limits.max_executors_per_application)"
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
     Ok(merged)
 }
 
-/// `resource_profile_templates` of Start or SetTotalExpected, parsed: ids > 0 (profile 0
-/// is Start's `executor_pod_template`).
+/// `template` against the policy, the error naming `field` and the path in the template.
+fn allowed(
+    field: &str,
+    template: &Pod,
+    defaults: &StartDefaults,
+    placement: &Placement,
+) -> Result<(), AppError> {
+    defaults
+        .policy
+        .check(template, template_use(placement))
+        .map_err(|violation| invalid(field, violation.to_string()))
+}
+
+/// `resource_profile_templates` of Start or SetTotalExpected, parsed and checked against
+/// the policy where the application's pods go (without a placement, as a default
+/// template): ids > 0 (profile 0 is Start's `executor_pod_template`), at most
+/// `limits.max_resource_profiles` of them, counted before any is parsed.
 fn profile_templates(
     texts: std::collections::HashMap<i32, String>,
+    defaults: &StartDefaults,
+    placement: Option<&Placement>,
 ) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
+    let max = defaults.limits.max_resource_profiles;
+    if texts.len() >= max {
+        return Err(invalid(
+            "resource_profile_templates",
+            format!(
+                "{} templates: an application may have at most {max} resource profiles, \
+                 profile 0 included (the service's limits.max_resource_profiles)",
+                texts.len()
+            ),
+        ));
+    }
     // Sorted, so that with several bad entries the error is always about the lowest id.
     let sorted: BTreeMap<i32, String> = texts.into_iter().collect();
     let mut templates = BTreeMap::new();
@@ -129,7 +268,21 @@ fn profile_templates(
                 "resource profile 0 takes its template from Start's executor_pod_template",
             ));
         }
-        templates.insert(ResourceProfileId(profile), pod_template(&field, &text)?);
+        let template = pod_template_within(&field, &text, &defaults.limits)?;
+        match placement {
+            Some(placement) => allowed(&field, &template, defaults, placement)?,
+            None => defaults
+                .policy
+                .check(
+                    &template,
+                    TemplateUse {
+                        namespace: None,
+                        driver_pod_name: None,
+                    },
+                )
+                .map_err(|violation| invalid(&field, violation.to_string()))?,
+        }
+        templates.insert(ResourceProfileId(profile), template);
     }
     Ok(templates)
 }
@@ -144,10 +297,26 @@ pub struct TotalExpected {
     pub targets: BTreeMap<ResourceProfileId, u32>,
 }
 
-/// SetTotalExpected: the application, templates of profiles added since Start, and its
-/// targets per resource profile.
-pub fn set_total_expected(req: proto::SetTotalExpectedRequest) -> Result<TotalExpected, AppError> {
+/// SetTotalExpected: the application, templates of profiles added since Start (checked
+/// against the policy where `placement` says the application's pods go), and its targets
+/// per resource profile.
+pub fn set_total_expected(
+    req: proto::SetTotalExpectedRequest,
+    defaults: &StartDefaults,
+    placement: Option<&Placement>,
+) -> Result<TotalExpected, AppError> {
     let app_id = application_id(&req.application_id)?;
+    let max = defaults.limits.max_resource_profiles;
+    if req.executors_per_profile.len() > max {
+        return Err(invalid(
+            "executors_per_profile",
+            format!(
+                "{} profiles: an application may have at most {max} resource profiles \
+                 (the service's limits.max_resource_profiles)",
+                req.executors_per_profile.len()
+            ),
+        ));
+    }
     let mut targets = BTreeMap::new();
     let sorted: BTreeMap<i32, u32> = req.executors_per_profile.into_iter().collect();
     for (profile, count) in sorted {
@@ -159,7 +328,7 @@ pub fn set_total_expected(req: proto::SetTotalExpectedRequest) -> Result<TotalEx
         }
         targets.insert(ResourceProfileId(profile), count);
     }
-    let templates = profile_templates(req.resource_profile_templates)?;
+    let templates = profile_templates(req.resource_profile_templates, defaults, placement)?;
     Ok(TotalExpected {
         app_id,
         templates,
@@ -207,9 +376,40 @@ pub fn executor_id(raw: &str) -> Result<ExecutorId, String> {
     }
 }
 
-/// A Pod from YAML or JSON; errors give the line and column. JSON goes to serde_json
-/// (an order of magnitude faster than reading it as YAML); anything else is YAML.
+/// A Pod from YAML or JSON within the default [`RequestLimits`].
 pub fn pod_template(field: &str, text: &str) -> Result<Pod, AppError> {
+    pod_template_within(field, text, &RequestLimits::default())
+}
+
+/// A Pod from YAML or JSON; errors give the line and column. A template over the size or
+/// nesting limit is refused before it is parsed. JSON goes to serde_json (an order of
+/// magnitude faster than reading it as YAML); anything else is YAML. CPU-bound: call it
+/// off the async runtime.
+pub fn pod_template_within(
+    field: &str,
+    text: &str,
+    limits: &RequestLimits,
+) -> Result<Pod, AppError> {
+    if text.len() > limits.max_template_bytes {
+        return Err(invalid(
+            field,
+            format!(
+                "{} bytes: a template may have at most {} (the service's limits.max_template_bytes)",
+                text.len(),
+                limits.max_template_bytes
+            ),
+        ));
+    }
+    if let Some(line) = too_deep(text, limits.max_template_depth) {
+        return Err(invalid(
+            field,
+            format!(
+                "nested more than {} levels deep (line {line}; the service's \
+                 limits.max_template_depth)",
+                limits.max_template_depth
+            ),
+        ));
+    }
     if text.trim_start().starts_with('{') {
         return serde_json::from_str::<Pod>(text).map_err(|e| {
             let what = match e.classify() {
@@ -230,6 +430,110 @@ pub fn pod_template(field: &str, text: &str) -> Result<Pod, AppError> {
         };
         invalid(field, message)
     })
+}
+
+/// The first line (1-based) at which `text` nests deeper than `max`: block levels (by
+/// indentation, and `- ` markers that open a sequence on the same line) plus open flow
+/// brackets, outside quotes, comments and block scalars. A linear scan, not a parser: it
+/// may count one level more than YAML does (the line a flow collection opens on) or miss
+/// the sequence a key opens at its own indentation (`a:` then `- b`), so it sees at least
+/// half of any real nesting, which is what keeps the parser's quadratic time bounded.
+pub fn too_deep(text: &str, max: usize) -> Option<usize> {
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    let mut quote: Option<u8> = None;
+    let mut escaped = false;
+    // The indentation of the line that opened a block scalar (`|`, `>`): lines indented
+    // deeper are its text.
+    let mut block_scalar: Option<usize> = None;
+    for (number, line) in text.lines().enumerate() {
+        let bytes = line.as_bytes();
+        let indent = bytes.iter().take_while(|b| **b == b' ').count();
+        let blank = bytes[indent..].iter().all(u8::is_ascii_whitespace);
+        if let Some(parent) = block_scalar {
+            if blank || indent > parent {
+                continue;
+            }
+            block_scalar = None;
+        }
+        let in_block = flow == 0 && quote.is_none();
+        if in_block {
+            if blank || bytes[indent] == b'#' {
+                continue;
+            }
+            while indents.last().is_some_and(|top| *top >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+        }
+        // The previous byte that is not a space, on this line (none at its start).
+        let mut previous: Option<u8> = None;
+        let mut markers_only = true;
+        let mut last = 0usize;
+        for (column, &byte) in bytes.iter().enumerate().skip(indent) {
+            if let Some(open) = quote {
+                if escaped {
+                    escaped = false;
+                } else if open == b'"' && byte == b'\\' {
+                    escaped = true;
+                } else if byte == open {
+                    quote = None;
+                }
+                previous = Some(byte);
+                last = column;
+                continue;
+            }
+            match byte {
+                b' ' | b'\t' => continue,
+                b'#' if column == 0 || bytes[column - 1] == b' ' || bytes[column - 1] == b'\t' => {
+                    break;
+                }
+                b'"' | b'\''
+                    if matches!(
+                        previous,
+                        None | Some(b':' | b'-' | b'[' | b'{' | b',' | b'?')
+                    ) =>
+                {
+                    quote = Some(byte);
+                }
+                b'[' | b'{' => flow += 1,
+                b']' | b'}' => flow = flow.saturating_sub(1),
+                b'-' if flow == 0
+                    && markers_only
+                    && bytes.get(column + 1).is_none_or(|b| *b == b' ') =>
+                {
+                    if indents.last().is_some_and(|top| *top < column) {
+                        indents.push(column);
+                    }
+                }
+                _ => markers_only = false,
+            }
+            if matches!(byte, b'[' | b'{' | b'"' | b'\'') {
+                markers_only = false;
+            }
+            if indents.len() + flow > max {
+                return Some(number + 1);
+            }
+            previous = Some(byte);
+            last = column;
+        }
+        if indents.len() + flow > max {
+            return Some(number + 1);
+        }
+        // `key: |-` or `- >`: the following deeper lines are text.
+        if flow == 0 && quote.is_none() && !blank {
+            let mut tail = &bytes[..=last.min(bytes.len() - 1)];
+            while let [rest @ .., b'-' | b'+' | b'0'..=b'9'] = tail {
+                tail = rest;
+            }
+            if let [before @ .., b'|' | b'>'] = tail
+                && matches!(before.last(), None | Some(b' ' | b':' | b'-'))
+            {
+                block_scalar = Some(indent);
+            }
+        }
+    }
+    None
 }
 
 /// serde_yaml's message with the position spelt out the same way every time.
@@ -456,13 +760,67 @@ mod tests {
             bomb.push_str(&format!("{next}: &{next} [{refs}]\n"));
         }
         bomb.push_str("metadata:\n  labels: *i\n");
-        let deep_yaml = "[".repeat(10_000);
+        let (field, message) = field_of(pod_template("executor_pod_template", &bomb).unwrap_err());
+        assert_eq!(field, "executor_pod_template");
+        assert!(message.starts_with("not valid"), "{message}");
+        // Nesting is refused by the scan, before the parser (quadratic in the depth) runs.
+        let deep_flow = "[".repeat(100_000);
         let deep_json = "{\"a\":".repeat(10_000);
-        for text in [bomb.as_str(), &deep_yaml, &deep_json] {
+        let deep_block: String = (0..40)
+            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+            .collect();
+        let deep_dashes = format!("{}x\n", "- ".repeat(40));
+        for text in [&deep_flow, &deep_json, &deep_block, &deep_dashes] {
+            let started = std::time::Instant::now();
             let (field, message) =
                 field_of(pod_template("executor_pod_template", text).unwrap_err());
             assert_eq!(field, "executor_pod_template");
-            assert!(message.starts_with("not valid"), "{message}");
+            assert!(message.contains("nested more than 32 levels"), "{message}");
+            assert!(started.elapsed() < std::time::Duration::from_millis(500));
+        }
+        let big = format!("{TEMPLATE}# {}\n", "x".repeat(300 * 1024));
+        let (_, message) = field_of(pod_template("executor_pod_template", &big).unwrap_err());
+        assert!(message.contains("limits.max_template_bytes"), "{message}");
+    }
+
+    #[test]
+    fn the_depth_scan_counts_what_nests_and_skips_what_does_not() {
+        // (text, depth the scan must accept, one less it must refuse)
+        let rows: &[(&str, usize)] = &[
+            ("a: 1\n", 1),
+            ("a:\n  b:\n    c: 1\n", 3),
+            ("a: [[1], {b: [2]}]\n", 4),
+            ("- - - x\n", 3),
+            ("a:\n- b: 1\n  c:\n    d: 1\n", 3),
+            ("a: \"[[[[[\"\nb: '{{{{'\n", 1),
+            ("a: x # [[[[[[\n", 1),
+            ("s: |\n  [[[[[[\n  {{{{{{\nb: 1\n", 1),
+            ("{\"a\": {\n  \"b\": {\n    \"c\": 1}}}\n", 4),
+            ("it: it's [x]\n", 2),
+        ];
+        for (text, depth) in rows {
+            assert_eq!(too_deep(text, *depth), None, "{text:?} at {depth}");
+            assert!(
+                too_deep(text, depth - 1).is_some(),
+                "{text:?} under {depth}"
+            );
+        }
+        let spark_like = "apiVersion: v1\nkind: Pod\nspec:\n  affinity:\n    nodeAffinity:\n      \
+            requiredDuringSchedulingIgnoredDuringExecution:\n        nodeSelectorTerms:\n        \
+            - matchExpressions:\n          - key: zone\n            operator: In\n            \
+            values: [a, b]\n";
+        assert_eq!(too_deep(spark_like, 32), None);
+    }
+
+    proptest::proptest! {
+        /// Any text, however broken, is scanned without a panic, and a deeper limit never
+        /// refuses what a shallower one accepts.
+        #[test]
+        fn the_depth_scan_takes_any_text(text in "[ -~\\n\\t\u{e9}\u{1f600}]{0,200}", max in 1usize..8) {
+            let shallow = too_deep(&text, max);
+            if shallow.is_none() {
+                proptest::prop_assert!(too_deep(&text, max + 1).is_none());
+            }
         }
     }
 
@@ -536,7 +894,7 @@ mod tests {
                 check_all_containers: true,
                 ..AllocationSettings::default()
             },
-            executor_pod_template: None,
+            ..Default::default()
         };
         let s = start(with(None, None), &defaults).unwrap().settings;
         assert_eq!(
@@ -610,19 +968,27 @@ mod tests {
     #[test]
     fn targets_need_non_negative_profiles() {
         let (field, _) = field_of(
-            set_total_expected(proto::SetTotalExpectedRequest {
-                application_id: "a".into(),
-                executors_per_profile: HashMap::from([(0, 3), (-2, 1)]),
-                ..Default::default()
-            })
+            set_total_expected(
+                proto::SetTotalExpectedRequest {
+                    application_id: "a".into(),
+                    executors_per_profile: HashMap::from([(0, 3), (-2, 1)]),
+                    ..Default::default()
+                },
+                &StartDefaults::default(),
+                None,
+            )
             .unwrap_err(),
         );
         assert_eq!(field, "executors_per_profile[-2]");
-        let expected = set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: "a".into(),
-            executors_per_profile: HashMap::from([(0, 3), (1, 0)]),
-            ..Default::default()
-        })
+        let expected = set_total_expected(
+            proto::SetTotalExpectedRequest {
+                application_id: "a".into(),
+                executors_per_profile: HashMap::from([(0, 3), (1, 0)]),
+                ..Default::default()
+            },
+            &StartDefaults::default(),
+            None,
+        )
         .unwrap();
         assert_eq!(
             expected.targets,
@@ -658,7 +1024,8 @@ mod tests {
         ];
         for (templates, refused) in cases {
             let what = format!("{templates:?}");
-            match (set_total_expected(request(templates)), refused) {
+            let checked = set_total_expected(request(templates), &StartDefaults::default(), None);
+            match (checked, refused) {
                 (Ok(expected), None) => {
                     assert_eq!(
                         expected.templates.keys().copied().collect::<Vec<_>>(),

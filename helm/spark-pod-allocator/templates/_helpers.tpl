@@ -83,6 +83,35 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "key_file" "/etc/spark-pod-allocator-tls/tls.key"
   "reload_interval_ms" .Values.tls.reloadIntervalMs) -}}
 {{- end -}}
+{{- $p := .Values.podPolicy -}}
+{{- $_ := set $config "pod_policy" (dict
+  "enforce" $p.enforce
+  "allow_privileged" $p.allowPrivileged
+  "allow_privilege_escalation" $p.allowPrivilegeEscalation
+  "allowed_capabilities" $p.allowedCapabilities
+  "allow_host_path" $p.allowHostPath
+  "allow_host_namespaces" $p.allowHostNamespaces
+  "allow_node_name" $p.allowNodeName
+  "allowed_service_accounts" $p.allowedServiceAccounts
+  "allowed_finalizers" $p.allowedFinalizers) -}}
+{{- $l := .Values.limits -}}
+{{- $_ := set $config "limits" (dict
+  "max_template_bytes" $l.maxTemplateBytes
+  "max_template_depth" $l.maxTemplateDepth
+  "max_resource_profiles" $l.maxResourceProfiles
+  "max_executors_per_application" $l.maxExecutorsPerApplication
+  "max_creates_per_round" $l.maxCreatesPerRound
+  "template_parsers" $l.templateParsers) -}}
+{{- $g := .Values.grpc -}}
+{{- $_ := set $config "grpc" (dict
+  "max_message_bytes" $g.maxMessageBytes
+  "max_concurrent_streams" $g.maxConcurrentStreams
+  "max_connections" $g.maxConnections
+  "handshake_timeout_ms" $g.handshakeTimeoutMs
+  "keepalive_interval_ms" $g.keepaliveIntervalMs
+  "keepalive_timeout_ms" $g.keepaliveTimeoutMs
+  "request_timeout_ms" $g.requestTimeoutMs
+  "max_header_list_bytes" $g.maxHeaderListBytes) -}}
 {{- if .Values.defaultExecutorPodTemplate }}
 {{- $_ := set $config "default_executor_pod_template" "/etc/spark-pod-allocator/executor-pod-template.yaml" -}}
 {{- end -}}

@@ -113,3 +113,31 @@ fn ids_run_out_at_u64_max_without_wrapping() {
     assert_eq!(plan.refused, BTreeMap::from([(rp(0), 1)]));
     assert_eq!(a.last_executor_id(), u64::MAX);
 }
+
+#[test]
+fn one_round_plans_at_most_the_round_cap_over_all_profiles() {
+    // Four profiles of batch size 10 would ask for 40; the cap splits 10 over them.
+    let mut a = Allocator::new(settings(), 0).with_round_cap(10);
+    a.set_targets(&targets(&[
+        (0, u32::MAX),
+        (1, u32::MAX),
+        (2, u32::MAX),
+        (3, u32::MAX),
+    ]));
+    let plan = a.round(snapshot(&[]), secs(0));
+    let per_profile = |p: i32| creates(&plan).iter().filter(|(_, q)| *q == p).count();
+    assert_eq!(plan.creates.len(), 10);
+    assert_eq!(
+        (
+            per_profile(0),
+            per_profile(1),
+            per_profile(2),
+            per_profile(3)
+        ),
+        (3, 3, 2, 2)
+    );
+    // Without a cap: the batch size per profile, as Spark.
+    let mut uncapped = Allocator::new(settings(), 0);
+    uncapped.set_targets(&targets(&[(0, u32::MAX), (1, u32::MAX)]));
+    assert_eq!(uncapped.round(snapshot(&[]), secs(0)).creates.len(), 20);
+}
