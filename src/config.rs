@@ -184,6 +184,9 @@ pub struct AllocationConfig {
     /// With restartPolicy Never, any container terminated non-zero marks the executor
     /// Failed; for applications whose Start does not give `settings.check_all_containers`.
     pub check_all_containers: bool,
+    /// `spark` (Spark's allocator exactly) or `adaptive`, for applications whose Start
+    /// does not give `settings.policy`.
+    pub policy: Option<crate::allocator::AllocationPolicy>,
 }
 
 /// Logging.
@@ -245,6 +248,7 @@ impl Default for AllocationConfig {
             delete_on_termination: None,
             executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
             check_all_containers: false,
+            policy: None,
         }
     }
 }
@@ -409,6 +413,7 @@ impl Settings {
             delete_on_termination: a.delete_on_termination,
             executor_container_name: Some(a.executor_container_name.clone()),
             check_all_containers: Some(a.check_all_containers),
+            policy: a.policy,
         })
     }
 
