@@ -1055,7 +1055,10 @@ impl UpkeepWork {
             Some(highest) => pods
                 .record_last_executor_id(namespace, id_record, highest)
                 .await
-                .map(|()| Some(highest))
+                .map(|()| {
+                    pods.metrics().id_record_written();
+                    Some(highest)
+                })
                 .map_err(|err| crate::k8s::describe_error(&err)),
         };
         Upkeep {
