@@ -524,6 +524,26 @@ mod tests {
     }
 
     #[test]
+    fn the_allocation_policy_is_a_server_default_from_file_or_env() {
+        use crate::allocator::AllocationPolicy;
+        let f = file("toml", "[allocation]\npolicy = \"adaptive\"\n");
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.allocation_defaults().policy, AllocationPolicy::Adaptive);
+        let s = Settings::load_with_env(
+            Some(f.path()),
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__POLICY", "spark")]),
+        )
+        .unwrap();
+        assert_eq!(s.allocation_defaults().policy, AllocationPolicy::Spark);
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__POLICY", "fast")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("allocation.policy"), "{err}");
+    }
+
+    #[test]
     fn metrics_listen_is_off_by_default_and_when_empty() {
         let s = Settings::load_with_env(None, env(&[])).unwrap();
         assert_eq!(s.metrics.listen, None);
