@@ -194,6 +194,9 @@ pub struct AllocationConfig {
     /// With restartPolicy Never, any container terminated non-zero marks the executor
     /// Failed; for applications whose Start does not give `settings.check_all_containers`.
     pub check_all_containers: bool,
+    /// `spark` (Spark's allocator exactly) or `adaptive`, for applications whose Start
+    /// does not give `settings.policy`.
+    pub policy: Option<crate::allocator::AllocationPolicy>,
 }
 
 /// Logging.
@@ -260,6 +263,7 @@ impl Default for AllocationConfig {
             delete_on_termination: None,
             executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
             check_all_containers: false,
+            policy: None,
         }
     }
 }
@@ -462,6 +466,7 @@ impl Settings {
             delete_on_termination: a.delete_on_termination,
             executor_container_name: Some(a.executor_container_name.clone()),
             check_all_containers: Some(a.check_all_containers),
+            policy: a.policy,
         })
     }
 
@@ -569,6 +574,26 @@ mod tests {
             DEFAULT_EXECUTOR_CONTAINER
         );
         assert_eq!(s.allocation_defaults(), AllocationSettings::default());
+    }
+
+    #[test]
+    fn the_allocation_policy_is_a_server_default_from_file_or_env() {
+        use crate::allocator::AllocationPolicy;
+        let f = file("toml", "[allocation]\npolicy = \"adaptive\"\n");
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.allocation_defaults().policy, AllocationPolicy::Adaptive);
+        let s = Settings::load_with_env(
+            Some(f.path()),
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__POLICY", "spark")]),
+        )
+        .unwrap();
+        assert_eq!(s.allocation_defaults().policy, AllocationPolicy::Spark);
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__POLICY", "fast")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("allocation.policy"), "{err}");
     }
 
     #[test]

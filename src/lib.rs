@@ -8,12 +8,14 @@
 //! - [`grpc`]: the tonic service; validates requests at the edge.
 //! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
+//! - [`bench`]: the `bench` command's scenarios against the simulated cluster.
 //! - [`config`]: layered configuration (defaults < file < environment).
 #![forbid(unsafe_code)]
 
 pub mod allocator;
 pub mod app;
 pub mod auth;
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod grpc;

@@ -15,7 +15,7 @@ use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
 use spark_pod_allocator::sim::{self, SimCluster};
-use spark_pod_allocator::{demo, k8s};
+use spark_pod_allocator::{bench, demo, k8s};
 
 /// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
 #[derive(Debug, Parser)]
@@ -59,6 +59,11 @@ enum Command {
     },
     /// The simulated cluster, the service and a scripted driver, in one process.
     Demo,
+    /// Measure a scenario against a simulated cluster in this process (see docs/benchmarks.md).
+    Bench {
+        #[command(subcommand)]
+        scenario: bench::Scenario,
+    },
 }
 
 /// `--listen`, with the expected form in the error.
@@ -86,7 +91,7 @@ fn main() -> ExitCode {
     };
     // The demo's table owns the terminal: only warnings unless RUST_LOG asks for more.
     let default_filter = match cli.command {
-        Command::Demo => "warn",
+        Command::Demo | Command::Bench { .. } => "warn",
         _ => settings.log.filter.as_str(),
     };
     if let Err(err) = init_tracing(format, default_filter) {
@@ -107,6 +112,7 @@ fn main() -> ExitCode {
                 simulate(settings, listen, &kubeconfig).await
             }
             Command::Demo => demo::run().await.map(|_| ()),
+            Command::Bench { scenario } => bench::run(scenario).await,
         }
     });
     match result {

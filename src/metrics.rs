@@ -117,6 +117,7 @@ struct Inner {
     rpcs: Family<RpcLabels, Counter>,
     rpc_seconds: HistogramFamily<MethodLabels>,
     pods_created: Counter,
+    id_record_writes: Counter,
     pods_deleted: Family<ReasonLabels, Counter>,
     create_failures: Family<CreateFailureLabels, Counter>,
     applications: Gauge,
@@ -170,6 +171,12 @@ impl Metrics {
             "executor_pods_created",
             "Executor pods the API server accepted",
             pods_created.clone(),
+        );
+        let id_record_writes = Counter::default();
+        registry.register(
+            "id_record_writes",
+            "Writes of the executor-id records (one reserves a block of ids)",
+            id_record_writes.clone(),
         );
         let pods_deleted = Family::<ReasonLabels, Counter>::default();
         registry.register(
@@ -276,6 +283,7 @@ impl Metrics {
                 rpcs,
                 rpc_seconds,
                 pods_created,
+                id_record_writes,
                 pods_deleted,
                 create_failures,
                 applications,
@@ -316,6 +324,11 @@ impl Metrics {
     /// Executor pods the API server accepted.
     pub fn pods_created(&self, count: u64) {
         self.inner.pods_created.inc_by(count);
+    }
+
+    /// An executor-id record written (a block of ids reserved).
+    pub fn id_record_written(&self) {
+        self.inner.id_record_writes.inc();
     }
 
     /// Executor pods the API server deleted.

@@ -17,7 +17,7 @@ use kube::api::{
 use serde_json::json;
 use spark_pod_allocator::allocator::pod_builder::stable_hash;
 use spark_pod_allocator::allocator::{
-    AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
+    AllocationPolicy, AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
 };
 use spark_pod_allocator::app::{
     AppError, AppId, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
@@ -1294,4 +1294,39 @@ async fn executors_registered_with_the_driver_are_never_deleted_on_downscale() {
     assert!(deleted.is_subset(&BTreeSet::from([3, 4])), "{deleted:?}");
     assert_eq!(cluster_ids(&h.sim, NS, "app-reg").await, range(1, 2));
     h.apps.stop(&id("app-reg")).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_adaptive_application_doubles_its_requests_and_resets_on_quota_refusals() {
+    let h = harness().await;
+    let app = "app-adaptive";
+    let mut req = request(app, NS);
+    req.settings.batch_size = 2;
+    req.settings.policy = AllocationPolicy::Adaptive;
+    start(&h.apps, req).await;
+    set_targets_and_round(&h, app, 100).await;
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 2));
+    // Every round's creates accepted, pods seen (Pending: nothing piles up beyond the
+    // window): 2, then 4, then 8 per round.
+    wait_seen(&h, app, range(1, 2)).await;
+    advance_round(&h, app, BATCH_DELAY).await;
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 6));
+    wait_seen(&h, app, range(1, 6)).await;
+    advance_round(&h, app, BATCH_DELAY).await;
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 14));
+    wait_seen(&h, app, range(1, 14)).await;
+    // The namespace's quota is full: the 16 creates of the next round are refused, the
+    // window goes back to the batch size, and the round backs off as for any failed round.
+    h.sim.set_faults(FaultSettings {
+        quota_fraction: 1.0,
+        ..FaultSettings::default()
+    });
+    advance_round(&h, app, BATCH_DELAY).await;
+    assert_eq!(h.apps.status(&id(app)).await.unwrap().last_executor_id, 30);
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 14));
+    h.sim.set_faults(FaultSettings::default());
+    advance_round(&h, app, Duration::from_secs(2)).await;
+    let ids = cluster_ids(&h.sim, NS, app).await;
+    assert_eq!(ids, range(1, 14).union(&range(31, 32)).copied().collect());
+    assert_eq!(h.apps.stop(&id(app)).await.unwrap(), 16);
 }

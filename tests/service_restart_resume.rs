@@ -11,6 +11,7 @@ use kube::api::{Api, ListParams};
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
@@ -142,15 +143,29 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         .await
         .expect("the registration's ConfigMap");
     let registration: Registration =
-        serde_json::from_str(&stored.data.expect("data")[REGISTRATION_KEY]).expect("JSON");
+        serde_json::from_str(&stored.data.as_ref().expect("data")[REGISTRATION_KEY]).expect("JSON");
     assert_eq!(registration.targets.get(&0), Some(&6));
+    // The id record reserved a block: ids up to what the target lacks may be in use,
+    // more than the killed service created.
+    let recorded = stored.data.as_ref().expect("data")[LAST_EXECUTOR_ID_KEY]
+        .parse::<u64>()
+        .expect("a number");
+    let highest_at_kill = at_kill.iter().max().copied().unwrap_or(0);
+    assert!(
+        recorded >= highest_at_kill && recorded == 6,
+        "record {recorded}, created {at_kill:?}"
+    );
 
     // A new service, and no call from the driver: the scale-up completes.
     let (_second, mut client) = serve(&kubeconfig).await;
     until("6 executors", async || executor_ids(&sim).await.len() == 6).await;
     let ids = executor_ids(&sim).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
-    assert_eq!(ids, (1..=6).collect(), "ids continue, none reused");
+    // The new ids start above the reserved block: none of the block is used again, even
+    // the ids the killed service never created.
+    let new: BTreeSet<u64> = ids.difference(&at_kill).copied().collect();
+    let expected: BTreeSet<u64> = (recorded + 1..=recorded + new.len() as u64).collect();
+    assert_eq!(new, expected, "ids continue after the block, none reused");
 
     // The next call just works.
     let status = client
@@ -161,7 +176,10 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         .expect("GetStatus")
         .into_inner();
     assert_eq!(status.profiles[0].target, 6);
-    assert_eq!(status.last_executor_id, 6);
+    assert_eq!(
+        u64::try_from(status.last_executor_id).ok(),
+        ids.iter().max().copied()
+    );
     let stopped = client
         .stop(proto::StopRequest {
             application_id: APP.into(),

@@ -48,7 +48,11 @@
 //! - Not here, by design: Stop's collection delete, lifecycle reports to the driver (states
 //!   carry exit code, reason and message for them), and any backoff for failing creates
 //!   (`create_failed` just forgets the request, as Spark does; the service owns retries).
+//! - Beyond Spark, opt-in: the ADAPTIVE policy ([`adaptive`]) bounds the requests not yet
+//!   seen by a window fed by `creates_answered` instead of `batch_size` per round.
 
+pub mod adaptive;
+pub mod id_block;
 pub mod pod_builder;
 pub mod pod_policy;
 pub mod round;
@@ -58,9 +62,11 @@ pub mod state;
 mod tracked;
 pub mod types;
 
+pub use adaptive::{CreateOutcomes, CreateRefusal, CreateWindow};
+pub use id_block::IdBlocks;
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
 pub use round::{Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan};
-pub use settings::{AllocationOverrides, AllocationSettings, SettingsError};
+pub use settings::{AllocationOverrides, AllocationPolicy, AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
 pub use types::{ExecutorId, ResourceProfileId, Timestamp};

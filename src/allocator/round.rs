@@ -1,7 +1,8 @@
 //! One allocation round per application: Spark's rules, returning a plan to carry out.
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::settings::AllocationSettings;
+use super::adaptive::{CreateOutcomes, CreateWindow};
+use super::settings::{AllocationPolicy, AllocationSettings};
 use super::snapshot::SnapshotBatch;
 use super::tracked::TrackedExecutors;
 use super::types::{ExecutorId, ResourceProfileId, Timestamp};
@@ -27,6 +28,9 @@ pub struct RoundPlan {
     pub timed_out: Vec<ExecutorId>,
     /// Unknown pending + newly created executors remain.
     pub outstanding: bool,
+    /// Executors the targets still lack after this round's creates (what the id record
+    /// may reserve ahead, see [`super::id_block`]).
+    pub still_wanted: u64,
 }
 
 /// Counts of one resource profile, for status reports.
@@ -98,14 +102,27 @@ pub struct Allocator {
     last_executor_id: u64,
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
+    /// Executors Running (not deleted), as of the last round.
+    running: u64,
     outstanding: bool,
     /// Creates one round may plan over all profiles.
     round_cap: u64,
+    /// The ADAPTIVE policy's window (kept, unused, under SPARK).
+    window: CreateWindow,
 }
+
+/// The create rate the ADAPTIVE window assumes until [`Allocator::set_create_rate`] tells
+/// the service's own (the service's default QPS).
+pub const DEFAULT_CREATE_RATE: u32 = 50;
 
 impl Allocator {
     /// Starts after `last_executor_id` (0 for a new application, the highest id found on resume).
     pub fn new(settings: AllocationSettings, last_executor_id: u64) -> Self {
+        let window = CreateWindow::new(
+            settings.batch_size,
+            settings.batch_delay_ms(),
+            DEFAULT_CREATE_RATE,
+        );
         Self {
             settings,
             targets: BTreeMap::new(),
@@ -116,8 +133,10 @@ impl Allocator {
             tracked: TrackedExecutors::default(),
             last_executor_id,
             unknown_pending: 0,
+            running: 0,
             outstanding: false,
             round_cap: u64::MAX,
+            window,
         }
     }
     /// The same allocator planning at most `cap` creates per round over all profiles
@@ -126,6 +145,28 @@ impl Allocator {
     pub fn with_round_cap(mut self, cap: u32) -> Self {
         self.round_cap = u64::from(cap.max(1));
         self
+    }
+    /// The creates per second the service sends for this application: the ADAPTIVE
+    /// window's ceiling (resets the window).
+    pub fn set_create_rate(&mut self, per_second: u32) {
+        self.window = CreateWindow::new(
+            self.settings.batch_size,
+            self.settings.batch_delay_ms(),
+            per_second,
+        );
+    }
+    /// The answers to a round's creates (accepted and refused by cause): under ADAPTIVE
+    /// they grow or shrink the window; under SPARK they change nothing. Failed requests
+    /// are forgotten by [`Self::create_failed`] as before.
+    pub fn creates_answered(&mut self, outcomes: &CreateOutcomes) {
+        if self.settings.policy == AllocationPolicy::Adaptive {
+            self.window
+                .answered(outcomes, self.running, self.unknown_pending);
+        }
+    }
+    /// The ADAPTIVE window: requests that may be sent and not yet seen at once.
+    pub fn create_window(&self) -> &CreateWindow {
+        &self.window
     }
     /// Stores the targets (profiles left out keep theirs). Returns true when nothing is
     /// outstanding, i.e. the caller should run a round now (notify now).
@@ -232,10 +273,14 @@ impl Allocator {
         let mut askers: Vec<(usize, u64)> = Vec::new();
         let mut total_unknown_pending = 0u64;
         let mut total_not_running = 0u64;
+        let mut total_running = 0u64;
+        let mut total_lacking = 0u64;
+        let adaptive = self.settings.policy == AllocationPolicy::Adaptive;
         for (index, tally) in tallies.iter_mut().enumerate() {
             let target = u64::from(tally.target);
             let had_newly_created = tally.unknown_newly_created > 0;
             let count = tally.running + tally.not_running();
+            total_lacking = total_lacking.saturating_add(target.saturating_sub(count));
             if count > target {
                 let excess = usize::try_from(count - target).unwrap_or(usize::MAX);
                 let newly: Vec<ExecutorId> = self
@@ -273,11 +318,13 @@ impl Allocator {
             }
             total_unknown_pending += tally.unknown_pending;
             total_not_running += tally.not_running();
+            total_running += tally.running;
             let room_in_profile = match self.settings.max_pending_pods_per_profile {
                 Some(cap) => u64::from(cap).saturating_sub(tally.not_running()),
                 None => u64::MAX,
             };
-            if !had_newly_created && count < target && room_in_profile > 0 {
+            // ADAPTIVE asks while requests are unseen: the window bounds them instead.
+            if (adaptive || !had_newly_created) && count < target && room_in_profile > 0 {
                 askers.push((index, count));
             }
         }
@@ -292,11 +339,18 @@ impl Allocator {
         }
 
         // 6. Allocate within the pending caps, splitting the free slots over the askers.
-        let remaining = match self.settings.max_pending_pods {
+        let mut remaining = match self.settings.max_pending_pods {
             Some(cap) => u64::from(cap).saturating_sub(total_not_running),
             None => u64::MAX,
         }
         .min(self.round_cap);
+        let per_round = if adaptive {
+            let unseen = self.newly_created.len() as u64;
+            remaining = remaining.min(self.window.size().saturating_sub(unseen));
+            u64::MAX
+        } else {
+            u64::from(self.settings.batch_size)
+        };
         if remaining > 0 && !askers.is_empty() {
             let k = askers.len() as u64;
             let (share, extra) = if remaining == u64::MAX {
@@ -316,7 +370,7 @@ impl Allocator {
                     None => u64::MAX,
                 };
                 let wanted = (u64::from(tally.target) - count)
-                    .min(u64::from(self.settings.batch_size))
+                    .min(per_round)
                     .min(slots)
                     .min(room_in_profile);
                 // 7. Each new executor takes the next id, unless past the lifetime cap.
@@ -347,7 +401,9 @@ impl Allocator {
         }
 
         // 8. Publish.
+        plan.still_wanted = total_lacking.saturating_sub(plan.creates.len() as u64);
         self.unknown_pending = total_unknown_pending;
+        self.running = total_running;
         self.outstanding = total_unknown_pending + self.newly_created.len() as u64 > 0;
         plan.outstanding = self.outstanding;
         plan

@@ -27,6 +27,20 @@ pub struct AllocationSettings {
     pub executor_container_name: String,
     /// spark.kubernetes.executor.checkAllContainers (default false).
     pub check_all_containers: bool,
+    /// How many executors a round may request (default [`AllocationPolicy::Spark`]).
+    pub policy: AllocationPolicy,
+}
+
+/// How many executors one round may request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllocationPolicy {
+    /// Spark's allocator exactly: `batch_size` per profile per round, none while one of the
+    /// profile's requests is not yet seen. The default, so a driver behaves as under Spark.
+    #[default]
+    Spark,
+    /// Slow start bounded by the create rate: see [`super::adaptive`].
+    Adaptive,
 }
 
 /// A setting that violates its rule; names the setting.
@@ -55,6 +69,7 @@ impl Default for AllocationSettings {
             delete_on_termination: true,
             executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
             check_all_containers: false,
+            policy: AllocationPolicy::Spark,
         }
     }
 }
@@ -83,6 +98,7 @@ pub struct AllocationOverrides {
     pub delete_on_termination: Option<bool>,
     pub executor_container_name: Option<String>,
     pub check_all_containers: Option<bool>,
+    pub policy: Option<AllocationPolicy>,
 }
 
 impl AllocationSettings {
@@ -119,6 +135,9 @@ impl AllocationSettings {
         if let Some(v) = o.check_all_containers {
             self.check_all_containers = v;
         }
+        if let Some(v) = o.policy {
+            self.policy = v;
+        }
         self
     }
 
@@ -137,6 +156,7 @@ impl AllocationSettings {
             delete_on_termination,
             executor_container_name,
             check_all_containers,
+            policy,
         } = self;
         [
             (*batch_size != other.batch_size, "batch_size"),
@@ -170,6 +190,7 @@ impl AllocationSettings {
                 *check_all_containers != other.check_all_containers,
                 "check_all_containers",
             ),
+            (*policy != other.policy, "policy"),
         ]
         .into_iter()
         .find_map(|(differs, name)| differs.then_some(name))

@@ -16,9 +16,9 @@ use super::feed::{ExecutorEvents, Feed};
 use super::registration::{REGISTRATION_KEY, Registration};
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPod, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ExecutorState, ResourceProfileId, SnapshotStore, StateRules, Timestamp,
-    executor_pod_from,
+    Allocator, AllocatorStatus, CreateOutcomes, CreateRefusal, DriverOwner, ExecutorId,
+    ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
+    ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
 use crate::k8s::pods::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
@@ -98,8 +98,8 @@ pub(crate) struct Actor {
     pub clock: Arc<dyn Clock>,
     /// Where the highest executor id handed out is recorded.
     pub id_record: IdRecord,
-    /// The highest executor id recorded there.
-    pub recorded_last_id: u64,
+    /// The ids the record covers, reserved in blocks.
+    pub id_blocks: IdBlocks,
     /// The driver pod, when Start named one.
     pub driver: Option<DriverLife>,
     /// Forgets the application once its driver ended and the grace period passed.
@@ -713,12 +713,18 @@ impl State {
                 .or_default()
                 .extend(request.ids);
         }
+        let max_executors = self.actor.allocator.settings().max_executors;
         let record = plan
             .creates
             .iter()
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id.0)
             .max()
-            .filter(|highest| highest.0 > self.actor.recorded_last_id);
+            .and_then(|highest| {
+                self.actor
+                    .id_blocks
+                    .to_record(highest, plan.still_wanted, max_executors)
+            })
+            .map(ExecutorId);
         let upkeep = UpkeepWork {
             deletes: std::mem::take(&mut self.retry_deletes),
             finished: self.finished_to_clean_up(),
@@ -877,7 +883,7 @@ impl State {
                     self.registration_dirty = true;
                 }
                 if let Ok(Some(id)) = upkeep.recorded {
-                    self.actor.recorded_last_id = self.actor.recorded_last_id.max(id.0);
+                    self.actor.id_blocks.recorded(id.0);
                 }
                 // A round with creates is counted once they are answered.
                 if !upkeep.with_creates {
@@ -911,18 +917,28 @@ impl State {
         let requested = results.len();
         let mut failed = 0usize;
         let mut first_error = None;
+        let mut outcomes = CreateOutcomes::default();
         let now = self.actor.clock.now();
         let metrics = self.actor.pods.metrics().clone();
         for (id, result) in results {
             let profile = self.create_profiles.remove(&id).unwrap_or_default();
             match &result {
                 Ok(()) => {
+                    outcomes.accepted += 1;
                     metrics.pods_created(1);
                     self.failures.create_passed(profile);
                 }
                 Err(err) => {
-                    if let Some((status, reason, _)) = super::failures::create_failure_cause(err) {
+                    if let Some((status, reason, message)) =
+                        super::failures::create_failure_cause(err)
+                    {
                         metrics.pod_create_failed(status, &reason);
+                        // Not sent for want of an id record: nothing the API server said.
+                        if !matches!(err, CreateError::IdNotRecorded(_)) {
+                            outcomes
+                                .refused
+                                .push(CreateRefusal::of_status(status, &message));
+                        }
                     }
                     self.failures.create_failed(profile, err, now);
                 }
@@ -936,6 +952,7 @@ impl State {
                 }
             }
         }
+        self.actor.allocator.creates_answered(&outcomes);
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
             self.failed_create_rounds = 0;
@@ -1035,7 +1052,10 @@ impl UpkeepWork {
             Some(highest) => pods
                 .record_last_executor_id(namespace, id_record, highest)
                 .await
-                .map(|()| Some(highest))
+                .map(|()| {
+                    pods.metrics().id_record_written();
+                    Some(highest)
+                })
                 .map_err(|err| crate::k8s::describe_error(&err)),
         };
         Upkeep {

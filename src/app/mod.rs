@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::allocator::types::{DRIVER_ROLE, ROLE_LABEL};
 use crate::allocator::{
     AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, ResourceProfileId, SnapshotStore, TemplateError, Timestamp,
+    ExecutorPodsSnapshot, IdBlocks, ResourceProfileId, SnapshotStore, TemplateError, Timestamp,
     executor_pod_from,
 };
 use crate::config::Settings;
@@ -422,6 +422,7 @@ impl Applications {
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
         let mut allocator = Allocator::new(req.settings.clone(), last_executor_id)
             .with_round_cap(self.inner.ctx.options.max_creates_per_round);
+        allocator.set_create_rate(self.inner.ctx.options.qps);
         // Pods being deleted when the service stopped count as deleted again (IsDeleted).
         allocator.restore_deleted(
             found
@@ -452,7 +453,7 @@ impl Applications {
             pods: self.inner.pods.clone(),
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: id_record.clone(),
-            recorded_last_id: recorded,
+            id_blocks: IdBlocks::new(recorded),
             driver: driver.as_ref().map(|d| DriverLife {
                 pod_name: d.name.clone(),
                 followed: d.followed,

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 use super::{AppId, StartApplication};
-use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
+use crate::allocator::{AllocationPolicy, AllocationSettings, ExecutorId, ResourceProfileId};
 
 /// Data key of the registration in the application's ConfigMap.
 pub const REGISTRATION_KEY: &str = "registration";
@@ -47,6 +47,9 @@ pub struct StoredSettings {
     pub delete_on_termination: bool,
     pub executor_container_name: String,
     pub check_all_containers: bool,
+    /// Absent in registrations written before the policy existed: SPARK.
+    #[serde(default)]
+    pub policy: AllocationPolicy,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -66,6 +69,7 @@ impl From<&AllocationSettings> for StoredSettings {
             delete_on_termination: s.delete_on_termination,
             executor_container_name: s.executor_container_name.clone(),
             check_all_containers: s.check_all_containers,
+            policy: s.policy,
         }
     }
 }
@@ -83,6 +87,7 @@ impl From<&StoredSettings> for AllocationSettings {
             delete_on_termination: s.delete_on_termination,
             executor_container_name: s.executor_container_name.clone(),
             check_all_containers: s.check_all_containers,
+            policy: s.policy,
         }
     }
 }

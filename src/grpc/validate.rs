@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 
 use crate::allocator::pod_policy::{PodPolicy, TemplateUse};
-use crate::allocator::{AllocationOverrides, AllocationSettings, ExecutorId, ResourceProfileId};
+use crate::allocator::{
+    AllocationOverrides, AllocationPolicy, AllocationSettings, ExecutorId, ResourceProfileId,
+};
 use crate::app::{AppError, AppId, Placement, StartApplication};
 use crate::config::is_dns_label;
 use crate::proto;
@@ -191,6 +193,7 @@ pub fn settings(
     let defaults = &server.settings;
     let mut merged = match requested {
         Some(s) => defaults.clone().with_overrides(&AllocationOverrides {
+            policy: policy(s.policy)?,
             batch_size: s.batch_size,
             batch_delay_ms: s.batch_delay_ms,
             executor_timeout_ms: s.executor_timeout_ms,
@@ -232,6 +235,23 @@ fn allowed(
         .policy
         .check(template, template_use(placement))
         .map_err(|violation| invalid(field, violation.to_string()))
+}
+
+/// `settings.policy`: unset or UNSPECIFIED keeps the default; a number outside the enum
+/// is refused (a newer client's policy this server does not know).
+fn policy(value: Option<i32>) -> Result<Option<AllocationPolicy>, AppError> {
+    let Some(number) = value else {
+        return Ok(None);
+    };
+    match proto::AllocationPolicy::try_from(number) {
+        Ok(proto::AllocationPolicy::Unspecified) => Ok(None),
+        Ok(proto::AllocationPolicy::Spark) => Ok(Some(AllocationPolicy::Spark)),
+        Ok(proto::AllocationPolicy::Adaptive) => Ok(Some(AllocationPolicy::Adaptive)),
+        Err(_) => Err(invalid(
+            "settings.policy",
+            format!("unknown allocation policy {number}; expected SPARK (1) or ADAPTIVE (2)"),
+        )),
+    }
 }
 
 /// `resource_profile_templates` of Start or SetTotalExpected, parsed and checked against
@@ -876,6 +896,46 @@ mod tests {
         };
         let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
         assert_eq!(field, "settings.batch_size");
+    }
+
+    #[test]
+    fn the_policy_is_optional_and_an_unknown_one_is_refused() {
+        let with = |policy: Option<i32>| proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                policy,
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let adaptive_default = StartDefaults {
+            settings: AllocationSettings {
+                policy: AllocationPolicy::Adaptive,
+                ..AllocationSettings::default()
+            },
+            ..StartDefaults::default()
+        };
+        // (requested, server default, effective)
+        let cases = [
+            (None, &StartDefaults::default(), AllocationPolicy::Spark),
+            (Some(0), &StartDefaults::default(), AllocationPolicy::Spark),
+            (Some(0), &adaptive_default, AllocationPolicy::Adaptive),
+            (Some(1), &adaptive_default, AllocationPolicy::Spark),
+            (
+                Some(2),
+                &StartDefaults::default(),
+                AllocationPolicy::Adaptive,
+            ),
+        ];
+        for (requested, defaults, expected) in cases {
+            let s = start(with(requested), defaults).unwrap().settings;
+            assert_eq!(s.policy, expected, "{requested:?}");
+        }
+        for bad in [3, -1, 99] {
+            let err = start(with(Some(bad)), &StartDefaults::default()).unwrap_err();
+            let (field, message) = field_of(err);
+            assert_eq!(field, "settings.policy");
+            assert!(message.contains(&bad.to_string()), "{message}");
+        }
     }
 
     #[test]

@@ -52,7 +52,9 @@ pub const MANAGED_BY: &str = "spark-pod-allocator";
 
 /// Where the highest executor id handed out for an application is recorded, so a
 /// restarted service never hands out an id again, even one whose pod is gone (deleted on
-/// downscale or termination). Written before every round's creates; read by Start.
+/// downscale or termination). It says "ids up to X may be in use": written, one block of
+/// ids at a time, before creates with ids it does not cover ([`crate::allocator::IdBlocks`]);
+/// read by Start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdRecord {
     /// The [`LAST_EXECUTOR_ID_ANNOTATION`] annotation on the named driver pod (kept when

@@ -17,6 +17,7 @@ SETTING_FIELDS = (
     "delete_on_termination",
     "executor_container_name",
     "check_all_containers",
+    "policy",
 )
 
 

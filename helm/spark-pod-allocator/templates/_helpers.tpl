@@ -55,6 +55,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "delete_on_termination" $a.deleteOnTermination
   "executor_container_name" $a.executorContainerName
   "check_all_containers" $a.checkAllContainers
+  "policy" $a.policy
 -}}
 {{- if not (kindIs "invalid" $a.maxPendingPods) }}{{ $_ := set $allocation "max_pending_pods" $a.maxPendingPods }}{{ end -}}
 {{- if not (kindIs "invalid" $a.maxPendingPodsPerProfile) }}{{ $_ := set $allocation "max_pending_pods_per_profile" $a.maxPendingPodsPerProfile }}{{ end -}}

@@ -3,8 +3,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 
+mod adaptive;
 mod deleted_set;
 mod downscale;
+mod id_blocks;
 mod max_executors;
 mod pending_caps;
 mod pod_builder;

@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AllocationPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ALLOCATION_POLICY_UNSPECIFIED: _ClassVar[AllocationPolicy]
+    ALLOCATION_POLICY_SPARK: _ClassVar[AllocationPolicy]
+    ALLOCATION_POLICY_ADAPTIVE: _ClassVar[AllocationPolicy]
+
 class ExecutorEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     EXECUTOR_EVENT_KIND_UNSPECIFIED: _ClassVar[ExecutorEventKind]
@@ -25,6 +31,9 @@ class ExecutorPodState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXECUTOR_POD_STATE_DELETED: _ClassVar[ExecutorPodState]
     EXECUTOR_POD_STATE_TERMINATING: _ClassVar[ExecutorPodState]
     EXECUTOR_POD_STATE_UNKNOWN: _ClassVar[ExecutorPodState]
+ALLOCATION_POLICY_UNSPECIFIED: AllocationPolicy
+ALLOCATION_POLICY_SPARK: AllocationPolicy
+ALLOCATION_POLICY_ADAPTIVE: AllocationPolicy
 EXECUTOR_EVENT_KIND_UNSPECIFIED: ExecutorEventKind
 EXECUTOR_EVENT_KIND_SNAPSHOT: ExecutorEventKind
 EXECUTOR_EVENT_KIND_SYNCED: ExecutorEventKind
@@ -40,7 +49,7 @@ EXECUTOR_POD_STATE_TERMINATING: ExecutorPodState
 EXECUTOR_POD_STATE_UNKNOWN: ExecutorPodState
 
 class AllocationSettings(_message.Message):
-    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers")
+    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers", "policy")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +60,7 @@ class AllocationSettings(_message.Message):
     DELETE_ON_TERMINATION_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
     CHECK_ALL_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     batch_delay_ms: int
     executor_timeout_ms: int
@@ -61,7 +71,8 @@ class AllocationSettings(_message.Message):
     delete_on_termination: bool
     executor_container_name: str
     check_all_containers: bool
-    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ...) -> None: ...
+    policy: AllocationPolicy
+    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ..., policy: _Optional[_Union[AllocationPolicy, str]] = ...) -> None: ...
 
 class StartRequest(_message.Message):
     __slots__ = ("application_id", "namespace", "driver_pod_name", "executor_pod_template", "pod_name_prefix", "settings", "resource_profile_templates")

@@ -3,6 +3,7 @@ package io.github.sparkpodallocator.spark;
 import org.apache.spark.SparkConf;
 import org.apache.spark.deploy.k8s.Config$;
 import org.apache.spark.internal.config.ConfigEntry;
+import spark.allocator.v1.Allocator.AllocationPolicy;
 import spark.allocator.v1.Allocator.AllocationSettings;
 
 /**
@@ -47,7 +48,31 @@ public final class SparkAllocationSettings {
     settings.setCheckAllContainers(
         boolValue(conf, K8S.KUBERNETES_EXECUTOR_CHECK_ALL_CONTAINERS()));
     settings.setExecutorContainerName(executorContainerName);
+    policy(conf).ifPresent(settings::setPolicy);
     return settings.build();
+  }
+
+  /** The plugin's own key choosing the service's allocation policy (not one of Spark's). */
+  public static final String POLICY = ServiceSettings.PREFIX + "policy";
+
+  /**
+   * {@link #POLICY}: {@code spark} (Spark's allocator exactly) or {@code adaptive}; unset leaves
+   * the service's default.
+   */
+  private static java.util.Optional<AllocationPolicy> policy(SparkConf conf) {
+    if (!conf.contains(POLICY)) {
+      return java.util.Optional.empty();
+    }
+    String value = conf.get(POLICY).trim().toLowerCase(java.util.Locale.ROOT);
+    switch (value) {
+      case "spark":
+        return java.util.Optional.of(AllocationPolicy.ALLOCATION_POLICY_SPARK);
+      case "adaptive":
+        return java.util.Optional.of(AllocationPolicy.ALLOCATION_POLICY_ADAPTIVE);
+      default:
+        throw new IllegalArgumentException(
+            POLICY + ": expected spark or adaptive, got \"" + conf.get(POLICY) + "\"");
+    }
   }
 
   /** Spark's allocation batch delay in milliseconds (the period of Spark's own allocator). */

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import org.apache.spark.SparkConf;
 import org.junit.jupiter.api.Test;
+import spark.allocator.v1.Allocator.AllocationPolicy;
 import spark.allocator.v1.Allocator.AllocationSettings;
 
 class SparkAllocationSettingsTest {
@@ -46,6 +47,25 @@ class SparkAllocationSettingsTest {
     assertEquals(5_000, s.getExecutorIdleTimeoutMs());
     assertFalse(s.getDeleteOnTermination());
     assertFalse(s.getCheckAllContainers());
+  }
+
+  @Test
+  void thePolicyIsThePluginsOwnKeyAndUnsetByDefault() {
+    assertFalse(SparkAllocationSettings.fromConf(new SparkConf(false), "e").hasPolicy());
+    SparkConf adaptive = new SparkConf(false)
+        .set("spark.kubernetes.allocation.service.policy", "Adaptive");
+    assertEquals(AllocationPolicy.ALLOCATION_POLICY_ADAPTIVE,
+        SparkAllocationSettings.fromConf(adaptive, "e").getPolicy());
+    SparkConf spark = new SparkConf(false)
+        .set("spark.kubernetes.allocation.service.policy", "spark");
+    assertEquals(AllocationPolicy.ALLOCATION_POLICY_SPARK,
+        SparkAllocationSettings.fromConf(spark, "e").getPolicy());
+    SparkConf bad = new SparkConf(false)
+        .set("spark.kubernetes.allocation.service.policy", "fast");
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> SparkAllocationSettings.fromConf(bad, "e"));
+    assertTrue(e.getMessage().contains("spark.kubernetes.allocation.service.policy"),
+        e.getMessage());
   }
 
   @Test

@@ -1,0 +1,112 @@
+//! The ADAPTIVE policy's create window: how many requests of an application may be sent
+//! and not yet seen in Kubernetes at once (a congestion window, in executors).
+//!
+//! Spark asks for `batch_size` executors per round and waits until every request is seen
+//! before asking again, so scale-up runs at `batch_size / batch_delay` whatever the API
+//! server allows. The window starts at `batch_size` and doubles after every answer whose
+//! creates were all accepted while the pods start (slow start), up to the ceiling: what
+//! the service's create rate sends in [`CEILING_BATCH_DELAYS`] batch delays, so the rate
+//! limiter always has work queued but no request waits in it for long. A 429 or 5xx
+//! refusal halves it; a quota refusal (403 "exceeded quota") resets it to `batch_size`.
+//! The target, `max_pending_pods` and every other rule bound a round as under SPARK.
+
+/// The ceiling covers the creates the service's rate allows in this many batch delays.
+pub const CEILING_BATCH_DELAYS: u64 = 2;
+
+/// Why the API server refused a create, as far as the window cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateRefusal {
+    /// 429 Too Many Requests: the API server sheds load.
+    Throttled,
+    /// 5xx, or no answer: the API server is overloaded or failing.
+    ServerError,
+    /// 403 with "exceeded quota": the namespace's ResourceQuota is full.
+    QuotaExceeded,
+    /// Anything else (invalid pod, forbidden, …): says nothing about the rate.
+    Other,
+}
+
+impl CreateRefusal {
+    /// The refusal an HTTP status (and message) stands for; `None` status = no answer.
+    pub fn of_status(status: Option<u16>, message: &str) -> Self {
+        match status {
+            Some(429) => Self::Throttled,
+            Some(403) if message.contains("exceeded quota") => Self::QuotaExceeded,
+            Some(code) if code >= 500 => Self::ServerError,
+            None => Self::ServerError,
+            Some(_) => Self::Other,
+        }
+    }
+}
+
+/// The answers to one round's creates.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateOutcomes {
+    /// Creates the API server accepted.
+    pub accepted: u32,
+    /// Refused creates, by cause.
+    pub refused: Vec<CreateRefusal>,
+}
+
+/// The window of one application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateWindow {
+    size: u64,
+    floor: u64,
+    ceiling: u64,
+    /// Executors Running when the window last grew: growth needs pods to start.
+    running_at_growth: u64,
+}
+
+impl CreateWindow {
+    /// A window of `batch_size`, growing up to what `creates_per_second` sends in
+    /// [`CEILING_BATCH_DELAYS`] batch delays (never below `batch_size`).
+    pub fn new(batch_size: u32, batch_delay_ms: i64, creates_per_second: u32) -> Self {
+        let floor = u64::from(batch_size.max(1));
+        let delay_ms = u64::try_from(batch_delay_ms).unwrap_or(0);
+        let per_delays = u64::from(creates_per_second)
+            .saturating_mul(delay_ms)
+            .saturating_mul(CEILING_BATCH_DELAYS)
+            / 1000;
+        Self {
+            size: floor,
+            floor,
+            ceiling: per_delays.max(floor),
+            running_at_growth: 0,
+        }
+    }
+
+    /// Requests that may be sent and not yet seen at once.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The most the window grows to.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    /// Takes the answers to a round's creates. `running` is the number of executors
+    /// Running and `pending` those seen Pending (unknown to the driver) as of the last
+    /// round: the window grows only while pods start (more Running than at the last
+    /// growth, or fewer pending than the window).
+    pub fn answered(&mut self, outcomes: &CreateOutcomes, running: u64, pending: u64) {
+        if outcomes.refused.contains(&CreateRefusal::QuotaExceeded) {
+            self.size = self.floor;
+            return;
+        }
+        let overloaded = outcomes
+            .refused
+            .iter()
+            .any(|r| matches!(r, CreateRefusal::Throttled | CreateRefusal::ServerError));
+        if overloaded {
+            self.size = (self.size / 2).max(self.floor);
+            return;
+        }
+        let pods_start = running > self.running_at_growth || pending <= self.size;
+        if outcomes.accepted > 0 && outcomes.refused.is_empty() && pods_start {
+            self.size = self.size.saturating_mul(2).min(self.ceiling);
+            self.running_at_growth = running;
+        }
+    }
+}

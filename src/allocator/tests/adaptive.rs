@@ -1,0 +1,250 @@
+//! The ADAPTIVE policy: the window's slow start and back-off, and rounds bounded by the
+//! window, the target and the pending caps, with Spark's guarantees kept.
+use super::*;
+use crate::allocator::adaptive::{CreateOutcomes, CreateRefusal, CreateWindow};
+use crate::allocator::settings::AllocationPolicy;
+
+fn adaptive(batch_size: u32, max_pending: Option<u32>) -> AllocationSettings {
+    AllocationSettings {
+        policy: AllocationPolicy::Adaptive,
+        ..settings_with(batch_size, max_pending, None)
+    }
+}
+
+fn accepted(n: u32) -> CreateOutcomes {
+    CreateOutcomes {
+        accepted: n,
+        refused: Vec::new(),
+    }
+}
+
+fn refused(accepted: u32, refused: &[CreateRefusal]) -> CreateOutcomes {
+    CreateOutcomes {
+        accepted,
+        refused: refused.to_vec(),
+    }
+}
+
+#[test]
+fn refusals_are_classified_by_status() {
+    let cases: Vec<(Option<u16>, &str, CreateRefusal)> = vec![
+        (Some(429), "too many requests", CreateRefusal::Throttled),
+        (Some(500), "internal error", CreateRefusal::ServerError),
+        (Some(503), "unavailable", CreateRefusal::ServerError),
+        (None, "timed out", CreateRefusal::ServerError),
+        (
+            Some(403),
+            "pods \"x\" is forbidden: exceeded quota: q, requested: pods=1",
+            CreateRefusal::QuotaExceeded,
+        ),
+        (Some(403), "forbidden: RBAC", CreateRefusal::Other),
+        (Some(422), "invalid", CreateRefusal::Other),
+        (Some(409), "already exists", CreateRefusal::Other),
+    ];
+    for (status, message, expected) in cases {
+        assert_eq!(
+            CreateRefusal::of_status(status, message),
+            expected,
+            "{status:?} {message}"
+        );
+    }
+}
+
+#[test]
+fn the_window_doubles_to_its_ceiling_and_backs_off() {
+    // (step, answer, running, pending, window after)
+    type Step = (&'static str, CreateOutcomes, u64, u64, u64);
+    let steps: Vec<Step> = vec![
+        ("accepted, nothing pending", accepted(10), 0, 0, 20),
+        ("accepted, pods started", accepted(20), 10, 30, 40),
+        (
+            "accepted, pending piles up, none started",
+            accepted(40),
+            10,
+            90,
+            40,
+        ),
+        ("accepted, pods started again", accepted(40), 50, 90, 80),
+        ("capped at the ceiling", accepted(80), 120, 0, 100),
+        (
+            "429 halves",
+            refused(70, &[CreateRefusal::Throttled]),
+            200,
+            0,
+            50,
+        ),
+        (
+            "5xx halves",
+            refused(0, &[CreateRefusal::ServerError]),
+            200,
+            0,
+            25,
+        ),
+        (
+            "halves again",
+            refused(0, &[CreateRefusal::Throttled]),
+            200,
+            0,
+            12,
+        ),
+        (
+            "never below batch size",
+            refused(0, &[CreateRefusal::Throttled]),
+            200,
+            0,
+            10,
+        ),
+        ("grows again", accepted(10), 210, 0, 20),
+        (
+            "an invalid pod neither grows nor shrinks",
+            refused(5, &[CreateRefusal::Other]),
+            220,
+            0,
+            20,
+        ),
+        ("grows", accepted(20), 230, 0, 40),
+        (
+            "quota resets",
+            refused(3, &[CreateRefusal::QuotaExceeded]),
+            240,
+            0,
+            10,
+        ),
+        ("nothing accepted, nothing refused", accepted(0), 250, 0, 10),
+    ];
+    // batch 10, 1 s delay, 50 creates/s: ceiling 2 s of creates = 100.
+    let mut window = CreateWindow::new(10, 1000, 50);
+    assert_eq!((window.size(), window.ceiling()), (10, 100));
+    for (step, outcome, running, pending, expected) in steps {
+        window.answered(&outcome, running, pending);
+        assert_eq!(window.size(), expected, "{step}");
+    }
+}
+
+#[test]
+fn the_ceiling_follows_rate_and_delay_and_never_drops_below_the_batch() {
+    let cases = [
+        // (batch, delay ms, rate, ceiling)
+        (10, 1000, 50, 100),
+        (5, 1000, 50, 100),
+        (10, 2000, 50, 200),
+        (10, 500, 20, 20),
+        (500, 1000, 50, 500),
+        (10, 1000, 0, 10),
+    ];
+    for (batch, delay, rate, ceiling) in cases {
+        let window = CreateWindow::new(batch, delay, rate);
+        assert_eq!(window.ceiling(), ceiling, "{batch} {delay} {rate}");
+        assert_eq!(window.size(), u64::from(batch));
+    }
+}
+
+#[test]
+fn rounds_ask_while_requests_are_unseen_up_to_the_window() {
+    let mut a = allocator(adaptive(10, None), &[(0, 1000)]);
+    a.set_create_rate(50);
+    let plan = a.round(snapshot(&[]), secs(0));
+    assert_eq!(creates(&plan), (1..=10).map(|i| (i, 0)).collect::<Vec<_>>());
+    a.creates_answered(&accepted(10));
+    assert_eq!(a.create_window().size(), 20);
+    // Unlike SPARK, unseen requests do not block the profile; the window bounds them.
+    let plan = a.round(no_snapshot(), secs(1));
+    assert_eq!(
+        creates(&plan),
+        (11..=20).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
+    a.creates_answered(&accepted(10));
+    assert_eq!(a.create_window().size(), 40);
+    // All 20 seen Pending: none unseen, a whole window of 40 may go.
+    let pods: Vec<_> = (1..=20).map(|i| pending(i, 0, 1)).collect();
+    let plan = a.round(snapshot(&pods), secs(2));
+    assert_eq!(creates(&plan).len(), 40);
+    assert_eq!(a.last_executor_id(), 60);
+    // Nothing seen since: the window is full, nothing more.
+    let plan = a.round(no_snapshot(), secs(3));
+    assert!(plan.creates.is_empty());
+    assert!(plan.outstanding);
+}
+
+#[test]
+fn rounds_stay_within_target_and_max_pending_pods() {
+    // (case, max pending, target, window growth answers, expected creates in the round)
+    let cases: Vec<(&str, Option<u32>, u32, u32, usize)> = vec![
+        ("target below the window", None, 15, 3, 15),
+        ("max pending below the window", Some(25), 1000, 3, 25),
+        ("window below both", Some(500), 1000, 2, 40),
+    ];
+    for (case, max_pending, target, answers, expected) in cases {
+        let mut a = allocator(adaptive(10, max_pending), &[(0, target)]);
+        a.set_create_rate(50);
+        for _ in 0..answers {
+            a.creates_answered(&accepted(10));
+        }
+        let plan = a.round(snapshot(&[]), secs(0));
+        assert_eq!(creates(&plan).len(), expected, "{case}");
+    }
+}
+
+#[test]
+fn spark_policy_ignores_answers_and_keeps_one_batch_per_round() {
+    let mut a = allocator(settings(), &[(0, 100)]);
+    a.set_create_rate(50);
+    for _ in 0..5 {
+        a.creates_answered(&accepted(10));
+    }
+    assert_eq!(a.create_window().size(), 10);
+    let plan = a.round(snapshot(&[]), secs(0));
+    assert_eq!(creates(&plan).len(), 10);
+    // Unseen requests block the profile, as in Spark.
+    let plan = a.round(no_snapshot(), secs(1));
+    assert!(plan.creates.is_empty());
+}
+
+#[test]
+fn failed_creates_free_the_window_with_new_ids_never_reused() {
+    let mut a = allocator(adaptive(10, None), &[(0, 30)]);
+    let plan = a.round(snapshot(&[]), secs(0));
+    assert_eq!(creates(&plan).len(), 10);
+    for (id, _) in &plan.creates {
+        a.create_failed(*id);
+    }
+    a.creates_answered(&refused(0, &[CreateRefusal::Throttled; 10]));
+    assert_eq!(a.create_window().size(), 10);
+    let plan = a.round(no_snapshot(), secs(1));
+    assert_eq!(
+        creates(&plan),
+        (11..=20).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn creation_timeout_and_downscale_keep_their_rules() {
+    let mut a = allocator(adaptive(10, None), &[(0, 10)]);
+    let plan = a.round(snapshot(&[]), secs(0));
+    assert_eq!(creates(&plan).len(), 10);
+    // 1..=5 Running, 6..=10 never seen: forgotten after the creation timeout (600 s),
+    // deleted by label and re-requested with new ids.
+    let pods: Vec<_> = (1..=5).map(|i| running(i, 0, 0)).collect();
+    let plan = a.round(snapshot(&pods), secs(601));
+    assert_eq!(plan.timed_out, ids(&[6, 7, 8, 9, 10]));
+    assert_eq!(
+        creates(&plan),
+        (11..=15).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
+    // Downscale to 2: the 5 Running are never deleted; the unseen requests are once idle.
+    a.set_targets(&targets(&[(0, 2)]));
+    let plan = a.round(snapshot(&pods), secs(700));
+    let deleted: Vec<u64> = plan
+        .deletes
+        .iter()
+        .flat_map(|d| d.ids.iter().map(|i| i.0))
+        .collect();
+    assert_eq!(deleted, vec![11, 12, 13, 14, 15]);
+    assert!(plan.creates.is_empty());
+    for id in 1..=5 {
+        assert!(!a.is_deleted(ExecutorId(id)));
+    }
+    for id in 11..=15 {
+        assert!(a.is_deleted(ExecutorId(id)), "{id}");
+    }
+}
