@@ -9,7 +9,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
@@ -53,16 +53,28 @@ pub struct RealApiServer {
     dir: PathBuf,
     /// Removed on drop unless the server was started on a directory the caller keeps.
     _tempdir: Option<tempfile::TempDir>,
-    child: Option<Child>,
-    /// Held open: the server shuts down when this closes (the test process ended).
-    stdin: Option<ChildStdin>,
-    /// `https://127.0.0.1:PORT`.
+    ephemeral: bool,
+    /// Arguments passed on to kube-apiserver.
+    extra_args: Vec<String>,
+    /// The process and its stdin, held open: the server shuts down when stdin closes (the
+    /// test process ended).
+    process: Mutex<Option<(Child, ChildStdin)>>,
+    /// How many times [`Self::restart`] ran.
+    restarts: std::sync::atomic::AtomicUsize,
+    /// `https://127.0.0.1:PORT` (the same after a restart).
     pub url: String,
 }
 
 impl RealApiServer {
     /// Starts a server on a fresh directory and waits until it is ready.
     pub fn start(binary: &Path) -> Self {
+        Self::start_with(binary, &[], false)
+    }
+
+    /// [`Self::start`] with arguments for kube-apiserver (e.g. `--watch-cache=false`).
+    /// An `ephemeral` server removes its directory itself when it exits: for one that is
+    /// never dropped (shared by a test binary) and never restarted.
+    pub fn start_with(binary: &Path, extra_args: &[&str], ephemeral: bool) -> Self {
         let tempdir = tempfile::Builder::new()
             .prefix("test-apiserver-")
             .tempdir()
@@ -72,15 +84,18 @@ impl RealApiServer {
             binary: binary.to_path_buf(),
             dir,
             _tempdir: Some(tempdir),
-            child: None,
-            stdin: None,
+            ephemeral,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            process: Mutex::new(None),
+            restarts: Default::default(),
             url: String::new(),
         };
-        server.spawn();
+        server.url = server.spawn();
         server
     }
 
-    fn spawn(&mut self) {
+    /// Starts the process and waits for its "ready <url>" line.
+    fn spawn(&self) -> String {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -90,6 +105,9 @@ impl RealApiServer {
             .arg("--dir")
             .arg(&self.dir)
             .arg("--exit-with-stdin")
+            .args(self.ephemeral.then_some("--ephemeral"))
+            .arg("--")
+            .args(&self.extra_args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -105,10 +123,10 @@ impl RealApiServer {
                 }
             }
         });
-        self.stdin = child.stdin.take();
-        self.child = Some(child);
+        let stdin = child.stdin.take().expect("piped stdin");
+        *self.process.lock().expect("process lock") = Some((child, stdin));
         match ready_rx.recv_timeout(START_GUARD) {
-            Ok(url) => self.url = url,
+            Ok(url) => url,
             Err(_) => {
                 let log =
                     std::fs::read_to_string(self.dir.join("apiserver.log")).unwrap_or_default();
@@ -127,20 +145,30 @@ impl RealApiServer {
     }
 
     /// Stops the server as SIGTERM does (etcd's data stays) and waits for it to exit.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+    pub fn stop(&self) {
+        let process = self.process.lock().expect("process lock").take();
+        if let Some((mut child, stdin)) = process {
             let pid = nix::unistd::Pid::from_raw(child.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             let _ = child.wait();
+            drop(stdin);
         }
-        self.stdin = None;
     }
 
     /// Stops the server and starts it again on the same directory: same port, same data,
     /// same credentials.
-    pub fn restart(&mut self) {
+    pub fn restart(&self) {
         self.stop();
-        self.spawn();
+        self.restarts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let url = self.spawn();
+        assert_eq!(url, self.url, "a restart serves the same address");
+    }
+
+    /// Whether the server was restarted: just after a restart kube-apiserver answers 403
+    /// (with an empty reason) until its RBAC informers have synced.
+    pub fn was_restarted(&self) -> bool {
+        self.restarts.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     /// The server's directory (kubeconfig, audit.log, apiserver.log, state.json).

@@ -93,6 +93,7 @@ func run() error {
 	dir := flag.String("dir", "", "directory for etcd data, keys, tokens, kubeconfig and audit log (created if absent)")
 	port := flag.Int("port", 0, "secure port of the API server (0: a free port, kept for restarts on the same --dir)")
 	verbosity := flag.Int("v", 0, "kube-apiserver log verbosity")
+	ephemeral := flag.Bool("ephemeral", false, "remove --dir on exit (for a server that is never restarted)")
 	exitWithStdin := flag.Bool("exit-with-stdin", false, "shut down (as on SIGTERM) when stdin closes, so a test's server never outlives the test process")
 	flag.Parse()
 	if *dir == "" {
@@ -101,6 +102,9 @@ func run() error {
 	abs, err := filepath.Abs(*dir)
 	if err != nil {
 		return err
+	}
+	if *ephemeral {
+		defer os.RemoveAll(abs)
 	}
 	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return err
@@ -132,7 +136,8 @@ func run() error {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
 		}()
 	}
-	cmd.SetArgs(apiserverArgs(abs, st, *verbosity))
+	// Arguments after "--" go to kube-apiserver as they are (e.g. --watch-cache=false).
+	cmd.SetArgs(append(apiserverArgs(abs, st, *verbosity), flag.Args()...))
 	done := make(chan error, 1)
 	go func() { done <- cmd.Execute() }()
 
