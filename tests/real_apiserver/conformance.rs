@@ -4,17 +4,14 @@
 //! events, graceful deletion and 410 Gone. Every difference is either fixed in the simulator
 //! or listed in `KNOWN` (and in docs/simulator.md); the test fails on any other difference and
 //! on a listed one that went away. Skipped (reason printed) without `TEST_APISERVER_BIN`.
-mod apiserver_support;
-mod cluster_support;
-mod sim_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cluster_support::{Cluster, RealBackend, SimBackend};
+use crate::cluster_support::{Cluster, RealBackend, SimBackend};
+use crate::sim_support::raw;
 use kube::Client;
 use serde_json::{Value, json};
-use sim_support::raw;
 
 /// Observations that differ between the simulator and the real server, by name, each with
 /// why (also in docs/simulator.md). Empty: no known difference in what this test observes.
@@ -218,7 +215,7 @@ async fn observe(c: &impl Cluster, compact: impl Fn()) -> BTreeMap<&'static str,
     seen.insert("grace-0 delete", outcome(code, &body));
     let (code, _, _) = raw(&client, "GET", &format!("{pods}/p3"), json_type, None).await;
     seen.insert("deleted pod gone", json!(code));
-    let (code, events) = sim_support::raw_watch_events(
+    let (code, events) = crate::sim_support::raw_watch_events(
         client.clone(),
         format!(
             "{pods}?watch=true&labelSelector=app%3Dy&resourceVersion={list_rv}&timeoutSeconds=2"
@@ -245,7 +242,7 @@ async fn observe(c: &impl Cluster, compact: impl Fn()) -> BTreeMap<&'static str,
     // After compaction a watch from an old resourceVersion is 410 Gone.
     compact();
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let (code, events) = sim_support::raw_watch_events(
+    let (code, events) = crate::sim_support::raw_watch_events(
         client.clone(),
         format!("{pods}?watch=true&resourceVersion={created_rv}&timeoutSeconds=2"),
     )

@@ -3,19 +3,16 @@
 //! a scale-up, and etcd stopped for a few seconds. After each, the service converges: the
 //! cluster holds exactly the target, the service's snapshot matches the cluster, no id twice.
 //! Skipped (with the reason printed) when `TEST_APISERVER_BIN` is not set.
-mod apiserver_support;
-mod cluster_support;
-mod sim_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster_support::{Cluster, RealBackend, cluster_ids};
+use crate::cluster_support::{Cluster, RealBackend, cluster_ids};
+use crate::sim_support::until;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use sim_support::until;
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
 use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceContext, StartApplication,
@@ -164,7 +161,7 @@ async fn a_watch_expired_by_etcd_compaction_relists_without_duplicates() {
     let compacted = c.server().compact();
     assert!(compacted > seen_rv.parse::<u64>().expect("numeric resourceVersion"));
     // A watch from the old resourceVersion is expired: 410 Gone (as an ERROR event).
-    let (code, events) = sim_support::raw_watch_events(
+    let (code, events) = crate::sim_support::raw_watch_events(
         c.admin_client(),
         format!(
             "/api/v1/namespaces/{}/pods?watch=true&resourceVersion={seen_rv}&timeoutSeconds=5",

@@ -4,21 +4,18 @@
 //! the test plays scheduler and kubelet. On the real server the service's client carries a
 //! service-account token bound to the Helm chart's RBAC only, and each scenario ends by
 //! checking the audit log for anything else it used.
-mod apiserver_support;
-mod cluster_support;
-mod sim_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster_support::{
+use crate::cluster_support::{
     Cluster, bind, cluster_ids, cluster_ids_in, delete_now, pod_name, set_failed, set_running,
 };
+use crate::sim_support::until;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use sim_support::until;
 use spark_pod_allocator::allocator::{
     AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
 };
