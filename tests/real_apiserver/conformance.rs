@@ -1,5 +1,5 @@
 //! The simulator held to a real kube-apiserver: the same requests (raw HTTP through kube-rs's
-//! client, and kubectl) go to both, and what comes back is compared — status codes, Status
+//! client, and kubectl with its protobuf bodies) go to both, and what comes back is compared — status codes, Status
 //! objects (reason, details), resourceVersion behaviour, label selectors, the order of watch
 //! events, graceful deletion and 410 Gone. Every difference is either fixed in the simulator
 //! or listed in `KNOWN` (and in docs/simulator.md); the test fails on any other difference and
@@ -259,17 +259,97 @@ async fn observe(c: &impl Cluster, compact: impl Fn()) -> BTreeMap<&'static str,
     seen
 }
 
+/// Runs kubectl with `kubeconfig`; returns its exit code and output (stdout, then stderr with
+/// the server-specific parts — names of temporary namespaces — as they are).
+async fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> Value {
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .await
+        .expect("kubectl runs (.ci/run installs it)");
+    json!({
+        "exit": out.status.code(),
+        "stdout": String::from_utf8_lossy(&out.stdout).trim(),
+        "stderr": String::from_utf8_lossy(&out.stderr).trim(),
+    })
+}
+
+/// kubectl's requests, as a user sends them: `create namespace` and `create configmap` send
+/// protobuf bodies; `get` reads tables and JSON; `delete` waits for the object to go.
+async fn observe_kubectl(kubeconfig: &std::path::Path, ns: &str) -> BTreeMap<&'static str, Value> {
+    let mut seen = BTreeMap::new();
+    seen.insert(
+        "kubectl create namespace (protobuf)",
+        kubectl(kubeconfig, &["create", "namespace", "kubectl-made"]).await,
+    );
+    seen.insert(
+        "kubectl create namespace again",
+        kubectl(kubeconfig, &["create", "namespace", "kubectl-made"]).await,
+    );
+    seen.insert(
+        "kubectl create configmap (protobuf)",
+        kubectl(
+            kubeconfig,
+            &["-n", ns, "create", "configmap", "cm1", "--from-literal=a=b"],
+        )
+        .await,
+    );
+    seen.insert(
+        "kubectl get configmap jsonpath",
+        kubectl(
+            kubeconfig,
+            &[
+                "-n",
+                ns,
+                "get",
+                "configmap",
+                "cm1",
+                "-o",
+                "jsonpath={.data.a}",
+            ],
+        )
+        .await,
+    );
+    seen.insert(
+        "kubectl get missing pod",
+        kubectl(kubeconfig, &["-n", ns, "get", "pod", "missing"]).await,
+    );
+    seen.insert(
+        "kubectl get pods by label, names",
+        kubectl(
+            kubeconfig,
+            &["-n", ns, "get", "pods", "-l", "app=x", "-o", "name"],
+        )
+        .await,
+    );
+    seen.insert(
+        "kubectl delete configmap",
+        kubectl(kubeconfig, &["-n", ns, "delete", "configmap", "cm1"]).await,
+    );
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_simulator_answers_as_a_real_api_server() {
     let Some(real) = RealBackend::start_own("conformance", &["--watch-cache=false"]).await else {
         return;
     };
     let sim = SimBackend::start().await;
-    let real_seen = observe(&real, || {
+    let mut real_seen = observe(&real, || {
         real.server().compact();
     })
     .await;
-    let sim_seen = observe(&sim, || sim.sim.compact_history()).await;
+    let mut sim_seen = observe(&sim, || sim.sim.compact_history()).await;
+    real_seen
+        .extend(observe_kubectl(&real.server().dir().join("kubeconfig"), real.namespace()).await);
+    let sim_dir = tempfile::tempdir().expect("temporary directory");
+    let sim_kubeconfig = sim_dir.path().join("kubeconfig");
+    sim.sim
+        .write_kubeconfig(&sim_kubeconfig)
+        .expect("sim kubeconfig");
+    sim_seen.extend(observe_kubectl(&sim_kubeconfig, sim.namespace()).await);
     let mut differences = Vec::new();
     for (name, real_value) in &real_seen {
         let sim_value = &sim_seen[name];
