@@ -189,17 +189,23 @@ impl RealApiServer {
 
     /// A client with `token` instead of the admin's.
     pub async fn client_with_token(&self, token: &str) -> Client {
-        let admin = std::fs::read_to_string(self.dir.join("kubeconfig")).expect("kubeconfig");
-        let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig");
-        config["users"][0]["user"]["token"] = serde_yaml::Value::String(token.to_string());
-        let path = self
-            .dir
-            .join(format!("kubeconfig-{}", std::process::id()))
-            .with_extension(format!("{}", rand_suffix()));
-        std::fs::write(&path, serde_yaml::to_string(&config).expect("yaml")).expect("write");
+        let path = self.dir.join(format!(
+            "kubeconfig-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        self.write_kubeconfig_with_token(token, &path);
         let client = client_from_kubeconfig(&path).await;
         let _ = std::fs::remove_file(&path);
         client
+    }
+
+    /// Writes the admin's kubeconfig with `token` instead of the admin's to `path`.
+    pub fn write_kubeconfig_with_token(&self, token: &str, path: &Path) {
+        let admin = std::fs::read_to_string(self.dir.join("kubeconfig")).expect("kubeconfig");
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig");
+        config["users"][0]["user"]["token"] = serde_yaml::Value::String(token.to_string());
+        std::fs::write(path, serde_yaml::to_string(&config).expect("yaml")).expect("write");
     }
 
     /// The token of a test user of the static token file (`alice`, `bob`: no role bound).

@@ -139,6 +139,13 @@ impl RealBackend {
         &self.shared.server
     }
 
+    /// Writes a kubeconfig with the service account's token (for the service binary).
+    pub fn write_service_kubeconfig(&self, path: &std::path::Path) {
+        self.shared
+            .server
+            .write_kubeconfig_with_token(&self.shared.service_token, path);
+    }
+
     /// The service account's user name, as the audit log has it.
     pub fn service_user(&self) -> &str {
         &self.shared.service_user
@@ -240,6 +247,7 @@ impl Cluster for RealBackend {
             }
             used.insert(format!("{verb} {resource}"));
         }
+        eprintln!("the service account used: {used:?}");
         let own = service.iter().any(|e| {
             e["objectRef"]["namespace"] == self.namespace.as_str()
                 || e["objectRef"]["name"] == self.namespace.as_str()

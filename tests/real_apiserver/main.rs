@@ -10,5 +10,6 @@ mod cluster_support;
 mod sim_support;
 
 mod allocation;
+mod binary;
 mod conformance;
 mod faults;
