@@ -346,6 +346,15 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             "application/json, application/yaml",
         ));
     }
+    if (method == Method::POST || method == Method::PUT)
+        && !protobuf_create
+        && !is_object_body_type(&content_type(&req))
+    {
+        return Err(ApiError::unsupported_media_type(
+            &content_type(&req),
+            "application/json, application/yaml",
+        ));
+    }
     match (method, target) {
         (Method::GET, Target::Collection { kind, ns }) => {
             if flag(&q, "watch") {
@@ -656,4 +665,16 @@ async fn admin(
 /// Creates an object from inside the server (initial namespaces), without injected faults.
 pub(crate) fn create_internal(sh: &Shared, kind: Kind, obj: Value) -> Result<(), ApiError> {
     create(sh, kind, "", obj, false).map(|_| ())
+}
+
+/// Whether a create or update body of this media type is decoded (as a real API server does,
+/// JSON and YAML; no Content-Type counts as JSON). Anything else is a 415.
+fn is_object_body_type(content_type: &str) -> bool {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    matches!(media.as_str(), "" | "application/json" | "application/yaml")
 }

@@ -1,0 +1,500 @@
+//! The service's contract, written once and run against two backends: the simulator and a
+//! real kube-apiserver (over etcd; `TEST_APISERVER_BIN`, see tests/apiserver_support). Each
+//! scenario drives the service core (`Applications` with a `ManualClock`) over real HTTP;
+//! the test plays scheduler and kubelet. On the real server the service's client carries a
+//! service-account token bound to the Helm chart's RBAC only, and each scenario ends by
+//! checking the audit log for anything else it used.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cluster_support::{
+    Cluster, bind, cluster_ids, cluster_ids_in, delete_now, pod_name, set_failed, set_running,
+};
+use crate::sim_support::until;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use spark_pod_allocator::allocator::{
+    AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
+};
+use spark_pod_allocator::app::{
+    AppError, AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication,
+    Started,
+};
+
+const P0: ResourceProfileId = ResourceProfileId(0);
+const BATCH_DELAY: Duration = Duration::from_secs(1);
+
+/// Each scenario as two tests: `<scenario>::simulator` and `<scenario>::real_api_server`.
+macro_rules! contract {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test]
+            async fn simulator() {
+                let cluster = crate::cluster_support::SimBackend::start().await;
+                super::$scenario(&cluster).await;
+                crate::cluster_support::Cluster::finish(&cluster).await;
+            }
+
+            #[tokio::test]
+            async fn real_api_server() {
+                let Some(cluster) =
+                    crate::cluster_support::RealBackend::start(stringify!($scenario)).await
+                else {
+                    return;
+                };
+                super::$scenario(&cluster).await;
+                crate::cluster_support::Cluster::finish(&cluster).await;
+            }
+        }
+    )*};
+}
+
+contract!(
+    batches_are_respected_and_targets_reached,
+    pending_pods_are_capped,
+    downscale_deletes_pending_excess_and_is_deleted_until_gone,
+    executors_registered_with_the_driver_are_kept_on_downscale,
+    failed_executors_are_replaced_with_new_ids,
+    deleted_executors_are_replaced_with_new_ids,
+    stop_removes_one_application_only,
+    each_resource_profile_gets_its_own_pods,
+    the_driver_pod_owns_the_executors,
+    a_restarted_service_resumes_without_reusing_ids,
+);
+
+struct Service {
+    clock: ManualClock,
+    apps: Applications,
+}
+
+fn service(c: &impl Cluster, clock: &ManualClock) -> Service {
+    let ctx = ServiceContext::new(c.service_client(), Arc::new(clock.clone()))
+        .with_options(ServiceOptions::default());
+    Service {
+        clock: clock.clone(),
+        apps: Applications::new(ctx),
+    }
+}
+
+fn template() -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"labels": {"team": "data"}},
+        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
+    }))
+    .expect("template")
+}
+
+fn request(app: &str, namespace: &str) -> StartApplication {
+    StartApplication {
+        app_id: id(app),
+        namespace: namespace.to_string(),
+        driver_pod_name: None,
+        templates: BTreeMap::from([(P0, template())]),
+        pod_name_prefix: None,
+        settings: AllocationSettings {
+            batch_size: 10,
+            batch_delay: BATCH_DELAY,
+            executor_timeout: Duration::from_secs(10),
+            ..AllocationSettings::default()
+        },
+    }
+}
+
+fn id(app: &str) -> AppId {
+    AppId::parse(app).expect("application id")
+}
+
+fn targets(n: u32) -> BTreeMap<ResourceProfileId, u32> {
+    BTreeMap::from([(P0, n)])
+}
+
+fn range(from: u64, to: u64) -> BTreeSet<u64> {
+    (from..=to).collect()
+}
+
+/// Starts an application and waits for its start round.
+async fn start(s: &Service, req: StartApplication) -> Started {
+    let app = req.app_id.clone();
+    let started = s.apps.start(req).await.expect("start");
+    until("start round", || async {
+        s.apps.rounds(&app).await.expect("rounds") >= 1
+    })
+    .await;
+    started
+}
+
+async fn snapshot_ids(s: &Service, app: &str) -> BTreeSet<u64> {
+    s.apps
+        .snapshot(&id(app))
+        .await
+        .expect("snapshot")
+        .executors
+        .keys()
+        .map(|e| e.0)
+        .collect()
+}
+
+async fn wait_seen(s: &Service, app: &str, ids: BTreeSet<u64>) {
+    until(&format!("{app} sees {ids:?}"), || async {
+        snapshot_ids(s, app).await == ids
+    })
+    .await;
+}
+
+async fn wait_state(s: &Service, app: &str, exec: u64, wanted: fn(&ExecutorState) -> bool) {
+    until(&format!("{app} executor {exec} state"), || async {
+        let snapshot = s.apps.snapshot(&id(app)).await.expect("snapshot");
+        snapshot
+            .executors
+            .get(&ExecutorId(exec))
+            .is_some_and(|e| wanted(&e.state))
+    })
+    .await;
+}
+
+async fn advance_round(s: &Service, app: &str, by: Duration) {
+    let before = s.apps.rounds(&id(app)).await.expect("rounds");
+    s.clock.advance(by);
+    until(&format!("a round of {app}"), || async {
+        s.apps.rounds(&id(app)).await.expect("rounds") > before
+    })
+    .await;
+}
+
+async fn set_targets_and_round(s: &Service, app: &str, t: BTreeMap<ResourceProfileId, u32>) {
+    let before = s.apps.rounds(&id(app)).await.expect("rounds");
+    s.apps
+        .set_total_expected(&id(app), t)
+        .await
+        .expect("set targets");
+    until(
+        &format!("the round after SetTotalExpected of {app}"),
+        || async { s.apps.rounds(&id(app)).await.expect("rounds") > before },
+    )
+    .await;
+}
+
+async fn batches_are_respected_and_targets_reached(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let started = start(&s, request("app-a", c.namespace())).await;
+    assert!(!started.resumed);
+    set_targets_and_round(&s, "app-a", targets(25)).await;
+    assert_eq!(cluster_ids(c, "app-a").await, range(1, 10));
+    // The next batch only once a round has seen the previous pods (Pending is enough).
+    for (seen, then) in [(10, 20), (20, 25), (25, 25)] {
+        wait_seen(&s, "app-a", range(1, seen)).await;
+        advance_round(&s, "app-a", BATCH_DELAY).await;
+        assert_eq!(cluster_ids(c, "app-a").await, range(1, then));
+    }
+    let status = s.apps.status(&id("app-a")).await.expect("status");
+    assert_eq!(status.profiles[&P0].target, 25);
+    assert_eq!(status.last_executor_id, 25);
+    assert_eq!(s.apps.stop(&id("app-a")).await.expect("stop"), 25);
+    assert!(cluster_ids(c, "app-a").await.is_empty());
+}
+
+async fn pending_pods_are_capped(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let mut req = request("app-cap", c.namespace());
+    req.settings.max_pending_pods = Some(4);
+    start(&s, req).await;
+    set_targets_and_round(&s, "app-cap", targets(10)).await;
+    assert_eq!(cluster_ids(c, "app-cap").await, range(1, 4));
+    wait_seen(&s, "app-cap", range(1, 4)).await;
+    advance_round(&s, "app-cap", BATCH_DELAY).await;
+    assert_eq!(
+        cluster_ids(c, "app-cap").await,
+        range(1, 4),
+        "4 pending: no room"
+    );
+    set_running(c, "app-cap", 1).await;
+    set_running(c, "app-cap", 2).await;
+    wait_state(&s, "app-cap", 2, |st| *st == ExecutorState::Running).await;
+    wait_state(&s, "app-cap", 1, |st| *st == ExecutorState::Running).await;
+    advance_round(&s, "app-cap", BATCH_DELAY).await;
+    assert_eq!(cluster_ids(c, "app-cap").await, range(1, 6));
+    s.apps.stop(&id("app-cap")).await.expect("stop");
+}
+
+async fn downscale_deletes_pending_excess_and_is_deleted_until_gone(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let app = "app-down";
+    start(&s, request(app, c.namespace())).await;
+    set_targets_and_round(&s, app, targets(8)).await;
+    assert_eq!(cluster_ids(c, app).await, range(1, 8));
+    for exec in 1..=3 {
+        set_running(c, app, exec).await;
+    }
+    // Bound pods are deleted gracefully: they stay (terminating) after the DELETE.
+    for exec in 4..=8 {
+        bind(c, app, exec).await;
+    }
+    for exec in 1..=3 {
+        wait_state(&s, app, exec, |st| *st == ExecutorState::Running).await;
+    }
+    s.apps
+        .set_total_expected(&id(app), targets(4))
+        .await
+        .expect("targets");
+    // Pending pods older than the idle timeout (60 s) may go.
+    advance_round(&s, app, Duration::from_secs(61)).await;
+    advance_round(&s, app, BATCH_DELAY).await;
+    let status = s.apps.status(&id(app)).await.expect("status");
+    let deleted: BTreeSet<u64> = status.deleted.iter().map(|e| e.0).collect();
+    assert_eq!(
+        deleted.len(),
+        4,
+        "an excess of 4 pending deleted: {deleted:?}"
+    );
+    assert!(deleted.iter().all(|d| (4..=8).contains(d)), "{deleted:?}");
+    for d in &deleted {
+        assert!(
+            s.apps
+                .is_deleted(&id(app), ExecutorId(*d))
+                .await
+                .expect("is deleted")
+        );
+    }
+    assert!(
+        !s.apps
+            .is_deleted(&id(app), ExecutorId(1))
+            .await
+            .expect("is deleted")
+    );
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    for d in &deleted {
+        let pod = pods.get(&pod_name(app, *d)).await.expect("terminating pod");
+        assert!(
+            pod.metadata.deletion_timestamp.is_some(),
+            "{d} is terminating"
+        );
+    }
+    // The kubelet confirms: the pods go, and IsDeleted turns false.
+    for d in &deleted {
+        delete_now(c, app, *d).await;
+    }
+    let live: BTreeSet<u64> = range(1, 8).difference(&deleted).copied().collect();
+    advance_round(&s, app, BATCH_DELAY).await;
+    advance_round(&s, app, Duration::from_secs(31)).await;
+    wait_seen(&s, app, live.clone()).await;
+    advance_round(&s, app, BATCH_DELAY).await;
+    for d in &deleted {
+        assert!(
+            !s.apps
+                .is_deleted(&id(app), ExecutorId(*d))
+                .await
+                .expect("is deleted")
+        );
+    }
+    assert_eq!(cluster_ids(c, app).await, live);
+    s.apps.stop(&id(app)).await.expect("stop");
+}
+
+async fn executors_registered_with_the_driver_are_kept_on_downscale(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let app = "app-reg";
+    start(&s, request(app, c.namespace())).await;
+    set_targets_and_round(&s, app, targets(4)).await;
+    wait_seen(&s, app, range(1, 4)).await;
+    s.apps
+        .update_registered(&id(app), BTreeSet::from([ExecutorId(1), ExecutorId(2)]))
+        .await
+        .expect("registered");
+    s.apps
+        .set_total_expected(&id(app), targets(1))
+        .await
+        .expect("targets");
+    advance_round(&s, app, Duration::from_secs(61)).await;
+    // Unbound pods go at once.
+    until("the unregistered excess gone", || async {
+        cluster_ids(c, app).await == range(1, 2)
+    })
+    .await;
+    s.apps.stop(&id(app)).await.expect("stop");
+}
+
+async fn failed_executors_are_replaced_with_new_ids(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let app = "app-fail";
+    start(&s, request(app, c.namespace())).await;
+    set_targets_and_round(&s, app, targets(3)).await;
+    for exec in 1..=3 {
+        set_running(c, app, exec).await;
+    }
+    set_failed(c, app, 2).await;
+    wait_state(&s, app, 2, |st| matches!(st, ExecutorState::Failed { .. })).await;
+    advance_round(&s, app, BATCH_DELAY).await;
+    assert_eq!(cluster_ids(c, app).await, BTreeSet::from([1, 3, 4]));
+    assert_eq!(s.apps.stop(&id(app)).await.expect("stop"), 3);
+}
+
+async fn deleted_executors_are_replaced_with_new_ids(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let app = "app-gone";
+    start(&s, request(app, c.namespace())).await;
+    set_targets_and_round(&s, app, targets(3)).await;
+    for exec in 1..=3 {
+        set_running(c, app, exec).await;
+    }
+    for exec in 1..=3 {
+        wait_state(&s, app, exec, |st| *st == ExecutorState::Running).await;
+    }
+    // Removed by someone else (an eviction, a user): the executor is lost.
+    delete_now(c, app, 3).await;
+    until("the deletion seen", || async {
+        let snapshot = s.apps.snapshot(&id(app)).await.expect("snapshot");
+        snapshot
+            .executors
+            .get(&ExecutorId(3))
+            .is_none_or(|e| e.state == ExecutorState::Deleted)
+    })
+    .await;
+    advance_round(&s, app, BATCH_DELAY).await;
+    assert_eq!(cluster_ids(c, app).await, BTreeSet::from([1, 2, 4]));
+    s.apps.stop(&id(app)).await.expect("stop");
+}
+
+async fn stop_removes_one_application_only(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    start(&s, request("app-x", c.namespace())).await;
+    start(&s, request("app-y", c.namespace())).await;
+    start(&s, request("app-z", c.other_namespace())).await;
+    set_targets_and_round(&s, "app-x", targets(3)).await;
+    set_targets_and_round(&s, "app-y", targets(2)).await;
+    set_targets_and_round(&s, "app-z", targets(2)).await;
+    wait_seen(&s, "app-x", range(1, 3)).await;
+    wait_seen(&s, "app-y", range(1, 2)).await;
+    wait_seen(&s, "app-z", range(1, 2)).await;
+    set_running(c, "app-x", 1).await;
+    assert_eq!(s.apps.stop(&id("app-x")).await.expect("stop"), 3);
+    // The running (bound) pod is deleted gracefully: terminating until its kubelet confirms.
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    let terminating = pods
+        .get(&pod_name("app-x", 1))
+        .await
+        .expect("terminating pod");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(cluster_ids(c, "app-x").await, range(1, 1));
+    delete_now(c, "app-x", 1).await;
+    assert!(cluster_ids(c, "app-x").await.is_empty());
+    assert_eq!(cluster_ids(c, "app-y").await, range(1, 2));
+    assert_eq!(
+        cluster_ids_in(c, c.other_namespace(), "app-z").await,
+        range(1, 2)
+    );
+    let gone = s.apps.status(&id("app-x")).await.map(|_| ());
+    assert!(matches!(gone, Err(AppError::NotFound(_))), "{gone:?}");
+    // y goes on working after x's stop.
+    set_running(c, "app-y", 1).await;
+    set_failed(c, "app-y", 1).await;
+    wait_state(&s, "app-y", 1, |st| {
+        matches!(st, ExecutorState::Failed { .. })
+    })
+    .await;
+    advance_round(&s, "app-y", BATCH_DELAY).await;
+    assert_eq!(cluster_ids(c, "app-y").await, BTreeSet::from([2, 3]));
+    assert_eq!(s.apps.stop(&id("app-y")).await.expect("stop"), 2);
+    assert_eq!(s.apps.stop(&id("app-z")).await.expect("stop"), 2);
+    assert!(s.apps.watched_namespaces().is_empty());
+}
+
+async fn each_resource_profile_gets_its_own_pods(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let app = "app-prof";
+    let p1 = ResourceProfileId(1);
+    let mut req = request(app, c.namespace());
+    let mut big = template();
+    if let Some(spec) = big.spec.as_mut() {
+        spec.containers[0].image = Some("spark:4-big".into());
+    }
+    req.templates.insert(p1, big);
+    start(&s, req).await;
+    set_targets_and_round(&s, app, BTreeMap::from([(P0, 2), (p1, 3)])).await;
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    let listed = pods
+        .list(&kube::api::ListParams::default().labels(&format!("spark-app-selector={app}")))
+        .await
+        .expect("list");
+    let mut by_profile: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pod in &listed.items {
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].image.clone());
+        by_profile
+            .entry(labels["spark-exec-resourceprofile-id"].clone())
+            .or_default()
+            .push(image.unwrap_or_default());
+    }
+    assert_eq!(by_profile["0"], vec!["spark:4"; 2]);
+    assert_eq!(by_profile["1"], vec!["spark:4-big"; 3]);
+    let status = s.apps.status(&id(app)).await.expect("status");
+    assert_eq!(status.profiles[&p1].target, 3);
+    assert_eq!(s.apps.stop(&id(app)).await.expect("stop"), 5);
+}
+
+async fn the_driver_pod_owns_the_executors(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    let mut driver = template();
+    driver.metadata.name = Some("driver-1".into());
+    let driver = pods
+        .create(&PostParams::default(), &driver)
+        .await
+        .expect("driver pod");
+    let mut req = request("app-own", c.namespace());
+    req.driver_pod_name = Some("driver-1".into());
+    start(&s, req).await;
+    set_targets_and_round(&s, "app-own", targets(1)).await;
+    let pod = pods.get("app-own-exec-1").await.expect("executor");
+    let owners = pod.metadata.owner_references.expect("owner references");
+    assert_eq!(owners[0].name, "driver-1");
+    assert_eq!(Some(&owners[0].uid), driver.metadata.uid.as_ref());
+    assert_eq!(owners[0].controller, Some(true));
+    let driver = pods.get("driver-1").await.expect("driver");
+    assert_eq!(
+        driver.metadata.annotations.expect("annotations")["spark-pod-allocator/last-executor-id"],
+        "1"
+    );
+    s.apps.stop(&id("app-own")).await.expect("stop");
+}
+
+async fn a_restarted_service_resumes_without_reusing_ids(c: &impl Cluster) {
+    let clock = ManualClock::starting_now();
+    let s = service(c, &clock);
+    let app = "app-r";
+    start(&s, request(app, c.namespace())).await;
+    set_targets_and_round(&s, app, targets(5)).await;
+    assert_eq!(cluster_ids(c, app).await, range(1, 5));
+    s.apps.shutdown().await;
+    assert_eq!(
+        cluster_ids(c, app).await,
+        range(1, 5),
+        "shutdown keeps pods"
+    );
+    // While no service runs, the pod of the highest id goes.
+    delete_now(c, app, 5).await;
+
+    let restarted = service(c, &clock);
+    let started = start(&restarted, request(app, c.namespace())).await;
+    assert!(started.resumed);
+    assert_eq!(started.last_executor_id, 5, "id 5 was handed out");
+    wait_seen(&restarted, app, range(1, 4)).await;
+    restarted
+        .apps
+        .set_total_expected(&id(app), targets(7))
+        .await
+        .expect("targets");
+    advance_round(&restarted, app, BATCH_DELAY).await;
+    assert_eq!(
+        cluster_ids(c, app).await,
+        BTreeSet::from([1, 2, 3, 4, 6, 7, 8])
+    );
+    assert_eq!(restarted.apps.stop(&id(app)).await.expect("stop"), 7);
+}

@@ -1,0 +1,143 @@
+//! The service binary (`serve`) on the real API server with the chart's service account only:
+//! SIGKILLed in the middle of a scale-up, started again, it finishes the scale-up from the
+//! registration it kept in Kubernetes (listing registrations across namespaces at start); the
+//! audit log shows it used nothing the chart does not grant (checked by `finish`).
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use spark_pod_allocator::demo::wait_until_serving;
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cluster_support::{Cluster, RealBackend};
+use crate::sim_support::until;
+
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+const APP: &str = "app-binary";
+/// Guards against a hang only.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+async fn serve(kubeconfig: &std::path::Path) -> (Child, ExecutorAllocatorClient<Channel>) {
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .env_remove("KUBECONFIG")
+        .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let address = tokio::time::timeout(HANG_GUARD, async {
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if entry["fields"]["message"] == "serving gRPC" {
+                return entry["fields"]["address"]
+                    .as_str()
+                    .expect("address")
+                    .to_string();
+            }
+        }
+        panic!("the service ended before serving");
+    })
+    .await
+    .expect("serving in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    wait_until_serving(channel.clone()).await.expect("serving");
+    (child, ExecutorAllocatorClient::new(channel))
+}
+
+async fn executor_ids(c: &RealBackend) -> BTreeSet<u64> {
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    pods.list(&ListParams::default().labels(&format!("spark-app-selector={APP}")))
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .filter_map(|p| {
+            p.metadata
+                .labels
+                .as_ref()?
+                .get("spark-exec-id")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_service_binary_resumes_with_the_charts_rights_only() {
+    let Some(c) = RealBackend::start("binary").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    c.write_service_kubeconfig(&kubeconfig);
+
+    let (mut first, mut client) = serve(&kubeconfig).await;
+    client
+        .start(proto::StartRequest {
+            application_id: APP.into(),
+            namespace: c.namespace().into(),
+            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
+            settings: Some(proto::AllocationSettings {
+                batch_size: Some(2),
+                batch_delay_ms: Some(5000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("Start");
+    client
+        .set_total_expected(proto::SetTotalExpectedRequest {
+            application_id: APP.into(),
+            executors_per_profile: [(0, 6)].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("SetTotalExpected");
+    // The whole first batch, so that no create is in flight at the kill (the batch delay
+    // holds the next one back); a create cut off by SIGKILL may never land, and its id is
+    // then skipped, which is right but not this test's point.
+    until("the first batch", || async {
+        executor_ids(&c).await.len() == 2
+    })
+    .await;
+    first.start_kill().expect("SIGKILL");
+    first.wait().await.expect("killed");
+    let at_kill = executor_ids(&c).await;
+
+    let (_second, mut client) = serve(&kubeconfig).await;
+    until("6 executors", || async {
+        executor_ids(&c).await.len() == 6
+    })
+    .await;
+    let ids = executor_ids(&c).await;
+    assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
+    assert_eq!(ids, (1..=6).collect(), "ids continue, none reused");
+    let stopped = client
+        .stop(proto::StopRequest {
+            application_id: APP.into(),
+        })
+        .await
+        .expect("Stop")
+        .into_inner();
+    assert_eq!(stopped.deleted_pods, 6);
+    c.finish().await;
+}
