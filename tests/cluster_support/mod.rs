@@ -287,7 +287,8 @@ pub struct ChartRbac {
 }
 
 impl ChartRbac {
-    /// `helm template` of the chart with its default values (a ClusterRole: any namespace).
+    /// `helm template` of the chart with its default values, but for any namespace
+    /// (`rbac.clusterWide`: each scenario makes a namespace of its own).
     pub fn render() -> Self {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let helm = std::env::var_os("TEST_HELM")
@@ -302,6 +303,7 @@ impl ChartRbac {
             .args(["template", "spa"])
             .arg(root.join("helm/spark-pod-allocator"))
             .args(["--namespace", RELEASE_NAMESPACE])
+            .args(["--set", "rbac.clusterWide=true"])
             .output()
             .expect("helm runs");
         assert!(

@@ -96,6 +96,7 @@ fn request(app: &str, namespace: &str) -> StartApplication {
         driver_pod_name: None,
         templates: BTreeMap::from([(P0, template())]),
         pod_name_prefix: None,
+        owner: None,
         settings: AllocationSettings {
             batch_size: 10,
             batch_delay: BATCH_DELAY,

@@ -6,9 +6,11 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams};
 use spark_pod_allocator::demo::wait_until_serving;
+use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -122,6 +124,21 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     first.start_kill().expect("SIGKILL");
     first.wait().await.expect("killed");
     let at_kill = executor_ids(&c).await;
+    // The id record reserved a block (ids up to what the target lacks may be in use),
+    // possibly more than the killed service created.
+    let config_maps: Api<ConfigMap> = Api::namespaced(c.admin_client(), c.namespace());
+    let stored = config_maps
+        .get(&IdRecord::config_map_name(APP))
+        .await
+        .expect("the id record's ConfigMap");
+    let recorded = stored.data.as_ref().expect("data")[LAST_EXECUTOR_ID_KEY]
+        .parse::<u64>()
+        .expect("a number");
+    let highest_at_kill = at_kill.iter().max().copied().unwrap_or(0);
+    assert!(
+        recorded >= highest_at_kill,
+        "record {recorded}, created {at_kill:?}"
+    );
 
     let (_second, mut client) = serve(&kubeconfig).await;
     until("6 executors", || async {
@@ -130,7 +147,10 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     .await;
     let ids = executor_ids(&c).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
-    assert_eq!(ids, (1..=6).collect(), "ids continue, none reused");
+    // The new ids start above the reserved block: none of it is used again.
+    let new: BTreeSet<u64> = ids.difference(&at_kill).copied().collect();
+    let expected: BTreeSet<u64> = (recorded + 1..=recorded + new.len() as u64).collect();
+    assert_eq!(new, expected, "ids continue after the block, none reused");
     let stopped = client
         .stop(proto::StopRequest {
             application_id: APP.into(),
