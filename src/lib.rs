@@ -8,10 +8,12 @@
 //! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
 //! - [`config`]: layered configuration (defaults < file < environment).
+//! - [`bench`]: the `bench` subcommand's scenarios.
 #![forbid(unsafe_code)]
 
 pub mod allocator;
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod grpc;

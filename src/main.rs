@@ -58,6 +58,48 @@ enum Command {
     },
     /// The simulated cluster, the service and a scripted driver, in one process.
     Demo,
+    /// Measure the service against a simulated cluster in a child process.
+    Bench {
+        #[command(subcommand)]
+        scenario: BenchScenario,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchScenario {
+    /// Memory per executor at N Running executors over repeated resyncs.
+    Memory {
+        #[arg(long, default_value_t = 10_000)]
+        executors: u32,
+        #[arg(long, default_value_t = 10)]
+        resyncs: u32,
+        /// Seconds between two full LISTs.
+        #[arg(long, default_value_t = 3)]
+        resync_interval_s: u64,
+    },
+    /// IsDeleted latency while applications scale up together, and a small application's
+    /// time to its first executor.
+    Fairness {
+        #[arg(long, default_value_t = 50)]
+        applications: u32,
+        #[arg(long, default_value_t = 200)]
+        executors_each: u32,
+        /// Seconds IsDeleted is measured while they scale.
+        #[arg(long, default_value_t = 20)]
+        window_s: u64,
+        /// Executors of the big application a small one runs beside.
+        #[arg(long, default_value_t = 10_000)]
+        big_executors: u32,
+    },
+    /// GetStatus latency under a burst of SetTotalExpected over many applications, then
+    /// every application stopped at once.
+    ManyApps {
+        #[arg(long, default_value_t = 2_000)]
+        applications: u32,
+        /// The shared rate limit of mutating requests.
+        #[arg(long, default_value_t = 1_000)]
+        qps: u32,
+    },
 }
 
 /// `--listen`, with the expected form in the error.
@@ -85,7 +127,7 @@ fn main() -> ExitCode {
     };
     // The demo's table owns the terminal: only warnings unless RUST_LOG asks for more.
     let default_filter = match cli.command {
-        Command::Demo => "warn",
+        Command::Demo | Command::Bench { .. } => "warn",
         _ => settings.log.filter.as_str(),
     };
     if let Err(err) = init_tracing(format, default_filter) {
@@ -106,6 +148,7 @@ fn main() -> ExitCode {
                 simulate(settings, listen, &kubeconfig).await
             }
             Command::Demo => demo::run().await.map(|_| ()),
+            Command::Bench { scenario } => run_bench(scenario).await,
         }
     });
     match result {
@@ -292,6 +335,46 @@ async fn serve(
         None => tracing::info!("stopped; executor pods left in place"),
     }
     Ok(())
+}
+
+async fn run_bench(scenario: BenchScenario) -> anyhow::Result<()> {
+    use spark_pod_allocator::bench;
+    use std::time::Duration;
+    match scenario {
+        BenchScenario::Memory {
+            executors,
+            resyncs,
+            resync_interval_s,
+        } => {
+            bench::memory::run(&bench::memory::MemoryBench {
+                executors,
+                resyncs,
+                resync_interval: Duration::from_secs(resync_interval_s.max(1)),
+            })
+            .await
+        }
+        BenchScenario::Fairness {
+            applications,
+            executors_each,
+            window_s,
+            big_executors,
+        } => {
+            bench::fairness::run(&bench::fairness::FairnessBench {
+                applications: applications.max(1),
+                executors_each,
+                window: Duration::from_secs(window_s.max(3)),
+                big_executors,
+            })
+            .await
+        }
+        BenchScenario::ManyApps { applications, qps } => {
+            bench::many_apps::run(&bench::many_apps::ManyAppsBench {
+                applications: applications.max(1),
+                qps,
+            })
+            .await
+        }
+    }
 }
 
 async fn simulate(
