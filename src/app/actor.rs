@@ -21,7 +21,7 @@ use crate::allocator::{
     ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
 use crate::k8s::pods::IdRecord;
-use crate::k8s::{CreateError, ExecutorPods, PodEvent, Subscription};
+use crate::k8s::{CreateError, ExecutorPods, Listed, PodEvent, Subscription};
 use crate::metrics::{DeleteReason, Metrics, ProfileGauges};
 use tokio_util::sync::CancellationToken;
 
@@ -655,10 +655,21 @@ impl State {
             }
             PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
-                self.actor.feed.relisted(&pods, rules);
+                // The executors of unchanged pods, as the feed has them, before it takes
+                // in the changed ones.
                 let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
-                for pod in &pods {
-                    if let Some(executor) = executor_pod_from(pod, rules) {
+                for listed in &pods {
+                    if let Listed::Unchanged(name) = listed
+                        && let Some(executor) = self.actor.feed.executor(name)
+                    {
+                        executors.push(executor.clone());
+                    }
+                }
+                self.actor.feed.relisted(&pods, rules);
+                for listed in &pods {
+                    if let Listed::Changed(pod) = listed
+                        && let Some(executor) = executor_pod_from(pod, rules)
+                    {
                         self.failures.observe(pod, &executor, now);
                         Self::time_requested(
                             &mut self.requested_at,
@@ -668,6 +679,7 @@ impl State {
                         executors.push(executor);
                     }
                 }
+                drop(pods);
                 let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
                 let gone: Vec<ExecutorId> = self
                     .actor

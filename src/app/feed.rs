@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use crate::allocator::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
+use crate::k8s::Listed;
 
 /// Changes kept for resuming streams.
 pub const KEPT_CHANGES: usize = 1024;
@@ -36,8 +37,11 @@ pub struct ExecutorView {
     pub executor: ExecutorPod,
     /// The pod's phase (`None` when it has none yet).
     pub phase: Option<String>,
-    /// The pod as last seen (as it went, for a deleted one).
-    pub pod: Arc<Pod>,
+    /// The pod as last seen (as it went, for a deleted one), as JSON: what the stream
+    /// sends, and a fraction of the decoded pod's memory.
+    pub pod_json: Arc<str>,
+    /// The pod's resourceVersion (a replayed version is no change).
+    pub resource_version: Option<String>,
 }
 
 /// One event of a stream.
@@ -102,21 +106,21 @@ impl Feed {
     /// A pod of the application was added or changed (one that is no executor any more,
     /// e.g. labelled inactive, is gone from the feed).
     pub fn applied(&mut self, pod: &Pod, rules: &StateRules) {
+        let unchanged = pod.metadata.name.as_deref().is_some_and(|name| {
+            self.current.get(name).is_some_and(|old| {
+                old.resource_version.is_some()
+                    && old.resource_version == pod.metadata.resource_version
+            })
+        });
+        if unchanged {
+            return;
+        }
         match view_of(pod, rules) {
             Some(view) => {
-                let unchanged = self
-                    .current
-                    .get(&view.executor.pod_name)
-                    .is_some_and(|old| {
-                        old.pod.metadata.resource_version.is_some()
-                            && old.pod.metadata.resource_version == pod.metadata.resource_version
-                    });
-                if !unchanged {
-                    let view = Arc::new(view);
-                    self.current
-                        .insert(view.executor.pod_name.clone(), Arc::clone(&view));
-                    self.publish(EventKind::Updated, view);
-                }
+                let view = Arc::new(view);
+                self.current
+                    .insert(view.executor.pod_name.clone(), Arc::clone(&view));
+                self.publish(EventKind::Updated, view);
             }
             None => {
                 if let Some(name) = pod.metadata.name.as_deref() {
@@ -134,10 +138,13 @@ impl Feed {
     }
 
     /// A full listing of the application's executor pods: changes for what differs.
-    pub fn relisted(&mut self, pods: &[Pod], rules: &StateRules) {
+    pub fn relisted(&mut self, pods: &[Listed], rules: &StateRules) {
         let listed: std::collections::BTreeSet<&str> = pods
             .iter()
-            .filter_map(|p| p.metadata.name.as_deref())
+            .filter_map(|listed| match listed {
+                Listed::Changed(pod) => pod.metadata.name.as_deref(),
+                Listed::Unchanged(name) => Some(name.as_str()),
+            })
             .collect();
         let missing: Vec<String> = self
             .current
@@ -148,9 +155,16 @@ impl Feed {
         for name in missing {
             self.gone(&name, None);
         }
-        for pod in pods {
-            self.applied(pod, rules);
+        for listed in pods {
+            if let Listed::Changed(pod) = listed {
+                self.applied(pod, rules);
+            }
         }
+    }
+
+    /// The executor of the pod `name` as last seen, if it is one.
+    pub fn executor(&self, name: &str) -> Option<&ExecutorPod> {
+        self.current.get(name).map(|view| &view.executor)
     }
 
     /// A new stream: the changes after `since` when they are all kept, else the full state.
@@ -193,10 +207,14 @@ impl Feed {
         let mut view = ExecutorView {
             executor: old.executor.clone(),
             phase: old.phase.clone(),
-            pod: pod.map_or_else(|| Arc::clone(&old.pod), |p| Arc::new(p.clone())),
+            pod_json: pod.map_or_else(|| Arc::clone(&old.pod_json), pod_json),
+            resource_version: pod.map_or_else(
+                || old.resource_version.clone(),
+                |p| p.metadata.resource_version.clone(),
+            ),
         };
         view.executor.state = ExecutorState::Deleted;
-        if let Some(phase) = view.pod.status.as_ref().and_then(|s| s.phase.clone()) {
+        if let Some(phase) = pod.and_then(|p| p.status.as_ref()?.phase.clone()) {
             view.phase = Some(phase);
         }
         self.publish(EventKind::Deleted, Arc::new(view));
@@ -270,8 +288,20 @@ fn view_of(pod: &Pod, rules: &StateRules) -> Option<ExecutorView> {
     Some(ExecutorView {
         executor,
         phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
-        pod: Arc::new(pod.clone()),
+        pod_json: pod_json(pod),
+        resource_version: pod.metadata.resource_version.clone(),
     })
+}
+
+/// `pod` as JSON (empty if it cannot be encoded, which a decoded pod always can).
+fn pod_json(pod: &Pod) -> Arc<str> {
+    match serde_json::to_string(pod) {
+        Ok(json) => Arc::from(json),
+        Err(err) => {
+            tracing::error!(error = %err, "cannot encode an executor pod as JSON");
+            Arc::from("")
+        }
+    }
 }
 
 /// One stream's queue, shared by the feed (writer) and the stream (reader).

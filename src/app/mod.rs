@@ -241,8 +241,12 @@ struct Registry {
     pods: ExecutorPods,
     watches: PodWatches,
     apps: Mutex<HashMap<AppId, Entry>>,
-    /// Serialises Start and Stop, so an id is never started twice concurrently.
-    lifecycle: tokio::sync::Mutex<()>,
+    /// Start and Stop hold it shared (they run concurrently), shutdown exclusively (it
+    /// waits for those under way, and none starts after it).
+    lifecycle: tokio::sync::RwLock<()>,
+    /// Serialises Start and Stop of one application id (never started twice concurrently);
+    /// different applications' run side by side. An entry lives while someone holds it.
+    app_locks: Mutex<HashMap<AppId, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
     /// Numbers the actors, so a forgotten application's entry is removed only if it is
     /// still that actor's.
@@ -325,7 +329,8 @@ impl Applications {
                 pods,
                 watches,
                 apps: Mutex::new(HashMap::new()),
-                lifecycle: tokio::sync::Mutex::new(()),
+                lifecycle: tokio::sync::RwLock::new(()),
+                app_locks: Mutex::new(HashMap::new()),
                 shutting_down: AtomicBool::new(false),
                 generations: AtomicU64::new(0),
             }),
@@ -350,7 +355,8 @@ impl Applications {
         may_act_on_any: bool,
     ) -> Result<Started, AppError> {
         self.check_running()?;
-        let _serial = self.inner.lifecycle.lock().await;
+        let _shared = self.inner.lifecycle.read().await;
+        let _serial = self.lock_app(&req.app_id).await;
         self.check_running()?;
         if let Some(existing) = self.ownership(&req.app_id) {
             if existing.owner != req.owner && !may_act_on_any {
@@ -450,7 +456,7 @@ impl Applications {
             store,
             builder,
             rules,
-            pods: self.inner.pods.clone(),
+            pods: self.inner.pods.for_application(req.app_id.as_str()),
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: id_record.clone(),
             id_blocks: IdBlocks::new(recorded),
@@ -622,7 +628,8 @@ impl Applications {
     /// terminating).
     pub async fn stop(&self, app: &AppId) -> Result<u32, AppError> {
         self.check_running()?;
-        let _serial = self.inner.lifecycle.lock().await;
+        let _shared = self.inner.lifecycle.read().await;
+        let _serial = self.lock_app(app).await;
         let Some((namespace, actor, _)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
@@ -630,7 +637,8 @@ impl Applications {
             // The actor ends first, so no create of it can follow the delete.
             actor.stop().await;
         }
-        let deleted = match self.inner.pods.delete_all(&namespace, app.as_str()).await {
+        let pods = self.inner.pods.for_application(app.as_str());
+        let deleted = match pods.delete_all(&namespace, app.as_str()).await {
             // The record goes only once no pod holds an id.
             Ok(deleted) => self
                 .inner
@@ -729,7 +737,7 @@ impl Applications {
     /// calls answer [`AppError::ShuttingDown`].
     pub async fn shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
-        let _serial = self.inner.lifecycle.lock().await;
+        let _exclusive = self.inner.lifecycle.write().await;
         let entries: Vec<(AppId, Entry)> = self.apps().drain().collect();
         self.inner.ctx.metrics.set_active_applications(0);
         for (app, entry) in entries {
@@ -920,11 +928,53 @@ impl Applications {
         Ok(builder)
     }
 
+    /// Holds `app`'s Start/Stop lock (see [`Registry::app_locks`]) until the guard drops.
+    async fn lock_app(&self, app: &AppId) -> AppLock {
+        let mutex = {
+            let mut locks = lock_registry(&self.inner.app_locks);
+            Arc::clone(locks.entry(app.clone()).or_default())
+        };
+        let guard = Arc::clone(&mutex).lock_owned().await;
+        AppLock {
+            registry: Arc::clone(&self.inner),
+            app: app.clone(),
+            guard: Some(guard),
+        }
+    }
+
     fn apps(&self) -> MutexGuard<'_, HashMap<AppId, Entry>> {
         match self.inner.apps.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+}
+
+/// One application's Start/Stop lock, held; its entry is removed with its last holder.
+struct AppLock {
+    registry: Arc<Registry>,
+    app: AppId,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for AppLock {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = lock_registry(&self.registry.app_locks);
+        // Only the map holds it: no one else waits for or holds it.
+        if locks
+            .get(&self.app)
+            .is_some_and(|mutex| Arc::strong_count(mutex) == 1)
+        {
+            locks.remove(&self.app);
+        }
+    }
+}
+
+fn lock_registry<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }
 

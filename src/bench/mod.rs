@@ -1,7 +1,15 @@
 //! `spark-pod-allocator bench <scenario>`: measurements against the simulated cluster, each
-//! printed with its ratio to a limit measured in the same run. One file per scenario.
+//! printed with its goal and its ratio to a baseline or limit measured in the same run. One
+//! file per scenario; `harness` holds what they share (the simulator as a child process,
+//! RSS, latency summaries).
+use std::time::Duration;
+
 use clap::Subcommand;
 
+pub mod fairness;
+pub mod harness;
+pub mod many_apps;
+pub mod memory;
 mod plot;
 pub mod scale_up;
 
@@ -10,11 +18,78 @@ pub mod scale_up;
 pub enum Scenario {
     /// Time to N executors Running, per allocation policy, against N / QPS + pod start.
     ScaleUp(scale_up::Args),
+    /// Memory per executor at N Running executors over repeated resyncs (the simulator in a
+    /// child process, so the memory measured is the service's alone).
+    Memory {
+        #[arg(long, default_value_t = 10_000)]
+        executors: u32,
+        #[arg(long, default_value_t = 10)]
+        resyncs: u32,
+        /// Seconds between two full LISTs.
+        #[arg(long, default_value_t = 3)]
+        resync_interval_s: u64,
+    },
+    /// IsDeleted latency while applications scale up together, and a small application's
+    /// time to its first executor.
+    Fairness {
+        #[arg(long, default_value_t = 50)]
+        applications: u32,
+        #[arg(long, default_value_t = 200)]
+        executors_each: u32,
+        /// Seconds IsDeleted is measured while they scale.
+        #[arg(long, default_value_t = 20)]
+        window_s: u64,
+        /// Executors of the big application a small one runs beside.
+        #[arg(long, default_value_t = 10_000)]
+        big_executors: u32,
+    },
+    /// GetStatus latency under a burst of SetTotalExpected over many applications, then
+    /// every application stopped at once.
+    ManyApps {
+        #[arg(long, default_value_t = 2_000)]
+        applications: u32,
+        /// The shared rate limit of mutating requests.
+        #[arg(long, default_value_t = 1_000)]
+        qps: u32,
+    },
 }
 
 /// Runs one scenario, printing its results.
 pub async fn run(scenario: Scenario) -> anyhow::Result<()> {
     match scenario {
         Scenario::ScaleUp(args) => scale_up::run(args).await,
+        Scenario::Memory {
+            executors,
+            resyncs,
+            resync_interval_s,
+        } => {
+            memory::run(&memory::MemoryBench {
+                executors,
+                resyncs,
+                resync_interval: Duration::from_secs(resync_interval_s.max(1)),
+            })
+            .await
+        }
+        Scenario::Fairness {
+            applications,
+            executors_each,
+            window_s,
+            big_executors,
+        } => {
+            fairness::run(&fairness::FairnessBench {
+                applications: applications.max(1),
+                executors_each,
+                window: Duration::from_secs(window_s.max(3)),
+                big_executors,
+            })
+            .await
+        }
+        Scenario::ManyApps { applications, qps } => {
+            many_apps::run(&many_apps::ManyAppsBench {
+                applications: applications.max(1),
+                qps,
+            })
+            .await
+        }
     }
 }

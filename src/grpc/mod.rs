@@ -214,13 +214,7 @@ fn executor_pod(view: &ExecutorView) -> proto::ExecutorPod {
         ExecutorState::Terminating => (Wire::Terminating, None, None, None),
         ExecutorState::Unknown => (Wire::Unknown, None, None, None),
     };
-    let pod_json = match serde_json::to_string(view.pod.as_ref()) {
-        Ok(json) => json,
-        Err(err) => {
-            tracing::error!(pod = %executor.pod_name, error = %err, "cannot encode an executor pod as JSON");
-            String::new()
-        }
-    };
+    let pod_json = view.pod_json.to_string();
     proto::ExecutorPod {
         executor_id: wire_id(executor.id.0),
         resource_profile_id: executor.profile.0,

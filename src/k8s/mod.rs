@@ -9,7 +9,7 @@ pub mod watch;
 pub use pods::{CreateError, ExecutorPods, IdRecord};
 pub use rate_limit::RateLimiter;
 pub use request::RequestPolicy;
-pub use watch::{PodEvent, PodWatches, Subscription};
+pub use watch::{Listed, PodEvent, PodWatches, Subscription};
 
 use crate::config::{InCluster, KubernetesSettings};
 

@@ -5,6 +5,7 @@
 //! every failure is logged with the API server's reason and returned.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
@@ -15,7 +16,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::describe_error;
-use super::rate_limit::RateLimiter;
+use super::rate_limit::{RateLimiter, SERVICE_SHARE};
 use super::request::RequestPolicy;
 use crate::allocator::pod_builder::{sanitize_prefix, stable_hash};
 use crate::allocator::types::{
@@ -112,6 +113,8 @@ pub struct ExecutorPods {
     create_concurrency: usize,
     policy: RequestPolicy,
     metrics: Metrics,
+    /// Whose share of the rate limit this client's requests take.
+    share: Arc<str>,
 }
 
 impl ExecutorPods {
@@ -124,6 +127,16 @@ impl ExecutorPods {
             create_concurrency: create_concurrency.max(1),
             policy: RequestPolicy::default(),
             metrics: Metrics::default(),
+            share: Arc::from(SERVICE_SHARE),
+        }
+    }
+
+    /// The same client, its requests queued in `app_id`'s share of the rate limit (slots
+    /// go round-robin between applications, see [`RateLimiter`]).
+    pub fn for_application(&self, app_id: &str) -> Self {
+        Self {
+            share: Arc::from(app_id),
+            ..self.clone()
         }
     }
 
@@ -136,7 +149,7 @@ impl ExecutorPods {
     /// A token of the shared rate limiter; the wait is recorded.
     async fn acquire(&self) {
         let started = std::time::Instant::now();
-        self.limiter.acquire().await;
+        self.limiter.acquire(&self.share).await;
         self.metrics.rate_limit_waited(started.elapsed());
     }
 

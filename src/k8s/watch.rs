@@ -3,7 +3,7 @@
 //! application that named them; plus the periodic full LIST that replaces each
 //! application's snapshot. A namespace's watch starts with its first subscriber and stops
 //! with its last.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -32,13 +32,25 @@ pub enum PodEvent {
     /// A pod is gone.
     Deleted(Pod),
     /// A full listing of the application's executor pods (watch restart or periodic
-    /// LIST): replaces the snapshot; empty when it has none.
-    Resync(Vec<Pod>),
+    /// LIST): replaces the snapshot; empty when it has none. A pod whose version the
+    /// application was already sent comes as its name only, so a listing holds no more
+    /// full pods than changed since the last one.
+    Resync(Vec<Listed>),
     /// The application's driver pod was added or changed (also sent by every listing
     /// that holds it).
     Driver(Pod),
     /// The application's driver pod is gone (a DELETED event, or a listing without it).
     DriverDeleted,
+}
+
+/// One pod of a full listing.
+#[derive(Debug, Clone)]
+pub enum Listed {
+    /// A version of the pod the application was not sent yet (boxed: most of a listing
+    /// is names).
+    Changed(Box<Pod>),
+    /// The pod of this name, as the application was last sent it (unchanged since).
+    Unchanged(String),
 }
 
 /// The shared watches of the service.
@@ -63,6 +75,8 @@ struct Subscriber {
     tx: mpsc::UnboundedSender<PodEvent>,
     /// The driver pod followed for it (named at Start, labelled `spark-role=driver`).
     driver: Option<String>,
+    /// The resourceVersion of each executor pod last sent to it, by pod name.
+    sent: HashMap<String, String>,
 }
 
 /// The watch task of one namespace (it runs the periodic LIST too); dropping it stops it.
@@ -191,6 +205,7 @@ impl PodWatches {
         let subscriber = Subscriber {
             tx,
             driver: driver.map(str::to_string),
+            sent: HashMap::new(),
         };
         lock(&watch.subscribers).insert(app_id.to_string(), subscriber);
         Subscription {
@@ -262,7 +277,7 @@ async fn run_watch(
 ) {
     let config = watcher::Config::default().labels(&followed_pods_selector());
     let mut stream = watcher(api.clone(), config).default_backoff().boxed();
-    let mut relisting: Option<Vec<Pod>> = None;
+    let mut relisting: Option<Listing> = None;
     let mut next_resync = first_resync;
     loop {
         let event = tokio::select! {
@@ -289,15 +304,18 @@ async fn run_watch(
             }
             Ok(watcher::Event::Init) => {
                 inner.metrics.watch_relisted();
-                relisting = Some(Vec::new())
+                relisting = Some(Listing::new(&subscribers))
             }
             Ok(watcher::Event::InitApply(pod)) => {
-                if let Some(pods) = relisting.as_mut() {
-                    pods.push(pod);
+                if let Some(listing) = relisting.as_mut() {
+                    listing.add(&subscribers, pod);
                 }
             }
             Ok(watcher::Event::InitDone) => {
-                resync_all(&subscribers, relisting.take().unwrap_or_default());
+                let listing = relisting
+                    .take()
+                    .unwrap_or_else(|| Listing::new(&subscribers));
+                resync_all(&subscribers, listing);
                 synced.store(true, Ordering::Relaxed);
                 inner.synced.store(true, Ordering::Relaxed);
                 tracing::debug!(%namespace, "executor pod watch (re)listed");
@@ -326,22 +344,147 @@ fn watch_error_code(err: &watcher::Error) -> Option<u16> {
 /// API server is slow to answer is given up (the next one follows an interval later).
 const RESYNC_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Pods per page of the periodic LIST: the service holds one page of full pods at a time.
+pub const RESYNC_PAGE_SIZE: u32 = 500;
+
+/// Times a paginated LIST starts over after its `continue` token expired (410) before
+/// it is given up until the next one.
+const RESYNC_LIST_RESTARTS: u32 = 3;
+
 /// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot.
 async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
-    let lp = ListParams::default().labels(&followed_pods_selector());
-    let Ok(answer) = tokio::time::timeout(RESYNC_LIST_TIMEOUT, api.list(&lp)).await else {
-        tracing::warn!(
+    let listed = tokio::time::timeout(
+        RESYNC_LIST_TIMEOUT,
+        list_paginated(api, subscribers, RESYNC_PAGE_SIZE, async |_| {}),
+    )
+    .await;
+    match listed {
+        Ok(Ok(listing)) => resync_all(subscribers, listing),
+        Ok(Err(err)) => {
+            tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
+        }
+        Err(_) => tracing::warn!(
             namespace,
             timeout_s = RESYNC_LIST_TIMEOUT.as_secs(),
             "periodic executor pod LIST not answered in time; given up until the next one"
-        );
-        return;
-    };
-    match answer {
-        Ok(list) => resync_all(subscribers, list.items),
-        Err(err) => {
-            tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
+        ),
+    }
+}
+
+/// The followed pods, listed `page_size` at a time (`limit`/`continue`), each page taken
+/// into a [`Listing`] before the next is asked for. A `continue` token that expired (410
+/// Gone: the list's version was compacted) starts the list over, a few times at most.
+/// `after_page` is told the number of each page taken in, from 1 for each start (tests
+/// act between pages).
+async fn list_paginated(
+    api: &Api<Pod>,
+    subscribers: &Subscribers,
+    page_size: u32,
+    mut after_page: impl AsyncFnMut(usize),
+) -> Result<Listing, kube::Error> {
+    let mut restarts = 0;
+    'list: loop {
+        let mut pages = 0;
+        let mut listing = Listing::new(subscribers);
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default()
+                .labels(&followed_pods_selector())
+                .limit(page_size);
+            if let Some(token) = &token {
+                lp = lp.continue_token(token);
+            }
+            let page = match api.list(&lp).await {
+                Ok(page) => page,
+                Err(kube::Error::Api(status))
+                    if status.code == 410 && token.is_some() && restarts < RESYNC_LIST_RESTARTS =>
+                {
+                    restarts += 1;
+                    tracing::info!(
+                        restarts,
+                        "executor pod LIST: continue token expired (410); listing again"
+                    );
+                    continue 'list;
+                }
+                Err(err) => return Err(err),
+            };
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            for pod in page.items {
+                listing.add(subscribers, pod);
+            }
+            pages += 1;
+            after_page(pages).await;
+            if token.is_none() {
+                return Ok(listing);
+            }
         }
+    }
+}
+
+/// A full listing being taken in, page by page: each subscriber's executor pods (only
+/// those changed since it was last sent them kept whole) and the followed driver pods.
+struct Listing {
+    /// The applications subscribed when the listing began: only they are sent it (one
+    /// that subscribed between two pages would get part of a listing; it listed its pods
+    /// at Start, and gets the next listing).
+    apps: HashSet<String>,
+    by_app: HashMap<String, Vec<Listed>>,
+    /// The resourceVersion of each executor pod listed, per application.
+    versions: HashMap<String, HashMap<String, String>>,
+    drivers: HashMap<String, Pod>,
+}
+
+impl Listing {
+    /// A listing for the applications subscribed now.
+    fn new(subscribers: &Subscribers) -> Self {
+        Self {
+            apps: lock(subscribers).keys().cloned().collect(),
+            by_app: HashMap::new(),
+            versions: HashMap::new(),
+            drivers: HashMap::new(),
+        }
+    }
+
+    /// Takes in one listed pod; one no subscriber follows is dropped.
+    fn add(&mut self, subscribers: &Subscribers, pod: Pod) {
+        let subscribers = lock(subscribers);
+        if is_driver(&pod) {
+            let Some(name) = pod.metadata.name.as_deref() else {
+                return;
+            };
+            let followed = subscribers
+                .values()
+                .any(|s| s.driver.as_deref() == Some(name));
+            if followed {
+                self.drivers.insert(name.to_string(), pod);
+            }
+            return;
+        }
+        let Some((app, subscriber)) = app_of(&pod).and_then(|app| subscribers.get_key_value(app))
+        else {
+            return;
+        };
+        let (Some(name), Some(version)) = (
+            pod.metadata.name.clone(),
+            pod.metadata.resource_version.clone(),
+        ) else {
+            self.by_app
+                .entry(app.clone())
+                .or_default()
+                .push(Listed::Changed(Box::new(pod)));
+            return;
+        };
+        let unchanged = subscriber.sent.get(&name) == Some(&version);
+        let listed = if unchanged {
+            Listed::Unchanged(name.clone())
+        } else {
+            Listed::Changed(Box::new(pod))
+        };
+        self.by_app.entry(app.clone()).or_default().push(listed);
+        self.versions
+            .entry(app.clone())
+            .or_default()
+            .insert(name, version);
     }
 }
 
@@ -359,7 +502,7 @@ fn is_driver(pod: &Pod) -> bool {
 /// label, a driver pod's to the application following it by name. A closed receiver
 /// means the application is stopping; nothing to do.
 fn route(subscribers: &Subscribers, pod: Pod, deleted: bool) {
-    let subscribers = lock(subscribers);
+    let mut subscribers = lock(subscribers);
     if is_driver(&pod) {
         let name = pod.metadata.name.as_deref();
         for subscriber in subscribers.values() {
@@ -374,9 +517,19 @@ fn route(subscribers: &Subscribers, pod: Pod, deleted: bool) {
         }
         return;
     }
-    let Some(subscriber) = app_of(&pod).and_then(|app| subscribers.get(app)) else {
+    let Some(subscriber) = app_of(&pod).and_then(|app| subscribers.get_mut(app)) else {
         return;
     };
+    if let Some(name) = &pod.metadata.name {
+        match (&pod.metadata.resource_version, deleted) {
+            (Some(version), false) => {
+                subscriber.sent.insert(name.clone(), version.clone());
+            }
+            _ => {
+                subscriber.sent.remove(name);
+            }
+        }
+    }
     let event = if deleted {
         PodEvent::Deleted(pod)
     } else {
@@ -387,19 +540,18 @@ fn route(subscribers: &Subscribers, pod: Pod, deleted: bool) {
 
 /// A full listing to every subscriber: its executor pods, and its driver pod (or that it
 /// is gone).
-fn resync_all(subscribers: &Subscribers, pods: Vec<Pod>) {
-    let mut by_app: HashMap<String, Vec<Pod>> = HashMap::new();
-    let mut drivers: HashMap<String, Pod> = HashMap::new();
-    for pod in pods {
-        if is_driver(&pod) {
-            if let Some(name) = pod.metadata.name.clone() {
-                drivers.insert(name, pod);
-            }
-        } else if let Some(app) = app_of(&pod) {
-            by_app.entry(app.to_string()).or_default().push(pod);
+fn resync_all(subscribers: &Subscribers, listing: Listing) {
+    let Listing {
+        apps,
+        mut by_app,
+        mut versions,
+        drivers,
+    } = listing;
+    for (app, subscriber) in lock(subscribers).iter_mut() {
+        if !apps.contains(app) {
+            continue;
         }
-    }
-    for (app, subscriber) in lock(subscribers).iter() {
+        subscriber.sent = versions.remove(app).unwrap_or_default();
         let _ = subscriber
             .tx
             .send(PodEvent::Resync(by_app.remove(app).unwrap_or_default()));
@@ -419,5 +571,189 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     match mutex.lock() {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{KubeletMode, SimCluster, SimSettings};
+    use kube::api::PostParams;
+
+    fn executor(app: &str, id: u32) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": format!("{app}-exec-{id}"), "labels": {
+                APP_ID_LABEL: app, ROLE_LABEL: EXECUTOR_ROLE, "spark-exec-id": id.to_string()}},
+            "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark"}]}
+        }))
+        .expect("pod manifest")
+    }
+
+    async fn cluster_with(pods: &[(&str, u32)]) -> (SimCluster, Api<Pod>) {
+        let mut settings = SimSettings::default();
+        settings.kubelet.mode = KubeletMode::Manual;
+        let sim = SimCluster::start(settings).await.expect("cluster");
+        let api: Api<Pod> = Api::namespaced(sim.try_client().expect("client"), "default");
+        for (app, id) in pods {
+            api.create(&PostParams::default(), &executor(app, *id))
+                .await
+                .expect("created");
+        }
+        (sim, api)
+    }
+
+    fn subscribe(subscribers: &Subscribers, app: &str) -> mpsc::UnboundedReceiver<PodEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let subscriber = Subscriber {
+            tx,
+            driver: None,
+            sent: HashMap::new(),
+        };
+        lock(subscribers).insert(app.to_string(), subscriber);
+        rx
+    }
+
+    /// The names of a resync, changed ones and unchanged ones, sorted.
+    fn resynced(event: Option<PodEvent>) -> (Vec<String>, Vec<String>) {
+        let Some(PodEvent::Resync(listed)) = event else {
+            panic!("a resync expected, got {event:?}");
+        };
+        let (mut changed, mut unchanged) = (Vec::new(), Vec::new());
+        for pod in listed {
+            match pod {
+                Listed::Changed(pod) => changed.push(pod.metadata.name.unwrap_or_default()),
+                Listed::Unchanged(name) => unchanged.push(name),
+            }
+        }
+        changed.sort();
+        unchanged.sort();
+        (changed, unchanged)
+    }
+
+    #[tokio::test]
+    async fn the_listing_is_read_page_by_page_and_routed_per_application() {
+        let pods: Vec<(&str, u32)> = (1..=7).map(|i| ("a", i)).chain([("b", 1)]).collect();
+        let (sim, api) = cluster_with(&pods).await;
+        let subscribers: Subscribers = Arc::default();
+        let mut a = subscribe(&subscribers, "a");
+        let mut b = subscribe(&subscribers, "b");
+        let mut pages = 0;
+        let listing = list_paginated(&api, &subscribers, 3, async |n| pages = n)
+            .await
+            .expect("listed");
+        assert_eq!(pages, 3, "8 pods, 3 per page");
+        resync_all(&subscribers, listing);
+        let (changed, unchanged) = resynced(a.try_recv().ok());
+        assert_eq!(changed.len(), 7);
+        assert!(unchanged.is_empty());
+        assert_eq!(
+            resynced(b.try_recv().ok()),
+            (vec!["b-exec-1".to_string()], vec![])
+        );
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn an_expired_continue_token_starts_the_list_over() {
+        let pods: Vec<(&str, u32)> = (1..=5).map(|i| ("a", i)).collect();
+        let (sim, api) = cluster_with(&pods).await;
+        let subscribers: Subscribers = Arc::default();
+        let mut a = subscribe(&subscribers, "a");
+        let mut pages = Vec::new();
+        let listing = list_paginated(&api, &subscribers, 2, async |n| {
+            pages.push(n);
+            // After the first page, the cluster moves on and the list's version is
+            // compacted away: the next page is refused with 410 Gone, the list starts over.
+            if pages.len() == 1 {
+                api.create(&PostParams::default(), &executor("other", 1))
+                    .await
+                    .expect("created");
+                sim.compact_history();
+            }
+        })
+        .await
+        .expect("listed after starting over");
+        assert_eq!(
+            pages,
+            [1, 1, 2, 3],
+            "page 1, then 410, then the whole list again: 3 pages (with the new pod)"
+        );
+        resync_all(&subscribers, listing);
+        let (changed, _) = resynced(a.try_recv().ok());
+        assert_eq!(
+            changed.len(),
+            5,
+            "every pod once: the first try's page is not kept"
+        );
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_pod_already_sent_at_its_version_is_listed_by_name_only() {
+        let (sim, api) = cluster_with(&[("a", 1), ("a", 2)]).await;
+        let subscribers: Subscribers = Arc::default();
+        let mut a = subscribe(&subscribers, "a");
+        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+            .await
+            .expect("listed");
+        resync_all(&subscribers, listing);
+        assert_eq!(resynced(a.try_recv().ok()).0.len(), 2);
+        // Nothing changed: the next listing carries names only.
+        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+            .await
+            .expect("listed");
+        resync_all(&subscribers, listing);
+        let names = vec!["a-exec-1".to_string(), "a-exec-2".to_string()];
+        assert_eq!(resynced(a.try_recv().ok()), (vec![], names.clone()));
+        // A watch event sends a new version of one: the listing carries it whole only if
+        // it changed after that.
+        let changed = api
+            .patch(
+                "a-exec-1",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    serde_json::json!({"metadata": {"annotations": {"x": "1"}}}),
+                ),
+            )
+            .await
+            .expect("patched");
+        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+            .await
+            .expect("listed");
+        resync_all(&subscribers, listing);
+        assert_eq!(
+            resynced(a.try_recv().ok()),
+            (vec!["a-exec-1".to_string()], vec!["a-exec-2".to_string()])
+        );
+        route(&subscribers, changed, false);
+        assert!(matches!(a.try_recv(), Ok(PodEvent::Applied(_))));
+        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+            .await
+            .expect("listed");
+        resync_all(&subscribers, listing);
+        assert_eq!(resynced(a.try_recv().ok()), (vec![], names));
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn an_application_subscribed_during_a_listing_waits_for_the_next() {
+        let (sim, api) = cluster_with(&[("a", 1), ("a", 2), ("b", 1)]).await;
+        let subscribers: Subscribers = Arc::default();
+        let mut a = subscribe(&subscribers, "a");
+        let mut b = None;
+        let listing = list_paginated(&api, &subscribers, 1, async |n| {
+            if n == 1 {
+                b = Some(subscribe(&subscribers, "b"));
+            }
+        })
+        .await
+        .expect("listed");
+        resync_all(&subscribers, listing);
+        assert_eq!(resynced(a.try_recv().ok()).0.len(), 2);
+        let mut b = b.expect("subscribed");
+        assert!(b.try_recv().is_err(), "b gets no partial listing");
+        sim.shutdown().await;
     }
 }

@@ -1,0 +1,212 @@
+//! What the scenarios share: the simulated cluster as a child process, the service core
+//! against it, a template, latency summaries and this process's resident memory.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::allocator::{AllocationSettings, ResourceProfileId};
+use crate::app::{
+    AppId, Applications, ServiceContext, ServiceOptions, StartApplication, SystemClock,
+};
+
+/// The simulated cluster, run by this binary's `simulate` in a child process (killed
+/// when dropped).
+pub struct SimProcess {
+    child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    /// A client of its API server.
+    pub client: kube::Client,
+}
+
+impl SimProcess {
+    /// Starts a cluster with room for `pods` Running pods (auto kubelet) and waits until
+    /// its API server answers.
+    pub async fn start(pods: u32) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().context("temporary directory")?;
+        let kubeconfig: PathBuf = dir.path().join("kubeconfig");
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").context("free port")?;
+            listener.local_addr()?.port()
+        };
+        let nodes = pods.div_ceil(500).max(1);
+        let child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["simulate", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env(
+                "SPARK_POD_ALLOCATOR__SIMULATOR__KUBELET__NODES",
+                nodes.to_string(),
+            )
+            .env(
+                "SPARK_POD_ALLOCATOR__SIMULATOR__KUBELET__PODS_PER_NODE",
+                "500",
+            )
+            .env("SPARK_POD_ALLOCATOR__LOG__FILTER", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the simulated cluster")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = loop {
+            if Instant::now() > deadline {
+                bail!("the simulated cluster did not answer within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Ok(config) = kube::config::Kubeconfig::read_from(&kubeconfig) else {
+                continue;
+            };
+            let Ok(config) =
+                kube::Config::from_custom_kubeconfig(config, &Default::default()).await
+            else {
+                continue;
+            };
+            let client = kube::Client::try_from(config)?;
+            if client.apiserver_version().await.is_ok() {
+                break client;
+            }
+        };
+        Ok(Self {
+            child,
+            _dir: dir,
+            client,
+        })
+    }
+
+    /// The service core (applications, shared watches, rate limit) against this cluster.
+    pub fn service(&self, options: ServiceOptions) -> Applications {
+        Applications::new(
+            ServiceContext::new(self.client.clone(), Arc::new(SystemClock)).with_options(options),
+        )
+    }
+
+    /// Stops the child process.
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// A small executor pod template.
+pub fn template() -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4",
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
+    }))?)
+}
+
+/// Starts application `id` in `default` with `settings`.
+pub async fn start_app(
+    apps: &Applications,
+    id: &str,
+    settings: AllocationSettings,
+) -> anyhow::Result<AppId> {
+    let app = AppId::parse(id).map_err(anyhow::Error::msg)?;
+    apps.start(StartApplication {
+        app_id: app.clone(),
+        namespace: "default".into(),
+        driver_pod_name: None,
+        templates: BTreeMap::from([(ResourceProfileId(0), template()?)]),
+        pod_name_prefix: None,
+        settings,
+        owner: None,
+    })
+    .await?;
+    Ok(app)
+}
+
+/// Sets profile 0's target.
+pub async fn set_target(apps: &Applications, app: &AppId, target: u32) -> anyhow::Result<()> {
+    apps.set_total_expected(app, BTreeMap::from([(ResourceProfileId(0), target)]))
+        .await?;
+    Ok(())
+}
+
+/// Running executors of profile 0.
+pub async fn running(apps: &Applications, app: &AppId) -> anyhow::Result<u32> {
+    let status = apps.status(app).await?;
+    Ok(status
+        .profiles
+        .get(&ResourceProfileId(0))
+        .map_or(0, |p| p.running))
+}
+
+/// This process's resident memory in bytes (Linux `/proc/self/status`).
+pub fn rss_bytes() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").context("/proc/self/status")?;
+    let kb = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .context("no VmRSS in /proc/self/status")?;
+    Ok(kb * 1024)
+}
+
+/// Latencies summarised: count, p50, p99, max.
+pub struct Latencies {
+    pub count: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+impl Latencies {
+    /// The summary of `samples` (all zero when empty).
+    pub fn of(mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        let at = |q: f64| {
+            if samples.is_empty() {
+                return Duration::ZERO;
+            }
+            let index = ((samples.len() - 1) as f64 * q).round() as usize;
+            samples[index.min(samples.len() - 1)]
+        };
+        Self {
+            count: samples.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: samples.last().copied().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for Latencies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "n={} p50={:.2} ms p99={:.2} ms max={:.2} ms",
+            self.count,
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.max)
+        )
+    }
+}
+
+/// A duration in milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One goal line: `goal`, measured, ratio measured/goal and whether it is met.
+pub fn report(what: &str, measured: f64, goal: f64, unit: &str) {
+    let ratio = if goal > 0.0 {
+        measured / goal
+    } else {
+        f64::NAN
+    };
+    let verdict = if measured <= goal { "met" } else { "MISSED" };
+    println!("{what}: {measured:.2} {unit} (goal <= {goal} {unit}; ratio {ratio:.2}) {verdict}");
+}
