@@ -253,7 +253,7 @@ pub async fn observe(
         .to_string();
     let (mut socket, _) = connect(
         target,
-        &format!("{pods}?watch=true&labelSelector=app%3Dws&timeoutSeconds=4"),
+        &format!("{pods}?watch=true&labelSelector=app%3Dws&timeoutSeconds=60"),
         true,
         None,
     )
@@ -292,11 +292,48 @@ pub async fn observe(
         Some(json!({"gracePeriodSeconds": 0})),
     )
     .await;
+    // Up to the DELETED event (the watch stays open: no timing involved), then a close.
     let mut messages = vec![first];
+    loop {
+        match tokio::time::timeout(READ_GUARD, socket.next()).await {
+            Ok(Some(Ok(msg))) => {
+                let m = message(&msg);
+                let end = m["event"]["type"] == "DELETED" || m["frame"] == "close";
+                messages.push(m);
+                if end {
+                    break;
+                }
+            }
+            other => {
+                messages.push(json!({"error": format!("{other:?}")}));
+                break;
+            }
+        }
+    }
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
     messages.extend(until_end(&mut socket).await);
     seen.insert(
-        "websocket watch: existing pod, live changes, timeout",
+        "websocket watch: existing pod, then live changes",
         json!(messages),
+    );
+
+    // `timeoutSeconds` ends the watch with a normal close (no bookmark was asked for).
+    let (mut socket, _) = connect(
+        target,
+        &format!("{pods}?watch=true&labelSelector=app%3Dnone&timeoutSeconds=1"),
+        true,
+        None,
+    )
+    .await
+    .expect("the watch upgrades to a WebSocket");
+    seen.insert(
+        "websocket watch ends at timeoutSeconds",
+        json!(until_end(&mut socket).await),
     );
 
     // A ping is answered with its payload; a client close is answered and the socket ends.
