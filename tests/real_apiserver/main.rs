@@ -13,3 +13,4 @@ mod allocation;
 mod binary;
 mod conformance;
 mod faults;
+mod websocket;
