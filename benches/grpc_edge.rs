@@ -34,7 +34,7 @@ metadata:
   annotations:
     prometheus.io/scrape: "true"
 spec:
-  serviceAccountName: spark
+  serviceAccountName: default
   tolerations:
   - key: spark
     operator: Equal

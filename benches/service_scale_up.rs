@@ -25,6 +25,7 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
         qps: 1_000_000,
         burst: 1_000_000,
         create_concurrency,
+        max_creates_per_round: pods,
         ..ServiceOptions::default()
     };
     let apps = Applications::new(
