@@ -30,9 +30,13 @@ const FREED_MEMORY_DECAY_MS: isize = 1_000;
 /// exist (`arena.4096` means all of them) and for those created later.
 fn return_freed_memory_promptly() -> Result<(), tikv_jemalloc_ctl::Error> {
     use tikv_jemalloc_ctl::{Access, AsName};
-    b"arenas.dirty_decay_ms\0".name().write(FREED_MEMORY_DECAY_MS)?;
+    b"arenas.dirty_decay_ms\0"
+        .name()
+        .write(FREED_MEMORY_DECAY_MS)?;
     b"arenas.muzzy_decay_ms\0".name().write(0_isize)?;
-    b"arena.4096.dirty_decay_ms\0".name().write(FREED_MEMORY_DECAY_MS)?;
+    b"arena.4096.dirty_decay_ms\0"
+        .name()
+        .write(FREED_MEMORY_DECAY_MS)?;
     b"arena.4096.muzzy_decay_ms\0".name().write(0_isize)?;
     tikv_jemalloc_ctl::background_thread::write(true)
 }
