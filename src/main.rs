@@ -26,18 +26,18 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// How long freed pages stay mapped for reuse before they go back to the kernel.
 const FREED_MEMORY_DECAY_MS: isize = 1_000;
 
-/// Turns on jemalloc's background purging thread and the decay above, for the arenas that
-/// exist (`arena.4096` means all of them) and for those created later.
+/// Turns on jemalloc's background purging thread and the decay above, for the arena that
+/// exists at start (arena 0, the main thread's) and for those created later.
 fn return_freed_memory_promptly() -> Result<(), tikv_jemalloc_ctl::Error> {
     use tikv_jemalloc_ctl::{Access, AsName};
     b"arenas.dirty_decay_ms\0"
         .name()
         .write(FREED_MEMORY_DECAY_MS)?;
     b"arenas.muzzy_decay_ms\0".name().write(0_isize)?;
-    b"arena.4096.dirty_decay_ms\0"
+    b"arena.0.dirty_decay_ms\0"
         .name()
         .write(FREED_MEMORY_DECAY_MS)?;
-    b"arena.4096.muzzy_decay_ms\0".name().write(0_isize)?;
+    b"arena.0.muzzy_decay_ms\0".name().write(0_isize)?;
     tikv_jemalloc_ctl::background_thread::write(true)
 }
 
