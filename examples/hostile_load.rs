@@ -203,4 +203,7 @@ async fn main() {
         .expect("stop");
     tokio::time::sleep(Duration::from_secs(3)).await;
     report("3 s after Stop", pid, &channel).await;
+    // The allocator hands freed pages back over a few seconds, not at once.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    report("15 s after Stop", pid, &channel).await;
 }

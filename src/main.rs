@@ -17,6 +17,30 @@ use spark_pod_allocator::metrics::{self, Metrics};
 use spark_pod_allocator::sim::{self, SimCluster};
 use spark_pod_allocator::{bench, demo, k8s};
 
+/// jemalloc rather than the system's malloc: glibc keeps what a load freed (per-thread
+/// arenas, no trim without unsafe FFI), jemalloc's background thread hands it back to the
+/// kernel after `FREED_MEMORY_DECAY_MS` (docs/security.md, "Memory under load").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// How long freed pages stay mapped for reuse before they go back to the kernel.
+const FREED_MEMORY_DECAY_MS: isize = 1_000;
+
+/// Turns on jemalloc's background purging thread and the decay above, for the arena that
+/// exists at start (arena 0, the main thread's) and for those created later.
+fn return_freed_memory_promptly() -> Result<(), tikv_jemalloc_ctl::Error> {
+    use tikv_jemalloc_ctl::{Access, AsName};
+    b"arenas.dirty_decay_ms\0"
+        .name()
+        .write(FREED_MEMORY_DECAY_MS)?;
+    b"arenas.muzzy_decay_ms\0".name().write(0_isize)?;
+    b"arena.0.dirty_decay_ms\0"
+        .name()
+        .write(FREED_MEMORY_DECAY_MS)?;
+    b"arena.0.muzzy_decay_ms\0".name().write(0_isize)?;
+    tikv_jemalloc_ctl::background_thread::write(true)
+}
+
 /// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -97,6 +121,9 @@ fn main() -> ExitCode {
     if let Err(err) = init_tracing(format, default_filter) {
         eprintln!("error: {err:#}");
         return ExitCode::from(2);
+    }
+    if let Err(err) = return_freed_memory_promptly() {
+        tracing::warn!(%err, "freed memory stays with the allocator until it is reused");
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
