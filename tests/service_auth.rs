@@ -464,8 +464,9 @@ async fn a_review_that_does_not_answer_is_unavailable_and_never_stalls_health() 
         latency_ms: 5_000,
         ..FaultSettings::default()
     });
-    // Many callers at once, each with its own token (no cache helps).
-    let calls: Vec<_> = (0..40)
+    // Many callers at once, each with its own token (no cache helps); fewer than the
+    // server's streams per connection (`grpc.max_concurrent_streams`, 32), as they share one.
+    let calls: Vec<_> = (0..24)
         .map(|i| {
             let mut client = h.client.clone();
             tokio::spawn(async move {
