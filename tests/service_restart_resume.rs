@@ -3,68 +3,21 @@
 //! scale-up from the registration it kept in Kubernetes, with no call from the driver; the
 //! next call just works, and Stop deletes the registration.
 use std::collections::BTreeSet;
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams};
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
-use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tonic::transport::{Channel, Endpoint};
 
-const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+mod process_support;
+use process_support::{HANG_GUARD, serve_against};
+
 const NS: &str = "default";
 const APP: &str = "app-restart";
-/// Guards against a hang only; every wait ends on a condition.
-const HANG_GUARD: Duration = Duration::from_secs(60);
-
-/// Starts the service binary against the cluster of `kubeconfig`; returns it and a client.
-async fn serve(kubeconfig: &std::path::Path) -> (Child, ExecutorAllocatorClient<Channel>) {
-    let mut child = Command::new(BIN)
-        .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
-        .env_remove("RUST_LOG")
-        .env_remove("KUBECONFIG")
-        .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let address = tokio::time::timeout(HANG_GUARD, async {
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if entry["fields"]["message"] == "serving gRPC" {
-                return entry["fields"]["address"]
-                    .as_str()
-                    .expect("address")
-                    .to_string();
-            }
-        }
-        panic!("the service ended before serving");
-    })
-    .await
-    .expect("serving in time");
-    // Keep reading its log so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
-    (child, ExecutorAllocatorClient::new(channel))
-}
 
 async fn executor_ids(sim: &SimCluster) -> BTreeSet<u64> {
     let api: Api<Pod> = Api::namespaced(sim.try_client().expect("client"), NS);
@@ -104,7 +57,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     let kubeconfig = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
 
-    let (mut first, mut client) = serve(&kubeconfig).await;
+    let (mut first, mut client) = serve_against(&kubeconfig).await;
     client
         .start(proto::StartRequest {
             application_id: APP.into(),
@@ -157,7 +110,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     );
 
     // A new service, and no call from the driver: the scale-up completes.
-    let (_second, mut client) = serve(&kubeconfig).await;
+    let (_second, mut client) = serve_against(&kubeconfig).await;
     until("6 executors", async || executor_ids(&sim).await.len() == 6).await;
     let ids = executor_ids(&sim).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");

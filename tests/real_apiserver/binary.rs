@@ -3,66 +3,18 @@
 //! registration it kept in Kubernetes (listing registrations across namespaces at start); the
 //! audit log shows it used nothing the chart does not grant (checked by `finish`).
 use std::collections::BTreeSet;
-use std::process::Stdio;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ListParams};
-use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tonic::transport::{Channel, Endpoint};
 
 use crate::cluster_support::{Cluster, RealBackend};
+use crate::process_support::serve_against;
 use crate::sim_support::until;
 
-const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 const APP: &str = "app-binary";
-/// Guards against a hang only.
-const HANG_GUARD: Duration = Duration::from_secs(60);
-
-async fn serve(kubeconfig: &std::path::Path) -> (Child, ExecutorAllocatorClient<Channel>) {
-    let mut child = Command::new(BIN)
-        .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
-        .env_remove("RUST_LOG")
-        .env_remove("KUBECONFIG")
-        .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let address = tokio::time::timeout(HANG_GUARD, async {
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if entry["fields"]["message"] == "serving gRPC" {
-                return entry["fields"]["address"]
-                    .as_str()
-                    .expect("address")
-                    .to_string();
-            }
-        }
-        panic!("the service ended before serving");
-    })
-    .await
-    .expect("serving in time");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
-    (child, ExecutorAllocatorClient::new(channel))
-}
 
 async fn executor_ids(c: &RealBackend) -> BTreeSet<u64> {
     let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
@@ -91,7 +43,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     let kubeconfig = dir.path().join("kubeconfig");
     c.write_service_kubeconfig(&kubeconfig);
 
-    let (mut first, mut client) = serve(&kubeconfig).await;
+    let (mut first, mut client) = serve_against(&kubeconfig).await;
     client
         .start(proto::StartRequest {
             application_id: APP.into(),
@@ -140,7 +92,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
         "record {recorded}, created {at_kill:?}"
     );
 
-    let (_second, mut client) = serve(&kubeconfig).await;
+    let (_second, mut client) = serve_against(&kubeconfig).await;
     until("6 executors", || async {
         executor_ids(&c).await.len() == 6
     })

@@ -6,6 +6,8 @@
 mod apiserver_support;
 #[path = "../cluster_support/mod.rs"]
 mod cluster_support;
+#[path = "../process_support/mod.rs"]
+mod process_support;
 #[path = "../sim_support/mod.rs"]
 mod sim_support;
 
