@@ -1,6 +1,7 @@
 //! spark-pod-allocator: executor-pod allocation for Spark drivers on Kubernetes, as a
 //! gRPC service shared by many drivers.
 //!
+//! - [`time`]: the wall-clock timestamp and the injected clock (system or manual).
 //! - [`allocator`]: the pure, clock-driven allocation engine (no I/O).
 //! - [`k8s`]: everything that talks to Kubernetes (shared watches, resync, create/delete).
 //! - [`app`]: one actor per application, joining the engine to Kubernetes.
@@ -22,6 +23,7 @@ pub mod grpc;
 pub mod k8s;
 pub mod metrics;
 pub mod sim;
+pub mod time;
 
 /// Generated protobuf and gRPC code of the v1 API.
 pub mod proto {

@@ -281,7 +281,4 @@ impl AllocationSettings {
     }
 }
 
-/// A duration as engine milliseconds, saturating (validation refuses such values anyway).
-pub(crate) fn duration_ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+pub(crate) use crate::time::duration_ms;

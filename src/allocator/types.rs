@@ -36,19 +36,4 @@ impl fmt::Display for ResourceProfileId {
     }
 }
 
-/// Wall-clock milliseconds since the Unix epoch. Injected by the caller so the engine
-/// stays deterministic; wall clock because pod creationTimestamps are wall clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Timestamp(pub i64);
-
-impl Timestamp {
-    /// Milliseconds elapsed from `earlier` to `self` (negative if `earlier` is later).
-    pub fn millis_since(self, earlier: Timestamp) -> i64 {
-        self.0.saturating_sub(earlier.0)
-    }
-
-    /// `d` later, saturating: a deadline from a configured period never overflows.
-    pub fn plus(self, d: std::time::Duration) -> Timestamp {
-        Timestamp(self.0.saturating_add(super::settings::duration_ms(d)))
-    }
-}
+pub use crate::time::Timestamp;

@@ -23,15 +23,14 @@ use crate::metrics::{DeleteReason, Metrics};
 use registration::{REGISTRATION_KEY, Registration};
 
 mod actor;
-pub mod clock;
 pub mod error;
 pub mod failures;
 pub mod feed;
 pub mod registration;
 
+pub use crate::time::{Clock, ManualClock, SystemClock};
 pub use actor::DriverReport;
 use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};

@@ -17,12 +17,11 @@ use tokio::task::JoinHandle;
 
 use super::describe_error;
 use super::pods::labels;
-use crate::allocator::Timestamp;
 use crate::allocator::types::{
     APP_ID_LABEL, DRIVER_ROLE, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
-use crate::app::Clock;
 use crate::metrics::Metrics;
+use crate::time::{Clock, Timestamp};
 
 /// What an application actor hears about its executor pods.
 #[derive(Debug, Clone)]

@@ -1,5 +1,6 @@
-//! The clock injected into application actors: the system clock in service, a manual
-//! clock in tests (time moves only when the test advances it).
+//! Time, at the bottom of the dependency graph: the wall-clock [`Timestamp`] the engine
+//! computes with and the [`Clock`] injected into the watches and application actors (the
+//! system clock in service, a manual clock in tests: time moves only when a test advances it).
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -7,7 +8,27 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
-use crate::allocator::Timestamp;
+/// Wall-clock milliseconds since the Unix epoch. Injected by the caller so the engine
+/// stays deterministic; wall clock because pod creationTimestamps are wall clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// Milliseconds elapsed from `earlier` to `self` (negative if `earlier` is later).
+    pub fn millis_since(self, earlier: Timestamp) -> i64 {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// `d` later, saturating: a deadline from a configured period never overflows.
+    pub fn plus(self, d: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_add(duration_ms(d)))
+    }
+}
+
+/// `d` in whole milliseconds, saturating at `i64::MAX`.
+pub(crate) fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// Time source of the actors.
 pub trait Clock: Send + Sync + 'static {
