@@ -17,7 +17,7 @@ use crate::allocator::{
     executor_pod_from,
 };
 use crate::config::Settings;
-use crate::k8s::pods::{IdRecord, highest_executor_id};
+use crate::k8s::id_record::{IdRecord, highest_executor_id};
 use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
 use crate::metrics::{DeleteReason, Metrics};
 use registration::{REGISTRATION_KEY, Registration};

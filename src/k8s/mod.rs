@@ -1,12 +1,14 @@
 //! Everything that talks to Kubernetes: shared pod watches per namespace with the periodic
 //! resync ([`PodWatches`]), executor pod creates and deletes under one client-side rate
 //! limit ([`ExecutorPods`]), and building the client from the configuration ([`connect`]).
+pub mod id_record;
 pub mod pods;
 pub mod rate_limit;
 pub mod request;
 pub mod watch;
 
-pub use pods::{CreateError, ExecutorPods, IdRecord};
+pub use id_record::IdRecord;
+pub use pods::{CreateError, ExecutorPods};
 pub use rate_limit::RateLimiter;
 pub use request::RequestPolicy;
 pub use watch::{Listed, PodEvent, PodWatches, Subscription};

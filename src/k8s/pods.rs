@@ -1,7 +1,7 @@
 //! Executor pod requests of every application: creates, collection deletes by label (and
 //! `status.phase=Pending` for a downscale), delete-all for Stop, the listing used to resume,
-//! the driver pod lookup, and the record of the highest executor id handed out
-//! ([`IdRecord`]). Every mutating request first takes a slot of the shared [`RateLimiter`];
+//! the driver pod lookup, and the applications' registrations (the record of the highest
+//! executor id handed out is in [`super::id_record`]). Every mutating request first takes a slot of the shared [`RateLimiter`];
 //! every failure is logged with the API server's reason and returned.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -16,9 +16,9 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::describe_error;
+pub use super::id_record::{IdRecord, LAST_EXECUTOR_ID_KEY};
 use super::rate_limit::{RateLimiter, SERVICE_SHARE};
 use super::request::RequestPolicy;
-use crate::allocator::pod_builder::{sanitize_prefix, stable_hash};
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
@@ -39,68 +39,8 @@ pub enum CreateError {
     Cancelled,
 }
 
-/// Annotation on the driver pod holding the highest executor id the service has handed
-/// out for the application: a restarted service continues after it even when the pods of
-/// the highest ids are gone (deleted on downscale or termination).
-pub const LAST_EXECUTOR_ID_ANNOTATION: &str = "spark-pod-allocator/last-executor-id";
-
-/// Data key of the ConfigMap that records the highest executor id of an application
-/// started without a driver pod (same meaning as [`LAST_EXECUTOR_ID_ANNOTATION`]).
-pub const LAST_EXECUTOR_ID_KEY: &str = "last-executor-id";
-
 /// `app.kubernetes.io/managed-by` value of the objects the service owns (id ConfigMaps).
 pub const MANAGED_BY: &str = "spark-pod-allocator";
-
-/// Where the highest executor id handed out for an application is recorded, so a
-/// restarted service never hands out an id again, even one whose pod is gone (deleted on
-/// downscale or termination). It says "ids up to X may be in use": written, one block of
-/// ids at a time, before creates with ids it does not cover ([`crate::allocator::IdBlocks`]);
-/// read by Start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdRecord {
-    /// The [`LAST_EXECUTOR_ID_ANNOTATION`] annotation on the named driver pod (kept when
-    /// the application stops: the driver pod belongs to the driver).
-    DriverPod(String),
-    /// The [`LAST_EXECUTOR_ID_KEY`] key of a ConfigMap of the service, for an application
-    /// without a driver pod: created on first need, deleted by Stop.
-    ConfigMap {
-        /// [`IdRecord::config_map_name`] of the application id.
-        name: String,
-        app_id: String,
-    },
-}
-
-impl IdRecord {
-    /// The record of an application: on its driver pod if it has one, else in its ConfigMap.
-    pub fn for_application(app_id: &str, driver_pod: Option<&str>) -> Self {
-        match driver_pod {
-            Some(driver) => Self::DriverPod(driver.to_string()),
-            None => Self::ConfigMap {
-                name: Self::config_map_name(app_id),
-                app_id: app_id.to_string(),
-            },
-        }
-    }
-
-    /// `spark-pod-allocator-<sanitised id>-<hash of the exact id>`: a valid object name
-    /// (at most 92 characters) that no other application id gives.
-    pub fn config_map_name(app_id: &str) -> String {
-        format!(
-            "{MANAGED_BY}-{}-{}",
-            sanitize_prefix(app_id),
-            stable_hash(app_id)
-        )
-    }
-}
-
-impl fmt::Display for IdRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::DriverPod(name) => write!(f, "driver pod {name}"),
-            Self::ConfigMap { name, .. } => write!(f, "ConfigMap {name}"),
-        }
-    }
-}
 
 /// Ids per collection delete, so the label selector stays well under URL limits.
 const IDS_PER_DELETE: usize = 200;
@@ -108,10 +48,10 @@ const IDS_PER_DELETE: usize = 200;
 /// The pod client shared by all applications.
 #[derive(Clone)]
 pub struct ExecutorPods {
-    client: kube::Client,
+    pub(super) client: kube::Client,
     limiter: RateLimiter,
     create_concurrency: usize,
-    policy: RequestPolicy,
+    pub(super) policy: RequestPolicy,
     metrics: Metrics,
     /// Whose share of the rate limit this client's requests take.
     share: Arc<str>,
@@ -147,7 +87,7 @@ impl ExecutorPods {
     }
 
     /// A token of the shared rate limiter; the wait is recorded.
-    async fn acquire(&self) {
+    pub(super) async fn acquire(&self) {
         let started = std::time::Instant::now();
         self.limiter.acquire(&self.share).await;
         self.metrics.rate_limit_waited(started.elapsed());
@@ -169,7 +109,7 @@ impl ExecutorPods {
         self.policy
     }
 
-    fn api(&self, namespace: &str) -> Api<Pod> {
+    pub(super) fn api(&self, namespace: &str) -> Api<Pod> {
         Api::namespaced(self.client.clone(), namespace)
     }
 
@@ -321,106 +261,6 @@ impl ExecutorPods {
             })
     }
 
-    /// Records `id` as the application's highest executor id in `record` (before executors
-    /// with ids up to it are created): one merge PATCH; for a ConfigMap not there yet, a
-    /// create instead (and the PATCH again if another create won the race).
-    ///
-    /// A blind merge PATCH, not a read-modify-write with resourceVersion: one actor is the
-    /// only writer of an application's record and only ever raises it, so there is no
-    /// concurrent update to detect, and a round costs one request instead of two.
-    pub async fn record_last_executor_id(
-        &self,
-        namespace: &str,
-        record: &IdRecord,
-        id: ExecutorId,
-    ) -> Result<(), kube::Error> {
-        let value = id.to_string();
-        let result = match record {
-            IdRecord::DriverPod(driver) => {
-                let patch = serde_json::json!({"metadata": {"annotations": {LAST_EXECUTOR_ID_ANNOTATION: value}}});
-                self.merge_patch::<Pod>(namespace, driver, &patch).await
-            }
-            IdRecord::ConfigMap { name, app_id } => {
-                let patch = serde_json::json!({"data": {LAST_EXECUTOR_ID_KEY: value}});
-                match self.merge_patch::<ConfigMap>(namespace, name, &patch).await {
-                    Err(err) if is_status(&err, 404) => {
-                        match self
-                            .create_id_config_map(namespace, name, app_id, &value)
-                            .await
-                        {
-                            Err(err) if is_status(&err, 409) => {
-                                self.merge_patch::<ConfigMap>(namespace, name, &patch).await
-                            }
-                            other => other,
-                        }
-                    }
-                    other => other,
-                }
-            }
-        };
-        result.inspect_err(|err| {
-            tracing::warn!(namespace, %record, error = %describe_error(err), "recording the last executor id failed");
-        })
-    }
-
-    /// The id `record` holds; `None` when there is none yet (no ConfigMap, no annotation,
-    /// a driver pod gone) or it is not a number.
-    pub async fn recorded_last_executor_id(
-        &self,
-        namespace: &str,
-        record: &IdRecord,
-    ) -> Result<Option<u64>, kube::Error> {
-        let value = match record {
-            IdRecord::DriverPod(driver) => {
-                let api = self.api(namespace);
-                self.policy
-                    .run(|_| api.get_opt(driver))
-                    .await?
-                    .and_then(|pod| {
-                        pod.metadata
-                            .annotations?
-                            .remove(LAST_EXECUTOR_ID_ANNOTATION)
-                    })
-            }
-            IdRecord::ConfigMap { name, .. } => {
-                let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
-                self.policy
-                    .run(|_| api.get_opt(name))
-                    .await?
-                    .and_then(|cm| cm.data?.remove(LAST_EXECUTOR_ID_KEY))
-            }
-        };
-        Ok(parse_recorded_id(value.as_deref(), record))
-    }
-
-    /// Removes `record` once the application has stopped: its ConfigMap is deleted (gone
-    /// already is fine); a driver pod's annotation stays with the driver pod.
-    pub async fn delete_id_record(
-        &self,
-        namespace: &str,
-        record: &IdRecord,
-    ) -> Result<(), kube::Error> {
-        let IdRecord::ConfigMap { name, .. } = record else {
-            return Ok(());
-        };
-        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
-        let answer = self
-            .policy
-            .run(|_| async {
-                self.acquire().await;
-                api.delete(name, &DeleteParams::default()).await
-            })
-            .await;
-        match answer {
-            Ok(_) => Ok(()),
-            Err(err) if is_status(&err, 404) => Ok(()),
-            Err(err) => {
-                tracing::warn!(namespace, %record, error = %describe_error(&err), "deleting the executor id record failed");
-                Err(err)
-            }
-        }
-    }
-
     /// Writes an application's registration (JSON) under `key` of its ConfigMap: one merge
     /// PATCH; for a ConfigMap not there yet a create, owned by the driver pod when there
     /// is one (so it goes with it), and the PATCH again if another create won the race.
@@ -531,43 +371,8 @@ impl ExecutorPods {
             .await
     }
 
-    async fn create_id_config_map(
-        &self,
-        namespace: &str,
-        name: &str,
-        app_id: &str,
-        value: &str,
-    ) -> Result<(), kube::Error> {
-        let config_map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                labels: Some(managed_labels(app_id)),
-                ..ObjectMeta::default()
-            },
-            data: Some(BTreeMap::from([(
-                LAST_EXECUTOR_ID_KEY.to_string(),
-                value.to_string(),
-            )])),
-            ..ConfigMap::default()
-        };
-        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
-        self.policy
-            .run(|unknown_outcome| {
-                let (api, config_map) = (&api, &config_map);
-                async move {
-                    self.acquire().await;
-                    match api.create(&PostParams::default(), config_map).await {
-                        // An earlier attempt with no answer did create it (with this value).
-                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
-                        other => other.map(drop),
-                    }
-                }
-            })
-            .await
-    }
-
     /// One rate-limited merge PATCH of a namespaced object.
-    async fn merge_patch<K>(
+    pub(super) async fn merge_patch<K>(
         &self,
         namespace: &str,
         name: &str,
@@ -627,27 +432,8 @@ impl ExecutorPods {
     }
 }
 
-/// The highest `spark-exec-id` among `pods` (unparseable ids ignored).
-pub fn highest_executor_id(pods: &[Pod]) -> Option<u64> {
-    pods.iter()
-        .filter_map(|pod| labels(pod).get(EXECUTOR_ID_LABEL)?.parse::<u64>().ok())
-        .max()
-}
-
-/// A recorded last executor id; an unparseable one is ignored (and logged).
-fn parse_recorded_id(value: Option<&str>, record: &IdRecord) -> Option<u64> {
-    let value = value?;
-    match value.parse::<u64>() {
-        Ok(id) => Some(id),
-        Err(_) => {
-            tracing::warn!(value = %value, %record, "ignoring an unparseable recorded last executor id");
-            None
-        }
-    }
-}
-
 /// The labels of the service's own ConfigMaps.
-fn managed_labels(app_id: &str) -> BTreeMap<String, String> {
+pub(super) fn managed_labels(app_id: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (APP_ID_LABEL.to_string(), app_id.to_string()),
         (
@@ -663,7 +449,7 @@ fn stopping() -> kube::Error {
 }
 
 /// Whether `err` is the API server answering `code`.
-fn is_status(err: &kube::Error, code: u16) -> bool {
+pub(super) fn is_status(err: &kube::Error, code: u16) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == code)
 }
 
@@ -675,70 +461,4 @@ pub fn labels(pod: &Pod) -> &BTreeMap<String, String> {
 
 fn app_selector(app_id: &str) -> String {
     format!("{APP_ID_LABEL}={app_id},{ROLE_LABEL}={EXECUTOR_ROLE}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kube::api::ObjectMeta;
-
-    fn pod(labels: &[(&str, &str)]) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn highest_id_ignores_unparseable_and_counts_inactive() {
-        let pods = vec![
-            pod(&[(EXECUTOR_ID_LABEL, "7")]),
-            pod(&[(EXECUTOR_ID_LABEL, "12"), (EXECUTOR_INACTIVE_LABEL, "true")]),
-            pod(&[(EXECUTOR_ID_LABEL, "x99")]),
-            pod(&[]),
-        ];
-        assert_eq!(highest_executor_id(&pods), Some(12));
-        assert_eq!(highest_executor_id(&[]), None);
-    }
-
-    #[test]
-    fn recorded_last_id_ignores_garbage() {
-        let record = IdRecord::for_application("app", Some("driver"));
-        assert_eq!(parse_recorded_id(None, &record), None);
-        assert_eq!(parse_recorded_id(Some("41"), &record), Some(41));
-        assert_eq!(parse_recorded_id(Some("-1"), &record), None);
-        assert_eq!(parse_recorded_id(Some(""), &record), None);
-    }
-
-    #[test]
-    fn id_config_maps_have_valid_distinct_names() {
-        let names: BTreeMap<String, &str> = ["Spark_app.1", "spark-app-1", "spark_app_1"]
-            .into_iter()
-            .map(|id| (IdRecord::config_map_name(id), id))
-            .collect();
-        assert_eq!(names.len(), 3, "{names:?}");
-        assert!(names.contains_key(&format!(
-            "spark-pod-allocator-spark-app-1-{}",
-            stable_hash("spark-app-1")
-        )));
-        let longest = IdRecord::config_map_name(&"A".repeat(63));
-        assert!(longest.len() <= 253);
-        assert!(
-            longest
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        );
-        assert_eq!(
-            IdRecord::for_application("app", Some("driver")),
-            IdRecord::DriverPod("driver".into())
-        );
-    }
 }
