@@ -376,7 +376,11 @@ impl Settings {
                 "must not be empty",
             ));
         }
-        if let Some(bad) = self.allowed_namespaces.iter().find(|ns| !is_dns_label(ns)) {
+        if let Some(bad) = self
+            .allowed_namespaces
+            .iter()
+            .find(|ns| !crate::naming::is_dns_label(ns))
+        {
             return Err(ConfigError::Invalid {
                 key: "allowed_namespaces".to_string(),
                 reason: format!("{bad:?} is not a namespace name (DNS-1123 label)"),
@@ -520,19 +524,6 @@ fn tracing_filter_check(filter: &str) -> Result<(), ConfigError> {
             key: "log.filter".to_string(),
             reason: e.to_string(),
         })
-}
-
-/// A DNS-1123 label (namespace names): ≤ 63 chars, lowercase alphanumerics and `-`,
-/// alphanumeric at both ends.
-pub fn is_dns_label(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first().is_some_and(|b| *b != b'-')
-        && bytes.last().is_some_and(|b| *b != b'-')
 }
 
 #[cfg(test)]

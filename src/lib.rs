@@ -1,6 +1,7 @@
 //! spark-pod-allocator: executor-pod allocation for Spark drivers on Kubernetes, as a
 //! gRPC service shared by many drivers.
 //!
+//! - [`naming`]: every id, label and name rule (application id, DNS-1123, pod-name prefix).
 //! - [`time`]: the wall-clock timestamp and the injected clock (system or manual).
 //! - [`allocator`]: the pure, clock-driven allocation engine (no I/O).
 //! - [`k8s`]: everything that talks to Kubernetes (shared watches, resync, create/delete).
@@ -22,6 +23,7 @@ pub mod demo;
 pub mod grpc;
 pub mod k8s;
 pub mod metrics;
+pub mod naming;
 pub mod sim;
 pub mod time;
 

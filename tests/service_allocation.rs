@@ -15,7 +15,6 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use serde_json::json;
-use spark_pod_allocator::allocator::pod_builder::stable_hash;
 use spark_pod_allocator::allocator::{
     AllocationPolicy, AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
 };
@@ -23,6 +22,7 @@ use spark_pod_allocator::app::{
     AppError, AppId, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
     StartApplication, Started,
 };
+use spark_pod_allocator::naming::stable_hash;
 use spark_pod_allocator::sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
 
 const NS: &str = "default";

@@ -16,6 +16,9 @@ use super::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ExecutorId,
     RESOURCE_PROFILE_ID_LABEL, ROLE_LABEL, ResourceProfileId,
 };
+use crate::naming::{
+    MAX_LABEL_LEN, label_key, label_value, sanitize_prefix, stable_hash, truncate_label,
+};
 
 /// The driver pod, owner of every executor pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +51,7 @@ pub const APP_ID_PLACEHOLDER: &str = "{{APP_ID}}";
 pub const EXECUTOR_ID_PLACEHOLDER: &str = "{{EXECUTOR_ID}}";
 
 /// Longest DNS-1123 label, hence longest pod name that can also be its hostname.
-const MAX_NAME_LEN: usize = 63;
+const MAX_NAME_LEN: usize = MAX_LABEL_LEN;
 
 /// Builds the executor pods of one application.
 ///
@@ -391,46 +394,6 @@ fn substitute_ids(pod: &mut Pod, app_id: &str, id: ExecutorId) {
     }
 }
 
-/// A label key: an optional DNS-1123 subdomain prefix and `/`, then a name of at most 63
-/// alphanumerics, `-`, `_` or `.` with alphanumeric ends.
-fn label_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    if let Some(prefix) = prefix {
-        let subdomain = prefix.len() <= 253 && prefix.split('.').all(crate::config::is_dns_label);
-        if !subdomain {
-            return Err(format!(
-                "has a prefix {prefix:?} that is not a DNS-1123 subdomain"
-            ));
-        }
-    }
-    if name.is_empty() {
-        return Err("has an empty name".into());
-    }
-    label_value(name)
-}
-
-/// A label value: at most 63 characters, empty or alphanumerics, `-`, `_` and `.` with
-/// alphanumeric ends.
-fn label_value(value: &str) -> Result<(), String> {
-    if value.len() > 63 {
-        return Err(format!("longer than 63 characters ({})", value.len()));
-    }
-    let inner_ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-    let bytes = value.as_bytes();
-    let ends_ok = bytes.first().is_none_or(u8::is_ascii_alphanumeric)
-        && bytes.last().is_none_or(u8::is_ascii_alphanumeric);
-    if !bytes.iter().all(|b| inner_ok(*b)) || !ends_ok {
-        return Err(
-            "only letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
-                .into(),
-        );
-    }
-    Ok(())
-}
-
 /// Sets `name` (replacing any value from the template) to a value or a downward-API field.
 fn set_env(env: &mut Vec<EnvVar>, name: &str, value: Option<String>, field_path: Option<&str>) {
     let value_from = field_path.map(|path| EnvVarSource {
@@ -449,44 +412,4 @@ fn set_env(env: &mut Vec<EnvVar>, name: &str, value: Option<String>, field_path:
         Some(existing) => *existing = var,
         None => env.push(var),
     }
-}
-
-/// A DNS-1123 label from the driver's prefix: lowercase, other characters → `-`, no
-/// leading or trailing `-`; empty → `spark`. Length is cut per name in [`ExecutorPodBuilder::pod_name`].
-pub fn sanitize_prefix(prefix: &str) -> String {
-    let mapped: String = prefix
-        .chars()
-        .map(|c| {
-            let c = c.to_ascii_lowercase();
-            if c.is_ascii_lowercase() || c.is_ascii_digit() {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let trimmed = mapped.trim_matches('-');
-    if trimmed.is_empty() {
-        "spark".to_string()
-    } else {
-        trimmed.to_string()
-    }
-}
-
-/// A short hash of `value` that never changes across versions and platforms (8 lowercase
-/// hex digits of 32-bit FNV-1a over the UTF-8 bytes), for names derived from an
-/// application id that must stay distinct and stable across service restarts.
-pub fn stable_hash(value: &str) -> String {
-    const OFFSET_BASIS: u32 = 0x811c_9dc5;
-    const PRIME: u32 = 0x0100_0193;
-    let hash = value.bytes().fold(OFFSET_BASIS, |hash, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(PRIME)
-    });
-    format!("{hash:08x}")
-}
-
-/// At most `max` characters of an ASCII label, not ending in `-`.
-fn truncate_label(label: &str, max: usize) -> &str {
-    let cut = &label[..label.len().min(max)];
-    cut.trim_end_matches('-')
 }

@@ -252,15 +252,8 @@ impl AllocationSettings {
         if self.max_executors == Some(0) {
             return invalid("max_executors", "must be greater than 0 when set".into());
         }
-        if !crate::config::is_dns_label(&self.executor_container_name) {
-            return invalid(
-                "executor_container_name",
-                format!(
-                    "{:?} is not a DNS-1123 label: at most 63 lowercase letters, digits and \
-                     '-', starting and ending with a letter or digit",
-                    self.executor_container_name
-                ),
-            );
+        if let Err(reason) = crate::naming::dns1123_label(&self.executor_container_name) {
+            return invalid("executor_container_name", reason);
         }
         Ok(())
     }

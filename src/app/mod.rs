@@ -42,30 +42,7 @@ pub struct AppId(String);
 impl AppId {
     /// Validates `value` as a label value; the error says why.
     pub fn parse(value: &str) -> Result<Self, String> {
-        if value.is_empty() {
-            return Err("must not be empty".to_string());
-        }
-        if value.len() > 63 {
-            return Err(format!(
-                "must be at most 63 characters (has {})",
-                value.len()
-            ));
-        }
-        let bytes = value.as_bytes();
-        let inner_ok = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-        if let Some(bad) = value
-            .chars()
-            .find(|c| !(c.is_ascii() && inner_ok(&(*c as u8))))
-        {
-            return Err(format!(
-                "{bad:?} is not allowed: use letters, digits, '-', '_' and '.' only"
-            ));
-        }
-        let ends_ok = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-            && bytes.last().is_some_and(u8::is_ascii_alphanumeric);
-        if !ends_ok {
-            return Err("must start and end with a letter or digit".to_string());
-        }
+        crate::naming::application_id(value)?;
         Ok(Self(value.to_string()))
     }
     /// The id as a string.

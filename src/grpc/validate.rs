@@ -12,7 +12,7 @@ use crate::allocator::{
     AllocationOverrides, AllocationPolicy, AllocationSettings, ExecutorId, ResourceProfileId,
 };
 use crate::app::{AppError, AppId, Placement, StartApplication};
-use crate::config::is_dns_label;
+use crate::naming::{dns1123_label, dns1123_subdomain, pod_name_prefix};
 use crate::proto;
 
 /// What the server fills in when a Start request leaves a field unset, and the rules
@@ -105,9 +105,6 @@ fn template_use(placement: &Placement) -> TemplateUse<'_> {
         driver_pod_name: placement.driver_pod_name.as_deref(),
     }
 }
-
-/// Longest `pod_name_prefix` that still leaves room for `-exec-<u64>` in a 253-char pod name.
-const MAX_POD_NAME_PREFIX: usize = 253 - "-exec-".len() - 20;
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> AppError {
     AppError::InvalidArgument {
@@ -567,60 +564,10 @@ fn yaml_error(e: &serde_yaml::Error) -> String {
     }
 }
 
-/// A DNS-1123 label (namespaces): ≤ 63 lowercase alphanumerics or '-', alphanumeric ends.
-pub fn dns1123_label(value: &str) -> Result<(), String> {
-    if value.len() > 63 {
-        return Err(format!(
-            "must be at most 63 characters (has {})",
-            value.len()
-        ));
-    }
-    if !is_dns_label(value) {
-        return Err(format!(
-            "{value:?} is not a DNS-1123 label: lowercase letters, digits and '-', \
-             starting and ending with a letter or digit"
-        ));
-    }
-    Ok(())
-}
-
-/// A DNS-1123 subdomain (pod names): ≤ 253 characters, dot-separated labels.
-pub fn dns1123_subdomain(value: &str) -> Result<(), String> {
-    if value.len() > 253 {
-        return Err(format!(
-            "must be at most 253 characters (has {})",
-            value.len()
-        ));
-    }
-    if !value.split('.').all(is_dns_label) {
-        return Err(format!(
-            "{value:?} is not a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', \
-             starting and ending with a letter or digit"
-        ));
-    }
-    Ok(())
-}
-
-/// The prefix is sanitised to a DNS label when pods are named; it must leave something to
-/// sanitise and fit in a pod name.
-fn pod_name_prefix(value: &str) -> Result<(), String> {
-    if value.len() > MAX_POD_NAME_PREFIX {
-        return Err(format!(
-            "must be at most {MAX_POD_NAME_PREFIX} characters (has {})",
-            value.len()
-        ));
-    }
-    if !value.chars().any(|c| c.is_ascii_alphanumeric()) {
-        return Err(format!(
-            "{value:?} has no letter or digit to build pod names from"
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::naming::MAX_POD_NAME_PREFIX;
     use std::collections::HashMap;
 
     const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";

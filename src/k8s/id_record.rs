@@ -10,8 +10,8 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use super::describe_error;
 use super::pods::{ExecutorPods, MANAGED_BY, is_status, labels, managed_labels};
 use crate::allocator::ExecutorId;
-use crate::allocator::pod_builder::{sanitize_prefix, stable_hash};
 use crate::allocator::types::EXECUTOR_ID_LABEL;
+use crate::naming::{sanitize_prefix, stable_hash};
 
 /// Annotation on the driver pod holding the highest executor id the service has handed
 /// out for the application: a restarted service continues after it even when the pods of

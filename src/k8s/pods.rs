@@ -39,7 +39,10 @@ pub enum CreateError {
     Cancelled,
 }
 
-/// `app.kubernetes.io/managed-by` value of the objects the service owns (id ConfigMaps).
+/// The standard label naming the manager of an object.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
+/// [`MANAGED_BY_LABEL`] value of the objects the service owns (its ConfigMaps).
 pub const MANAGED_BY: &str = "spark-pod-allocator";
 
 /// Ids per collection delete, so the label selector stays well under URL limits.
@@ -319,8 +322,7 @@ impl ExecutorPods {
         namespaces: &[String],
         key: &str,
     ) -> Result<Vec<String>, kube::Error> {
-        let lp =
-            ListParams::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
+        let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
         let apis: Vec<Api<ConfigMap>> = if namespaces.is_empty() {
             vec![Api::all(self.client.clone())]
         } else {
@@ -436,10 +438,7 @@ impl ExecutorPods {
 pub(super) fn managed_labels(app_id: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (APP_ID_LABEL.to_string(), app_id.to_string()),
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            MANAGED_BY.to_string(),
-        ),
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
     ])
 }
 

@@ -561,7 +561,7 @@ fn default_prefix(app_id: &str) -> ExecutorPodBuilder {
 
 #[test]
 fn stable_hash_is_32_bit_fnv_1a() {
-    use crate::allocator::pod_builder::stable_hash;
+    use crate::naming::stable_hash;
     // Published FNV-1a test vectors: the hash must never change between versions.
     assert_eq!(stable_hash(""), "811c9dc5");
     assert_eq!(stable_hash("a"), "e40c292c");
@@ -576,7 +576,7 @@ fn default_prefix_is_the_application_id_when_sanitising_keeps_it() {
 
 #[test]
 fn lossy_application_ids_get_their_own_pod_names() {
-    use crate::allocator::pod_builder::stable_hash;
+    use crate::naming::stable_hash;
     let clean = default_prefix("spark-app-1");
     let lossy = default_prefix("Spark_app.1");
     let other_lossy = default_prefix("spark_app_1");
