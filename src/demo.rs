@@ -19,17 +19,17 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::watcher;
 use tokio::net::TcpListener;
 use tonic::transport::{Channel, Endpoint};
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
-use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
-use crate::allocator::{ExecutorState, StateRules, executor_pod_from};
-use crate::app::{Applications, ServiceContext, SystemClock};
-use crate::grpc::{self, ServeSettings};
-use crate::proto;
-use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
-use crate::sim::{SimCluster, SimSettings};
+use spark_pod_allocator::allocator::types::{
+    APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
+};
+use spark_pod_allocator::allocator::{ExecutorState, StateRules, executor_pod_from};
+use spark_pod_allocator::app::{ServiceContext, SystemClock};
+use spark_pod_allocator::grpc::ServeSettings;
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime::{self, wait_until_serving};
+use spark_pod_allocator::sim::{SimCluster, SimSettings};
 
 /// The application the demo driver runs.
 pub const DEMO_APP_ID: &str = "spark-demo-0001";
@@ -117,21 +117,15 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     let client = cluster
         .try_client()
         .context("a client for the simulated cluster")?;
-    let applications =
-        Applications::new(ServiceContext::new(client.clone(), Arc::new(SystemClock)));
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port for the service")?;
-    let address = listener.local_addr()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(grpc::serve(
+    let service = runtime::start(
+        ServiceContext::new(client.clone(), Arc::new(SystemClock)),
         ServeSettings::default(),
-        applications,
         listener,
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    )?;
+    let address = service.address();
 
     let mut screen = Screen::stdout();
     screen.note(&format!(
@@ -150,33 +144,11 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     );
     let result = driver.run(&mut screen).await;
 
-    let _ = stop_tx.send(());
-    match server.await {
-        Ok(served) => served.context("the gRPC server failed")?,
-        Err(err) => anyhow::bail!("the gRPC server task failed: {err}"),
-    }
+    service.shutdown().await.context("the gRPC server failed")?;
     cluster.shutdown().await;
     let summary = result?;
     screen.summary(&summary, began.elapsed())?;
     Ok(summary)
-}
-
-/// Waits (on the health Watch stream, no polling) until the service reports SERVING.
-pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
-    let mut health = HealthClient::new(channel);
-    let mut updates = health
-        .watch(HealthCheckRequest {
-            service: grpc::server::SERVICE_NAME.into(),
-        })
-        .await
-        .context("health Watch")?
-        .into_inner();
-    while let Some(update) = updates.message().await.context("health Watch")? {
-        if update.status == ServingStatus::Serving as i32 {
-            return Ok(());
-        }
-    }
-    anyhow::bail!("the health Watch ended before the service was serving")
 }
 
 /// One executor pod as the driver has seen it.

@@ -8,6 +8,9 @@
 //! - [`app`]: one actor per application, joining the engine to Kubernetes.
 //! - [`auth`]: who calls (TokenReview) and what they may do (SubjectAccessReview, ownership).
 //! - [`grpc`]: the tonic service; validates requests at the edge.
+//! - [`lifecycle`]: readiness (initialization handles) and the drain signal.
+//! - [`runtime`]: owns a running service's lifecycle; starts the service and its gRPC
+//!   server in process ([`runtime::start`]).
 //! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
 //! - [`bench`]: the `bench` command's scenarios against the simulated cluster.
@@ -19,11 +22,12 @@ pub mod app;
 pub mod auth;
 pub mod bench;
 pub mod config;
-pub mod demo;
 pub mod grpc;
 pub mod k8s;
+pub mod lifecycle;
 pub mod metrics;
 pub mod naming;
+pub mod runtime;
 pub mod sim;
 pub mod time;
 

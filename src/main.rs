@@ -12,10 +12,12 @@ use tokio::net::TcpListener;
 use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
 use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
-use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
+use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
 use spark_pod_allocator::sim::{self, SimCluster};
-use spark_pod_allocator::{bench, demo, k8s};
+use spark_pod_allocator::{bench, k8s, runtime};
+
+mod demo;
 
 /// jemalloc rather than the system's malloc: glibc keeps what a load freed (per-thread
 /// arenas, no trim without unsafe FFI), jemalloc's background thread hands it back to the
@@ -328,7 +330,7 @@ async fn serve(
         limits: settings.grpc.clone(),
         ..ServeSettings::default()
     };
-    grpc::serve(serve_settings, applications, listener, stop).await?;
+    runtime::serve(serve_settings, applications, listener, stop).await?;
     match sim {
         Some(cluster) => {
             cluster.shutdown().await;

@@ -8,9 +8,9 @@ use std::process::Stdio;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
-use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime::wait_until_serving;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::Endpoint;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use promql_parser::parser::{Expr, parse};
 use promql_parser::util::{ExprVisitor, walk_expr};
-use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime::wait_until_serving;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::{Channel, Endpoint};

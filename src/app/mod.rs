@@ -35,6 +35,9 @@ pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
 
+/// How often [`Applications::synced`] looks at the watches' sync state.
+const SYNC_CHECK: Duration = Duration::from_millis(100);
+
 /// A validated application id (a label value: ≤ 63 chars, alphanumeric ends, `-_.` inside).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AppId(String);
@@ -694,9 +697,27 @@ impl Applications {
         self.actor(app)?.call(Command::Snapshot).await
     }
 
-    /// True once the Kubernetes watches have synced at least once (health).
+    /// True once the API server has answered and every shared watch that runs now has
+    /// completed its first listing (with no application yet: once the API server answered).
     pub fn is_synced(&self) -> bool {
         self.inner.watches.is_synced()
+            && self
+                .watched_namespaces()
+                .iter()
+                .all(|namespace| self.is_namespace_synced(namespace))
+    }
+
+    /// Resolves once [`Self::is_synced`]. The watches keep their sync state as flags, so
+    /// this looks at them every [`SYNC_CHECK`].
+    pub async fn synced(&self) {
+        let mut tick = tokio::time::interval(SYNC_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.is_synced() {
+                return;
+            }
+        }
     }
 
     /// True once the shared watch of `namespace` runs and has completed its first listing.

@@ -1,5 +1,6 @@
-//! Serving: the allocator service, gRPC health and server reflection on one listener, with
-//! a graceful shutdown that leaves every executor pod in place for a restarted service.
+//! Serving: the allocator service, gRPC health and server reflection on one listener. The
+//! server serves until told to drain, then finishes its in-flight calls; when it is ready
+//! and when it drains are decided by its owner ([`crate::runtime`]).
 use std::future::Future;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use super::tls::{ReloadingTls, TlsSettings};
 use super::{AllocatorService, StartDefaults};
 use crate::app::Applications;
 use crate::auth::Gate;
+use crate::lifecycle::Ready;
 use crate::metrics::Metrics;
 use crate::proto::executor_allocator_server::ExecutorAllocatorServer;
 
@@ -24,8 +26,8 @@ pub struct ServeSettings {
     pub defaults: StartDefaults,
     /// How long in-flight calls (and open health watches) may run after shutdown begins.
     pub drain_timeout: Duration,
-    /// How often health checks whether the Kubernetes watches have synced.
-    pub health_poll: Duration,
+    /// Health answers NOT_SERVING until this is ready (the runtime's initialization).
+    pub ready: Ready,
     /// Where every call is counted and timed.
     pub metrics: Metrics,
     /// Who may call, and what they may do.
@@ -41,7 +43,7 @@ impl Default for ServeSettings {
         Self {
             defaults: StartDefaults::default(),
             drain_timeout: Duration::from_secs(10),
-            health_poll: Duration::from_millis(100),
+            ready: Ready::now(),
             metrics: Metrics::default(),
             gate: Gate::open(),
             tls: TlsSettings::default(),
@@ -67,14 +69,15 @@ pub enum ServeError {
 /// The name health reports the allocator under (`spark.allocator.v1.ExecutorAllocator`).
 pub const SERVICE_NAME: &str = <ExecutorAllocatorServer<AllocatorService> as NamedService>::NAME;
 
-/// Serves until `shutdown` resolves, then stops accepting, lets in-flight calls finish (up to
-/// `drain_timeout`), stops every application actor and returns. Executor pods are left
-/// alone: a restarted service resumes the applications.
+/// Serves until `drain` resolves, then stops accepting, lets in-flight calls finish (up to
+/// `drain_timeout`) and returns. Health reports SERVING once `settings.ready` is ready and
+/// NOT_SERVING again once the drain begins. The applications are left as they are: their
+/// owner stops them.
 pub async fn serve(
     settings: ServeSettings,
     applications: Applications,
     listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send,
+    drain: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let tls = if settings.tls.enabled() {
         Some(ReloadingTls::start(&settings.tls).map_err(ServeError::Tls)?)
@@ -85,12 +88,8 @@ pub async fn serve(
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
-    let readiness = tokio::spawn(report_when_synced(
-        health.clone(),
-        applications.clone(),
-        settings.health_poll,
-    ));
-    let service = AllocatorService::new(applications.clone(), settings.defaults.clone())
+    let readiness = tokio::spawn(report_when_ready(health.clone(), settings.ready.clone()));
+    let service = AllocatorService::new(applications, settings.defaults.clone())
         .with_gate(settings.gate.clone());
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
@@ -98,7 +97,7 @@ pub async fn serve(
         let health = health.clone();
         let readiness = readiness.abort_handle();
         async move {
-            shutdown.await;
+            drain.await;
             readiness.abort();
             tracing::info!("shutting down: no new calls, finishing in-flight ones");
             set_health(&health, ServingStatus::NotServing).await;
@@ -148,8 +147,6 @@ pub async fn serve(
         }
     };
     readiness.abort();
-    // Every call has ended: stop the actors, leaving their pods for a restarted service.
-    applications.shutdown().await;
     result
 }
 
@@ -191,18 +188,11 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status(SERVICE_NAME, status).await;
 }
 
-/// NOT_SERVING until the Kubernetes watches have synced once, then SERVING.
-async fn report_when_synced(health: HealthReporter, applications: Applications, poll: Duration) {
-    let mut tick = tokio::time::interval(poll);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if applications.is_synced() {
-            tracing::info!("kubernetes watches synced: serving");
-            set_health(&health, ServingStatus::Serving).await;
-            return;
-        }
-    }
+/// NOT_SERVING until `ready`, then SERVING.
+async fn report_when_ready(health: HealthReporter, ready: Ready) {
+    ready.wait().await;
+    tracing::info!("initialized: serving");
+    set_health(&health, ServingStatus::Serving).await;
 }
 
 #[cfg(test)]

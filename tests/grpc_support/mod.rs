@@ -14,9 +14,11 @@ use tonic::transport::{Channel, Endpoint};
 use spark_pod_allocator::allocator::Timestamp;
 use spark_pod_allocator::app::{Applications, ManualClock, ServiceContext, ServiceOptions};
 use spark_pod_allocator::auth::{AuthSettings, Gate};
-use spark_pod_allocator::grpc::{self, ServeError, ServeSettings};
+use spark_pod_allocator::grpc::{ServeError, ServeSettings};
+// The runtime's serve owns the lifecycle (readiness, drain, stopping the actors).
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime as grpc;
 use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
 
 /// A pod template every test can use for profile 0.

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime::wait_until_serving;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStderr, Command};
 use tonic::transport::{Channel, Endpoint};
