@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::k8s::{InCluster, KubernetesSettings};
+
 use crate::allocator::state::DEFAULT_EXECUTOR_CONTAINER;
 use crate::allocator::{AllocationOverrides, AllocationSettings};
 
@@ -69,6 +71,9 @@ pub struct Settings {
     pub limits: crate::grpc::validate::RequestLimits,
     /// Limits of the gRPC server: message size, streams, keepalive, connections.
     pub grpc: crate::grpc::limits::ServerLimits,
+    /// `default_executor_pod_template` as parsed and checked once by [`Settings::load`].
+    #[serde(skip)]
+    loaded_template: Option<k8s_openapi::api::core::v1::Pod>,
 }
 
 /// The Prometheus endpoint.
@@ -97,68 +102,6 @@ fn optional_socket_address<'de, D: serde::Deserializer<'de>>(
              got {text:?}"
         ))
     })
-}
-
-/// How the service reaches Kubernetes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KubernetesSettings {
-    /// Kubeconfig file; unset = `KUBECONFIG` / `~/.kube/config` or in-cluster.
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context; unset = the current context.
-    pub context: Option<String>,
-    /// `auto` (in-cluster when running in a pod, else kubeconfig), `true` or `false`.
-    pub in_cluster: InCluster,
-    /// Sustained mutating requests per second (creates, deletes, patches), shared by all apps.
-    pub qps: u32,
-    /// Mutating requests allowed in a burst above `qps`.
-    pub burst: u32,
-    /// Creates of one round that may be in flight at once.
-    pub create_concurrency: u32,
-    /// Deadline of one attempt of any Kubernetes request.
-    pub request_timeout_ms: u64,
-    /// Attempts of a request that timed out or failed transiently (1 = no retry).
-    pub request_attempts: u32,
-}
-
-/// Whether to use the in-cluster service account: `auto`, `true` or `false`, given as a
-/// string or as a boolean (TOML and YAML `true`, and the environment, give booleans).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum InCluster {
-    #[default]
-    Auto,
-    True,
-    False,
-}
-
-impl<'de> Deserialize<'de> for InCluster {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Choice;
-        impl serde::de::Visitor<'_> for Choice {
-            type Value = InCluster;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("`auto`, `true` or `false`")
-            }
-            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<InCluster, E> {
-                Ok(if value {
-                    InCluster::True
-                } else {
-                    InCluster::False
-                })
-            }
-            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<InCluster, E> {
-                match value.trim().to_ascii_lowercase().as_str() {
-                    "auto" => Ok(InCluster::Auto),
-                    "true" | "yes" => Ok(InCluster::True),
-                    "false" | "no" => Ok(InCluster::False),
-                    _ => Err(E::custom(format!(
-                        "expected `auto`, `true` or `false`, got {value:?}"
-                    ))),
-                }
-            }
-        }
-        deserializer.deserialize_any(Choice)
-    }
 }
 
 /// A socket address, with an error that shows the expected form.
@@ -228,14 +171,20 @@ impl TryFrom<String> for LogFormat {
     }
 }
 
+/// The defaults of the service core are the configuration's.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Default for Settings {
     fn default() -> Self {
+        let service = crate::app::ServiceOptions::default();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             kubernetes: KubernetesSettings::default(),
             allocation: AllocationConfig::default(),
-            resync_interval_ms: 30_000,
-            driver_end_grace_ms: 60_000,
+            resync_interval_ms: millis(service.resync_interval),
+            driver_end_grace_ms: millis(service.driver_end_grace),
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
             simulator: crate::sim::SimSettings::default(),
@@ -246,6 +195,7 @@ impl Default for Settings {
             pod_policy: Default::default(),
             limits: Default::default(),
             grpc: Default::default(),
+            loaded_template: None,
         }
     }
 }
@@ -264,21 +214,6 @@ impl Default for AllocationConfig {
             executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
             check_all_containers: false,
             policy: None,
-        }
-    }
-}
-
-impl Default for KubernetesSettings {
-    fn default() -> Self {
-        Self {
-            kubeconfig: None,
-            context: None,
-            in_cluster: InCluster::Auto,
-            qps: 50,
-            burst: 100,
-            create_concurrency: 16,
-            request_timeout_ms: 10_000,
-            request_attempts: 2,
         }
     }
 }
@@ -340,6 +275,7 @@ impl Settings {
             .filter(|ns| !ns.is_empty())
             .collect();
         settings.validate()?;
+        settings.loaded_template = settings.read_template()?;
         Ok(settings)
     }
 
@@ -426,13 +362,21 @@ impl Settings {
                 reason,
             });
         }
-        self.default_template()?;
         Ok(())
     }
 
     /// The Pod of `default_executor_pod_template` (YAML or JSON), if configured, within
-    /// the template limits and the pod policy.
+    /// the template limits and the pod policy: the one [`Settings::load`] read and checked,
+    /// else read now.
     pub fn default_template(&self) -> Result<Option<k8s_openapi::api::core::v1::Pod>, ConfigError> {
+        match &self.loaded_template {
+            Some(pod) => Ok(Some(pod.clone())),
+            None => self.read_template(),
+        }
+    }
+
+    /// Reads and checks `default_executor_pod_template`.
+    fn read_template(&self) -> Result<Option<k8s_openapi::api::core::v1::Pod>, ConfigError> {
         let Some(path) = &self.default_executor_pod_template else {
             return Ok(None);
         };

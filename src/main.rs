@@ -4,12 +4,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::net::TcpListener;
 
-use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
+use spark_pod_allocator::app::{Applications, ServiceContext, ServiceOptions, SystemClock};
 use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
@@ -302,7 +303,8 @@ async fn serve(
     let gate = Gate::from_settings(&settings.auth, client.clone());
     tracing::info!(mode = ?settings.auth.mode, "authentication");
     let applications = Applications::new(
-        ServiceContext::from_settings(client, Arc::new(SystemClock), &settings)
+        ServiceContext::new(client, Arc::new(SystemClock))
+            .with_options(service_options(&settings))
             .with_metrics(metrics.clone()),
     );
     // Applications a previous service ran go on before the first call is taken.
@@ -341,6 +343,24 @@ async fn serve(
     Ok(())
 }
 
+/// The application layer's options, from the configuration.
+fn service_options(settings: &Settings) -> ServiceOptions {
+    ServiceOptions {
+        resync_interval: settings.resync_interval(),
+        allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
+        qps: settings.kubernetes.qps,
+        burst: settings.kubernetes.burst,
+        create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
+            .unwrap_or(usize::MAX),
+        request_policy: settings.request_policy(),
+        driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
+        max_resource_profiles: settings.limits.max_resource_profiles,
+        max_creates_per_round: settings.limits.max_creates_per_round,
+        pod_policy: settings.pod_policy.clone(),
+        ..ServiceOptions::default()
+    }
+}
+
 async fn simulate(
     settings: Settings,
     listen: Option<String>,
@@ -363,6 +383,35 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("outer: {0}")]
     struct Repeats(#[source] std::io::Error);
+
+    #[test]
+    fn the_default_configuration_gives_the_default_service_options() {
+        let from_config = service_options(&Settings::default());
+        let default = ServiceOptions::default();
+        assert_eq!(from_config.resync_interval, default.resync_interval);
+        assert_eq!(from_config.allowed_namespaces, default.allowed_namespaces);
+        assert_eq!(
+            (
+                from_config.qps,
+                from_config.burst,
+                from_config.create_concurrency
+            ),
+            (default.qps, default.burst, default.create_concurrency)
+        );
+        assert_eq!(from_config.request_policy, default.request_policy);
+        assert_eq!(from_config.driver_end_grace, default.driver_end_grace);
+        assert_eq!(
+            from_config.executor_stream_buffer,
+            default.executor_stream_buffer
+        );
+        assert_eq!(
+            (
+                from_config.max_resource_profiles,
+                from_config.max_creates_per_round
+            ),
+            (default.max_resource_profiles, default.max_creates_per_round)
+        );
+    }
 
     #[test]
     fn describe_says_each_cause_once() {

@@ -16,7 +16,6 @@ use crate::allocator::{
     ExecutorPodsSnapshot, IdBlocks, ResourceProfileId, SnapshotStore, TemplateError, Timestamp,
     executor_pod_from,
 };
-use crate::config::Settings;
 use crate::k8s::id_record::{IdRecord, highest_executor_id};
 use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
 use crate::metrics::{DeleteReason, Metrics};
@@ -107,7 +106,8 @@ pub struct Started {
     pub last_executor_id: u64,
 }
 
-/// Service-wide options of the application layer (from [`Settings`]).
+/// Service-wide options of the application layer; the composition root builds them from
+/// the configuration, whose defaults are these.
 #[derive(Debug, Clone)]
 pub struct ServiceOptions {
     /// Period of the full LIST per namespace.
@@ -140,26 +140,18 @@ pub struct ServiceOptions {
 
 impl Default for ServiceOptions {
     fn default() -> Self {
-        Self::from_settings(&Settings::default())
-    }
-}
-
-impl ServiceOptions {
-    /// The options the configuration gives.
-    pub fn from_settings(settings: &Settings) -> Self {
         Self {
-            resync_interval: settings.resync_interval(),
-            allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
-            qps: settings.kubernetes.qps,
-            burst: settings.kubernetes.burst,
-            create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
-                .unwrap_or(usize::MAX),
-            request_policy: settings.request_policy(),
-            driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
+            resync_interval: Duration::from_secs(30),
+            allowed_namespaces: BTreeSet::new(),
+            qps: 50,
+            burst: 100,
+            create_concurrency: 16,
+            request_policy: RequestPolicy::default(),
+            driver_end_grace: Duration::from_secs(60),
             executor_stream_buffer: feed::STREAM_BUFFER,
-            max_resource_profiles: settings.limits.max_resource_profiles,
-            max_creates_per_round: settings.limits.max_creates_per_round,
-            pod_policy: settings.pod_policy.clone(),
+            max_resource_profiles: 64,
+            max_creates_per_round: 500,
+            pod_policy: crate::allocator::pod_policy::PodPolicy::default(),
         }
     }
 }
@@ -182,16 +174,6 @@ impl ServiceContext {
             client,
             clock,
             options: ServiceOptions::default(),
-            metrics: Metrics::default(),
-        }
-    }
-
-    /// A context with the options of `settings`.
-    pub fn from_settings(client: kube::Client, clock: Arc<dyn Clock>, settings: &Settings) -> Self {
-        Self {
-            client,
-            clock,
-            options: ServiceOptions::from_settings(settings),
             metrics: Metrics::default(),
         }
     }

@@ -1,6 +1,7 @@
 //! Everything that talks to Kubernetes: shared pod watches per namespace with the periodic
 //! resync ([`PodWatches`]), executor pod creates and deletes under one client-side rate
-//! limit ([`ExecutorPods`]), and building the client from the configuration ([`connect`]).
+//! limit ([`ExecutorPods`]), the executor id record ([`IdRecord`]), and building the client
+//! from [`KubernetesSettings`] ([`connect`]).
 pub mod id_record;
 pub mod pods;
 pub mod rate_limit;
@@ -13,7 +14,87 @@ pub use rate_limit::RateLimiter;
 pub use request::RequestPolicy;
 pub use watch::{Listed, PodEvent, PodWatches, Subscription};
 
-use crate::config::{InCluster, KubernetesSettings};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// How the service reaches Kubernetes (the configuration's `kubernetes` section).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesSettings {
+    /// Kubeconfig file; unset = `KUBECONFIG` / `~/.kube/config` or in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context; unset = the current context.
+    pub context: Option<String>,
+    /// `auto` (in-cluster when running in a pod, else kubeconfig), `true` or `false`.
+    pub in_cluster: InCluster,
+    /// Sustained mutating requests per second (creates, deletes, patches), shared by all apps.
+    pub qps: u32,
+    /// Mutating requests allowed in a burst above `qps`.
+    pub burst: u32,
+    /// Creates of one round that may be in flight at once.
+    pub create_concurrency: u32,
+    /// Deadline of one attempt of any Kubernetes request.
+    pub request_timeout_ms: u64,
+    /// Attempts of a request that timed out or failed transiently (1 = no retry).
+    pub request_attempts: u32,
+}
+
+/// Whether to use the in-cluster service account: `auto`, `true` or `false`, given as a
+/// string or as a boolean (TOML and YAML `true`, and the environment, give booleans).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InCluster {
+    #[default]
+    Auto,
+    True,
+    False,
+}
+
+impl<'de> Deserialize<'de> for InCluster {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Choice;
+        impl serde::de::Visitor<'_> for Choice {
+            type Value = InCluster;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`auto`, `true` or `false`")
+            }
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<InCluster, E> {
+                Ok(if value {
+                    InCluster::True
+                } else {
+                    InCluster::False
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<InCluster, E> {
+                match value.trim().to_ascii_lowercase().as_str() {
+                    "auto" => Ok(InCluster::Auto),
+                    "true" | "yes" => Ok(InCluster::True),
+                    "false" | "no" => Ok(InCluster::False),
+                    _ => Err(E::custom(format!(
+                        "expected `auto`, `true` or `false`, got {value:?}"
+                    ))),
+                }
+            }
+        }
+        deserializer.deserialize_any(Choice)
+    }
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        let policy = RequestPolicy::default();
+        Self {
+            kubeconfig: None,
+            context: None,
+            in_cluster: InCluster::Auto,
+            qps: 50,
+            burst: 100,
+            create_concurrency: 16,
+            request_timeout_ms: u64::try_from(policy.timeout.as_millis()).unwrap_or(u64::MAX),
+            request_attempts: policy.attempts,
+        }
+    }
+}
 
 /// Why no Kubernetes client could be built.
 #[derive(Debug, thiserror::Error)]
