@@ -332,7 +332,10 @@ async fn serve(
         limits: settings.grpc.clone(),
         ..ServeSettings::default()
     };
-    runtime::serve(serve_settings, applications, listener, stop).await?;
+    let service = runtime::spawn(applications, serve_settings, listener)
+        .context("starting the gRPC server")?;
+    stop.await;
+    service.shutdown().await?;
     match sim {
         Some(cluster) => {
             cluster.shutdown().await;

@@ -34,7 +34,7 @@ pub async fn serve(
         let applications = applications.clone();
         tokio::spawn(async move {
             applications.synced().await;
-            tracing::info!("kubernetes watches synced");
+            tracing::info!("kubernetes watches synced: serving");
             drop(handle);
         })
     };

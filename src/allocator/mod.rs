@@ -3,8 +3,7 @@
 //! It imports neither tonic nor kube's client nor tokio I/O and never sleeps: the caller
 //! passes snapshots, targets and the time, and carries out the returned plan.
 //!
-//! CONTRACT (agreed between the engine, the application actor and the gRPC layer; keep
-//! these names and signatures, extend freely):
+//! Its parts:
 //! - [`types`]: `ExecutorId(u64)`, `ResourceProfileId(i32)`, `Timestamp` (ms since the
 //!   Unix epoch, wall clock, because pod creationTimestamps are wall clock), label names.
 //! - [`settings`]: `AllocationSettings` with Spark defaults and `validate()`.
@@ -13,9 +12,9 @@
 //! - [`round`]: `Allocator` (one per application) and `RoundPlan`.
 //! - [`pod_builder`]: `ExecutorPodBuilder` (template → executor pod).
 //!
-//! Changed from the first skeleton: `SnapshotBatch::latest` is an `Arc<ExecutorPodsSnapshot>`
-//! shared with the store (copy-on-write), so a poll does not copy the snapshot; read it
-//! through the `Arc` as before, and drop the batch before the store's next update.
+//! `SnapshotBatch::latest` is an `Arc<ExecutorPodsSnapshot>` shared with the store
+//! (copy-on-write), so a poll does not copy the snapshot; drop the batch before the
+//! store's next update.
 //!
 //! Decisions where the spec leaves room (each has a test):
 //! - The store's first poll carries one snapshot (the current one, empty at start), as

@@ -1,8 +1,5 @@
 //! One actor per application: a tokio task owning its engine state, reached through a
 //! handle; nothing else mutates it. [`Applications`] is the registry the gRPC layer calls.
-//!
-//! CONTRACT between the service core (k8s + actors) and the gRPC edge: keep these names and
-//! signatures; extend freely.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -161,7 +158,7 @@ impl Default for ServiceOptions {
 pub struct ServiceContext {
     pub client: kube::Client,
     pub clock: Arc<dyn Clock>,
-    /// Service-wide options (added by the service core; [`ServiceContext::new`] gives defaults).
+    /// Service-wide options ([`ServiceContext::new`] gives the defaults).
     pub options: ServiceOptions,
     /// Where pods created and deleted, create failures and active applications are counted.
     pub metrics: Metrics,

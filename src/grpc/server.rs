@@ -191,7 +191,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 /// NOT_SERVING until `ready`, then SERVING.
 async fn report_when_ready(health: HealthReporter, ready: Ready) {
     ready.wait().await;
-    tracing::info!("initialized: serving");
+    tracing::debug!("ready: serving");
     set_health(&health, ServingStatus::Serving).await;
 }
 
