@@ -154,3 +154,58 @@ pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
     }
     anyhow::bail!("the health Watch ended before the service was serving")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tonic::transport::Endpoint;
+
+    use super::*;
+    use crate::app::{AppError, AppId, ManualClock};
+
+    /// A client of an API server that never answers (nothing listens on port 9).
+    fn unreachable_client() -> kube::Client {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        kube::Client::try_from(config).expect("client")
+    }
+
+    #[tokio::test]
+    async fn a_started_service_is_not_ready_without_its_api_server_and_shuts_down() {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+        let ctx = ServiceContext::new(unreachable_client(), Arc::new(ManualClock::starting_now()));
+        let service = start(ctx, ServeSettings::default(), listener).expect("start");
+        let channel = Endpoint::from_shared(format!("http://{}", service.address()))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut health = HealthClient::new(channel.clone());
+        let status = health
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("check")
+            .into_inner();
+        assert_eq!(status.status, ServingStatus::NotServing as i32);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), wait_until_serving(channel))
+                .await
+                .is_err(),
+            "serving without an API server"
+        );
+
+        let applications = service.applications().clone();
+        tokio::time::timeout(Duration::from_secs(10), service.shutdown())
+            .await
+            .expect("shutdown within the drain timeout")
+            .expect("served");
+        let app = AppId::parse("app-1").expect("id");
+        assert!(matches!(
+            applications.status(&app).await,
+            Err(AppError::ShuttingDown)
+        ));
+    }
+}
