@@ -529,15 +529,7 @@ fn the_driver_replaces_a_template_controller() {
     assert_eq!(owners, vec!["cm", "driver-pod"]);
 }
 
-fn is_dns_label(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    let ok_char = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
-    !name.is_empty()
-        && name.len() <= 63
-        && bytes.iter().all(ok_char)
-        && bytes.first().is_some_and(|b| *b != b'-')
-        && bytes.last().is_some_and(|b| *b != b'-')
-}
+use crate::naming::is_dns_label;
 
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
