@@ -137,12 +137,14 @@ pub struct ServiceOptions {
 
 impl Default for ServiceOptions {
     fn default() -> Self {
+        let kubernetes = crate::k8s::KubernetesSettings::default();
         Self {
             resync_interval: Duration::from_secs(30),
             allowed_namespaces: BTreeSet::new(),
-            qps: 50,
-            burst: 100,
-            create_concurrency: 16,
+            qps: kubernetes.qps,
+            burst: kubernetes.burst,
+            create_concurrency: usize::try_from(kubernetes.create_concurrency)
+                .unwrap_or(usize::MAX),
             request_policy: RequestPolicy::default(),
             driver_end_grace: Duration::from_secs(60),
             executor_stream_buffer: feed::STREAM_BUFFER,
