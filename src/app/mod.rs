@@ -30,7 +30,7 @@ pub mod feed;
 pub mod registration;
 
 pub use actor::DriverReport;
-use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
+use actor::{ActorHandle, ActorParts, ActorReport, DriverLife};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
@@ -449,7 +449,7 @@ impl Applications {
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
         let feed = Feed::new(Feed::base_at(now.0), &found, &rules)
             .with_buffer(self.inner.ctx.options.executor_stream_buffer);
-        let actor = Actor {
+        let actor = ActorParts {
             app_id: req.app_id.to_string(),
             namespace: req.namespace.clone(),
             allocator,
@@ -465,7 +465,7 @@ impl Applications {
                 followed: d.followed,
                 grace: self.inner.ctx.options.driver_end_grace,
             }),
-            forget: Some(self.forget_hook(&req.app_id, generation)),
+            forget: self.forget_hook(&req.app_id, generation),
             registration: Registration::of_start(&req),
             owner: driver.as_ref().and_then(|d| d.owner.clone()),
             feed,
@@ -596,20 +596,12 @@ impl Applications {
         templates: BTreeMap<ResourceProfileId, Pod>,
         targets: BTreeMap<ResourceProfileId, u32>,
     ) -> Result<(), AppError> {
-        self.actor(app)?
-            .call(|reply| Command::SetTargets {
-                templates,
-                targets,
-                reply,
-            })
-            .await?
+        self.actor(app)?.set_targets(templates, targets).await
     }
 
     /// IsDeleted for one executor.
     pub async fn is_deleted(&self, app: &AppId, id: ExecutorId) -> Result<bool, AppError> {
-        self.actor(app)?
-            .call(|reply| Command::IsDeleted(id, reply))
-            .await
+        self.actor(app)?.is_deleted(id).await
     }
 
     /// Replaces the scheduler-known executors.
@@ -618,9 +610,7 @@ impl Applications {
         app: &AppId,
         ids: BTreeSet<ExecutorId>,
     ) -> Result<(), AppError> {
-        self.actor(app)?
-            .call(|reply| Command::UpdateRegistered(ids, reply))
-            .await
+        self.actor(app)?.update_registered(ids).await
     }
 
     /// Deletes every executor pod of the application, then its ConfigMap (registration,
@@ -708,14 +698,12 @@ impl Applications {
         app: &AppId,
         since: u64,
     ) -> Result<ExecutorEvents, AppError> {
-        self.actor(app)?
-            .call(|reply| Command::WatchExecutors(since, reply))
-            .await
+        self.actor(app)?.watch_executors(since).await
     }
 
     /// The application's current snapshot as its actor has ingested it (observability, tests).
     pub async fn snapshot(&self, app: &AppId) -> Result<ExecutorPodsSnapshot, AppError> {
-        self.actor(app)?.call(Command::Snapshot).await
+        self.actor(app)?.snapshot().await
     }
 
     /// True once the Kubernetes watches have synced at least once (health).
@@ -763,14 +751,8 @@ impl Applications {
             )));
         }
         let templates = req.templates.clone();
-        actor
-            .call(|reply| Command::SetTargets {
-                templates,
-                targets: BTreeMap::new(),
-                reply,
-            })
-            .await??;
-        let report = actor.call(Command::Report).await?;
+        actor.set_targets(templates, BTreeMap::new()).await?;
+        let report = actor.report().await?;
         Ok(Started {
             resumed: true,
             last_executor_id: report.status.last_executor_id,
@@ -808,7 +790,7 @@ impl Applications {
     }
 
     async fn report(&self, app: &AppId) -> Result<ActorReport, AppError> {
-        self.actor(app)?.call(Command::Report).await
+        self.actor(app)?.report().await
     }
 
     fn check_running(&self) -> Result<(), AppError> {
