@@ -671,7 +671,7 @@ impl ApplicationActor {
             let builder = self
                 .builder
                 .with_templates(templates)
-                .map_err(super::template_error)?;
+                .map_err(super::start::template_error)?;
             Some(builder)
         };
         let builder = registered.as_ref().unwrap_or(&self.builder);
