@@ -1,8 +1,9 @@
-//! One actor per application: a tokio task owning its engine state, reached through a
-//! handle; nothing else mutates it. [`Applications`] is the registry the gRPC layer calls.
-//!
-//! CONTRACT between the service core (k8s + actors) and the gRPC edge: keep these names and
-//! signatures; extend freely.
+//! The applications: [`Applications`] is the registry the gRPC layer calls, one actor per
+//! application (`actor`: an `ApplicationActor` task owning its engine state, reached only
+//! through its handle). `start` holds the Start procedure and the rules templates given
+//! later are held to; `registration` what a restarted service resumes from; `feed` the
+//! executor event streams; `failures` what GetStatus reports of failed creates and
+//! executors.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -90,7 +91,7 @@ pub struct StartApplication {
     /// Pod templates per resource profile (profile 0 always present).
     pub templates: BTreeMap<ResourceProfileId, Pod>,
     /// Prefix of executor pod names; defaults to the application id (plus a hash of it when
-    /// sanitising it into a DNS label loses information, see [`ExecutorPodBuilder::for_application`]).
+    /// sanitising it into a DNS label loses information, see [`crate::allocator::ExecutorPodBuilder::for_application`]).
     pub pod_name_prefix: Option<String>,
     pub settings: AllocationSettings,
     /// The identity that starts it (the authenticated user name); `None` when the service
