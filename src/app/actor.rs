@@ -253,10 +253,8 @@ pub(crate) struct ApplicationActor {
     workers: mpsc::UnboundedSender<WorkDone>,
     /// Fired on Stop: creates not yet sent are skipped.
     cancel: CancellationToken,
-    /// Consecutive rounds whose creates all failed at the API server.
-    failed_create_rounds: u32,
-    /// No round before this (backoff after failed create rounds; 0 = none).
-    backoff_until: Timestamp,
+    /// When the next round runs.
+    schedule: RoundSchedule,
     /// The driver pod's phase as last seen.
     driver_phase: Option<String>,
     /// Set once the driver pod ended: no round runs any more.
@@ -286,6 +284,54 @@ struct Ended {
 
 /// Longest backoff after failed create rounds (unless the batch delay is longer).
 const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(60);
+
+/// When an actor's next round runs, decided in one place: the snapshot store's schedule
+/// (a batch delay after the last poll, or at once when notified), held back while backing
+/// off after rounds whose creates all failed at the API server.
+#[derive(Debug, Clone, Copy, Default)]
+struct RoundSchedule {
+    /// Consecutive rounds whose creates all failed.
+    failed_create_rounds: u32,
+    /// No round before this (0 = no backoff).
+    backoff_until: Timestamp,
+}
+
+impl RoundSchedule {
+    /// When the next round may run.
+    fn next_round_at(&self, store: &SnapshotStore) -> Timestamp {
+        store.next_due().max(self.backoff_until)
+    }
+
+    /// New targets were set; `idle` (nothing outstanding, the engine's answer) calls a
+    /// round at once, as Spark does, though never before a backoff ends.
+    fn targets_changed(&self, store: &mut SnapshotStore, idle: bool) {
+        if idle {
+            store.notify_now();
+        }
+    }
+
+    /// A round's creates were not all refused: no backoff.
+    fn creates_went_through(&mut self) {
+        self.failed_create_rounds = 0;
+        self.backoff_until = Timestamp(0);
+    }
+
+    /// Every create of a round failed: the next round waits 2, 4, 8, … batch delays (at
+    /// most [`MAX_CREATE_BACKOFF`], unless the batch delay is longer); returns the wait.
+    fn creates_all_failed(&mut self, batch_delay: Duration, now: Timestamp) -> Duration {
+        self.failed_create_rounds = self.failed_create_rounds.saturating_add(1);
+        let backoff = batch_delay
+            .saturating_mul(1 << self.failed_create_rounds.min(6))
+            .min(MAX_CREATE_BACKOFF.max(batch_delay));
+        self.backoff_until = now.plus(backoff);
+        backoff
+    }
+
+    /// The end of the backoff under way at `now`, if any.
+    fn backoff_until(&self, now: Timestamp) -> Option<Timestamp> {
+        Some(self.backoff_until).filter(|until| *until > now)
+    }
+}
 
 /// The outcome of one round's creates.
 type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
@@ -374,8 +420,7 @@ impl ApplicationActor {
             creates_in_flight: 0,
             workers,
             cancel: CancellationToken::new(),
-            failed_create_rounds: 0,
-            backoff_until: Timestamp(0),
+            schedule: RoundSchedule::default(),
             driver_phase: None,
             ended: None,
             cleanup_due: None,
@@ -580,9 +625,9 @@ impl ApplicationActor {
         }
         true
     }
-    /// When the next round may run: the store's schedule, held back by any backoff.
+    /// When the next round may run (see [`RoundSchedule`]).
     fn next_round_at(&self) -> Timestamp {
-        self.store.next_due().max(self.backoff_until)
+        self.schedule.next_round_at(&self.store)
     }
 
     /// Answers one command (Stop is the loop's).
@@ -639,7 +684,7 @@ impl ApplicationActor {
             next_round_at: self.next_round_at(),
             driver: self.driver_report(),
             create_failures: self.failures.creates().clone(),
-            backoff_until: Some(self.backoff_until).filter(|until| *until > self.clock.now()),
+            backoff_until: self.schedule.backoff_until(self.clock.now()),
             failed_executors: self.failures.executors(),
         }
     }
@@ -692,8 +737,9 @@ impl ApplicationActor {
             self.builder = builder;
         }
         // Only new targets call a round early (a repeated Start registers templates only).
-        if !targets.is_empty() && self.allocator.set_targets(targets) {
-            self.store.notify_now();
+        if !targets.is_empty() {
+            let idle = self.allocator.set_targets(targets);
+            self.schedule.targets_changed(&mut self.store, idle);
         }
         self.update_registration();
         Ok(())
@@ -1110,19 +1156,13 @@ impl ApplicationActor {
         self.allocator.creates_answered(&outcomes);
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
-            self.failed_create_rounds = 0;
-            self.backoff_until = Timestamp(0);
+            self.schedule.creates_went_through();
         } else if failed < requested {
             tracing::warn!(requested, failed, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
-            self.failed_create_rounds = 0;
-            self.backoff_until = Timestamp(0);
+            self.schedule.creates_went_through();
         } else {
-            self.failed_create_rounds = self.failed_create_rounds.saturating_add(1);
             let delay = self.allocator.settings().batch_delay;
-            let backoff = delay
-                .saturating_mul(1 << self.failed_create_rounds.min(6))
-                .min(MAX_CREATE_BACKOFF.max(delay));
-            self.backoff_until = self.clock.now().plus(backoff);
+            let backoff = self.schedule.creates_all_failed(delay, self.clock.now());
             let backoff_ms = backoff.as_millis();
             tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
         }
