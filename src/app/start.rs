@@ -40,43 +40,18 @@ impl Applications {
         let _shared = self.inner.lifecycle.read().await;
         let _serial = self.lock_app(&req.app_id).await;
         self.check_running()?;
-        if let Some(existing) = self.ownership(&req.app_id) {
-            if existing.owner != req.owner && !may_act_on_any {
-                return Err(AppError::PermissionDenied(format!(
-                    "application {} was started by another identity; only that identity \
-                     (or a member of auth.admin_groups) may call it",
-                    req.app_id
-                )));
-            }
-            req.owner = existing.owner;
-        }
+        self.check_owner(&mut req, may_act_on_any)?;
         req.settings.validate()?;
         // Templates are checked even when the application already runs: a repeated Start
         // with a template that could never make a pod is refused, not answered `resumed`.
         let builder = self.pod_builder(&req)?;
-        let existing = self.entry(&req.app_id);
-        if let Some((namespace, actor, _)) = existing {
-            if namespace != req.namespace {
-                return Err(AppError::AlreadyExists {
-                    app_id: req.app_id.to_string(),
-                    namespace,
-                });
-            }
-            if let Some(actor) = actor {
-                return self.start_again(&req, &actor).await;
-            }
+        if let Some(actor) = self.running(&req)? {
+            return self.start_again(&req, &actor).await;
         }
         self.check_namespace(&req.namespace)?;
-        if self.inner.pods.namespace_exists(&req.namespace).await? == Some(false) {
-            return Err(AppError::FailedPrecondition(format!(
-                "namespace {} does not exist in the cluster",
-                req.namespace
-            )));
-        }
+        self.check_namespace_exists(&req.namespace).await?;
         let driver = self.driver(&req).await?;
-        let rules = req.settings.state_rules();
         let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
-
         // Subscribe before listing so no event between the LIST and the actor is lost.
         let followed_driver = driver
             .as_ref()
@@ -87,51 +62,129 @@ impl Applications {
             req.app_id.as_str(),
             followed_driver,
         );
-        let found = self
+        let found = self.found(&req, driver.as_ref()).await?;
+        let started = Started {
+            resumed: !found.pods.is_empty(),
+            last_executor_id: found.last_executor_id(),
+        };
+        let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
+        let parts = self.actor_parts(&req, builder, driver, &found, generation);
+        let handle = ActorHandle::spawn(parts, subscription);
+        self.register(&req, handle, found.id_record, generation);
+        Ok(started)
+    }
+
+    /// An application another identity started is PermissionDenied, unless
+    /// `may_act_on_any`; a Start allowed keeps the first owner.
+    fn check_owner(
+        &self,
+        req: &mut StartApplication,
+        may_act_on_any: bool,
+    ) -> Result<(), AppError> {
+        if let Some(existing) = self.ownership(&req.app_id) {
+            if existing.owner != req.owner && !may_act_on_any {
+                return Err(AppError::PermissionDenied(format!(
+                    "application {} was started by another identity; only that identity \
+                     (or a member of auth.admin_groups) may call it",
+                    req.app_id
+                )));
+            }
+            req.owner = existing.owner;
+        }
+        Ok(())
+    }
+
+    /// The actor of the application when it already runs here (a repeated Start);
+    /// AlreadyExists when it runs in another namespace.
+    fn running(&self, req: &StartApplication) -> Result<Option<ActorHandle>, AppError> {
+        match self.entry(&req.app_id) {
+            Some((namespace, _, _)) if namespace != req.namespace => Err(AppError::AlreadyExists {
+                app_id: req.app_id.to_string(),
+                namespace,
+            }),
+            Some((_, actor, _)) => Ok(actor),
+            None => Ok(None),
+        }
+    }
+
+    /// FailedPrecondition when the cluster says the namespace does not exist.
+    async fn check_namespace_exists(&self, namespace: &str) -> Result<(), AppError> {
+        if self.inner.pods.namespace_exists(namespace).await? == Some(false) {
+            return Err(AppError::FailedPrecondition(format!(
+                "namespace {namespace} does not exist in the cluster"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What the cluster holds of the application: its executor pods and its id record.
+    async fn found(
+        &self,
+        req: &StartApplication,
+        driver: Option<&Driver>,
+    ) -> Result<Found, AppError> {
+        let pods = self
             .inner
             .pods
             .list_executors(&req.namespace, req.app_id.as_str())
             .await?;
         // Pods of the highest ids may be gone (downscaled, finished): the recorded id
         // covers them.
-        let id_record = IdRecord::for_application(
-            req.app_id.as_str(),
-            driver.as_ref().map(|d| d.name.as_str()),
-        );
+        let id_record =
+            IdRecord::for_application(req.app_id.as_str(), driver.map(|d| d.name.as_str()));
         let recorded = self
             .inner
             .pods
             .recorded_last_executor_id(&req.namespace, &id_record)
             .await?
             .unwrap_or(0);
-        let last_executor_id = highest_executor_id(&found).unwrap_or(0).max(recorded);
-        let resumed = !found.is_empty();
+        Ok(Found {
+            pods,
+            id_record,
+            recorded,
+        })
+    }
+
+    /// The engine state, feed and settings of a new actor, resuming from what `found`
+    /// holds.
+    fn actor_parts(
+        &self,
+        req: &StartApplication,
+        builder: ExecutorPodBuilder,
+        driver: Option<Driver>,
+        found: &Found,
+        generation: u64,
+    ) -> ActorParts {
+        let options = &self.inner.ctx.options;
+        let rules = req.settings.state_rules();
+        let last_executor_id = found.last_executor_id();
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
         let mut allocator = Allocator::new(req.settings.clone(), last_executor_id)
-            .with_round_cap(self.inner.ctx.options.max_creates_per_round);
-        allocator.set_create_rate(self.inner.ctx.options.qps);
+            .with_round_cap(options.max_creates_per_round);
+        allocator.set_create_rate(options.qps);
         // Pods being deleted when the service stopped count as deleted again (IsDeleted).
         allocator.restore_deleted(
             found
+                .pods
                 .iter()
                 .filter(|pod| pod.metadata.deletion_timestamp.is_some())
                 .filter_map(|pod| executor_pod_from(pod, &rules))
                 .map(|executor| executor.id),
             now,
         );
-        if resumed {
+        if !found.pods.is_empty() {
             let executors = found
+                .pods
                 .iter()
                 .filter_map(|pod| executor_pod_from(pod, &rules))
                 .collect();
             store.replace_all(executors, now);
-            tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.len(), last_executor_id, "resuming application from its executor pods");
+            tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.pods.len(), last_executor_id, "resuming application from its executor pods");
         }
-        let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
-        let feed = Feed::new(Feed::base_at(now.0), &found, &rules)
-            .with_buffer(self.inner.ctx.options.executor_stream_buffer);
-        let actor = ActorParts {
+        let feed = Feed::new(Feed::base_at(now.0), &found.pods, &rules)
+            .with_buffer(options.executor_stream_buffer);
+        ActorParts {
             app_id: req.app_id.to_string(),
             namespace: req.namespace.clone(),
             allocator,
@@ -140,38 +193,41 @@ impl Applications {
             rules,
             pods: self.inner.pods.for_application(req.app_id.as_str()),
             clock: Arc::clone(&self.inner.ctx.clock),
-            id_record: id_record.clone(),
-            id_blocks: IdBlocks::new(recorded),
+            id_record: found.id_record.clone(),
+            id_blocks: IdBlocks::new(found.recorded),
             driver: driver.as_ref().map(|d| DriverLife {
                 pod_name: d.name.clone(),
                 followed: d.followed,
-                grace: self.inner.ctx.options.driver_end_grace,
+                grace: options.driver_end_grace,
             }),
             forget: self.forget_hook(&req.app_id, generation),
-            registration: Registration::of_start(&req),
-            owner: driver.as_ref().and_then(|d| d.owner.clone()),
+            registration: Registration::of_start(req),
+            owner: driver.and_then(|d| d.owner),
             feed,
-        };
-        let handle = ActorHandle::spawn(actor, subscription);
-        {
-            let mut apps = self.apps();
-            apps.insert(
-                req.app_id.clone(),
-                Entry {
-                    namespace: req.namespace.clone(),
-                    actor: Some(handle),
-                    id_record,
-                    first_start: FirstStart::of(&req),
-                    generation,
-                    owner: req.owner.clone(),
-                },
-            );
-            self.inner.ctx.metrics.set_active_applications(apps.len());
         }
-        Ok(Started {
-            resumed,
-            last_executor_id,
-        })
+    }
+
+    /// Registers the started application with its actor.
+    fn register(
+        &self,
+        req: &StartApplication,
+        actor: ActorHandle,
+        id_record: IdRecord,
+        generation: u64,
+    ) {
+        let mut apps = self.apps();
+        apps.insert(
+            req.app_id.clone(),
+            Entry {
+                namespace: req.namespace.clone(),
+                actor: Some(actor),
+                id_record,
+                first_start: FirstStart::of(req),
+                generation,
+                owner: req.owner.clone(),
+            },
+        );
+        self.inner.ctx.metrics.set_active_applications(apps.len());
     }
 
     /// A repeated Start of a running application (see [`Self::start`]).
@@ -371,6 +427,25 @@ impl FirstStart {
         self.settings
             .first_difference(&req.settings)
             .map(|name| format!("settings.{name}"))
+    }
+}
+
+/// What Start finds of an application in the cluster.
+struct Found {
+    /// Its executor pods.
+    pods: Vec<Pod>,
+    /// Where its highest executor id is recorded.
+    id_record: IdRecord,
+    /// The id recorded there (0: none).
+    recorded: u64,
+}
+
+impl Found {
+    /// The highest executor id in use: of a pod found, or recorded.
+    fn last_executor_id(&self) -> u64 {
+        highest_executor_id(&self.pods)
+            .unwrap_or(0)
+            .max(self.recorded)
     }
 }
 
