@@ -590,26 +590,7 @@ impl ApplicationActor {
             && due <= now
         {
             self.cleanup_due = None;
-            self.cleanup_in_flight = true;
-            let client = self.pods.clone();
-            let namespace = self.namespace.clone();
-            let app_id = self.app_id.clone();
-            let done = self.workers.clone();
-            tokio::spawn(
-                async move {
-                    let result = client
-                        .delete_all(&namespace, &app_id)
-                        .await
-                        .map_err(|err| crate::k8s::describe_error(&err));
-                    if let Ok(deleted) = result {
-                        client
-                            .metrics()
-                            .pods_deleted(DeleteReason::Stop, u64::from(deleted));
-                    }
-                    let _ = done.send(WorkDone::CleanedUp(result));
-                }
-                .in_current_span(),
-            );
+            self.spawn_cleanup();
             return false;
         }
         let Some(ended) = &self.ended else {
@@ -625,6 +606,31 @@ impl ApplicationActor {
         }
         true
     }
+
+    /// Deletes every executor pod of the application (its driver ended) from a worker task.
+    fn spawn_cleanup(&mut self) {
+        self.cleanup_in_flight = true;
+        let client = self.pods.clone();
+        let namespace = self.namespace.clone();
+        let app_id = self.app_id.clone();
+        let done = self.workers.clone();
+        tokio::spawn(
+            async move {
+                let result = client
+                    .delete_all(&namespace, &app_id)
+                    .await
+                    .map_err(|err| crate::k8s::describe_error(&err));
+                if let Ok(deleted) = result {
+                    client
+                        .metrics()
+                        .pods_deleted(DeleteReason::Stop, u64::from(deleted));
+                }
+                let _ = done.send(WorkDone::CleanedUp(result));
+            }
+            .in_current_span(),
+        );
+    }
+
     /// When the next round may run (see [`RoundSchedule`]).
     fn next_round_at(&self) -> Timestamp {
         self.schedule.next_round_at(&self.store)
