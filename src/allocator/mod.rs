@@ -3,18 +3,18 @@
 //! It imports neither tonic nor kube's client nor tokio I/O and never sleeps: the caller
 //! passes snapshots, targets and the time, and carries out the returned plan.
 //!
-//! Its parts:
+//! The parts:
 //! - [`types`]: `ExecutorId(u64)`, `ResourceProfileId(i32)`, `Timestamp` (ms since the
 //!   Unix epoch, wall clock, because pod creationTimestamps are wall clock), label names.
 //! - [`settings`]: `AllocationSettings` with Spark defaults and `validate()`.
 //! - [`state`]: `ExecutorState`, `ExecutorPod`, `StateRules`, `executor_pod_from(&Pod, &StateRules)`.
-//! - [`snapshot`]: `ExecutorPodsSnapshot`, `SnapshotStore` (watch updates, resync, subscriber timing).
-//! - [`round`]: `Allocator` (one per application) and `RoundPlan`.
+//! - [`snapshot`]: `ExecutorPodsSnapshot`, `SnapshotStore` (watch updates, resync, subscriber
+//!   timing). A poll's `SnapshotBatch::latest` is an `Arc<ExecutorPodsSnapshot>` shared with
+//!   the store (copy-on-write), so a poll does not copy the snapshot; drop the batch before
+//!   the store's next update.
+//! - [`engine`]: `Allocator`, one per application: its allocation state and its rounds,
+//!   each returning a `RoundPlan`.
 //! - [`pod_builder`]: `ExecutorPodBuilder` (template → executor pod).
-//!
-//! `SnapshotBatch::latest` is an `Arc<ExecutorPodsSnapshot>` shared with the store
-//! (copy-on-write), so a poll does not copy the snapshot; drop the batch before the
-//! store's next update.
 //!
 //! Decisions where the spec leaves room (each has a test):
 //! - The store's first poll carries one snapshot (the current one, empty at start), as
@@ -51,10 +51,10 @@
 //!   seen by a window fed by `creates_answered` instead of `batch_size` per round.
 
 pub mod adaptive;
+pub mod engine;
 pub mod id_block;
 pub mod pod_builder;
 pub mod pod_policy;
-pub mod round;
 pub mod settings;
 pub mod snapshot;
 pub mod state;
@@ -62,9 +62,9 @@ mod tracked;
 pub mod types;
 
 pub use adaptive::{CreateOutcomes, CreateRefusal, CreateWindow};
+pub use engine::{Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan};
 pub use id_block::IdBlocks;
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
-pub use round::{Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan};
 pub use settings::{AllocationOverrides, AllocationPolicy, AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};

@@ -1,8 +1,10 @@
-//! The actor of one application: a tokio task owning its `Allocator`, `SnapshotStore` and
-//! `ExecutorPodBuilder`. It serves commands, ingests pod events (its executors' and its
-//! driver pod's), and runs a round whenever the snapshot store is due. It never awaits
-//! Kubernetes: a round's requests run in worker tasks whose results come back as messages;
-//! a Kubernetes failure is logged and retried by a later round.
+//! The actor of one application: a tokio task owning its engine state (the `Allocator`,
+//! the `SnapshotStore`, the `ExecutorPodBuilder`) and everything it follows about the
+//! application. [`ActorHandle`] is the only way in. The actor answers commands, takes in
+//! pod events (its executors' and its driver pod's), and runs a round whenever the
+//! snapshot store is due. It never awaits Kubernetes: a round's requests run in worker
+//! tasks whose results come back as messages; a Kubernetes failure is logged and retried
+//! by a later round.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,17 +18,17 @@ use super::feed::{ExecutorEvents, Feed};
 use super::registration::{REGISTRATION_KEY, Registration};
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, CreateOutcomes, CreateRefusal, DriverOwner, ExecutorId,
-    ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
-    ResourceProfileId, SnapshotStore, StateRules, Timestamp, executor_pod_from,
+    Allocator, AllocatorStatus, CreateOutcomes, CreateRefusal, DeleteRequest, DriverOwner,
+    ExecutorId, ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
+    ResourceProfileId, RoundPlan, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
-use crate::k8s::pods::IdRecord;
+use crate::k8s::id_record::IdRecord;
 use crate::k8s::{CreateError, ExecutorPods, Listed, PodEvent, Subscription};
 use crate::metrics::{DeleteReason, Metrics, ProfileGauges};
 use tokio_util::sync::CancellationToken;
 
-/// Commands the handle sends; each carries its reply channel.
-pub(crate) enum Command {
+/// The messages an actor answers; each carries its reply channel.
+enum Command {
     /// Registers templates of profiles (all or none), then sets targets.
     SetTargets {
         templates: BTreeMap<ResourceProfileId, Pod>,
@@ -86,8 +88,9 @@ pub(crate) struct DriverLife {
 /// Called once when an actor ends because its driver ended: forgets the application.
 pub(crate) type ForgetHook = Box<dyn FnOnce() + Send>;
 
-/// Everything an actor owns.
-pub(crate) struct Actor {
+/// What Start hands a new actor: the engine state it resumes from and where its
+/// application lives.
+pub(crate) struct ActorParts {
     pub app_id: String,
     pub namespace: String,
     pub allocator: Allocator,
@@ -103,7 +106,7 @@ pub(crate) struct Actor {
     /// The driver pod, when Start named one.
     pub driver: Option<DriverLife>,
     /// Forgets the application once its driver ended and the grace period passed.
-    pub forget: Option<ForgetHook>,
+    pub forget: ForgetHook,
     /// What a restarted service needs to resume the application, kept in Kubernetes.
     pub registration: Registration,
     /// The driver pod as the registration's ConfigMap owner.
@@ -112,7 +115,7 @@ pub(crate) struct Actor {
     pub feed: Feed,
 }
 
-/// Reaches a running actor.
+/// Reaches a running actor: the only way to ask it anything.
 #[derive(Clone)]
 pub(crate) struct ActorHandle {
     tx: mpsc::Sender<Command>,
@@ -124,12 +127,14 @@ pub(crate) struct ActorHandle {
 const COMMAND_QUEUE: usize = 64;
 
 impl ActorHandle {
-    /// Spawns `actor`, fed by `subscription`, in a span naming the application.
-    pub fn spawn(actor: Actor, subscription: Subscription) -> Self {
+    /// Spawns the actor of `parts`, fed by `subscription`, in a span naming the application.
+    pub fn spawn(parts: ActorParts, subscription: Subscription) -> Self {
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        let app_id = actor.app_id.clone();
-        let span = tracing::info_span!(parent: None, "application", app = %actor.app_id, namespace = %actor.namespace);
-        let task = tokio::spawn(State::run(actor, rx, subscription).instrument(span));
+        let (workers, done) = mpsc::unbounded_channel();
+        let app_id = parts.app_id.clone();
+        let span = tracing::info_span!(parent: None, "application", app = %parts.app_id, namespace = %parts.namespace);
+        let actor = ApplicationActor::new(parts, workers);
+        let task = tokio::spawn(actor.run(rx, subscription, done).instrument(span));
         Self {
             tx,
             task: Arc::new(std::sync::Mutex::new(Some(task))),
@@ -137,8 +142,50 @@ impl ActorHandle {
         }
     }
 
+    /// Registers `templates` (all or none), then sets `targets` (profiles left out keep
+    /// theirs).
+    pub async fn set_targets(
+        &self,
+        templates: BTreeMap<ResourceProfileId, Pod>,
+        targets: BTreeMap<ResourceProfileId, u32>,
+    ) -> Result<(), AppError> {
+        self.call(|reply| Command::SetTargets {
+            templates,
+            targets,
+            reply,
+        })
+        .await?
+    }
+
+    /// Whether the actor deleted `id` and its pod is still there.
+    pub async fn is_deleted(&self, id: ExecutorId) -> Result<bool, AppError> {
+        self.call(|reply| Command::IsDeleted(id, reply)).await
+    }
+
+    /// Replaces the executors registered with the driver.
+    pub async fn update_registered(&self, ids: BTreeSet<ExecutorId>) -> Result<(), AppError> {
+        self.call(|reply| Command::UpdateRegistered(ids, reply))
+            .await
+    }
+
+    /// The application's state as the actor knows it now.
+    pub async fn report(&self) -> Result<ActorReport, AppError> {
+        self.call(Command::Report).await
+    }
+
+    /// The current snapshot of the application's executor pods.
+    pub async fn snapshot(&self) -> Result<ExecutorPodsSnapshot, AppError> {
+        self.call(Command::Snapshot).await
+    }
+
+    /// A stream of executor pod changes after `since` (0: the full state first).
+    pub async fn watch_executors(&self, since: u64) -> Result<ExecutorEvents, AppError> {
+        self.call(|reply| Command::WatchExecutors(since, reply))
+            .await
+    }
+
     /// Sends a command built around a reply channel and waits for the reply.
-    pub async fn call<R>(
+    async fn call<R>(
         &self,
         command: impl FnOnce(oneshot::Sender<R>) -> Command,
     ) -> Result<R, AppError> {
@@ -166,9 +213,31 @@ impl ActorHandle {
     }
 }
 
-/// The actor's loop state.
-struct State {
-    actor: Actor,
+/// One application's actor: its engine state, what it follows of the application, and
+/// the Kubernetes work of its rounds in flight. Only its own task touches it.
+pub(crate) struct ApplicationActor {
+    app_id: String,
+    namespace: String,
+    allocator: Allocator,
+    store: SnapshotStore,
+    builder: ExecutorPodBuilder,
+    rules: StateRules,
+    pods: ExecutorPods,
+    clock: Arc<dyn Clock>,
+    /// Where the highest executor id handed out is recorded.
+    id_record: IdRecord,
+    /// The ids the record covers, reserved in blocks.
+    id_blocks: IdBlocks,
+    /// The driver pod, when Start named one.
+    driver: Option<DriverLife>,
+    /// Forgets the application once its driver ended and the grace period passed.
+    forget: Option<ForgetHook>,
+    /// What a restarted service needs to resume the application, kept in Kubernetes.
+    registration: Registration,
+    /// The driver pod as the registration's ConfigMap owner.
+    owner: Option<DriverOwner>,
+    /// Publishes the executor pods' changes to WatchExecutors streams (ended with the actor).
+    feed: Feed,
     /// Deletes that failed, retried by the next round (merged per `only_pending`).
     retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
     /// Finished executors whose pod was deleted (or labelled inactive), or is being.
@@ -181,13 +250,11 @@ struct State {
     /// Rounds whose creates are still in flight.
     creates_in_flight: usize,
     /// Where the round workers report; the receiver lives in `run`.
-    work_done: mpsc::UnboundedSender<WorkDone>,
+    workers: mpsc::UnboundedSender<WorkDone>,
     /// Fired on Stop: creates not yet sent are skipped.
     cancel: CancellationToken,
-    /// Consecutive rounds whose creates all failed at the API server.
-    failed_create_rounds: u32,
-    /// No round before this (backoff after failed create rounds; 0 = none).
-    backoff_until: Timestamp,
+    /// When the next round runs.
+    schedule: RoundSchedule,
     /// The driver pod's phase as last seen.
     driver_phase: Option<String>,
     /// Set once the driver pod ended: no round runs any more.
@@ -217,6 +284,54 @@ struct Ended {
 
 /// Longest backoff after failed create rounds (unless the batch delay is longer).
 const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(60);
+
+/// When an actor's next round runs, decided in one place: the snapshot store's schedule
+/// (a batch delay after the last poll, or at once when notified), held back while backing
+/// off after rounds whose creates all failed at the API server.
+#[derive(Debug, Clone, Copy, Default)]
+struct RoundSchedule {
+    /// Consecutive rounds whose creates all failed.
+    failed_create_rounds: u32,
+    /// No round before this (0 = no backoff).
+    backoff_until: Timestamp,
+}
+
+impl RoundSchedule {
+    /// When the next round may run.
+    fn next_round_at(&self, store: &SnapshotStore) -> Timestamp {
+        store.next_due().max(self.backoff_until)
+    }
+
+    /// New targets were set; `idle` (nothing outstanding, the engine's answer) calls a
+    /// round at once, as Spark does, though never before a backoff ends.
+    fn targets_changed(&self, store: &mut SnapshotStore, idle: bool) {
+        if idle {
+            store.notify_now();
+        }
+    }
+
+    /// A round's creates were not all refused: no backoff.
+    fn creates_went_through(&mut self) {
+        self.failed_create_rounds = 0;
+        self.backoff_until = Timestamp(0);
+    }
+
+    /// Every create of a round failed: the next round waits 2, 4, 8, … batch delays (at
+    /// most [`MAX_CREATE_BACKOFF`], unless the batch delay is longer); returns the wait.
+    fn creates_all_failed(&mut self, batch_delay: Duration, now: Timestamp) -> Duration {
+        self.failed_create_rounds = self.failed_create_rounds.saturating_add(1);
+        let backoff = batch_delay
+            .saturating_mul(1 << self.failed_create_rounds.min(6))
+            .min(MAX_CREATE_BACKOFF.max(batch_delay));
+        self.backoff_until = now.plus(backoff);
+        backoff
+    }
+
+    /// The end of the backoff under way at `now`, if any.
+    fn backoff_until(&self, now: Timestamp) -> Option<Timestamp> {
+        Some(self.backoff_until).filter(|until| *until > now)
+    }
+}
 
 /// The outcome of one round's creates.
 type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
@@ -263,19 +378,49 @@ struct Upkeep {
     registration_failed: bool,
 }
 
-impl State {
-    fn new(actor: Actor, work_done: mpsc::UnboundedSender<WorkDone>) -> Self {
+impl ApplicationActor {
+    fn new(parts: ActorParts, workers: mpsc::UnboundedSender<WorkDone>) -> Self {
+        let ActorParts {
+            app_id,
+            namespace,
+            allocator,
+            store,
+            builder,
+            rules,
+            pods,
+            clock,
+            id_record,
+            id_blocks,
+            driver,
+            forget,
+            registration,
+            owner,
+            feed,
+        } = parts;
         Self {
-            actor,
+            app_id,
+            namespace,
+            allocator,
+            store,
+            builder,
+            rules,
+            pods,
+            clock,
+            id_record,
+            id_blocks,
+            driver,
+            forget: Some(forget),
+            registration,
+            owner,
+            feed,
             retry_deletes: BTreeMap::new(),
             finished_handled: BTreeSet::new(),
             rounds: 0,
             upkeep_in_flight: false,
             creates_in_flight: 0,
-            work_done,
+            workers,
             cancel: CancellationToken::new(),
-            failed_create_rounds: 0,
-            backoff_until: Timestamp(0),
+            schedule: RoundSchedule::default(),
             driver_phase: None,
             ended: None,
             cleanup_due: None,
@@ -287,34 +432,32 @@ impl State {
         }
     }
 
+    /// The actor's life: serve until Stop (or the driver's end), then let the requests in
+    /// flight finish, then forget the application if its driver ended.
     async fn run(
-        actor: Actor,
+        mut self,
         mut commands: mpsc::Receiver<Command>,
         mut subscription: Subscription,
+        mut done: mpsc::UnboundedReceiver<WorkDone>,
     ) {
         tracing::info!("application actor started");
-        let (work_done, mut done) = mpsc::unbounded_channel();
-        let mut this = Self::new(actor, work_done);
-        let forgotten = this
+        let forgotten = self
             .serve(&mut commands, &mut subscription, &mut done)
             .await;
         // No create may land after Stop's DELETE: skip unsent ones, await those in flight
         // (every request has a deadline, so this ends).
-        this.cancel.cancel();
-        while this.in_flight() {
+        self.cancel.cancel();
+        while self.in_flight() {
             match done.recv().await {
-                Some(work) => this.work_done(work),
+                Some(work) => self.work_done(work),
                 None => break,
             }
         }
-        if forgotten && let Some(forget) = this.actor.forget.take() {
+        if forgotten && let Some(forget) = self.forget.take() {
             forget();
             tracing::info!("application forgotten: its driver pod ended");
         }
-        this.actor
-            .pods
-            .metrics()
-            .forget_application(&this.actor.app_id);
+        self.pods.metrics().forget_application(&self.app_id);
         tracing::info!("application actor stopped");
     }
 
@@ -347,9 +490,9 @@ impl State {
 
     /// The application's counts per profile into the metrics (as GetStatus reports them).
     fn export_counts(&self) {
-        let status = self.actor.allocator.status();
-        self.actor.pods.metrics().application_profiles(
-            &self.actor.app_id,
+        let status = self.allocator.status();
+        self.pods.metrics().application_profiles(
+            &self.app_id,
             status.profiles.iter().map(|(profile, counts)| {
                 (
                     profile.0,
@@ -402,7 +545,7 @@ impl State {
                     }
                 },
                 Some(work) = done.recv() => self.work_done(work),
-                () = self.actor.clock.sleep_until(due), if may_wake => {
+                () = self.clock.sleep_until(due), if may_wake => {
                     if self.ended.is_none() {
                         self.round();
                     } else if self.after_end() {
@@ -417,19 +560,19 @@ impl State {
     /// skipped, every executor pod is deleted (delete-on-termination), and the application
     /// is forgotten after `grace`.
     fn driver_ended(&mut self, phase: &str, grace: Duration) {
-        let now = self.actor.clock.now();
+        let now = self.clock.now();
         if let Some(ended) = &mut self.ended {
             // Deleted after it failed: forgotten at once.
             ended.forget_at = ended.forget_at.min(now.plus(grace));
             return;
         }
         self.cancel.cancel();
-        let delete = self.actor.allocator.settings().delete_on_termination;
+        let delete = self.allocator.settings().delete_on_termination;
         if delete {
             self.cleanup_due = Some(now);
         }
         let forget_at = now.plus(grace);
-        let driver = self.actor.driver.as_ref().map(|d| d.pod_name.clone());
+        let driver = self.driver.as_ref().map(|d| d.pod_name.clone());
         tracing::warn!(driver = ?driver, phase, delete_executors = delete, grace_ms = grace.as_millis(),
             "driver pod ended: no new executors; the application is forgotten after the grace period");
         self.ended = Some(Ended {
@@ -442,31 +585,12 @@ impl State {
     /// A wake-up after the driver ended (nothing in flight): the executors' delete when
     /// due, then forgetting the application once the grace period passed (returns true).
     fn after_end(&mut self) -> bool {
-        let now = self.actor.clock.now();
+        let now = self.clock.now();
         if let Some(due) = self.cleanup_due
             && due <= now
         {
             self.cleanup_due = None;
-            self.cleanup_in_flight = true;
-            let client = self.actor.pods.clone();
-            let namespace = self.actor.namespace.clone();
-            let app_id = self.actor.app_id.clone();
-            let done = self.work_done.clone();
-            tokio::spawn(
-                async move {
-                    let result = client
-                        .delete_all(&namespace, &app_id)
-                        .await
-                        .map_err(|err| crate::k8s::describe_error(&err));
-                    if let Ok(deleted) = result {
-                        client
-                            .metrics()
-                            .pods_deleted(DeleteReason::Stop, u64::from(deleted));
-                    }
-                    let _ = done.send(WorkDone::CleanedUp(result));
-                }
-                .in_current_span(),
-            );
+            self.spawn_cleanup();
             return false;
         }
         let Some(ended) = &self.ended else {
@@ -482,11 +606,37 @@ impl State {
         }
         true
     }
-    /// When the next round may run: the store's schedule, held back by any backoff.
-    fn next_round_at(&self) -> Timestamp {
-        self.actor.store.next_due().max(self.backoff_until)
+
+    /// Deletes every executor pod of the application (its driver ended) from a worker task.
+    fn spawn_cleanup(&mut self) {
+        self.cleanup_in_flight = true;
+        let client = self.pods.clone();
+        let namespace = self.namespace.clone();
+        let app_id = self.app_id.clone();
+        let done = self.workers.clone();
+        tokio::spawn(
+            async move {
+                let result = client
+                    .delete_all(&namespace, &app_id)
+                    .await
+                    .map_err(|err| crate::k8s::describe_error(&err));
+                if let Ok(deleted) = result {
+                    client
+                        .metrics()
+                        .pods_deleted(DeleteReason::Stop, u64::from(deleted));
+                }
+                let _ = done.send(WorkDone::CleanedUp(result));
+            }
+            .in_current_span(),
+        );
     }
 
+    /// When the next round may run (see [`RoundSchedule`]).
+    fn next_round_at(&self) -> Timestamp {
+        self.schedule.next_round_at(&self.store)
+    }
+
+    /// Answers one command (Stop is the loop's).
     fn handle(&mut self, command: Command) {
         match command {
             Command::SetTargets {
@@ -497,47 +647,56 @@ impl State {
                 let _ = reply.send(self.set_targets(templates, &targets));
             }
             Command::IsDeleted(id, reply) => {
-                let _ = reply.send(self.actor.allocator.is_deleted(id));
+                let _ = reply.send(self.allocator.is_deleted(id));
             }
             Command::UpdateRegistered(ids, reply) => {
-                let stored: BTreeSet<u64> = ids.iter().map(|id| id.0).collect();
-                if stored != self.actor.registration.registered {
-                    self.actor.registration.registered = stored;
-                    self.registration_dirty = true;
-                }
-                self.actor.allocator.set_registered(ids);
+                self.update_registered(ids);
                 let _ = reply.send(());
             }
             Command::Report(reply) => {
-                let mut status = self.actor.allocator.status();
-                // A profile with a template is one the driver may ask for: listed (target 0
-                // until it has one) even before it has executors.
-                for profile in self.actor.builder.profiles() {
-                    status.profiles.entry(profile).or_default();
-                }
-                let _ = reply.send(ActorReport {
-                    status,
-                    rounds: self.rounds,
-                    next_round_at: self.next_round_at(),
-                    driver: self.driver_report(),
-                    create_failures: self.failures.creates().clone(),
-                    backoff_until: Some(self.backoff_until)
-                        .filter(|until| *until > self.actor.clock.now()),
-                    failed_executors: self.failures.executors(),
-                });
+                let _ = reply.send(self.report());
             }
             Command::Snapshot(reply) => {
-                let _ = reply.send(self.actor.store.current().clone());
+                let _ = reply.send(self.store.current().clone());
             }
             Command::WatchExecutors(since, reply) => {
-                let _ = reply.send(self.actor.feed.subscribe(since));
+                let _ = reply.send(self.feed.subscribe(since));
             }
             Command::Stop => {}
         }
     }
 
+    /// The executors the driver has registered: to the engine, and into the registration.
+    fn update_registered(&mut self, ids: BTreeSet<ExecutorId>) {
+        let stored: BTreeSet<u64> = ids.iter().map(|id| id.0).collect();
+        if stored != self.registration.registered {
+            self.registration.registered = stored;
+            self.registration_dirty = true;
+        }
+        self.allocator.set_registered(ids);
+    }
+
+    /// The application's state for GetStatus.
+    fn report(&self) -> ActorReport {
+        let mut status = self.allocator.status();
+        // A profile with a template is one the driver may ask for: listed (target 0
+        // until it has one) even before it has executors.
+        for profile in self.builder.profiles() {
+            status.profiles.entry(profile).or_default();
+        }
+        ActorReport {
+            status,
+            rounds: self.rounds,
+            next_round_at: self.next_round_at(),
+            driver: self.driver_report(),
+            create_failures: self.failures.creates().clone(),
+            backoff_until: self.schedule.backoff_until(self.clock.now()),
+            failed_executors: self.failures.executors(),
+        }
+    }
+
     fn driver_report(&self) -> Option<DriverReport> {
-        let driver = self.actor.driver.as_ref()?;
+        let driver = self.driver.as_ref()?;
         Some(DriverReport {
             pod_name: driver.pod_name.clone(),
             followed: driver.followed,
@@ -561,13 +720,12 @@ impl State {
             None
         } else {
             let builder = self
-                .actor
                 .builder
                 .with_templates(templates)
-                .map_err(super::template_error)?;
+                .map_err(super::start::template_error)?;
             Some(builder)
         };
-        let builder = registered.as_ref().unwrap_or(&self.actor.builder);
+        let builder = registered.as_ref().unwrap_or(&self.builder);
         if let Some(profile) = targets.keys().find(|p| !builder.has_profile(**p)) {
             return Err(AppError::FailedPrecondition(format!(
                 "executors_per_profile[{profile}]: resource profile {profile} has no executor pod \
@@ -577,16 +735,17 @@ impl State {
         if let Some(builder) = registered {
             let added: Vec<ResourceProfileId> = builder
                 .profiles()
-                .filter(|p| !self.actor.builder.has_profile(*p))
+                .filter(|p| !self.builder.has_profile(*p))
                 .collect();
             if !added.is_empty() {
                 tracing::info!(profiles = ?added, "resource profile templates registered");
             }
-            self.actor.builder = builder;
+            self.builder = builder;
         }
         // Only new targets call a round early (a repeated Start registers templates only).
-        if !targets.is_empty() && self.actor.allocator.set_targets(targets) {
-            self.actor.store.notify_now();
+        if !targets.is_empty() {
+            let idle = self.allocator.set_targets(targets);
+            self.schedule.targets_changed(&mut self.store, idle);
         }
         self.update_registration();
         Ok(())
@@ -596,19 +755,17 @@ impl State {
     /// writing when it changed.
     fn update_registration(&mut self) {
         let templates: BTreeMap<i32, Pod> = self
-            .actor
             .builder
             .profiles()
-            .filter_map(|p| Some((p.0, self.actor.builder.template(p)?.clone())))
+            .filter_map(|p| Some((p.0, self.builder.template(p)?.clone())))
             .collect();
         let targets: BTreeMap<i32, u32> = self
-            .actor
             .allocator
             .targets()
             .iter()
             .map(|(p, t)| (p.0, *t))
             .collect();
-        let registration = &mut self.actor.registration;
+        let registration = &mut self.registration;
         if registration.templates != templates || registration.targets != targets {
             registration.templates = templates;
             registration.targets = targets;
@@ -616,100 +773,112 @@ impl State {
         }
     }
 
+    /// One pod event of the namespace's watch.
     fn ingest(&mut self, event: PodEvent) {
-        let rules = &self.actor.rules;
-        let now = self.actor.clock.now();
         match event {
-            PodEvent::Applied(pod) => {
-                self.actor.feed.applied(&pod, rules);
-                if let Some(executor) = executor_pod_from(&pod, rules) {
-                    self.failures.observe(&pod, &executor, now);
-                    Self::time_requested(
-                        &mut self.requested_at,
-                        self.actor.pods.metrics(),
-                        &executor,
-                    );
-                    self.actor.store.update_pod(executor);
-                }
-            }
-            PodEvent::Deleted(pod) => {
-                self.actor.feed.deleted(&pod);
-                if let Some(executor) = executor_pod_from(&pod, rules) {
-                    self.failures.pod_gone(executor.id);
-                    self.requested_at.remove(&executor.id);
-                    self.actor.allocator.pod_gone(executor.id);
-                    self.actor.store.delete_pod(executor);
-                }
-            }
-            PodEvent::Driver(pod) => {
-                let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
-                if let Some(phase) = &phase
-                    && matches!(phase.as_str(), "Failed" | "Succeeded")
-                    && let Some(grace) = self.actor.driver.as_ref().map(|d| d.grace)
-                {
-                    self.driver_ended(phase, grace);
-                }
-                if self.ended.is_none() {
-                    self.driver_phase = phase;
-                }
-            }
+            PodEvent::Applied(pod) => self.pod_applied(&pod),
+            PodEvent::Deleted(pod) => self.pod_deleted(&pod),
+            PodEvent::Driver(pod) => self.driver_changed(&pod),
             PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
-            PodEvent::Resync(pods) => {
-                // The executors of unchanged pods, as the feed has them, before it takes
-                // in the changed ones.
-                let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
-                for listed in &pods {
-                    if let Listed::Unchanged(name) = listed
-                        && let Some(executor) = self.actor.feed.executor(name)
-                    {
-                        executors.push(executor.clone());
-                    }
-                }
-                self.actor.feed.relisted(&pods, rules);
-                for listed in &pods {
-                    if let Listed::Changed(pod) = listed
-                        && let Some(executor) = executor_pod_from(pod, rules)
-                    {
-                        self.failures.observe(pod, &executor, now);
-                        Self::time_requested(
-                            &mut self.requested_at,
-                            self.actor.pods.metrics(),
-                            &executor,
-                        );
-                        executors.push(executor);
-                    }
-                }
-                drop(pods);
-                let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
-                let gone: Vec<ExecutorId> = self
-                    .actor
-                    .store
-                    .current()
-                    .executors
-                    .keys()
-                    .filter(|id| !listed.contains(id))
-                    .copied()
-                    .collect();
-                for id in gone {
-                    self.failures.pod_gone(id);
-                    self.actor.allocator.pod_gone(id);
-                }
-                self.actor
-                    .store
-                    .replace_all(executors, self.actor.clock.now());
+            PodEvent::Resync(pods) => self.relisted(pods),
+        }
+    }
+
+    /// An executor pod added or changed.
+    fn pod_applied(&mut self, pod: &Pod) {
+        let rules = &self.rules;
+        self.feed.applied(pod, rules);
+        if let Some(executor) = executor_pod_from(pod, rules) {
+            self.failures.observe(pod, &executor, self.clock.now());
+            Self::time_requested(&mut self.requested_at, self.pods.metrics(), &executor);
+            self.store.update_pod(executor);
+        }
+    }
+
+    /// An executor pod gone from the cluster.
+    fn pod_deleted(&mut self, pod: &Pod) {
+        let rules = &self.rules;
+        self.feed.deleted(pod);
+        if let Some(executor) = executor_pod_from(pod, rules) {
+            self.failures.pod_gone(executor.id);
+            self.requested_at.remove(&executor.id);
+            self.allocator.pod_gone(executor.id);
+            self.store.delete_pod(executor);
+        }
+    }
+
+    /// The driver pod changed: its phase, and its end when it Failed or Succeeded.
+    fn driver_changed(&mut self, pod: &Pod) {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        if let Some(phase) = &phase
+            && matches!(phase.as_str(), "Failed" | "Succeeded")
+            && let Some(grace) = self.driver.as_ref().map(|d| d.grace)
+        {
+            self.driver_ended(phase, grace);
+        }
+        if self.ended.is_none() {
+            self.driver_phase = phase;
+        }
+    }
+
+    /// A full listing of the application's executor pods replaces the snapshot.
+    fn relisted(&mut self, pods: Vec<Listed>) {
+        let rules = &self.rules;
+        let now = self.clock.now();
+        // The executors of unchanged pods, as the feed has them, before it takes
+        // in the changed ones.
+        let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
+        for listed in &pods {
+            if let Listed::Unchanged(name) = listed
+                && let Some(executor) = self.feed.executor(name)
+            {
+                executors.push(executor.clone());
             }
         }
+        self.feed.relisted(&pods, rules);
+        for listed in &pods {
+            if let Listed::Changed(pod) = listed
+                && let Some(executor) = executor_pod_from(pod, rules)
+            {
+                self.failures.observe(pod, &executor, now);
+                Self::time_requested(&mut self.requested_at, self.pods.metrics(), &executor);
+                executors.push(executor);
+            }
+        }
+        drop(pods);
+        let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
+        let gone: Vec<ExecutorId> = self
+            .store
+            .current()
+            .executors
+            .keys()
+            .filter(|id| !listed.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            self.failures.pod_gone(id);
+            self.allocator.pod_gone(id);
+        }
+        self.store.replace_all(executors, self.clock.now());
     }
 
     /// One round if the store is due: the engine's plan, then a worker sends its deletes,
     /// the clean-up of finished executors and the id record, then its creates.
     fn round(&mut self) {
-        let now = self.actor.clock.now();
-        let Some(batch) = self.actor.store.poll(now) else {
+        let now = self.clock.now();
+        let Some(batch) = self.store.poll(now) else {
             return;
         };
-        let plan = self.actor.allocator.round(batch, now);
+        let plan = self.allocator.round(batch, now);
         self.export_counts();
+        self.note_plan(&plan);
+        let upkeep = self.upkeep(plan.deletes, &plan.creates, plan.still_wanted);
+        let pods = self.build_pods(plan.creates);
+        self.send_round(upkeep, pods);
+    }
+
+    /// Logs what the plan gave up on; timed-out requests are no longer timed.
+    fn note_plan(&mut self, plan: &RoundPlan) {
         for id in &plan.timed_out {
             self.requested_at.remove(id);
         }
@@ -719,39 +888,48 @@ impl State {
         if !plan.refused.is_empty() {
             tracing::warn!(refused = ?plan.refused, "executors refused: max_executors reached");
         }
-        for request in plan.deletes {
+    }
+
+    /// The round's requests other than its creates: the plan's deletes with those to
+    /// retry, the clean-up of finished executors, the id record covering `creates` (and
+    /// a block ahead for the `still_wanted`), the registration when it changed.
+    fn upkeep(
+        &mut self,
+        deletes: Vec<DeleteRequest>,
+        creates: &[(ExecutorId, ResourceProfileId)],
+        still_wanted: u64,
+    ) -> UpkeepWork {
+        for request in deletes {
             self.retry_deletes
                 .entry(request.only_pending)
                 .or_default()
                 .extend(request.ids);
         }
-        let max_executors = self.actor.allocator.settings().max_executors;
-        let record = plan
-            .creates
+        let max_executors = self.allocator.settings().max_executors;
+        let record = creates
             .iter()
             .map(|(id, _)| id.0)
             .max()
             .and_then(|highest| {
-                self.actor
-                    .id_blocks
-                    .to_record(highest, plan.still_wanted, max_executors)
+                self.id_blocks
+                    .to_record(highest, still_wanted, max_executors)
             })
             .map(ExecutorId);
-        let upkeep = UpkeepWork {
+        UpkeepWork {
             deletes: std::mem::take(&mut self.retry_deletes),
             finished: self.finished_to_clean_up(),
-            delete_on_termination: self.actor.allocator.settings().delete_on_termination,
+            delete_on_termination: self.allocator.settings().delete_on_termination,
             record,
             with_creates: false,
             registration: self.registration_to_write(),
-            owner: self.actor.owner.clone(),
-        };
-        let pods = self.build_pods(plan.creates);
-        if upkeep.deletes.is_empty()
-            && upkeep.finished.is_empty()
-            && upkeep.record.is_none()
-            && upkeep.registration.is_none()
-        {
+            owner: self.owner.clone(),
+        }
+    }
+
+    /// Sends a round's requests from worker tasks: the upkeep first, the creates once the
+    /// id record they need is written. A round with nothing to send is counted at once.
+    fn send_round(&mut self, upkeep: UpkeepWork, pods: Vec<(ExecutorId, Pod)>) {
+        if upkeep.is_empty() {
             if pods.is_empty() {
                 self.rounds += 1;
             } else {
@@ -761,25 +939,35 @@ impl State {
         }
         self.upkeep_in_flight = true;
         let (tx, rx) = oneshot::channel();
-        let mut upkeep = UpkeepWork {
+        let upkeep = UpkeepWork {
             with_creates: !pods.is_empty(),
             ..upkeep
         };
         if !pods.is_empty() {
             self.spawn_creates(pods, Some(rx));
         }
-        let client = self.actor.pods.clone();
-        let namespace = self.actor.namespace.clone();
-        let app_id = self.actor.app_id.clone();
-        let id_record = self.actor.id_record.clone();
-        let done = self.work_done.clone();
+        self.spawn_upkeep(upkeep, tx);
+    }
+
+    /// Sends `upkeep` from a worker task; its id record's outcome goes to `recorded` (the
+    /// creates waiting for it), the rest back to the actor.
+    fn spawn_upkeep(
+        &mut self,
+        mut upkeep: UpkeepWork,
+        recorded: oneshot::Sender<Result<Option<ExecutorId>, String>>,
+    ) {
+        let client = self.pods.clone();
+        let namespace = self.namespace.clone();
+        let app_id = self.app_id.clone();
+        let id_record = self.id_record.clone();
+        let done = self.workers.clone();
         tokio::spawn(
             async move {
                 let registration = upkeep.registration.take();
                 let owner = upkeep.owner.take();
                 let mut upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
-                let _ = tx.send(upkeep.recorded.clone());
+                let _ = recorded.send(upkeep.recorded.clone());
                 // The registration is written beside the creates, not before them.
                 if let Some(json) = registration {
                     upkeep.registration_failed = client
@@ -806,7 +994,7 @@ impl State {
         if !std::mem::take(&mut self.registration_dirty) {
             return None;
         }
-        match serde_json::to_string(&self.actor.registration) {
+        match serde_json::to_string(&self.registration) {
             Ok(json) => Some(json),
             Err(err) => {
                 tracing::error!(error = %err, "cannot encode the application's registration");
@@ -822,7 +1010,7 @@ impl State {
     ) -> Vec<(ExecutorId, Pod)> {
         let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
         for (id, profile) in creates {
-            match self.actor.builder.build(id, profile) {
+            match self.builder.build(id, profile) {
                 Ok(pod) => {
                     self.create_profiles.insert(id, profile);
                     self.requested_at
@@ -831,7 +1019,7 @@ impl State {
                 }
                 Err(err) => {
                     tracing::error!(executor = id.0, error = %err, "cannot build executor pod");
-                    self.actor.allocator.create_failed(id);
+                    self.allocator.create_failed(id);
                 }
             }
         }
@@ -847,11 +1035,11 @@ impl State {
         recorded: Option<oneshot::Receiver<Result<Option<ExecutorId>, String>>>,
     ) {
         self.creates_in_flight += 1;
-        let client = self.actor.pods.clone();
-        let namespace = self.actor.namespace.clone();
+        let client = self.pods.clone();
+        let namespace = self.namespace.clone();
         let cancel = self.cancel.clone();
-        let done = self.work_done.clone();
-        let record_name = self.actor.id_record.to_string();
+        let done = self.workers.clone();
+        let record_name = self.id_record.to_string();
         tokio::spawn(
             async move {
                 let recorded = match recorded {
@@ -880,47 +1068,54 @@ impl State {
     /// A worker's report.
     fn work_done(&mut self, work: WorkDone) {
         match work {
-            WorkDone::Upkeep(upkeep) => {
-                self.upkeep_in_flight = false;
-                for (only_pending, ids) in upkeep.failed_deletes {
-                    self.retry_deletes
-                        .entry(only_pending)
-                        .or_default()
-                        .extend(ids);
-                }
-                for id in upkeep.finished_failed {
-                    self.finished_handled.remove(&id);
-                }
-                if upkeep.registration_failed {
-                    self.registration_dirty = true;
-                }
-                if let Ok(Some(id)) = upkeep.recorded {
-                    self.actor.id_blocks.recorded(id.0);
-                }
-                // A round with creates is counted once they are answered.
-                if !upkeep.with_creates {
-                    self.rounds += 1;
-                }
-            }
+            WorkDone::Upkeep(upkeep) => self.upkeep_done(upkeep),
             WorkDone::Created(results) => {
                 self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
                 self.record_creates(results);
             }
-            WorkDone::CleanedUp(result) => {
-                self.cleanup_in_flight = false;
-                match result {
-                    Ok(deleted) => {
-                        tracing::info!(deleted, "executor pods deleted after the driver ended")
-                    }
-                    Err(_) => {
-                        // Logged with the reason; tried again one batch delay later.
-                        let delay = self.actor.allocator.settings().batch_delay;
-                        self.cleanup_due = Some(self.actor.clock.now().plus(delay));
-                    }
-                }
+            WorkDone::CleanedUp(result) => self.cleanup_done(result),
+        }
+    }
+
+    /// A round's upkeep answered: failed deletes and clean-ups wait for the next round.
+    fn upkeep_done(&mut self, upkeep: Upkeep) {
+        self.upkeep_in_flight = false;
+        for (only_pending, ids) in upkeep.failed_deletes {
+            self.retry_deletes
+                .entry(only_pending)
+                .or_default()
+                .extend(ids);
+        }
+        for id in upkeep.finished_failed {
+            self.finished_handled.remove(&id);
+        }
+        if upkeep.registration_failed {
+            self.registration_dirty = true;
+        }
+        if let Ok(Some(id)) = upkeep.recorded {
+            self.id_blocks.recorded(id.0);
+        }
+        // A round with creates is counted once they are answered.
+        if !upkeep.with_creates {
+            self.rounds += 1;
+        }
+    }
+
+    /// The delete of every executor pod after the driver ended answered.
+    fn cleanup_done(&mut self, result: Result<u32, String>) {
+        self.cleanup_in_flight = false;
+        match result {
+            Ok(deleted) => {
+                tracing::info!(deleted, "executor pods deleted after the driver ended")
+            }
+            Err(_) => {
+                // Logged with the reason; tried again one batch delay later.
+                let delay = self.allocator.settings().batch_delay;
+                self.cleanup_due = Some(self.clock.now().plus(delay));
             }
         }
     }
+
     /// The outcome of a round's creates: forget the failed ones (a later round asks again
     /// with new ids). When every create of the round failed at the API server (quota,
     /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
@@ -930,8 +1125,8 @@ impl State {
         let mut failed = 0usize;
         let mut first_error = None;
         let mut outcomes = CreateOutcomes::default();
-        let now = self.actor.clock.now();
-        let metrics = self.actor.pods.metrics().clone();
+        let now = self.clock.now();
+        let metrics = self.pods.metrics().clone();
         for (id, result) in results {
             let profile = self.create_profiles.remove(&id).unwrap_or_default();
             match &result {
@@ -957,29 +1152,23 @@ impl State {
             }
             if let Err(err) = result {
                 self.requested_at.remove(&id);
-                self.actor.allocator.create_failed(id);
+                self.allocator.create_failed(id);
                 if !matches!(err, CreateError::Cancelled) {
                     failed += 1;
                     first_error.get_or_insert(err);
                 }
             }
         }
-        self.actor.allocator.creates_answered(&outcomes);
+        self.allocator.creates_answered(&outcomes);
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
-            self.failed_create_rounds = 0;
-            self.backoff_until = Timestamp(0);
+            self.schedule.creates_went_through();
         } else if failed < requested {
             tracing::warn!(requested, failed, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
-            self.failed_create_rounds = 0;
-            self.backoff_until = Timestamp(0);
+            self.schedule.creates_went_through();
         } else {
-            self.failed_create_rounds = self.failed_create_rounds.saturating_add(1);
-            let delay = self.actor.allocator.settings().batch_delay;
-            let backoff = delay
-                .saturating_mul(1 << self.failed_create_rounds.min(6))
-                .min(MAX_CREATE_BACKOFF.max(delay));
-            self.backoff_until = self.actor.clock.now().plus(backoff);
+            let delay = self.allocator.settings().batch_delay;
+            let backoff = self.schedule.creates_all_failed(delay, self.clock.now());
             let backoff_ms = backoff.as_millis();
             tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
         }
@@ -989,7 +1178,7 @@ impl State {
     /// Failed and succeeded executors not handled yet (their pod to delete or label
     /// inactive), marked handled; a failure un-marks them for the next round.
     fn finished_to_clean_up(&mut self) -> Vec<(ExecutorId, String)> {
-        let snapshot = &self.actor.store.current().executors;
+        let snapshot = &self.store.current().executors;
         self.finished_handled.retain(|id| snapshot.contains_key(id));
         let finished: Vec<(ExecutorId, String)> = snapshot
             .values()
@@ -1008,6 +1197,14 @@ impl State {
 }
 
 impl UpkeepWork {
+    /// Nothing to send.
+    fn is_empty(&self) -> bool {
+        self.deletes.is_empty()
+            && self.finished.is_empty()
+            && self.record.is_none()
+            && self.registration.is_none()
+    }
+
     /// Sends the requests, in order: deletes, clean-up, id record. Each failure is logged
     /// (with the API server's reason) and reported for a retry.
     async fn send(

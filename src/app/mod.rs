@@ -1,5 +1,9 @@
-//! One actor per application: a tokio task owning its engine state, reached through a
-//! handle; nothing else mutates it. [`Applications`] is the registry the gRPC layer calls.
+//! The applications: [`Applications`] is the registry the gRPC layer calls, one actor per
+//! application (`actor`: an `ApplicationActor` task owning its engine state, reached only
+//! through its handle). `start` holds the Start procedure and the rules templates given
+//! later are held to; `registration` what a restarted service resumes from; `feed` the
+//! executor event streams; `failures` what GetStatus reports of failed creates and
+//! executors.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,26 +11,26 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::allocator::types::{DRIVER_ROLE, ROLE_LABEL};
 use crate::allocator::{
-    AllocationSettings, Allocator, AllocatorStatus, DriverOwner, ExecutorId, ExecutorPodBuilder,
-    ExecutorPodsSnapshot, IdBlocks, ResourceProfileId, SnapshotStore, TemplateError, Timestamp,
-    executor_pod_from,
+    AllocationSettings, AllocatorStatus, ExecutorId, ExecutorPodsSnapshot, ResourceProfileId,
+    Timestamp,
 };
-use crate::k8s::id_record::{IdRecord, highest_executor_id};
+use crate::k8s::id_record::IdRecord;
 use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
 use crate::metrics::{DeleteReason, Metrics};
 use registration::{REGISTRATION_KEY, Registration};
+use start::FirstStart;
 
 mod actor;
 pub mod error;
 pub mod failures;
 pub mod feed;
 pub mod registration;
+mod start;
 
 pub use crate::time::{Clock, ManualClock, SystemClock};
 pub use actor::DriverReport;
-use actor::{Actor, ActorHandle, ActorReport, Command, DriverLife};
+use actor::{ActorHandle, ActorReport};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
@@ -65,7 +69,7 @@ pub struct StartApplication {
     /// Pod templates per resource profile (profile 0 always present).
     pub templates: BTreeMap<ResourceProfileId, Pod>,
     /// Prefix of executor pod names; defaults to the application id (plus a hash of it when
-    /// sanitising it into a DNS label loses information, see [`ExecutorPodBuilder::for_application`]).
+    /// sanitising it into a DNS label loses information, see [`crate::allocator::ExecutorPodBuilder::for_application`]).
     pub pod_name_prefix: Option<String>,
     pub settings: AllocationSettings,
     /// The identity that starts it (the authenticated user name); `None` when the service
@@ -235,38 +239,6 @@ pub struct Ownership {
     pub owner: Option<String>,
 }
 
-/// The fields of an application's first Start (other than templates, which the actor
-/// keeps) that a repeated Start may not change.
-#[derive(Debug, Clone)]
-struct FirstStart {
-    driver_pod_name: Option<String>,
-    pod_name_prefix: Option<String>,
-    settings: AllocationSettings,
-}
-
-impl FirstStart {
-    fn of(req: &StartApplication) -> Self {
-        Self {
-            driver_pod_name: req.driver_pod_name.clone(),
-            pod_name_prefix: req.pod_name_prefix.clone(),
-            settings: req.settings.clone(),
-        }
-    }
-
-    /// The first field (as the API names it) a repeated Start would change, if any.
-    fn changed_by(&self, req: &StartApplication) -> Option<String> {
-        if self.driver_pod_name != req.driver_pod_name {
-            return Some("driver_pod_name".into());
-        }
-        if self.pod_name_prefix != req.pod_name_prefix {
-            return Some("pod_name_prefix".into());
-        }
-        self.settings
-            .first_difference(&req.settings)
-            .map(|name| format!("settings.{name}"))
-    }
-}
-
 impl Applications {
     /// A registry using `ctx` for every application. Inside a tokio runtime it also starts
     /// the API server probe that [`Applications::is_synced`] reports.
@@ -295,161 +267,6 @@ impl Applications {
                 generations: AtomicU64::new(0),
             }),
         }
-    }
-
-    /// Starts (or resumes) an application. A repeated Start of a running application is
-    /// answered `resumed` when it repeats the first one: same namespace (else
-    /// AlreadyExists), driver pod, prefix and effective settings, and for every profile it
-    /// gives a template of, the template the application has (else FailedPrecondition
-    /// naming the field); profiles the application does not have yet are registered.
-    pub async fn start(&self, req: StartApplication) -> Result<Started, AppError> {
-        self.start_by(req, false).await
-    }
-
-    /// As [`Self::start`], checking ownership under the lifecycle lock: an application
-    /// another identity started is PermissionDenied, unless `may_act_on_any` (an admin, or
-    /// a service that authenticates nobody); it keeps its first owner either way.
-    pub async fn start_by(
-        &self,
-        mut req: StartApplication,
-        may_act_on_any: bool,
-    ) -> Result<Started, AppError> {
-        self.check_running()?;
-        let _shared = self.inner.lifecycle.read().await;
-        let _serial = self.lock_app(&req.app_id).await;
-        self.check_running()?;
-        if let Some(existing) = self.ownership(&req.app_id) {
-            if existing.owner != req.owner && !may_act_on_any {
-                return Err(AppError::PermissionDenied(format!(
-                    "application {} was started by another identity; only that identity \
-                     (or a member of auth.admin_groups) may call it",
-                    req.app_id
-                )));
-            }
-            req.owner = existing.owner;
-        }
-        req.settings.validate()?;
-        // Templates are checked even when the application already runs: a repeated Start
-        // with a template that could never make a pod is refused, not answered `resumed`.
-        let builder = self.pod_builder(&req)?;
-        let existing = self.entry(&req.app_id);
-        if let Some((namespace, actor, _)) = existing {
-            if namespace != req.namespace {
-                return Err(AppError::AlreadyExists {
-                    app_id: req.app_id.to_string(),
-                    namespace,
-                });
-            }
-            if let Some(actor) = actor {
-                return self.start_again(&req, &actor).await;
-            }
-        }
-        self.check_namespace(&req.namespace)?;
-        if self.inner.pods.namespace_exists(&req.namespace).await? == Some(false) {
-            return Err(AppError::FailedPrecondition(format!(
-                "namespace {} does not exist in the cluster",
-                req.namespace
-            )));
-        }
-        let driver = self.driver(&req).await?;
-        let rules = req.settings.state_rules();
-        let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
-
-        // Subscribe before listing so no event between the LIST and the actor is lost.
-        let followed_driver = driver
-            .as_ref()
-            .filter(|d| d.followed)
-            .map(|d| d.name.as_str());
-        let subscription = self.inner.watches.subscribe_with_driver(
-            &req.namespace,
-            req.app_id.as_str(),
-            followed_driver,
-        );
-        let found = self
-            .inner
-            .pods
-            .list_executors(&req.namespace, req.app_id.as_str())
-            .await?;
-        // Pods of the highest ids may be gone (downscaled, finished): the recorded id
-        // covers them.
-        let id_record = IdRecord::for_application(
-            req.app_id.as_str(),
-            driver.as_ref().map(|d| d.name.as_str()),
-        );
-        let recorded = self
-            .inner
-            .pods
-            .recorded_last_executor_id(&req.namespace, &id_record)
-            .await?
-            .unwrap_or(0);
-        let last_executor_id = highest_executor_id(&found).unwrap_or(0).max(recorded);
-        let resumed = !found.is_empty();
-        let now = self.inner.ctx.clock.now();
-        let mut store = SnapshotStore::new(req.settings.batch_delay, now);
-        let mut allocator = Allocator::new(req.settings.clone(), last_executor_id)
-            .with_round_cap(self.inner.ctx.options.max_creates_per_round);
-        allocator.set_create_rate(self.inner.ctx.options.qps);
-        // Pods being deleted when the service stopped count as deleted again (IsDeleted).
-        allocator.restore_deleted(
-            found
-                .iter()
-                .filter(|pod| pod.metadata.deletion_timestamp.is_some())
-                .filter_map(|pod| executor_pod_from(pod, &rules))
-                .map(|executor| executor.id),
-            now,
-        );
-        if resumed {
-            let executors = found
-                .iter()
-                .filter_map(|pod| executor_pod_from(pod, &rules))
-                .collect();
-            store.replace_all(executors, now);
-            tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.len(), last_executor_id, "resuming application from its executor pods");
-        }
-        let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
-        let feed = Feed::new(Feed::base_at(now.0), &found, &rules)
-            .with_buffer(self.inner.ctx.options.executor_stream_buffer);
-        let actor = Actor {
-            app_id: req.app_id.to_string(),
-            namespace: req.namespace.clone(),
-            allocator,
-            store,
-            builder,
-            rules,
-            pods: self.inner.pods.for_application(req.app_id.as_str()),
-            clock: Arc::clone(&self.inner.ctx.clock),
-            id_record: id_record.clone(),
-            id_blocks: IdBlocks::new(recorded),
-            driver: driver.as_ref().map(|d| DriverLife {
-                pod_name: d.name.clone(),
-                followed: d.followed,
-                grace: self.inner.ctx.options.driver_end_grace,
-            }),
-            forget: Some(self.forget_hook(&req.app_id, generation)),
-            registration: Registration::of_start(&req),
-            owner: driver.as_ref().and_then(|d| d.owner.clone()),
-            feed,
-        };
-        let handle = ActorHandle::spawn(actor, subscription);
-        {
-            let mut apps = self.apps();
-            apps.insert(
-                req.app_id.clone(),
-                Entry {
-                    namespace: req.namespace.clone(),
-                    actor: Some(handle),
-                    id_record,
-                    first_start: FirstStart::of(&req),
-                    generation,
-                    owner: req.owner.clone(),
-                },
-            );
-            self.inner.ctx.metrics.set_active_applications(apps.len());
-        }
-        Ok(Started {
-            resumed,
-            last_executor_id,
-        })
     }
 
     /// Resumes every application whose registration a previous service kept in Kubernetes
@@ -488,14 +305,12 @@ impl Applications {
                 }
             };
             let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
-            let refused = req.templates.iter().find_map(|(profile, template)| {
-                let at = crate::allocator::pod_policy::TemplateUse {
-                    namespace: Some(&req.namespace),
-                    driver_pod_name: req.driver_pod_name.as_deref(),
-                };
-                let policy = &self.inner.ctx.options.pod_policy;
-                policy.check(template, at).err().map(|v| (*profile, v))
-            });
+            let placement = Placement {
+                namespace: req.namespace.clone(),
+                driver_pod_name: req.driver_pod_name.clone(),
+            };
+            let policy = &self.inner.ctx.options.pod_policy;
+            let refused = start::policy_violation(policy, &placement, &req.templates);
             if let Some((profile, violation)) = refused {
                 tracing::warn!(%app, %namespace, %profile, %violation,
                     "not resuming the application: a template of its registration breaks the pod policy");
@@ -556,20 +371,14 @@ impl Applications {
         templates: BTreeMap<ResourceProfileId, Pod>,
         targets: BTreeMap<ResourceProfileId, u32>,
     ) -> Result<(), AppError> {
-        self.actor(app)?
-            .call(|reply| Command::SetTargets {
-                templates,
-                targets,
-                reply,
-            })
-            .await?
+        let actor = self.actor(app)?;
+        let templates = self.allowed_templates(app, templates).await?;
+        actor.set_targets(templates, targets).await
     }
 
     /// IsDeleted for one executor.
     pub async fn is_deleted(&self, app: &AppId, id: ExecutorId) -> Result<bool, AppError> {
-        self.actor(app)?
-            .call(|reply| Command::IsDeleted(id, reply))
-            .await
+        self.actor(app)?.is_deleted(id).await
     }
 
     /// Replaces the scheduler-known executors.
@@ -578,9 +387,7 @@ impl Applications {
         app: &AppId,
         ids: BTreeSet<ExecutorId>,
     ) -> Result<(), AppError> {
-        self.actor(app)?
-            .call(|reply| Command::UpdateRegistered(ids, reply))
-            .await
+        self.actor(app)?.update_registered(ids).await
     }
 
     /// Deletes every executor pod of the application, then its ConfigMap (registration,
@@ -668,14 +475,12 @@ impl Applications {
         app: &AppId,
         since: u64,
     ) -> Result<ExecutorEvents, AppError> {
-        self.actor(app)?
-            .call(|reply| Command::WatchExecutors(since, reply))
-            .await
+        self.actor(app)?.watch_executors(since).await
     }
 
     /// The application's current snapshot as its actor has ingested it (observability, tests).
     pub async fn snapshot(&self, app: &AppId) -> Result<ExecutorPodsSnapshot, AppError> {
-        self.actor(app)?.call(Command::Snapshot).await
+        self.actor(app)?.snapshot().await
     }
 
     /// True once the API server has answered and every shared watch that runs now has
@@ -726,67 +531,8 @@ impl Applications {
         }
     }
 
-    /// A repeated Start of a running application (see [`Self::start`]).
-    async fn start_again(
-        &self,
-        req: &StartApplication,
-        actor: &ActorHandle,
-    ) -> Result<Started, AppError> {
-        let first = self.apps().get(&req.app_id).map(|e| e.first_start.clone());
-        if let Some(field) = first.and_then(|first| first.changed_by(req)) {
-            return Err(AppError::FailedPrecondition(format!(
-                "{field}: differs from the first Start of application {}, which is running; \
-                 Stop it first, or start under another application id",
-                req.app_id
-            )));
-        }
-        let templates = req.templates.clone();
-        actor
-            .call(|reply| Command::SetTargets {
-                templates,
-                targets: BTreeMap::new(),
-                reply,
-            })
-            .await??;
-        let report = actor.call(Command::Report).await?;
-        Ok(Started {
-            resumed: true,
-            last_executor_id: report.status.last_executor_id,
-        })
-    }
-
-    /// Removes the application's entry once its actor ended because the driver ended
-    /// (unless a Stop or a new Start replaced it meanwhile).
-    fn forget_hook(&self, app: &AppId, generation: u64) -> actor::ForgetHook {
-        let registry = Arc::downgrade(&self.inner);
-        let app = app.clone();
-        Box::new(move || {
-            let Some(registry) = registry.upgrade() else {
-                return;
-            };
-            let mut apps = match registry.apps.lock() {
-                Ok(guard) => guard,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            if let Some(entry) = apps.remove(&app) {
-                if entry.generation != generation {
-                    apps.insert(app, entry);
-                    return;
-                }
-                registry.ctx.metrics.set_active_applications(apps.len());
-                // A restarted service must not resume it.
-                let pods = registry.pods.clone();
-                tokio::spawn(async move {
-                    let _ = pods
-                        .delete_registration(&entry.namespace, app.as_str())
-                        .await;
-                });
-            }
-        })
-    }
-
     async fn report(&self, app: &AppId) -> Result<ActorReport, AppError> {
-        self.actor(app)?.call(Command::Report).await
+        self.actor(app)?.report().await
     }
 
     fn check_running(&self) -> Result<(), AppError> {
@@ -795,62 +541,6 @@ impl Applications {
         } else {
             Ok(())
         }
-    }
-
-    fn check_namespace(&self, namespace: &str) -> Result<(), AppError> {
-        let allowed = &self.inner.ctx.options.allowed_namespaces;
-        if allowed.is_empty() || allowed.contains(namespace) {
-            Ok(())
-        } else {
-            Err(AppError::PermissionDenied(format!(
-                "namespace {namespace} is not allowed by this service (allowed: {})",
-                allowed.iter().cloned().collect::<Vec<_>>().join(", ")
-            )))
-        }
-    }
-
-    async fn driver(&self, req: &StartApplication) -> Result<Option<Driver>, AppError> {
-        let Some(name) = &req.driver_pod_name else {
-            return Ok(None);
-        };
-        let pod = self
-            .inner
-            .pods
-            .driver_pod(&req.namespace, name)
-            .await?
-            .ok_or_else(|| {
-                AppError::FailedPrecondition(format!(
-                    "No pod was found named {name} in the cluster in the namespace {}",
-                    req.namespace
-                ))
-            })?;
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if let Some(phase @ ("Failed" | "Succeeded")) = phase {
-            return Err(AppError::FailedPrecondition(format!(
-                "driver_pod_name: the driver pod {name} has ended (phase {phase})"
-            )));
-        }
-        let followed = crate::k8s::pods::labels(&pod)
-            .get(ROLE_LABEL)
-            .is_some_and(|role| role == DRIVER_ROLE);
-        if !followed {
-            tracing::warn!(driver = %name, "driver pod has no label {ROLE_LABEL}={DRIVER_ROLE}: its end is not followed (Stop it explicitly)");
-        }
-        let owner = match pod.metadata.uid {
-            Some(uid) => Some(DriverOwner {
-                name: name.clone(),
-                uid,
-            }),
-            None => {
-                tracing::warn!(driver = %name, "driver pod has no uid; executors get no owner");
-                None
-            }
-        };
-        Ok(Some(Driver {
-            name: name.clone(),
-            owner,
-            followed,
-        }))
     }
 
     fn actor(&self, app: &AppId) -> Result<ActorHandle, AppError> {
@@ -869,41 +559,10 @@ impl Applications {
         })
     }
 
-    /// Where a running application's pods go (its namespace and driver pod), which the
-    /// template policy checks templates against; NotFound when it does not run here.
-    pub fn placement(&self, app: &AppId) -> Result<Placement, AppError> {
-        self.check_running()?;
-        let apps = self.apps();
-        let entry = apps
-            .get(app)
-            .filter(|e| e.actor.is_some())
-            .ok_or_else(|| AppError::NotFound(app.to_string()))?;
-        Ok(Placement {
-            namespace: entry.namespace.clone(),
-            driver_pod_name: entry.first_start.driver_pod_name.clone(),
-        })
-    }
-
     fn entry(&self, app: &AppId) -> Option<(String, Option<ActorHandle>, IdRecord)> {
         self.apps()
             .get(app)
             .map(|e| (e.namespace.clone(), e.actor.clone(), e.id_record.clone()))
-    }
-
-    /// The executor pod builder of a Start request, its templates checked; its pods get
-    /// their owner once the driver pod is found ([`ExecutorPodBuilder::with_driver`]).
-    fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
-        let builder = ExecutorPodBuilder::for_application(
-            req.app_id.as_str(),
-            req.pod_name_prefix.as_deref(),
-            req.templates.clone(),
-            None,
-            &req.settings.executor_container_name,
-        )
-        .map_err(template_error)?
-        .with_profile_limit(self.inner.ctx.options.max_resource_profiles);
-        builder.check().map_err(template_error)?;
-        Ok(builder)
     }
 
     /// Holds `app`'s Start/Stop lock (see [`Registry::app_locks`]) until the guard drops.
@@ -956,45 +615,6 @@ fn lock_registry<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
-/// The application's driver pod as Start found it.
-struct Driver {
-    name: String,
-    /// The executors' controller owner (none when the pod has no uid).
-    owner: Option<DriverOwner>,
-    /// It carries `spark-role=driver`, so the namespace's watch follows its life.
-    followed: bool,
-}
-
-/// A template error names the request field it came from: a template that cannot make
-/// pods is an invalid argument, another template for a known profile a failed precondition.
-fn template_error(err: TemplateError) -> AppError {
-    let profile = match &err {
-        TemplateError::TooManyProfiles { .. } => {
-            return AppError::InvalidArgument {
-                field: "resource_profile_templates".into(),
-                message: format!("{err} (the service's limits.max_resource_profiles)"),
-            };
-        }
-        TemplateError::Invalid { profile, .. }
-        | TemplateError::NoTemplate(profile)
-        | TemplateError::Conflict(profile) => *profile,
-    };
-    let field = if profile == ResourceProfileId(0) {
-        "executor_pod_template".to_string()
-    } else {
-        format!("resource_profile_templates[{}]", profile.0)
-    };
-    match err {
-        TemplateError::Conflict(_) => AppError::FailedPrecondition(format!(
-            "{field}: {err}; a resource profile's template cannot change while the application runs"
-        )),
-        _ => AppError::InvalidArgument {
-            field,
-            message: err.to_string(),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1009,30 +629,5 @@ mod tests {
         }
         assert!(AppId::parse("").unwrap_err().contains("empty"));
         assert!(AppId::parse(&"a".repeat(64)).unwrap_err().contains("63"));
-    }
-
-    #[test]
-    fn template_errors_name_the_request_field() {
-        let err = template_error(TemplateError::NoTemplate(ResourceProfileId(0)));
-        assert!(
-            matches!(err, AppError::InvalidArgument { field, .. } if field == "executor_pod_template")
-        );
-        let err = template_error(TemplateError::Invalid {
-            profile: ResourceProfileId(3),
-            reason: "container `x` has no image".into(),
-        });
-        assert!(
-            matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
-        );
-        let err = template_error(TemplateError::Conflict(ResourceProfileId(2)));
-        assert!(
-            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("resource_profile_templates[2]: ")),
-            "{err:?}"
-        );
-        let err = template_error(TemplateError::Conflict(ResourceProfileId(0)));
-        assert!(
-            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("executor_pod_template: ")),
-            "{err:?}"
-        );
     }
 }

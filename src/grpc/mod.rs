@@ -323,15 +323,12 @@ impl ExecutorAllocator for AllocatorService {
             let caller = self.caller(&metadata).await?;
             let app = validate::application_id(&req.application_id)?;
             self.authorize(&caller, &app, Access::Change).await?;
+            // The application layer holds the templates to the policy where its pods go.
             let expected = if req.resource_profile_templates.is_empty() {
-                validate::set_total_expected(req, &self.defaults, None)?
+                validate::set_total_expected(req, &self.defaults)?
             } else {
-                // The policy needs where the application's pods go.
-                let placement = self.applications.placement(&app)?;
-                self.off_runtime(move |defaults| {
-                    validate::set_total_expected(req, defaults, Some(&placement))
-                })
-                .await?
+                self.off_runtime(move |defaults| validate::set_total_expected(req, defaults))
+                    .await?
             };
             self.applications
                 .set_total_expected_with_templates(

@@ -252,9 +252,10 @@ fn policy(value: Option<i32>) -> Result<Option<AllocationPolicy>, AppError> {
     }
 }
 
-/// `resource_profile_templates` of Start or SetTotalExpected, parsed and checked against
-/// the policy where the application's pods go (without a placement, as a default
-/// template): ids > 0 (profile 0 is Start's `executor_pod_template`), at most
+/// `resource_profile_templates` of Start or SetTotalExpected, parsed and, with a
+/// placement (Start's), checked against the policy where the application's pods go
+/// (SetTotalExpected's are checked by the application, which knows where that is): ids
+/// above 0 (profile 0 is Start's `executor_pod_template`), at most
 /// `limits.max_resource_profiles` of them, counted before any is parsed.
 fn profile_templates(
     texts: std::collections::HashMap<i32, String>,
@@ -287,18 +288,8 @@ fn profile_templates(
             ));
         }
         let template = pod_template_within(&field, &text, &defaults.limits)?;
-        match placement {
-            Some(placement) => allowed(&field, &template, defaults, placement)?,
-            None => defaults
-                .policy
-                .check(
-                    &template,
-                    TemplateUse {
-                        namespace: None,
-                        driver_pod_name: None,
-                    },
-                )
-                .map_err(|violation| invalid(&field, violation.to_string()))?,
+        if let Some(placement) = placement {
+            allowed(&field, &template, defaults, placement)?;
         }
         templates.insert(ResourceProfileId(profile), template);
     }
@@ -315,13 +306,12 @@ pub struct TotalExpected {
     pub targets: BTreeMap<ResourceProfileId, u32>,
 }
 
-/// SetTotalExpected: the application, templates of profiles added since Start (checked
-/// against the policy where `placement` says the application's pods go), and its targets
-/// per resource profile.
+/// SetTotalExpected: the application, templates of profiles added since Start (parsed;
+/// the application holds them to the pod policy where its pods go), and its targets per
+/// resource profile.
 pub fn set_total_expected(
     req: proto::SetTotalExpectedRequest,
     defaults: &StartDefaults,
-    placement: Option<&Placement>,
 ) -> Result<TotalExpected, AppError> {
     let app_id = application_id(&req.application_id)?;
     let max = defaults.limits.max_resource_profiles;
@@ -346,7 +336,7 @@ pub fn set_total_expected(
         }
         targets.insert(ResourceProfileId(profile), count);
     }
-    let templates = profile_templates(req.resource_profile_templates, defaults, placement)?;
+    let templates = profile_templates(req.resource_profile_templates, defaults, None)?;
     Ok(TotalExpected {
         app_id,
         templates,
@@ -983,7 +973,6 @@ mod tests {
                     ..Default::default()
                 },
                 &StartDefaults::default(),
-                None,
             )
             .unwrap_err(),
         );
@@ -995,7 +984,6 @@ mod tests {
                 ..Default::default()
             },
             &StartDefaults::default(),
-            None,
         )
         .unwrap();
         assert_eq!(
@@ -1032,7 +1020,7 @@ mod tests {
         ];
         for (templates, refused) in cases {
             let what = format!("{templates:?}");
-            let checked = set_total_expected(request(templates), &StartDefaults::default(), None);
+            let checked = set_total_expected(request(templates), &StartDefaults::default());
             match (checked, refused) {
                 (Ok(expected), None) => {
                     assert_eq!(

@@ -1,4 +1,5 @@
-//! One allocation round per application: Spark's rules, returning a plan to carry out.
+//! The engine of one application: its allocation state ([`Allocator`]) and its rounds,
+//! Spark's rules, each returning a plan ([`RoundPlan`]) for the caller to carry out.
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::adaptive::{CreateOutcomes, CreateWindow};
@@ -81,6 +82,36 @@ impl Tally {
             + self.known_pending
             + self.unknown_newly_created
             + self.known_newly_created
+    }
+
+    /// Executors the profile has or has asked for.
+    fn count(&self) -> u64 {
+        self.running + self.not_running()
+    }
+}
+
+/// Sums over the profiles with a target, after downscale.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    unknown_pending: u64,
+    not_running: u64,
+    running: u64,
+    /// Executors the targets lack.
+    lacking: u64,
+}
+
+impl Totals {
+    fn of(tallies: &[Tally]) -> Self {
+        let mut totals = Self::default();
+        for tally in tallies {
+            totals.unknown_pending += tally.unknown_pending;
+            totals.not_running += tally.not_running();
+            totals.running += tally.running;
+            totals.lacking = totals
+                .lacking
+                .saturating_add(u64::from(tally.target).saturating_sub(tally.count()));
+        }
+        totals
     }
 }
 
@@ -178,11 +209,25 @@ impl Allocator {
     pub fn set_registered(&mut self, ids: BTreeSet<ExecutorId>) {
         self.registered = ids;
     }
-    /// One allocation round.
+    /// One allocation round: take in the batch, count, downscale, then ask for more
+    /// within the caps. Each step below is a method named after what it does.
     pub fn round(&mut self, batch: SnapshotBatch, now: Timestamp) -> RoundPlan {
         let mut plan = RoundPlan::default();
+        self.forget_seen_requests(&batch);
+        self.promote_registered_requests();
+        self.expire_requests(now, &mut plan);
+        self.take_in_snapshot(batch);
+        let mut tallies = self.tallies();
+        self.downscale(&mut tallies, now, &mut plan);
+        let totals = Totals::of(&tallies);
+        let askers = self.askers(&tallies);
+        self.allocate(&tallies, askers, totals.not_running, now, &mut plan);
+        self.publish(totals, &mut plan);
+        plan
+    }
 
-        // 1. Everything seen in a snapshot is no longer "newly created".
+    /// Everything seen in a snapshot is no longer "newly created".
+    fn forget_seen_requests(&mut self, batch: &SnapshotBatch) {
         if batch.seen_ids.len() < self.newly_created.len() + self.known_newly_created.len() {
             for id in &batch.seen_ids {
                 self.newly_created.remove(id);
@@ -194,22 +239,27 @@ impl Allocator {
             self.known_newly_created
                 .retain(|id, _| !batch.seen_ids.contains(id));
         }
+    }
 
-        // 2. Requests the driver has registered become scheduler-known.
-        if !self.registered.is_empty() {
-            let registered = &self.registered;
-            let known = &mut self.known_newly_created;
-            self.newly_created.retain(|id, nc| {
-                if registered.contains(id) {
-                    known.insert(*id, nc.profile);
-                    false
-                } else {
-                    true
-                }
-            });
+    /// Requests the driver has registered become scheduler-known.
+    fn promote_registered_requests(&mut self) {
+        if self.registered.is_empty() {
+            return;
         }
+        let registered = &self.registered;
+        let known = &mut self.known_newly_created;
+        self.newly_created.retain(|id, nc| {
+            if registered.contains(id) {
+                known.insert(*id, nc.profile);
+                false
+            } else {
+                true
+            }
+        });
+    }
 
-        // 3. Creation timeout: forget, delete by label, re-request later with a new id.
+    /// Creation timeout: forget, delete by label, re-request later with a new id.
+    fn expire_requests(&mut self, now: Timestamp, plan: &mut RoundPlan) {
         let timeout = self.settings.executor_timeout_ms();
         self.newly_created.retain(|id, nc| {
             let timed_out = now.millis_since(nc.created_at) > timeout;
@@ -218,21 +268,24 @@ impl Allocator {
             }
             !timed_out
         });
-        if !plan.timed_out.is_empty() {
-            tracing::warn!(
-                executors = ?plan.timed_out,
-                timeout_ms = timeout,
-                "executors not seen within the creation timeout; they will be re-requested"
-            );
-            if self.settings.delete_on_termination {
-                plan.deletes.push(DeleteRequest {
-                    ids: plan.timed_out.clone(),
-                    only_pending: false,
-                });
-            }
+        if plan.timed_out.is_empty() {
+            return;
         }
+        tracing::warn!(
+            executors = ?plan.timed_out,
+            timeout_ms = timeout,
+            "executors not seen within the creation timeout; they will be re-requested"
+        );
+        if self.settings.delete_on_termination {
+            plan.deletes.push(DeleteRequest {
+                ids: plan.timed_out.clone(),
+                only_pending: false,
+            });
+        }
+    }
 
-        // 4. Keep the last snapshot; prune the deleted set to what it still holds.
+    /// Keeps the last snapshot; prunes the deleted set to what it still holds.
+    fn take_in_snapshot(&mut self, batch: SnapshotBatch) {
         if batch.snapshot_count > 0 {
             self.tracked.apply(&batch);
             let tracked = &self.tracked;
@@ -244,8 +297,11 @@ impl Allocator {
         if let Some(highest) = self.tracked.highest_id() {
             self.last_executor_id = self.last_executor_id.max(highest.0);
         }
+    }
 
-        // 5. Tally per profile (ascending id), downscale, decide who may ask for more.
+    /// The tallies of every profile with a target (ascending id): the last snapshot's
+    /// executors and the requests not yet seen.
+    fn tallies(&self) -> Vec<Tally> {
         let mut tallies: Vec<Tally> = self
             .targets
             .iter()
@@ -266,67 +322,54 @@ impl Allocator {
                 t.known_newly_created += 1;
             }
         }
+        tallies
+    }
 
+    /// Profiles above their target delete requests and pending pods the driver does not
+    /// know, older than the idle timeout (requests first); deletes that missed their pod
+    /// are sent again. The tallies lose what is deleted.
+    fn downscale(&mut self, tallies: &mut [Tally], now: Timestamp, plan: &mut RoundPlan) {
         let idle = self.settings.executor_idle_timeout_ms();
         let mut to_delete: Vec<ExecutorId> = Vec::new();
-        // (profile index, count so far) of the profiles that may ask for more.
-        let mut askers: Vec<(usize, u64)> = Vec::new();
-        let mut total_unknown_pending = 0u64;
-        let mut total_not_running = 0u64;
-        let mut total_running = 0u64;
-        let mut total_lacking = 0u64;
-        let adaptive = self.settings.policy == AllocationPolicy::Adaptive;
-        for (index, tally) in tallies.iter_mut().enumerate() {
+        for tally in tallies.iter_mut() {
             let target = u64::from(tally.target);
-            let had_newly_created = tally.unknown_newly_created > 0;
-            let count = tally.running + tally.not_running();
-            total_lacking = total_lacking.saturating_add(target.saturating_sub(count));
-            if count > target {
-                let excess = usize::try_from(count - target).unwrap_or(usize::MAX);
-                let newly: Vec<ExecutorId> = self
-                    .newly_created
+            let count = tally.count();
+            if count <= target {
+                continue;
+            }
+            let excess = usize::try_from(count - target).unwrap_or(usize::MAX);
+            let newly: Vec<ExecutorId> = self
+                .newly_created
+                .iter()
+                .filter(|(_, nc)| {
+                    nc.profile == tally.profile && now.millis_since(nc.created_at) > idle
+                })
+                .map(|(id, _)| *id)
+                .take(excess)
+                .collect();
+            let pending: Vec<ExecutorId> = match self.tracked.profile(tally.profile) {
+                Some(index) if newly.len() < excess && tally.unknown_pending > 0 => index
+                    .pending
                     .iter()
-                    .filter(|(_, nc)| {
-                        nc.profile == tally.profile && now.millis_since(nc.created_at) > idle
+                    .filter(|(id, created_at)| {
+                        !self.deleted.contains_key(id)
+                            && !self.registered.contains(id)
+                            && created_at.is_some_and(|c| now.millis_since(c) > idle)
                     })
                     .map(|(id, _)| *id)
-                    .take(excess)
-                    .collect();
-                let pending: Vec<ExecutorId> = match self.tracked.profile(tally.profile) {
-                    Some(index) if newly.len() < excess && tally.unknown_pending > 0 => index
-                        .pending
-                        .iter()
-                        .filter(|(id, created_at)| {
-                            !self.deleted.contains_key(id)
-                                && !self.registered.contains(id)
-                                && created_at.is_some_and(|c| now.millis_since(c) > idle)
-                        })
-                        .map(|(id, _)| *id)
-                        .take(excess - newly.len())
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                for id in &newly {
-                    self.newly_created.remove(id);
-                }
-                tally.unknown_newly_created -= newly.len() as u64;
-                tally.unknown_pending -= pending.len() as u64;
-                self.deleted
-                    .extend(newly.iter().chain(&pending).map(|id| (*id, now)));
-                to_delete.extend(newly);
-                to_delete.extend(pending);
-            }
-            total_unknown_pending += tally.unknown_pending;
-            total_not_running += tally.not_running();
-            total_running += tally.running;
-            let room_in_profile = match self.settings.max_pending_pods_per_profile {
-                Some(cap) => u64::from(cap).saturating_sub(tally.not_running()),
-                None => u64::MAX,
+                    .take(excess - newly.len())
+                    .collect(),
+                _ => Vec::new(),
             };
-            // ADAPTIVE asks while requests are unseen: the window bounds them instead.
-            if (adaptive || !had_newly_created) && count < target && room_in_profile > 0 {
-                askers.push((index, count));
+            for id in &newly {
+                self.newly_created.remove(id);
             }
+            tally.unknown_newly_created -= newly.len() as u64;
+            tally.unknown_pending -= pending.len() as u64;
+            self.deleted
+                .extend(newly.iter().chain(&pending).map(|id| (*id, now)));
+            to_delete.extend(newly);
+            to_delete.extend(pending);
         }
         self.retry_deletes(now, &mut to_delete);
         if !to_delete.is_empty() {
@@ -337,76 +380,118 @@ impl Allocator {
                 only_pending: true,
             });
         }
+    }
 
-        // 6. Allocate within the pending caps, splitting the free slots over the askers.
+    /// The profiles that may ask for more, as (tally index, count so far): below their
+    /// target, with room under their pending cap and, under SPARK, no request unseen
+    /// (ADAPTIVE asks while requests are unseen: the window bounds them instead).
+    fn askers(&self, tallies: &[Tally]) -> Vec<(usize, u64)> {
+        let adaptive = self.settings.policy == AllocationPolicy::Adaptive;
+        tallies
+            .iter()
+            .enumerate()
+            .filter(|(_, tally)| {
+                (adaptive || tally.unknown_newly_created == 0)
+                    && tally.count() < u64::from(tally.target)
+                    && self.room_in_profile(tally) > 0
+            })
+            .map(|(index, tally)| (index, tally.count()))
+            .collect()
+    }
+
+    /// Allocates within the pending caps, splitting the free slots over the askers.
+    fn allocate(
+        &mut self,
+        tallies: &[Tally],
+        askers: Vec<(usize, u64)>,
+        not_running: u64,
+        now: Timestamp,
+        plan: &mut RoundPlan,
+    ) {
         let mut remaining = match self.settings.max_pending_pods {
-            Some(cap) => u64::from(cap).saturating_sub(total_not_running),
+            Some(cap) => u64::from(cap).saturating_sub(not_running),
             None => u64::MAX,
         }
         .min(self.round_cap);
-        let per_round = if adaptive {
+        let per_round = if self.settings.policy == AllocationPolicy::Adaptive {
             let unseen = self.newly_created.len() as u64;
             remaining = remaining.min(self.window.size().saturating_sub(unseen));
             u64::MAX
         } else {
             u64::from(self.settings.batch_size)
         };
-        if remaining > 0 && !askers.is_empty() {
-            let k = askers.len() as u64;
-            let (share, extra) = if remaining == u64::MAX {
-                (u64::MAX, 0)
-            } else {
-                (remaining / k, remaining % k)
-            };
-            for (position, (index, count)) in askers.into_iter().enumerate() {
-                let tally = &tallies[index];
-                let slots = if (position as u64) < extra {
-                    share + 1
-                } else {
-                    share
-                };
-                let room_in_profile = match self.settings.max_pending_pods_per_profile {
-                    Some(cap) => u64::from(cap).saturating_sub(tally.not_running()),
-                    None => u64::MAX,
-                };
-                let wanted = (u64::from(tally.target) - count)
-                    .min(per_round)
-                    .min(slots)
-                    .min(room_in_profile);
-                // 7. Each new executor takes the next id, unless past the lifetime cap.
-                for created in 0..wanted {
-                    let max = self.settings.max_executors.unwrap_or(u64::MAX);
-                    let Some(next) = self.last_executor_id.checked_add(1).filter(|n| *n <= max)
-                    else {
-                        let refused = u32::try_from(wanted - created).unwrap_or(u32::MAX);
-                        *plan.refused.entry(tally.profile).or_insert(0) += refused;
-                        break;
-                    };
-                    self.last_executor_id = next;
-                    let id = ExecutorId(next);
-                    self.newly_created.insert(
-                        id,
-                        NewlyCreated {
-                            profile: tally.profile,
-                            created_at: now,
-                        },
-                    );
-                    plan.creates.push((id, tally.profile));
-                }
-            }
-            if !plan.refused.is_empty() {
-                tracing::warn!(refused = ?plan.refused, max_executors = ?self.settings.max_executors,
-                    "executor requests refused: lifetime max_executors reached");
-            }
+        if remaining == 0 || askers.is_empty() {
+            return;
         }
+        let k = askers.len() as u64;
+        let (share, extra) = if remaining == u64::MAX {
+            (u64::MAX, 0)
+        } else {
+            (remaining / k, remaining % k)
+        };
+        for (position, (index, count)) in askers.into_iter().enumerate() {
+            let tally = &tallies[index];
+            let slots = if (position as u64) < extra {
+                share + 1
+            } else {
+                share
+            };
+            let wanted = (u64::from(tally.target) - count)
+                .min(per_round)
+                .min(slots)
+                .min(self.room_in_profile(tally));
+            self.request(tally.profile, wanted, now, plan);
+        }
+        if !plan.refused.is_empty() {
+            tracing::warn!(refused = ?plan.refused, max_executors = ?self.settings.max_executors,
+                "executor requests refused: lifetime max_executors reached");
+        }
+    }
 
-        // 8. Publish.
-        plan.still_wanted = total_lacking.saturating_sub(plan.creates.len() as u64);
-        self.unknown_pending = total_unknown_pending;
-        self.running = total_running;
-        self.outstanding = total_unknown_pending + self.newly_created.len() as u64 > 0;
+    /// Requests `wanted` executors of `profile`, each taking the next id, unless past the
+    /// lifetime cap (then the rest are refused).
+    fn request(
+        &mut self,
+        profile: ResourceProfileId,
+        wanted: u64,
+        now: Timestamp,
+        plan: &mut RoundPlan,
+    ) {
+        let max = self.settings.max_executors.unwrap_or(u64::MAX);
+        for created in 0..wanted {
+            let Some(next) = self.last_executor_id.checked_add(1).filter(|n| *n <= max) else {
+                let refused = u32::try_from(wanted - created).unwrap_or(u32::MAX);
+                *plan.refused.entry(profile).or_insert(0) += refused;
+                break;
+            };
+            self.last_executor_id = next;
+            let id = ExecutorId(next);
+            self.newly_created.insert(
+                id,
+                NewlyCreated {
+                    profile,
+                    created_at: now,
+                },
+            );
+            plan.creates.push((id, profile));
+        }
+    }
+
+    /// Publishes the round's counts: into the plan, and as the state between rounds.
+    fn publish(&mut self, totals: Totals, plan: &mut RoundPlan) {
+        plan.still_wanted = totals.lacking.saturating_sub(plan.creates.len() as u64);
+        self.unknown_pending = totals.unknown_pending;
+        self.running = totals.running;
+        self.outstanding = totals.unknown_pending + self.newly_created.len() as u64 > 0;
         plan.outstanding = self.outstanding;
-        plan
+    }
+
+    /// How many more pods `tally`'s profile may have not running (its pending cap).
+    fn room_in_profile(&self, tally: &Tally) -> u64 {
+        match self.settings.max_pending_pods_per_profile {
+            Some(cap) => u64::from(cap).saturating_sub(tally.not_running()),
+            None => u64::MAX,
+        }
     }
 
     /// Beyond Spark: a downscale delete finds nothing when the pod is created just after it

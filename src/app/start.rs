@@ -1,0 +1,535 @@
+//! Start: registering an application (or resuming one) and spawning its actor, and the
+//! rules templates given later are held to (where the application's pods go).
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::actor::{self, ActorHandle, ActorParts, DriverLife};
+use super::feed::Feed;
+use super::registration::Registration;
+use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
+use crate::allocator::pod_policy::{PodPolicy, PolicyViolation, TemplateUse};
+use crate::allocator::types::{DRIVER_ROLE, ROLE_LABEL};
+use crate::allocator::{
+    AllocationSettings, Allocator, DriverOwner, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
+    SnapshotStore, TemplateError, executor_pod_from,
+};
+use crate::k8s::id_record::{IdRecord, highest_executor_id};
+
+impl Applications {
+    /// Starts (or resumes) an application. A repeated Start of a running application is
+    /// answered `resumed` when it repeats the first one: same namespace (else
+    /// AlreadyExists), driver pod, prefix and effective settings, and for every profile it
+    /// gives a template of, the template the application has (else FailedPrecondition
+    /// naming the field); profiles the application does not have yet are registered.
+    pub async fn start(&self, req: StartApplication) -> Result<Started, AppError> {
+        self.start_by(req, false).await
+    }
+
+    /// As [`Self::start`], checking ownership under the lifecycle lock: an application
+    /// another identity started is PermissionDenied, unless `may_act_on_any` (an admin, or
+    /// a service that authenticates nobody); it keeps its first owner either way.
+    pub async fn start_by(
+        &self,
+        mut req: StartApplication,
+        may_act_on_any: bool,
+    ) -> Result<Started, AppError> {
+        self.check_running()?;
+        let _shared = self.inner.lifecycle.read().await;
+        let _serial = self.lock_app(&req.app_id).await;
+        self.check_running()?;
+        self.check_owner(&mut req, may_act_on_any)?;
+        req.settings.validate()?;
+        // Templates are checked even when the application already runs: a repeated Start
+        // with a template that could never make a pod is refused, not answered `resumed`.
+        let builder = self.pod_builder(&req)?;
+        if let Some(actor) = self.running(&req)? {
+            return self.start_again(&req, &actor).await;
+        }
+        self.check_namespace(&req.namespace)?;
+        self.check_namespace_exists(&req.namespace).await?;
+        let driver = self.driver(&req).await?;
+        let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
+        // Subscribe before listing so no event between the LIST and the actor is lost.
+        let followed_driver = driver
+            .as_ref()
+            .filter(|d| d.followed)
+            .map(|d| d.name.as_str());
+        let subscription = self.inner.watches.subscribe_with_driver(
+            &req.namespace,
+            req.app_id.as_str(),
+            followed_driver,
+        );
+        let found = self.found(&req, driver.as_ref()).await?;
+        let started = Started {
+            resumed: !found.pods.is_empty(),
+            last_executor_id: found.last_executor_id(),
+        };
+        let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
+        let parts = self.actor_parts(&req, builder, driver, &found, generation);
+        let handle = ActorHandle::spawn(parts, subscription);
+        self.register(&req, handle, found.id_record, generation);
+        Ok(started)
+    }
+
+    /// An application another identity started is PermissionDenied, unless
+    /// `may_act_on_any`; a Start allowed keeps the first owner.
+    fn check_owner(
+        &self,
+        req: &mut StartApplication,
+        may_act_on_any: bool,
+    ) -> Result<(), AppError> {
+        if let Some(existing) = self.ownership(&req.app_id) {
+            if existing.owner != req.owner && !may_act_on_any {
+                return Err(AppError::PermissionDenied(format!(
+                    "application {} was started by another identity; only that identity \
+                     (or a member of auth.admin_groups) may call it",
+                    req.app_id
+                )));
+            }
+            req.owner = existing.owner;
+        }
+        Ok(())
+    }
+
+    /// The actor of the application when it already runs here (a repeated Start);
+    /// AlreadyExists when it runs in another namespace.
+    fn running(&self, req: &StartApplication) -> Result<Option<ActorHandle>, AppError> {
+        match self.entry(&req.app_id) {
+            Some((namespace, _, _)) if namespace != req.namespace => Err(AppError::AlreadyExists {
+                app_id: req.app_id.to_string(),
+                namespace,
+            }),
+            Some((_, actor, _)) => Ok(actor),
+            None => Ok(None),
+        }
+    }
+
+    /// FailedPrecondition when the cluster says the namespace does not exist.
+    async fn check_namespace_exists(&self, namespace: &str) -> Result<(), AppError> {
+        if self.inner.pods.namespace_exists(namespace).await? == Some(false) {
+            return Err(AppError::FailedPrecondition(format!(
+                "namespace {namespace} does not exist in the cluster"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What the cluster holds of the application: its executor pods and its id record.
+    async fn found(
+        &self,
+        req: &StartApplication,
+        driver: Option<&Driver>,
+    ) -> Result<Found, AppError> {
+        let pods = self
+            .inner
+            .pods
+            .list_executors(&req.namespace, req.app_id.as_str())
+            .await?;
+        // Pods of the highest ids may be gone (downscaled, finished): the recorded id
+        // covers them.
+        let id_record =
+            IdRecord::for_application(req.app_id.as_str(), driver.map(|d| d.name.as_str()));
+        let recorded = self
+            .inner
+            .pods
+            .recorded_last_executor_id(&req.namespace, &id_record)
+            .await?
+            .unwrap_or(0);
+        Ok(Found {
+            pods,
+            id_record,
+            recorded,
+        })
+    }
+
+    /// The engine state, feed and settings of a new actor, resuming from what `found`
+    /// holds.
+    fn actor_parts(
+        &self,
+        req: &StartApplication,
+        builder: ExecutorPodBuilder,
+        driver: Option<Driver>,
+        found: &Found,
+        generation: u64,
+    ) -> ActorParts {
+        let options = &self.inner.ctx.options;
+        let rules = req.settings.state_rules();
+        let last_executor_id = found.last_executor_id();
+        let now = self.inner.ctx.clock.now();
+        let mut store = SnapshotStore::new(req.settings.batch_delay, now);
+        let mut allocator = Allocator::new(req.settings.clone(), last_executor_id)
+            .with_round_cap(options.max_creates_per_round);
+        allocator.set_create_rate(options.qps);
+        // Pods being deleted when the service stopped count as deleted again (IsDeleted).
+        allocator.restore_deleted(
+            found
+                .pods
+                .iter()
+                .filter(|pod| pod.metadata.deletion_timestamp.is_some())
+                .filter_map(|pod| executor_pod_from(pod, &rules))
+                .map(|executor| executor.id),
+            now,
+        );
+        if !found.pods.is_empty() {
+            let executors = found
+                .pods
+                .iter()
+                .filter_map(|pod| executor_pod_from(pod, &rules))
+                .collect();
+            store.replace_all(executors, now);
+            tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.pods.len(), last_executor_id, "resuming application from its executor pods");
+        }
+        let feed = Feed::new(Feed::base_at(now.0), &found.pods, &rules)
+            .with_buffer(options.executor_stream_buffer);
+        ActorParts {
+            app_id: req.app_id.to_string(),
+            namespace: req.namespace.clone(),
+            allocator,
+            store,
+            builder,
+            rules,
+            pods: self.inner.pods.for_application(req.app_id.as_str()),
+            clock: Arc::clone(&self.inner.ctx.clock),
+            id_record: found.id_record.clone(),
+            id_blocks: IdBlocks::new(found.recorded),
+            driver: driver.as_ref().map(|d| DriverLife {
+                pod_name: d.name.clone(),
+                followed: d.followed,
+                grace: options.driver_end_grace,
+            }),
+            forget: self.forget_hook(&req.app_id, generation),
+            registration: Registration::of_start(req),
+            owner: driver.and_then(|d| d.owner),
+            feed,
+        }
+    }
+
+    /// Registers the started application with its actor.
+    fn register(
+        &self,
+        req: &StartApplication,
+        actor: ActorHandle,
+        id_record: IdRecord,
+        generation: u64,
+    ) {
+        let mut apps = self.apps();
+        apps.insert(
+            req.app_id.clone(),
+            Entry {
+                namespace: req.namespace.clone(),
+                actor: Some(actor),
+                id_record,
+                first_start: FirstStart::of(req),
+                generation,
+                owner: req.owner.clone(),
+            },
+        );
+        self.inner.ctx.metrics.set_active_applications(apps.len());
+    }
+
+    /// A repeated Start of a running application (see [`Self::start`]).
+    async fn start_again(
+        &self,
+        req: &StartApplication,
+        actor: &ActorHandle,
+    ) -> Result<Started, AppError> {
+        let first = self.apps().get(&req.app_id).map(|e| e.first_start.clone());
+        if let Some(field) = first.and_then(|first| first.changed_by(req)) {
+            return Err(AppError::FailedPrecondition(format!(
+                "{field}: differs from the first Start of application {}, which is running; \
+                 Stop it first, or start under another application id",
+                req.app_id
+            )));
+        }
+        let templates = req.templates.clone();
+        actor.set_targets(templates, BTreeMap::new()).await?;
+        let report = actor.report().await?;
+        Ok(Started {
+            resumed: true,
+            last_executor_id: report.status.last_executor_id,
+        })
+    }
+
+    /// Removes the application's entry once its actor ended because the driver ended
+    /// (unless a Stop or a new Start replaced it meanwhile).
+    fn forget_hook(&self, app: &AppId, generation: u64) -> actor::ForgetHook {
+        let registry = Arc::downgrade(&self.inner);
+        let app = app.clone();
+        Box::new(move || {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            let mut apps = match registry.apps.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if let Some(entry) = apps.remove(&app) {
+                if entry.generation != generation {
+                    apps.insert(app, entry);
+                    return;
+                }
+                registry.ctx.metrics.set_active_applications(apps.len());
+                // A restarted service must not resume it.
+                let pods = registry.pods.clone();
+                tokio::spawn(async move {
+                    let _ = pods
+                        .delete_registration(&entry.namespace, app.as_str())
+                        .await;
+                });
+            }
+        })
+    }
+
+    fn check_namespace(&self, namespace: &str) -> Result<(), AppError> {
+        let allowed = &self.inner.ctx.options.allowed_namespaces;
+        if allowed.is_empty() || allowed.contains(namespace) {
+            Ok(())
+        } else {
+            Err(AppError::PermissionDenied(format!(
+                "namespace {namespace} is not allowed by this service (allowed: {})",
+                allowed.iter().cloned().collect::<Vec<_>>().join(", ")
+            )))
+        }
+    }
+
+    async fn driver(&self, req: &StartApplication) -> Result<Option<Driver>, AppError> {
+        let Some(name) = &req.driver_pod_name else {
+            return Ok(None);
+        };
+        let pod = self
+            .inner
+            .pods
+            .driver_pod(&req.namespace, name)
+            .await?
+            .ok_or_else(|| {
+                AppError::FailedPrecondition(format!(
+                    "No pod was found named {name} in the cluster in the namespace {}",
+                    req.namespace
+                ))
+            })?;
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if let Some(phase @ ("Failed" | "Succeeded")) = phase {
+            return Err(AppError::FailedPrecondition(format!(
+                "driver_pod_name: the driver pod {name} has ended (phase {phase})"
+            )));
+        }
+        let followed = crate::k8s::pods::labels(&pod)
+            .get(ROLE_LABEL)
+            .is_some_and(|role| role == DRIVER_ROLE);
+        if !followed {
+            tracing::warn!(driver = %name, "driver pod has no label {ROLE_LABEL}={DRIVER_ROLE}: its end is not followed (Stop it explicitly)");
+        }
+        let owner = match pod.metadata.uid {
+            Some(uid) => Some(DriverOwner {
+                name: name.clone(),
+                uid,
+            }),
+            None => {
+                tracing::warn!(driver = %name, "driver pod has no uid; executors get no owner");
+                None
+            }
+        };
+        Ok(Some(Driver {
+            name: name.clone(),
+            owner,
+            followed,
+        }))
+    }
+
+    /// Where a running application's pods go (its namespace and driver pod), which the
+    /// template policy checks templates against; NotFound when it does not run here.
+    fn placement(&self, app: &AppId) -> Result<Placement, AppError> {
+        self.check_running()?;
+        let apps = self.apps();
+        let entry = apps
+            .get(app)
+            .filter(|e| e.actor.is_some())
+            .ok_or_else(|| AppError::NotFound(app.to_string()))?;
+        Ok(Placement {
+            namespace: entry.namespace.clone(),
+            driver_pod_name: entry.first_start.driver_pod_name.clone(),
+        })
+    }
+
+    /// Templates given to a running application (SetTotalExpected), held to the pod
+    /// policy where its pods go, as Start's are: InvalidArgument naming
+    /// `resource_profile_templates[N]` for the lowest profile that breaks it. The check
+    /// runs on the blocking pool (its cost grows with the templates' size).
+    pub(super) async fn allowed_templates(
+        &self,
+        app: &AppId,
+        templates: BTreeMap<ResourceProfileId, Pod>,
+    ) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
+        if templates.is_empty() {
+            return Ok(templates);
+        }
+        let placement = self.placement(app)?;
+        let policy = self.inner.ctx.options.pod_policy.clone();
+        tokio::task::spawn_blocking(move || {
+            match policy_violation(&policy, &placement, &templates) {
+                Some((profile, violation)) => Err(AppError::InvalidArgument {
+                    field: format!("resource_profile_templates[{}]", profile.0),
+                    message: violation.to_string(),
+                }),
+                None => Ok(templates),
+            }
+        })
+        .await
+        .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
+    }
+
+    /// The executor pod builder of a Start request, its templates checked; its pods get
+    /// their owner once the driver pod is found ([`ExecutorPodBuilder::with_driver`]).
+    fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
+        let builder = ExecutorPodBuilder::for_application(
+            req.app_id.as_str(),
+            req.pod_name_prefix.as_deref(),
+            req.templates.clone(),
+            None,
+            &req.settings.executor_container_name,
+        )
+        .map_err(template_error)?
+        .with_profile_limit(self.inner.ctx.options.max_resource_profiles);
+        builder.check().map_err(template_error)?;
+        Ok(builder)
+    }
+}
+
+/// The fields of an application's first Start (other than templates, which the actor
+/// keeps) that a repeated Start may not change.
+#[derive(Debug, Clone)]
+pub(super) struct FirstStart {
+    driver_pod_name: Option<String>,
+    pod_name_prefix: Option<String>,
+    settings: AllocationSettings,
+}
+
+impl FirstStart {
+    fn of(req: &StartApplication) -> Self {
+        Self {
+            driver_pod_name: req.driver_pod_name.clone(),
+            pod_name_prefix: req.pod_name_prefix.clone(),
+            settings: req.settings.clone(),
+        }
+    }
+
+    /// The first field (as the API names it) a repeated Start would change, if any.
+    fn changed_by(&self, req: &StartApplication) -> Option<String> {
+        if self.driver_pod_name != req.driver_pod_name {
+            return Some("driver_pod_name".into());
+        }
+        if self.pod_name_prefix != req.pod_name_prefix {
+            return Some("pod_name_prefix".into());
+        }
+        self.settings
+            .first_difference(&req.settings)
+            .map(|name| format!("settings.{name}"))
+    }
+}
+
+/// What Start finds of an application in the cluster.
+struct Found {
+    /// Its executor pods.
+    pods: Vec<Pod>,
+    /// Where its highest executor id is recorded.
+    id_record: IdRecord,
+    /// The id recorded there (0: none).
+    recorded: u64,
+}
+
+impl Found {
+    /// The highest executor id in use: of a pod found, or recorded.
+    fn last_executor_id(&self) -> u64 {
+        highest_executor_id(&self.pods)
+            .unwrap_or(0)
+            .max(self.recorded)
+    }
+}
+
+/// The application's driver pod as Start found it.
+struct Driver {
+    name: String,
+    /// The executors' controller owner (none when the pod has no uid).
+    owner: Option<DriverOwner>,
+    /// It carries `spark-role=driver`, so the namespace's watch follows its life.
+    followed: bool,
+}
+
+/// A template error names the request field it came from: a template that cannot make
+/// pods is an invalid argument, another template for a known profile a failed precondition.
+pub(super) fn template_error(err: TemplateError) -> AppError {
+    let profile = match &err {
+        TemplateError::TooManyProfiles { .. } => {
+            return AppError::InvalidArgument {
+                field: "resource_profile_templates".into(),
+                message: format!("{err} (the service's limits.max_resource_profiles)"),
+            };
+        }
+        TemplateError::Invalid { profile, .. }
+        | TemplateError::NoTemplate(profile)
+        | TemplateError::Conflict(profile) => *profile,
+    };
+    let field = if profile == ResourceProfileId(0) {
+        "executor_pod_template".to_string()
+    } else {
+        format!("resource_profile_templates[{}]", profile.0)
+    };
+    match err {
+        TemplateError::Conflict(_) => AppError::FailedPrecondition(format!(
+            "{field}: {err}; a resource profile's template cannot change while the application runs"
+        )),
+        _ => AppError::InvalidArgument {
+            field,
+            message: err.to_string(),
+        },
+    }
+}
+
+/// The first template of `templates` (lowest profile) that breaks `policy` where
+/// `placement` says the application's pods go, with the rule it breaks.
+pub(super) fn policy_violation(
+    policy: &PodPolicy,
+    placement: &Placement,
+    templates: &BTreeMap<ResourceProfileId, Pod>,
+) -> Option<(ResourceProfileId, PolicyViolation)> {
+    let at = TemplateUse {
+        namespace: Some(&placement.namespace),
+        driver_pod_name: placement.driver_pod_name.as_deref(),
+    };
+    templates
+        .iter()
+        .find_map(|(profile, template)| policy.check(template, at).err().map(|v| (*profile, v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_errors_name_the_request_field() {
+        let err = template_error(TemplateError::NoTemplate(ResourceProfileId(0)));
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "executor_pod_template")
+        );
+        let err = template_error(TemplateError::Invalid {
+            profile: ResourceProfileId(3),
+            reason: "container `x` has no image".into(),
+        });
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(2)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("resource_profile_templates[2]: ")),
+            "{err:?}"
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(0)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("executor_pod_template: ")),
+            "{err:?}"
+        );
+    }
+}
