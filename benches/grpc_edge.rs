@@ -20,7 +20,7 @@ use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults, validate};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 const SAMPLES: usize = 15;
 

@@ -14,7 +14,7 @@ use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
 use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication,
 };
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
     let mut sim_settings = SimSettings::default();

@@ -29,7 +29,7 @@ use crate::app::{Applications, ServiceContext, SystemClock};
 use crate::grpc::{self, ServeSettings};
 use crate::proto;
 use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
-use crate::sim::{SimCluster, SimSettings};
+use spark_pod_allocator_sim::{SimCluster, SimSettings};
 
 /// The application the demo driver runs.
 pub const DEMO_APP_ID: &str = "spark-demo-0001";

@@ -6,10 +6,12 @@
 //! - [`app`]: one actor per application, joining the engine to Kubernetes.
 //! - [`auth`]: who calls (TokenReview) and what they may do (SubjectAccessReview, ownership).
 //! - [`grpc`]: the tonic service; validates requests at the edge.
-//! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
 //! - [`bench`]: the `bench` command's scenarios against the simulated cluster.
 //! - [`config`]: layered configuration (defaults < file < environment).
+//!
+//! The simulated Kubernetes cluster the tests, `simulate`, `serve --simulate`, `demo` and
+//! `bench` use is the `spark-pod-allocator-sim` crate (`crates/sim`).
 #![forbid(unsafe_code)]
 
 pub mod allocator;
@@ -21,7 +23,6 @@ pub mod demo;
 pub mod grpc;
 pub mod k8s;
 pub mod metrics;
-pub mod sim;
 
 /// Generated protobuf and gRPC code of the v1 API.
 pub mod proto {

@@ -14,8 +14,8 @@ use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
-use spark_pod_allocator::sim::{self, SimCluster};
 use spark_pod_allocator::{bench, demo, k8s};
+use spark_pod_allocator_sim::{self as sim, SimCluster};
 
 /// jemalloc rather than the system's malloc: glibc keeps what a load freed (per-thread
 /// arenas, no trim without unsafe FFI), jemalloc's background thread hands it back to the

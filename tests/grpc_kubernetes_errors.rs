@@ -5,7 +5,7 @@ mod grpc_support;
 
 use grpc_support::{Harness, start_request};
 use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::FaultSettings;
+use spark_pod_allocator_sim::FaultSettings;
 use tonic::Code;
 
 /// Every API request answered 500 InternalError.

@@ -23,7 +23,7 @@ use spark_pod_allocator::app::{
     AppError, AppId, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
     StartApplication, Started,
 };
-use spark_pod_allocator::sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
 
 const NS: &str = "default";
 const P0: ResourceProfileId = ResourceProfileId(0);

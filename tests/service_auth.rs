@@ -20,7 +20,7 @@ use spark_pod_allocator::auth::{AuthMode, AuthSettings};
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::sim::{FaultSettings, SimGrant, SimSettings, SimToken};
+use spark_pod_allocator_sim::{FaultSettings, SimGrant, SimSettings, SimToken};
 use tonic::{Code, Request};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
@@ -749,7 +749,7 @@ async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::copy(&first_cert, &cert).expect("certificate");
     std::fs::copy(&first_key, &key).expect("key");
-    let sim = spark_pod_allocator::sim::SimCluster::start(cluster())
+    let sim = spark_pod_allocator_sim::SimCluster::start(cluster())
         .await
         .expect("simulated cluster");
     let client = sim.try_client().expect("sim client");

@@ -16,7 +16,7 @@ use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId, ResourcePro
 use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceContext, StartApplication,
 };
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 const NS: &str = "default";
 const APP: &str = "app-del";

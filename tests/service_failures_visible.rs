@@ -12,7 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use spark_pod_allocator::app::Clock;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::FaultSettings;
+use spark_pod_allocator_sim::FaultSettings;
 
 const NS: &str = "default";
 

@@ -12,7 +12,7 @@ use spark_pod_allocator::app::{AppId, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::RequestPolicy;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::FaultSettings;
+use spark_pod_allocator_sim::FaultSettings;
 
 /// The service's deadline per request attempt.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);

@@ -11,7 +11,7 @@ use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 mod process_support;
 use process_support::{HANG_GUARD, serve_against};

@@ -18,7 +18,7 @@ use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceContext, StartApplication,
 };
 use spark_pod_allocator::k8s::IdRecord;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 const NS: &str = "default";
 const P0: ResourceProfileId = ResourceProfileId(0);

@@ -946,10 +946,10 @@ async fn streaming_list_watchers_get_initial_events_then_changes() {
 
 #[tokio::test]
 async fn bounded_history_expires_old_versions_and_continue_tokens() {
-    let mut settings = spark_pod_allocator::sim::SimSettings::default();
-    settings.kubelet.mode = spark_pod_allocator::sim::KubeletMode::Manual;
+    let mut settings = spark_pod_allocator_sim::SimSettings::default();
+    settings.kubelet.mode = spark_pod_allocator_sim::KubeletMode::Manual;
     settings.history = 3;
-    let sim = spark_pod_allocator::sim::SimCluster::start(settings)
+    let sim = spark_pod_allocator_sim::SimCluster::start(settings)
         .await
         .unwrap();
     let client = sim.try_client().expect("sim client");

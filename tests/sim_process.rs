@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use sim_support::*;
-use spark_pod_allocator::sim::{ImageEnv, KubeletRuntime, ProcessImage, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{ImageEnv, KubeletRuntime, ProcessImage, SimCluster, SimSettings};
 
 struct Fixture {
     sim: SimCluster,

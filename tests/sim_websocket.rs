@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 use sim_support::*;
-use spark_pod_allocator::sim::SimCluster;
+use spark_pod_allocator_sim::SimCluster;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 

@@ -17,7 +17,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 use tokio::sync::OnceCell;
 
 use crate::apiserver_support::{self, RealApiServer};

@@ -17,7 +17,7 @@ use spark_pod_allocator::auth::{AuthSettings, Gate};
 use spark_pod_allocator::grpc::{self, ServeError, ServeSettings};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 /// A pod template every test can use for profile 0.
 pub const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use serde_json::{Value, json};
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 /// A cluster whose kubelet is manual: nothing moves unless the test moves it.
 pub async fn manual_cluster() -> SimCluster {
