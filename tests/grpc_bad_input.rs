@@ -1,11 +1,10 @@
 //! Every RPC's bad inputs, over real gRPC against the real service and a simulated cluster:
 //! the right code, the field named, and nothing created or changed.
-mod grpc_support;
 
 use std::collections::HashMap;
 
-use grpc_support::{Harness, TEMPLATE, assert_invalid, start_request};
 use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, TEMPLATE, assert_invalid, start_request};
 use tonic::Code;
 
 #[tokio::test]

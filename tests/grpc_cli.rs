@@ -1,8 +1,7 @@
 //! The binary as a user runs it: `serve --simulate` answering gRPC and stopping cleanly on
 //! SIGTERM, `simulate` writing a usable kubeconfig, `demo` finishing with exit 0, and bad
 //! configuration refused with a message naming the key (no panic).
-mod process_support;
-use process_support::{HANG_GUARD, until_logged};
+use test_kit::process::{HANG_GUARD, until_logged};
 
 use std::process::Stdio;
 

@@ -1,11 +1,10 @@
 //! Kubernetes failures seen by a driver over real gRPC: the matching code with the API
 //! server's own message, and nothing lost — the same call succeeds once the API server
 //! recovers.
-mod grpc_support;
 
-use grpc_support::{Harness, start_request};
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
+use test_kit::grpc::{Harness, start_request};
 use tonic::Code;
 
 /// Every API request answered 500 InternalError.

@@ -1,17 +1,16 @@
 //! Serving over real gRPC: the happy path of a driver, health, reflection (v1 and v1alpha)
 //! and a graceful shutdown that leaves executor pods in place.
-mod grpc_support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
-use grpc_support::{Harness, TEMPLATE, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
 use spark_pod_allocator::grpc::server::SERVICE_NAME;
 use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, TEMPLATE, start_request};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -156,7 +155,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
 #[tokio::test]
 async fn health_is_not_serving_until_the_kubernetes_watch_has_synced() {
-    let mut sim = grpc_support::quiet_cluster();
+    let mut sim = test_kit::grpc::quiet_cluster();
     // Every API request fails until the fault is lifted: the service cannot sync.
     sim.faults.error_500_fraction = 1.0;
     let mut h = Harness::start_with(sim, Default::default()).await;

@@ -2,8 +2,7 @@
 //! scale-up the pods created, the gRPC calls by method and code and the active
 //! applications read back from `/metrics`; after Stop, the pods it deleted. The chart's
 //! alerts and example dashboard use only metrics and labels such a scrape has.
-mod process_support;
-use process_support::{HANG_GUARD, until_logged};
+use test_kit::process::{HANG_GUARD, until_logged};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

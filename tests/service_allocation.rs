@@ -2,8 +2,6 @@
 //! real HTTP against the simulated cluster. A `ManualClock` drives the rounds, so a round
 //! happens only when a test advances time (or SetTotalExpected notifies); tests wait for
 //! observable conditions with a bounded deadline, never sleep-then-assert.
-mod sim_support;
-use sim_support::until;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,17 +15,20 @@ use kube::api::{
 use serde_json::json;
 use spark_pod_allocator::allocator::pod_builder::stable_hash;
 use spark_pod_allocator::allocator::{
-    AllocationPolicy, AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
+    AllocationPolicy, ExecutorId, ExecutorState, ResourceProfileId,
 };
 use spark_pod_allocator::app::{
-    AppError, AppId, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
-    StartApplication, Started,
+    AppError, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
 };
-use spark_pod_allocator_sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{FaultSettings, SimCluster};
+use test_kit::service::{
+    BATCH_DELAY, P0, id, labelled_template as template, range, snapshot_ids, start,
+    start_application as request, targets, wait_seen,
+};
+use test_kit::sim::cluster_ids;
+use test_kit::wait::until;
 
 const NS: &str = "default";
-const P0: ResourceProfileId = ResourceProfileId(0);
-const BATCH_DELAY: Duration = Duration::from_secs(1);
 
 struct Harness {
     sim: SimCluster,
@@ -37,19 +38,13 @@ struct Harness {
 
 /// A simulated cluster whose kubelet does nothing unless the test plays it.
 async fn manual_cluster() -> SimCluster {
-    let mut settings = SimSettings::default();
-    settings.kubelet.mode = KubeletMode::Manual;
+    let mut settings = test_kit::sim::manual_settings();
     settings.namespaces = vec![NS.to_string(), "other".to_string()];
-    SimCluster::start(settings).await.expect("sim starts")
+    test_kit::sim::start(settings).await
 }
 
 fn applications(sim: &SimCluster, clock: &ManualClock, options: ServiceOptions) -> Applications {
-    let ctx = ServiceContext::new(
-        sim.try_client().expect("sim client"),
-        Arc::new(clock.clone()),
-    )
-    .with_options(options);
-    Applications::new(ctx)
+    test_kit::service::applications(sim.try_client().expect("sim client"), clock, options)
 }
 
 async fn harness() -> Harness {
@@ -59,122 +54,14 @@ async fn harness() -> Harness {
     Harness { sim, clock, apps }
 }
 
-fn template() -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"labels": {"team": "data"}},
-        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
-    }))
-    .unwrap()
-}
-
-fn settings() -> AllocationSettings {
-    AllocationSettings {
-        batch_size: 10,
-        batch_delay: BATCH_DELAY,
-        executor_timeout: Duration::from_secs(10),
-        ..AllocationSettings::default()
-    }
-}
-
-fn request(app: &str, namespace: &str) -> StartApplication {
-    StartApplication {
-        app_id: AppId::parse(app).unwrap(),
-        namespace: namespace.to_string(),
-        driver_pod_name: None,
-        templates: BTreeMap::from([(P0, template())]),
-        pod_name_prefix: None,
-        settings: settings(),
-        owner: None,
-    }
-}
-
-fn id(app: &str) -> AppId {
-    AppId::parse(app).unwrap()
-}
-
-fn targets(n: u32) -> BTreeMap<ResourceProfileId, u32> {
-    BTreeMap::from([(P0, n)])
-}
-
-/// Starts an application and waits for its start round (due at once, no targets yet),
-/// so later round counts are the test's own.
-async fn start(apps: &Applications, req: StartApplication) -> Started {
-    let app = req.app_id.clone();
-    let started = apps.start(req).await.expect("start");
-    until("start round", || async {
-        apps.rounds(&app).await.expect("rounds") >= 1
-    })
-    .await;
-    started
-}
-
-/// The executor ids of the application's pods in the cluster (inactive ones included).
-async fn cluster_ids(sim: &SimCluster, namespace: &str, app: &str) -> BTreeSet<u64> {
-    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), namespace);
-    let lp = ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
-    api.list(&lp)
-        .await
-        .expect("list pods")
-        .items
-        .iter()
-        .filter_map(|p| {
-            p.metadata
-                .labels
-                .as_ref()?
-                .get("spark-exec-id")?
-                .parse()
-                .ok()
-        })
-        .collect()
-}
-
-fn range(from: u64, to: u64) -> BTreeSet<u64> {
-    (from..=to).collect()
-}
-
-/// The ids in the application's snapshot, as its actor has ingested them.
-async fn snapshot_ids(apps: &Applications, app: &str) -> BTreeSet<u64> {
-    apps.snapshot(&id(app))
-        .await
-        .expect("snapshot")
-        .executors
-        .keys()
-        .map(|e| e.0)
-        .collect()
-}
-
-/// Waits until the actor's snapshot holds exactly `ids`.
-async fn wait_seen(h: &Harness, app: &str, ids: BTreeSet<u64>) {
-    until(&format!("{app} sees {ids:?}"), || async {
-        snapshot_ids(&h.apps, app).await == ids
-    })
-    .await;
-}
-
 /// Advances the clock by `by` and waits until the application has run one more round.
 async fn advance_round(h: &Harness, app: &str, by: Duration) {
-    let before = h.apps.rounds(&id(app)).await.expect("rounds");
-    h.clock.advance(by);
-    until(&format!("a round of {app}"), || async {
-        h.apps.rounds(&id(app)).await.expect("rounds") > before
-    })
-    .await;
+    test_kit::service::advance_round(&h.apps, &h.clock, app, by).await
 }
 
-/// Sets targets and waits for the round it triggers (nothing outstanding → notify now).
+/// Sets targets and waits for the round it triggers.
 async fn set_targets_and_round(h: &Harness, app: &str, n: u32) {
-    let before = h.apps.rounds(&id(app)).await.expect("rounds");
-    h.apps
-        .set_total_expected(&id(app), targets(n))
-        .await
-        .expect("set targets");
-    until(
-        &format!("the round after SetTotalExpected of {app}"),
-        || async { h.apps.rounds(&id(app)).await.expect("rounds") > before },
-    )
-    .await;
+    test_kit::service::set_targets_and_round(&h.apps, app, targets(n)).await
 }
 
 /// Plays the kubelet: the pod of executor `exec` runs (phase Running, container running).
@@ -218,19 +105,8 @@ async fn patch_status(sim: &SimCluster, app: &str, exec: u64, patch: serde_json:
 
 /// Plays the scheduler: binds the pod so that its deletion becomes graceful.
 async fn bind(sim: &SimCluster, app: &str, exec: u64) {
-    let name = format!("{app}-exec-{exec}");
-    let body = serde_json::to_vec(&json!({
-        "kind": "Binding", "apiVersion": "v1", "metadata": {"name": name},
-        "target": {"kind": "Node", "name": "node-1"}
-    }))
-    .unwrap();
-    let request = http::Request::post(format!("/api/v1/namespaces/{NS}/pods/{name}/binding"))
-        .header("content-type", "application/json")
-        .body(body)
-        .unwrap();
-    sim.try_client()
-        .expect("sim client")
-        .request_text(request)
+    let client = sim.try_client().expect("sim client");
+    test_kit::sim::bind(&client, NS, &format!("{app}-exec-{exec}"))
         .await
         .expect("binding");
 }
@@ -247,13 +123,13 @@ async fn batches_are_respected_and_targets_reached() {
     assert_eq!(cluster_ids(&h.sim, NS, "app-a").await, range(1, 10));
 
     // The next batch only once a round has seen the previous pods (Pending is enough).
-    wait_seen(&h, "app-a", range(1, 10)).await;
+    wait_seen(&h.apps, "app-a", range(1, 10)).await;
     advance_round(&h, "app-a", BATCH_DELAY).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-a").await, range(1, 20));
-    wait_seen(&h, "app-a", range(1, 20)).await;
+    wait_seen(&h.apps, "app-a", range(1, 20)).await;
     advance_round(&h, "app-a", BATCH_DELAY).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-a").await, range(1, 25));
-    wait_seen(&h, "app-a", range(1, 25)).await;
+    wait_seen(&h.apps, "app-a", range(1, 25)).await;
     advance_round(&h, "app-a", BATCH_DELAY).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-a").await, range(1, 25));
 
@@ -381,7 +257,7 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone() {
     advance_round(&h, "app-down", BATCH_DELAY).await;
     // Resync so the Deleted entries leave the snapshot as well.
     advance_round(&h, "app-down", Duration::from_secs(31)).await;
-    wait_seen(&h, "app-down", live.clone()).await;
+    wait_seen(&h.apps, "app-down", live.clone()).await;
     advance_round(&h, "app-down", BATCH_DELAY).await;
     for d in &deleted {
         assert!(
@@ -454,8 +330,8 @@ async fn applications_in_one_namespace_share_a_watch_but_not_pods() {
     assert_eq!(h.apps.watched_namespaces(), vec![NS.to_string()]);
     set_targets_and_round(&h, "app-x", 3).await;
     set_targets_and_round(&h, "app-y", 2).await;
-    wait_seen(&h, "app-x", range(1, 3)).await;
-    wait_seen(&h, "app-y", range(1, 2)).await;
+    wait_seen(&h.apps, "app-x", range(1, 3)).await;
+    wait_seen(&h.apps, "app-y", range(1, 2)).await;
     // Both use ids from 1: each application has its own sequence.
     assert_eq!(cluster_ids(&h.sim, NS, "app-x").await, range(1, 3));
     assert_eq!(cluster_ids(&h.sim, NS, "app-y").await, range(1, 2));
@@ -734,7 +610,7 @@ async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
         "2"
     );
     // Seen, so they no longer hold back the next batch.
-    wait_seen(&h, "app-rec", range(1, 2)).await;
+    wait_seen(&h.apps, "app-rec", range(1, 2)).await;
     // The driver pod goes: the next ids cannot be recorded, so nothing is created with
     // them, and the round backs off as for refused creates.
     api.delete("driver-rec", &DeleteParams::default())
@@ -833,7 +709,7 @@ async fn no_executor_is_created_with_an_id_the_config_map_does_not_record() {
     set_targets_and_round(&h, "app-cm", 2).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-cm").await, range(1, 2));
     // Seen, so they no longer hold back the next batch.
-    wait_seen(&h, "app-cm", range(1, 2)).await;
+    wait_seen(&h.apps, "app-cm", range(1, 2)).await;
     // The record can no longer be written (an immutable ConfigMap refuses new data), so
     // nothing is created with the next ids, and the round backs off as for refused creates.
     config_maps
@@ -884,7 +760,7 @@ async fn application_ids_that_sanitise_alike_do_not_share_pod_names() {
     set_targets_and_round(&h, "Spark_app.1", 3).await;
     for app in ["spark-app-1", "Spark_app.1"] {
         assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 3), "{app}");
-        wait_seen(&h, app, range(1, 3)).await;
+        wait_seen(&h.apps, app, range(1, 3)).await;
         let status = h.apps.status(&id(app)).await.unwrap();
         assert_eq!(status.last_executor_id, 3, "{app}: no create failed");
     }
@@ -913,8 +789,8 @@ async fn application_ids_with_dots_and_underscores_select_their_pods_only() {
         .is_ok(),
         "prefix sanitised, with the hash of the exact id"
     );
-    wait_seen(&h, "Spark_app.1-x", range(1, 2)).await;
-    wait_seen(&h, "Spark_app.1", range(1, 1)).await;
+    wait_seen(&h.apps, "Spark_app.1-x", range(1, 2)).await;
+    wait_seen(&h.apps, "Spark_app.1", range(1, 1)).await;
     assert_eq!(h.apps.stop(&id("Spark_app.1-x")).await.unwrap(), 2);
     assert_eq!(cluster_ids(&h.sim, NS, "Spark_app.1").await, range(1, 1));
     assert_eq!(h.apps.stop(&id("Spark_app.1")).await.unwrap(), 1);
@@ -1007,7 +883,7 @@ async fn periodic_resync_recovers_dropped_watch_events() {
     );
     // The full LIST every 30 s replaces the snapshot.
     h.clock.advance(Duration::from_secs(29));
-    wait_seen(&h, "app-sync", range(1, 2)).await;
+    wait_seen(&h.apps, "app-sync", range(1, 2)).await;
     h.sim.set_faults(FaultSettings::default());
     h.apps.stop(&id("app-sync")).await.unwrap();
 }
@@ -1121,7 +997,7 @@ async fn a_slow_periodic_list_does_not_undo_newer_watch_events() {
     })
     .await;
     set_targets_and_round(&h, "app-slow", 2).await;
-    wait_seen(&h, "app-slow", range(1, 2)).await;
+    wait_seen(&h.apps, "app-slow", range(1, 2)).await;
 
     // The periodic LIST is answered late: its answer still holds executor 2, which is
     // deleted meanwhile (unbound: gone at once) and whose DELETED event the watch streams.
@@ -1184,7 +1060,7 @@ async fn a_watch_expired_by_compaction_relists_into_a_resync() {
     // The history is compacted: the re-watch from the last resourceVersion gets 410
     // Expired, the watcher relists, and the listing replaces the snapshot (no clock move).
     h.sim.compact_history();
-    wait_seen(&h, "app-410", range(1, 2)).await;
+    wait_seen(&h.apps, "app-410", range(1, 2)).await;
     h.sim.set_faults(FaultSettings::default());
     h.apps.stop(&id("app-410")).await.unwrap();
 }
@@ -1267,7 +1143,7 @@ async fn executors_registered_with_the_driver_are_never_deleted_on_downscale() {
     let h = harness().await;
     start(&h.apps, request("app-reg", NS)).await;
     set_targets_and_round(&h, "app-reg", 4).await;
-    wait_seen(&h, "app-reg", range(1, 4)).await;
+    wait_seen(&h.apps, "app-reg", range(1, 4)).await;
     h.apps
         .update_registered(
             &id("app-reg"),
@@ -1308,13 +1184,13 @@ async fn an_adaptive_application_doubles_its_requests_and_resets_on_quota_refusa
     assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 2));
     // Every round's creates accepted, pods seen (Pending: nothing piles up beyond the
     // window): 2, then 4, then 8 per round.
-    wait_seen(&h, app, range(1, 2)).await;
+    wait_seen(&h.apps, app, range(1, 2)).await;
     advance_round(&h, app, BATCH_DELAY).await;
     assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 6));
-    wait_seen(&h, app, range(1, 6)).await;
+    wait_seen(&h.apps, app, range(1, 6)).await;
     advance_round(&h, app, BATCH_DELAY).await;
     assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 14));
-    wait_seen(&h, app, range(1, 14)).await;
+    wait_seen(&h.apps, app, range(1, 14)).await;
     // The namespace's quota is full: the 16 creates of the next round are refused, the
     // window goes back to the batch size, and the round backs off as for any failed round.
     h.sim.set_faults(FaultSettings {

@@ -3,24 +3,23 @@
 //! another audience, a caller lacking pod rights, the hijack of another identity's
 //! application, the admin group, an owner kept across a restart, a slow review, and the
 //! health check answering while callers are refused.
-mod grpc_support;
-mod sim_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use grpc_support::{Harness, TEMPLATE, quiet_cluster, start_request};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::json;
-use sim_support::{raw, until};
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::auth::{AuthMode, AuthSettings};
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator_sim::{FaultSettings, SimGrant, SimSettings, SimToken};
+use test_kit::grpc::{Harness, TEMPLATE, quiet_cluster, start_request};
+use test_kit::sim::raw;
+use test_kit::wait::until;
 use tonic::{Code, Request};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;

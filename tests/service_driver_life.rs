@@ -3,17 +3,16 @@
 //! (delete-on-termination) and the application is forgotten after the grace period; when
 //! it is deleted, all that at once. Over real gRPC against the simulated cluster; the grace
 //! period runs on the injected clock.
-mod grpc_support;
 
 use std::time::{Duration, Instant};
 
-use grpc_support::{Harness, quiet_cluster, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use spark_pod_allocator::app::ServiceOptions;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, quiet_cluster, start_request};
 
 const NS: &str = "default";
 const GRACE: Duration = Duration::from_secs(300);

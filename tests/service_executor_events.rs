@@ -2,11 +2,9 @@
 //! executor pods as they move (the test plays the kubelet), failure with exit code and
 //! reason, deletion, resume from a sequence, a slow reader given a fresh full state, and
 //! the stream ending on Stop.
-mod grpc_support;
 
 use std::time::{Duration, Instant};
 
-use grpc_support::{Harness, assert_invalid, quiet_cluster, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -14,6 +12,7 @@ use spark_pod_allocator::app::{AppId, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
+use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
 use tonic::Streaming;
 
 const NS: &str = "default";

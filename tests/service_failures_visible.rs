@@ -2,17 +2,16 @@
 //! profile the last failed create (HTTP status, gRPC code, reason, message, time, how many
 //! in a row) and the backoff deadline; executors that failed (exit code, OOMKilled) or
 //! cannot start (ImagePullBackOff).
-mod grpc_support;
 
 use std::time::{Duration, Instant};
 
-use grpc_support::{Harness, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use spark_pod_allocator::app::Clock;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
+use test_kit::grpc::{Harness, start_request};
 
 const NS: &str = "default";
 

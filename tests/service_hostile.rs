@@ -4,15 +4,13 @@
 //! undecodable requests. Each is refused with its code while a gRPC health check, made
 //! during the attack, answers within 100 ms. Limits are configured small so that every
 //! test takes a few seconds at most.
-mod grpc_support;
-mod sim_support;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use grpc_support::{Harness, TEMPLATE, assert_invalid, quiet_cluster, start_request};
-use sim_support::until;
+use test_kit::grpc::{Harness, TEMPLATE, assert_invalid, quiet_cluster, start_request};
+use test_kit::wait::until;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;

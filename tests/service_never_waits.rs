@@ -2,17 +2,16 @@
 //! service's request deadline, IsDeleted, GetStatus and SetTotalExpected still answer at
 //! once over real gRPC, the stalled requests are given up after their deadline, and the
 //! application recovers once the API server does.
-mod grpc_support;
 
 use std::time::{Duration, Instant};
 
-use grpc_support::{Harness, quiet_cluster, start_request};
 use spark_pod_allocator::allocator::Timestamp;
 use spark_pod_allocator::app::{AppId, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::RequestPolicy;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
+use test_kit::grpc::{Harness, quiet_cluster, start_request};
 
 /// The service's deadline per request attempt.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);

@@ -1,8 +1,6 @@
 //! kube-rs against the simulated API server: the verbs, selectors, watches, deletion rules,
 //! subresources, configmaps and leases, as a real kube-apiserver answers them.
 
-mod sim_support;
-
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod, Service};
@@ -10,7 +8,7 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use serde_json::{Value, json};
-use sim_support::*;
+use test_kit::sim::*;
 
 #[tokio::test]
 async fn create_fills_system_fields_and_get_round_trips_unknown_fields() {

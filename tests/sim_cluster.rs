@@ -1,13 +1,12 @@
 //! The simulated scheduler, kubelets and garbage collector, the injected faults, the admin
 //! endpoint and authentication, seen from kube-rs like any client of a real cluster.
 
-mod sim_support;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use sim_support::*;
 use spark_pod_allocator_sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
+use test_kit::sim::*;
+use test_kit::wait::*;
 
 fn fast_settings() -> SimSettings {
     let mut s = SimSettings::default();

@@ -4,34 +4,23 @@
 //! audit log shows it used nothing the chart does not grant (checked by `finish`).
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::proto;
 
-use crate::cluster_support::{Cluster, RealBackend};
-use crate::process_support::serve_against;
-use crate::sim_support::until;
+use test_kit::cluster::{Cluster, RealBackend};
+use test_kit::grpc::TEMPLATE;
+use test_kit::process::serve_against;
+use test_kit::wait::until;
 
 const APP: &str = "app-binary";
 
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+
 async fn executor_ids(c: &RealBackend) -> BTreeSet<u64> {
-    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
-    pods.list(&ListParams::default().labels(&format!("spark-app-selector={APP}")))
-        .await
-        .expect("list")
-        .items
-        .iter()
-        .filter_map(|p| {
-            p.metadata
-                .labels
-                .as_ref()?
-                .get("spark-exec-id")?
-                .parse()
-                .ok()
-        })
-        .collect()
+    test_kit::sim::executor_ids(&c.admin_client(), c.namespace(), APP).await
 }
 
 #[tokio::test]
@@ -43,12 +32,12 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     let kubeconfig = dir.path().join("kubeconfig");
     c.write_service_kubeconfig(&kubeconfig);
 
-    let (mut first, mut client) = serve_against(&kubeconfig).await;
+    let (mut first, mut client) = serve_against(BIN, &kubeconfig).await;
     client
         .start(proto::StartRequest {
             application_id: APP.into(),
             namespace: c.namespace().into(),
-            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
+            executor_pod_template: TEMPLATE.into(),
             settings: Some(proto::AllocationSettings {
                 batch_size: Some(2),
                 batch_delay_ms: Some(5000),
@@ -92,7 +81,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
         "record {recorded}, created {at_kill:?}"
     );
 
-    let (_second, mut client) = serve_against(&kubeconfig).await;
+    let (_second, mut client) = serve_against(BIN, &kubeconfig).await;
     until("6 executors", || async {
         executor_ids(&c).await.len() == 6
     })

@@ -1,22 +1,77 @@
-//! Helpers shared by the simulated-cluster tests: raw HTTP through kube-rs's own client,
-//! pod manifests, and bounded waiting for a condition (never a fixed sleep).
-#![allow(dead_code)]
+//! The simulated cluster as the tests use it: a manual kubelet (nothing moves unless the
+//! test moves it), pod manifests, raw HTTP through kube-rs's own client.
 
-use std::future::Future;
-use std::time::Duration;
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
-/// A cluster whose kubelet is manual: nothing moves unless the test moves it.
-pub async fn manual_cluster() -> SimCluster {
+use crate::wait::BOUND;
+
+/// Settings of a cluster whose kubelet is manual: pods stay Pending and nothing moves
+/// unless the test moves it, as a real API server without kubelets.
+pub fn manual_settings() -> SimSettings {
     let mut settings = SimSettings::default();
     settings.kubelet.mode = KubeletMode::Manual;
+    settings
+}
+
+/// A cluster started with [`manual_settings`].
+pub async fn manual_cluster() -> SimCluster {
+    start(manual_settings()).await
+}
+
+/// Starts a cluster with `settings`, failing the test if it cannot.
+pub async fn start(settings: SimSettings) -> SimCluster {
     SimCluster::start(settings)
         .await
         .expect("simulated cluster starts")
+}
+
+/// [`executor_ids`] through a client of `sim`.
+pub async fn cluster_ids(sim: &SimCluster, namespace: &str, app: &str) -> BTreeSet<u64> {
+    executor_ids(&sim.try_client().expect("sim client"), namespace, app).await
+}
+
+/// The executor ids (`spark-exec-id`) of the application's pods in `namespace`, inactive
+/// ones included, as the API server has them.
+pub async fn executor_ids(client: &Client, namespace: &str, app: &str) -> BTreeSet<u64> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let lp = ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
+    api.list(&lp)
+        .await
+        .expect("list pods")
+        .items
+        .iter()
+        .filter_map(|p| {
+            p.metadata
+                .labels
+                .as_ref()?
+                .get("spark-exec-id")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Plays the scheduler: binds pod `name` in `namespace` to `node-1` (its deletion becomes
+/// graceful: the pod stays, terminating, until a kubelet confirms).
+pub async fn bind(client: &Client, namespace: &str, name: &str) -> Result<String, kube::Error> {
+    let body = serde_json::to_vec(&json!({
+        "kind": "Binding", "apiVersion": "v1", "metadata": {"name": name},
+        "target": {"kind": "Node", "name": "node-1"}
+    }))
+    .expect("binding body");
+    let request = http::Request::post(format!(
+        "/api/v1/namespaces/{namespace}/pods/{name}/binding"
+    ))
+    .header("content-type", "application/json")
+    .body(body)
+    .expect("binding request");
+    client.request_text(request).await
 }
 
 /// An executor pod manifest with the labels the allocator uses.
@@ -67,7 +122,7 @@ pub async fn raw_watch_events(
         .expect("request builds");
     let resp = client.send(req).await.expect("watch is answered");
     let status = resp.status().as_u16();
-    let body = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect_bytes())
+    let body = tokio::time::timeout(BOUND, resp.into_body().collect_bytes())
         .await
         .expect("watch ends")
         .expect("watch body reads");
@@ -77,38 +132,6 @@ pub async fn raw_watch_events(
         .map(|l| serde_json::from_slice(l).expect("each watch line is JSON"))
         .collect();
     (status, events)
-}
-
-/// Polls `check` until it returns `Some`, for at most 30 s (a generous bound, not a timing
-/// assertion); panics with `what` otherwise.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("condition not reached within 30 s: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// [`eventually`] for a yes/no condition.
-pub async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    eventually(what, || {
-        let reached = check();
-        async move { reached.await.then_some(()) }
-    })
-    .await
 }
 
 /// The API error of a kube-rs call, as (code, reason, message).
@@ -121,10 +144,10 @@ pub fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, St
     }
 }
 
-/// The next item of a stream, failing the test (rather than hanging it) after 30 s.
+/// The next item of a stream, failing the test (rather than hanging it) after [`BOUND`].
 pub async fn next_within<S: futures::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
     use futures::StreamExt;
-    tokio::time::timeout(Duration::from_secs(30), stream.next())
+    tokio::time::timeout(BOUND, stream.next())
         .await
-        .expect("the stream yields within 30 s")
+        .expect("the stream yields within the bound")
 }

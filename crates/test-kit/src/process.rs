@@ -1,5 +1,6 @@
-//! Helpers for tests that run the service binary as a process and read its JSON log lines.
-#![allow(dead_code)]
+//! The service binary as a process, read through its JSON log lines. Its path is the
+//! calling test's `env!("CARGO_BIN_EXE_spark-pod-allocator")` (only a test of the service
+//! package knows it).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -10,9 +11,6 @@ use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClie
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStderr, Command};
 use tonic::transport::{Channel, Endpoint};
-
-/// The service binary built for these tests.
-pub const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 
 /// Guards against a hang only; every wait ends on output or an exit.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);
@@ -38,10 +36,13 @@ pub async fn until_logged(
         .expect("log line")
 }
 
-/// Starts the service binary (`serve`, JSON logs, a free loopback port) against the cluster
-/// of `kubeconfig`; returns it and a client once its health answers SERVING.
-pub async fn serve_against(kubeconfig: &Path) -> (Child, ExecutorAllocatorClient<Channel>) {
-    let mut child = Command::new(BIN)
+/// Starts the service binary `bin` (`serve`, JSON logs, a free loopback port) against the
+/// cluster of `kubeconfig`; returns it and a client once its health answers SERVING.
+pub async fn serve_against(
+    bin: &str,
+    kubeconfig: &Path,
+) -> (Child, ExecutorAllocatorClient<Channel>) {
+    let mut child = Command::new(bin)
         .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
         .env_remove("RUST_LOG")
         .env_remove("KUBECONFIG")

@@ -1,6 +1,6 @@
-//! The harness of the gRPC tests: a simulated cluster, the real application registry and
-//! the real gRPC server on 127.0.0.1:0, reached by the generated client over real HTTP/2.
-#![allow(dead_code)]
+//! Simulator + service + gRPC server + client in one process: a simulated cluster, the
+//! real application registry and the real gRPC server on 127.0.0.1:0, reached by the
+//! generated client over real HTTP/2.
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -17,11 +17,12 @@ use spark_pod_allocator::auth::{AuthSettings, Gate};
 use spark_pod_allocator::grpc::{self, ServeError, ServeSettings};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{SimCluster, SimSettings};
 
-/// A pod template every test can use for profile 0.
+/// The standard executor template: the one container Spark names, nothing else.
 pub const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 
+/// A running simulator + service + gRPC server and a client of it; dropping it stops them.
 pub struct Harness {
     /// The options every service of this harness runs with (a restart keeps them).
     pub options: ServiceOptions,
@@ -40,8 +41,7 @@ pub struct Harness {
 /// A cluster whose nodes do nothing on their own (pods stay Pending), as a real API server
 /// without kubelets: what the tests see depends only on what the service does.
 pub fn quiet_cluster() -> SimSettings {
-    let mut settings = SimSettings::default();
-    settings.kubelet.mode = KubeletMode::Manual;
+    let mut settings = crate::sim::manual_settings();
     settings.namespaces = vec!["default".into(), "team-a".into(), "team-b".into()];
     settings
 }
