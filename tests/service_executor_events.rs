@@ -3,7 +3,7 @@
 //! reason, deletion, resume from a sequence, a slow reader given a fresh full state, and
 //! the stream ending on Stop.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -13,21 +13,10 @@ use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
 use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
+use test_kit::wait::until;
 use tonic::Streaming;
 
 const NS: &str = "default";
-
-async fn set_total(h: &Harness, app: &str, n: u32) {
-    h.client
-        .clone()
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: [(0, n)].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("SetTotalExpected");
-}
 
 async fn watch(h: &Harness, app: &str, since: u64) -> Streaming<proto::ExecutorEvent> {
     h.client
@@ -65,7 +54,7 @@ async fn full_state(
 }
 
 /// Reads events until one matches; returns it.
-async fn until(
+async fn until_event(
     stream: &mut Streaming<proto::ExecutorEvent>,
     what: &str,
     matches: impl Fn(&proto::ExecutorEvent) -> bool,
@@ -86,15 +75,6 @@ fn is(event: &proto::ExecutorEvent, kind: Kind, id: i64, state: State) -> bool {
             .executor
             .as_ref()
             .is_some_and(|e| e.executor_id == id && e.state() == state)
-}
-
-/// Polls `check` (bounded, 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "not reached within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn pods_api(h: &Harness) -> Api<Pod> {
@@ -130,9 +110,9 @@ async fn started_with(h: &Harness, app: &str, n: u32) {
         .start(start_request(app, NS))
         .await
         .expect("Start");
-    set_total(h, app, n).await;
+    h.set_total(app, n).await;
     let app = AppId::parse(app).expect("app id");
-    eventually("the executor pods seen by the service", async || {
+    until("the executor pods seen by the service", async || {
         let snapshot = h.applications.snapshot(&app).await.expect("snapshot");
         snapshot.executors.len() == n as usize
     })
@@ -169,7 +149,7 @@ async fn the_stream_shows_the_state_then_pods_moving_failing_and_going() {
     }
 
     set_pod_status(&h, "app-ev", 1, running()).await;
-    let event = until(&mut stream, "executor 1 running", |e| {
+    let event = until_event(&mut stream, "executor 1 running", |e| {
         is(e, Kind::Updated, 1, State::Running)
     })
     .await;
@@ -187,7 +167,7 @@ async fn the_stream_shows_the_state_then_pods_moving_failing_and_going() {
             json!({"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "out of memory"}}))}),
     )
     .await;
-    let failed = until(&mut stream, "executor 2 failed", |e| {
+    let failed = until_event(&mut stream, "executor 2 failed", |e| {
         is(e, Kind::Updated, 2, State::Failed)
     })
     .await
@@ -201,7 +181,7 @@ async fn the_stream_shows_the_state_then_pods_moving_failing_and_going() {
         .delete("app-ev-exec-1", &DeleteParams::default().grace_period(0))
         .await
         .expect("delete pod");
-    let gone = until(&mut stream, "executor 1 deleted", |e| {
+    let gone = until_event(&mut stream, "executor 1 deleted", |e| {
         e.kind() == Kind::Deleted && e.executor.as_ref().is_some_and(|x| x.executor_id == 1)
     })
     .await
@@ -220,7 +200,7 @@ async fn a_stream_resumes_after_a_sequence_or_starts_again_from_the_full_state()
     let mut first = watch(&h, "app-resume", 0).await;
     let (_, synced) = full_state(&mut first).await;
     set_pod_status(&h, "app-resume", 1, running()).await;
-    let seen = until(&mut first, "executor 1 running", |e| {
+    let seen = until_event(&mut first, "executor 1 running", |e| {
         is(e, Kind::Updated, 1, State::Running)
     })
     .await

@@ -3,7 +3,7 @@
 //! in a row) and the backoff deadline; executors that failed (exit code, OOMKilled) or
 //! cannot start (ImagePullBackOff).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -12,39 +12,12 @@ use spark_pod_allocator::app::Clock;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
 use test_kit::grpc::{Harness, start_request};
+use test_kit::wait::until;
 
 const NS: &str = "default";
 
-async fn set_total(h: &Harness, app: &str, n: u32) {
-    h.client
-        .clone()
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: [(0, n)].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("SetTotalExpected");
-}
-
 async fn status(h: &Harness, app: &str) -> proto::ApplicationStatus {
-    h.client
-        .clone()
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
-        .await
-        .expect("GetStatus")
-        .into_inner()
-}
-
-/// Polls `check` (bounded, 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "not reached within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h.status(app).await.expect("GetStatus")
 }
 
 /// Plays the kubelet: the status of executor `exec`'s pod.
@@ -76,8 +49,8 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
         quota_fraction: 1.0,
         ..FaultSettings::default()
     });
-    set_total(&h, "app-quota", 2).await;
-    eventually("the refused creates in GetStatus", async || {
+    h.set_total("app-quota", 2).await;
+    until("the refused creates in GetStatus", async || {
         status(&h, "app-quota").await.profiles[0]
             .last_create_failure
             .is_some()
@@ -101,7 +74,7 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
     h.clock.advance(Duration::from_millis(
         u64::try_from(p0.backoff_until_ms - h.clock.now().0).unwrap(),
     ));
-    eventually("the second refused round", async || {
+    until("the second refused round", async || {
         status(&h, "app-quota").await.profiles[0]
             .last_create_failure
             .as_ref()
@@ -111,12 +84,12 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
 
     // The quota is lifted: creates pass, the count starts again, no more backoff.
     h.sim.set_faults(FaultSettings::default());
-    eventually("two executor pods", async || {
+    until("two executor pods", async || {
         h.clock.advance(Duration::from_secs(5));
         h.pods(NS, "app-quota").await.len() == 2
     })
     .await;
-    eventually("creates passed in GetStatus", async || {
+    until("creates passed in GetStatus", async || {
         let p0 = status(&h, "app-quota").await.profiles.remove(0);
         p0.last_create_failure
             .is_some_and(|f| f.consecutive_failures == 0 && f.http_code == 403)
@@ -133,8 +106,8 @@ async fn failed_and_stuck_executors_are_reported() {
         .start(start_request("app-oom", NS))
         .await
         .expect("Start");
-    set_total(&h, "app-oom", 2).await;
-    eventually("two executor pods", async || {
+    h.set_total("app-oom", 2).await;
+    until("two executor pods", async || {
         h.pods(NS, "app-oom").await.len() == 2
     })
     .await;
@@ -147,7 +120,7 @@ async fn failed_and_stuck_executors_are_reported() {
             json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"spark:4\""}}))}),
     )
     .await;
-    eventually("the stuck executor reported", async || {
+    until("the stuck executor reported", async || {
         let failed = status(&h, "app-oom").await.failed_executors;
         failed.len() == 1 && failed[0].state == "Waiting"
     })
@@ -175,7 +148,7 @@ async fn failed_and_stuck_executors_are_reported() {
             json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}))}),
     )
     .await;
-    eventually(
+    until(
         "the OOMKilled executor reported, the stuck one no longer",
         async || {
             let failed = status(&h, "app-oom").await.failed_executors;
@@ -184,7 +157,7 @@ async fn failed_and_stuck_executors_are_reported() {
     )
     .await;
     // The failed pod is deleted (delete-on-termination) and replaced; the failure stays.
-    eventually("the failed pod deleted and replaced", async || {
+    until("the failed pod deleted and replaced", async || {
         h.clock.advance(Duration::from_secs(1));
         let names: Vec<String> = h
             .pods(NS, "app-oom")

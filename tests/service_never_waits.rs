@@ -12,6 +12,7 @@ use spark_pod_allocator::k8s::RequestPolicy;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
 use test_kit::grpc::{Harness, quiet_cluster, start_request};
+use test_kit::wait::until;
 
 /// The service's deadline per request attempt.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
@@ -86,15 +87,6 @@ async fn is_deleted(h: &Harness, id: u64) -> (bool, Duration) {
     (deleted, began.elapsed())
 }
 
-/// Polls `check` (bounded, 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "not reached within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Calls all three RPCs every 50 ms for `span`; asserts that 90 % answered within
 /// [`TYPICAL_ANSWER`] and all within [`ANSWER_BOUND`].
 async fn answers_at_once_during(h: &Harness, span: Duration, target: u32, what: &str) {
@@ -127,11 +119,11 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
         .await
         .expect("Start");
     set_total(&h, 2).await;
-    eventually("2 executor pods", async || {
+    until("2 executor pods", async || {
         h.pods("default", app().as_str()).await.len() == 2
     })
     .await;
-    eventually("a round seeing both pods", async || {
+    until("a round seeing both pods", async || {
         h.clock.advance(Duration::from_secs(1));
         let (status, _) = status(&h).await;
         status.profiles[0].pending == 2 && status.profiles[0].newly_created == 0
@@ -146,7 +138,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
     let first = set_total(&h, 4).await;
     assert!(first < ANSWER_BOUND, "SetTotalExpected took {first:?}");
     h.clock.advance(Duration::from_secs(1));
-    eventually("the round asking for 2 more", async || {
+    until("the round asking for 2 more", async || {
         status(&h).await.0.profiles[0].newly_created == 2
     })
     .await;
@@ -163,7 +155,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
 
     // The API server recovers: the next rounds (after the backoff) reach the target.
     h.sim.set_faults(FaultSettings::default());
-    eventually("4 executor pods after the outage", async || {
+    until("4 executor pods after the outage", async || {
         h.clock.advance(Duration::from_secs(2));
         h.pods("default", app().as_str()).await.len() == 4
     })
@@ -177,7 +169,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
     });
     let took = set_total(&h, 0).await;
     assert!(took < ANSWER_BOUND, "SetTotalExpected took {took:?}");
-    eventually("executor 1 marked deleted", async || {
+    until("executor 1 marked deleted", async || {
         h.clock.advance(Duration::from_millis(500));
         let (deleted, took) = is_deleted(&h, 1).await;
         assert!(took < ANSWER_BOUND, "IsDeleted took {took:?}");
@@ -187,7 +179,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
     answers_at_once_during(&h, REQUEST_TIMEOUT * 3, 0, "while a downscale stalls").await;
     // Once the API server answers, the retried delete removes every pod.
     h.sim.set_faults(FaultSettings::default());
-    eventually("no executor pod left", async || {
+    until("no executor pod left", async || {
         h.clock.advance(Duration::from_secs(1));
         h.pods("default", app().as_str()).await.is_empty()
     })

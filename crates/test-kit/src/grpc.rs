@@ -142,6 +142,30 @@ impl Harness {
         }
     }
 
+    /// SetTotalExpected: `n` executors of the default profile for `app`.
+    pub async fn set_total(&self, app: &str, n: u32) {
+        self.client
+            .clone()
+            .set_total_expected(proto::SetTotalExpectedRequest {
+                application_id: app.into(),
+                executors_per_profile: [(0, n)].into(),
+                ..Default::default()
+            })
+            .await
+            .expect("SetTotalExpected");
+    }
+
+    /// GetStatus of `app`.
+    pub async fn status(&self, app: &str) -> Result<proto::ApplicationStatus, tonic::Status> {
+        self.client
+            .clone()
+            .get_status(proto::GetStatusRequest {
+                application_id: app.into(),
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     /// The executor pods of `app` in `namespace`, as the API server has them.
     pub async fn pods(&self, namespace: &str, app: &str) -> Vec<Pod> {
         let api: Api<Pod> = Api::namespaced(self.sim.try_client().expect("sim client"), namespace);
