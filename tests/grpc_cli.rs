@@ -10,6 +10,7 @@ use kube::api::{Api, ListParams};
 use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use test_kit::requests::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::Endpoint;
@@ -72,9 +73,7 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
         .into_inner();
     assert!(!started.resumed);
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: "spark-cli".into(),
-        })
+        .get_status(status_request("spark-cli"))
         .await
         .expect("status")
         .into_inner();

@@ -7,6 +7,7 @@ use std::time::Duration;
 use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use test_kit::requests::*;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{ChildStderr, Command};
 use tonic::transport::Endpoint;
@@ -107,9 +108,7 @@ async fn client_mistakes_are_logged_at_info_with_their_field_and_request_id() {
     let mut generated = Vec::new();
     for _ in 0..2 {
         let status = client
-            .get_status(proto::GetStatusRequest {
-                application_id: "spark-unknown".into(),
-            })
+            .get_status(status_request("spark-unknown"))
             .await
             .expect_err("unknown application");
         assert_eq!(status.code(), tonic::Code::NotFound);

@@ -11,6 +11,7 @@ use kube::runtime::watcher;
 use spark_pod_allocator::grpc::server::SERVICE_NAME;
 use spark_pod_allocator::proto;
 use test_kit::grpc::{Harness, TEMPLATE, start_request};
+use test_kit::requests::*;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -63,9 +64,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
     // Before any SetTotalExpected, every profile with a template is listed, with target 0.
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect("status after start")
         .into_inner();
@@ -76,11 +75,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
     assert_eq!(status.profiles, vec![zero(0), zero(4)]);
 
     h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 3)]),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app, 3))
         .await
         .expect("set total");
     // Nothing was outstanding, so the round ran at once: three pods, without the clock moving.
@@ -96,9 +91,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect("status")
         .into_inner();
@@ -116,10 +109,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     let deleted = h
         .client
-        .is_deleted(proto::IsDeletedRequest {
-            application_id: app.into(),
-            executor_id: "2".into(),
-        })
+        .is_deleted(is_deleted_request(app, "2"))
         .await
         .expect("is deleted")
         .into_inner();
@@ -134,9 +124,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     let stopped = h
         .client
-        .stop(proto::StopRequest {
-            application_id: app.into(),
-        })
+        .stop(stop_request(app))
         .await
         .expect("stop")
         .into_inner();
@@ -144,9 +132,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
     assert!(h.pods("team-a", app).await.is_empty());
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect_err("forgotten");
     assert_eq!(status.code(), tonic::Code::NotFound);
@@ -272,11 +258,7 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
         .await
         .expect("start");
     h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 2)]),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app, 2))
         .await
         .expect("set total");
     until_pods_exist(&h, "team-b", app, 2).await;
@@ -325,11 +307,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
         .await
         .expect("start");
     h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 3)]),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app, 3))
         .await
         .expect("set total");
     until_pods_exist(&h, "team-a", app, 3).await;
@@ -343,11 +321,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
         .into_inner();
     assert_eq!((resumed.resumed, resumed.last_executor_id), (true, 3));
     h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 5)]),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app, 5))
         .await
         .expect("set total after restart");
     // The resumed pods are pending (outstanding), so the new target waits for the next
@@ -359,9 +333,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
 
     let stopped = h
         .client
-        .stop(proto::StopRequest {
-            application_id: app.into(),
-        })
+        .stop(stop_request(app))
         .await
         .expect("stop")
         .into_inner();

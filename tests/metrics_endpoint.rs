@@ -14,6 +14,7 @@ use promql_parser::util::{ExprVisitor, walk_expr};
 use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use test_kit::requests::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::{Channel, Endpoint};
@@ -187,19 +188,11 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         .await
         .expect("start");
     client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: "spark-metrics".into(),
-            executors_per_profile: [(0, 3)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request("spark-metrics", 3))
         .await
         .expect("set total expected");
     let unknown = client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: "nobody".into(),
-            executors_per_profile: [(0, 1)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request("nobody", 1))
         .await
         .expect_err("an unknown application");
     assert_eq!(unknown.code(), tonic::Code::NotFound);
@@ -285,9 +278,7 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
     );
 
     let stopped = client
-        .stop(proto::StopRequest {
-            application_id: "spark-metrics".into(),
-        })
+        .stop(stop_request("spark-metrics"))
         .await
         .expect("stop")
         .into_inner();
@@ -476,11 +467,7 @@ async fn the_charts_alerts_and_dashboard_read_exposed_metrics() {
         })
         .await
         .expect("start");
-    let scale_to = |n: u32| proto::SetTotalExpectedRequest {
-        application_id: "spark-alerts".into(),
-        executors_per_profile: [(0, n)].into(),
-        ..Default::default()
-    };
+    let scale_to = |n: u32| targets_request("spark-alerts", n);
     client
         .set_total_expected(scale_to(2))
         .await
@@ -531,9 +518,7 @@ async fn the_charts_alerts_and_dashboard_read_exposed_metrics() {
     )
     .await;
     client
-        .stop(proto::StopRequest {
-            application_id: "spark-alerts".into(),
-        })
+        .stop(stop_request("spark-alerts"))
         .await
         .expect("stop");
     let stopped = until_scraped(

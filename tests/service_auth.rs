@@ -18,6 +18,7 @@ use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator_sim::{FaultSettings, SimGrant, SimSettings, SimToken};
 use test_kit::grpc::{Harness, TEMPLATE, quiet_cluster, start_request};
+use test_kit::requests::*;
 use test_kit::sim::raw;
 use test_kit::wait::until;
 use tonic::{Code, Request};
@@ -101,20 +102,6 @@ fn as_caller<T>(token: &str, message: T) -> Request<T> {
         format!("Bearer {token}").parse().expect("metadata value"),
     );
     request
-}
-
-fn status_request(app: &str) -> proto::GetStatusRequest {
-    proto::GetStatusRequest {
-        application_id: app.into(),
-    }
-}
-
-fn targets(app: &str, total: u32) -> proto::SetTotalExpectedRequest {
-    proto::SetTotalExpectedRequest {
-        application_id: app.into(),
-        executors_per_profile: [(0, total)].into(),
-        ..Default::default()
-    }
 }
 
 #[track_caller]
@@ -262,7 +249,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
         .await
         .expect("start");
     h.client
-        .set_total_expected(as_caller("alice-token", targets(app, 2)))
+        .set_total_expected(as_caller("alice-token", targets_request(app, 2)))
         .await
         .expect("alice scales her application");
     let owned = ["started by another identity"];
@@ -279,7 +266,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .set_total_expected(as_caller(m, targets(app, 50)))
+            .set_total_expected(as_caller(m, targets_request(app, 50)))
             .await
             .unwrap_err(),
         denied,
@@ -287,13 +274,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .is_deleted(as_caller(
-                m,
-                proto::IsDeletedRequest {
-                    application_id: app.into(),
-                    executor_id: "1".into(),
-                },
-            ))
+            .is_deleted(as_caller(m, is_deleted_request(app, "1")))
             .await
             .unwrap_err(),
         denied,
@@ -315,13 +296,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .watch_executors(as_caller(
-                m,
-                proto::WatchExecutorsRequest {
-                    application_id: app.into(),
-                    since: 0,
-                },
-            ))
+            .watch_executors(as_caller(m, watch_request(app, 0)))
             .await
             .expect_err("watch refused"),
         denied,
@@ -329,12 +304,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .stop(as_caller(
-                m,
-                proto::StopRequest {
-                    application_id: app.into(),
-                },
-            ))
+            .stop(as_caller(m, stop_request(app)))
             .await
             .unwrap_err(),
         denied,
@@ -354,12 +324,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
         .await
         .expect("the admin reads it");
     h.client
-        .stop(as_caller(
-            "ops-token",
-            proto::StopRequest {
-                application_id: app.into(),
-            },
-        ))
+        .stop(as_caller("ops-token", stop_request(app)))
         .await
         .expect("the admin stops it");
 }
@@ -389,7 +354,7 @@ async fn a_hijacker_starting_first_never_hands_its_template_to_the_victim() {
     // Nor can the victim be led to scale mallory's pods.
     assert_code(
         &h.client
-            .set_total_expected(as_caller("alice-token", targets(app, 3)))
+            .set_total_expected(as_caller("alice-token", targets_request(app, 3)))
             .await
             .unwrap_err(),
         Code::PermissionDenied,
@@ -412,7 +377,7 @@ async fn the_owner_is_kept_in_the_registration_and_survives_a_restart() {
         .await
         .expect("start");
     h.client
-        .set_total_expected(as_caller("alice-token", targets(app, 1)))
+        .set_total_expected(as_caller("alice-token", targets_request(app, 1)))
         .await
         .expect("targets");
     let configmaps: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), "team-a");

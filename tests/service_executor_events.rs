@@ -13,6 +13,7 @@ use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
 use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
+use test_kit::requests::*;
 use test_kit::wait::until;
 use tonic::Streaming;
 
@@ -288,9 +289,7 @@ async fn the_stream_ends_when_the_application_stops() {
     full_state(&mut stream).await;
     h.client
         .clone()
-        .stop(proto::StopRequest {
-            application_id: "app-stop".into(),
-        })
+        .stop(stop_request("app-stop"))
         .await
         .expect("Stop");
     // Deletes may be seen before the end; then the stream ends cleanly.
@@ -305,20 +304,14 @@ async fn bad_requests_name_the_field_and_unknown_applications_are_not_found() {
     let status = h
         .client
         .clone()
-        .watch_executors(proto::WatchExecutorsRequest {
-            application_id: "-bad-".into(),
-            since: 0,
-        })
+        .watch_executors(watch_request("-bad-", 0))
         .await
         .expect_err("invalid id");
     assert_invalid(&status, "application_id");
     let status = h
         .client
         .clone()
-        .watch_executors(proto::WatchExecutorsRequest {
-            application_id: "nobody".into(),
-            since: 0,
-        })
+        .watch_executors(watch_request("nobody", 0))
         .await
         .expect_err("unknown app");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
@@ -353,10 +346,7 @@ async fn the_stream_ends_when_the_application_is_forgotten_after_its_driver_pod_
     let status = h
         .client
         .clone()
-        .watch_executors(proto::WatchExecutorsRequest {
-            application_id: "app-gone".into(),
-            since: 0,
-        })
+        .watch_executors(watch_request("app-gone", 0))
         .await
         .expect_err("a forgotten application");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");

@@ -12,6 +12,7 @@ use spark_pod_allocator::k8s::RequestPolicy;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
 use test_kit::grpc::{Harness, quiet_cluster, start_request};
+use test_kit::requests::*;
 use test_kit::wait::until;
 
 /// The service's deadline per request attempt.
@@ -49,11 +50,7 @@ async fn set_total(h: &Harness, n: u32) -> Duration {
     let mut client = h.client.clone();
     let began = Instant::now();
     client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app().to_string(),
-            executors_per_profile: [(0, n)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app().to_string(), n))
         .await
         .expect("SetTotalExpected");
     began.elapsed()
@@ -63,9 +60,7 @@ async fn status(h: &Harness) -> (proto::ApplicationStatus, Duration) {
     let mut client = h.client.clone();
     let began = Instant::now();
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: app().to_string(),
-        })
+        .get_status(status_request(app().to_string()))
         .await
         .expect("GetStatus")
         .into_inner();
@@ -76,10 +71,7 @@ async fn is_deleted(h: &Harness, id: u64) -> (bool, Duration) {
     let mut client = h.client.clone();
     let began = Instant::now();
     let deleted = client
-        .is_deleted(proto::IsDeletedRequest {
-            application_id: app().to_string(),
-            executor_id: id.to_string(),
-        })
+        .is_deleted(is_deleted_request(app().to_string(), id.to_string()))
         .await
         .expect("IsDeleted")
         .into_inner()

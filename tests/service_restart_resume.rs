@@ -14,6 +14,7 @@ use spark_pod_allocator_sim::SimCluster;
 
 use test_kit::grpc::TEMPLATE;
 use test_kit::process::serve_against;
+use test_kit::requests::*;
 use test_kit::sim::manual_cluster;
 use test_kit::wait::until;
 
@@ -49,11 +50,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         .await
         .expect("Start");
     client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: APP.into(),
-            executors_per_profile: [(0, 6)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(APP, 6))
         .await
         .expect("SetTotalExpected");
     until("the first batch", async || {
@@ -98,9 +95,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
 
     // The next call just works.
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: APP.into(),
-        })
+        .get_status(status_request(APP))
         .await
         .expect("GetStatus")
         .into_inner();
@@ -110,9 +105,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         ids.iter().max().copied()
     );
     let stopped = client
-        .stop(proto::StopRequest {
-            application_id: APP.into(),
-        })
+        .stop(stop_request(APP))
         .await
         .expect("Stop")
         .into_inner();

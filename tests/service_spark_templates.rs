@@ -14,6 +14,7 @@ use spark_pod_allocator::allocator::{ExecutorId, ExecutorState};
 use spark_pod_allocator::app::AppId;
 use spark_pod_allocator::proto;
 use test_kit::grpc::{Harness, TEMPLATE, assert_invalid, start_request};
+use test_kit::requests::*;
 use test_kit::wait::eventually;
 
 const NS: &str = "team-a";
@@ -276,9 +277,7 @@ async fn set_total_expected_registers_profile_templates() {
 
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect("GetStatus")
         .into_inner();

@@ -13,6 +13,7 @@ use spark_pod_allocator::proto;
 use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::TEMPLATE;
 use test_kit::process::serve_against;
+use test_kit::requests::*;
 use test_kit::wait::until;
 
 const APP: &str = "app-binary";
@@ -48,11 +49,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
         .await
         .expect("Start");
     client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: APP.into(),
-            executors_per_profile: [(0, 6)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(APP, 6))
         .await
         .expect("SetTotalExpected");
     // The whole first batch, so that no create is in flight at the kill (the batch delay
@@ -93,9 +90,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     let expected: BTreeSet<u64> = (recorded + 1..=recorded + new.len() as u64).collect();
     assert_eq!(new, expected, "ids continue after the block, none reused");
     let stopped = client
-        .stop(proto::StopRequest {
-            application_id: APP.into(),
-        })
+        .stop(stop_request(APP))
         .await
         .expect("Stop")
         .into_inner();

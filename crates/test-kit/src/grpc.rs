@@ -146,11 +146,7 @@ impl Harness {
     pub async fn set_total(&self, app: &str, n: u32) {
         self.client
             .clone()
-            .set_total_expected(proto::SetTotalExpectedRequest {
-                application_id: app.into(),
-                executors_per_profile: [(0, n)].into(),
-                ..Default::default()
-            })
+            .set_total_expected(crate::requests::targets_request(app, n))
             .await
             .expect("SetTotalExpected");
     }
@@ -159,9 +155,7 @@ impl Harness {
     pub async fn status(&self, app: &str) -> Result<proto::ApplicationStatus, tonic::Status> {
         self.client
             .clone()
-            .get_status(proto::GetStatusRequest {
-                application_id: app.into(),
-            })
+            .get_status(crate::requests::status_request(app))
             .await
             .map(tonic::Response::into_inner)
     }

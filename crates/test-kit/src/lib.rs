@@ -5,6 +5,7 @@
 //!   moves it), pod manifests, raw HTTP through kube-rs's own client;
 //! - [`grpc`]: simulator + service + gRPC server + client in one process ([`grpc::Harness`]),
 //!   the standard executor template ([`grpc::TEMPLATE`]) and the Start request built on it;
+//! - [`requests`]: the gRPC requests the tests send most, built one way;
 //! - [`service`]: the service core in process (`Applications`, a `ManualClock`), the Start
 //!   fixture of the allocation scenarios and the waits on its rounds and snapshot;
 //! - [`wait`]: the one polling helper (a condition, a bound, never a fixed sleep);
@@ -17,6 +18,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod grpc;
 pub mod process;
+pub mod requests;
 pub mod service;
 pub mod sim;
 pub mod wait;
