@@ -1,71 +1,43 @@
 //! The binary as a user runs it: `serve --simulate` answering gRPC and stopping cleanly on
 //! SIGTERM, `simulate` writing a usable kubeconfig, `demo` finishing with exit 0, and bad
 //! configuration refused with a message naming the key (no panic).
-use test_kit::process::{HANG_GUARD, until_logged};
-
-use std::process::Stdio;
+use test_kit::grpc::TEMPLATE;
+use test_kit::process::{
+    HANG_GUARD, connect_serving, service_command, serving_channel, spawn_logged, terminate,
+    until_logged,
+};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
-use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use test_kit::requests::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tonic::transport::Endpoint;
+use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 
 fn command(args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-fn terminate(child: &Child) {
-    let pid = child.id().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    service_command(BIN, args)
 }
 
 #[tokio::test]
 async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
-    let mut child = command(&[
+    let (mut child, mut lines) = spawn_logged(command(&[
         "--log-format",
         "json",
         "serve",
         "--simulate",
         "--listen",
         "127.0.0.1:0",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    ]));
     let fields = until_logged(&mut lines, "serving gRPC").await;
     let address = fields["address"].as_str().expect("address").to_string();
 
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
-    let mut client = ExecutorAllocatorClient::new(channel);
+    let mut client = connect_serving(&address).await;
     let started = client
         .start(proto::StartRequest {
             application_id: "spark-cli".into(),
             namespace: "default".into(),
-            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
+            executor_pod_template: TEMPLATE.into(),
             ..Default::default()
         })
         .await
@@ -94,27 +66,17 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
 
 #[tokio::test]
 async fn a_second_signal_exits_without_waiting_for_open_calls() {
-    let mut child = command(&[
+    let (mut child, mut lines) = spawn_logged(command(&[
         "--log-format",
         "json",
         "serve",
         "--simulate",
         "--listen",
         "127.0.0.1:0",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    ]));
     let fields = until_logged(&mut lines, "serving gRPC").await;
     let address = fields["address"].as_str().expect("address").to_string();
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
+    let channel = serving_channel(&address).await;
     // A health Watch is a call that stays open: a graceful shutdown waits for it to drain.
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let _open = health
@@ -145,20 +107,15 @@ async fn a_second_signal_exits_without_waiting_for_open_calls() {
 async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut child = command(&[
+    let mut command = command(&[
         "simulate",
         "--listen",
         "127.0.0.1:0",
         "--kubeconfig",
         kubeconfig.to_str().expect("utf-8 path"),
-    ])
-    .arg("--log-format")
-    .arg("json")
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    ]);
+    command.arg("--log-format").arg("json");
+    let (mut child, mut lines) = spawn_logged(command);
     let fields = until_logged(&mut lines, "simulated cluster serving").await;
     let url = fields["url"].as_str().expect("url");
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");

@@ -2,22 +2,21 @@
 //! scale-up the pods created, the gRPC calls by method and code and the active
 //! applications read back from `/metrics`; after Stop, the pods it deleted. The chart's
 //! alerts and example dashboard use only metrics and labels such a scrape has.
-use test_kit::process::{HANG_GUARD, until_logged};
+use test_kit::grpc::TEMPLATE;
+use test_kit::process::{HANG_GUARD, connect_serving, service_command, spawn_logged, until_logged};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use promql_parser::parser::{Expr, parse};
 use promql_parser::util::{ExprVisitor, walk_expr};
-use spark_pod_allocator::demo::wait_until_serving;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use test_kit::requests::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
-use tonic::transport::{Channel, Endpoint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Child;
+use tonic::transport::Channel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 const START: &str = "/spark.allocator.v1.ExecutorAllocator/Start";
@@ -61,30 +60,22 @@ struct Service {
 }
 
 async fn start_service(env: &[(&str, &str)]) -> Service {
-    let mut command = Command::new(BIN);
-    command
-        .args([
+    let mut command = service_command(
+        BIN,
+        &[
             "--log-format",
             "json",
             "serve",
             "--simulate",
             "--listen",
             "127.0.0.1:0",
-        ])
-        .env_remove("RUST_LOG")
-        .env_remove("KUBECONFIG")
-        .env("SPARK_POD_ALLOCATOR__METRICS__LISTEN", "127.0.0.1:0");
+        ],
+    );
+    command.env("SPARK_POD_ALLOCATOR__METRICS__LISTEN", "127.0.0.1:0");
     for (key, value) in env {
         command.env(key, value);
     }
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (child, mut lines) = spawn_logged(command);
     let api_server = until_logged(&mut lines, "simulated cluster started").await["api_server"]
         .as_str()
         .expect("API server address")
@@ -109,16 +100,8 @@ async fn start_service(env: &[(&str, &str)]) -> Service {
 }
 
 async fn client(grpc: &str) -> ExecutorAllocatorClient<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{grpc}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
-    ExecutorAllocatorClient::new(channel)
+    connect_serving(grpc).await
 }
-
-const EXECUTOR_TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 
 /// The value of the sample `series` (name and labels as exposed), if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -182,7 +165,7 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         .start(proto::StartRequest {
             application_id: "spark-metrics".into(),
             namespace: "default".into(),
-            executor_pod_template: EXECUTOR_TEMPLATE.into(),
+            executor_pod_template: TEMPLATE.into(),
             ..Default::default()
         })
         .await
@@ -462,7 +445,7 @@ async fn the_charts_alerts_and_dashboard_read_exposed_metrics() {
         .start(proto::StartRequest {
             application_id: "spark-alerts".into(),
             namespace: "default".into(),
-            executor_pod_template: EXECUTOR_TEMPLATE.into(),
+            executor_pod_template: TEMPLATE.into(),
             ..Default::default()
         })
         .await

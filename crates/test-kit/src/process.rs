@@ -36,33 +36,72 @@ pub async fn until_logged(
         .expect("log line")
 }
 
-/// Starts the service binary `bin` (`serve`, JSON logs, a free loopback port) against the
-/// cluster of `kubeconfig`; returns it and a client once its health answers SERVING.
-pub async fn serve_against(
-    bin: &str,
-    kubeconfig: &Path,
-) -> (Child, ExecutorAllocatorClient<Channel>) {
-    let mut child = Command::new(bin)
-        .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+/// The service binary `bin` with `args`, as a user runs it: neither `RUST_LOG` nor
+/// `KUBECONFIG` from the test's environment, stdin closed, killed when dropped.
+pub fn service_command(bin: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(bin);
+    command
+        .args(args)
         .env_remove("RUST_LOG")
         .env_remove("KUBECONFIG")
-        .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
         .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+/// Spawns `command` with its log (stderr) piped and its stdout dropped; returns the process
+/// and its log lines.
+pub fn spawn_logged(mut command: Command) -> (Child, Lines<BufReader<ChildStderr>>) {
+    let mut child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let serving = until_logged(&mut lines, "serving gRPC").await;
-    let address = serving["address"].as_str().expect("address").to_string();
-    // Keep reading its log so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    (child, lines)
+}
+
+/// A channel to the gRPC server at `address` (`host:port`) once its health answers SERVING.
+pub async fn serving_channel(address: &str) -> Channel {
     let channel = Endpoint::from_shared(format!("http://{address}"))
         .expect("endpoint")
         .connect()
         .await
         .expect("connect");
     wait_until_serving(channel.clone()).await.expect("serving");
-    (child, ExecutorAllocatorClient::new(channel))
+    channel
+}
+
+/// A client of the gRPC server at `address` once its health answers SERVING.
+pub async fn connect_serving(address: &str) -> ExecutorAllocatorClient<Channel> {
+    ExecutorAllocatorClient::new(serving_channel(address).await)
+}
+
+/// Sends SIGTERM to the process, as an orchestrator stopping it does.
+pub fn terminate(child: &Child) {
+    let pid = child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// Starts the service binary `bin` (`serve`, JSON logs, a free loopback port) against the
+/// cluster of `kubeconfig`; returns it and a client once its health answers SERVING.
+pub async fn serve_against(
+    bin: &str,
+    kubeconfig: &Path,
+) -> (Child, ExecutorAllocatorClient<Channel>) {
+    let mut command = service_command(
+        bin,
+        &["--log-format", "json", "serve", "--listen", "127.0.0.1:0"],
+    );
+    command.env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig);
+    let (child, mut lines) = spawn_logged(command);
+    let serving = until_logged(&mut lines, "serving gRPC").await;
+    let address = serving["address"].as_str().expect("address").to_string();
+    // Keep reading its log so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, connect_serving(&address).await)
 }
