@@ -3,8 +3,8 @@
 //! configuration refused with a message naming the key (no panic).
 use test_kit::grpc::TEMPLATE;
 use test_kit::process::{
-    HANG_GUARD, connect_serving, service_command, serving_channel, spawn_logged, terminate,
-    until_logged,
+    HANG_GUARD, SERVE_SIMULATE, connect_serving, service_command, serving_channel, spawn_logged,
+    terminate, until_logged,
 };
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -21,14 +21,7 @@ fn command(args: &[&str]) -> Command {
 
 #[tokio::test]
 async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
-    let (mut child, mut lines) = spawn_logged(command(&[
-        "--log-format",
-        "json",
-        "serve",
-        "--simulate",
-        "--listen",
-        "127.0.0.1:0",
-    ]));
+    let (mut child, mut lines) = spawn_logged(command(SERVE_SIMULATE));
     let fields = until_logged(&mut lines, "serving gRPC").await;
     let address = fields["address"].as_str().expect("address").to_string();
 
@@ -66,14 +59,7 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
 
 #[tokio::test]
 async fn a_second_signal_exits_without_waiting_for_open_calls() {
-    let (mut child, mut lines) = spawn_logged(command(&[
-        "--log-format",
-        "json",
-        "serve",
-        "--simulate",
-        "--listen",
-        "127.0.0.1:0",
-    ]));
+    let (mut child, mut lines) = spawn_logged(command(SERVE_SIMULATE));
     let fields = until_logged(&mut lines, "serving gRPC").await;
     let address = fields["address"].as_str().expect("address").to_string();
     let channel = serving_channel(&address).await;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use spark_pod_allocator::proto;
-use test_kit::process::{connect_serving, service_command, spawn_logged};
+use test_kit::process::{SERVE_SIMULATE, connect_serving, service_command, spawn_logged};
 use test_kit::requests::*;
 use tokio::io::{BufReader, Lines};
 use tokio::process::ChildStderr;
@@ -49,17 +49,7 @@ fn request_id(entry: &serde_json::Value) -> String {
 
 #[tokio::test]
 async fn client_mistakes_are_logged_at_info_with_their_field_and_request_id() {
-    let (_child, mut lines) = spawn_logged(service_command(
-        BIN,
-        &[
-            "--log-format",
-            "json",
-            "serve",
-            "--simulate",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    ));
+    let (_child, mut lines) = spawn_logged(service_command(BIN, SERVE_SIMULATE));
     let serving = until_logged(&mut lines, "serving gRPC").await;
     let address = serving["fields"]["address"].as_str().expect("address");
     let mut client = connect_serving(address).await;

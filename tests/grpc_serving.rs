@@ -10,7 +10,7 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use spark_pod_allocator::grpc::server::SERVICE_NAME;
 use spark_pod_allocator::proto;
-use test_kit::grpc::{Harness, TEMPLATE, start_request};
+use test_kit::grpc::{Harness, TEMPLATE, start_request, start_scaled};
 use test_kit::requests::*;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -253,14 +253,7 @@ mod reflection {
 async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
     let mut h = Harness::start().await;
     let app = "spark-kept";
-    h.client
-        .start(start_request(app, "team-b"))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(targets_request(app, 2))
-        .await
-        .expect("set total");
+    start_scaled(&mut h.client, start_request(app, "team-b"), 2).await;
     until_pods_exist(&h, "team-b", app, 2).await;
 
     // A call in flight when the shutdown begins (a health Watch) is still served.
@@ -302,14 +295,7 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
 async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
     let mut h = Harness::start().await;
     let app = "spark-resumed";
-    h.client
-        .start(start_request(app, "team-a"))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(targets_request(app, 3))
-        .await
-        .expect("set total");
+    start_scaled(&mut h.client, start_request(app, "team-a"), 3).await;
     until_pods_exist(&h, "team-a", app, 3).await;
 
     h.restart().await;

@@ -3,7 +3,9 @@
 //! applications read back from `/metrics`; after Stop, the pods it deleted. The chart's
 //! alerts and example dashboard use only metrics and labels such a scrape has.
 use test_kit::grpc::TEMPLATE;
-use test_kit::process::{HANG_GUARD, connect_serving, service_command, spawn_logged, until_logged};
+use test_kit::process::{
+    HANG_GUARD, SERVE_SIMULATE, connect_serving, service_command, spawn_logged, until_logged,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -60,17 +62,7 @@ struct Service {
 }
 
 async fn start_service(env: &[(&str, &str)]) -> Service {
-    let mut command = service_command(
-        BIN,
-        &[
-            "--log-format",
-            "json",
-            "serve",
-            "--simulate",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    );
+    let mut command = service_command(BIN, SERVE_SIMULATE);
     command.env("SPARK_POD_ALLOCATOR__METRICS__LISTEN", "127.0.0.1:0");
     for (key, value) in env {
         command.env(key, value);

@@ -104,6 +104,18 @@ fn as_caller<T>(token: &str, message: T) -> Request<T> {
     request
 }
 
+/// alice starts `app` in team-a and asks for `n` executors.
+async fn alice_starts(h: &mut Harness, app: &str, n: u32) {
+    h.client
+        .start(as_caller("alice-token", start_request(app, "team-a")))
+        .await
+        .expect("start");
+    h.client
+        .set_total_expected(as_caller("alice-token", targets_request(app, n)))
+        .await
+        .expect("alice scales her application");
+}
+
 #[track_caller]
 fn assert_code(status: &tonic::Status, code: Code, words: &[&str]) {
     assert_eq!(status.code(), code, "{status:?}");
@@ -244,14 +256,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     let _serial = SERIAL.lock().await;
     let mut h = Harness::start_with_auth(cluster(), auth()).await;
     let app = "spark-alice";
-    h.client
-        .start(as_caller("alice-token", start_request(app, "team-a")))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(as_caller("alice-token", targets_request(app, 2)))
-        .await
-        .expect("alice scales her application");
+    alice_starts(&mut h, app, 2).await;
     let owned = ["started by another identity"];
     let denied = Code::PermissionDenied;
     // mallory has every pod right in team-a, but the application is not hers.
@@ -372,14 +377,7 @@ async fn the_owner_is_kept_in_the_registration_and_survives_a_restart() {
     let _serial = SERIAL.lock().await;
     let mut h = Harness::start_with_auth(cluster(), auth()).await;
     let app = "spark-kept";
-    h.client
-        .start(as_caller("alice-token", start_request(app, "team-a")))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(as_caller("alice-token", targets_request(app, 1)))
-        .await
-        .expect("targets");
+    alice_starts(&mut h, app, 1).await;
     let configmaps: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), "team-a");
     let clock = h.clock.clone();
     until("the registration is written with its owner", || {

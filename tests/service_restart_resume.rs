@@ -9,10 +9,9 @@ use kube::api::Api;
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
-use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::SimCluster;
 
-use test_kit::grpc::TEMPLATE;
+use test_kit::grpc::{batched_start_request, start_scaled};
 use test_kit::process::serve_against;
 use test_kit::requests::*;
 use test_kit::sim::manual_cluster;
@@ -35,24 +34,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
 
     let (mut first, mut client) = serve_against(BIN, &kubeconfig).await;
-    client
-        .start(proto::StartRequest {
-            application_id: APP.into(),
-            namespace: NS.into(),
-            executor_pod_template: TEMPLATE.into(),
-            settings: Some(proto::AllocationSettings {
-                batch_size: Some(2),
-                batch_delay_ms: Some(1000),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("Start");
-    client
-        .set_total_expected(targets_request(APP, 6))
-        .await
-        .expect("SetTotalExpected");
+    start_scaled(&mut client, batched_start_request(APP, NS, 2, 1000), 6).await;
     until("the first batch", async || {
         !executor_ids(&sim).await.is_empty()
     })

@@ -8,10 +8,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
-use spark_pod_allocator::proto;
 
 use test_kit::cluster::{Cluster, RealBackend};
-use test_kit::grpc::TEMPLATE;
+use test_kit::grpc::{batched_start_request, start_scaled};
 use test_kit::process::serve_against;
 use test_kit::requests::*;
 use test_kit::wait::until;
@@ -34,24 +33,12 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     c.write_service_kubeconfig(&kubeconfig);
 
     let (mut first, mut client) = serve_against(BIN, &kubeconfig).await;
-    client
-        .start(proto::StartRequest {
-            application_id: APP.into(),
-            namespace: c.namespace().into(),
-            executor_pod_template: TEMPLATE.into(),
-            settings: Some(proto::AllocationSettings {
-                batch_size: Some(2),
-                batch_delay_ms: Some(5000),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("Start");
-    client
-        .set_total_expected(targets_request(APP, 6))
-        .await
-        .expect("SetTotalExpected");
+    start_scaled(
+        &mut client,
+        batched_start_request(APP, c.namespace(), 2, 5000),
+        6,
+    )
+    .await;
     // The whole first batch, so that no create is in flight at the kill (the batch delay
     // holds the next one back); a create cut off by SIGKILL may never land, and its id is
     // then skipped, which is right but not this test's point.

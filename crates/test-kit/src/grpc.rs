@@ -182,6 +182,39 @@ pub fn start_request(app: &str, namespace: &str) -> proto::StartRequest {
     }
 }
 
+/// A Start request that passes validation, creating batches of `size` pods every
+/// `delay_ms` milliseconds.
+pub fn batched_start_request(
+    app: &str,
+    namespace: &str,
+    size: u32,
+    delay_ms: u64,
+) -> proto::StartRequest {
+    proto::StartRequest {
+        settings: Some(proto::AllocationSettings {
+            batch_size: Some(size),
+            batch_delay_ms: Some(delay_ms),
+            ..Default::default()
+        }),
+        ..start_request(app, namespace)
+    }
+}
+
+/// Starts the application of `request`, then asks for `n` executors of the default profile.
+pub async fn start_scaled(
+    client: &mut ExecutorAllocatorClient<Channel>,
+    request: proto::StartRequest,
+    n: u32,
+) -> proto::StartResponse {
+    let app = request.application_id.clone();
+    let started = client.start(request).await.expect("Start").into_inner();
+    client
+        .set_total_expected(crate::requests::targets_request(app, n))
+        .await
+        .expect("SetTotalExpected");
+    started
+}
+
 /// Asserts an INVALID_ARGUMENT status naming `field` first.
 #[track_caller]
 pub fn assert_invalid(status: &tonic::Status, field: &str) {

@@ -36,6 +36,16 @@ pub async fn until_logged(
         .expect("log line")
 }
 
+/// `serve --simulate` (the embedded simulated cluster) on a free loopback port, logging JSON.
+pub const SERVE_SIMULATE: &[&str] = &[
+    "--log-format",
+    "json",
+    "serve",
+    "--simulate",
+    "--listen",
+    "127.0.0.1:0",
+];
+
 /// The service binary `bin` with `args`, as a user runs it: neither `RUST_LOG` nor
 /// `KUBECONFIG` from the test's environment, stdin closed, killed when dropped.
 pub fn service_command(bin: &str, args: &[&str]) -> Command {
