@@ -14,6 +14,7 @@ use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
 use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
 use test_kit::requests::*;
+use test_kit::sim::executor_container;
 use test_kit::wait::until;
 use tonic::Streaming;
 
@@ -84,23 +85,12 @@ fn pods_api(h: &Harness) -> Api<Pod> {
 
 /// Plays the kubelet: the status of executor `exec`'s pod.
 async fn set_pod_status(h: &Harness, app: &str, exec: u64, status: serde_json::Value) {
-    pods_api(h)
-        .patch_status(
-            &format!("{app}-exec-{exec}"),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": status })),
-        )
-        .await
-        .expect("status patch");
-}
-
-fn container(state: serde_json::Value) -> serde_json::Value {
-    json!([{"name": "spark-kubernetes-executor", "ready": false, "restartCount": 0,
-            "image": "spark:4", "imageID": "", "state": state}])
+    let client = h.sim.try_client().expect("sim client");
+    test_kit::sim::set_pod_status(&client, NS, &format!("{app}-exec-{exec}"), status).await;
 }
 
 fn running() -> serde_json::Value {
-    json!({"phase": "Running", "containerStatuses": container(
+    json!({"phase": "Running", "containerStatuses": executor_container(
         json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}))})
 }
 
@@ -164,7 +154,7 @@ async fn the_stream_shows_the_state_then_pods_moving_failing_and_going() {
         &h,
         "app-ev",
         2,
-        json!({"phase": "Failed", "containerStatuses": container(
+        json!({"phase": "Failed", "containerStatuses": executor_container(
             json!({"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "out of memory"}}))}),
     )
     .await;

@@ -5,13 +5,12 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use spark_pod_allocator::app::Clock;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
 use test_kit::grpc::{Harness, start_request};
+use test_kit::sim::executor_container;
 use test_kit::wait::until;
 
 const NS: &str = "default";
@@ -22,19 +21,8 @@ async fn status(h: &Harness, app: &str) -> proto::ApplicationStatus {
 
 /// Plays the kubelet: the status of executor `exec`'s pod.
 async fn set_pod_status(h: &Harness, app: &str, exec: u64, status: serde_json::Value) {
-    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
-    api.patch_status(
-        &format!("{app}-exec-{exec}"),
-        &PatchParams::default(),
-        &Patch::Merge(&json!({ "status": status })),
-    )
-    .await
-    .expect("status patch");
-}
-
-fn container(state: serde_json::Value) -> serde_json::Value {
-    json!([{"name": "spark-kubernetes-executor", "ready": false, "restartCount": 0,
-            "image": "spark:4", "imageID": "", "state": state}])
+    let client = h.sim.try_client().expect("sim client");
+    test_kit::sim::set_pod_status(&client, NS, &format!("{app}-exec-{exec}"), status).await;
 }
 
 #[tokio::test]
@@ -116,7 +104,7 @@ async fn failed_and_stuck_executors_are_reported() {
         &h,
         "app-oom",
         2,
-        json!({"phase": "Pending", "containerStatuses": container(
+        json!({"phase": "Pending", "containerStatuses": executor_container(
             json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"spark:4\""}}))}),
     )
     .await;
@@ -136,7 +124,7 @@ async fn failed_and_stuck_executors_are_reported() {
         &h,
         "app-oom",
         1,
-        json!({"phase": "Failed", "containerStatuses": container(
+        json!({"phase": "Failed", "containerStatuses": executor_container(
             json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}))}),
     )
     .await;
@@ -144,7 +132,7 @@ async fn failed_and_stuck_executors_are_reported() {
         &h,
         "app-oom",
         2,
-        json!({"phase": "Running", "containerStatuses": container(
+        json!({"phase": "Running", "containerStatuses": executor_container(
             json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}))}),
     )
     .await;

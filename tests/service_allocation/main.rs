@@ -95,14 +95,9 @@ async fn set_failed(sim: &SimCluster, app: &str, exec: u64) {
 }
 
 async fn patch_status(sim: &SimCluster, app: &str, exec: u64, patch: serde_json::Value) {
-    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), NS);
-    api.patch_status(
-        &format!("{app}-exec-{exec}"),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .expect("status patch");
+    let client = sim.try_client().expect("sim client");
+    let name = format!("{app}-exec-{exec}");
+    test_kit::sim::set_pod_status(&client, NS, &name, patch["status"].clone()).await;
 }
 
 /// Plays the scheduler: binds the pod so that its deletion becomes graceful.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use spark_pod_allocator_sim::SimCluster;
 use tokio::sync::OnceCell;
@@ -463,14 +463,14 @@ pub async fn set_failed(c: &impl Cluster, app: &str, exec: u64) {
 }
 
 async fn patch_status(c: &impl Cluster, app: &str, exec: u64, patch: Value) {
-    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
-    pods.patch_status(
-        &pod_name(app, exec),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
+    let name = pod_name(app, exec);
+    crate::sim::set_pod_status(
+        &c.admin_client(),
+        c.namespace(),
+        &name,
+        patch["status"].clone(),
     )
-    .await
-    .unwrap_or_else(|e| panic!("status of {app} {exec} on the {}: {e}", c.backend()));
+    .await;
 }
 
 /// Plays the kubelet confirming a graceful deletion (or a user removing the pod at once).

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
@@ -72,6 +72,26 @@ pub async fn bind(client: &Client, namespace: &str, name: &str) -> Result<String
     .body(body)
     .expect("binding request");
     client.request_text(request).await
+}
+
+/// Plays the kubelet: merges `status` into the status of pod `name` (through the
+/// `pods/status` subresource, as a kubelet writes it).
+pub async fn set_pod_status(client: &Client, namespace: &str, name: &str, status: Value) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": status })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+}
+
+/// The `containerStatuses` of an executor pod whose one container is in `state`
+/// (`{"running": …}`, `{"waiting": …}`, `{"terminated": …}`) and not ready.
+pub fn executor_container(state: Value) -> Value {
+    json!([{"name": "spark-kubernetes-executor", "ready": false, "restartCount": 0,
+            "image": "spark:4", "imageID": "", "state": state}])
 }
 
 /// An executor pod manifest with the labels the allocator uses.
