@@ -3,8 +3,8 @@
 //! configuration refused with a message naming the key (no panic).
 use test_kit::grpc::TEMPLATE;
 use test_kit::process::{
-    HANG_GUARD, SERVE_SIMULATE, connect_serving, service_command, serving_channel, spawn_logged,
-    terminate, until_logged,
+    HANG_GUARD, SERVE_SIMULATE, connect_serving, exit_status, service_command, serving_channel,
+    spawn_logged, terminate, until_logged,
 };
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -50,10 +50,7 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
         "stopped, and the simulated cluster with its pods",
     )
     .await;
-    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
+    let exit = exit_status(&mut child).await;
     assert!(exit.success(), "{exit:?}");
 }
 
@@ -81,10 +78,7 @@ async fn a_second_signal_exits_without_waiting_for_open_calls() {
         "second signal: exiting at once; executor pods are left in place",
     )
     .await;
-    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
+    let exit = exit_status(&mut child).await;
     // 130, not the 0 of a shutdown that drained its calls.
     assert_eq!(exit.code(), Some(130), "{exit:?}");
 }
@@ -125,10 +119,7 @@ async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
     assert!(names.contains(&"default".to_string()), "{names:?}");
 
     terminate(&child);
-    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
+    let exit = exit_status(&mut child).await;
     assert!(exit.success(), "{exit:?}");
 }
 

@@ -72,10 +72,7 @@ async fn set_running(sim: &SimCluster, app: &str, exec: u64) {
         sim,
         app,
         exec,
-        json!({"status": {"phase": "Running", "containerStatuses": [{
-            "name": "spark-kubernetes-executor", "ready": true, "restartCount": 0,
-            "image": "spark:4", "imageID": "",
-            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}),
+        json!({"status": test_kit::sim::running_status()}),
     )
     .await;
 }

@@ -438,10 +438,7 @@ pub async fn set_running(c: &impl Cluster, app: &str, exec: u64) {
         c,
         app,
         exec,
-        json!({"status": {"phase": "Running", "containerStatuses": [{
-            "name": "spark-kubernetes-executor", "ready": true, "restartCount": 0,
-            "image": "spark:4", "imageID": "",
-            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}),
+        json!({"status": crate::sim::running_status()}),
     )
     .await;
 }

@@ -87,6 +87,14 @@ pub async fn connect_serving(address: &str) -> ExecutorAllocatorClient<Channel> 
     ExecutorAllocatorClient::new(serving_channel(address).await)
 }
 
+/// How the process exited (bounded by [`HANG_GUARD`]).
+pub async fn exit_status(child: &mut Child) -> std::process::ExitStatus {
+    tokio::time::timeout(HANG_GUARD, child.wait())
+        .await
+        .expect("exit")
+        .expect("wait")
+}
+
 /// Sends SIGTERM to the process, as an orchestrator stopping it does.
 pub fn terminate(child: &Child) {
     let pid = child.id().expect("running").to_string();

@@ -94,6 +94,15 @@ pub fn executor_container(state: Value) -> Value {
             "image": "spark:4", "imageID": "", "state": state}])
 }
 
+/// The status a kubelet writes for a running executor: phase Running, its one container
+/// running and ready.
+pub fn running_status() -> Value {
+    json!({"phase": "Running", "containerStatuses": [{
+        "name": "spark-kubernetes-executor", "ready": true, "restartCount": 0,
+        "image": "spark:4", "imageID": "",
+        "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]})
+}
+
 /// An executor pod manifest with the labels the allocator uses.
 pub fn executor_pod(name: &str, exec_id: u32) -> Pod {
     serde_json::from_value(json!({
