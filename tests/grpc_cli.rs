@@ -3,8 +3,8 @@
 //! configuration refused with a message naming the key (no panic).
 use test_kit::grpc::TEMPLATE;
 use test_kit::process::{
-    HANG_GUARD, SERVE_SIMULATE, connect_serving, exit_status, service_command, serving_channel,
-    spawn_logged, terminate, until_logged,
+    HANG_GUARD, SERVE_SIMULATE, connect_serving, exit_status, run_successfully, service_command,
+    serving_channel, spawn_logged, terminate, until_logged,
 };
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -163,16 +163,7 @@ async fn a_missing_default_template_file_is_refused_naming_its_key() {
 
 #[tokio::test]
 async fn the_demo_runs_to_its_summary_and_exits_zero() {
-    let out = tokio::time::timeout(HANG_GUARD * 2, command(&["demo"]).output())
-        .await
-        .expect("demo finishes")
-        .expect("run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_successfully(command(&["demo"]), HANG_GUARD * 2).await;
     // Not a terminal: plain lines, no ANSI redraws.
     assert!(!stdout.contains('\u{1b}'), "{stdout}");
     for expected in [
@@ -214,16 +205,7 @@ async fn bench_scale_up_prints_each_case_with_its_ratio_and_writes_the_plot() {
         "--plot",
         plot_arg,
     ];
-    let out = tokio::time::timeout(HANG_GUARD, command(&args).output())
-        .await
-        .expect("bench finishes")
-        .expect("run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_successfully(command(&args), HANG_GUARD).await;
     for case in ["SPARK batch 10", "ADAPTIVE"] {
         let line = stdout
             .lines()

@@ -87,6 +87,22 @@ pub async fn connect_serving(address: &str) -> ExecutorAllocatorClient<Channel> 
     ExecutorAllocatorClient::new(serving_channel(address).await)
 }
 
+/// Runs `command` to its end (bounded by `bound`) and asserts that it succeeded; returns
+/// what it printed on stdout.
+pub async fn run_successfully(mut command: Command, bound: Duration) -> String {
+    let out = tokio::time::timeout(bound, command.output())
+        .await
+        .expect("the process ends")
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// How the process exited (bounded by [`HANG_GUARD`]).
 pub async fn exit_status(child: &mut Child) -> std::process::ExitStatus {
     tokio::time::timeout(HANG_GUARD, child.wait())
