@@ -16,6 +16,7 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY benches benches
 COPY src src
+COPY crates crates
 # The registry and target/ live in cache mounts: a source change recompiles this crate
 # only, never its dependencies. The release profile strips the binary.
 RUN --mount=type=cache,id=spark-pod-allocator-registry,target=/usr/local/cargo/registry,sharing=locked \

@@ -7,20 +7,15 @@
 //! Run: `cargo bench --bench grpc_edge` (plain timing loops: median of 15 samples).
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::net::TcpListener;
-use tonic::transport::Endpoint;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
-use spark_pod_allocator::app::{Applications, ServiceContext, SystemClock};
-use spark_pod_allocator::grpc::{self, ServeSettings, StartDefaults, validate};
+use spark_pod_allocator::grpc::{ServeSettings, StartDefaults, validate};
 use spark_pod_allocator::proto;
-use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use test_kit::grpc::Harness;
 
 const SAMPLES: usize = 15;
 
@@ -164,32 +159,11 @@ fn bench_validation() {
 }
 
 async fn bench_round_trips() {
-    let mut sim_settings = SimSettings::default();
-    sim_settings.kubelet.mode = KubeletMode::Manual;
-    let sim = SimCluster::start(sim_settings)
-        .await
-        .expect("simulated cluster");
-    let applications = Applications::new(ServiceContext::new(
-        sim.try_client().expect("sim client"),
-        Arc::new(SystemClock),
-    ));
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-    let address = listener.local_addr().expect("address");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(grpc::serve(
-        ServeSettings::default(),
-        applications,
-        listener,
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut client = ExecutorAllocatorClient::new(channel.clone());
+    // Simulator (manual kubelet) + service + gRPC server on loopback, and a client.
+    let mut harness =
+        Harness::start_with(test_kit::sim::manual_settings(), ServeSettings::default()).await;
+    let mut client = harness.client.clone();
+    let channel = harness.channel.clone();
     let health = HealthClient::new(channel);
     client
         .start(proto::StartRequest {
@@ -274,9 +248,7 @@ async fn bench_round_trips() {
         })
         .await
         .expect("stop");
-    let _ = stop_tx.send(());
-    let _ = server.await;
-    drop(sim);
+    harness.stop_server().await;
 }
 
 fn main() {

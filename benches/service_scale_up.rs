@@ -5,21 +5,15 @@
 //!
 //! Run: `cargo bench --bench service_scale_up` (N from `SERVICE_BENCH_PODS`, default 2000).
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
-use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication,
-};
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator::app::{AppId, ManualClock, ServiceOptions, StartApplication};
 
 async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
-    let mut sim_settings = SimSettings::default();
-    sim_settings.kubelet.mode = KubeletMode::Manual;
-    let sim = SimCluster::start(sim_settings).await.expect("sim");
+    let sim = test_kit::sim::manual_cluster().await;
     let clock = ManualClock::starting_now();
     let options = ServiceOptions {
         qps: 1_000_000,
@@ -28,24 +22,14 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
         max_creates_per_round: pods,
         ..ServiceOptions::default()
     };
-    let apps = Applications::new(
-        ServiceContext::new(
-            sim.try_client().expect("sim client"),
-            Arc::new(clock.clone()),
-        )
-        .with_options(options),
-    );
-    let template: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
-    }))
-    .expect("template");
+    let apps =
+        test_kit::service::applications(sim.try_client().expect("sim client"), &clock, options);
     let app = AppId::parse("bench").expect("app id");
     apps.start(StartApplication {
         app_id: app.clone(),
         namespace: "default".into(),
         driver_pod_name: None,
-        templates: BTreeMap::from([(ResourceProfileId(0), template)]),
+        templates: BTreeMap::from([(ResourceProfileId(0), test_kit::service::template_pod())]),
         pod_name_prefix: None,
         settings: AllocationSettings {
             batch_size: pods,

@@ -6,6 +6,7 @@
 //! `cargo run --example hostile_load -- target/debug/spark-pod-allocator`
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use test_kit::grpc::TEMPLATE;
 
 use bytes::Bytes;
 use spark_pod_allocator::proto;
@@ -16,7 +17,6 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
 const ADDRESS: &str = "127.0.0.1:50199";
-const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 
 /// Kills the service when the run ends, however it ends.
 struct Service(Child);

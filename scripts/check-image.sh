@@ -76,6 +76,13 @@ for source in copied:
 for name in re.findall(r'\[\[bench\]\]\s*name\s*=\s*"([^"]+)"', open("Cargo.toml").read()):
     if excluded(f"benches/{name}.rs") or "benches" not in copied:
         problems.append(f"benches/{name}.rs (declared in Cargo.toml) is not in the image build")
+# Cargo reads every workspace member's manifest, even to build one binary.
+workspace = re.search(r'^\[workspace\][^\[]*?^members\s*=\s*\[([^\]]*)\]', open("Cargo.toml").read(), re.M | re.S)
+for member in re.findall(r'"([^"]+)"', workspace.group(1)) if workspace else []:
+    if member == ".":
+        continue
+    if excluded(f"{member}/Cargo.toml") or not any(member == c.rstrip("/") or member.startswith(c.rstrip("/") + "/") for c in copied):
+        problems.append(f"the workspace member {member} (Cargo.toml) is not in the image build")
 context = [f for f in tracked if not excluded(f)]
 
 args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", dockerfile, re.M))

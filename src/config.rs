@@ -58,7 +58,7 @@ pub struct Settings {
     /// A Pod (YAML or JSON file) used when Start gives no executor pod template.
     pub default_executor_pod_template: Option<PathBuf>,
     /// The simulated cluster of `serve --simulate`, `simulate` and `demo`.
-    pub simulator: crate::sim::SimSettings,
+    pub simulator: spark_pod_allocator_sim::SimSettings,
     pub log: LogSettings,
     pub metrics: MetricsSettings,
     /// Who may call, and what they may do (see docs/security.md).
@@ -187,7 +187,7 @@ impl Default for Settings {
             driver_end_grace_ms: millis(service.driver_end_grace),
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
-            simulator: crate::sim::SimSettings::default(),
+            simulator: spark_pod_allocator_sim::SimSettings::default(),
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
             auth: crate::auth::AuthSettings::default(),
@@ -863,7 +863,10 @@ mod tests {
         );
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         assert_eq!(s.simulator.seed, 7);
-        assert_eq!(s.simulator.kubelet.mode, crate::sim::KubeletMode::Manual);
+        assert_eq!(
+            s.simulator.kubelet.mode,
+            spark_pod_allocator_sim::KubeletMode::Manual
+        );
         let err = Settings::load_with_env(
             None,
             env(&[(

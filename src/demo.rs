@@ -29,7 +29,7 @@ use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::runtime::{self, wait_until_serving};
-use spark_pod_allocator::sim::{SimCluster, SimSettings};
+use spark_pod_allocator_sim::{SimCluster, SimSettings};
 
 /// The application the demo driver runs.
 pub const DEMO_APP_ID: &str = "spark-demo-0001";

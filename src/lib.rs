@@ -11,10 +11,12 @@
 //! - [`lifecycle`]: readiness (initialization handles) and the drain signal.
 //! - [`runtime`]: owns a running service's lifecycle; starts the service and its gRPC
 //!   server in process ([`runtime::start`]).
-//! - [`sim`]: the simulated Kubernetes cluster (a real HTTP API server).
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
 //! - [`bench`]: the `bench` command's scenarios against the simulated cluster.
 //! - [`config`]: layered configuration (defaults < file < environment).
+//!
+//! The simulated Kubernetes cluster the tests, `simulate`, `serve --simulate`, `demo` and
+//! `bench` use is the `spark-pod-allocator-sim` crate (`crates/sim`).
 #![forbid(unsafe_code)]
 
 pub mod allocator;
@@ -28,7 +30,6 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod naming;
 pub mod runtime;
-pub mod sim;
 pub mod time;
 
 /// Generated protobuf and gRPC code of the v1 API.

@@ -15,8 +15,8 @@ use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
-use spark_pod_allocator::sim::{self, SimCluster};
 use spark_pod_allocator::{bench, k8s, runtime};
+use spark_pod_allocator_sim::{self as sim, SimCluster};
 
 mod demo;
 

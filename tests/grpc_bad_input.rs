@@ -1,11 +1,11 @@
 //! Every RPC's bad inputs, over real gRPC against the real service and a simulated cluster:
 //! the right code, the field named, and nothing created or changed.
-mod grpc_support;
 
 use std::collections::HashMap;
 
-use grpc_support::{Harness, TEMPLATE, assert_invalid, start_request};
 use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, TEMPLATE, assert_invalid, start_request};
+use test_kit::requests::*;
 use tonic::Code;
 
 #[tokio::test]
@@ -136,9 +136,7 @@ async fn start_names_each_invalid_field_and_creates_nothing() {
     // Nothing of the refused application exists.
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: "spark-bad".into(),
-        })
+        .get_status(status_request("spark-bad"))
         .await
         .expect_err("never started");
     assert_eq!(status.code(), Code::NotFound);
@@ -158,28 +156,19 @@ async fn every_rpc_refuses_an_invalid_application_id() {
             })
             .await
             .expect_err("SetTotalExpected"),
-            c.is_deleted(proto::IsDeletedRequest {
-                application_id: bad.into(),
-                executor_id: "1".into(),
-            })
-            .await
-            .expect_err("IsDeleted"),
+            c.is_deleted(is_deleted_request(bad, "1"))
+                .await
+                .expect_err("IsDeleted"),
             c.update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
                 application_id: bad.into(),
                 executor_ids: vec![],
             })
             .await
             .expect_err("UpdateRegisteredExecutors"),
-            c.stop(proto::StopRequest {
-                application_id: bad.into(),
-            })
-            .await
-            .expect_err("Stop"),
-            c.get_status(proto::GetStatusRequest {
-                application_id: bad.into(),
-            })
-            .await
-            .expect_err("GetStatus"),
+            c.stop(stop_request(bad)).await.expect_err("Stop"),
+            c.get_status(status_request(bad))
+                .await
+                .expect_err("GetStatus"),
         ];
         for status in &statuses {
             assert_invalid(status, "application_id");
@@ -194,35 +183,22 @@ async fn every_rpc_on_an_unknown_application_is_not_found() {
     let app = "spark-unknown".to_string();
     let c = &mut h.client;
     let statuses = [
-        c.set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.clone(),
-            executors_per_profile: HashMap::from([(0, 3)]),
-            ..Default::default()
-        })
-        .await
-        .expect_err("SetTotalExpected"),
-        c.is_deleted(proto::IsDeletedRequest {
-            application_id: app.clone(),
-            executor_id: "1".into(),
-        })
-        .await
-        .expect_err("IsDeleted"),
+        c.set_total_expected(targets_request(app.clone(), 3))
+            .await
+            .expect_err("SetTotalExpected"),
+        c.is_deleted(is_deleted_request(app.clone(), "1"))
+            .await
+            .expect_err("IsDeleted"),
         c.update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
             application_id: app.clone(),
             executor_ids: vec!["1".into()],
         })
         .await
         .expect_err("UpdateRegisteredExecutors"),
-        c.stop(proto::StopRequest {
-            application_id: app.clone(),
-        })
-        .await
-        .expect_err("Stop"),
-        c.get_status(proto::GetStatusRequest {
-            application_id: app.clone(),
-        })
-        .await
-        .expect_err("GetStatus"),
+        c.stop(stop_request(app.clone())).await.expect_err("Stop"),
+        c.get_status(status_request(app.clone()))
+            .await
+            .expect_err("GetStatus"),
     ];
     for status in &statuses {
         assert_eq!(status.code(), Code::NotFound, "{status:?}");
@@ -244,10 +220,7 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
     for bad in ["", "abc", "-3", "0", "1.5", " 7"] {
         let status = h
             .client
-            .is_deleted(proto::IsDeletedRequest {
-                application_id: app.into(),
-                executor_id: bad.into(),
-            })
+            .is_deleted(is_deleted_request(app, bad))
             .await
             .expect_err(bad);
         assert_invalid(&status, "executor_id");
@@ -288,9 +261,7 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
     // None of the refused calls set a target: no executor was requested.
     let report = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect("status")
         .into_inner();
@@ -313,9 +284,7 @@ async fn a_missing_driver_pod_is_a_failed_precondition_with_spark_s_message() {
     );
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: "spark-driverless".into(),
-        })
+        .get_status(status_request("spark-driverless"))
         .await
         .expect_err("not started");
     assert_eq!(status.code(), Code::NotFound);
@@ -372,9 +341,7 @@ async fn a_namespace_missing_from_the_cluster_is_a_failed_precondition() {
     );
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: "spark-nowhere".into(),
-        })
+        .get_status(status_request("spark-nowhere"))
         .await
         .expect_err("not started");
     assert_eq!(status.code(), Code::NotFound);

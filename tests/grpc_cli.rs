@@ -1,71 +1,36 @@
 //! The binary as a user runs it: `serve --simulate` answering gRPC and stopping cleanly on
 //! SIGTERM, `simulate` writing a usable kubeconfig, `demo` finishing with exit 0, and bad
 //! configuration refused with a message naming the key (no panic).
-mod process_support;
-use process_support::{HANG_GUARD, until_logged};
-
-use std::process::Stdio;
+use test_kit::grpc::TEMPLATE;
+use test_kit::process::{
+    HANG_GUARD, SERVE_SIMULATE, connect_serving, exit_status, run_successfully, service_command,
+    serving_channel, spawn_logged, terminate, until_logged,
+};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
 use spark_pod_allocator::proto;
-use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::runtime::wait_until_serving;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tonic::transport::Endpoint;
+use test_kit::requests::*;
+use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 
 fn command(args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env_remove("RUST_LOG")
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-fn terminate(child: &Child) {
-    let pid = child.id().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    service_command(BIN, args)
 }
 
 #[tokio::test]
 async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
-    let mut child = command(&[
-        "--log-format",
-        "json",
-        "serve",
-        "--simulate",
-        "--listen",
-        "127.0.0.1:0",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (mut child, mut lines) = spawn_logged(command(SERVE_SIMULATE));
     let fields = until_logged(&mut lines, "serving gRPC").await;
     let address = fields["address"].as_str().expect("address").to_string();
 
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
-    let mut client = ExecutorAllocatorClient::new(channel);
+    let mut client = connect_serving(&address).await;
     let started = client
         .start(proto::StartRequest {
             application_id: "spark-cli".into(),
             namespace: "default".into(),
-            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
+            executor_pod_template: TEMPLATE.into(),
             ..Default::default()
         })
         .await
@@ -73,9 +38,7 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
         .into_inner();
     assert!(!started.resumed);
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: "spark-cli".into(),
-        })
+        .get_status(status_request("spark-cli"))
         .await
         .expect("status")
         .into_inner();
@@ -87,36 +50,16 @@ async fn serve_simulate_answers_grpc_and_stops_on_sigterm() {
         "stopped, and the simulated cluster with its pods",
     )
     .await;
-    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
+    let exit = exit_status(&mut child).await;
     assert!(exit.success(), "{exit:?}");
 }
 
 #[tokio::test]
 async fn a_second_signal_exits_without_waiting_for_open_calls() {
-    let mut child = command(&[
-        "--log-format",
-        "json",
-        "serve",
-        "--simulate",
-        "--listen",
-        "127.0.0.1:0",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (mut child, mut lines) = spawn_logged(command(SERVE_SIMULATE));
     let fields = until_logged(&mut lines, "serving gRPC").await;
     let address = fields["address"].as_str().expect("address").to_string();
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
+    let channel = serving_channel(&address).await;
     // A health Watch is a call that stays open: a graceful shutdown waits for it to drain.
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let _open = health
@@ -135,10 +78,7 @@ async fn a_second_signal_exits_without_waiting_for_open_calls() {
         "second signal: exiting at once; executor pods are left in place",
     )
     .await;
-    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
+    let exit = exit_status(&mut child).await;
     // 130, not the 0 of a shutdown that drained its calls.
     assert_eq!(exit.code(), Some(130), "{exit:?}");
 }
@@ -147,20 +87,15 @@ async fn a_second_signal_exits_without_waiting_for_open_calls() {
 async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut child = command(&[
+    let mut command = command(&[
         "simulate",
         "--listen",
         "127.0.0.1:0",
         "--kubeconfig",
         kubeconfig.to_str().expect("utf-8 path"),
-    ])
-    .arg("--log-format")
-    .arg("json")
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    ]);
+    command.arg("--log-format").arg("json");
+    let (mut child, mut lines) = spawn_logged(command);
     let fields = until_logged(&mut lines, "simulated cluster serving").await;
     let url = fields["url"].as_str().expect("url");
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
@@ -184,10 +119,7 @@ async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
     assert!(names.contains(&"default".to_string()), "{names:?}");
 
     terminate(&child);
-    let exit = tokio::time::timeout(HANG_GUARD, child.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
+    let exit = exit_status(&mut child).await;
     assert!(exit.success(), "{exit:?}");
 }
 
@@ -231,16 +163,7 @@ async fn a_missing_default_template_file_is_refused_naming_its_key() {
 
 #[tokio::test]
 async fn the_demo_runs_to_its_summary_and_exits_zero() {
-    let out = tokio::time::timeout(HANG_GUARD * 2, command(&["demo"]).output())
-        .await
-        .expect("demo finishes")
-        .expect("run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_successfully(command(&["demo"]), HANG_GUARD * 2).await;
     // Not a terminal: plain lines, no ANSI redraws.
     assert!(!stdout.contains('\u{1b}'), "{stdout}");
     for expected in [
@@ -282,16 +205,7 @@ async fn bench_scale_up_prints_each_case_with_its_ratio_and_writes_the_plot() {
         "--plot",
         plot_arg,
     ];
-    let out = tokio::time::timeout(HANG_GUARD, command(&args).output())
-        .await
-        .expect("bench finishes")
-        .expect("run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_successfully(command(&args), HANG_GUARD).await;
     for case in ["SPARK batch 10", "ADAPTIVE"] {
         let line = stdout
             .lines()

@@ -1,11 +1,10 @@
 //! Kubernetes failures seen by a driver over real gRPC: the matching code with the API
 //! server's own message, and nothing lost — the same call succeeds once the API server
 //! recovers.
-mod grpc_support;
 
-use grpc_support::{Harness, start_request};
-use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::FaultSettings;
+use spark_pod_allocator_sim::FaultSettings;
+use test_kit::grpc::{Harness, start_request};
+use test_kit::requests::*;
 use tonic::Code;
 
 /// Every API request answered 500 InternalError.
@@ -41,9 +40,7 @@ async fn start_reports_the_api_server_failure_and_succeeds_after_it_recovers() {
     h.sim.set_faults(FaultSettings::default());
     let unknown = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: "spark-k8s".into(),
-        })
+        .get_status(status_request("spark-k8s"))
         .await
         .expect_err("not started");
     assert_eq!(unknown.code(), Code::NotFound);
@@ -68,9 +65,7 @@ async fn a_stop_that_kubernetes_refused_can_be_retried() {
     h.sim.set_faults(failing());
     let status = h
         .client
-        .stop(proto::StopRequest {
-            application_id: "spark-stop".into(),
-        })
+        .stop(stop_request("spark-stop"))
         .await
         .expect_err("500");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
@@ -79,18 +74,14 @@ async fn a_stop_that_kubernetes_refused_can_be_retried() {
     h.sim.set_faults(FaultSettings::default());
     let stopped = h
         .client
-        .stop(proto::StopRequest {
-            application_id: "spark-stop".into(),
-        })
+        .stop(stop_request("spark-stop"))
         .await
         .expect("retried stop")
         .into_inner();
     assert_eq!(stopped.deleted_pods, 0);
     let status = h
         .client
-        .stop(proto::StopRequest {
-            application_id: "spark-stop".into(),
-        })
+        .stop(stop_request("spark-stop"))
         .await
         .expect_err("already stopped");
     assert_eq!(status.code(), Code::NotFound);

@@ -1,15 +1,13 @@
 //! The log lines an operator reads, from a real `serve --simulate` process at the default
 //! level: a client's mistake is logged at info naming the request field, and every line of
 //! a call carries its request id (the client's `x-request-id`, else a generated one).
-use std::process::Stdio;
 use std::time::Duration;
 
 use spark_pod_allocator::proto;
-use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::runtime::wait_until_serving;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{ChildStderr, Command};
-use tonic::transport::Endpoint;
+use test_kit::process::{SERVE_SIMULATE, connect_serving, service_command, spawn_logged};
+use test_kit::requests::*;
+use tokio::io::{BufReader, Lines};
+use tokio::process::ChildStderr;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 /// Guards against a hang only; every wait ends on output or exit, not on time.
@@ -51,27 +49,10 @@ fn request_id(entry: &serde_json::Value) -> String {
 
 #[tokio::test]
 async fn client_mistakes_are_logged_at_info_with_their_field_and_request_id() {
-    let mut child = Command::new(BIN)
-        .args(["--log-format", "json", "serve", "--simulate"])
-        .args(["--listen", "127.0.0.1:0"])
-        .env_remove("RUST_LOG")
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (_child, mut lines) = spawn_logged(service_command(BIN, SERVE_SIMULATE));
     let serving = until_logged(&mut lines, "serving gRPC").await;
     let address = serving["fields"]["address"].as_str().expect("address");
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
-    let mut client = ExecutorAllocatorClient::new(channel);
+    let mut client = connect_serving(address).await;
 
     // INVALID_ARGUMENT, with the client's request id (cut to what is safe in a log line).
     let mut start = tonic::Request::new(proto::StartRequest {
@@ -107,9 +88,7 @@ async fn client_mistakes_are_logged_at_info_with_their_field_and_request_id() {
     let mut generated = Vec::new();
     for _ in 0..2 {
         let status = client
-            .get_status(proto::GetStatusRequest {
-                application_id: "spark-unknown".into(),
-            })
+            .get_status(status_request("spark-unknown"))
             .await
             .expect_err("unknown application");
         assert_eq!(status.code(), tonic::Code::NotFound);

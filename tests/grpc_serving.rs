@@ -1,17 +1,17 @@
 //! Serving over real gRPC: the happy path of a driver, health, reflection (v1 and v1alpha)
 //! and a graceful shutdown that leaves executor pods in place.
-mod grpc_support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use futures::StreamExt;
-use grpc_support::{Harness, TEMPLATE, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
 use spark_pod_allocator::grpc::server::SERVICE_NAME;
 use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, TEMPLATE, start_request, start_scaled};
+use test_kit::requests::*;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -64,9 +64,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
     // Before any SetTotalExpected, every profile with a template is listed, with target 0.
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect("status after start")
         .into_inner();
@@ -77,11 +75,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
     assert_eq!(status.profiles, vec![zero(0), zero(4)]);
 
     h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 3)]),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app, 3))
         .await
         .expect("set total");
     // Nothing was outstanding, so the round ran at once: three pods, without the clock moving.
@@ -97,9 +91,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect("status")
         .into_inner();
@@ -117,10 +109,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     let deleted = h
         .client
-        .is_deleted(proto::IsDeletedRequest {
-            application_id: app.into(),
-            executor_id: "2".into(),
-        })
+        .is_deleted(is_deleted_request(app, "2"))
         .await
         .expect("is deleted")
         .into_inner();
@@ -135,9 +124,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
     let stopped = h
         .client
-        .stop(proto::StopRequest {
-            application_id: app.into(),
-        })
+        .stop(stop_request(app))
         .await
         .expect("stop")
         .into_inner();
@@ -145,9 +132,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
     assert!(h.pods("team-a", app).await.is_empty());
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect_err("forgotten");
     assert_eq!(status.code(), tonic::Code::NotFound);
@@ -156,7 +141,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
 
 #[tokio::test]
 async fn health_is_not_serving_until_the_kubernetes_watch_has_synced() {
-    let mut sim = grpc_support::quiet_cluster();
+    let mut sim = test_kit::grpc::quiet_cluster();
     // Every API request fails until the fault is lifted: the service cannot sync.
     sim.faults.error_500_fraction = 1.0;
     let mut h = Harness::start_with(sim, Default::default()).await;
@@ -268,18 +253,7 @@ mod reflection {
 async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
     let mut h = Harness::start().await;
     let app = "spark-kept";
-    h.client
-        .start(start_request(app, "team-b"))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 2)]),
-            ..Default::default()
-        })
-        .await
-        .expect("set total");
+    start_scaled(&mut h.client, start_request(app, "team-b"), 2).await;
     until_pods_exist(&h, "team-b", app, 2).await;
 
     // A call in flight when the shutdown begins (a health Watch) is still served.
@@ -321,18 +295,7 @@ async fn a_graceful_shutdown_leaves_executor_pods_in_place() {
 async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
     let mut h = Harness::start().await;
     let app = "spark-resumed";
-    h.client
-        .start(start_request(app, "team-a"))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 3)]),
-            ..Default::default()
-        })
-        .await
-        .expect("set total");
+    start_scaled(&mut h.client, start_request(app, "team-a"), 3).await;
     until_pods_exist(&h, "team-a", app, 3).await;
 
     h.restart().await;
@@ -344,11 +307,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
         .into_inner();
     assert_eq!((resumed.resumed, resumed.last_executor_id), (true, 3));
     h.client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: HashMap::from([(0, 5)]),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app, 5))
         .await
         .expect("set total after restart");
     // The resumed pods are pending (outstanding), so the new target waits for the next
@@ -360,9 +319,7 @@ async fn a_restarted_service_resumes_the_application_without_reusing_an_id() {
 
     let stopped = h
         .client
-        .stop(proto::StopRequest {
-            application_id: app.into(),
-        })
+        .stop(stop_request(app))
         .await
         .expect("stop")
         .into_inner();

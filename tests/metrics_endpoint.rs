@@ -2,22 +2,23 @@
 //! scale-up the pods created, the gRPC calls by method and code and the active
 //! applications read back from `/metrics`; after Stop, the pods it deleted. The chart's
 //! alerts and example dashboard use only metrics and labels such a scrape has.
-mod process_support;
-use process_support::{HANG_GUARD, until_logged};
+use test_kit::grpc::TEMPLATE;
+use test_kit::process::{
+    HANG_GUARD, SERVE_SIMULATE, connect_serving, service_command, spawn_logged, until_logged,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use promql_parser::parser::{Expr, parse};
 use promql_parser::util::{ExprVisitor, walk_expr};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::runtime::wait_until_serving;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, Command};
-use tonic::transport::{Channel, Endpoint};
+use test_kit::requests::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Child;
+use tonic::transport::Channel;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 const START: &str = "/spark.allocator.v1.ExecutorAllocator/Start";
@@ -61,30 +62,12 @@ struct Service {
 }
 
 async fn start_service(env: &[(&str, &str)]) -> Service {
-    let mut command = Command::new(BIN);
-    command
-        .args([
-            "--log-format",
-            "json",
-            "serve",
-            "--simulate",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .env_remove("RUST_LOG")
-        .env_remove("KUBECONFIG")
-        .env("SPARK_POD_ALLOCATOR__METRICS__LISTEN", "127.0.0.1:0");
+    let mut command = service_command(BIN, SERVE_SIMULATE);
+    command.env("SPARK_POD_ALLOCATOR__METRICS__LISTEN", "127.0.0.1:0");
     for (key, value) in env {
         command.env(key, value);
     }
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (child, mut lines) = spawn_logged(command);
     let api_server = until_logged(&mut lines, "simulated cluster started").await["api_server"]
         .as_str()
         .expect("API server address")
@@ -109,16 +92,8 @@ async fn start_service(env: &[(&str, &str)]) -> Service {
 }
 
 async fn client(grpc: &str) -> ExecutorAllocatorClient<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{grpc}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    wait_until_serving(channel.clone()).await.expect("serving");
-    ExecutorAllocatorClient::new(channel)
+    connect_serving(grpc).await
 }
-
-const EXECUTOR_TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 
 /// The value of the sample `series` (name and labels as exposed), if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
@@ -182,25 +157,17 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         .start(proto::StartRequest {
             application_id: "spark-metrics".into(),
             namespace: "default".into(),
-            executor_pod_template: EXECUTOR_TEMPLATE.into(),
+            executor_pod_template: TEMPLATE.into(),
             ..Default::default()
         })
         .await
         .expect("start");
     client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: "spark-metrics".into(),
-            executors_per_profile: [(0, 3)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request("spark-metrics", 3))
         .await
         .expect("set total expected");
     let unknown = client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: "nobody".into(),
-            executors_per_profile: [(0, 1)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request("nobody", 1))
         .await
         .expect_err("an unknown application");
     assert_eq!(unknown.code(), tonic::Code::NotFound);
@@ -286,9 +253,7 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
     );
 
     let stopped = client
-        .stop(proto::StopRequest {
-            application_id: "spark-metrics".into(),
-        })
+        .stop(stop_request("spark-metrics"))
         .await
         .expect("stop")
         .into_inner();
@@ -472,16 +437,12 @@ async fn the_charts_alerts_and_dashboard_read_exposed_metrics() {
         .start(proto::StartRequest {
             application_id: "spark-alerts".into(),
             namespace: "default".into(),
-            executor_pod_template: EXECUTOR_TEMPLATE.into(),
+            executor_pod_template: TEMPLATE.into(),
             ..Default::default()
         })
         .await
         .expect("start");
-    let scale_to = |n: u32| proto::SetTotalExpectedRequest {
-        application_id: "spark-alerts".into(),
-        executors_per_profile: [(0, n)].into(),
-        ..Default::default()
-    };
+    let scale_to = |n: u32| targets_request("spark-alerts", n);
     client
         .set_total_expected(scale_to(2))
         .await
@@ -532,9 +493,7 @@ async fn the_charts_alerts_and_dashboard_read_exposed_metrics() {
     )
     .await;
     client
-        .stop(proto::StopRequest {
-            application_id: "spark-alerts".into(),
-        })
+        .stop(stop_request("spark-alerts"))
         .await
         .expect("stop");
     let stopped = until_scraped(

@@ -3,24 +3,24 @@
 //! another audience, a caller lacking pod rights, the hijack of another identity's
 //! application, the admin group, an owner kept across a restart, a slow review, and the
 //! health check answering while callers are refused.
-mod grpc_support;
-mod sim_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use grpc_support::{Harness, TEMPLATE, quiet_cluster, start_request};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::json;
-use sim_support::{raw, until};
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::auth::{AuthMode, AuthSettings};
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::sim::{FaultSettings, SimGrant, SimSettings, SimToken};
+use spark_pod_allocator_sim::{FaultSettings, SimGrant, SimSettings, SimToken};
+use test_kit::grpc::{Harness, TEMPLATE, quiet_cluster, start_request};
+use test_kit::requests::*;
+use test_kit::sim::raw;
+use test_kit::wait::until;
 use tonic::{Code, Request};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
@@ -104,18 +104,16 @@ fn as_caller<T>(token: &str, message: T) -> Request<T> {
     request
 }
 
-fn status_request(app: &str) -> proto::GetStatusRequest {
-    proto::GetStatusRequest {
-        application_id: app.into(),
-    }
-}
-
-fn targets(app: &str, total: u32) -> proto::SetTotalExpectedRequest {
-    proto::SetTotalExpectedRequest {
-        application_id: app.into(),
-        executors_per_profile: [(0, total)].into(),
-        ..Default::default()
-    }
+/// alice starts `app` in team-a and asks for `n` executors.
+async fn alice_starts(h: &mut Harness, app: &str, n: u32) {
+    h.client
+        .start(as_caller("alice-token", start_request(app, "team-a")))
+        .await
+        .expect("start");
+    h.client
+        .set_total_expected(as_caller("alice-token", targets_request(app, n)))
+        .await
+        .expect("alice scales her application");
 }
 
 #[track_caller]
@@ -258,14 +256,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     let _serial = SERIAL.lock().await;
     let mut h = Harness::start_with_auth(cluster(), auth()).await;
     let app = "spark-alice";
-    h.client
-        .start(as_caller("alice-token", start_request(app, "team-a")))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(as_caller("alice-token", targets(app, 2)))
-        .await
-        .expect("alice scales her application");
+    alice_starts(&mut h, app, 2).await;
     let owned = ["started by another identity"];
     let denied = Code::PermissionDenied;
     // mallory has every pod right in team-a, but the application is not hers.
@@ -280,7 +271,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .set_total_expected(as_caller(m, targets(app, 50)))
+            .set_total_expected(as_caller(m, targets_request(app, 50)))
             .await
             .unwrap_err(),
         denied,
@@ -288,13 +279,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .is_deleted(as_caller(
-                m,
-                proto::IsDeletedRequest {
-                    application_id: app.into(),
-                    executor_id: "1".into(),
-                },
-            ))
+            .is_deleted(as_caller(m, is_deleted_request(app, "1")))
             .await
             .unwrap_err(),
         denied,
@@ -316,13 +301,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .watch_executors(as_caller(
-                m,
-                proto::WatchExecutorsRequest {
-                    application_id: app.into(),
-                    since: 0,
-                },
-            ))
+            .watch_executors(as_caller(m, watch_request(app, 0)))
             .await
             .expect_err("watch refused"),
         denied,
@@ -330,12 +309,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
     );
     assert_code(
         &h.client
-            .stop(as_caller(
-                m,
-                proto::StopRequest {
-                    application_id: app.into(),
-                },
-            ))
+            .stop(as_caller(m, stop_request(app)))
             .await
             .unwrap_err(),
         denied,
@@ -355,12 +329,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
         .await
         .expect("the admin reads it");
     h.client
-        .stop(as_caller(
-            "ops-token",
-            proto::StopRequest {
-                application_id: app.into(),
-            },
-        ))
+        .stop(as_caller("ops-token", stop_request(app)))
         .await
         .expect("the admin stops it");
 }
@@ -390,7 +359,7 @@ async fn a_hijacker_starting_first_never_hands_its_template_to_the_victim() {
     // Nor can the victim be led to scale mallory's pods.
     assert_code(
         &h.client
-            .set_total_expected(as_caller("alice-token", targets(app, 3)))
+            .set_total_expected(as_caller("alice-token", targets_request(app, 3)))
             .await
             .unwrap_err(),
         Code::PermissionDenied,
@@ -408,14 +377,7 @@ async fn the_owner_is_kept_in_the_registration_and_survives_a_restart() {
     let _serial = SERIAL.lock().await;
     let mut h = Harness::start_with_auth(cluster(), auth()).await;
     let app = "spark-kept";
-    h.client
-        .start(as_caller("alice-token", start_request(app, "team-a")))
-        .await
-        .expect("start");
-    h.client
-        .set_total_expected(as_caller("alice-token", targets(app, 1)))
-        .await
-        .expect("targets");
+    alice_starts(&mut h, app, 1).await;
     let configmaps: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), "team-a");
     let clock = h.clock.clone();
     until("the registration is written with its owner", || {
@@ -749,7 +711,7 @@ async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::copy(&first_cert, &cert).expect("certificate");
     std::fs::copy(&first_key, &key).expect("key");
-    let sim = spark_pod_allocator::sim::SimCluster::start(cluster())
+    let sim = spark_pod_allocator_sim::SimCluster::start(cluster())
         .await
         .expect("simulated cluster");
     let client = sim.try_client().expect("sim client");

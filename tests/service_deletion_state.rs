@@ -2,41 +2,34 @@
 //! deleted executors follow the watch (false as soon as the pod is gone, with no round and
 //! no resync in between), are rebuilt by a restarted service from pods that carry a
 //! deletionTimestamp, and Stop counts only the pods it deleted itself.
-mod sim_support;
-use sim_support::until;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
-use serde_json::json;
-use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
+use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId};
 use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceContext, StartApplication,
+    AppId, Applications, ManualClock, ServiceOptions, StartApplication,
 };
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::SimCluster;
+use test_kit::service::{P0, template_pod};
+use test_kit::sim::manual_cluster;
+use test_kit::wait::until;
 
 const NS: &str = "default";
 const APP: &str = "app-del";
-const P0: ResourceProfileId = ResourceProfileId(0);
 
 fn app() -> AppId {
     AppId::parse(APP).unwrap()
 }
 
 fn request() -> StartApplication {
-    let template: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
-    }))
-    .unwrap();
     StartApplication {
         app_id: app(),
         namespace: NS.into(),
         driver_pod_name: None,
-        templates: BTreeMap::from([(P0, template)]),
+        templates: BTreeMap::from([(P0, template_pod())]),
         pod_name_prefix: None,
         settings: AllocationSettings {
             batch_delay: Duration::from_secs(1),
@@ -47,27 +40,14 @@ fn request() -> StartApplication {
 }
 
 fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
-    Applications::new(ServiceContext::new(
-        sim.try_client().expect("sim client"),
-        Arc::new(clock.clone()),
-    ))
+    let client = sim.try_client().expect("sim client");
+    test_kit::service::applications(client, clock, ServiceOptions::default())
 }
 
 /// Plays the scheduler: a bound pod's deletion is graceful (it stays, terminating).
 async fn bind(sim: &SimCluster, exec: u64) {
-    let name = format!("{APP}-exec-{exec}");
-    let body = serde_json::to_vec(&json!({
-        "kind": "Binding", "apiVersion": "v1", "metadata": {"name": name},
-        "target": {"kind": "Node", "name": "node-1"}
-    }))
-    .unwrap();
-    let request = http::Request::post(format!("/api/v1/namespaces/{NS}/pods/{name}/binding"))
-        .header("content-type", "application/json")
-        .body(body)
-        .unwrap();
-    sim.try_client()
-        .expect("sim client")
-        .request_text(request)
+    let client = sim.try_client().expect("sim client");
+    test_kit::sim::bind(&client, NS, &format!("{APP}-exec-{exec}"))
         .await
         .expect("binding");
 }
@@ -89,9 +69,7 @@ async fn is_deleted(apps: &Applications, exec: u64) -> bool {
 
 #[tokio::test]
 async fn deletion_state_follows_the_watch_survives_a_restart_and_stop_counts_its_own() {
-    let mut settings = SimSettings::default();
-    settings.kubelet.mode = KubeletMode::Manual;
-    let sim = SimCluster::start(settings).await.expect("sim");
+    let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
     let apps = applications(&sim, &clock);
     apps.start(request()).await.expect("start");

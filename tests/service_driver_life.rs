@@ -3,17 +3,17 @@
 //! (delete-on-termination) and the application is forgotten after the grace period; when
 //! it is deleted, all that at once. Over real gRPC against the simulated cluster; the grace
 //! period runs on the injected clock.
-mod grpc_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use grpc_support::{Harness, quiet_cluster, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use spark_pod_allocator::app::ServiceOptions;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, quiet_cluster, start_request};
+use test_kit::wait::until;
 
 const NS: &str = "default";
 const GRACE: Duration = Duration::from_secs(300);
@@ -70,37 +70,6 @@ async fn start(h: &Harness, app: &str, driver: &str, delete_on_termination: bool
     h.client.clone().start(request).await.expect("Start");
 }
 
-async fn set_total(h: &Harness, app: &str, n: u32) {
-    h.client
-        .clone()
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: [(0, n)].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("SetTotalExpected");
-}
-
-async fn status(h: &Harness, app: &str) -> Result<proto::ApplicationStatus, tonic::Status> {
-    h.client
-        .clone()
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
-        .await
-        .map(tonic::Response::into_inner)
-}
-
-/// Polls `check` (bounded, 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "not reached within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn executor_pods(h: &Harness, app: &str) -> usize {
     h.pods(NS, app).await.len()
 }
@@ -110,7 +79,8 @@ async fn a_failed_driver_stops_allocation_deletes_its_executors_and_is_forgotten
     let h = harness().await;
     create_driver(&h, "driver-f", "app-f", true).await;
     start(&h, "app-f", "driver-f", true).await;
-    let driver = status(&h, "app-f")
+    let driver = h
+        .status("app-f")
         .await
         .unwrap()
         .driver
@@ -118,43 +88,44 @@ async fn a_failed_driver_stops_allocation_deletes_its_executors_and_is_forgotten
     assert_eq!(driver.pod_name, "driver-f");
     assert!(driver.followed);
     assert_eq!(driver.ended_at_ms, 0);
-    set_total(&h, "app-f", 3).await;
-    eventually("3 executor pods", async || {
+    h.set_total("app-f", 3).await;
+    until("3 executor pods", async || {
         executor_pods(&h, "app-f").await == 3
     })
     .await;
-    eventually("the driver seen Pending", async || {
+    until("the driver seen Pending", async || {
         h.clock.advance(Duration::from_secs(1));
-        status(&h, "app-f").await.unwrap().driver.unwrap().phase == "Pending"
+        h.status("app-f").await.unwrap().driver.unwrap().phase == "Pending"
     })
     .await;
 
     set_driver_phase(&h, "driver-f", "Failed").await;
-    eventually("the driver's end in GetStatus", async || {
-        status(&h, "app-f").await.unwrap().driver.unwrap().phase == "Failed"
+    until("the driver's end in GetStatus", async || {
+        h.status("app-f").await.unwrap().driver.unwrap().phase == "Failed"
     })
     .await;
-    let driver = status(&h, "app-f").await.unwrap().driver.unwrap();
+    let driver = h.status("app-f").await.unwrap().driver.unwrap();
     assert!(driver.ended_at_ms > 0);
     assert_eq!(
         driver.forget_at_ms - driver.ended_at_ms,
         GRACE.as_millis() as i64
     );
-    eventually("its executors deleted", async || {
+    until("its executors deleted", async || {
         executor_pods(&h, "app-f").await == 0
     })
     .await;
 
     // No executor is created any more, whatever the driver asks.
-    let last_id = status(&h, "app-f").await.unwrap().last_executor_id;
-    set_total(&h, "app-f", 5).await;
+    let last_id = h.status("app-f").await.unwrap().last_executor_id;
+    h.set_total("app-f", 5).await;
     for _ in 0..5 {
         h.clock.advance(Duration::from_secs(2));
         // A window for a round that must not come (a round would ask at once: nothing is
         // outstanding).
         tokio::time::sleep(Duration::from_millis(40)).await;
     }
-    let during_grace = status(&h, "app-f")
+    let during_grace = h
+        .status("app-f")
         .await
         .expect("still known during the grace");
     assert_eq!(during_grace.last_executor_id, last_id);
@@ -162,13 +133,13 @@ async fn a_failed_driver_stops_allocation_deletes_its_executors_and_is_forgotten
 
     // After the grace period the application is forgotten.
     h.clock.advance(GRACE);
-    eventually(
+    until(
         "the application forgotten",
-        async || matches!(status(&h, "app-f").await, Err(s) if s.code() == tonic::Code::NotFound),
+        async || matches!(h.status("app-f").await, Err(s) if s.code() == tonic::Code::NotFound),
     )
     .await;
     assert_eq!(executor_pods(&h, "app-f").await, 0);
-    eventually("its namespace watch stopped", async || {
+    until("its namespace watch stopped", async || {
         h.applications.watched_namespaces().is_empty()
     })
     .await;
@@ -179,8 +150,8 @@ async fn a_deleted_driver_ends_its_application_at_once() {
     let h = harness().await;
     create_driver(&h, "driver-d", "app-d", true).await;
     start(&h, "app-d", "driver-d", true).await;
-    set_total(&h, "app-d", 2).await;
-    eventually("2 executor pods", async || {
+    h.set_total("app-d", 2).await;
+    until("2 executor pods", async || {
         executor_pods(&h, "app-d").await == 2
     })
     .await;
@@ -190,9 +161,9 @@ async fn a_deleted_driver_ends_its_application_at_once() {
         .await
         .expect("driver deleted");
     // No time passes on the service's clock: deleted means forgotten at once.
-    eventually(
+    until(
         "the application forgotten",
-        async || matches!(status(&h, "app-d").await, Err(s) if s.code() == tonic::Code::NotFound),
+        async || matches!(h.status("app-d").await, Err(s) if s.code() == tonic::Code::NotFound),
     )
     .await;
     assert_eq!(
@@ -207,21 +178,21 @@ async fn without_delete_on_termination_a_succeeded_driver_keeps_its_executor_pod
     let h = harness().await;
     create_driver(&h, "driver-s", "app-s", true).await;
     start(&h, "app-s", "driver-s", false).await;
-    set_total(&h, "app-s", 2).await;
-    eventually("2 executor pods", async || {
+    h.set_total("app-s", 2).await;
+    until("2 executor pods", async || {
         executor_pods(&h, "app-s").await == 2
     })
     .await;
 
     set_driver_phase(&h, "driver-s", "Succeeded").await;
-    eventually("the driver's end in GetStatus", async || {
-        status(&h, "app-s").await.unwrap().driver.unwrap().phase == "Succeeded"
+    until("the driver's end in GetStatus", async || {
+        h.status("app-s").await.unwrap().driver.unwrap().phase == "Succeeded"
     })
     .await;
     h.clock.advance(GRACE);
-    eventually(
+    until(
         "the application forgotten",
-        async || matches!(status(&h, "app-s").await, Err(s) if s.code() == tonic::Code::NotFound),
+        async || matches!(h.status("app-s").await, Err(s) if s.code() == tonic::Code::NotFound),
     )
     .await;
     assert_eq!(executor_pods(&h, "app-s").await, 2, "pods kept");
@@ -232,7 +203,7 @@ async fn a_driver_pod_without_the_role_label_is_not_followed_and_an_ended_one_is
     let h = harness().await;
     create_driver(&h, "driver-n", "app-n", false).await;
     start(&h, "app-n", "driver-n", true).await;
-    let driver = status(&h, "app-n").await.unwrap().driver.unwrap();
+    let driver = h.status("app-n").await.unwrap().driver.unwrap();
     assert!(!driver.followed);
     pods_api(&h)
         .delete("driver-n", &DeleteParams::default())
@@ -240,7 +211,7 @@ async fn a_driver_pod_without_the_role_label_is_not_followed_and_an_ended_one_is
         .expect("driver deleted");
     // Not followed: the application stays until Stop (a later round's id record fails).
     h.clock.advance(Duration::from_secs(1));
-    assert!(status(&h, "app-n").await.is_ok());
+    assert!(h.status("app-n").await.is_ok());
 
     create_driver(&h, "driver-e", "app-e", true).await;
     set_driver_phase(&h, "driver-e", "Succeeded").await;

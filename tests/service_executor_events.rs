@@ -2,11 +2,9 @@
 //! executor pods as they move (the test plays the kubelet), failure with exit code and
 //! reason, deletion, resume from a sequence, a slow reader given a fresh full state, and
 //! the stream ending on Stop.
-mod grpc_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use grpc_support::{Harness, assert_invalid, quiet_cluster, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -14,21 +12,13 @@ use spark_pod_allocator::app::{AppId, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
+use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
+use test_kit::requests::*;
+use test_kit::sim::executor_container;
+use test_kit::wait::until;
 use tonic::Streaming;
 
 const NS: &str = "default";
-
-async fn set_total(h: &Harness, app: &str, n: u32) {
-    h.client
-        .clone()
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: [(0, n)].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("SetTotalExpected");
-}
 
 async fn watch(h: &Harness, app: &str, since: u64) -> Streaming<proto::ExecutorEvent> {
     h.client
@@ -66,7 +56,7 @@ async fn full_state(
 }
 
 /// Reads events until one matches; returns it.
-async fn until(
+async fn until_event(
     stream: &mut Streaming<proto::ExecutorEvent>,
     what: &str,
     matches: impl Fn(&proto::ExecutorEvent) -> bool,
@@ -89,38 +79,18 @@ fn is(event: &proto::ExecutorEvent, kind: Kind, id: i64, state: State) -> bool {
             .is_some_and(|e| e.executor_id == id && e.state() == state)
 }
 
-/// Polls `check` (bounded, 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "not reached within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn pods_api(h: &Harness) -> Api<Pod> {
     Api::namespaced(h.sim.try_client().expect("sim client"), NS)
 }
 
 /// Plays the kubelet: the status of executor `exec`'s pod.
 async fn set_pod_status(h: &Harness, app: &str, exec: u64, status: serde_json::Value) {
-    pods_api(h)
-        .patch_status(
-            &format!("{app}-exec-{exec}"),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": status })),
-        )
-        .await
-        .expect("status patch");
-}
-
-fn container(state: serde_json::Value) -> serde_json::Value {
-    json!([{"name": "spark-kubernetes-executor", "ready": false, "restartCount": 0,
-            "image": "spark:4", "imageID": "", "state": state}])
+    let client = h.sim.try_client().expect("sim client");
+    test_kit::sim::set_pod_status(&client, NS, &format!("{app}-exec-{exec}"), status).await;
 }
 
 fn running() -> serde_json::Value {
-    json!({"phase": "Running", "containerStatuses": container(
+    json!({"phase": "Running", "containerStatuses": executor_container(
         json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}))})
 }
 
@@ -131,9 +101,9 @@ async fn started_with(h: &Harness, app: &str, n: u32) {
         .start(start_request(app, NS))
         .await
         .expect("Start");
-    set_total(h, app, n).await;
+    h.set_total(app, n).await;
     let app = AppId::parse(app).expect("app id");
-    eventually("the executor pods seen by the service", async || {
+    until("the executor pods seen by the service", async || {
         let snapshot = h.applications.snapshot(&app).await.expect("snapshot");
         snapshot.executors.len() == n as usize
     })
@@ -170,7 +140,7 @@ async fn the_stream_shows_the_state_then_pods_moving_failing_and_going() {
     }
 
     set_pod_status(&h, "app-ev", 1, running()).await;
-    let event = until(&mut stream, "executor 1 running", |e| {
+    let event = until_event(&mut stream, "executor 1 running", |e| {
         is(e, Kind::Updated, 1, State::Running)
     })
     .await;
@@ -184,11 +154,11 @@ async fn the_stream_shows_the_state_then_pods_moving_failing_and_going() {
         &h,
         "app-ev",
         2,
-        json!({"phase": "Failed", "containerStatuses": container(
+        json!({"phase": "Failed", "containerStatuses": executor_container(
             json!({"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "out of memory"}}))}),
     )
     .await;
-    let failed = until(&mut stream, "executor 2 failed", |e| {
+    let failed = until_event(&mut stream, "executor 2 failed", |e| {
         is(e, Kind::Updated, 2, State::Failed)
     })
     .await
@@ -202,7 +172,7 @@ async fn the_stream_shows_the_state_then_pods_moving_failing_and_going() {
         .delete("app-ev-exec-1", &DeleteParams::default().grace_period(0))
         .await
         .expect("delete pod");
-    let gone = until(&mut stream, "executor 1 deleted", |e| {
+    let gone = until_event(&mut stream, "executor 1 deleted", |e| {
         e.kind() == Kind::Deleted && e.executor.as_ref().is_some_and(|x| x.executor_id == 1)
     })
     .await
@@ -221,7 +191,7 @@ async fn a_stream_resumes_after_a_sequence_or_starts_again_from_the_full_state()
     let mut first = watch(&h, "app-resume", 0).await;
     let (_, synced) = full_state(&mut first).await;
     set_pod_status(&h, "app-resume", 1, running()).await;
-    let seen = until(&mut first, "executor 1 running", |e| {
+    let seen = until_event(&mut first, "executor 1 running", |e| {
         is(e, Kind::Updated, 1, State::Running)
     })
     .await
@@ -309,9 +279,7 @@ async fn the_stream_ends_when_the_application_stops() {
     full_state(&mut stream).await;
     h.client
         .clone()
-        .stop(proto::StopRequest {
-            application_id: "app-stop".into(),
-        })
+        .stop(stop_request("app-stop"))
         .await
         .expect("Stop");
     // Deletes may be seen before the end; then the stream ends cleanly.
@@ -326,20 +294,14 @@ async fn bad_requests_name_the_field_and_unknown_applications_are_not_found() {
     let status = h
         .client
         .clone()
-        .watch_executors(proto::WatchExecutorsRequest {
-            application_id: "-bad-".into(),
-            since: 0,
-        })
+        .watch_executors(watch_request("-bad-", 0))
         .await
         .expect_err("invalid id");
     assert_invalid(&status, "application_id");
     let status = h
         .client
         .clone()
-        .watch_executors(proto::WatchExecutorsRequest {
-            application_id: "nobody".into(),
-            since: 0,
-        })
+        .watch_executors(watch_request("nobody", 0))
         .await
         .expect_err("unknown app");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
@@ -374,10 +336,7 @@ async fn the_stream_ends_when_the_application_is_forgotten_after_its_driver_pod_
     let status = h
         .client
         .clone()
-        .watch_executors(proto::WatchExecutorsRequest {
-            application_id: "app-gone".into(),
-            since: 0,
-        })
+        .watch_executors(watch_request("app-gone", 0))
         .await
         .expect_err("a forgotten application");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");

@@ -2,67 +2,27 @@
 //! profile the last failed create (HTTP status, gRPC code, reason, message, time, how many
 //! in a row) and the backoff deadline; executors that failed (exit code, OOMKilled) or
 //! cannot start (ImagePullBackOff).
-mod grpc_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use grpc_support::{Harness, start_request};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use spark_pod_allocator::app::Clock;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::FaultSettings;
+use spark_pod_allocator_sim::FaultSettings;
+use test_kit::grpc::{Harness, start_request};
+use test_kit::sim::executor_container;
+use test_kit::wait::until;
 
 const NS: &str = "default";
 
-async fn set_total(h: &Harness, app: &str, n: u32) {
-    h.client
-        .clone()
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app.into(),
-            executors_per_profile: [(0, n)].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("SetTotalExpected");
-}
-
 async fn status(h: &Harness, app: &str) -> proto::ApplicationStatus {
-    h.client
-        .clone()
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
-        .await
-        .expect("GetStatus")
-        .into_inner()
-}
-
-/// Polls `check` (bounded, 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "not reached within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h.status(app).await.expect("GetStatus")
 }
 
 /// Plays the kubelet: the status of executor `exec`'s pod.
 async fn set_pod_status(h: &Harness, app: &str, exec: u64, status: serde_json::Value) {
-    let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
-    api.patch_status(
-        &format!("{app}-exec-{exec}"),
-        &PatchParams::default(),
-        &Patch::Merge(&json!({ "status": status })),
-    )
-    .await
-    .expect("status patch");
-}
-
-fn container(state: serde_json::Value) -> serde_json::Value {
-    json!([{"name": "spark-kubernetes-executor", "ready": false, "restartCount": 0,
-            "image": "spark:4", "imageID": "", "state": state}])
+    let client = h.sim.try_client().expect("sim client");
+    test_kit::sim::set_pod_status(&client, NS, &format!("{app}-exec-{exec}"), status).await;
 }
 
 #[tokio::test]
@@ -77,8 +37,8 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
         quota_fraction: 1.0,
         ..FaultSettings::default()
     });
-    set_total(&h, "app-quota", 2).await;
-    eventually("the refused creates in GetStatus", async || {
+    h.set_total("app-quota", 2).await;
+    until("the refused creates in GetStatus", async || {
         status(&h, "app-quota").await.profiles[0]
             .last_create_failure
             .is_some()
@@ -102,7 +62,7 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
     h.clock.advance(Duration::from_millis(
         u64::try_from(p0.backoff_until_ms - h.clock.now().0).unwrap(),
     ));
-    eventually("the second refused round", async || {
+    until("the second refused round", async || {
         status(&h, "app-quota").await.profiles[0]
             .last_create_failure
             .as_ref()
@@ -112,12 +72,12 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
 
     // The quota is lifted: creates pass, the count starts again, no more backoff.
     h.sim.set_faults(FaultSettings::default());
-    eventually("two executor pods", async || {
+    until("two executor pods", async || {
         h.clock.advance(Duration::from_secs(5));
         h.pods(NS, "app-quota").await.len() == 2
     })
     .await;
-    eventually("creates passed in GetStatus", async || {
+    until("creates passed in GetStatus", async || {
         let p0 = status(&h, "app-quota").await.profiles.remove(0);
         p0.last_create_failure
             .is_some_and(|f| f.consecutive_failures == 0 && f.http_code == 403)
@@ -134,8 +94,8 @@ async fn failed_and_stuck_executors_are_reported() {
         .start(start_request("app-oom", NS))
         .await
         .expect("Start");
-    set_total(&h, "app-oom", 2).await;
-    eventually("two executor pods", async || {
+    h.set_total("app-oom", 2).await;
+    until("two executor pods", async || {
         h.pods(NS, "app-oom").await.len() == 2
     })
     .await;
@@ -144,11 +104,11 @@ async fn failed_and_stuck_executors_are_reported() {
         &h,
         "app-oom",
         2,
-        json!({"phase": "Pending", "containerStatuses": container(
+        json!({"phase": "Pending", "containerStatuses": executor_container(
             json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"spark:4\""}}))}),
     )
     .await;
-    eventually("the stuck executor reported", async || {
+    until("the stuck executor reported", async || {
         let failed = status(&h, "app-oom").await.failed_executors;
         failed.len() == 1 && failed[0].state == "Waiting"
     })
@@ -164,7 +124,7 @@ async fn failed_and_stuck_executors_are_reported() {
         &h,
         "app-oom",
         1,
-        json!({"phase": "Failed", "containerStatuses": container(
+        json!({"phase": "Failed", "containerStatuses": executor_container(
             json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}))}),
     )
     .await;
@@ -172,11 +132,11 @@ async fn failed_and_stuck_executors_are_reported() {
         &h,
         "app-oom",
         2,
-        json!({"phase": "Running", "containerStatuses": container(
+        json!({"phase": "Running", "containerStatuses": executor_container(
             json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}))}),
     )
     .await;
-    eventually(
+    until(
         "the OOMKilled executor reported, the stuck one no longer",
         async || {
             let failed = status(&h, "app-oom").await.failed_executors;
@@ -185,7 +145,7 @@ async fn failed_and_stuck_executors_are_reported() {
     )
     .await;
     // The failed pod is deleted (delete-on-termination) and replaced; the failure stays.
-    eventually("the failed pod deleted and replaced", async || {
+    until("the failed pod deleted and replaced", async || {
         h.clock.advance(Duration::from_secs(1));
         let names: Vec<String> = h
             .pods(NS, "app-oom")

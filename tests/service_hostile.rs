@@ -4,15 +4,13 @@
 //! undecodable requests. Each is refused with its code while a gRPC health check, made
 //! during the attack, answers within 100 ms. Limits are configured small so that every
 //! test takes a few seconds at most.
-mod grpc_support;
-mod sim_support;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use grpc_support::{Harness, TEMPLATE, assert_invalid, quiet_cluster, start_request};
-use sim_support::until;
+use test_kit::grpc::{Harness, TEMPLATE, assert_invalid, quiet_cluster, start_request};
+use test_kit::wait::until;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -25,6 +23,7 @@ use spark_pod_allocator::grpc::limits::ServerLimits;
 use spark_pod_allocator::grpc::validate::RequestLimits;
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::proto;
+use test_kit::requests::*;
 
 const NS: &str = "team-a";
 /// Health must answer within this while an attack runs.
@@ -404,11 +403,7 @@ async fn a_profile_flood_is_refused() {
     let flood = while_healthy(&h.channel, async {
         client
             .clone()
-            .set_total_expected(proto::SetTotalExpectedRequest {
-                application_id: "app-1".into(),
-                executors_per_profile: Default::default(),
-                resource_profile_templates: many(1, 5000),
-            })
+            .set_total_expected(profiles_request("app-1", many(1, 5000)))
             .await
     })
     .await
@@ -426,20 +421,12 @@ async fn a_profile_flood_is_refused() {
     // One at a time: profile 0 and three more fill the application's profiles.
     for profile in 1..MAX_PROFILES as i32 {
         client
-            .set_total_expected(proto::SetTotalExpectedRequest {
-                application_id: "app-1".into(),
-                executors_per_profile: Default::default(),
-                resource_profile_templates: many(profile, 1),
-            })
+            .set_total_expected(profiles_request("app-1", many(profile, 1)))
             .await
             .unwrap_or_else(|s| panic!("profile {profile}: {s:?}"));
     }
     let one_more = client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: "app-1".into(),
-            executors_per_profile: Default::default(),
-            resource_profile_templates: many(MAX_PROFILES as i32, 1),
-        })
+        .set_total_expected(profiles_request("app-1", many(MAX_PROFILES as i32, 1)))
         .await
         .unwrap_err();
     assert_invalid(&one_more, "resource_profile_templates");
@@ -489,9 +476,7 @@ async fn set_total_expected_u32_max_is_bounded_per_round_and_for_life() {
     })
     .await;
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: "greedy".into(),
-        })
+        .get_status(status_request("greedy"))
         .await
         .expect("status")
         .into_inner();
@@ -517,9 +502,7 @@ async fn set_total_expected_u32_max_is_bounded_per_round_and_for_life() {
     round().await;
     assert_eq!(h.pods(NS, "greedy").await.len(), MAX_EXECUTORS as usize);
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: "greedy".into(),
-        })
+        .get_status(status_request("greedy"))
         .await
         .expect("status")
         .into_inner();
@@ -554,9 +537,7 @@ async fn calls_racing_stop_answer_not_found_never_internal() {
             .collect();
         h.client
             .clone()
-            .stop(proto::StopRequest {
-                application_id: app.clone(),
-            })
+            .stop(stop_request(app.clone()))
             .await
             .expect("stop");
         for call in calls {

@@ -2,17 +2,18 @@
 //! service's request deadline, IsDeleted, GetStatus and SetTotalExpected still answer at
 //! once over real gRPC, the stalled requests are given up after their deadline, and the
 //! application recovers once the API server does.
-mod grpc_support;
 
 use std::time::{Duration, Instant};
 
-use grpc_support::{Harness, quiet_cluster, start_request};
 use spark_pod_allocator::allocator::Timestamp;
 use spark_pod_allocator::app::{AppId, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::RequestPolicy;
 use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::FaultSettings;
+use spark_pod_allocator_sim::FaultSettings;
+use test_kit::grpc::{Harness, quiet_cluster, start_request};
+use test_kit::requests::*;
+use test_kit::wait::until;
 
 /// The service's deadline per request attempt.
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
@@ -49,11 +50,7 @@ async fn set_total(h: &Harness, n: u32) -> Duration {
     let mut client = h.client.clone();
     let began = Instant::now();
     client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: app().to_string(),
-            executors_per_profile: [(0, n)].into(),
-            ..Default::default()
-        })
+        .set_total_expected(targets_request(app().to_string(), n))
         .await
         .expect("SetTotalExpected");
     began.elapsed()
@@ -63,9 +60,7 @@ async fn status(h: &Harness) -> (proto::ApplicationStatus, Duration) {
     let mut client = h.client.clone();
     let began = Instant::now();
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: app().to_string(),
-        })
+        .get_status(status_request(app().to_string()))
         .await
         .expect("GetStatus")
         .into_inner();
@@ -76,24 +71,12 @@ async fn is_deleted(h: &Harness, id: u64) -> (bool, Duration) {
     let mut client = h.client.clone();
     let began = Instant::now();
     let deleted = client
-        .is_deleted(proto::IsDeletedRequest {
-            application_id: app().to_string(),
-            executor_id: id.to_string(),
-        })
+        .is_deleted(is_deleted_request(app().to_string(), id.to_string()))
         .await
         .expect("IsDeleted")
         .into_inner()
         .deleted;
     (deleted, began.elapsed())
-}
-
-/// Polls `check` (bounded, 30 s).
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "not reached within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Calls all three RPCs every 50 ms for `span`; asserts that 90 % answered within
@@ -128,11 +111,11 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
         .await
         .expect("Start");
     set_total(&h, 2).await;
-    eventually("2 executor pods", async || {
+    until("2 executor pods", async || {
         h.pods("default", app().as_str()).await.len() == 2
     })
     .await;
-    eventually("a round seeing both pods", async || {
+    until("a round seeing both pods", async || {
         h.clock.advance(Duration::from_secs(1));
         let (status, _) = status(&h).await;
         status.profiles[0].pending == 2 && status.profiles[0].newly_created == 0
@@ -147,7 +130,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
     let first = set_total(&h, 4).await;
     assert!(first < ANSWER_BOUND, "SetTotalExpected took {first:?}");
     h.clock.advance(Duration::from_secs(1));
-    eventually("the round asking for 2 more", async || {
+    until("the round asking for 2 more", async || {
         status(&h).await.0.profiles[0].newly_created == 2
     })
     .await;
@@ -164,7 +147,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
 
     // The API server recovers: the next rounds (after the backoff) reach the target.
     h.sim.set_faults(FaultSettings::default());
-    eventually("4 executor pods after the outage", async || {
+    until("4 executor pods after the outage", async || {
         h.clock.advance(Duration::from_secs(2));
         h.pods("default", app().as_str()).await.len() == 4
     })
@@ -178,7 +161,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
     });
     let took = set_total(&h, 0).await;
     assert!(took < ANSWER_BOUND, "SetTotalExpected took {took:?}");
-    eventually("executor 1 marked deleted", async || {
+    until("executor 1 marked deleted", async || {
         h.clock.advance(Duration::from_millis(500));
         let (deleted, took) = is_deleted(&h, 1).await;
         assert!(took < ANSWER_BOUND, "IsDeleted took {took:?}");
@@ -188,7 +171,7 @@ async fn calls_answer_at_once_while_the_api_server_stalls() {
     answers_at_once_during(&h, REQUEST_TIMEOUT * 3, 0, "while a downscale stalls").await;
     // Once the API server answers, the retried delete removes every pod.
     h.sim.set_faults(FaultSettings::default());
-    eventually("no executor pod left", async || {
+    until("no executor pod left", async || {
         h.clock.advance(Duration::from_secs(1));
         h.pods("default", app().as_str()).await.is_empty()
     })

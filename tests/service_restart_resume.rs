@@ -3,83 +3,38 @@
 //! scale-up from the registration it kept in Kubernetes, with no call from the driver; the
 //! next call just works, and Stop deletes the registration.
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
-use spark_pod_allocator::proto;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::SimCluster;
 
-mod process_support;
-use process_support::{HANG_GUARD, serve_against};
+use test_kit::grpc::{batched_start_request, start_scaled};
+use test_kit::process::serve_against;
+use test_kit::requests::*;
+use test_kit::sim::manual_cluster;
+use test_kit::wait::until;
 
 const NS: &str = "default";
 const APP: &str = "app-restart";
 
-async fn executor_ids(sim: &SimCluster) -> BTreeSet<u64> {
-    let api: Api<Pod> = Api::namespaced(sim.try_client().expect("client"), NS);
-    api.list(&ListParams::default().labels(&format!("spark-app-selector={APP}")))
-        .await
-        .expect("list")
-        .items
-        .iter()
-        .filter_map(|p| {
-            p.metadata
-                .labels
-                .as_ref()?
-                .get("spark-exec-id")?
-                .parse()
-                .ok()
-        })
-        .collect()
-}
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + HANG_GUARD;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not reached: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn executor_ids(sim: &SimCluster) -> BTreeSet<u64> {
+    test_kit::sim::executor_ids(&sim.try_client().expect("client"), NS, APP).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_the_driver() {
-    let mut settings = SimSettings::default();
-    settings.kubelet.mode = KubeletMode::Manual;
-    let sim = SimCluster::start(settings).await.expect("sim");
+    let sim = manual_cluster().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
 
-    let (mut first, mut client) = serve_against(&kubeconfig).await;
-    client
-        .start(proto::StartRequest {
-            application_id: APP.into(),
-            namespace: NS.into(),
-            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
-            settings: Some(proto::AllocationSettings {
-                batch_size: Some(2),
-                batch_delay_ms: Some(1000),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("Start");
-    client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: APP.into(),
-            executors_per_profile: [(0, 6)].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("SetTotalExpected");
+    let (mut first, mut client) = serve_against(BIN, &kubeconfig).await;
+    start_scaled(&mut client, batched_start_request(APP, NS, 2, 1000), 6).await;
     until("the first batch", async || {
         !executor_ids(&sim).await.is_empty()
     })
@@ -110,7 +65,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     );
 
     // A new service, and no call from the driver: the scale-up completes.
-    let (_second, mut client) = serve_against(&kubeconfig).await;
+    let (_second, mut client) = serve_against(BIN, &kubeconfig).await;
     until("6 executors", async || executor_ids(&sim).await.len() == 6).await;
     let ids = executor_ids(&sim).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
@@ -122,9 +77,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
 
     // The next call just works.
     let status = client
-        .get_status(proto::GetStatusRequest {
-            application_id: APP.into(),
-        })
+        .get_status(status_request(APP))
         .await
         .expect("GetStatus")
         .into_inner();
@@ -134,9 +87,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         ids.iter().max().copied()
     );
     let stopped = client
-        .stop(proto::StopRequest {
-            application_id: APP.into(),
-        })
+        .stop(stop_request(APP))
         .await
         .expect("Stop")
         .into_inner();

@@ -2,38 +2,32 @@
 //! cluster: what they hold, a new service resuming them by itself (targets and registered
 //! executors included), and a registration whose driver pod ended meanwhile deleted
 //! instead of resumed.
-mod sim_support;
-use sim_support::until;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
+use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId};
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceContext, StartApplication,
+    AppId, Applications, ManualClock, ServiceOptions, StartApplication,
 };
 use spark_pod_allocator::k8s::IdRecord;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::SimCluster;
+use test_kit::service::{P0, template_pod};
+use test_kit::sim::manual_cluster;
+use test_kit::wait::until;
 
 const NS: &str = "default";
-const P0: ResourceProfileId = ResourceProfileId(0);
 
 fn request(app: &str, driver: Option<&str>) -> StartApplication {
-    let template: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
-    }))
-    .unwrap();
     StartApplication {
         app_id: AppId::parse(app).unwrap(),
         namespace: NS.into(),
         driver_pod_name: driver.map(str::to_string),
-        templates: BTreeMap::from([(P0, template)]),
+        templates: BTreeMap::from([(P0, template_pod())]),
         pod_name_prefix: None,
         settings: AllocationSettings {
             batch_delay: Duration::from_secs(1),
@@ -45,10 +39,8 @@ fn request(app: &str, driver: Option<&str>) -> StartApplication {
 }
 
 fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
-    Applications::new(ServiceContext::new(
-        sim.try_client().expect("sim client"),
-        Arc::new(clock.clone()),
-    ))
+    let client = sim.try_client().expect("sim client");
+    test_kit::service::applications(client, clock, ServiceOptions::default())
 }
 
 async fn registration(sim: &SimCluster, app: &str) -> Option<Registration> {
@@ -63,9 +55,7 @@ async fn registration(sim: &SimCluster, app: &str) -> Option<Registration> {
 
 #[tokio::test]
 async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() {
-    let mut settings = SimSettings::default();
-    settings.kubelet.mode = KubeletMode::Manual;
-    let sim = SimCluster::start(settings).await.expect("sim");
+    let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
     let apps = applications(&sim, &clock);
     let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("client"), NS);

@@ -3,20 +3,19 @@
 //! `{{EXECUTOR_ID}}` substituted per executor), templates of resource profiles registered by
 //! SetTotalExpected, a repeated Start that must repeat the first, and the executor container
 //! and check-all-containers settings per application.
-mod grpc_support;
-mod sim_support;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use grpc_support::{Harness, TEMPLATE, assert_invalid, start_request};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use sim_support::eventually;
 use spark_pod_allocator::allocator::{ExecutorId, ExecutorState};
 use spark_pod_allocator::app::AppId;
 use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, TEMPLATE, assert_invalid, start_request};
+use test_kit::requests::*;
+use test_kit::wait::eventually;
 
 const NS: &str = "team-a";
 
@@ -278,9 +277,7 @@ async fn set_total_expected_registers_profile_templates() {
 
     let status = h
         .client
-        .get_status(proto::GetStatusRequest {
-            application_id: app.into(),
-        })
+        .get_status(status_request(app))
         .await
         .expect("GetStatus")
         .into_inner();

@@ -1,13 +1,12 @@
 //! The simulated scheduler, kubelets and garbage collector, the injected faults, the admin
 //! endpoint and authentication, seen from kube-rs like any client of a real cluster.
 
-mod sim_support;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use sim_support::*;
-use spark_pod_allocator::sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{FaultSettings, KubeletMode, SimCluster, SimSettings};
+use test_kit::sim::*;
+use test_kit::wait::*;
 
 fn fast_settings() -> SimSettings {
     let mut s = SimSettings::default();
@@ -500,7 +499,7 @@ async fn run_until_writes_a_kubeconfig_clients_can_use() {
     let running = tokio::spawn(async move {
         let mut settings = SimSettings::default();
         settings.kubelet.mode = KubeletMode::Manual;
-        spark_pod_allocator::sim::run_until(settings, Some(&run_path), async {
+        spark_pod_allocator_sim::run_until(settings, Some(&run_path), async {
             let _ = stop_rx.await;
         })
         .await
@@ -520,7 +519,7 @@ async fn run_until_writes_a_kubeconfig_clients_can_use() {
     stop_tx.send(()).unwrap();
     running.await.unwrap().unwrap();
 
-    let err = spark_pod_allocator::sim::run_until(
+    let err = spark_pod_allocator_sim::run_until(
         SimSettings::default(),
         Some(&dir.path().join("missing/dir/kc")),
         async {},
@@ -529,7 +528,7 @@ async fn run_until_writes_a_kubeconfig_clients_can_use() {
     assert!(
         matches!(
             err,
-            Err(spark_pod_allocator::sim::SimError::Kubeconfig { .. })
+            Err(spark_pod_allocator_sim::SimError::Kubeconfig { .. })
         ),
         "{err:?}"
     );

@@ -2,16 +2,14 @@
 //! `get -w` seeing a status patch, and `apply`. kubectl must be on PATH (CI installs it):
 //! a missing kubectl fails these tests with a clear message, never skips them.
 
-mod sim_support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use sim_support::*;
-use spark_pod_allocator::sim::SimCluster;
+use spark_pod_allocator_sim::SimCluster;
+use test_kit::sim::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 struct Kubectl {
@@ -208,7 +206,7 @@ async fn kubectl_apply_creates_then_configures_a_pod() {
 async fn kube_runtime_watcher_recovers_from_a_forced_410() {
     use futures::StreamExt;
     use kube::runtime::watcher::{self, Event};
-    use spark_pod_allocator::sim::FaultSettings;
+    use spark_pod_allocator_sim::FaultSettings;
 
     let sim = manual_cluster().await;
     let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("sim client"), "default");

@@ -2,8 +2,6 @@
 //! (the image's command is `sh -c`, the container's args are appended), their exits become
 //! container states and phases, deletion signals them, and nothing outlives the cluster.
 
-mod sim_support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,8 +9,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
-use sim_support::*;
-use spark_pod_allocator::sim::{ImageEnv, KubeletRuntime, ProcessImage, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{ImageEnv, KubeletRuntime, ProcessImage, SimCluster, SimSettings};
+use test_kit::sim::*;
+use test_kit::wait::*;
 
 struct Fixture {
     sim: SimCluster,

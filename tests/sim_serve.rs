@@ -2,15 +2,13 @@
 //! it: the API server on the configured fixed port, pods run by the process runtime, and
 //! SIGTERM stopping the service, the cluster and every pod process.
 
-mod sim_support;
-
 use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use sim_support::*;
+use test_kit::wait::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 

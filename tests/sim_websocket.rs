@@ -1,16 +1,14 @@
 //! Watches over WebSocket, as fabric8 (Spark's Kubernetes client) opens them: a real
 //! WebSocket client (tokio-tungstenite) against the simulated API server.
 
-mod sim_support;
-
 use std::time::Duration;
 
 use futures::SinkExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
-use sim_support::*;
-use spark_pod_allocator::sim::SimCluster;
+use spark_pod_allocator_sim::SimCluster;
+use test_kit::sim::*;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 

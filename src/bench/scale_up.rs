@@ -21,7 +21,7 @@ use crate::app::{
     AppId, Applications, ServiceContext, ServiceOptions, StartApplication, SystemClock,
 };
 use crate::metrics::Metrics;
-use crate::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 /// `bench scale-up` options.
 #[derive(Debug, Clone, clap::Args)]

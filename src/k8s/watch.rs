@@ -576,8 +576,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{KubeletMode, SimCluster, SimSettings};
     use kube::api::PostParams;
+    use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
     fn executor(app: &str, id: u32) -> Pod {
         serde_json::from_value(serde_json::json!({

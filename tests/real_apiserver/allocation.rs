@@ -1,31 +1,25 @@
 //! The service's contract, written once and run against two backends: the simulator and a
-//! real kube-apiserver (over etcd; `TEST_APISERVER_BIN`, see tests/apiserver_support). Each
+//! real kube-apiserver (over etcd; `TEST_APISERVER_BIN`, see crates/test-kit/src/apiserver.rs). Each
 //! scenario drives the service core (`Applications` with a `ManualClock`) over real HTTP;
 //! the test plays scheduler and kubelet. On the real server the service's client carries a
 //! service-account token bound to the Helm chart's RBAC only, and each scenario ends by
 //! checking the audit log for anything else it used.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster_support::{
-    Cluster, bind, cluster_ids, cluster_ids_in, delete_now, pod_name, set_failed, set_running,
-};
-use crate::sim_support::until;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use serde_json::json;
-use spark_pod_allocator::allocator::{
-    AllocationSettings, ExecutorId, ExecutorState, ResourceProfileId,
+use spark_pod_allocator::allocator::{ExecutorId, ExecutorState, ResourceProfileId};
+use spark_pod_allocator::app::{AppError, Applications, ManualClock, ServiceOptions};
+use test_kit::cluster::{
+    Cluster, bind, cluster_ids, cluster_ids_in, delete_now, pod_name, set_failed, set_running,
 };
-use spark_pod_allocator::app::{
-    AppError, AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication,
-    Started,
+use test_kit::service::{
+    BATCH_DELAY, P0, applications, id, labelled_template as template, range, start,
+    start_application as request, targets, wait_seen,
 };
-
-const P0: ResourceProfileId = ResourceProfileId(0);
-const BATCH_DELAY: Duration = Duration::from_secs(1);
+use test_kit::wait::until;
 
 /// Each scenario as two tests: `<scenario>::simulator` and `<scenario>::real_api_server`.
 macro_rules! contract {
@@ -33,20 +27,20 @@ macro_rules! contract {
         mod $scenario {
             #[tokio::test]
             async fn simulator() {
-                let cluster = crate::cluster_support::SimBackend::start().await;
+                let cluster = test_kit::cluster::SimBackend::start().await;
                 super::$scenario(&cluster).await;
-                crate::cluster_support::Cluster::finish(&cluster).await;
+                test_kit::cluster::Cluster::finish(&cluster).await;
             }
 
             #[tokio::test]
             async fn real_api_server() {
                 let Some(cluster) =
-                    crate::cluster_support::RealBackend::start(stringify!($scenario)).await
+                    test_kit::cluster::RealBackend::start(stringify!($scenario)).await
                 else {
                     return;
                 };
                 super::$scenario(&cluster).await;
-                crate::cluster_support::Cluster::finish(&cluster).await;
+                test_kit::cluster::Cluster::finish(&cluster).await;
             }
         }
     )*};
@@ -71,80 +65,10 @@ struct Service {
 }
 
 fn service(c: &impl Cluster, clock: &ManualClock) -> Service {
-    let ctx = ServiceContext::new(c.service_client(), Arc::new(clock.clone()))
-        .with_options(ServiceOptions::default());
     Service {
         clock: clock.clone(),
-        apps: Applications::new(ctx),
+        apps: applications(c.service_client(), clock, ServiceOptions::default()),
     }
-}
-
-fn template() -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"labels": {"team": "data"}},
-        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
-    }))
-    .expect("template")
-}
-
-fn request(app: &str, namespace: &str) -> StartApplication {
-    StartApplication {
-        app_id: id(app),
-        namespace: namespace.to_string(),
-        driver_pod_name: None,
-        templates: BTreeMap::from([(P0, template())]),
-        pod_name_prefix: None,
-        owner: None,
-        settings: AllocationSettings {
-            batch_size: 10,
-            batch_delay: BATCH_DELAY,
-            executor_timeout: Duration::from_secs(10),
-            ..AllocationSettings::default()
-        },
-    }
-}
-
-fn id(app: &str) -> AppId {
-    AppId::parse(app).expect("application id")
-}
-
-fn targets(n: u32) -> BTreeMap<ResourceProfileId, u32> {
-    BTreeMap::from([(P0, n)])
-}
-
-fn range(from: u64, to: u64) -> BTreeSet<u64> {
-    (from..=to).collect()
-}
-
-/// Starts an application and waits for its start round.
-async fn start(s: &Service, req: StartApplication) -> Started {
-    let app = req.app_id.clone();
-    let started = s.apps.start(req).await.expect("start");
-    until("start round", || async {
-        s.apps.rounds(&app).await.expect("rounds") >= 1
-    })
-    .await;
-    started
-}
-
-async fn snapshot_ids(s: &Service, app: &str) -> BTreeSet<u64> {
-    s.apps
-        .snapshot(&id(app))
-        .await
-        .expect("snapshot")
-        .executors
-        .keys()
-        .map(|e| e.0)
-        .collect()
-}
-
-async fn wait_seen(s: &Service, app: &str, ids: BTreeSet<u64>) {
-    until(&format!("{app} sees {ids:?}"), || async {
-        snapshot_ids(s, app).await == ids
-    })
-    .await;
 }
 
 async fn wait_state(s: &Service, app: &str, exec: u64, wanted: fn(&ExecutorState) -> bool) {
@@ -159,36 +83,22 @@ async fn wait_state(s: &Service, app: &str, exec: u64, wanted: fn(&ExecutorState
 }
 
 async fn advance_round(s: &Service, app: &str, by: Duration) {
-    let before = s.apps.rounds(&id(app)).await.expect("rounds");
-    s.clock.advance(by);
-    until(&format!("a round of {app}"), || async {
-        s.apps.rounds(&id(app)).await.expect("rounds") > before
-    })
-    .await;
+    test_kit::service::advance_round(&s.apps, &s.clock, app, by).await
 }
 
 async fn set_targets_and_round(s: &Service, app: &str, t: BTreeMap<ResourceProfileId, u32>) {
-    let before = s.apps.rounds(&id(app)).await.expect("rounds");
-    s.apps
-        .set_total_expected(&id(app), t)
-        .await
-        .expect("set targets");
-    until(
-        &format!("the round after SetTotalExpected of {app}"),
-        || async { s.apps.rounds(&id(app)).await.expect("rounds") > before },
-    )
-    .await;
+    test_kit::service::set_targets_and_round(&s.apps, app, t).await
 }
 
 async fn batches_are_respected_and_targets_reached(c: &impl Cluster) {
     let s = service(c, &ManualClock::starting_now());
-    let started = start(&s, request("app-a", c.namespace())).await;
+    let started = start(&s.apps, request("app-a", c.namespace())).await;
     assert!(!started.resumed);
     set_targets_and_round(&s, "app-a", targets(25)).await;
     assert_eq!(cluster_ids(c, "app-a").await, range(1, 10));
     // The next batch only once a round has seen the previous pods (Pending is enough).
     for (seen, then) in [(10, 20), (20, 25), (25, 25)] {
-        wait_seen(&s, "app-a", range(1, seen)).await;
+        wait_seen(&s.apps, "app-a", range(1, seen)).await;
         advance_round(&s, "app-a", BATCH_DELAY).await;
         assert_eq!(cluster_ids(c, "app-a").await, range(1, then));
     }
@@ -203,10 +113,10 @@ async fn pending_pods_are_capped(c: &impl Cluster) {
     let s = service(c, &ManualClock::starting_now());
     let mut req = request("app-cap", c.namespace());
     req.settings.max_pending_pods = Some(4);
-    start(&s, req).await;
+    start(&s.apps, req).await;
     set_targets_and_round(&s, "app-cap", targets(10)).await;
     assert_eq!(cluster_ids(c, "app-cap").await, range(1, 4));
-    wait_seen(&s, "app-cap", range(1, 4)).await;
+    wait_seen(&s.apps, "app-cap", range(1, 4)).await;
     advance_round(&s, "app-cap", BATCH_DELAY).await;
     assert_eq!(
         cluster_ids(c, "app-cap").await,
@@ -225,7 +135,7 @@ async fn pending_pods_are_capped(c: &impl Cluster) {
 async fn downscale_deletes_pending_excess_and_is_deleted_until_gone(c: &impl Cluster) {
     let s = service(c, &ManualClock::starting_now());
     let app = "app-down";
-    start(&s, request(app, c.namespace())).await;
+    start(&s.apps, request(app, c.namespace())).await;
     set_targets_and_round(&s, app, targets(8)).await;
     assert_eq!(cluster_ids(c, app).await, range(1, 8));
     for exec in 1..=3 {
@@ -282,7 +192,7 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone(c: &impl Clu
     let live: BTreeSet<u64> = range(1, 8).difference(&deleted).copied().collect();
     advance_round(&s, app, BATCH_DELAY).await;
     advance_round(&s, app, Duration::from_secs(31)).await;
-    wait_seen(&s, app, live.clone()).await;
+    wait_seen(&s.apps, app, live.clone()).await;
     advance_round(&s, app, BATCH_DELAY).await;
     for d in &deleted {
         assert!(
@@ -299,9 +209,9 @@ async fn downscale_deletes_pending_excess_and_is_deleted_until_gone(c: &impl Clu
 async fn executors_registered_with_the_driver_are_kept_on_downscale(c: &impl Cluster) {
     let s = service(c, &ManualClock::starting_now());
     let app = "app-reg";
-    start(&s, request(app, c.namespace())).await;
+    start(&s.apps, request(app, c.namespace())).await;
     set_targets_and_round(&s, app, targets(4)).await;
-    wait_seen(&s, app, range(1, 4)).await;
+    wait_seen(&s.apps, app, range(1, 4)).await;
     s.apps
         .update_registered(&id(app), BTreeSet::from([ExecutorId(1), ExecutorId(2)]))
         .await
@@ -322,7 +232,7 @@ async fn executors_registered_with_the_driver_are_kept_on_downscale(c: &impl Clu
 async fn failed_executors_are_replaced_with_new_ids(c: &impl Cluster) {
     let s = service(c, &ManualClock::starting_now());
     let app = "app-fail";
-    start(&s, request(app, c.namespace())).await;
+    start(&s.apps, request(app, c.namespace())).await;
     set_targets_and_round(&s, app, targets(3)).await;
     for exec in 1..=3 {
         set_running(c, app, exec).await;
@@ -337,7 +247,7 @@ async fn failed_executors_are_replaced_with_new_ids(c: &impl Cluster) {
 async fn deleted_executors_are_replaced_with_new_ids(c: &impl Cluster) {
     let s = service(c, &ManualClock::starting_now());
     let app = "app-gone";
-    start(&s, request(app, c.namespace())).await;
+    start(&s.apps, request(app, c.namespace())).await;
     set_targets_and_round(&s, app, targets(3)).await;
     for exec in 1..=3 {
         set_running(c, app, exec).await;
@@ -362,15 +272,15 @@ async fn deleted_executors_are_replaced_with_new_ids(c: &impl Cluster) {
 
 async fn stop_removes_one_application_only(c: &impl Cluster) {
     let s = service(c, &ManualClock::starting_now());
-    start(&s, request("app-x", c.namespace())).await;
-    start(&s, request("app-y", c.namespace())).await;
-    start(&s, request("app-z", c.other_namespace())).await;
+    start(&s.apps, request("app-x", c.namespace())).await;
+    start(&s.apps, request("app-y", c.namespace())).await;
+    start(&s.apps, request("app-z", c.other_namespace())).await;
     set_targets_and_round(&s, "app-x", targets(3)).await;
     set_targets_and_round(&s, "app-y", targets(2)).await;
     set_targets_and_round(&s, "app-z", targets(2)).await;
-    wait_seen(&s, "app-x", range(1, 3)).await;
-    wait_seen(&s, "app-y", range(1, 2)).await;
-    wait_seen(&s, "app-z", range(1, 2)).await;
+    wait_seen(&s.apps, "app-x", range(1, 3)).await;
+    wait_seen(&s.apps, "app-y", range(1, 2)).await;
+    wait_seen(&s.apps, "app-z", range(1, 2)).await;
     set_running(c, "app-x", 1).await;
     assert_eq!(s.apps.stop(&id("app-x")).await.expect("stop"), 3);
     // The running (bound) pod is deleted gracefully: terminating until its kubelet confirms.
@@ -414,7 +324,7 @@ async fn each_resource_profile_gets_its_own_pods(c: &impl Cluster) {
         spec.containers[0].image = Some("spark:4-big".into());
     }
     req.templates.insert(p1, big);
-    start(&s, req).await;
+    start(&s.apps, req).await;
     set_targets_and_round(&s, app, BTreeMap::from([(P0, 2), (p1, 3)])).await;
     let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
     let listed = pods
@@ -451,7 +361,7 @@ async fn the_driver_pod_owns_the_executors(c: &impl Cluster) {
         .expect("driver pod");
     let mut req = request("app-own", c.namespace());
     req.driver_pod_name = Some("driver-1".into());
-    start(&s, req).await;
+    start(&s.apps, req).await;
     set_targets_and_round(&s, "app-own", targets(1)).await;
     let pod = pods.get("app-own-exec-1").await.expect("executor");
     let owners = pod.metadata.owner_references.expect("owner references");
@@ -470,7 +380,7 @@ async fn a_restarted_service_resumes_without_reusing_ids(c: &impl Cluster) {
     let clock = ManualClock::starting_now();
     let s = service(c, &clock);
     let app = "app-r";
-    start(&s, request(app, c.namespace())).await;
+    start(&s.apps, request(app, c.namespace())).await;
     set_targets_and_round(&s, app, targets(5)).await;
     assert_eq!(cluster_ids(c, app).await, range(1, 5));
     s.apps.shutdown().await;
@@ -483,10 +393,10 @@ async fn a_restarted_service_resumes_without_reusing_ids(c: &impl Cluster) {
     delete_now(c, app, 5).await;
 
     let restarted = service(c, &clock);
-    let started = start(&restarted, request(app, c.namespace())).await;
+    let started = start(&restarted.apps, request(app, c.namespace())).await;
     assert!(started.resumed);
     assert_eq!(started.last_executor_id, 5, "id 5 was handed out");
-    wait_seen(&restarted, app, range(1, 4)).await;
+    wait_seen(&restarted.apps, app, range(1, 4)).await;
     restarted
         .apps
         .set_total_expected(&id(app), targets(7))

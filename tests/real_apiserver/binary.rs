@@ -4,34 +4,23 @@
 //! audit log shows it used nothing the chart does not grant (checked by `finish`).
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
-use spark_pod_allocator::proto;
 
-use crate::cluster_support::{Cluster, RealBackend};
-use crate::process_support::serve_against;
-use crate::sim_support::until;
+use test_kit::cluster::{Cluster, RealBackend};
+use test_kit::grpc::{batched_start_request, start_scaled};
+use test_kit::process::serve_against;
+use test_kit::requests::*;
+use test_kit::wait::until;
 
 const APP: &str = "app-binary";
 
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+
 async fn executor_ids(c: &RealBackend) -> BTreeSet<u64> {
-    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
-    pods.list(&ListParams::default().labels(&format!("spark-app-selector={APP}")))
-        .await
-        .expect("list")
-        .items
-        .iter()
-        .filter_map(|p| {
-            p.metadata
-                .labels
-                .as_ref()?
-                .get("spark-exec-id")?
-                .parse()
-                .ok()
-        })
-        .collect()
+    test_kit::sim::executor_ids(&c.admin_client(), c.namespace(), APP).await
 }
 
 #[tokio::test]
@@ -43,29 +32,13 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     let kubeconfig = dir.path().join("kubeconfig");
     c.write_service_kubeconfig(&kubeconfig);
 
-    let (mut first, mut client) = serve_against(&kubeconfig).await;
-    client
-        .start(proto::StartRequest {
-            application_id: APP.into(),
-            namespace: c.namespace().into(),
-            executor_pod_template: "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n".into(),
-            settings: Some(proto::AllocationSettings {
-                batch_size: Some(2),
-                batch_delay_ms: Some(5000),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("Start");
-    client
-        .set_total_expected(proto::SetTotalExpectedRequest {
-            application_id: APP.into(),
-            executors_per_profile: [(0, 6)].into(),
-            ..Default::default()
-        })
-        .await
-        .expect("SetTotalExpected");
+    let (mut first, mut client) = serve_against(BIN, &kubeconfig).await;
+    start_scaled(
+        &mut client,
+        batched_start_request(APP, c.namespace(), 2, 5000),
+        6,
+    )
+    .await;
     // The whole first batch, so that no create is in flight at the kill (the batch delay
     // holds the next one back); a create cut off by SIGKILL may never land, and its id is
     // then skipped, which is right but not this test's point.
@@ -92,7 +65,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
         "record {recorded}, created {at_kill:?}"
     );
 
-    let (_second, mut client) = serve_against(&kubeconfig).await;
+    let (_second, mut client) = serve_against(BIN, &kubeconfig).await;
     until("6 executors", || async {
         executor_ids(&c).await.len() == 6
     })
@@ -104,9 +77,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     let expected: BTreeSet<u64> = (recorded + 1..=recorded + new.len() as u64).collect();
     assert_eq!(new, expected, "ids continue after the block, none reused");
     let stopped = client
-        .stop(proto::StopRequest {
-            application_id: APP.into(),
-        })
+        .stop(stop_request(APP))
         .await
         .expect("Stop")
         .into_inner();

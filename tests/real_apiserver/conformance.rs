@@ -9,11 +9,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::cluster_support::{Cluster, RealBackend, SimBackend};
-use crate::sim_support::raw;
 use crate::websocket;
 use kube::Client;
 use serde_json::{Value, json};
+use test_kit::cluster::{Cluster, RealBackend, SimBackend};
+use test_kit::sim::raw;
 
 /// Observations that differ between the simulator and the real server, by name, each with
 /// why (also in docs/simulator.md).
@@ -221,7 +221,7 @@ async fn observe(c: &impl Cluster, compact: impl Fn()) -> BTreeMap<&'static str,
     seen.insert("grace-0 delete", outcome(code, &body));
     let (code, _, _) = raw(&client, "GET", &format!("{pods}/p3"), json_type, None).await;
     seen.insert("deleted pod gone", json!(code));
-    let (code, events) = crate::sim_support::raw_watch_events(
+    let (code, events) = test_kit::sim::raw_watch_events(
         client.clone(),
         format!(
             "{pods}?watch=true&labelSelector=app%3Dy&resourceVersion={list_rv}&timeoutSeconds=2"
@@ -248,7 +248,7 @@ async fn observe(c: &impl Cluster, compact: impl Fn()) -> BTreeMap<&'static str,
     // After compaction a watch from an old resourceVersion is 410 Gone.
     compact();
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let (code, events) = crate::sim_support::raw_watch_events(
+    let (code, events) = test_kit::sim::raw_watch_events(
         client.clone(),
         format!("{pods}?watch=true&resourceVersion={created_rv}&timeoutSeconds=2"),
     )

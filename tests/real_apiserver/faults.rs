@@ -5,70 +5,32 @@
 //! Skipped (with the reason printed) when `TEST_APISERVER_BIN` is not set.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster_support::{Cluster, RealBackend, cluster_ids};
-use crate::sim_support::until;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
-use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceContext, StartApplication,
+use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions, StartApplication};
+use test_kit::cluster::{Cluster, RealBackend, cluster_ids};
+use test_kit::service::{
+    BATCH_DELAY, P0, applications, id, snapshot_ids, start, start_application, targets,
+    template_pod,
 };
+use test_kit::wait::until;
 
-const P0: ResourceProfileId = ResourceProfileId(0);
-const BATCH_DELAY: Duration = Duration::from_secs(1);
 /// Bound on convergence after a fault: restarts on a loaded two-core machine are slow.
 const CONVERGE_GUARD: Duration = Duration::from_secs(180);
 
 fn request(app: &str, namespace: &str) -> StartApplication {
-    let template: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}]}
-    }))
-    .expect("template");
-    StartApplication {
-        app_id: id(app),
-        namespace: namespace.to_string(),
-        driver_pod_name: None,
-        templates: BTreeMap::from([(P0, template)]),
-        pod_name_prefix: None,
-        owner: None,
-        settings: AllocationSettings {
-            batch_size: 10,
-            batch_delay: BATCH_DELAY,
-            // Creates lost in a fault time out after this much clock (60 rounds of converge).
-            executor_timeout: Duration::from_secs(60),
-            ..AllocationSettings::default()
-        },
-    }
-}
-
-fn id(app: &str) -> AppId {
-    AppId::parse(app).expect("application id")
-}
-
-fn targets(n: u32) -> BTreeMap<ResourceProfileId, u32> {
-    BTreeMap::from([(P0, n)])
+    let mut req = start_application(app, namespace);
+    req.templates = BTreeMap::from([(P0, template_pod())]);
+    // Creates lost in a fault time out after this much clock (60 rounds of converge).
+    req.settings.executor_timeout = Duration::from_secs(60);
+    req
 }
 
 fn service(c: &RealBackend, clock: &ManualClock) -> Applications {
-    Applications::new(ServiceContext::new(
-        c.service_client(),
-        Arc::new(clock.clone()),
-    ))
-}
-
-async fn snapshot_ids(apps: &Applications, app: &str) -> BTreeSet<u64> {
-    apps.snapshot(&id(app))
-        .await
-        .expect("snapshot")
-        .executors
-        .keys()
-        .map(|e| e.0)
-        .collect()
+    applications(c.service_client(), clock, ServiceOptions::default())
 }
 
 /// Moves the clock a batch delay at a time until the cluster has `n` executors of `app` and the
@@ -94,15 +56,6 @@ async fn converge(
         clock.advance(BATCH_DELAY);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn start(apps: &Applications, req: StartApplication) {
-    let app = req.app_id.clone();
-    apps.start(req).await.expect("start");
-    until("start round", || async {
-        apps.rounds(&app).await.expect("rounds") >= 1
-    })
-    .await;
 }
 
 /// The service's LIST requests of pods in `namespace`, from the audit log.
@@ -162,7 +115,7 @@ async fn a_watch_expired_by_etcd_compaction_relists_without_duplicates() {
     let compacted = c.server().compact();
     assert!(compacted > seen_rv.parse::<u64>().expect("numeric resourceVersion"));
     // A watch from the old resourceVersion is expired: 410 Gone (as an ERROR event).
-    let (code, events) = crate::sim_support::raw_watch_events(
+    let (code, events) = test_kit::sim::raw_watch_events(
         c.admin_client(),
         format!(
             "/api/v1/namespaces/{}/pods?watch=true&resourceVersion={seen_rv}&timeoutSeconds=5",

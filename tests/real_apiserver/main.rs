@@ -2,15 +2,6 @@
 //! `TEST_APISERVER_BIN`; without it they print why and return), in one test binary: the
 //! service's contract against the simulator and the real server, real faults, and the
 //! simulator's conformance to the real server. See docs/real-apiserver.md.
-#[path = "../apiserver_support/mod.rs"]
-mod apiserver_support;
-#[path = "../cluster_support/mod.rs"]
-mod cluster_support;
-#[path = "../process_support/mod.rs"]
-mod process_support;
-#[path = "../sim_support/mod.rs"]
-mod sim_support;
-
 mod allocation;
 mod binary;
 mod conformance;

@@ -26,7 +26,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use crate::sim_support::raw;
+use test_kit::sim::raw;
 
 /// Where the raw WebSockets go.
 pub struct Target {

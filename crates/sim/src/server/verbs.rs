@@ -7,11 +7,11 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::{Query, Shared, json_response, parse_u64, value_response};
-use crate::sim::objects::{self, PatchType, now_rfc3339};
-use crate::sim::selector::{FieldSelector, LabelSelector, Selector};
-use crate::sim::status::ApiError;
-use crate::sim::store::{Deletion, Kind, Store, Stored};
-use crate::sim::table::{IncludeObject, pod_table};
+use crate::objects::{self, PatchType, now_rfc3339};
+use crate::selector::{FieldSelector, LabelSelector, Selector};
+use crate::status::ApiError;
+use crate::store::{Deletion, Kind, Store, Stored};
+use crate::table::{IncludeObject, pod_table};
 
 pub(super) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     let v: Value = serde_json::from_slice(body).or_else(|json_err| {
@@ -89,7 +89,7 @@ pub(super) fn create(
             return Err(objects::invalid_error(
                 kind,
                 "",
-                vec![crate::sim::status::Cause {
+                vec![crate::status::Cause {
                     reason: "FieldValueRequired",
                     field: "metadata.name".into(),
                     message: "Required value: name or generateName is required".into(),
@@ -378,7 +378,7 @@ fn check_pod_spec_update(current: &Value, proposed: &Value, name: &str) -> Resul
         return Err(objects::invalid_error(
             Kind::Pod,
             name,
-            vec![crate::sim::status::Cause {
+            vec![crate::status::Cause {
                 reason: "FieldValueForbidden",
                 field: "spec".into(),
                 message: "Forbidden: pod updates may not change fields other than `spec.containers[*].image`".into(),
@@ -393,10 +393,10 @@ fn check_config_map_update(current: &Value, proposed: &Value, name: &str) -> Res
     if current.get("immutable") != Some(&Value::Bool(true)) {
         return Ok(());
     }
-    let causes: Vec<crate::sim::status::Cause> = ["immutable", "data", "binaryData"]
+    let causes: Vec<crate::status::Cause> = ["immutable", "data", "binaryData"]
         .into_iter()
         .filter(|field| current.get(*field) != proposed.get(*field))
-        .map(|field| crate::sim::status::Cause {
+        .map(|field| crate::status::Cause {
             reason: "FieldValueForbidden",
             field: field.into(),
             message: "Forbidden: field is immutable when `immutable` is set".into(),
@@ -650,7 +650,7 @@ pub(super) fn bind(sh: &Shared, ns: &str, name: &str, body: &[u8]) -> Result<Res
         return Err(objects::invalid_error(
             Kind::Pod,
             name,
-            vec![crate::sim::status::Cause {
+            vec![crate::status::Cause {
                 reason: "FieldValueRequired",
                 field: "target.name".into(),
                 message: "Required value".into(),

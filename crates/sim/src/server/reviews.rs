@@ -8,8 +8,8 @@ use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessRevi
 use serde_json::Value;
 
 use super::{Shared, value_response};
-use crate::sim::settings::{AccessSettings, SimGrant};
-use crate::sim::status::{ApiError, Cause};
+use crate::settings::{AccessSettings, SimGrant};
+use crate::status::{ApiError, Cause};
 use axum::response::Response;
 
 /// The audience of tokens issued for the API server itself (kube-apiserver's default).
@@ -188,7 +188,7 @@ fn answer<T: serde::Serialize + k8s_openapi::Resource>(review: &T) -> Result<Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::settings::SimToken;
+    use crate::settings::SimToken;
 
     fn access() -> AccessSettings {
         AccessSettings {

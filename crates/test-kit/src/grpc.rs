@@ -1,6 +1,6 @@
-//! The harness of the gRPC tests: a simulated cluster, the real application registry and
-//! the real gRPC server on 127.0.0.1:0, reached by the generated client over real HTTP/2.
-#![allow(dead_code)]
+//! Simulator + service + gRPC server + client in one process: a simulated cluster, the
+//! real application registry and the real gRPC server on 127.0.0.1:0, reached by the
+//! generated client over real HTTP/2.
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -19,11 +19,12 @@ use spark_pod_allocator::grpc::{ServeError, ServeSettings};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::runtime as grpc;
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::{SimCluster, SimSettings};
 
-/// A pod template every test can use for profile 0.
+/// The standard executor template: the one container Spark names, nothing else.
 pub const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 
+/// A running simulator + service + gRPC server and a client of it; dropping it stops them.
 pub struct Harness {
     /// The options every service of this harness runs with (a restart keeps them).
     pub options: ServiceOptions,
@@ -42,8 +43,7 @@ pub struct Harness {
 /// A cluster whose nodes do nothing on their own (pods stay Pending), as a real API server
 /// without kubelets: what the tests see depends only on what the service does.
 pub fn quiet_cluster() -> SimSettings {
-    let mut settings = SimSettings::default();
-    settings.kubelet.mode = KubeletMode::Manual;
+    let mut settings = crate::sim::manual_settings();
     settings.namespaces = vec!["default".into(), "team-a".into(), "team-b".into()];
     settings
 }
@@ -144,6 +144,24 @@ impl Harness {
         }
     }
 
+    /// SetTotalExpected: `n` executors of the default profile for `app`.
+    pub async fn set_total(&self, app: &str, n: u32) {
+        self.client
+            .clone()
+            .set_total_expected(crate::requests::targets_request(app, n))
+            .await
+            .expect("SetTotalExpected");
+    }
+
+    /// GetStatus of `app`.
+    pub async fn status(&self, app: &str) -> Result<proto::ApplicationStatus, tonic::Status> {
+        self.client
+            .clone()
+            .get_status(crate::requests::status_request(app))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
     /// The executor pods of `app` in `namespace`, as the API server has them.
     pub async fn pods(&self, namespace: &str, app: &str) -> Vec<Pod> {
         let api: Api<Pod> = Api::namespaced(self.sim.try_client().expect("sim client"), namespace);
@@ -164,6 +182,39 @@ pub fn start_request(app: &str, namespace: &str) -> proto::StartRequest {
         executor_pod_template: TEMPLATE.into(),
         ..Default::default()
     }
+}
+
+/// A Start request that passes validation, creating batches of `size` pods every
+/// `delay_ms` milliseconds.
+pub fn batched_start_request(
+    app: &str,
+    namespace: &str,
+    size: u32,
+    delay_ms: u64,
+) -> proto::StartRequest {
+    proto::StartRequest {
+        settings: Some(proto::AllocationSettings {
+            batch_size: Some(size),
+            batch_delay_ms: Some(delay_ms),
+            ..Default::default()
+        }),
+        ..start_request(app, namespace)
+    }
+}
+
+/// Starts the application of `request`, then asks for `n` executors of the default profile.
+pub async fn start_scaled(
+    client: &mut ExecutorAllocatorClient<Channel>,
+    request: proto::StartRequest,
+    n: u32,
+) -> proto::StartResponse {
+    let app = request.application_id.clone();
+    let started = client.start(request).await.expect("Start").into_inner();
+    client
+        .set_total_expected(crate::requests::targets_request(app, n))
+        .await
+        .expect("SetTotalExpected");
+    started
 }
 
 /// Asserts an INVALID_ARGUMENT status naming `field` first.

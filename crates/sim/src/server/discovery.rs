@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::sim::store::Kind;
+use crate::store::Kind;
 
 /// The discovery document at `segs` (for a GET), if the path is one.
 pub(super) fn document(segs: &[&str], address: &str) -> Option<Value> {

@@ -6,7 +6,6 @@
 //! On the real server the service runs with a service-account token bound to exactly the
 //! RBAC objects the Helm chart renders, and [`Cluster::finish`] checks in the audit log that
 //! the service used nothing else.
-#![allow(dead_code)]
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -15,12 +14,12 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
-use spark_pod_allocator::sim::{KubeletMode, SimCluster, SimSettings};
+use spark_pod_allocator_sim::SimCluster;
 use tokio::sync::OnceCell;
 
-use crate::apiserver_support::{self, RealApiServer};
+use crate::apiserver::{self, RealApiServer};
 
 /// Where a scenario runs: an API server, a client for the service, one for the test (as
 /// admin, scheduler and kubelet), and two namespaces of its own.
@@ -46,11 +45,11 @@ pub struct SimBackend {
 
 impl SimBackend {
     pub async fn start() -> Self {
-        let mut settings = SimSettings::default();
-        settings.kubelet.mode = KubeletMode::Manual;
+        let mut settings = crate::sim::manual_settings();
         settings.namespaces = vec!["default".into(), "other".into()];
-        let sim = SimCluster::start(settings).await.expect("sim starts");
-        Self { sim }
+        Self {
+            sim: crate::sim::start(settings).await,
+        }
     }
 }
 
@@ -101,7 +100,7 @@ impl RealBackend {
     /// The backend for `scenario` on the test binary's shared server, or `None` (reason
     /// printed) when the binary is not built.
     pub async fn start(scenario: &str) -> Option<Self> {
-        let binary = apiserver_support::binary()?;
+        let binary = apiserver::binary()?;
         let shared = SHARED
             .get_or_init(|| async move { Arc::new(Shared::start(&binary, &[], true).await) })
             .await
@@ -112,7 +111,7 @@ impl RealBackend {
     /// The backend for `scenario` on a server of its own (which it may restart or fault),
     /// started with `extra_args` for kube-apiserver.
     pub async fn start_own(scenario: &str, extra_args: &[&str]) -> Option<Self> {
-        let binary = apiserver_support::binary()?;
+        let binary = apiserver::binary()?;
         let shared = Arc::new(Shared::start(&binary, extra_args, false).await);
         Some(Self::on(shared, scenario).await)
     }
@@ -123,7 +122,7 @@ impl RealBackend {
         let namespace = dns_label(&format!("{scenario}-a"));
         let other_namespace = dns_label(&format!("{scenario}-b"));
         for ns in [&namespace, &other_namespace] {
-            apiserver_support::create_namespace(&admin, ns).await;
+            apiserver::create_namespace(&admin, ns).await;
         }
         Self {
             shared,
@@ -164,16 +163,12 @@ impl Shared {
         .expect("the test API server starts");
         let admin = server.admin_client().await;
         let rbac = ChartRbac::render();
-        apiserver_support::create_namespace(&admin, RELEASE_NAMESPACE).await;
-        apiserver_support::create_service_account(&admin, RELEASE_NAMESPACE, &rbac.service_account)
-            .await;
+        apiserver::create_namespace(&admin, RELEASE_NAMESPACE).await;
+        apiserver::create_service_account(&admin, RELEASE_NAMESPACE, &rbac.service_account).await;
         rbac.apply(&admin).await;
-        let service_token = apiserver_support::service_account_token(
-            &admin,
-            RELEASE_NAMESPACE,
-            &rbac.service_account,
-        )
-        .await;
+        let service_token =
+            apiserver::service_account_token(&admin, RELEASE_NAMESPACE, &rbac.service_account)
+                .await;
         Self {
             service_user: format!(
                 "system:serviceaccount:{RELEASE_NAMESPACE}:{}",
@@ -290,7 +285,8 @@ impl ChartRbac {
     /// `helm template` of the chart with its default values, but for any namespace
     /// (`rbac.clusterWide`: each scenario makes a namespace of its own).
     pub fn render() -> Self {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        // The workspace root, two levels above this crate.
+        let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
         let helm = std::env::var_os("TEST_HELM")
             .map(PathBuf::from)
             .unwrap_or_else(|| root.join(".tools/bin/helm"));
@@ -415,20 +411,7 @@ pub fn pod_name(app: &str, exec: u64) -> String {
 /// Plays the scheduler: binds the pod to a node (its deletion becomes graceful).
 pub async fn bind(c: &impl Cluster, app: &str, exec: u64) {
     let name = pod_name(app, exec);
-    let body = serde_json::to_vec(&json!({
-        "kind": "Binding", "apiVersion": "v1", "metadata": {"name": name},
-        "target": {"kind": "Node", "name": "node-1"}
-    }))
-    .expect("binding body");
-    let request = http::Request::post(format!(
-        "/api/v1/namespaces/{}/pods/{name}/binding",
-        c.namespace()
-    ))
-    .header("content-type", "application/json")
-    .body(body)
-    .expect("binding request");
-    c.admin_client()
-        .request_text(request)
+    crate::sim::bind(&c.admin_client(), c.namespace(), &name)
         .await
         .unwrap_or_else(|e| panic!("bind {name} on the {}: {e}", c.backend()));
 }
@@ -455,10 +438,7 @@ pub async fn set_running(c: &impl Cluster, app: &str, exec: u64) {
         c,
         app,
         exec,
-        json!({"status": {"phase": "Running", "containerStatuses": [{
-            "name": "spark-kubernetes-executor", "ready": true, "restartCount": 0,
-            "image": "spark:4", "imageID": "",
-            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}),
+        json!({"status": crate::sim::running_status()}),
     )
     .await;
 }
@@ -480,14 +460,14 @@ pub async fn set_failed(c: &impl Cluster, app: &str, exec: u64) {
 }
 
 async fn patch_status(c: &impl Cluster, app: &str, exec: u64, patch: Value) {
-    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
-    pods.patch_status(
-        &pod_name(app, exec),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
+    let name = pod_name(app, exec);
+    crate::sim::set_pod_status(
+        &c.admin_client(),
+        c.namespace(),
+        &name,
+        patch["status"].clone(),
     )
-    .await
-    .unwrap_or_else(|e| panic!("status of {app} {exec} on the {}: {e}", c.backend()));
+    .await;
 }
 
 /// Plays the kubelet confirming a graceful deletion (or a user removing the pod at once).
@@ -503,22 +483,7 @@ pub async fn delete_now(c: &impl Cluster, app: &str, exec: u64) {
 
 /// The executor ids of the application's pods in `namespace` (terminating ones included).
 pub async fn cluster_ids_in(c: &impl Cluster, namespace: &str, app: &str) -> BTreeSet<u64> {
-    let pods: Api<Pod> = Api::namespaced(c.admin_client(), namespace);
-    let lp = ListParams::default().labels(&format!("spark-app-selector={app},spark-role=executor"));
-    pods.list(&lp)
-        .await
-        .expect("list pods")
-        .items
-        .iter()
-        .filter_map(|p| {
-            p.metadata
-                .labels
-                .as_ref()?
-                .get("spark-exec-id")?
-                .parse()
-                .ok()
-        })
-        .collect()
+    crate::sim::executor_ids(&c.admin_client(), namespace, app).await
 }
 
 /// [`cluster_ids_in`] the scenario's namespace.

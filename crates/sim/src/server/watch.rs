@@ -15,10 +15,10 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::verbs::selector_of;
 use super::{Query, Shared, flag, parse_u64};
-use crate::sim::selector::Selector;
-use crate::sim::status::ApiError;
-use crate::sim::store::{Event, EventType, Kind};
-use crate::sim::table::{IncludeObject, pod_table};
+use crate::selector::Selector;
+use crate::status::ApiError;
+use crate::store::{Event, EventType, Kind};
+use crate::table::{IncludeObject, pod_table};
 
 /// Renders one event for one watcher (as a one-row Table when `table` is set), or nothing
 /// when the watcher does not see it.

@@ -376,7 +376,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             let ns = namespace_for_write(kind, ns)?;
             let body = read_body(req).await?;
             let obj = if protobuf_create {
-                crate::sim::protobuf::decode(kind, &body)?
+                crate::protobuf::decode(kind, &body)?
             } else {
                 parse_object(&body)?
             };
@@ -515,7 +515,7 @@ fn pod_log(sh: &Shared, ns: &str, name: &str, q: &Query) -> Result<Response, Api
         .as_ref()
         .ok_or_else(ApiError::no_route)?
         .join(ns)
-        .join(crate::sim::process::pod_dir_name(name, pod.uid()));
+        .join(crate::process::pod_dir_name(name, pod.uid()));
     let text = std::fs::read_to_string(dir.join(format!("{container}.log"))).map_err(|_| {
         ApiError::bad_request(format!(
             "container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"

@@ -4,7 +4,6 @@
 //!
 //! `TEST_APISERVER_BIN` names the built binary. Unset, the tests that need it print why and
 //! return (a developer without Go); set but missing, they fail (CI sets it after building).
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

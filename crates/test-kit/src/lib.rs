@@ -1,0 +1,24 @@
+//! The one home of the test wiring the service's tests, benchmarks and examples share, so
+//! that each set-up is written once:
+//!
+//! - [`sim`]: the simulated cluster with a manual kubelet (nothing moves unless the test
+//!   moves it), pod manifests, raw HTTP through kube-rs's own client;
+//! - [`grpc`]: simulator + service + gRPC server + client in one process ([`grpc::Harness`]),
+//!   the standard executor template ([`grpc::TEMPLATE`]) and the Start request built on it;
+//! - [`requests`]: the gRPC requests the tests send most, built one way;
+//! - [`service`]: the service core in process (`Applications`, a `ManualClock`), the Start
+//!   fixture of the allocation scenarios and the waits on its rounds and snapshot;
+//! - [`wait`]: the one polling helper (a condition, a bound, never a fixed sleep);
+//! - [`process`]: the service binary as a process, read through its JSON log;
+//! - [`apiserver`], [`cluster`]: a real kube-apiserver and the backends of the contract
+//!   tests (the simulator and the real server behind one trait).
+#![forbid(unsafe_code)]
+
+pub mod apiserver;
+pub mod cluster;
+pub mod grpc;
+pub mod process;
+pub mod requests;
+pub mod service;
+pub mod sim;
+pub mod wait;

@@ -1,0 +1,141 @@
+//! The service binary as a process, read through its JSON log lines. Its path is the
+//! calling test's `env!("CARGO_BIN_EXE_spark-pod-allocator")` (only a test of the service
+//! package knows it).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime::wait_until_serving;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStderr, Command};
+use tonic::transport::{Channel, Endpoint};
+
+/// Guards against a hang only; every wait ends on output or an exit.
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Reads JSON log lines until one has `message`; returns that line's fields.
+pub async fn until_logged(
+    lines: &mut Lines<BufReader<ChildStderr>>,
+    message: &str,
+) -> serde_json::Value {
+    let wait = async {
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if entry["fields"]["message"] == message {
+                return entry["fields"].clone();
+            }
+        }
+        panic!("the process ended before logging {message:?}");
+    };
+    tokio::time::timeout(HANG_GUARD, wait)
+        .await
+        .expect("log line")
+}
+
+/// `serve --simulate` (the embedded simulated cluster) on a free loopback port, logging JSON.
+pub const SERVE_SIMULATE: &[&str] = &[
+    "--log-format",
+    "json",
+    "serve",
+    "--simulate",
+    "--listen",
+    "127.0.0.1:0",
+];
+
+/// The service binary `bin` with `args`, as a user runs it: neither `RUST_LOG` nor
+/// `KUBECONFIG` from the test's environment, stdin closed, killed when dropped.
+pub fn service_command(bin: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(bin);
+    command
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+/// Spawns `command` with its log (stderr) piped and its stdout dropped; returns the process
+/// and its log lines.
+pub fn spawn_logged(mut command: Command) -> (Child, Lines<BufReader<ChildStderr>>) {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    (child, lines)
+}
+
+/// A channel to the gRPC server at `address` (`host:port`) once its health answers SERVING.
+pub async fn serving_channel(address: &str) -> Channel {
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    wait_until_serving(channel.clone()).await.expect("serving");
+    channel
+}
+
+/// A client of the gRPC server at `address` once its health answers SERVING.
+pub async fn connect_serving(address: &str) -> ExecutorAllocatorClient<Channel> {
+    ExecutorAllocatorClient::new(serving_channel(address).await)
+}
+
+/// Runs `command` to its end (bounded by `bound`) and asserts that it succeeded; returns
+/// what it printed on stdout.
+pub async fn run_successfully(mut command: Command, bound: Duration) -> String {
+    let out = tokio::time::timeout(bound, command.output())
+        .await
+        .expect("the process ends")
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// How the process exited (bounded by [`HANG_GUARD`]).
+pub async fn exit_status(child: &mut Child) -> std::process::ExitStatus {
+    tokio::time::timeout(HANG_GUARD, child.wait())
+        .await
+        .expect("exit")
+        .expect("wait")
+}
+
+/// Sends SIGTERM to the process, as an orchestrator stopping it does.
+pub fn terminate(child: &Child) {
+    let pid = child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// Starts the service binary `bin` (`serve`, JSON logs, a free loopback port) against the
+/// cluster of `kubeconfig`; returns it and a client once its health answers SERVING.
+pub async fn serve_against(
+    bin: &str,
+    kubeconfig: &Path,
+) -> (Child, ExecutorAllocatorClient<Channel>) {
+    let mut command = service_command(
+        bin,
+        &["--log-format", "json", "serve", "--listen", "127.0.0.1:0"],
+    );
+    command.env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig);
+    let (child, mut lines) = spawn_logged(command);
+    let serving = until_logged(&mut lines, "serving gRPC").await;
+    let address = serving["address"].as_str().expect("address").to_string();
+    // Keep reading its log so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, connect_serving(&address).await)
+}
