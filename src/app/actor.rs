@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::failures::{CreateFailure, ExecutorFailure, Failures};
-use super::feed::{ExecutorEvents, Feed};
+use super::feed::{ExecutorEvents, Feed, ListedPod, list_for_full_state};
 use super::registration::{REGISTRATION_KEY, Registration};
 use super::{AppError, Clock};
 use crate::allocator::{
@@ -229,6 +229,8 @@ enum WorkDone {
     Created(CreateResults),
     /// The delete of every executor pod after the driver ended was answered.
     CleanedUp(Result<u32, String>),
+    /// The LIST of the executor pods for a WatchExecutors full state (with its ticket).
+    Listed(u64, Vec<ListedPod>),
 }
 
 /// The Kubernetes requests of one round other than its creates, sent in this order.
@@ -380,6 +382,7 @@ impl State {
     ) -> bool {
         let mut events_open = true;
         loop {
+            self.list_for_feed();
             let (due, may_wake) = match &self.ended {
                 None => (self.next_round_at(), !self.upkeep_in_flight),
                 Some(ended) => (
@@ -662,7 +665,7 @@ impl State {
                     if let Listed::Unchanged(name) = listed
                         && let Some(executor) = self.actor.feed.executor(name)
                     {
-                        executors.push(executor.clone());
+                        executors.push(executor);
                     }
                 }
                 self.actor.feed.relisted(&pods, rules);
@@ -906,6 +909,7 @@ impl State {
                 self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
                 self.record_creates(results);
             }
+            WorkDone::Listed(ticket, pods) => self.actor.feed.listed(ticket, pods),
             WorkDone::CleanedUp(result) => {
                 self.cleanup_in_flight = false;
                 match result {
@@ -1004,6 +1008,30 @@ impl State {
         self.finished_handled
             .extend(finished.iter().map(|(id, _)| *id));
         finished
+    }
+}
+
+impl State {
+    /// Lists the executor pods for a WatchExecutors full state when the feed wants it, in
+    /// a worker whose answer comes back as [`WorkDone::Listed`].
+    fn list_for_feed(&mut self) {
+        let Some(ticket) = self.actor.feed.take_listing_request() else {
+            return;
+        };
+        let client = self.actor.pods.clone();
+        let namespace = self.actor.namespace.clone();
+        let app_id = self.actor.app_id.clone();
+        let done = self.work_done.clone();
+        tokio::spawn(
+            async move {
+                let listed =
+                    list_for_full_state(&client, &namespace, &app_id, || done.is_closed()).await;
+                if let Some(pods) = listed {
+                    let _ = done.send(WorkDone::Listed(ticket, pods));
+                }
+            }
+            .in_current_span(),
+        );
     }
 }
 
