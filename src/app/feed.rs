@@ -25,7 +25,8 @@ use crate::allocator::{
 };
 use crate::k8s::{ExecutorPods, Listed};
 
-/// Changes kept for resuming streams.
+/// Changes kept for resuming streams, at most: no more than the stream buffer's worth
+/// are kept, since a stream that missed more is given a full state instead.
 pub const KEPT_CHANGES: usize = 1024;
 
 /// Changes a stream may have unread before it is given a fresh full state instead.
@@ -491,7 +492,7 @@ impl Feed {
             kind,
             executor: Some(view),
         };
-        if self.history.len() == KEPT_CHANGES {
+        while self.history.len() >= self.buffer.min(KEPT_CHANGES) {
             self.history.pop_front();
         }
         self.history.push_back(event.clone());
