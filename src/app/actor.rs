@@ -659,15 +659,15 @@ impl State {
             PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
                 // The executors of unchanged pods, as the feed has them, before it takes
-                // in the changed ones.
-                let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
-                for listed in &pods {
-                    if let Listed::Unchanged(name) = listed
-                        && let Some(executor) = self.actor.feed.executor(name)
-                    {
-                        executors.push(executor);
-                    }
-                }
+                // in the changed ones: they stay in the snapshot as they are.
+                let mut listed: Vec<ExecutorId> = pods
+                    .iter()
+                    .filter_map(|listed| match listed {
+                        Listed::Unchanged(name) => self.actor.feed.executor_id(name),
+                        Listed::Changed(_) => None,
+                    })
+                    .collect();
+                let mut executors: Vec<ExecutorPod> = Vec::new();
                 self.actor.feed.relisted(&pods, rules);
                 for listed in &pods {
                     if let Listed::Changed(pod) = listed
@@ -683,14 +683,16 @@ impl State {
                     }
                 }
                 drop(pods);
-                let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
+                listed.extend(executors.iter().map(|e| e.id));
+                listed.sort_unstable();
+                listed.dedup();
                 let gone: Vec<ExecutorId> = self
                     .actor
                     .store
                     .current()
                     .executors
                     .keys()
-                    .filter(|id| !listed.contains(id))
+                    .filter(|id| listed.binary_search(id).is_err())
                     .copied()
                     .collect();
                 for id in gone {
@@ -699,7 +701,7 @@ impl State {
                 }
                 self.actor
                     .store
-                    .replace_all(executors, self.actor.clock.now());
+                    .resync(&listed, executors, self.actor.clock.now());
             }
         }
     }

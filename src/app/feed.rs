@@ -384,6 +384,11 @@ impl Feed {
         }
     }
 
+    /// The executor id of the pod `name`, if it is one.
+    pub fn executor_id(&self, name: &str) -> Option<ExecutorId> {
+        self.current.get(name).map(|kept| kept.id)
+    }
+
     /// The executor of the pod `name` as last seen, if it is one.
     pub fn executor(&self, name: &str) -> Option<ExecutorPod> {
         self.current.get(name).map(|kept| kept.executor(name))
