@@ -658,8 +658,8 @@ impl State {
             }
             PodEvent::DriverDeleted => self.driver_ended("Deleted", Duration::ZERO),
             PodEvent::Resync(pods) => {
-                // The executors of unchanged pods, as the feed has them, before it takes
-                // in the changed ones: they stay in the snapshot as they are.
+                // The ids of unchanged pods, as the feed has them, before it takes in the
+                // changed ones: their executors stay in the snapshot as they are.
                 let mut listed: Vec<ExecutorId> = pods
                     .iter()
                     .filter_map(|listed| match listed {

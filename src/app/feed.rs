@@ -389,11 +389,6 @@ impl Feed {
         self.current.get(name).map(|kept| kept.id)
     }
 
-    /// The executor of the pod `name` as last seen, if it is one.
-    pub fn executor(&self, name: &str) -> Option<ExecutorPod> {
-        self.current.get(name).map(|kept| kept.executor(name))
-    }
-
     /// A new stream: the changes after `since` when they are all kept, else the full state
     /// (once the LIST it is taken from is answered).
     pub fn subscribe(&mut self, since: u64) -> ExecutorEvents {
