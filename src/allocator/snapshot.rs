@@ -88,6 +88,21 @@ impl SnapshotStore {
         });
         self.buffered += 1;
     }
+    /// A full LIST, taken in place: the executors of `listed` (ascending ids) stay as they
+    /// are, `changed` ones are replaced, every other one is dropped. The same snapshot as
+    /// [`Self::replace_all`] with the unchanged executors, without building a second one.
+    pub fn resync(&mut self, listed: &[ExecutorId], changed: Vec<ExecutorPod>, now: Timestamp) {
+        let snapshot = Arc::make_mut(&mut self.current);
+        snapshot
+            .executors
+            .retain(|id, _| listed.binary_search(id).is_ok());
+        for pod in changed {
+            snapshot.executors.insert(pod.id, pod);
+        }
+        snapshot.full_resync_at = now;
+        self.seen_ids.extend(snapshot.executors.keys().copied());
+        self.buffered += 1;
+    }
     /// Makes the subscriber due immediately ("notify now").
     pub fn notify_now(&mut self) {
         self.notified = true;

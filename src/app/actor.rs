@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::failures::{CreateFailure, ExecutorFailure, Failures};
-use super::feed::{ExecutorEvents, Feed};
+use super::feed::{ExecutorEvents, Feed, ListedPod, list_for_full_state};
 use super::registration::{REGISTRATION_KEY, Registration};
 use super::{AppError, Clock};
 use crate::allocator::{
@@ -344,6 +344,8 @@ enum WorkDone {
     Created(CreateResults),
     /// The delete of every executor pod after the driver ended was answered.
     CleanedUp(Result<u32, String>),
+    /// The LIST of the executor pods for a WatchExecutors full state (with its ticket).
+    Listed(u64, Vec<ListedPod>),
 }
 
 /// The Kubernetes requests of one round other than its creates, sent in this order.
@@ -523,6 +525,7 @@ impl ApplicationActor {
     ) -> bool {
         let mut events_open = true;
         loop {
+            self.list_for_feed();
             let (due, may_wake) = match &self.ended {
                 None => (self.next_round_at(), !self.upkeep_in_flight),
                 Some(ended) => (
@@ -821,20 +824,21 @@ impl ApplicationActor {
         }
     }
 
-    /// A full listing of the application's executor pods replaces the snapshot.
+    /// A full listing of the application's executor pods: unchanged executors stay in the
+    /// snapshot as they are, changed ones replace theirs, and those not listed are gone.
     fn relisted(&mut self, pods: Vec<Listed>) {
         let rules = &self.rules;
         let now = self.clock.now();
-        // The executors of unchanged pods, as the feed has them, before it takes
-        // in the changed ones.
-        let mut executors: Vec<ExecutorPod> = Vec::with_capacity(pods.len());
-        for listed in &pods {
-            if let Listed::Unchanged(name) = listed
-                && let Some(executor) = self.feed.executor(name)
-            {
-                executors.push(executor.clone());
-            }
-        }
+        // The ids of unchanged pods, as the feed has them, before it takes in the
+        // changed ones.
+        let mut listed: Vec<ExecutorId> = pods
+            .iter()
+            .filter_map(|listed| match listed {
+                Listed::Unchanged(name) => self.feed.executor_id(name),
+                Listed::Changed(_) => None,
+            })
+            .collect();
+        let mut executors: Vec<ExecutorPod> = Vec::new();
         self.feed.relisted(&pods, rules);
         for listed in &pods {
             if let Listed::Changed(pod) = listed
@@ -846,20 +850,22 @@ impl ApplicationActor {
             }
         }
         drop(pods);
-        let listed: BTreeSet<ExecutorId> = executors.iter().map(|e| e.id).collect();
+        listed.extend(executors.iter().map(|e| e.id));
+        listed.sort_unstable();
+        listed.dedup();
         let gone: Vec<ExecutorId> = self
             .store
             .current()
             .executors
             .keys()
-            .filter(|id| !listed.contains(id))
+            .filter(|id| listed.binary_search(id).is_err())
             .copied()
             .collect();
         for id in gone {
             self.failures.pod_gone(id);
             self.allocator.pod_gone(id);
         }
-        self.store.replace_all(executors, self.clock.now());
+        self.store.resync(&listed, executors, self.clock.now());
     }
 
     /// One round if the store is due: the engine's plan, then a worker sends its deletes,
@@ -1073,6 +1079,7 @@ impl ApplicationActor {
                 self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
                 self.record_creates(results);
             }
+            WorkDone::Listed(ticket, pods) => self.feed.listed(ticket, pods),
             WorkDone::CleanedUp(result) => self.cleanup_done(result),
         }
     }
@@ -1193,6 +1200,30 @@ impl ApplicationActor {
         self.finished_handled
             .extend(finished.iter().map(|(id, _)| *id));
         finished
+    }
+}
+
+impl ApplicationActor {
+    /// Lists the executor pods for a WatchExecutors full state when the feed wants it, in
+    /// a worker whose answer comes back as [`WorkDone::Listed`].
+    fn list_for_feed(&mut self) {
+        let Some(ticket) = self.feed.take_listing_request() else {
+            return;
+        };
+        let client = self.pods.clone();
+        let namespace = self.namespace.clone();
+        let app_id = self.app_id.clone();
+        let done = self.workers.clone();
+        tokio::spawn(
+            async move {
+                let listed =
+                    list_for_full_state(&client, &namespace, &app_id, || done.is_closed()).await;
+                if let Some(pods) = listed {
+                    let _ = done.send(WorkDone::Listed(ticket, pods));
+                }
+            }
+            .in_current_span(),
+        );
     }
 }
 

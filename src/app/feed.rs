@@ -1,21 +1,39 @@
 //! The executor event feed of one application (WatchExecutors): its actor publishes every
 //! change of its executor pods; each stream reads its own bounded queue. The actor never
-//! waits on a reader: a queue that would grow past its bound is replaced by a fresh full
-//! state, and a reader that went away is dropped at the next publish.
-use std::collections::{BTreeMap, VecDeque};
+//! waits on a reader: a reader that falls too far behind is given a fresh full state
+//! instead of a growing queue, and a reader that went away is dropped at the next publish.
+//!
+//! The feed keeps a slim record of each executor pod, not the pod: a change carries the
+//! JSON of the pod its watch event brought, and a full state (a new stream, one resuming
+//! from too far back, a reader too slow) takes the pods' JSON from a LIST of the
+//! application's executor pods, run by the actor in a worker ([`Feed::take_listing_request`],
+//! [`list_for_full_state`], [`Feed::listed`]). A full state shows the feed's state when it
+//! is sent: from the moment the LIST is wanted, the feed keeps the JSON of every pod that
+//! changes; a pod the LIST shows at a version the feed has not seen yet (the LIST ran
+//! ahead of the watch) waits for its watch event.
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
-use crate::allocator::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
-use crate::k8s::Listed;
+use crate::allocator::types::{EXECUTOR_ID_LABEL, RESOURCE_PROFILE_ID_LABEL, ROLE_LABEL};
+use crate::allocator::{
+    ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, StateRules, Timestamp,
+    executor_pod_from,
+};
+use crate::k8s::{ExecutorPods, Listed};
 
-/// Changes kept for resuming streams.
+/// Changes kept for resuming streams, at most: no more than the stream buffer's worth
+/// are kept, since a stream that missed more is given a full state instead.
 pub const KEPT_CHANGES: usize = 1024;
 
 /// Changes a stream may have unread before it is given a fresh full state instead.
 pub const STREAM_BUFFER: usize = 256;
+
+/// Pods per page of the LIST a full state is taken from.
+pub const FULL_STATE_PAGE_SIZE: u32 = 500;
 
 /// What an event says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,16 +72,197 @@ pub struct ExecutorEvent {
     pub executor: Option<Arc<ExecutorView>>,
 }
 
-/// The feed an actor owns: the current executor pods, the last changes, the streams.
+/// One pod of the LIST a full state is taken from: what the feed needs of it.
+#[derive(Debug, Clone)]
+pub struct ListedPod {
+    name: Box<str>,
+    resource_version: Option<Box<str>>,
+    pod_json: Arc<str>,
+}
+
+impl ListedPod {
+    /// `pod` as a full state shows it (`None` for a pod without a name).
+    pub fn of(pod: &Pod) -> Option<Self> {
+        Some(Self {
+            name: pod.metadata.name.as_deref()?.into(),
+            resource_version: pod.metadata.resource_version.as_deref().map(Box::from),
+            pod_json: pod_json(pod),
+        })
+    }
+}
+
+/// The executor pods of `app_id` for a full state, listed page by page and each page
+/// turned into JSON before the next is asked for (run in a worker: the actor never waits
+/// on Kubernetes). A failed LIST is logged and run again after a backoff (100 ms doubling
+/// to 5 s) until it passes or `gone` says nobody waits for it any more.
+pub async fn list_for_full_state(
+    pods: &ExecutorPods,
+    namespace: &str,
+    app_id: &str,
+    gone: impl Fn() -> bool,
+) -> Option<Vec<ListedPod>> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let mut listed = Vec::new();
+        let result = pods
+            .list_executors_by_page(namespace, app_id, FULL_STATE_PAGE_SIZE, |page| {
+                listed.extend(page.iter().filter_map(ListedPod::of));
+            })
+            .await;
+        match result {
+            Ok(()) => return Some(listed),
+            Err(err) => {
+                tracing::warn!(error = %crate::k8s::describe_error(&err), retry_ms = backoff.as_millis(),
+                    "cannot list the executor pods for a WatchExecutors full state; trying again");
+            }
+        }
+        if gone() {
+            return None;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// A pod's phase, as the feed keeps it (no string for the usual ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    None,
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+    Other(Box<str>),
+}
+
+impl Phase {
+    fn of(phase: Option<&str>) -> Self {
+        match phase {
+            None => Self::None,
+            Some("Pending") => Self::Pending,
+            Some("Running") => Self::Running,
+            Some("Succeeded") => Self::Succeeded,
+            Some("Failed") => Self::Failed,
+            Some("Unknown") => Self::Unknown,
+            Some(other) => Self::Other(other.into()),
+        }
+    }
+
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::None => None,
+            Self::Pending => Some("Pending"),
+            Self::Running => Some("Running"),
+            Self::Succeeded => Some("Succeeded"),
+            Self::Failed => Some("Failed"),
+            Self::Unknown => Some("Unknown"),
+            Self::Other(phase) => Some(phase),
+        }
+    }
+}
+
+/// What the feed keeps of one executor pod (by its name): what an event shows of it
+/// besides its JSON.
+#[derive(Debug, Clone)]
+struct Kept {
+    id: ExecutorId,
+    profile: ResourceProfileId,
+    state: ExecutorState,
+    created_at: Option<Timestamp>,
+    phase: Phase,
+    resource_version: Option<Box<str>>,
+}
+
+impl Kept {
+    fn of(executor: ExecutorPod, pod: &Pod) -> Self {
+        Self {
+            id: executor.id,
+            profile: executor.profile,
+            state: executor.state,
+            created_at: executor.created_at,
+            phase: Phase::of(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
+            resource_version: pod.metadata.resource_version.as_deref().map(Box::from),
+        }
+    }
+
+    fn executor(&self, name: &str) -> ExecutorPod {
+        ExecutorPod {
+            id: self.id,
+            profile: self.profile,
+            state: self.state.clone(),
+            created_at: self.created_at,
+            pod_name: name.to_string(),
+        }
+    }
+
+    fn view(&self, name: &str, pod_json: Arc<str>) -> ExecutorView {
+        ExecutorView {
+            executor: self.executor(name),
+            phase: self.phase.as_str().map(str::to_string),
+            pod_json,
+            resource_version: self.resource_version.as_deref().map(str::to_string),
+        }
+    }
+}
+
+/// A full state being put together for the streams waiting for one.
+#[derive(Debug, Default)]
+struct Assembly {
+    /// The actor is to run the LIST (it learns so from [`Feed::take_listing_request`]).
+    wanted: bool,
+    /// The ticket of the LIST asked for and not answered yet (an answer with another is
+    /// stale: asked for before this full state began, or superseded).
+    asked: Option<u64>,
+    /// The LIST was answered (`listed` and `behind` hold its outcome).
+    answered: bool,
+    /// The pods changed since the LIST was wanted, as their last event shows them.
+    fresh: HashMap<Box<str>, Arc<ExecutorView>>,
+    /// The JSON of the pods the LIST showed at the feed's version (and not changed since).
+    listed: HashMap<Box<str>, Arc<str>>,
+    /// Pods the LIST showed at another version than the feed, or not at all: the LIST
+    /// ran ahead of the watch, whose event for each is awaited.
+    behind: HashSet<Box<str>>,
+}
+
+impl Assembly {
+    fn wanted() -> Self {
+        Self {
+            wanted: true,
+            ..Self::default()
+        }
+    }
+
+    /// A change published while the full state is put together.
+    fn changed(&mut self, kind: EventKind, view: &Arc<ExecutorView>) {
+        let name = view.executor.pod_name.as_str();
+        self.behind.remove(name);
+        self.listed.remove(name);
+        match kind {
+            EventKind::Deleted => {
+                self.fresh.remove(name);
+            }
+            _ => {
+                self.fresh.insert(name.into(), Arc::clone(view));
+            }
+        }
+    }
+}
+
+/// The feed an actor owns: its executor pods' slim records, the last changes, the streams.
 #[derive(Debug)]
 pub struct Feed {
     sequence: u64,
     /// The executor pods by pod name.
-    current: BTreeMap<String, Arc<ExecutorView>>,
+    current: BTreeMap<Box<str>, Kept>,
     /// The last changes (consecutive sequences), for resuming.
     history: VecDeque<ExecutorEvent>,
     streams: Vec<Arc<Queue>>,
     buffer: usize,
+    /// The full state being put together while streams wait for one.
+    assembly: Option<Assembly>,
+    /// LISTs asked for so far (the last one's ticket).
+    listings: u64,
 }
 
 impl Feed {
@@ -77,11 +276,13 @@ impl Feed {
             history: VecDeque::new(),
             streams: Vec::new(),
             buffer: STREAM_BUFFER,
+            assembly: None,
+            listings: 0,
         };
         for pod in pods {
-            if let Some(view) = view_of(pod, rules) {
-                feed.current
-                    .insert(view.executor.pod_name.clone(), Arc::new(view));
+            if let Some(executor) = executor_pod_from(pod, rules) {
+                let name = Box::from(executor.pod_name.as_str());
+                feed.current.insert(name, Kept::of(executor, pod));
             }
         }
         feed
@@ -106,28 +307,34 @@ impl Feed {
     /// A pod of the application was added or changed (one that is no executor any more,
     /// e.g. labelled inactive, is gone from the feed).
     pub fn applied(&mut self, pod: &Pod, rules: &StateRules) {
-        let unchanged = pod.metadata.name.as_deref().is_some_and(|name| {
-            self.current.get(name).is_some_and(|old| {
-                old.resource_version.is_some()
-                    && old.resource_version == pod.metadata.resource_version
-            })
+        let Some(name) = pod.metadata.name.as_deref() else {
+            return;
+        };
+        let unchanged = self.current.get(name).is_some_and(|old| {
+            old.resource_version.is_some()
+                && old.resource_version.as_deref() == pod.metadata.resource_version.as_deref()
         });
         if unchanged {
             return;
         }
-        match view_of(pod, rules) {
-            Some(view) => {
-                let view = Arc::new(view);
-                self.current
-                    .insert(view.executor.pod_name.clone(), Arc::clone(&view));
-                self.publish(EventKind::Updated, view);
-            }
+        let Some(executor) = executor_pod_from(pod, rules) else {
+            self.gone(name, Some(pod));
+            return;
+        };
+        let view = Arc::new(ExecutorView {
+            executor: executor.clone(),
+            phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
+            pod_json: pod_json(pod),
+            resource_version: pod.metadata.resource_version.clone(),
+        });
+        let kept = Kept::of(executor, pod);
+        match self.current.get_mut(name) {
+            Some(old) => *old = kept,
             None => {
-                if let Some(name) = pod.metadata.name.as_deref() {
-                    self.gone(name, Some(pod));
-                }
+                self.current.insert(name.into(), kept);
             }
         }
+        self.publish(EventKind::Updated, view);
     }
 
     /// A pod of the application is gone.
@@ -139,17 +346,20 @@ impl Feed {
 
     /// A full listing of the application's executor pods: changes for what differs.
     pub fn relisted(&mut self, pods: &[Listed], rules: &StateRules) {
-        let listed: std::collections::BTreeSet<&str> = pods
+        let listed: HashSet<&str> = pods
             .iter()
             .filter_map(|listed| match listed {
                 Listed::Changed(pod) => pod.metadata.name.as_deref(),
                 Listed::Unchanged(name) => Some(name.as_str()),
             })
             .collect();
-        let missing: Vec<String> = self
+        let missing: Vec<Box<str>> = self
             .current
             .keys()
-            .filter(|name| !listed.contains(name.as_str()))
+            .filter(|name| {
+                let name: &str = name;
+                !listed.contains(name)
+            })
             .cloned()
             .collect();
         for name in missing {
@@ -160,36 +370,87 @@ impl Feed {
                 self.applied(pod, rules);
             }
         }
+        // The watch has caught up with any LIST a full state waits on: a pod still behind
+        // (which cannot be with versions that only grow) has its LIST run again.
+        if let Some(assembly) = &mut self.assembly
+            && assembly.answered
+            && !assembly.behind.is_empty()
+        {
+            assembly.answered = false;
+            assembly.wanted = true;
+            assembly.asked = None;
+            assembly.listed.clear();
+            assembly.behind.clear();
+        }
     }
 
-    /// The executor of the pod `name` as last seen, if it is one.
-    pub fn executor(&self, name: &str) -> Option<&ExecutorPod> {
-        self.current.get(name).map(|view| &view.executor)
+    /// The executor id of the pod `name`, if it is one.
+    pub fn executor_id(&self, name: &str) -> Option<ExecutorId> {
+        self.current.get(name).map(|kept| kept.id)
     }
 
-    /// A new stream: the changes after `since` when they are all kept, else the full state.
+    /// A new stream: the changes after `since` when they are all kept, else the full state
+    /// (once the LIST it is taken from is answered).
     pub fn subscribe(&mut self, since: u64) -> ExecutorEvents {
         let queue = Arc::new(Queue::default());
-        {
+        let first_kept = self
+            .history
+            .front()
+            .map_or(self.sequence + 1, |e| e.sequence);
+        let resumable = since > 0 && since <= self.sequence && since + 1 >= first_kept;
+        let missed =
+            usize::try_from(self.sequence - since.min(self.sequence)).unwrap_or(usize::MAX);
+        if resumable && missed <= self.buffer {
             let mut state = queue.lock();
-            let first_kept = self
-                .history
-                .front()
-                .map_or(self.sequence + 1, |e| e.sequence);
-            let resumable = since > 0 && since <= self.sequence && since + 1 >= first_kept;
-            let missed =
-                usize::try_from(self.sequence - since.min(self.sequence)).unwrap_or(usize::MAX);
-            if resumable && missed <= self.buffer {
-                state
-                    .events
-                    .extend(self.history.iter().filter(|e| e.sequence > since).cloned());
-                state.unread_changes = state.events.len();
-            } else {
-                state.events = self.full_state();
-            }
+            state
+                .events
+                .extend(self.history.iter().filter(|e| e.sequence > since).cloned());
+            state.unread_changes = state.events.len();
+        } else {
+            queue.lock().awaiting = true;
+            self.assembly.get_or_insert_with(Assembly::wanted);
         }
         self.streams.push(Arc::clone(&queue));
         ExecutorEvents { queue }
+    }
+
+    /// Whether the actor is to list the application's executor pods for a full state now:
+    /// the LIST's ticket, to hand back with the pods to [`Self::listed`] (once per LIST).
+    pub fn take_listing_request(&mut self) -> Option<u64> {
+        let assembly = self.assembly.as_mut().filter(|a| a.wanted)?;
+        self.listings += 1;
+        assembly.wanted = false;
+        assembly.asked = Some(self.listings);
+        Some(self.listings)
+    }
+
+    /// The LIST a full state is taken from was answered: the full state goes to the streams
+    /// waiting for it once every pod the feed has is in it at the feed's version.
+    /// An answer whose `ticket` is not the one awaited is dropped.
+    pub fn listed(&mut self, ticket: u64, pods: Vec<ListedPod>) {
+        let Some(assembly) = self.assembly.as_mut().filter(|a| a.asked == Some(ticket)) else {
+            return;
+        };
+        assembly.asked = None;
+        let mut by_name: HashMap<Box<str>, ListedPod> = pods
+            .into_iter()
+            .map(|pod| (pod.name.clone(), pod))
+            .collect();
+        for (name, kept) in &self.current {
+            if assembly.fresh.contains_key(name) {
+                continue;
+            }
+            match by_name.remove(name) {
+                Some(pod) if pod.resource_version == kept.resource_version => {
+                    assembly.listed.insert(name.clone(), pod.pod_json);
+                }
+                _ => {
+                    assembly.behind.insert(name.clone());
+                }
+            }
+        }
+        assembly.answered = true;
+        self.complete_full_state();
     }
 
     /// Streams open (readers not gone).
@@ -201,74 +462,116 @@ impl Feed {
     }
 
     fn gone(&mut self, name: &str, pod: Option<&Pod>) {
-        let Some(old) = self.current.remove(name) else {
+        let Some((name, old)) = self.current.remove_entry(name) else {
             return;
         };
-        let mut view = ExecutorView {
-            executor: old.executor.clone(),
-            phase: old.phase.clone(),
-            pod_json: pod.map_or_else(|| Arc::clone(&old.pod_json), pod_json),
-            resource_version: pod.map_or_else(
-                || old.resource_version.clone(),
-                |p| p.metadata.resource_version.clone(),
-            ),
+        let mut view = match pod {
+            Some(pod) => ExecutorView {
+                executor: old.executor(&name),
+                phase: pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .or_else(|| old.phase.as_str().map(str::to_string)),
+                pod_json: pod_json(pod),
+                resource_version: pod.metadata.resource_version.clone(),
+            },
+            None => old.view(&name, last_seen_json(&name, &old)),
         };
         view.executor.state = ExecutorState::Deleted;
-        if let Some(phase) = pod.and_then(|p| p.status.as_ref()?.phase.clone()) {
-            view.phase = Some(phase);
-        }
         self.publish(EventKind::Deleted, Arc::new(view));
     }
 
     fn publish(&mut self, kind: EventKind, view: Arc<ExecutorView>) {
         self.sequence += 1;
+        if let Some(assembly) = &mut self.assembly {
+            assembly.changed(kind, &view);
+        }
         let event = ExecutorEvent {
             sequence: self.sequence,
             kind,
             executor: Some(view),
         };
-        if self.history.len() == KEPT_CHANGES {
+        while self.history.len() >= self.buffer.min(KEPT_CHANGES) {
             self.history.pop_front();
         }
         self.history.push_back(event.clone());
         // A stream whose reader went away holds the only other reference: dropped.
         self.streams.retain(|q| Arc::strong_count(q) > 1);
-        let mut full = None;
+        let mut too_slow = false;
         for queue in &self.streams {
             let mut state = queue.lock();
+            if state.awaiting {
+                continue;
+            }
             if state.unread_changes >= self.buffer {
-                // Too slow: what it has not read is replaced by the state now.
-                let events = full.get_or_insert_with(|| self.full_state()).clone();
-                state.events = events;
-                state.unread_changes = 0;
+                // Too slow: what it has not read is replaced by a fresh full state; it
+                // reads on meanwhile.
+                state.awaiting = true;
                 state.refreshes += 1;
+                too_slow = true;
             } else {
                 state.events.push_back(event.clone());
                 state.unread_changes += 1;
+                drop(state);
+                queue.ready.notify_one();
             }
-            drop(state);
-            queue.ready.notify_one();
         }
+        if too_slow {
+            self.assembly.get_or_insert_with(Assembly::wanted);
+        }
+        self.complete_full_state();
     }
 
-    /// The current executors (ascending by id), then `Synced`.
-    fn full_state(&self) -> VecDeque<ExecutorEvent> {
-        let mut views: Vec<&Arc<ExecutorView>> = self.current.values().collect();
+    /// Sends the full state to the streams waiting for one, once its LIST is answered and
+    /// no pod is behind: the current executors (ascending by id), then `Synced`.
+    fn complete_full_state(&mut self) {
+        let ready = self
+            .assembly
+            .as_ref()
+            .is_some_and(|a| a.answered && a.behind.is_empty());
+        if !ready {
+            return;
+        }
+        let Some(assembly) = self.assembly.take() else {
+            return;
+        };
+        let mut views: Vec<Arc<ExecutorView>> = self
+            .current
+            .iter()
+            .filter_map(|(name, kept)| {
+                assembly.fresh.get(name).cloned().or_else(|| {
+                    let json = assembly.listed.get(name)?;
+                    Some(Arc::new(kept.view(name, Arc::clone(json))))
+                })
+            })
+            .collect();
+        drop(assembly);
         views.sort_by_key(|v| v.executor.id);
-        let mut events: VecDeque<ExecutorEvent> = views
+        let mut full: VecDeque<ExecutorEvent> = views
             .into_iter()
             .map(|view| ExecutorEvent {
                 sequence: self.sequence,
                 kind: EventKind::Snapshot,
-                executor: Some(Arc::clone(view)),
+                executor: Some(view),
             })
             .collect();
-        events.push_back(ExecutorEvent {
+        full.push_back(ExecutorEvent {
             sequence: self.sequence,
             kind: EventKind::Synced,
             executor: None,
         });
-        events
+        self.streams.retain(|q| Arc::strong_count(q) > 1);
+        for queue in &self.streams {
+            let mut state = queue.lock();
+            if state.awaiting {
+                state.awaiting = false;
+                state.events = full.clone();
+                state.unread_changes = 0;
+                drop(state);
+                queue.ready.notify_one();
+            }
+        }
     }
 }
 
@@ -282,17 +585,6 @@ impl Drop for Feed {
     }
 }
 
-/// The executor of `pod` with its phase, when the pod is one of the application's executors.
-fn view_of(pod: &Pod, rules: &StateRules) -> Option<ExecutorView> {
-    let executor = executor_pod_from(pod, rules)?;
-    Some(ExecutorView {
-        executor,
-        phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
-        pod_json: pod_json(pod),
-        resource_version: pod.metadata.resource_version.clone(),
-    })
-}
-
 /// `pod` as JSON (empty if it cannot be encoded, which a decoded pod always can).
 fn pod_json(pod: &Pod) -> Arc<str> {
     match serde_json::to_string(pod) {
@@ -302,6 +594,26 @@ fn pod_json(pod: &Pod) -> Arc<str> {
             Arc::from("")
         }
     }
+}
+
+/// A pod gone without a DELETED event (a listing no longer shows it), as JSON: the feed
+/// keeps no pod, so its name, resourceVersion, executor labels and last phase.
+fn last_seen_json(name: &str, kept: &Kept) -> Arc<str> {
+    let json = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "resourceVersion": kept.resource_version.as_deref(),
+            "labels": {
+                ROLE_LABEL: "executor",
+                EXECUTOR_ID_LABEL: kept.id.to_string(),
+                RESOURCE_PROFILE_ID_LABEL: kept.profile.to_string(),
+            },
+        },
+        "status": { "phase": kept.phase.as_str() },
+    });
+    Arc::from(json.to_string())
 }
 
 /// One stream's queue, shared by the feed (writer) and the stream (reader).
@@ -316,6 +628,8 @@ struct QueueState {
     events: VecDeque<ExecutorEvent>,
     /// Changes (not full-state events) in `events`.
     unread_changes: usize,
+    /// Waiting for a full state: no change is added until it replaces `events`.
+    awaiting: bool,
     /// The feed ended: the stream ends once `events` is read.
     closed: bool,
     /// How often the reader was too slow and given a fresh full state.
@@ -400,10 +714,48 @@ mod tests {
         out
     }
 
+    /// Answers the LIST the feed asks for with `pods`.
+    fn list(feed: &mut Feed, pods: &[Pod]) {
+        let ticket = feed.take_listing_request().expect("a LIST asked for");
+        feed.listed(ticket, pods.iter().filter_map(ListedPod::of).collect());
+    }
+
+    /// Answers the LIST the feed asks for with the pods as the feed has them.
+    fn list_current(feed: &mut Feed) {
+        let pods: Vec<ListedPod> = feed
+            .current
+            .iter()
+            .map(|(name, kept)| ListedPod {
+                name: name.clone(),
+                resource_version: kept.resource_version.clone(),
+                pod_json: Arc::from("{}"),
+            })
+            .collect();
+        let ticket = feed.take_listing_request().expect("a LIST asked for");
+        feed.listed(ticket, pods);
+    }
+
+    /// The full-state or change events with their pod's resourceVersion.
+    fn versions(events: &mut ExecutorEvents) -> Vec<(EventKind, Option<u64>, Option<String>)> {
+        let mut state = events.queue.lock();
+        state
+            .events
+            .drain(..)
+            .map(|e| {
+                let version = e.executor.as_ref().and_then(|v| {
+                    let pod: Pod = serde_json::from_str(&v.pod_json).ok()?;
+                    pod.metadata.resource_version
+                });
+                (e.kind, e.executor.map(|v| v.executor.id.0), version)
+            })
+            .collect()
+    }
+
     #[test]
     fn a_stream_starts_with_the_full_state_then_follows_changes() {
         let mut feed = Feed::new(100, &[pod(2, "Running", 1), pod(1, "Pending", 1)], &rules());
         let mut stream = feed.subscribe(0);
+        list(&mut feed, &[pod(2, "Running", 1), pod(1, "Pending", 1)]);
         assert_eq!(
             drain(&mut stream),
             vec![
@@ -444,10 +796,12 @@ mod tests {
             feed.applied(&pod(1, "Pending", version), &rules());
         }
         let mut too_old = feed.subscribe(2);
+        list_current(&mut feed);
         let events = drain(&mut too_old);
         assert_eq!(events.last().map(|e| e.1), Some(EventKind::Synced));
         assert_eq!(events.len(), 2);
         let mut ahead = feed.subscribe(feed.sequence() + 5);
+        list_current(&mut feed);
         assert_eq!(
             drain(&mut ahead).last().map(|e| e.1),
             Some(EventKind::Synced)
@@ -458,6 +812,7 @@ mod tests {
     fn a_slow_reader_gets_a_fresh_full_state_instead_of_a_growing_queue() {
         let mut feed = Feed::new(0, &[], &rules()).with_buffer(4);
         let mut slow = feed.subscribe(0);
+        list_current(&mut feed);
         for version in 1..=20 {
             feed.applied(
                 &pod(u64::from(version % 3 + 1), "Pending", version),
@@ -465,6 +820,7 @@ mod tests {
             );
         }
         assert!(slow.refreshes() > 0);
+        list_current(&mut feed);
         let events = drain(&mut slow);
         assert!(events.len() <= 4 + 3 + 1, "{events:?}");
         let last_synced = events
@@ -485,6 +841,7 @@ mod tests {
     fn an_inactive_or_relisted_away_pod_is_deleted() {
         let mut feed = Feed::new(0, &[pod(1, "Failed", 1), pod(2, "Running", 1)], &rules());
         let mut stream = feed.subscribe(0);
+        list_current(&mut feed);
         drain(&mut stream);
         let mut inactive = pod(1, "Failed", 2);
         if let Some(labels) = inactive.metadata.labels.as_mut() {
@@ -508,6 +865,7 @@ mod tests {
         let mut feed = Feed::new(0, &[], &rules());
         let mut stream = feed.subscribe(0);
         let gone = feed.subscribe(0);
+        list_current(&mut feed);
         drop(gone);
         feed.applied(&pod(1, "Pending", 1), &rules());
         assert_eq!(feed.streams(), 1);
@@ -520,5 +878,104 @@ mod tests {
         tokio::task::yield_now().await;
         drop(feed);
         assert!(waiter.await.expect("reader"));
+    }
+
+    #[test]
+    fn a_full_state_shows_each_pod_at_the_feeds_version_with_its_json() {
+        let mut feed = Feed::new(
+            0,
+            &[
+                pod(1, "Pending", 1),
+                pod(2, "Pending", 1),
+                pod(3, "Pending", 1),
+            ],
+            &rules(),
+        );
+        let mut stream = feed.subscribe(0);
+        let ticket = feed.take_listing_request().expect("a LIST asked for");
+        assert_eq!(feed.take_listing_request(), None, "one LIST at a time");
+        // While the LIST runs: 2 moves on and 3 goes (the feed has their JSON from the
+        // watch); 4 is created, and the LIST sees it before the watch does.
+        feed.applied(&pod(2, "Running", 2), &rules());
+        feed.deleted(&pod(3, "Pending", 3));
+        let listing = [
+            pod(1, "Pending", 1),
+            pod(2, "Running", 2),
+            pod(4, "Pending", 4),
+        ];
+        assert!(
+            versions(&mut stream).is_empty(),
+            "nothing before the full state"
+        );
+        feed.listed(ticket, listing.iter().filter_map(ListedPod::of).collect());
+        assert_eq!(
+            versions(&mut stream),
+            vec![
+                (EventKind::Snapshot, Some(1), Some("1".to_string())),
+                (EventKind::Snapshot, Some(2), Some("2".to_string())),
+                (EventKind::Synced, None, None),
+            ]
+        );
+        feed.applied(&pod(4, "Pending", 4), &rules());
+        assert_eq!(
+            versions(&mut stream),
+            vec![(EventKind::Updated, Some(4), Some("4".to_string()))]
+        );
+    }
+
+    #[test]
+    fn a_full_state_waits_for_the_watch_when_the_list_ran_ahead() {
+        let mut feed = Feed::new(0, &[pod(1, "Pending", 1), pod(2, "Pending", 1)], &rules());
+        let mut stream = feed.subscribe(0);
+        // The LIST shows 1 Running at version 2 and no 2 (deleted): the watch has not
+        // told the feed yet.
+        list(&mut feed, &[pod(1, "Running", 2)]);
+        assert!(versions(&mut stream).is_empty());
+        feed.applied(&pod(1, "Running", 2), &rules());
+        assert!(versions(&mut stream).is_empty(), "2 still behind");
+        feed.deleted(&pod(2, "Pending", 3));
+        assert_eq!(
+            versions(&mut stream),
+            vec![
+                (EventKind::Snapshot, Some(1), Some("2".to_string())),
+                (EventKind::Synced, None, None),
+            ]
+        );
+        let state = &feed.current["app-exec-1"];
+        assert_eq!(state.state, ExecutorState::Running);
+    }
+
+    #[test]
+    fn a_stale_listing_is_dropped_and_a_resync_asks_again() {
+        let mut feed = Feed::new(0, &[pod(1, "Pending", 1)], &rules());
+        let mut stream = feed.subscribe(0);
+        let first = feed.take_listing_request().expect("a LIST asked for");
+        // The LIST ran ahead of a watch event that never comes (the watch restarted):
+        // the next resync lists the pod unchanged, and the full state is asked again.
+        feed.listed(
+            first,
+            ListedPod::of(&pod(1, "Running", 5)).into_iter().collect(),
+        );
+        feed.relisted(&[Listed::Unchanged("app-exec-1".into())], &rules());
+        let second = feed.take_listing_request().expect("asked again");
+        feed.listed(
+            first,
+            ListedPod::of(&pod(1, "Pending", 1)).into_iter().collect(),
+        );
+        assert!(
+            versions(&mut stream).is_empty(),
+            "the first answer is stale"
+        );
+        feed.listed(
+            second,
+            ListedPod::of(&pod(1, "Pending", 1)).into_iter().collect(),
+        );
+        assert_eq!(
+            versions(&mut stream),
+            vec![
+                (EventKind::Snapshot, Some(1), Some("1".to_string())),
+                (EventKind::Synced, None, None),
+            ]
+        );
     }
 }

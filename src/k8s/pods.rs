@@ -411,6 +411,34 @@ impl ExecutorPods {
             .map(|list| list.items)
     }
 
+    /// The application's executor pods, `page_size` at a time (`limit`/`continue`: one
+    /// consistent listing), each page handed to `page` before the next is asked for, so
+    /// no more than a page of decoded pods is held at once.
+    pub async fn list_executors_by_page(
+        &self,
+        namespace: &str,
+        app_id: &str,
+        page_size: u32,
+        mut page: impl FnMut(Vec<Pod>),
+    ) -> Result<(), kube::Error> {
+        let api = self.api(namespace);
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default()
+                .labels(&app_selector(app_id))
+                .limit(page_size);
+            if let Some(token) = &token {
+                lp = lp.continue_token(token);
+            }
+            let list = self.policy.run(|_| api.list(&lp)).await?;
+            token = list.metadata.continue_.filter(|t| !t.is_empty());
+            page(list.items);
+            if token.is_none() {
+                return Ok(());
+            }
+        }
+    }
+
     /// Whether `namespace` exists; `None` when the service may not read namespaces (403),
     /// so it cannot tell. (A LIST of pods in a missing namespace is an empty list, and only
     /// the creates would fail, each with 404, for as long as the application runs.)

@@ -69,13 +69,16 @@ struct Inner {
 
 type Subscribers = Arc<Mutex<HashMap<String, Subscriber>>>;
 
+/// resourceVersions by pod name (one per executor pod followed: boxed, not `String`s).
+type Versions = HashMap<Box<str>, Box<str>>;
+
 /// Where one application's events go.
 struct Subscriber {
     tx: mpsc::UnboundedSender<PodEvent>,
     /// The driver pod followed for it (named at Start, labelled `spark-role=driver`).
     driver: Option<String>,
     /// The resourceVersion of each executor pod last sent to it, by pod name.
-    sent: HashMap<String, String>,
+    sent: Versions,
 }
 
 /// The watch task of one namespace (it runs the periodic LIST too); dropping it stops it.
@@ -343,8 +346,22 @@ fn watch_error_code(err: &watcher::Error) -> Option<u16> {
 /// API server is slow to answer is given up (the next one follows an interval later).
 const RESYNC_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Pods per page of the periodic LIST: the service holds one page of full pods at a time.
+/// Pods per page of the periodic LIST: the service holds one page of full pods at a time,
+/// which with the response's text takes tens of KB per pod (about 40 KB measured): a
+/// 100th of the executor pods followed, at least [`RESYNC_PAGE_SIZE_MIN`], so that a page
+/// stays small beside what the executors' records take, and at most this.
 pub const RESYNC_PAGE_SIZE: u32 = 500;
+
+/// The smallest page of the periodic LIST (see [`RESYNC_PAGE_SIZE`]).
+pub const RESYNC_PAGE_SIZE_MIN: u32 = 100;
+
+/// The page size of the next periodic LIST, by the executor pods followed now.
+fn resync_page_size(subscribers: &Subscribers) -> u32 {
+    let followed: usize = lock(subscribers).values().map(|s| s.sent.len()).sum();
+    u32::try_from(followed / 100)
+        .unwrap_or(u32::MAX)
+        .clamp(RESYNC_PAGE_SIZE_MIN, RESYNC_PAGE_SIZE)
+}
 
 /// Times a paginated LIST starts over after its `continue` token expired (410) before
 /// it is given up until the next one.
@@ -354,7 +371,12 @@ const RESYNC_LIST_RESTARTS: u32 = 3;
 async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
     let listed = tokio::time::timeout(
         RESYNC_LIST_TIMEOUT,
-        list_paginated(api, subscribers, RESYNC_PAGE_SIZE, async |_| {}),
+        list_paginated(
+            api,
+            subscribers,
+            resync_page_size(subscribers),
+            async |_| {},
+        ),
     )
     .await;
     match listed {
@@ -429,7 +451,7 @@ struct Listing {
     apps: HashSet<String>,
     by_app: HashMap<String, Vec<Listed>>,
     /// The resourceVersion of each executor pod listed, per application.
-    versions: HashMap<String, HashMap<String, String>>,
+    versions: HashMap<String, Versions>,
     drivers: HashMap<String, Pod>,
 }
 
@@ -473,7 +495,7 @@ impl Listing {
                 .push(Listed::Changed(Box::new(pod)));
             return;
         };
-        let unchanged = subscriber.sent.get(&name) == Some(&version);
+        let unchanged = subscriber.sent.get(name.as_str()).map(|v| &**v) == Some(version.as_str());
         let listed = if unchanged {
             Listed::Unchanged(name.clone())
         } else {
@@ -483,7 +505,7 @@ impl Listing {
         self.versions
             .entry(app.clone())
             .or_default()
-            .insert(name, version);
+            .insert(name.into(), version.into());
     }
 }
 
@@ -522,10 +544,12 @@ fn route(subscribers: &Subscribers, pod: Pod, deleted: bool) {
     if let Some(name) = &pod.metadata.name {
         match (&pod.metadata.resource_version, deleted) {
             (Some(version), false) => {
-                subscriber.sent.insert(name.clone(), version.clone());
+                subscriber
+                    .sent
+                    .insert(name.as_str().into(), version.as_str().into());
             }
             _ => {
-                subscriber.sent.remove(name);
+                subscriber.sent.remove(name.as_str());
             }
         }
     }
