@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta};
 
 use super::describe_error;
 use super::pods::{ExecutorPods, MANAGED_BY, is_status, labels, managed_labels};
@@ -193,20 +193,7 @@ impl ExecutorPods {
             )])),
             ..ConfigMap::default()
         };
-        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
-        self.policy
-            .run(|unknown_outcome| {
-                let (api, config_map) = (&api, &config_map);
-                async move {
-                    self.acquire().await;
-                    match api.create(&PostParams::default(), config_map).await {
-                        // An earlier attempt with no answer did create it (with this value).
-                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
-                        other => other.map(drop),
-                    }
-                }
-            })
-            .await
+        self.create_config_map(namespace, &config_map).await
     }
 }
 

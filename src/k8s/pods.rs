@@ -353,7 +353,9 @@ impl ExecutorPods {
         self.delete_id_record(namespace, &record).await
     }
 
-    async fn create_config_map(
+    /// Creates `config_map` (rate-limited, retried); a retry that finds it already created
+    /// by an attempt whose answer was lost succeeds.
+    pub(super) async fn create_config_map(
         &self,
         namespace: &str,
         config_map: &ConfigMap,
