@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+use spark_pod_allocator::allocator::pod_policy::PodPolicy;
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults, validate};
 use spark_pod_allocator::proto;
 use test_kit::grpc::Harness;
@@ -121,7 +122,9 @@ fn bench_validation() {
         black_box(serde_json::from_str::<Pod>(black_box(&template_json)).ok());
     });
     let yaml_and_json = median_per_call(200, || {
-        black_box(validate::start(black_box(request.clone()), &defaults).ok());
+        black_box(
+            validate::start(black_box(request.clone()), &defaults, &PodPolicy::default()).ok(),
+        );
     });
     report(
         "validate Start (YAML + JSON templates)",
@@ -134,7 +137,14 @@ fn bench_validation() {
         ..request.clone()
     };
     let json = median_per_call(200, || {
-        black_box(validate::start(black_box(json_only.clone()), &defaults).ok());
+        black_box(
+            validate::start(
+                black_box(json_only.clone()),
+                &defaults,
+                &PodPolicy::default(),
+            )
+            .ok(),
+        );
     });
     report(
         "validate Start (2 JSON templates)",
@@ -148,7 +158,7 @@ fn bench_validation() {
         ..Default::default()
     });
     let refused = median_per_call(200, || {
-        black_box(validate::start(black_box(bad.clone()), &defaults).err());
+        black_box(validate::start(black_box(bad.clone()), &defaults, &PodPolicy::default()).err());
     });
     report(
         "validate Start refused (batch_delay_ms=50)",

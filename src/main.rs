@@ -270,7 +270,6 @@ async fn serve(
     let defaults = StartDefaults {
         settings: settings.allocation_defaults(),
         executor_pod_template: settings.default_template()?,
-        policy: settings.pod_policy.clone(),
         limits: settings.limits.clone(),
     };
     // The simulated cluster, if any, lives as long as the service.

@@ -714,14 +714,7 @@ async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
     let sim = spark_pod_allocator_sim::SimCluster::start(cluster())
         .await
         .expect("simulated cluster");
-    let client = sim.try_client().expect("sim client");
-    let applications =
-        spark_pod_allocator::app::Applications::new(spark_pod_allocator::app::ServiceContext::new(
-            client.clone(),
-            Arc::new(spark_pod_allocator::app::ManualClock::starting_now()),
-        ));
     let settings = spark_pod_allocator::grpc::ServeSettings {
-        gate: spark_pod_allocator::auth::Gate::kubernetes(&auth(), client),
         tls: spark_pod_allocator::grpc::tls::TlsSettings {
             cert_file: Some(cert.clone()),
             key_file: Some(key.clone()),
@@ -730,19 +723,15 @@ async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
         },
         ..Default::default()
     };
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(spark_pod_allocator::grpc::serve(
+    let service = test_kit::grpc::serve(
+        &sim,
+        &spark_pod_allocator::app::ManualClock::starting_now(),
         settings,
-        applications,
-        listener,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+        Default::default(),
+        Some(&auth()),
+    )
+    .await;
+    let address = service.address();
 
     // Over TLS, a driver with its token starts its application.
     let channel = tls_channel(address, &first_ca).await.expect("TLS connect");
@@ -800,6 +789,5 @@ async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
     tokio::time::timeout(Duration::from_secs(30), reloaded)
         .await
         .expect("the rotated certificate is served");
-    let _ = stop.send(());
-    server.await.expect("server task").expect("server result");
+    service.shutdown().await.expect("server result");
 }

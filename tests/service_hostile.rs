@@ -728,7 +728,6 @@ async fn a_registration_whose_template_was_changed_is_not_resumed() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Api, Patch, PatchParams};
     use spark_pod_allocator::app::registration::REGISTRATION_KEY;
-    use spark_pod_allocator::app::{Applications, ServiceContext};
     use spark_pod_allocator::k8s::IdRecord;
 
     let mut h = harness().await;
@@ -752,12 +751,10 @@ async fn a_registration_whose_template_was_changed_is_not_resumed() {
         .await
         .expect("patch");
 
-    let restarted = Applications::new(
-        ServiceContext::new(
-            h.sim.try_client().expect("client"),
-            std::sync::Arc::new(h.clock.clone()),
-        )
-        .with_options(h.options.clone()),
+    let restarted = test_kit::service::applications(
+        h.sim.try_client().expect("client"),
+        &h.clock,
+        h.options.clone(),
     );
     let resumed = restarted.resume_registered().await.expect("resume");
     let resumed: Vec<&str> = resumed.iter().map(|a| a.as_str()).collect();

@@ -133,9 +133,10 @@ pub struct ServiceOptions {
     pub max_resource_profiles: usize,
     /// Creates one round of an application may plan (`limits.max_creates_per_round`).
     pub max_creates_per_round: u32,
-    /// What a template may ask for (`pod_policy`): checked again on the templates of a
-    /// registration before it is resumed, since anyone who may edit ConfigMaps in its
-    /// namespace could have changed them.
+    /// What a template may ask for (`pod_policy`), the one copy of it: Start's templates
+    /// (checked at the edge, through [`Applications::pod_policy`]), SetTotalExpected's, and
+    /// those of a registration before it is resumed, since anyone who may edit ConfigMaps
+    /// in its namespace could have changed them.
     pub pod_policy: crate::allocator::pod_policy::PodPolicy,
 }
 
@@ -481,6 +482,11 @@ impl Applications {
     /// The application's current snapshot as its actor has ingested it (observability, tests).
     pub async fn snapshot(&self, app: &AppId) -> Result<ExecutorPodsSnapshot, AppError> {
         self.actor(app)?.snapshot().await
+    }
+
+    /// What a template may ask for, where the application's pods go (`pod_policy`).
+    pub fn pod_policy(&self) -> &crate::allocator::pod_policy::PodPolicy {
+        &self.inner.ctx.options.pod_policy
     }
 
     /// True once the API server has answered and every shared watch that runs now has

@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::allocator::ExecutorState;
+use crate::allocator::pod_policy::PodPolicy;
 use crate::app::{
     AppError, AppId, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
     ExecutorProblem, ExecutorView,
@@ -88,16 +89,17 @@ impl AllocatorService {
     /// included — never wait behind it.
     async fn off_runtime<T: Send + 'static>(
         &self,
-        check: impl FnOnce(&StartDefaults) -> Result<T, AppError> + Send + 'static,
+        check: impl FnOnce(&StartDefaults, &PodPolicy) -> Result<T, AppError> + Send + 'static,
     ) -> Result<T, AppError> {
         let permit = Arc::clone(&self.parsers)
             .acquire_owned()
             .await
             .map_err(|_| AppError::ShuttingDown)?;
         let defaults = Arc::clone(&self.defaults);
+        let applications = self.applications.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            check(&defaults)
+            check(&defaults, applications.pod_policy())
         })
         .await
         .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
@@ -284,7 +286,7 @@ impl ExecutorAllocator for AllocatorService {
         answer("Start", &app_id, async {
             let caller = self.caller(&metadata).await?;
             let mut start = self
-                .off_runtime(move |defaults| validate::start(req, defaults))
+                .off_runtime(move |defaults, policy| validate::start(req, defaults, policy))
                 .await?;
             // Never more than the caller could do itself: it must be able to create and
             // delete pods in the namespace; the owner check is under the lifecycle lock.
@@ -327,7 +329,7 @@ impl ExecutorAllocator for AllocatorService {
             let expected = if req.resource_profile_templates.is_empty() {
                 validate::set_total_expected(req, &self.defaults)?
             } else {
-                self.off_runtime(move |defaults| validate::set_total_expected(req, defaults))
+                self.off_runtime(move |defaults, _| validate::set_total_expected(req, defaults))
                     .await?
             };
             self.applications

@@ -15,16 +15,15 @@ use crate::app::{AppError, AppId, Placement, StartApplication};
 use crate::naming::{dns1123_label, dns1123_subdomain, pod_name_prefix};
 use crate::proto;
 
-/// What the server fills in when a Start request leaves a field unset, and the rules
-/// every request's templates and settings are held to.
+/// What the server fills in when a Start request leaves a field unset, and the limits
+/// every request is held to. (What a template may ask for is the application layer's
+/// `ServiceOptions::pod_policy`.)
 #[derive(Debug, Clone, Default)]
 pub struct StartDefaults {
     /// Allocation settings under the request's `settings`.
     pub settings: AllocationSettings,
     /// The executor pod template used when `executor_pod_template` is empty.
     pub executor_pod_template: Option<Pod>,
-    /// What a template may ask for (Start, SetTotalExpected and the default template).
-    pub policy: PodPolicy,
     /// How much work one request may cause.
     pub limits: RequestLimits,
 }
@@ -119,10 +118,12 @@ pub fn application_id(value: &str) -> Result<AppId, AppError> {
     AppId::parse(value).map_err(|reason| invalid("application_id", reason))
 }
 
-/// Start: every field checked, templates parsed, settings merged over the server defaults.
+/// Start: every field checked, templates parsed and held to `policy` where the pods go,
+/// settings merged over the server defaults.
 pub fn start(
     req: proto::StartRequest,
     defaults: &StartDefaults,
+    policy: &PodPolicy,
 ) -> Result<StartApplication, AppError> {
     let app_id = application_id(&req.application_id)?;
     if req.namespace.is_empty() {
@@ -162,12 +163,12 @@ pub fn start(
     } else {
         pod_template_within(field, &req.executor_pod_template, &defaults.limits)?
     };
-    allowed(field, &default_template, defaults, &placement)?;
+    allowed(field, &default_template, policy, &placement)?;
     templates.insert(ResourceProfileId(0), default_template);
     templates.extend(profile_templates(
         req.resource_profile_templates,
         defaults,
-        Some(&placement),
+        Some((&placement, policy)),
     )?);
 
     Ok(StartApplication {
@@ -222,15 +223,14 @@ pub fn settings(
     Ok(merged)
 }
 
-/// `template` against the policy, the error naming `field` and the path in the template.
+/// `template` against `policy`, the error naming `field` and the path in the template.
 fn allowed(
     field: &str,
     template: &Pod,
-    defaults: &StartDefaults,
+    policy: &PodPolicy,
     placement: &Placement,
 ) -> Result<(), AppError> {
-    defaults
-        .policy
+    policy
         .check(template, template_use(placement))
         .map_err(|violation| invalid(field, violation.to_string()))
 }
@@ -260,7 +260,7 @@ fn policy(value: Option<i32>) -> Result<Option<AllocationPolicy>, AppError> {
 fn profile_templates(
     texts: std::collections::HashMap<i32, String>,
     defaults: &StartDefaults,
-    placement: Option<&Placement>,
+    placement: Option<(&Placement, &PodPolicy)>,
 ) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
     let max = defaults.limits.max_resource_profiles;
     if texts.len() >= max {
@@ -288,8 +288,8 @@ fn profile_templates(
             ));
         }
         let template = pod_template_within(&field, &text, &defaults.limits)?;
-        if let Some(placement) = placement {
-            allowed(&field, &template, defaults, placement)?;
+        if let Some((placement, policy)) = placement {
+            allowed(&field, &template, policy, placement)?;
         }
         templates.insert(ResourceProfileId(profile), template);
     }
@@ -560,6 +560,14 @@ mod tests {
     use super::*;
     use crate::naming::MAX_POD_NAME_PREFIX;
     use std::collections::HashMap;
+
+    /// Start under the default pod policy (the service's default).
+    fn start(
+        req: proto::StartRequest,
+        defaults: &StartDefaults,
+    ) -> Result<StartApplication, AppError> {
+        super::start(req, defaults, &PodPolicy::default())
+    }
 
     const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 

@@ -2,23 +2,19 @@
 //! real application registry and the real gRPC server on 127.0.0.1:0, reached by the
 //! generated client over real HTTP/2.
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
 use spark_pod_allocator::allocator::Timestamp;
-use spark_pod_allocator::app::{Applications, ManualClock, ServiceContext, ServiceOptions};
+use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions};
 use spark_pod_allocator::auth::{AuthSettings, Gate};
-use spark_pod_allocator::grpc::{ServeError, ServeSettings};
-// The runtime's serve owns the lifecycle (readiness, drain, stopping the actors).
+use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::runtime as grpc;
+use spark_pod_allocator::runtime::{self, Service};
 use spark_pod_allocator_sim::{SimCluster, SimSettings};
 
 /// The standard executor template: the one container Spark names, nothing else.
@@ -36,8 +32,8 @@ pub struct Harness {
     pub client: ExecutorAllocatorClient<Channel>,
     /// Authentication of every service of this harness (`None`: nobody is authenticated).
     pub auth: Option<AuthSettings>,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<Result<(), ServeError>>>,
+    /// The running service; `None` once it has stopped.
+    service: Option<Service>,
 }
 
 /// A cluster whose nodes do nothing on their own (pods stay Pending), as a real API server
@@ -88,19 +84,18 @@ impl Harness {
             .await
             .expect("simulated cluster");
         let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-        let service =
-            Service::start(&sim, &clock, serve_settings, options.clone(), auth.as_ref()).await;
+        let service = serve(&sim, &clock, serve_settings, options.clone(), auth.as_ref()).await;
+        let (channel, client) = connect(service.address()).await;
         Self {
             options,
             sim,
-            applications: service.applications,
+            applications: service.applications().clone(),
             clock,
-            address: service.address,
-            channel: service.channel,
-            client: service.client,
+            address: service.address(),
+            channel,
+            client,
             auth,
-            stop: Some(service.stop),
-            server: Some(service.server),
+            service: Some(service),
         }
     }
 
@@ -108,7 +103,7 @@ impl Harness {
     /// its own, on the same cluster: a restarted service.
     pub async fn restart(&mut self) {
         self.stop_server().await;
-        let service = Service::start(
+        let service = serve(
             &self.sim,
             &self.clock,
             ServeSettings::default(),
@@ -116,12 +111,10 @@ impl Harness {
             self.auth.as_ref(),
         )
         .await;
-        self.applications = service.applications;
-        self.address = service.address;
-        self.channel = service.channel;
-        self.client = service.client;
-        self.stop = Some(service.stop);
-        self.server = Some(service.server);
+        (self.channel, self.client) = connect(service.address()).await;
+        self.applications = service.applications().clone();
+        self.address = service.address();
+        self.service = Some(service);
     }
 
     /// Stops the server gracefully and waits for it.
@@ -131,16 +124,16 @@ impl Harness {
     }
 
     /// Begins the graceful shutdown (as SIGTERM would).
-    pub fn signal_stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+    pub fn signal_stop(&self) {
+        if let Some(service) = &self.service {
+            service.begin_shutdown();
         }
     }
 
-    /// Waits for the server to finish its shutdown.
+    /// Waits for the server to finish its shutdown (drained, actors stopped).
     pub async fn wait_stopped(&mut self) {
-        if let Some(server) = self.server.take() {
-            server.await.expect("server task").expect("server result");
+        if let Some(service) = self.service.take() {
+            service.stopped().await.expect("server result");
         }
     }
 
@@ -228,58 +221,32 @@ pub fn assert_invalid(status: &tonic::Status, field: &str) {
     );
 }
 
-/// One service: a registry and its gRPC server, reached by a fresh client.
-struct Service {
-    applications: Applications,
-    address: SocketAddr,
-    channel: Channel,
-    client: ExecutorAllocatorClient<Channel>,
-    stop: oneshot::Sender<()>,
-    server: JoinHandle<Result<(), ServeError>>,
+/// Starts a service on `sim`'s cluster with time from `clock` and its gRPC server on
+/// 127.0.0.1:0, through the runtime ([`runtime::spawn`]); with `auth`, callers are authenticated and
+/// authorized by the simulator's reviews.
+pub async fn serve(
+    sim: &SimCluster,
+    clock: &ManualClock,
+    mut serve_settings: ServeSettings,
+    options: ServiceOptions,
+    auth: Option<&AuthSettings>,
+) -> Service {
+    if let Some(auth) = auth {
+        serve_settings.gate = Gate::kubernetes(auth, sim.try_client().expect("sim client"));
+    }
+    let applications =
+        crate::service::applications(sim.try_client().expect("sim client"), clock, options);
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+    runtime::spawn(applications, serve_settings, listener).expect("service starts")
 }
 
-impl Service {
-    async fn start(
-        sim: &SimCluster,
-        clock: &ManualClock,
-        mut serve_settings: ServeSettings,
-        options: ServiceOptions,
-        auth: Option<&AuthSettings>,
-    ) -> Self {
-        if let Some(auth) = auth {
-            serve_settings.gate = Gate::kubernetes(auth, sim.try_client().expect("sim client"));
-        }
-        let applications = Applications::new(
-            ServiceContext::new(
-                sim.try_client().expect("sim client"),
-                Arc::new(clock.clone()),
-            )
-            .with_options(options),
-        );
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-        let address = listener.local_addr().expect("address");
-        let (stop, stop_rx) = oneshot::channel::<()>();
-        let server = tokio::spawn(grpc::serve(
-            serve_settings,
-            applications.clone(),
-            listener,
-            async {
-                let _ = stop_rx.await;
-            },
-        ));
-        let channel = Endpoint::from_shared(format!("http://{address}"))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect");
-        let client = ExecutorAllocatorClient::new(channel.clone());
-        Self {
-            applications,
-            address,
-            channel,
-            client,
-            stop,
-            server,
-        }
-    }
+/// A plaintext channel to the server at `address` and the allocator's client over it.
+async fn connect(address: SocketAddr) -> (Channel, ExecutorAllocatorClient<Channel>) {
+    let channel = Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let client = ExecutorAllocatorClient::new(channel.clone());
+    (channel, client)
 }

@@ -3,8 +3,10 @@
 //!
 //! - [`sim`]: the simulated cluster with a manual kubelet (nothing moves unless the test
 //!   moves it), pod manifests, raw HTTP through kube-rs's own client;
-//! - [`grpc`]: simulator + service + gRPC server + client in one process ([`grpc::Harness`]),
-//!   the standard executor template ([`grpc::TEMPLATE`]) and the Start request built on it;
+//! - [`grpc`]: simulator + service + gRPC server + client in one process ([`grpc::Harness`];
+//!   [`grpc::serve`], the one way the tests start a service and its gRPC server, through the
+//!   service's runtime), the standard executor template ([`grpc::TEMPLATE`]) and the Start
+//!   request built on it;
 //! - [`requests`]: the gRPC requests the tests send most, built one way;
 //! - [`service`]: the service core in process (`Applications`, a `ManualClock`), the Start
 //!   fixture of the allocation scenarios and the waits on its rounds and snapshot;
