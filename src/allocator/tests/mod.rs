@@ -9,6 +9,7 @@ mod downscale;
 mod id_blocks;
 mod max_executors;
 mod pending_caps;
+mod pod_policy;
 mod pod_builder;
 mod pod_state;
 mod profile_templates;
