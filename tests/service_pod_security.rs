@@ -49,8 +49,10 @@ fn bypasses() -> Vec<(&'static str, String, &'static str)> {
         ),
         (
             "procMount: Unmasked in a sidecar",
-            in_spec(json!({"initContainers": [{"name": "proxy", "image": "envoy",
-                "restartPolicy": "Always", "securityContext": {"procMount": "Unmasked"}}]})),
+            in_spec(
+                json!({"initContainers": [{"name": "proxy", "image": "envoy",
+                "restartPolicy": "Always", "securityContext": {"procMount": "Unmasked"}}]}),
+            ),
             "spec.initContainers[0].securityContext.procMount",
         ),
         (
@@ -86,19 +88,25 @@ fn bypasses() -> Vec<(&'static str, String, &'static str)> {
         ),
         (
             "SELinux spc_t in an ephemeral container",
-            in_spec(json!({"ephemeralContainers": [{"name": "debug", "image": "busybox",
-                "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]})),
+            in_spec(
+                json!({"ephemeralContainers": [{"name": "debug", "image": "busybox",
+                "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]}),
+            ),
             "spec.ephemeralContainers[0].securityContext.seLinuxOptions.type",
         ),
         (
             "Windows hostProcess",
-            in_spec(json!({"securityContext": {"windowsOptions": {"hostProcess": true}},
-                "hostNetwork": false})),
+            in_spec(
+                json!({"securityContext": {"windowsOptions": {"hostProcess": true}},
+                "hostNetwork": false}),
+            ),
             "spec.securityContext.windowsOptions.hostProcess",
         ),
         (
             "a probe aimed at another host",
-            in_executor(json!({"livenessProbe": {"httpGet": {"port": 80, "host": "169.254.169.254"}}})),
+            in_executor(
+                json!({"livenessProbe": {"httpGet": {"port": 80, "host": "169.254.169.254"}}}),
+            ),
             "spec.containers[0].livenessProbe.httpGet.host",
         ),
     ]
@@ -193,8 +201,8 @@ async fn a_restricted_service_holds_templates_to_restricted() {
         },
         ..ServiceOptions::default()
     };
-    let mut h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options)
-        .await;
+    let mut h =
+        Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await;
     // The plain template passes baseline, not restricted.
     let mut start = start_request("app-plain", NS);
     start.executor_pod_template = TEMPLATE.into();
@@ -206,7 +214,8 @@ async fn a_restricted_service_holds_templates_to_restricted() {
         "plain",
     );
     assert!(
-        status.message().contains("Pod Security restricted") && status.message().contains("pod_policy.level"),
+        status.message().contains("Pod Security restricted")
+            && status.message().contains("pod_policy.level"),
         "{}",
         status.message()
     );

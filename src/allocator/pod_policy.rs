@@ -245,7 +245,11 @@ impl Control {
     }
 
     /// Refuses `path`: `detail`, then the profile and control, and what to configure.
-    fn refuse(self, path: impl Into<String>, detail: impl std::fmt::Display) -> Result<(), PolicyViolation> {
+    fn refuse(
+        self,
+        path: impl Into<String>,
+        detail: impl std::fmt::Display,
+    ) -> Result<(), PolicyViolation> {
         let key = match (self.key, self.level) {
             (Some(key), _) => format!("; pod_policy.{key}"),
             (None, PodSecurityLevel::Restricted) => "; pod_policy.level".to_string(),
@@ -263,7 +267,8 @@ impl Control {
 }
 
 const HOST_PROCESS: Control = Control::baseline("HostProcess", None);
-const HOST_NAMESPACES: Control = Control::baseline("Host Namespaces", Some("allow_host_namespaces"));
+const HOST_NAMESPACES: Control =
+    Control::baseline("Host Namespaces", Some("allow_host_namespaces"));
 const PRIVILEGED_CONTAINERS: Control =
     Control::baseline("Privileged Containers", Some("allow_privileged"));
 const CAPABILITIES: Control = Control::baseline("Capabilities", Some("allowed_capabilities"));
@@ -436,7 +441,12 @@ impl PodPolicy {
             )?;
         }
         for (path, context) in t.contexts() {
-            if context.windows_options.as_ref().and_then(|w| w.host_process) == Some(true) {
+            if context
+                .windows_options
+                .as_ref()
+                .and_then(|w| w.host_process)
+                == Some(true)
+            {
                 HOST_PROCESS.refuse(
                     format!("{path}.securityContext.windowsOptions.hostProcess"),
                     "Windows HostProcess containers are not allowed",
@@ -775,8 +785,12 @@ impl PodPolicy {
             return Ok(());
         }
         let pod = t.pod_context.and_then(|c| c.run_as_user);
-        let containers = (t.contexts())
-            .map(|(path, context)| (format!("{path}.securityContext.runAsUser"), context.run_as_user));
+        let containers = (t.contexts()).map(|(path, context)| {
+            (
+                format!("{path}.securityContext.runAsUser"),
+                context.run_as_user,
+            )
+        });
         let users = std::iter::once(("spec.securityContext.runAsUser".to_string(), pod));
         for (path, user) in users.chain(containers) {
             if user == Some(0) {
@@ -822,7 +836,9 @@ impl PodPolicy {
                 if capability_name(capability) != "NET_BIND_SERVICE" {
                     RESTRICTED_CAPABILITIES.refuse(
                         format!("{}.securityContext.capabilities.add[{j}]", c.path),
-                        format_args!("capability {capability:?} is not allowed (NET_BIND_SERVICE only)"),
+                        format_args!(
+                            "capability {capability:?} is not allowed (NET_BIND_SERVICE only)"
+                        ),
                     )?;
                 }
             }

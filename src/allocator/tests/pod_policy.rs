@@ -139,7 +139,9 @@ fn security_context(fields: Value) -> Value {
 #[test]
 fn host_process() {
     refuses(
-        &pod(security_context(json!({"windowsOptions": {"hostProcess": true}}))),
+        &pod(security_context(
+            json!({"windowsOptions": {"hostProcess": true}}),
+        )),
         "spec.securityContext.windowsOptions.hostProcess",
         "HostProcess",
     );
@@ -195,7 +197,9 @@ fn capabilities() {
         &security_context(json!({"capabilities": {"add": ["cap_net_admin"]}})),
         "securityContext.capabilities.add[0]",
         "Capabilities",
-        &[security_context(json!({"capabilities": {"add": ["CAP_CHOWN", "kill"]}}))],
+        &[security_context(
+            json!({"capabilities": {"add": ["CAP_CHOWN", "kill"]}}),
+        )],
     );
 }
 
@@ -323,7 +327,11 @@ fn se_linux() {
         "container_engine_t",
         "",
     ]
-    .map(|t| security_context(json!({"seLinuxOptions": {"type": t, "level": "s0:c123,c456", "user": ""}})));
+    .map(|t| {
+        security_context(
+            json!({"seLinuxOptions": {"type": t, "level": "s0:c123,c456", "user": ""}}),
+        )
+    });
     for options in &allowed {
         accepts(&pod(options.clone()));
     }
@@ -443,7 +451,10 @@ fn restricted_volume_types() {
     check_with(&restricted(), &compliant).expect("every allowed type");
     for (kind, source) in [
         ("nfs", json!({"server": "nfs", "path": "/"})),
-        ("gitRepo", json!({"repository": "https://example.com/r.git"})),
+        (
+            "gitRepo",
+            json!({"repository": "https://example.com/r.git"}),
+        ),
         ("iscsi", json!({"targetPortal": "t", "iqn": "i", "lun": 0})),
         ("rbd", json!({"monitors": ["m"], "image": "i"})),
         ("cephfs", json!({"monitors": ["m"]})),
@@ -478,7 +489,8 @@ fn restricted_pod(spec: Value) -> Value {
         "allowPrivilegeEscalation": false,
         "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
     });
-    let container = |name: &str| json!({"name": name, "image": "spark:4", "securityContext": context});
+    let container =
+        |name: &str| json!({"name": name, "image": "spark:4", "securityContext": context});
     let mut template = pod(json!({
         "securityContext": {"runAsNonRoot": true, "runAsUser": 185, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container("spark-kubernetes-executor")],
@@ -520,11 +532,7 @@ fn restricted_accepts_a_compliant_pod_and_baseline_what_restricted_refuses() {
 
 #[test]
 fn restricted_privilege_escalation() {
-    let kinds = [
-        "initContainers",
-        "containers",
-        "ephemeralContainers",
-    ];
+    let kinds = ["initContainers", "containers", "ephemeralContainers"];
     for kind in kinds {
         for value in [Value::Null, json!(true)] {
             let pointer = format!("/spec/{kind}/0/securityContext/allowPrivilegeEscalation");
@@ -569,8 +577,7 @@ fn restricted_running_as_non_root() {
     );
     for kind in ["initContainers", "containers", "ephemeralContainers"] {
         let mut template = restricted_pod(json!({}));
-        if let Some(context) = template.pointer_mut(&format!("/spec/{kind}/0/securityContext"))
-        {
+        if let Some(context) = template.pointer_mut(&format!("/spec/{kind}/0/securityContext")) {
             context["runAsNonRoot"] = json!(false);
         }
         refuses_with(
@@ -646,9 +653,7 @@ fn restricted_seccomp() {
 
 #[test]
 fn restricted_capabilities() {
-    let context = |capabilities: Value| {
-        json!({"allowPrivilegeEscalation": false, "capabilities": capabilities})
-    };
+    let context = |capabilities: Value| json!({"allowPrivilegeEscalation": false, "capabilities": capabilities});
     restricted_refuses(
         &[
             (
@@ -769,10 +774,15 @@ fn what_spark_puts_in_an_executor_pod_is_accepted() {
             "containers": [{
                 "name": "spark-kubernetes-executor", "image": "spark:4",
                 "ports": [{"name": "blockmanager", "containerPort": 7079}],
+                // Decommissioning's hook (spark.decommission.enabled).
+                "lifecycle": {"preStop": {"exec": {"command": ["/opt/decom.sh"]}}},
                 "securityContext": {"privileged": false, "allowPrivilegeEscalation": false,
                     "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}},
             }],
-            "volumes": [{"name": "spark-local-dir-1", "emptyDir": {}}],
+            "volumes": [
+                {"name": "spark-local-dir-1", "emptyDir": {}},
+                {"name": "spark-conf-volume-exec", "configMap": {"name": "spark-exec-conf-map"}},
+            ],
         },
     });
     accepts(&spark);
@@ -818,15 +828,19 @@ fn configured_allowances_accept_what_they_name() {
     // The controls without a key stay on.
     let host_port = pod(json!({"hostNetwork": true, "containers": [
         {"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 80}]}]}));
-    let err = policy.check(&parse(&host_port), without_driver).unwrap_err();
+    let err = policy
+        .check(&parse(&host_port), without_driver)
+        .unwrap_err();
     assert_eq!(err.path, "spec.containers[0].ports[0].hostPort");
     let off = PodPolicy {
         enforce: false,
         ..restricted()
     };
     let hostile = with_metadata(
-        pod(json!({"nodeName": "n", "hostPID": true, "securityContext": {
-            "sysctls": [{"name": "kernel.core_pattern", "value": "|/x"}]}})),
+        pod(
+            json!({"nodeName": "n", "hostPID": true, "securityContext": {
+            "sysctls": [{"name": "kernel.core_pattern", "value": "|/x"}]}}),
+        ),
         json!({"namespace": "kube-system"}),
     );
     off.check(&parse(&hostile), without_driver)
