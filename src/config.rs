@@ -343,6 +343,12 @@ impl Settings {
                 reason: format!("must be at most limits.max_executors_per_application ({cap})"),
             });
         }
+        if let Err((key, reason)) = self.pod_policy.check_settings() {
+            return Err(ConfigError::Invalid {
+                key: format!("pod_policy.{key}"),
+                reason: reason.to_string(),
+            });
+        }
         if let Err((key, reason)) = self.grpc.check() {
             return Err(ConfigError::Invalid {
                 key: format!("grpc.{key}"),
@@ -473,6 +479,7 @@ fn tracing_filter_check(filter: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocator::pod_policy::PodSecurityLevel;
     use std::io::Write;
 
     fn env(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
@@ -702,6 +709,11 @@ mod tests {
             ),
             ("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml", "`log.format`"),
             (
+                "SPARK_POD_ALLOCATOR__POD_POLICY__LEVEL",
+                "privileged",
+                "`pod_policy.level`",
+            ),
+            (
                 "SPARK_POD_ALLOCATOR__SIMULATOR__KUBELET__MODE",
                 "lazy",
                 "`simulator.kubelet.mode`",
@@ -827,6 +839,7 @@ mod tests {
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         assert_eq!(s.pod_policy.allowed_service_accounts, ["default", "spark"]);
         assert!(s.pod_policy.enforce);
+        assert_eq!(s.pod_policy.level, PodSecurityLevel::Baseline);
         assert_eq!(s.limits.max_template_bytes, 1024);
         assert_eq!(s.limits.max_resource_profiles, 64);
         assert_eq!(s.grpc.max_connections, 8);
@@ -852,6 +865,32 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{key}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_pod_security_level_is_loaded_and_contradictions_named() {
+        let f = file("toml", "[pod_policy]\nlevel = \"restricted\"\n");
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(s.pod_policy.level, PodSecurityLevel::Restricted);
+        let level = ("SPARK_POD_ALLOCATOR__POD_POLICY__LEVEL", "Restricted");
+        let s = Settings::load_with_env(None, env(&[level])).unwrap();
+        assert_eq!(s.pod_policy.level, PodSecurityLevel::Restricted);
+        for (key, named) in [
+            (
+                "SPARK_POD_ALLOCATOR__POD_POLICY__ALLOW_HOST_PATH",
+                "pod_policy.allow_host_path",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__POD_POLICY__ALLOW_PRIVILEGE_ESCALATION",
+                "pod_policy.allow_privilege_escalation",
+            ),
+        ] {
+            let err = Settings::load_with_env(None, env(&[level, (key, "true")]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named) && err.contains("restricted"), "{err}");
+            Settings::load_with_env(None, env(&[(key, "true")])).expect("baseline allows it");
         }
     }
 

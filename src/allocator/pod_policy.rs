@@ -1,26 +1,74 @@
 //! What an executor pod template may ask for. The service creates pods with its own
 //! identity, so a template must not get more than a driver's own pods would: the policy
-//! refuses, before any pod is built, what would let a caller escape the pod (privileged
-//! containers, host namespaces and paths, added capabilities), run elsewhere or as
-//! someone else (`nodeName`, another service account, another namespace) or hold objects
-//! it does not own (foreign owner references, finalizers, `blockOwnerDeletion`). The
-//! namespace's Pod Security admission still applies on a real cluster; this refuses early,
-//! naming the template path at fault.
-use k8s_openapi::api::core::v1::{Capabilities, Pod, SecurityContext};
+//! refuses, before any pod is built, what would let a caller escape the pod (the Pod
+//! Security Standards controls below), run elsewhere or as someone else (`nodeName`,
+//! another service account, another namespace) or hold objects it does not own (foreign
+//! owner references, finalizers, `blockOwnerDeletion`). The namespace's Pod Security
+//! admission still applies on a real cluster; this refuses early, naming the template path
+//! at fault.
+//!
+//! # Pod Security Standards
+//!
+//! The controls follow the Kubernetes page "Pod Security Standards"
+//! (<https://kubernetes.io/docs/concepts/security/pod-security-standards/>) as enforced by
+//! current Kubernetes (pod-security-admission's `policy/check_*.go`, through v1.37): one
+//! function per control, named as on the page and called in its order ([`PodPolicy::check`]).
+//! `baseline` is the default; `pod_policy.level = "restricted"` adds the restricted
+//! controls. Every container kind is checked (`c` below): `spec.initContainers[i]`
+//! (sidecars, `restartPolicy: Always`, included), `spec.containers[i]` and
+//! `spec.ephemeralContainers[i]`. Each check accepts only known values, so a placeholder
+//! substituted later (`{{APP_ID}}` in an annotation value) cannot make an accepted template
+//! a refused pod.
+//!
+//! | Control (page order) | Fields checked (the path a refusal names) | Allowed values | Loosened by |
+//! |---|---|---|---|
+//! | **Baseline** | | | |
+//! | HostProcess | `spec.securityContext.windowsOptions.hostProcess`, `c.securityContext.windowsOptions.hostProcess` | unset, `false` | — |
+//! | Host Namespaces | `spec.hostNetwork`, `spec.hostPID`, `spec.hostIPC` | unset, `false` | `allow_host_namespaces` |
+//! | Privileged Containers | `c.securityContext.privileged` | unset, `false` | `allow_privileged` |
+//! | Capabilities | `c.securityContext.capabilities.add[j]` | [`BASELINE_CAPABILITIES`] | `allowed_capabilities` |
+//! | HostPath Volumes | `spec.volumes[i].hostPath` | unset | `allow_host_path` |
+//! | Host Ports | `c.ports[j].hostPort` | unset, `0` | — |
+//! | Host Probes / Lifecycle Hooks (v1.34+) | `c.{livenessProbe,readinessProbe,startupProbe}.{httpGet,tcpSocket}.host`, `c.lifecycle.{postStart,preStop}.{httpGet,tcpSocket}.host` | unset, `""` | — |
+//! | AppArmor | `spec.securityContext.appArmorProfile.type`, `c.securityContext.appArmorProfile.type`, `metadata.annotations[container.apparmor.security.beta.kubernetes.io/*]` | fields: unset, `RuntimeDefault`, `Localhost`; annotations: `""`, `runtime/default`, `localhost/*` | — |
+//! | SELinux | `spec.securityContext.seLinuxOptions.{type,user,role}`, `c.securityContext.seLinuxOptions.{type,user,role}` | type: unset, [`BASELINE_SELINUX_TYPES`]; user, role: unset, `""` | — |
+//! | /proc Mount Type | `c.securityContext.procMount` | unset, `Default`; any value when `spec.hostUsers: false` (v1.35+; not under restricted) | — |
+//! | Seccomp | `spec.securityContext.seccompProfile.type`, `c.securityContext.seccompProfile.type`; the older annotations `metadata.annotations[seccomp.security.alpha.kubernetes.io/pod]`, `metadata.annotations[container.seccomp.security.alpha.kubernetes.io/*]` | fields: unset, `RuntimeDefault`, `Localhost`; annotations: `runtime/default`, `docker/default`, `localhost/*` | — |
+//! | Sysctls | `spec.securityContext.sysctls[i].name` | unset, [`BASELINE_SYSCTLS`] | — |
+//! | **Restricted** (`level = "restricted"`: everything above, and) | | | |
+//! | Volume Types | `spec.volumes[i].<type>` for the 21 types the page lists | only `configMap`, `csi`, `downwardAPI`, `emptyDir`, `ephemeral`, `image`, `persistentVolumeClaim`, `projected`, `secret` | — |
+//! | Privilege Escalation (v1.8+) | `c.securityContext.allowPrivilegeEscalation` | `false` (`spec.os.name: windows` exempt) | — |
+//! | Running as Non-root | `spec.securityContext.runAsNonRoot`, `c.securityContext.runAsNonRoot` | `true` at the pod level or in every container, never `false`; any with `spec.hostUsers: false` | — |
+//! | Running as Non-root user (v1.23+) | `spec.securityContext.runAsUser`, `c.securityContext.runAsUser` | unset, non-zero; any with `spec.hostUsers: false` | — |
+//! | Seccomp (v1.19+) | `spec.securityContext.seccompProfile.type`, `c.securityContext.seccompProfile.type` | `RuntimeDefault` or `Localhost` at the pod level or in every container (windows exempt) | — |
+//! | Capabilities (v1.22+) | `c.securityContext.capabilities.drop`, `c.securityContext.capabilities.add[j]` | drop includes `ALL`; add only `NET_BIND_SERVICE` (windows exempt) | — |
+//!
+//! The service's own rules, beyond the page: no explicit `allowPrivilegeEscalation: true`
+//! even under baseline (`allow_privilege_escalation`), no `spec.nodeName`, service accounts
+//! from `allowed_service_accounts`, owner references to the driver pod only, finalizers
+//! from `allowed_finalizers`, and no other namespace.
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ContainerPort, Lifecycle, LifecycleHandler, Pod, PodSecurityContext, PodSpec, Probe,
+    SecurityContext,
+};
 use serde::Deserialize;
 
-/// Rules every template is checked against; strict unless configured otherwise
-/// (`pod_policy` in the configuration).
+/// Rules every template is checked against; Pod Security `baseline` and the service's own
+/// rules unless configured otherwise (`pod_policy` in the configuration).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PodPolicy {
     /// `false` accepts every template as given (a cluster whose admission control does the
     /// same job); default `true`.
     pub enforce: bool,
+    /// The Pod Security Standards profile templates are held to; default `baseline`.
+    pub level: PodSecurityLevel,
     /// Containers with `securityContext.privileged: true`.
     pub allow_privileged: bool,
     /// Containers with an explicit `securityContext.allowPrivilegeEscalation: true` (unset is
-    /// accepted: it is Kubernetes' default and Spark's pods leave it unset).
+    /// accepted under baseline: it is Kubernetes' default and Spark's pods leave it unset).
     pub allow_privilege_escalation: bool,
     /// Capabilities a container may add (`CAP_` prefix and case ignored); default Pod
     /// Security's `baseline` list.
@@ -36,6 +84,37 @@ pub struct PodPolicy {
     pub allowed_service_accounts: Vec<String>,
     /// Finalizers a template may carry; default none.
     pub allowed_finalizers: Vec<String>,
+}
+
+/// A Pod Security Standards profile (`privileged` is `enforce = false`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum PodSecurityLevel {
+    #[default]
+    Baseline,
+    Restricted,
+}
+
+impl TryFrom<String> for PodSecurityLevel {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "baseline" => Ok(PodSecurityLevel::Baseline),
+            "restricted" => Ok(PodSecurityLevel::Restricted),
+            _ => Err(format!(
+                "expected `baseline` or `restricted` (`enforce = false` for none), got {value:?}"
+            )),
+        }
+    }
+}
+
+impl PodSecurityLevel {
+    fn name(self) -> &'static str {
+        match self {
+            PodSecurityLevel::Baseline => "baseline",
+            PodSecurityLevel::Restricted => "restricted",
+        }
+    }
 }
 
 /// Pod Security Standards, `baseline` profile: the capabilities it lets a container add.
@@ -55,10 +134,49 @@ pub const BASELINE_CAPABILITIES: &[&str] = &[
     "SYS_CHROOT",
 ];
 
+/// Pod Security Standards, `baseline` profile: the "safe" sysctls a pod may set, with the
+/// Kubernetes version that made each safe (the kubelet refuses them on older nodes).
+pub const BASELINE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    // v1.27
+    "net.ipv4.ip_local_reserved_ports",
+    // v1.29
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    // v1.32
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_wmem",
+    // v1.37
+    "net.ipv4.tcp_slow_start_after_idle",
+    "net.ipv4.tcp_notsent_lowat",
+];
+
+/// Pod Security Standards, `baseline` profile: the SELinux types a pod or container may
+/// ask for (`container_engine_t` since v1.31).
+pub const BASELINE_SELINUX_TYPES: &[&str] = &[
+    "container_t",
+    "container_init_t",
+    "container_kvm_t",
+    "container_engine_t",
+];
+
+const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
+const SECCOMP_POD_ANNOTATION: &str = "seccomp.security.alpha.kubernetes.io/pod";
+const SECCOMP_CONTAINER_ANNOTATION_PREFIX: &str = "container.seccomp.security.alpha.kubernetes.io/";
+/// Profile types (AppArmor and seccomp) baseline accepts when set.
+const CONFINED_PROFILE_TYPES: &[&str] = &["RuntimeDefault", "Localhost"];
+
 impl Default for PodPolicy {
     fn default() -> Self {
         Self {
             enforce: true,
+            level: PodSecurityLevel::Baseline,
             allow_privileged: false,
             allow_privilege_escalation: false,
             allowed_capabilities: BASELINE_CAPABILITIES
@@ -100,6 +218,75 @@ fn violation(path: impl Into<String>, reason: impl Into<String>) -> Result<(), P
     })
 }
 
+/// A control of the Pod Security Standards page, named in refusals.
+#[derive(Clone, Copy)]
+struct Control {
+    level: PodSecurityLevel,
+    name: &'static str,
+    /// The `pod_policy` key that loosens it, if any.
+    key: Option<&'static str>,
+}
+
+impl Control {
+    const fn baseline(name: &'static str, key: Option<&'static str>) -> Self {
+        Self {
+            level: PodSecurityLevel::Baseline,
+            name,
+            key,
+        }
+    }
+
+    const fn restricted(name: &'static str) -> Self {
+        Self {
+            level: PodSecurityLevel::Restricted,
+            name,
+            key: None,
+        }
+    }
+
+    /// Refuses `path`: `detail`, then the profile and control, and what to configure.
+    fn refuse(
+        self,
+        path: impl Into<String>,
+        detail: impl std::fmt::Display,
+    ) -> Result<(), PolicyViolation> {
+        let key = match (self.key, self.level) {
+            (Some(key), _) => format!("; pod_policy.{key}"),
+            (None, PodSecurityLevel::Restricted) => "; pod_policy.level".to_string(),
+            (None, PodSecurityLevel::Baseline) => String::new(),
+        };
+        violation(
+            path,
+            format!(
+                "{detail} (Pod Security {}: {}{key})",
+                self.level.name(),
+                self.name
+            ),
+        )
+    }
+}
+
+const HOST_PROCESS: Control = Control::baseline("HostProcess", None);
+const HOST_NAMESPACES: Control =
+    Control::baseline("Host Namespaces", Some("allow_host_namespaces"));
+const PRIVILEGED_CONTAINERS: Control =
+    Control::baseline("Privileged Containers", Some("allow_privileged"));
+const CAPABILITIES: Control = Control::baseline("Capabilities", Some("allowed_capabilities"));
+const HOST_PATH_VOLUMES: Control = Control::baseline("HostPath Volumes", Some("allow_host_path"));
+const HOST_PORTS: Control = Control::baseline("Host Ports", None);
+const HOST_PROBES: Control = Control::baseline("Host Probes / Lifecycle Hooks", None);
+const APPARMOR: Control = Control::baseline("AppArmor", None);
+const SELINUX: Control = Control::baseline("SELinux", None);
+const PROC_MOUNT: Control = Control::baseline("/proc Mount Type", None);
+const SECCOMP: Control = Control::baseline("Seccomp", None);
+const SYSCTLS: Control = Control::baseline("Sysctls", None);
+const VOLUME_TYPES: Control = Control::restricted("Volume Types");
+const PRIVILEGE_ESCALATION: Control = Control::restricted("Privilege Escalation");
+const RUNNING_AS_NON_ROOT: Control = Control::restricted("Running as Non-root");
+const RUNNING_AS_NON_ROOT_USER: Control = Control::restricted("Running as Non-root user");
+const RESTRICTED_SECCOMP: Control = Control::restricted("Seccomp");
+const RESTRICTED_CAPABILITIES: Control = Control::restricted("Capabilities");
+
 /// `CAP_SYS_ADMIN` and `sys_admin` are the same capability.
 fn capability_name(name: &str) -> String {
     let upper = name.trim().to_ascii_uppercase();
@@ -108,30 +295,573 @@ fn capability_name(name: &str) -> String {
         .map_or(upper.clone(), str::to_string)
 }
 
+/// One container of any kind, with the path it is named by in refusals.
+struct ContainerView<'a> {
+    /// `spec.initContainers[1]`.
+    path: String,
+    context: Option<&'a SecurityContext>,
+    ports: &'a [ContainerPort],
+    /// (field, probe): `livenessProbe`, `readinessProbe`, `startupProbe`.
+    probes: [(&'static str, Option<&'a Probe>); 3],
+    lifecycle: Option<&'a Lifecycle>,
+}
+
+/// Containers, init containers and ephemeral containers share these fields under two types.
+macro_rules! container_view {
+    ($path:expr, $c:expr) => {
+        ContainerView {
+            path: $path,
+            context: $c.security_context.as_ref(),
+            ports: $c.ports.as_deref().unwrap_or_default(),
+            probes: [
+                ("livenessProbe", $c.liveness_probe.as_ref()),
+                ("readinessProbe", $c.readiness_probe.as_ref()),
+                ("startupProbe", $c.startup_probe.as_ref()),
+            ],
+            lifecycle: $c.lifecycle.as_ref(),
+        }
+    };
+}
+
+/// What the controls read: the pod's annotations, spec and security context, and every
+/// container in the order init, regular, ephemeral.
+struct Template<'a> {
+    annotations: Option<&'a BTreeMap<String, String>>,
+    spec: &'a PodSpec,
+    pod_context: Option<&'a PodSecurityContext>,
+    containers: Vec<ContainerView<'a>>,
+}
+
+impl<'a> Template<'a> {
+    fn new(pod: &'a Pod, spec: &'a PodSpec) -> Self {
+        let init = (spec.init_containers.iter().flatten().enumerate())
+            .map(|(i, c)| container_view!(format!("spec.initContainers[{i}]"), c));
+        let regular = (spec.containers.iter().enumerate())
+            .map(|(i, c)| container_view!(format!("spec.containers[{i}]"), c));
+        let ephemeral = (spec.ephemeral_containers.iter().flatten().enumerate())
+            .map(|(i, c)| container_view!(format!("spec.ephemeralContainers[{i}]"), c));
+        Self {
+            annotations: pod.metadata.annotations.as_ref(),
+            spec,
+            pod_context: spec.security_context.as_ref(),
+            containers: init.chain(regular).chain(ephemeral).collect(),
+        }
+    }
+
+    /// Each container's security context, if it has one.
+    fn contexts(&self) -> impl Iterator<Item = (&str, &'a SecurityContext)> + '_ {
+        (self.containers.iter()).filter_map(|c| c.context.map(|context| (c.path.as_str(), context)))
+    }
+
+    /// Annotations whose key starts with `prefix` (or is `exact`).
+    fn annotations_of(
+        &self,
+        exact: Option<&'static str>,
+        prefix: &'static str,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        (self.annotations.into_iter().flatten())
+            .filter(move |(k, _)| k.starts_with(prefix) || Some(k.as_str()) == exact)
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// `spec.hostUsers: false`: the pod runs in a user namespace, where some controls are
+    /// relaxed (v1.35+).
+    fn in_user_namespace(&self) -> bool {
+        self.spec.host_users == Some(false)
+    }
+
+    /// `spec.os.name: windows`, exempt from some restricted controls (v1.25+).
+    fn is_windows(&self) -> bool {
+        self.spec.os.as_ref().is_some_and(|os| os.name == "windows")
+    }
+}
+
 impl PodPolicy {
-    /// The first rule `pod` breaks, in the order metadata, pod spec, volumes, then each
-    /// container (init, regular, ephemeral) in order.
+    /// Settings that contradict each other: the `pod_policy` key at fault and why.
+    pub fn check_settings(&self) -> Result<(), (&'static str, &'static str)> {
+        if self.level == PodSecurityLevel::Restricted {
+            if self.allow_privilege_escalation {
+                return Err((
+                    "allow_privilege_escalation",
+                    "level = \"restricted\" requires allowPrivilegeEscalation: false",
+                ));
+            }
+            if self.allow_host_path {
+                return Err((
+                    "allow_host_path",
+                    "level = \"restricted\" refuses hostPath volumes (Volume Types)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first rule `pod` breaks: metadata, then the Pod Security controls in the page's
+    /// order (each over the pod, then every container in the order init, regular,
+    /// ephemeral), then the service's placement rules.
     pub fn check(&self, pod: &Pod, use_: TemplateUse<'_>) -> Result<(), PolicyViolation> {
         if !self.enforce {
             return Ok(());
         }
         self.check_metadata(pod, use_)?;
-        let Some(spec) = &pod.spec else {
-            return Ok(());
-        };
-        let host = [
-            ("spec.hostNetwork", spec.host_network),
-            ("spec.hostPID", spec.host_pid),
-            ("spec.hostIPC", spec.host_ipc),
-        ];
-        for (path, value) in host {
-            if value == Some(true) && !self.allow_host_namespaces {
-                violation(
-                    path,
-                    "host namespaces are not allowed (pod_policy.allow_host_namespaces)",
+        let no_spec = PodSpec::default();
+        let t = Template::new(pod, pod.spec.as_ref().unwrap_or(&no_spec));
+        // Baseline.
+        self.host_process(&t)?;
+        self.host_namespaces(&t)?;
+        self.privileged_containers(&t)?;
+        self.capabilities(&t)?;
+        self.host_path_volumes(&t)?;
+        self.host_ports(&t)?;
+        self.host_probes_and_lifecycle_hooks(&t)?;
+        self.app_armor(&t)?;
+        self.se_linux(&t)?;
+        self.proc_mount_type(&t)?;
+        self.seccomp(&t)?;
+        self.sysctls(&t)?;
+        if self.level == PodSecurityLevel::Restricted {
+            self.volume_types(&t)?;
+            self.privilege_escalation(&t)?;
+            self.running_as_non_root(&t)?;
+            self.running_as_non_root_user(&t)?;
+            self.restricted_seccomp(&t)?;
+            self.restricted_capabilities(&t)?;
+        } else {
+            self.no_explicit_privilege_escalation(&t)?;
+        }
+        self.check_placement(t.spec)
+    }
+
+    fn host_process(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let pod = t.pod_context.and_then(|c| c.windows_options.as_ref());
+        if pod.and_then(|w| w.host_process) == Some(true) {
+            HOST_PROCESS.refuse(
+                "spec.securityContext.windowsOptions.hostProcess",
+                "Windows HostProcess pods are not allowed",
+            )?;
+        }
+        for (path, context) in t.contexts() {
+            if context
+                .windows_options
+                .as_ref()
+                .and_then(|w| w.host_process)
+                == Some(true)
+            {
+                HOST_PROCESS.refuse(
+                    format!("{path}.securityContext.windowsOptions.hostProcess"),
+                    "Windows HostProcess containers are not allowed",
                 )?;
             }
         }
+        Ok(())
+    }
+
+    fn host_namespaces(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let host = [
+            ("spec.hostNetwork", t.spec.host_network),
+            ("spec.hostPID", t.spec.host_pid),
+            ("spec.hostIPC", t.spec.host_ipc),
+        ];
+        for (path, value) in host {
+            if value == Some(true) && !self.allow_host_namespaces {
+                HOST_NAMESPACES.refuse(path, "host namespaces are not allowed")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn privileged_containers(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        for (path, context) in t.contexts() {
+            if context.privileged == Some(true) && !self.allow_privileged {
+                PRIVILEGED_CONTAINERS.refuse(
+                    format!("{path}.securityContext.privileged"),
+                    "privileged containers are not allowed",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn capabilities(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let allowed: Vec<String> = (self.allowed_capabilities.iter())
+            .map(|c| capability_name(c))
+            .collect();
+        for (path, context) in t.contexts() {
+            let added = context.capabilities.as_ref().and_then(|c| c.add.as_ref());
+            for (j, capability) in added.into_iter().flatten().enumerate() {
+                if !allowed.contains(&capability_name(capability)) {
+                    CAPABILITIES.refuse(
+                        format!("{path}.securityContext.capabilities.add[{j}]"),
+                        format_args!("capability {capability:?} is not allowed"),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn host_path_volumes(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        for (i, volume) in t.spec.volumes.iter().flatten().enumerate() {
+            if volume.host_path.is_some() && !self.allow_host_path {
+                HOST_PATH_VOLUMES.refuse(
+                    format!("spec.volumes[{i}].hostPath"),
+                    "hostPath volumes are not allowed",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn host_ports(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        for c in &t.containers {
+            for (j, port) in c.ports.iter().enumerate() {
+                if let Some(host_port) = port.host_port.filter(|p| *p != 0) {
+                    HOST_PORTS.refuse(
+                        format!("{}.ports[{j}].hostPort", c.path),
+                        format_args!("host port {host_port} is not allowed"),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A probe or hook with a `host` makes the kubelet connect wherever the template says.
+    fn host_probes_and_lifecycle_hooks(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        for c in &t.containers {
+            let hooks = c.lifecycle.map_or([None, None], |l| {
+                [l.post_start.as_ref(), l.pre_stop.as_ref()]
+            });
+            let handlers = (c.probes.iter())
+                .map(|(field, probe)| {
+                    let actions = probe.map(|p| (p.http_get.as_ref(), p.tcp_socket.as_ref()));
+                    (field.to_string(), actions)
+                })
+                .chain(["postStart", "preStop"].into_iter().zip(hooks).map(
+                    |(field, hook): (&str, Option<&LifecycleHandler>)| {
+                        let actions = hook.map(|h| (h.http_get.as_ref(), h.tcp_socket.as_ref()));
+                        (format!("lifecycle.{field}"), actions)
+                    },
+                ));
+            for (field, actions) in handlers {
+                let Some((http_get, tcp_socket)) = actions else {
+                    continue;
+                };
+                let hosts = [
+                    ("httpGet", http_get.and_then(|a| a.host.as_deref())),
+                    ("tcpSocket", tcp_socket.and_then(|a| a.host.as_deref())),
+                ];
+                for (action, host) in hosts {
+                    if let Some(host) = host.filter(|h| !h.is_empty()) {
+                        HOST_PROBES.refuse(
+                            format!("{}.{field}.{action}.host", c.path),
+                            format_args!("a probe or hook host ({host:?}) is not allowed"),
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn app_armor(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let pod = (t.pod_context.and_then(|c| c.app_armor_profile.as_ref()))
+            .map(|p| ("spec.securityContext.appArmorProfile.type".to_string(), p));
+        let containers = (t.contexts()).filter_map(|(path, context)| {
+            (context.app_armor_profile.as_ref())
+                .map(|p| (format!("{path}.securityContext.appArmorProfile.type"), p))
+        });
+        for (path, profile) in pod.into_iter().chain(containers) {
+            if !CONFINED_PROFILE_TYPES.contains(&profile.type_.as_str()) {
+                APPARMOR.refuse(
+                    path,
+                    format_args!(
+                        "AppArmor profile {:?} is not allowed (RuntimeDefault or Localhost)",
+                        profile.type_
+                    ),
+                )?;
+            }
+        }
+        for (key, value) in t.annotations_of(None, APPARMOR_ANNOTATION_PREFIX) {
+            let confined =
+                value.is_empty() || value == "runtime/default" || value.starts_with("localhost/");
+            if !confined {
+                APPARMOR.refuse(
+                    format!("metadata.annotations[{key}]"),
+                    format_args!(
+                        "AppArmor profile {value:?} is not allowed (runtime/default or localhost/…)"
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn se_linux(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let pod = (t.pod_context.and_then(|c| c.se_linux_options.as_ref()))
+            .map(|o| ("spec.securityContext".to_string(), o));
+        let containers = (t.contexts()).filter_map(|(path, context)| {
+            (context.se_linux_options.as_ref()).map(|o| (format!("{path}.securityContext"), o))
+        });
+        for (at, options) in pod.into_iter().chain(containers) {
+            if let Some(type_) = options.type_.as_deref().filter(|v| !v.is_empty())
+                && !BASELINE_SELINUX_TYPES.contains(&type_)
+            {
+                SELINUX.refuse(
+                    format!("{at}.seLinuxOptions.type"),
+                    format_args!(
+                        "SELinux type {type_:?} is not allowed ({})",
+                        BASELINE_SELINUX_TYPES.join(", ")
+                    ),
+                )?;
+            }
+            let custom = [("user", &options.user), ("role", &options.role)];
+            for (field, value) in custom {
+                if value.as_deref().is_some_and(|v| !v.is_empty()) {
+                    SELINUX.refuse(
+                        format!("{at}.seLinuxOptions.{field}"),
+                        format_args!("a custom SELinux {field} is not allowed"),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn proc_mount_type(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        // A user namespace masks the host's /proc anyway; restricted still requires Default.
+        if t.in_user_namespace() && self.level == PodSecurityLevel::Baseline {
+            return Ok(());
+        }
+        for (path, context) in t.contexts() {
+            if let Some(mount) = context.proc_mount.as_deref().filter(|m| *m != "Default") {
+                PROC_MOUNT.refuse(
+                    format!("{path}.securityContext.procMount"),
+                    format_args!(
+                        "procMount {mount:?} is not allowed (Default{})",
+                        if self.level == PodSecurityLevel::Baseline {
+                            ", or any with spec.hostUsers: false"
+                        } else {
+                            ""
+                        }
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn seccomp(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let pod = (t.pod_context.and_then(|c| c.seccomp_profile.as_ref()))
+            .map(|p| ("spec.securityContext.seccompProfile.type".to_string(), p));
+        let containers = (t.contexts()).filter_map(|(path, context)| {
+            (context.seccomp_profile.as_ref())
+                .map(|p| (format!("{path}.securityContext.seccompProfile.type"), p))
+        });
+        for (path, profile) in pod.into_iter().chain(containers) {
+            if !CONFINED_PROFILE_TYPES.contains(&profile.type_.as_str()) {
+                SECCOMP.refuse(
+                    path,
+                    format_args!(
+                        "seccomp profile {:?} is not allowed (RuntimeDefault or Localhost)",
+                        profile.type_
+                    ),
+                )?;
+            }
+        }
+        // The annotations older API servers copy into the fields.
+        let annotations = t.annotations_of(
+            Some(SECCOMP_POD_ANNOTATION),
+            SECCOMP_CONTAINER_ANNOTATION_PREFIX,
+        );
+        for (key, value) in annotations {
+            let confined = value == "runtime/default"
+                || value == "docker/default"
+                || value.starts_with("localhost/");
+            if !confined {
+                SECCOMP.refuse(
+                    format!("metadata.annotations[{key}]"),
+                    format_args!(
+                        "seccomp profile {value:?} is not allowed (runtime/default or localhost/…)"
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn sysctls(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let sysctls = t.pod_context.and_then(|c| c.sysctls.as_ref());
+        for (i, sysctl) in sysctls.into_iter().flatten().enumerate() {
+            if !BASELINE_SYSCTLS.contains(&sysctl.name.as_str()) {
+                SYSCTLS.refuse(
+                    format!("spec.securityContext.sysctls[{i}].name"),
+                    format_args!("sysctl {:?} is not one of the safe sysctls", sysctl.name),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn volume_types(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        for (i, v) in t.spec.volumes.iter().flatten().enumerate() {
+            let refused = [
+                ("hostPath", v.host_path.is_some()),
+                ("gcePersistentDisk", v.gce_persistent_disk.is_some()),
+                ("awsElasticBlockStore", v.aws_elastic_block_store.is_some()),
+                ("gitRepo", v.git_repo.is_some()),
+                ("nfs", v.nfs.is_some()),
+                ("iscsi", v.iscsi.is_some()),
+                ("glusterfs", v.glusterfs.is_some()),
+                ("rbd", v.rbd.is_some()),
+                ("flexVolume", v.flex_volume.is_some()),
+                ("cinder", v.cinder.is_some()),
+                ("cephfs", v.cephfs.is_some()),
+                ("flocker", v.flocker.is_some()),
+                ("fc", v.fc.is_some()),
+                ("azureFile", v.azure_file.is_some()),
+                ("vsphereVolume", v.vsphere_volume.is_some()),
+                ("quobyte", v.quobyte.is_some()),
+                ("azureDisk", v.azure_disk.is_some()),
+                ("portworxVolume", v.portworx_volume.is_some()),
+                ("photonPersistentDisk", v.photon_persistent_disk.is_some()),
+                ("scaleIO", v.scale_io.is_some()),
+                ("storageos", v.storageos.is_some()),
+            ];
+            if let Some((kind, _)) = refused.iter().find(|(_, set)| *set) {
+                VOLUME_TYPES.refuse(
+                    format!("spec.volumes[{i}].{kind}"),
+                    format_args!(
+                        "{kind} volumes are not allowed (configMap, csi, downwardAPI, emptyDir, \
+                         ephemeral, image, persistentVolumeClaim, projected, secret)"
+                    ),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn privilege_escalation(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        if t.is_windows() {
+            return Ok(());
+        }
+        for c in &t.containers {
+            if c.context.and_then(|s| s.allow_privilege_escalation) != Some(false) {
+                PRIVILEGE_ESCALATION.refuse(
+                    format!("{}.securityContext.allowPrivilegeEscalation", c.path),
+                    "must be false",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn running_as_non_root(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        if t.in_user_namespace() {
+            return Ok(());
+        }
+        let pod = t.pod_context.and_then(|c| c.run_as_non_root);
+        if pod == Some(false) {
+            RUNNING_AS_NON_ROOT.refuse("spec.securityContext.runAsNonRoot", "must not be false")?;
+        }
+        for c in &t.containers {
+            match (c.context.and_then(|s| s.run_as_non_root), pod) {
+                (Some(true), _) | (None, Some(true)) => {}
+                (Some(false), _) => RUNNING_AS_NON_ROOT.refuse(
+                    format!("{}.securityContext.runAsNonRoot", c.path),
+                    "must not be false",
+                )?,
+                (None, _) => RUNNING_AS_NON_ROOT.refuse(
+                    format!("{}.securityContext.runAsNonRoot", c.path),
+                    "must be true, here or in spec.securityContext.runAsNonRoot",
+                )?,
+            }
+        }
+        Ok(())
+    }
+
+    fn running_as_non_root_user(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        if t.in_user_namespace() {
+            return Ok(());
+        }
+        let pod = t.pod_context.and_then(|c| c.run_as_user);
+        let containers = (t.contexts()).map(|(path, context)| {
+            (
+                format!("{path}.securityContext.runAsUser"),
+                context.run_as_user,
+            )
+        });
+        let users = std::iter::once(("spec.securityContext.runAsUser".to_string(), pod));
+        for (path, user) in users.chain(containers) {
+            if user == Some(0) {
+                RUNNING_AS_NON_ROOT_USER.refuse(path, "user 0 (root) is not allowed")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Baseline already refused any other value where one is set; here one must be set.
+    fn restricted_seccomp(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        let pod_set = t.pod_context.is_some_and(|c| c.seccomp_profile.is_some());
+        if t.is_windows() || pod_set {
+            return Ok(());
+        }
+        for c in &t.containers {
+            if c.context.is_none_or(|s| s.seccomp_profile.is_none()) {
+                RESTRICTED_SECCOMP.refuse(
+                    format!("{}.securityContext.seccompProfile.type", c.path),
+                    "must be RuntimeDefault or Localhost, here or in spec.securityContext.seccompProfile",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn restricted_capabilities(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        if t.is_windows() {
+            return Ok(());
+        }
+        for c in &t.containers {
+            let capabilities = c.context.and_then(|s| s.capabilities.as_ref());
+            let drop = capabilities.and_then(|c| c.drop.as_ref());
+            // Exactly `ALL`, as the admission compares it.
+            if !drop.into_iter().flatten().any(|d| d == "ALL") {
+                RESTRICTED_CAPABILITIES.refuse(
+                    format!("{}.securityContext.capabilities.drop", c.path),
+                    "must include ALL",
+                )?;
+            }
+            let added = capabilities.and_then(|c| c.add.as_ref());
+            for (j, capability) in added.into_iter().flatten().enumerate() {
+                if capability_name(capability) != "NET_BIND_SERVICE" {
+                    RESTRICTED_CAPABILITIES.refuse(
+                        format!("{}.securityContext.capabilities.add[{j}]", c.path),
+                        format_args!(
+                            "capability {capability:?} is not allowed (NET_BIND_SERVICE only)"
+                        ),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The service's own rule under baseline: escalation asked for explicitly.
+    fn no_explicit_privilege_escalation(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {
+        for (path, context) in t.contexts() {
+            if context.allow_privilege_escalation == Some(true) && !self.allow_privilege_escalation
+            {
+                violation(
+                    format!("{path}.securityContext.allowPrivilegeEscalation"),
+                    "privilege escalation is not allowed (pod_policy.allow_privilege_escalation)",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the pods run and as whom.
+    fn check_placement(&self, spec: &PodSpec) -> Result<(), PolicyViolation> {
         if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) && !self.allow_node_name {
             violation(
                 "spec.nodeName",
@@ -156,36 +886,10 @@ impl PodPolicy {
                 )?;
             }
         }
-        for (i, volume) in spec.volumes.iter().flatten().enumerate() {
-            if volume.host_path.is_some() && !self.allow_host_path {
-                violation(
-                    format!("spec.volumes[{i}].hostPath"),
-                    "hostPath volumes are not allowed (pod_policy.allow_host_path)",
-                )?;
-            }
-        }
-        let containers = (spec.init_containers.iter().flatten().enumerate())
-            .map(|(i, c)| (format!("spec.initContainers[{i}]"), &c.security_context))
-            .chain(
-                (spec.containers.iter().enumerate())
-                    .map(|(i, c)| (format!("spec.containers[{i}]"), &c.security_context)),
-            )
-            .chain(
-                (spec.ephemeral_containers.iter().flatten().enumerate()).map(|(i, c)| {
-                    (
-                        format!("spec.ephemeralContainers[{i}]"),
-                        &c.security_context,
-                    )
-                }),
-            );
-        for (path, context) in containers {
-            if let Some(context) = context {
-                self.check_container(&path, context)?;
-            }
-        }
         Ok(())
     }
 
+    /// Namespace, owners and finalizers.
     fn check_metadata(&self, pod: &Pod, use_: TemplateUse<'_>) -> Result<(), PolicyViolation> {
         let meta = &pod.metadata;
         if let Some(namespace) = meta.namespace.as_deref().filter(|n| !n.is_empty()) {
@@ -236,218 +940,5 @@ impl PodPolicy {
             }
         }
         Ok(())
-    }
-
-    fn check_container(
-        &self,
-        path: &str,
-        context: &SecurityContext,
-    ) -> Result<(), PolicyViolation> {
-        if context.privileged == Some(true) && !self.allow_privileged {
-            violation(
-                format!("{path}.securityContext.privileged"),
-                "privileged containers are not allowed (pod_policy.allow_privileged)",
-            )?;
-        }
-        if context.allow_privilege_escalation == Some(true) && !self.allow_privilege_escalation {
-            violation(
-                format!("{path}.securityContext.allowPrivilegeEscalation"),
-                "privilege escalation is not allowed (pod_policy.allow_privilege_escalation)",
-            )?;
-        }
-        if let Some(Capabilities { add: Some(add), .. }) = &context.capabilities {
-            let allowed: Vec<String> = self
-                .allowed_capabilities
-                .iter()
-                .map(|c| capability_name(c))
-                .collect();
-            for (i, capability) in add.iter().enumerate() {
-                if !allowed.contains(&capability_name(capability)) {
-                    violation(
-                        format!("{path}.securityContext.capabilities.add[{i}]"),
-                        format!(
-                            "capability {capability:?} is not allowed (pod_policy.allowed_capabilities)"
-                        ),
-                    )?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const NS: &str = "team-a";
-    const DRIVER: &str = "driver-0";
-
-    fn pod(yaml: &str) -> Pod {
-        serde_yaml::from_str(yaml).expect("test template")
-    }
-
-    fn base() -> &'static str {
-        "apiVersion: v1\nkind: Pod\n"
-    }
-
-    fn check(yaml: &str) -> Result<(), PolicyViolation> {
-        PodPolicy::default().check(
-            &pod(&format!("{}{yaml}", base())),
-            TemplateUse {
-                namespace: Some(NS),
-                driver_pod_name: Some(DRIVER),
-            },
-        )
-    }
-
-    const CONTAINER: &str = "spec:\n  containers:\n  - name: c\n    image: i\n";
-
-    /// One row per rule: the template (after `apiVersion`/`kind`) and the path refused.
-    #[test]
-    fn each_rule_refuses_its_path() {
-        let rows: &[(&str, &str)] = &[
-            (
-                "spec:\n  containers:\n  - name: c\n    image: i\n    securityContext:\n      privileged: true\n",
-                "spec.containers[0].securityContext.privileged",
-            ),
-            (
-                "spec:\n  containers:\n  - name: c\n    image: i\n  initContainers:\n  - name: init\n    image: i\n    securityContext:\n      privileged: true\n",
-                "spec.initContainers[0].securityContext.privileged",
-            ),
-            (
-                "spec:\n  containers:\n  - name: c\n    image: i\n  ephemeralContainers:\n  - name: debug\n    image: i\n    securityContext:\n      privileged: true\n",
-                "spec.ephemeralContainers[0].securityContext.privileged",
-            ),
-            (
-                "spec:\n  containers:\n  - name: a\n    image: i\n  - name: c\n    image: i\n    securityContext:\n      allowPrivilegeEscalation: true\n",
-                "spec.containers[1].securityContext.allowPrivilegeEscalation",
-            ),
-            (
-                "spec:\n  containers:\n  - name: c\n    image: i\n    securityContext:\n      capabilities:\n        add: [CHOWN, SYS_ADMIN]\n",
-                "spec.containers[0].securityContext.capabilities.add[1]",
-            ),
-            (
-                "spec:\n  containers:\n  - name: c\n    image: i\n    securityContext:\n      capabilities:\n        add: [CAP_NET_ADMIN]\n",
-                "spec.containers[0].securityContext.capabilities.add[0]",
-            ),
-            (
-                "spec:\n  containers:\n  - name: c\n    image: i\n  volumes:\n  - name: tmp\n    emptyDir: {}\n  - name: root\n    hostPath:\n      path: /\n",
-                "spec.volumes[1].hostPath",
-            ),
-            (
-                "spec:\n  hostNetwork: true\n  containers: []\n",
-                "spec.hostNetwork",
-            ),
-            ("spec:\n  hostPID: true\n  containers: []\n", "spec.hostPID"),
-            ("spec:\n  hostIPC: true\n  containers: []\n", "spec.hostIPC"),
-            (
-                "spec:\n  nodeName: node-1\n  containers: []\n",
-                "spec.nodeName",
-            ),
-            (
-                "spec:\n  serviceAccountName: cluster-admin\n  containers: []\n",
-                "spec.serviceAccountName",
-            ),
-            (
-                "spec:\n  serviceAccount: cluster-admin\n  containers: []\n",
-                "spec.serviceAccount",
-            ),
-            (
-                "metadata:\n  ownerReferences:\n  - apiVersion: apps/v1\n    kind: Deployment\n    name: victim\n    uid: u\n",
-                "metadata.ownerReferences[0]",
-            ),
-            (
-                "metadata:\n  ownerReferences:\n  - apiVersion: v1\n    kind: Pod\n    name: other-driver\n    uid: u\n",
-                "metadata.ownerReferences[0]",
-            ),
-            (
-                "metadata:\n  ownerReferences:\n  - apiVersion: v1\n    kind: Pod\n    name: driver-0\n    uid: u\n    blockOwnerDeletion: true\n",
-                "metadata.ownerReferences[0].blockOwnerDeletion",
-            ),
-            (
-                "metadata:\n  finalizers: [example.com/keep]\n",
-                "metadata.finalizers[0]",
-            ),
-            (
-                "metadata:\n  namespace: kube-system\n",
-                "metadata.namespace",
-            ),
-        ];
-        for (yaml, path) in rows {
-            let err = check(yaml).expect_err(path);
-            assert_eq!(err.path, *path, "{yaml}");
-            assert!(!err.reason.is_empty());
-        }
-    }
-
-    #[test]
-    fn what_spark_puts_in_an_executor_pod_is_accepted() {
-        let spark = "metadata:\n  namespace: team-a\n  labels:\n    spark-role: executor\n  \
-             ownerReferences:\n  - apiVersion: v1\n    kind: Pod\n    name: driver-0\n    uid: u-1\n    controller: true\n\
-             spec:\n  serviceAccountName: default\n  restartPolicy: Never\n  \
-             containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n    \
-             securityContext:\n      privileged: false\n      allowPrivilegeEscalation: false\n      \
-             capabilities:\n        add: [NET_BIND_SERVICE]\n        drop: [ALL]\n  \
-             volumes:\n  - name: spark-local-dir-1\n    emptyDir: {}\n";
-        check(spark).expect("Spark's pod");
-        check(CONTAINER).expect("a bare template");
-        check("metadata:\n  namespace: team-a\n").expect("its own namespace");
-    }
-
-    #[test]
-    fn configured_allowances_accept_what_they_name() {
-        let policy = PodPolicy {
-            allowed_service_accounts: vec!["default".into(), "spark".into()],
-            allowed_capabilities: vec!["sys_ptrace".into()],
-            allow_host_namespaces: true,
-            allowed_finalizers: vec!["example.com/keep".into()],
-            ..PodPolicy::default()
-        };
-        let template = pod(&format!(
-            "{}metadata:\n  finalizers: [example.com/keep]\nspec:\n  hostNetwork: true\n  \
-             serviceAccountName: spark\n  containers:\n  - name: c\n    image: i\n    \
-             securityContext:\n      capabilities:\n        add: [CAP_SYS_PTRACE]\n",
-            base()
-        ));
-        let at = TemplateUse {
-            namespace: Some(NS),
-            driver_pod_name: None,
-        };
-        policy.check(&template, at).expect("allowed");
-        let off = PodPolicy {
-            enforce: false,
-            ..PodPolicy::default()
-        };
-        let hostile = pod(&format!(
-            "{}metadata:\n  namespace: kube-system\nspec:\n  nodeName: n\n  containers: []\n",
-            base()
-        ));
-        off.check(&hostile, at).expect("not enforced");
-    }
-
-    #[test]
-    fn an_owner_needs_a_driver_and_a_default_template_no_namespace() {
-        let owned = pod(&format!(
-            "{}metadata:\n  ownerReferences:\n  - apiVersion: v1\n    kind: Pod\n    name: driver-0\n    uid: u\n",
-            base()
-        ));
-        let without_driver = TemplateUse {
-            namespace: Some(NS),
-            driver_pod_name: None,
-        };
-        let err = PodPolicy::default()
-            .check(&owned, without_driver)
-            .unwrap_err();
-        assert_eq!(err.path, "metadata.ownerReferences[0]");
-        let namespaced = pod(&format!("{}metadata:\n  namespace: team-a\n", base()));
-        let default_template = TemplateUse {
-            namespace: None,
-            driver_pod_name: None,
-        };
-        let err = PodPolicy::default()
-            .check(&namespaced, default_template)
-            .unwrap_err();
-        assert_eq!(err.path, "metadata.namespace");
     }
 }

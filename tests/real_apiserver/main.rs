@@ -6,4 +6,5 @@ mod allocation;
 mod binary;
 mod conformance;
 mod faults;
+mod pod_security;
 mod websocket;

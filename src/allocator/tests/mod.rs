@@ -10,6 +10,7 @@ mod id_blocks;
 mod max_executors;
 mod pending_caps;
 mod pod_builder;
+mod pod_policy;
 mod pod_state;
 mod profile_templates;
 mod profiles;
