@@ -97,6 +97,8 @@ render() {
   echo "$name: rendered"
 }
 # allowedNamespaces is the one value without a default (unless rbac.clusterWide).
+# With metrics on, the default NetworkPolicy needs to know who scrapes.
+scraper=(--set-json 'metrics.networkPolicy.scraperPodSelector={"matchLabels":{"app.kubernetes.io/name":"prometheus"}}')
 render defaults --set 'allowedNamespaces={spark}'
 render full -f "$chart/ci/full-values.yaml"
 render namespaces --set 'allowedNamespaces={spark-a,spark-b}'
@@ -112,8 +114,7 @@ render external-account --set serviceAccount.create=false --set serviceAccount.n
   --set rbac.create=false --set replicaCount=0 --set 'allowedNamespaces={spark}'
 render pod-monitor --set 'allowedNamespaces={spark}' --set metrics.enabled=true \
   --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
-  --set metrics.dashboard.enabled=true \
-  --set-json 'metrics.networkPolicy.scraperPodSelector={"matchLabels":{"app.kubernetes.io/name":"prometheus"}}'
+  --set metrics.dashboard.enabled=true "${scraper[@]}"
 
 step "values the chart must refuse"
 refused=0
@@ -155,18 +156,20 @@ expect_refusal issuerRef --set tls.certManager.enabled=true --set 'allowedNamesp
 expect_refusal cidrs --set 'networkPolicy.apiServer.cidrs={10.0.0.1}' --set 'allowedNamespaces={spark}'
 expect_refusal ports --set 'networkPolicy.apiServer.ports={}' --set 'allowedNamespaces={spark}'
 expect_refusal health --set health.port=70000 --set 'allowedNamespaces={spark}'
+expect_refusal "health.port must differ" --set health.port=50051 --set 'allowedNamespaces={spark}'
 expect_refusal keySecretName --set registrations.keySecretName=Bad_Name --set 'allowedNamespaces={spark}'
 expect_refusal reviewTimeoutMs --set auth.reviewTimeoutMs=5 --set 'allowedNamespaces={spark}'
 expect_refusal "needs metrics.enabled" --set metrics.serviceMonitor.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal "needs metrics.enabled" --set metrics.dashboard.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal "scrapes the pod twice" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
-  --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true
-expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}'
+  --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true "${scraper[@]}"
+expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}' \
+  "${scraper[@]}"
 expect_refusal scraperNamespaceSelector --set metrics.enabled=true --set 'allowedNamespaces={spark-a}'
 expect_refusal interval --set metrics.podMonitor.interval=30 --set 'allowedNamespaces={spark}'
 expect_refusal "must not exceed its interval" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
   --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.interval=1m \
-  --set metrics.serviceMonitor.scrapeTimeout=1m30s
+  --set metrics.serviceMonitor.scrapeTimeout=1m30s "${scraper[@]}"
 expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}' --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2

@@ -238,3 +238,16 @@ app.kubernetes.io/component: metrics
 {{- end -}}
 {{- $total -}}
 {{- end -}}
+
+{{- /* Fails on a health port that another listener has; included by the Deployment. */ -}}
+{{- define "spa.healthChecks" -}}
+{{- $port := .Values.health.port -}}
+{{- if not (kindIs "invalid" $port) -}}
+{{- if eq (int $port) (int .Values.service.port) -}}
+{{- fail "health.port must differ from service.port (the health listener is apart from the gRPC port, outside its connection cap)" -}}
+{{- end -}}
+{{- if and .Values.metrics.enabled (eq (int $port) (int .Values.metrics.port)) -}}
+{{- fail "health.port must differ from metrics.port" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
