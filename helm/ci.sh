@@ -116,6 +116,63 @@ render pod-monitor --set 'allowedNamespaces={spark}' --set metrics.enabled=true 
   --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
   --set metrics.dashboard.enabled=true "${scraper[@]}"
 
+step "an upgrade keeps the generated certificate and the registrations' key (lookup answered from the first rendering)"
+# helm template has no cluster, so `lookup` finds nothing. In a copy of the chart, each
+# `lookup "v1" "Secret" …` answers the Secret of that name from the defaults' rendering, as
+# the cluster would after the install: an upgrade must render them unchanged, and a new
+# certificate (only) when the certificate's names change.
+upgrade="$out/upgrade"
+mkdir "$upgrade"
+cp -r "$chart" "$upgrade/chart"
+sed -i 's|lookup "v1" "Secret" \.Release\.Namespace \(\$[A-Za-z]*\)|(.Files.Get (printf "installed/%s.yaml" \1) \| fromYaml)|' \
+  "$upgrade/chart/templates/tls.yaml" "$upgrade/chart/templates/registration-key.yaml"
+missing=$(grep -L 'installed/%s.yaml' "$upgrade/chart/templates/tls.yaml" \
+  "$upgrade/chart/templates/registration-key.yaml" || true)
+if [ -n "$missing" ]; then
+  echo "no lookup of a Secret replaced in: $missing" >&2
+  exit 1
+fi
+.venv-validate/bin/python - "$out/defaults.yaml" "$upgrade/chart/installed" <<'PY'
+import os
+import sys
+import yaml
+
+os.makedirs(sys.argv[2])
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if doc and doc["kind"] == "Secret":
+        yaml.safe_dump(doc, open(os.path.join(sys.argv[2], doc["metadata"]["name"] + ".yaml"), "w"))
+PY
+"$helm" template ci "$upgrade/chart" --namespace spark-system --kube-version "$kube_version" \
+  --set 'allowedNamespaces={spark}' >"$upgrade/same.yaml"
+"$helm" template ci "$upgrade/chart" --namespace spark-system --kube-version "$kube_version" \
+  --set 'allowedNamespaces={spark}' --set 'tls.dnsNames={allocator.example.com}' >"$upgrade/renamed.yaml"
+.venv-validate/bin/python - "$out/defaults.yaml" "$upgrade" <<'PY'
+import sys
+import yaml
+
+
+def secrets(path):
+    return {d["metadata"]["name"]: d["data"] for d in yaml.safe_load_all(open(path)) if d and d["kind"] == "Secret"}
+
+
+installed = secrets(sys.argv[1])
+same, renamed = secrets(f"{sys.argv[2]}/same.yaml"), secrets(f"{sys.argv[2]}/renamed.yaml")
+tls = [name for name in installed if name.endswith("-tls")]
+key = [name for name in installed if name.endswith("-registration-key")]
+if len(tls) != 1 or len(key) != 1:
+    sys.exit(f"the defaults render {sorted(installed)}, not one TLS and one key Secret")
+problems = []
+if same != installed:
+    problems.append("an upgrade with the same values changed a Secret")
+if renamed[key[0]] != installed[key[0]]:
+    problems.append("an upgrade with new certificate names changed the registrations' key")
+if renamed[tls[0]]["tls.crt"] == installed[tls[0]]["tls.crt"]:
+    problems.append("an upgrade with new certificate names kept the old certificate")
+if problems:
+    sys.exit("\n".join(problems))
+print("upgrade: the certificate, its CA and the key kept; new names make a new certificate")
+PY
+
 step "values the chart must refuse"
 refused=0
 expect_refusal() {
