@@ -447,7 +447,8 @@ for name in os.listdir(out):
                     for file in ("tls.crt", "tls.key", "ca.crt"):
                         open(os.path.join(directory, file), "wb").write(
                             base64.b64decode(tls_secrets[mounted]["data"][file]))
-                    service = next(d for d in docs if d["kind"] == "Service")
+                    service = next(d for d in docs if d["kind"] == "Service"
+                                   and d["spec"]["ports"][0]["name"] == "grpc")
                     open(os.path.join(directory, "tls-host"), "w").write(
                         f"{service['metadata']['name']}.{doc['metadata'].get('namespace', 'spark-system')}.svc")
                 else:
