@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Checks the Helm chart: lint (strict), render with the defaults and with every value set
-# (ci/full-values.yaml), values the schema must refuse, the `restricted` Pod Security
-# essentials of every pod, and every rendered manifest against the Kubernetes OpenAPI schema
-# (kubernetes-validate, strict, offline), the prometheus-operator objects against their CRDs'
-# schemas, the alerts' unit tests (promtool), and the service started with each rendered
+# (ci/full-values.yaml), values the schema must refuse, the safe defaults (TLS with a
+# certificate that verifies against the published CA, the token audience, the NetworkPolicy
+# and its egress, probes on the health port, RBAC limited as the chart README's table says),
+# the `restricted` Pod Security essentials of every pod, and every rendered manifest against
+# the Kubernetes OpenAPI schema (kubernetes-validate, strict, offline), the
+# prometheus-operator objects and cert-manager's Certificate against their CRDs' schemas,
+# the alerts' unit tests (promtool), and the service started with each rendered
 # configuration. Installs helm from the Go module proxy into .tools/bin (built once, reused
 # while its version matches), promtool from Debian's prometheus package into .tools/bin
 # (the binary only) and kubernetes-validate into .venv-validate; reads the CRDs from the
-# prometheus-operator Go module (in Go's module cache). Needs Go, Python 3, apt and, the
-# first time, network access to the registries.
+# prometheus-operator and cert-manager Go modules (in Go's module cache). Needs Go,
+# Python 3, OpenSSL, apt and, the first time, network access to the registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -17,6 +20,8 @@ helm_version=v3.22.0
 kube_version=1.33.0   # the Kubernetes API the service is built against (k8s-openapi v1_33)
 # The CRDs of PodMonitor, ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1).
 prometheus_operator_version=v0.85.0
+# The CRD of Certificate (cert-manager.io/v1).
+cert_manager_version=v1.19.1
 chart=helm/spark-pod-allocator
 helm="$root/.tools/bin/helm"
 
@@ -70,6 +75,12 @@ module_dir=$(printf '%s' "$module_json" | .venv-validate/bin/python -c 'import j
 crd_dir="$module_dir/example/prometheus-operator-crd"
 ls "$crd_dir"/monitoring.coreos.com_{podmonitors,servicemonitors,prometheusrules}.yaml
 
+step "cert-manager $cert_manager_version Certificate CRD (Go module)"
+module_json=$(go mod download -json "github.com/cert-manager/cert-manager@$cert_manager_version")
+module_dir=$(printf '%s' "$module_json" | .venv-validate/bin/python -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+cert_manager_crd_dir="$module_dir/deploy/crds"
+ls "$cert_manager_crd_dir"/cert-manager.io_certificates.yaml
+
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -86,17 +97,81 @@ render() {
   echo "$name: rendered"
 }
 # allowedNamespaces is the one value without a default (unless rbac.clusterWide).
+# With metrics on, the default NetworkPolicy needs to know who scrapes.
+scraper=(--set-json 'metrics.networkPolicy.scraperPodSelector={"matchLabels":{"app.kubernetes.io/name":"prometheus"}}')
 render defaults --set 'allowedNamespaces={spark}'
 render full -f "$chart/ci/full-values.yaml"
-render namespaces --set 'allowedNamespaces={spark-a,spark-b}' --set networkPolicy.enabled=true
+render namespaces --set 'allowedNamespaces={spark-a,spark-b}'
 render cluster-wide --set rbac.clusterWide=true
+render cert-manager --set 'allowedNamespaces={spark}' --set tls.certManager.enabled=true \
+  --set tls.certManager.issuerRef.name=spark-ca
+# Every safe default turned off: plaintext, no separate health listener, no NetworkPolicy.
+render opted-out --set 'allowedNamespaces={spark}' --set tls.enabled=false --set health.port=null \
+  --set networkPolicy.enabled=false --set-json 'auth.audiences=[]'
 render no-auth --set 'allowedNamespaces={spark}' --set auth.mode=none \
   --set auth.allowUnauthenticatedRemote=true
 render external-account --set serviceAccount.create=false --set serviceAccount.name=existing \
   --set rbac.create=false --set replicaCount=0 --set 'allowedNamespaces={spark}'
 render pod-monitor --set 'allowedNamespaces={spark}' --set metrics.enabled=true \
   --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
-  --set metrics.dashboard.enabled=true
+  --set metrics.dashboard.enabled=true "${scraper[@]}"
+
+step "an upgrade keeps the generated certificate and the registrations' key (lookup answered from the first rendering)"
+# helm template has no cluster, so `lookup` finds nothing. In a copy of the chart, each
+# `lookup "v1" "Secret" …` answers the Secret of that name from the defaults' rendering, as
+# the cluster would after the install: an upgrade must render them unchanged, and a new
+# certificate (only) when the certificate's names change.
+upgrade="$out/upgrade"
+mkdir "$upgrade"
+cp -r "$chart" "$upgrade/chart"
+sed -i 's|lookup "v1" "Secret" \.Release\.Namespace \(\$[A-Za-z]*\)|(.Files.Get (printf "installed/%s.yaml" \1) \| fromYaml)|' \
+  "$upgrade/chart/templates/tls.yaml" "$upgrade/chart/templates/registration-key.yaml"
+missing=$(grep -L 'installed/%s.yaml' "$upgrade/chart/templates/tls.yaml" \
+  "$upgrade/chart/templates/registration-key.yaml" || true)
+if [ -n "$missing" ]; then
+  echo "no lookup of a Secret replaced in: $missing" >&2
+  exit 1
+fi
+.venv-validate/bin/python - "$out/defaults.yaml" "$upgrade/chart/installed" <<'PY'
+import os
+import sys
+import yaml
+
+os.makedirs(sys.argv[2])
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if doc and doc["kind"] == "Secret":
+        yaml.safe_dump(doc, open(os.path.join(sys.argv[2], doc["metadata"]["name"] + ".yaml"), "w"))
+PY
+"$helm" template ci "$upgrade/chart" --namespace spark-system --kube-version "$kube_version" \
+  --set 'allowedNamespaces={spark}' >"$upgrade/same.yaml"
+"$helm" template ci "$upgrade/chart" --namespace spark-system --kube-version "$kube_version" \
+  --set 'allowedNamespaces={spark}' --set 'tls.dnsNames={allocator.example.com}' >"$upgrade/renamed.yaml"
+.venv-validate/bin/python - "$out/defaults.yaml" "$upgrade" <<'PY'
+import sys
+import yaml
+
+
+def secrets(path):
+    return {d["metadata"]["name"]: d["data"] for d in yaml.safe_load_all(open(path)) if d and d["kind"] == "Secret"}
+
+
+installed = secrets(sys.argv[1])
+same, renamed = secrets(f"{sys.argv[2]}/same.yaml"), secrets(f"{sys.argv[2]}/renamed.yaml")
+tls = [name for name in installed if name.endswith("-tls")]
+key = [name for name in installed if name.endswith("-registration-key")]
+if len(tls) != 1 or len(key) != 1:
+    sys.exit(f"the defaults render {sorted(installed)}, not one TLS and one key Secret")
+problems = []
+if same != installed:
+    problems.append("an upgrade with the same values changed a Secret")
+if renamed[key[0]] != installed[key[0]]:
+    problems.append("an upgrade with new certificate names changed the registrations' key")
+if renamed[tls[0]]["tls.crt"] == installed[tls[0]]["tls.crt"]:
+    problems.append("an upgrade with new certificate names kept the old certificate")
+if problems:
+    sys.exit("\n".join(problems))
+print("upgrade: the certificate, its CA and the key kept; new names make a new certificate")
+PY
 
 step "values the chart must refuse"
 refused=0
@@ -130,29 +205,36 @@ expect_refusal replicas --set replicas=3
 expect_refusal podAnnotation --set podAnnotation.a=b
 expect_refusal batch_size --set allocation.batch_size=5
 expect_refusal format --set log.format=xml
-expect_refusal driverNamespaceSelector --set networkPolicy.enabled=true --set rbac.clusterWide=true
 expect_refusal serviceAccount.name --set serviceAccount.create=false --set 'allowedNamespaces={spark}'
 expect_refusal allowedNamespaces --set rbac.clusterWide=false
 expect_refusal mode --set auth.mode=ldap --set 'allowedNamespaces={spark}'
 expect_refusal allowUnauthenticatedRemote --set auth.mode=none --set 'allowedNamespaces={spark}'
-expect_refusal secretName --set tls.enabled=true --set 'allowedNamespaces={spark}'
+expect_refusal issuerRef --set tls.certManager.enabled=true --set 'allowedNamespaces={spark}'
+expect_refusal cidrs --set 'networkPolicy.apiServer.cidrs={10.0.0.1}' --set 'allowedNamespaces={spark}'
+expect_refusal ports --set 'networkPolicy.apiServer.ports={}' --set 'allowedNamespaces={spark}'
+expect_refusal health --set health.port=70000 --set 'allowedNamespaces={spark}'
+expect_refusal "health.port must differ" --set health.port=50051 --set 'allowedNamespaces={spark}'
+expect_refusal keySecretName --set registrations.keySecretName=Bad_Name --set 'allowedNamespaces={spark}'
 expect_refusal reviewTimeoutMs --set auth.reviewTimeoutMs=5 --set 'allowedNamespaces={spark}'
 expect_refusal "needs metrics.enabled" --set metrics.serviceMonitor.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal "needs metrics.enabled" --set metrics.dashboard.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal "scrapes the pod twice" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
-  --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true
-expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}'
-expect_refusal scraperNamespaceSelector --set metrics.enabled=true \
-  --set networkPolicy.enabled=true --set 'allowedNamespaces={spark-a}'
+  --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true "${scraper[@]}"
+expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}' \
+  "${scraper[@]}"
+expect_refusal scraperNamespaceSelector --set metrics.enabled=true --set 'allowedNamespaces={spark-a}'
 expect_refusal interval --set metrics.podMonitor.interval=30 --set 'allowedNamespaces={spark}'
 expect_refusal "must not exceed its interval" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
   --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.interval=1m \
-  --set metrics.serviceMonitor.scrapeTimeout=1m30s
+  --set metrics.serviceMonitor.scrapeTimeout=1m30s "${scraper[@]}"
 expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}' --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2
   exit 1
 fi
+
+step "safe defaults: TLS, token audience, NetworkPolicy, health port, RBAC (every rendering)"
+.venv-validate/bin/python helm/check-defaults.py "$out" spark-system "$chart/README.md"
 
 step "restricted Pod Security essentials of every pod"
 .venv-validate/bin/python - "$out"/*.yaml <<'PY'
@@ -209,7 +291,7 @@ PY
 
 step "kubernetes-validate --strict -k $kube_version (every rendered manifest of a built-in kind)"
 # kubernetes-validate knows only the built-in kinds (it merely warns on others): the
-# monitoring.coreos.com objects go to their own check below, any other kind fails here.
+# monitoring.coreos.com and cert-manager.io objects go to their own check below, any other kind fails here.
 mkdir "$out/builtin"
 .venv-validate/bin/python - "$out" <<'PY'
 import os
@@ -219,6 +301,7 @@ import yaml
 
 out = sys.argv[1]
 builtin = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1", "policy/v1"}
+crds = {"monitoring.coreos.com/v1", "cert-manager.io/v1"}
 unknown = []
 for name in sorted(os.listdir(out)):
     if not name.endswith(".yaml"):
@@ -230,7 +313,7 @@ for name in sorted(os.listdir(out)):
         what = f"{name}: {doc['kind']} {doc['metadata']['name']} ({doc['apiVersion']})"
         if doc["apiVersion"] in builtin:
             kept.append(doc)
-        elif doc["apiVersion"] == "monitoring.coreos.com/v1":
+        elif doc["apiVersion"] in crds:
             print(f"{what}: not for kubernetes-validate; checked against its CRD below")
         else:
             unknown.append(what)
@@ -239,6 +322,8 @@ if unknown:
     print("kinds no check here knows:\n" + "\n".join(unknown), file=sys.stderr)
     sys.exit(1)
 PY
+# The chart's example driver pod template (the README's projected token and CA) too.
+cp "$chart/examples/driver-pod-template.yaml" "$out/builtin/example-driver-pod-template.yaml"
 validate_log=$(.venv-validate/bin/kubernetes-validate --strict -k "$kube_version" "$out"/builtin/*.yaml 2>&1) || {
   printf '%s\n' "$validate_log" >&2
   exit 1
@@ -251,8 +336,8 @@ case "$validate_log" in
     ;;
 esac
 
-step "PodMonitor, ServiceMonitor, PrometheusRule against the prometheus-operator CRDs"
-.venv-validate/bin/python helm/validate-monitoring.py "$crd_dir" "$out"/*.yaml
+step "PodMonitor, ServiceMonitor, PrometheusRule, Certificate against the prometheus-operator and cert-manager CRDs"
+.venv-validate/bin/python helm/validate-monitoring.py "$crd_dir" "$cert_manager_crd_dir" "$out"/*.yaml
 
 step "the alerts: promtool check rules, and their unit tests (helm/alerts-test.yaml)"
 "$promtool" check rules "$chart/files/prometheus-rules.yaml"
@@ -309,7 +394,11 @@ step "the service starts with the configuration each rendering gives it"
 # The binary reads the rendered ConfigMap (its pod template at a local path) and serves a
 # simulated cluster: a key the service does not know, or a value it refuses, fails here.
 # Where the rendering turns metrics on, the service must serve them (on a free loopback
-# port here, instead of 0.0.0.0:metrics.port). The metric names of the alerts and the
+# port here, instead of 0.0.0.0:metrics.port). Where it generates the certificate, the
+# service serves that certificate, and a TLS client holding only the CA ConfigMap's ca.crt
+# verifies it for the Service's name (ALPN h2), as a driver does; the health listener
+# (health.listen, on a free loopback port) answers HTTP/2 in plaintext, as the kubelet's
+# gRPC probe needs. The metric names of the alerts and the
 # dashboard are checked by tests/metrics_endpoint.rs, against a scrape after a scale-up
 # with failed creates and a 410 (a family appears in a scrape only once it has a sample).
 bin=${SPARK_POD_ALLOCATOR_BIN:-}
@@ -318,6 +407,7 @@ if [ -z "$bin" ]; then
   bin="$root/target/debug/spark-pod-allocator"
 fi
 .venv-validate/bin/python - "$out" <<'PY'
+import base64
 import os
 import socket
 import subprocess
@@ -325,28 +415,49 @@ import sys
 import yaml
 
 out = sys.argv[1]
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 for name in os.listdir(out):
     if not name.endswith(".yaml"):
         continue
     directory = os.path.join(out, "config-" + name[: -len(".yaml")])
     config = None
-    for doc in yaml.safe_load_all(open(os.path.join(out, name))):
-        if not doc:
-            continue
+    docs = [doc for doc in yaml.safe_load_all(open(os.path.join(out, name))) if doc]
+    tls_secrets = {d["metadata"]["name"]: d for d in docs if d.get("type") == "kubernetes.io/tls"}
+    for doc in docs:
         data = doc.get("data") or {}
         # The service's ConfigMap (the dashboard's has no config.yaml).
         if doc["kind"] == "ConfigMap" and "config.yaml" in data:
             os.makedirs(directory)
             config = yaml.safe_load(data["config.yaml"])
             if "tls" in config:
-                # The Secret's files, as mounted: a certificate made here stands in for them.
                 cert = os.path.join(directory, "tls.crt")
                 key = os.path.join(directory, "tls.key")
-                subprocess.run(
-                    ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                     "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=ci",
-                     "-keyout", key, "-out", cert],
-                    check=True, stderr=subprocess.DEVNULL)
+                deployment = next(d for d in docs if d["kind"] == "Deployment")
+                volumes = deployment["spec"]["template"]["spec"]["volumes"]
+                mounted = next(v["secret"]["secretName"] for v in volumes if v["name"] == "tls")
+                if mounted in tls_secrets:
+                    # The chart's generated Secret, as mounted.
+                    for file in ("tls.crt", "tls.key", "ca.crt"):
+                        open(os.path.join(directory, file), "wb").write(
+                            base64.b64decode(tls_secrets[mounted]["data"][file]))
+                    service = next(d for d in docs if d["kind"] == "Service"
+                                   and d["spec"]["ports"][0]["name"] == "grpc")
+                    open(os.path.join(directory, "tls-host"), "w").write(
+                        f"{service['metadata']['name']}.{doc['metadata'].get('namespace', 'spark-system')}.svc")
+                else:
+                    # cert-manager's or the user's Secret: a certificate made here stands in.
+                    subprocess.run(
+                        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                         "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=ci",
+                         "-keyout", key, "-out", cert],
+                        check=True, stderr=subprocess.DEVNULL)
                 config["tls"]["cert_file"] = cert
                 config["tls"]["key_file"] = key
             if "executor-pod-template.yaml" in data:
@@ -356,11 +467,13 @@ for name in os.listdir(out):
     if config is None:
         continue
     if config.get("metrics", {}).get("listen"):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         config["metrics"]["listen"] = f"127.0.0.1:{port}"
         open(os.path.join(directory, "metrics-url"), "w").write(f"http://127.0.0.1:{port}/metrics")
+    if config.get("health", {}).get("listen"):
+        port = free_port()
+        config["health"]["listen"] = f"127.0.0.1:{port}"
+        open(os.path.join(directory, "health-port"), "w").write(str(port))
     yaml.safe_dump(config, open(os.path.join(directory, "config.yaml"), "w"))
 PY
 for config in "$out"/config-*/config.yaml; do
@@ -401,11 +514,52 @@ if not kind.startswith("application/openmetrics-text") or "\nspark_pod_allocator
 print(f"{url}: the service's metrics")
 PY
   fi
+  connected=1
+  if [ "$started" -eq 1 ]; then
+    .venv-validate/bin/python - "${config%/*}" "$log" <<'PY' || connected=0
+import os
+import re
+import socket
+import ssl
+import sys
+
+directory, log = sys.argv[1], sys.argv[2]
+line = next(l for l in open(log) if "serving gRPC" in l)
+grpc_port = int(re.search(r"127\.0\.0\.1:([0-9]+)", line).group(1))
+if os.path.exists(f"{directory}/tls-host"):
+    host = open(f"{directory}/tls-host").read()
+    context = ssl.create_default_context(cafile=f"{directory}/ca.crt")
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", grpc_port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            if tls.selected_alpn_protocol() != "h2":
+                sys.exit(f"ALPN {tls.selected_alpn_protocol()!r}, not h2")
+    print(f"TLS on :{grpc_port}: the generated certificate verifies against the CA ConfigMap for {host}")
+if os.path.exists(f"{directory}/health-port"):
+    port = int(open(f"{directory}/health-port").read())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as health:
+        # The HTTP/2 preface and an empty SETTINGS frame; the server's first frame is its SETTINGS.
+        health.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        header = b""
+        while len(header) < 9:
+            chunk = health.recv(9 - len(header))
+            if not chunk:
+                sys.exit(f"the health listener :{port} closed the connection")
+            header += chunk
+        if header[3] != 4:
+            sys.exit(f"the health listener :{port} answered frame type {header[3]}, not SETTINGS")
+    print(f"health listener :{port}: plaintext HTTP/2")
+PY
+  fi
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" || true
   if [ "$started" -ne 1 ]; then
     echo "the service did not start with $config:" >&2
     cat "$log" >&2
+    exit 1
+  fi
+  if [ "$connected" -ne 1 ]; then
+    echo "the service started with $config does not serve TLS or health as the chart expects" >&2
     exit 1
   fi
   if [ -f "${config%/*}/metrics-url" ] && [ "$scraped" -ne 1 ]; then

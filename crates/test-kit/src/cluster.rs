@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -273,7 +273,7 @@ fn dns_label(s: &str) -> String {
     label.trim_matches('-').to_string()
 }
 
-/// The RBAC objects of the Helm chart, rendered by helm for [`RELEASE_NAMESPACE`].
+/// The Helm chart's RBAC objects and key Secret, rendered by helm for [`RELEASE_NAMESPACE`].
 pub struct ChartRbac {
     documents: Vec<Value>,
     pub service_account: String,
@@ -350,7 +350,8 @@ impl ChartRbac {
         }
     }
 
-    /// Creates the rendered Roles, ClusterRoles and their bindings.
+    /// Creates the rendered Roles, ClusterRoles and their bindings, and the Secrets the
+    /// service reads but may not create (the registrations' signing key), as an install does.
     pub async fn apply(&self, admin: &Client) {
         let pp = PostParams::default();
         for document in &self.documents {
@@ -385,6 +386,13 @@ impl ChartRbac {
                     .create(
                         &pp,
                         &serde_json::from_value(document.clone()).expect("RoleBinding"),
+                    )
+                    .await
+                    .map(|_| ()),
+                "Secret" => Api::<Secret>::namespaced(admin.clone(), &namespace)
+                    .create(
+                        &pp,
+                        &serde_json::from_value(document.clone()).expect("Secret"),
                     )
                     .await
                     .map(|_| ()),
