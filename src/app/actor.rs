@@ -64,8 +64,6 @@ pub(crate) struct ActorReport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverReport {
     pub pod_name: String,
-    /// Whether its life is followed (it carries `spark-role=driver`).
-    pub followed: bool,
     /// Its phase as last seen (`Pending`, `Running`, `Succeeded`, `Failed`), or `Deleted`.
     pub phase: Option<String>,
     /// When the service saw it end (Succeeded, Failed or deleted).
@@ -78,8 +76,6 @@ pub struct DriverReport {
 #[derive(Debug, Clone)]
 pub(crate) struct DriverLife {
     pub pod_name: String,
-    /// Followed through the namespace's watch (the pod carries `spark-role=driver`).
-    pub followed: bool,
     /// How long an application whose driver pod Failed or Succeeded is kept before it is
     /// forgotten (one whose driver pod is deleted is forgotten at once).
     pub grace: Duration,
@@ -249,6 +245,13 @@ pub(crate) struct ApplicationActor {
     upkeep_in_flight: bool,
     /// Rounds whose creates are still in flight.
     creates_in_flight: usize,
+    /// The creates of the round whose id record is being written, in id order: not sent
+    /// yet, and not sent at all if the record fails (then the upkeep's report gives
+    /// their ids back, see [`Self::upkeep_done`]).
+    awaiting_record: Vec<ExecutorId>,
+    /// Rounds that sent an id record: tells [`WorkDone::RecordWritten`] of an earlier
+    /// round from the current one's.
+    records_sent: u64,
     /// Where the round workers report; the receiver lives in `run`.
     workers: mpsc::UnboundedSender<WorkDone>,
     /// Fired on Stop: creates not yet sent are skipped.
@@ -340,6 +343,9 @@ type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
 enum WorkDone {
     /// The round's deletes, clean-up of finished executors and id record were answered.
     Upkeep(Upkeep),
+    /// The id record the creates of a round (numbered as [`ApplicationActor::records_sent`]
+    /// counts) waited for is written: they are being sent.
+    RecordWritten(u64),
     /// The round's creates were answered (or not sent: see [`CreateError`]).
     Created(CreateResults),
     /// The delete of every executor pod after the driver ended was answered.
@@ -420,6 +426,8 @@ impl ApplicationActor {
             rounds: 0,
             upkeep_in_flight: false,
             creates_in_flight: 0,
+            awaiting_record: Vec::new(),
+            records_sent: 0,
             workers,
             cancel: CancellationToken::new(),
             schedule: RoundSchedule::default(),
@@ -682,6 +690,11 @@ impl ApplicationActor {
     /// The application's state for GetStatus.
     fn report(&self) -> ActorReport {
         let mut status = self.allocator.status();
+        // The creates waiting for their id record are not sent yet (and may never be):
+        // their ids are not used.
+        if let Some(lowest) = self.awaiting_record.first() {
+            status.last_executor_id = status.last_executor_id.min(lowest.0.saturating_sub(1));
+        }
         // A profile with a template is one the driver may ask for: listed (target 0
         // until it has one) even before it has executors.
         for profile in self.builder.profiles() {
@@ -702,7 +715,6 @@ impl ApplicationActor {
         let driver = self.driver.as_ref()?;
         Some(DriverReport {
             pod_name: driver.pod_name.clone(),
-            followed: driver.followed,
             phase: self
                 .ended
                 .as_ref()
@@ -950,6 +962,10 @@ impl ApplicationActor {
             ..upkeep
         };
         if !pods.is_empty() {
+            if upkeep.record.is_some() {
+                self.records_sent += 1;
+                self.awaiting_record = pods.iter().map(|(id, _)| *id).collect();
+            }
             self.spawn_creates(pods, Some(rx));
         }
         self.spawn_upkeep(upkeep, tx);
@@ -960,7 +976,7 @@ impl ApplicationActor {
     fn spawn_upkeep(
         &mut self,
         mut upkeep: UpkeepWork,
-        recorded: oneshot::Sender<Result<Option<ExecutorId>, String>>,
+        recorded: oneshot::Sender<bool>,
     ) {
         let client = self.pods.clone();
         let namespace = self.namespace.clone();
@@ -973,7 +989,7 @@ impl ApplicationActor {
                 let owner = upkeep.owner.take();
                 let mut upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
-                let _ = recorded.send(upkeep.recorded.clone());
+                let _ = recorded.send(upkeep.recorded.is_ok());
                 // The registration is written beside the creates, not before them.
                 if let Some(json) = registration {
                     upkeep.registration_failed = client
@@ -1033,12 +1049,14 @@ impl ApplicationActor {
     }
 
     /// Sends the round's creates from a worker task, concurrently up to the configured
-    /// limit, once `recorded` (the round's id record) succeeded; if it failed, none is sent
-    /// and each counts as a failed create.
+    /// limit, once `recorded` (the round's upkeep, with its id record) succeeded. If the
+    /// record failed, none is sent and the worker reports nothing: the upkeep's report
+    /// carries the failure, and the actor gives the ids back before any later round can
+    /// hand out others (one message, so no round runs between the two).
     fn spawn_creates(
         &mut self,
         pods: Vec<(ExecutorId, Pod)>,
-        recorded: Option<oneshot::Receiver<Result<Option<ExecutorId>, String>>>,
+        recorded: Option<oneshot::Receiver<bool>>,
     ) {
         self.creates_in_flight += 1;
         let client = self.pods.clone();
@@ -1046,24 +1064,25 @@ impl ApplicationActor {
         let cancel = self.cancel.clone();
         let done = self.workers.clone();
         let record_name = self.id_record.to_string();
+        let record = self.records_sent;
         tokio::spawn(
             async move {
                 let recorded = match recorded {
                     None => Ok(()),
                     Some(rx) => match rx.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err(message)) => Err(format!("{record_name}: {message}")),
+                        Ok(true) => {
+                            let _ = done.send(WorkDone::RecordWritten(record));
+                            Ok(())
+                        }
+                        // Reported by the upkeep.
+                        Ok(false) => return,
+                        // The upkeep worker ended without a report: this one tells.
                         Err(_) => Err(format!("{record_name}: not written")),
                     },
                 };
                 let results = match recorded {
                     Ok(()) => client.create_all(&namespace, pods, &cancel).await,
-                    // Nothing is created with ids a restarted service could not know of;
-                    // they are forgotten like refused creates (backoff included).
-                    Err(message) => pods
-                        .into_iter()
-                        .map(|(id, _)| (id, Err(CreateError::IdNotRecorded(message.clone()))))
-                        .collect(),
+                    Err(message) => not_recorded(pods.iter().map(|(id, _)| *id), &message),
                 };
                 let _ = done.send(WorkDone::Created(results));
             }
@@ -1075,6 +1094,11 @@ impl ApplicationActor {
     fn work_done(&mut self, work: WorkDone) {
         match work {
             WorkDone::Upkeep(upkeep) => self.upkeep_done(upkeep),
+            WorkDone::RecordWritten(record) => {
+                if record == self.records_sent {
+                    self.awaiting_record.clear();
+                }
+            }
             WorkDone::Created(results) => {
                 self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
                 self.record_creates(results);
@@ -1099,8 +1123,19 @@ impl ApplicationActor {
         if upkeep.registration_failed {
             self.registration_dirty = true;
         }
-        if let Ok(Some(id)) = upkeep.recorded {
-            self.id_blocks.recorded(id.0);
+        let awaiting = std::mem::take(&mut self.awaiting_record);
+        match upkeep.recorded {
+            Ok(Some(id)) => self.id_blocks.recorded(id.0),
+            Ok(None) => {}
+            // Nothing is created with ids a restarted service could not know of: the
+            // round's creates were not sent, and count as failed creates (backoff
+            // included) whose ids go back.
+            Err(message) if !awaiting.is_empty() => {
+                self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+                let message = format!("{}: {message}", self.id_record);
+                self.record_creates(not_recorded(awaiting, &message));
+            }
+            Err(_) => {}
         }
         // A round with creates is counted once they are answered.
         if !upkeep.with_creates {
@@ -1123,8 +1158,8 @@ impl ApplicationActor {
         }
     }
 
-    /// The outcome of a round's creates: forget the failed ones (a later round asks again
-    /// with new ids). When every create of the round failed at the API server (quota,
+    /// The outcome of a round's creates: forget the failed ones (a later round asks again,
+    /// with new ids for creates sent, and the ids of creates not sent given back). When every create of the round failed at the API server (quota,
     /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
     /// minute) instead of burning a batch of ids every batch delay.
     fn record_creates(&mut self, results: CreateResults) {
@@ -1132,6 +1167,7 @@ impl ApplicationActor {
         let mut failed = 0usize;
         let mut first_error = None;
         let mut outcomes = CreateOutcomes::default();
+        let mut not_sent = Vec::new();
         let now = self.clock.now();
         let metrics = self.pods.metrics().clone();
         for (id, result) in results {
@@ -1159,13 +1195,19 @@ impl ApplicationActor {
             }
             if let Err(err) = result {
                 self.requested_at.remove(&id);
-                self.allocator.create_failed(id);
+                if matches!(err, CreateError::Cancelled | CreateError::IdNotRecorded(_)) {
+                    not_sent.push(id);
+                } else {
+                    self.allocator.create_failed(id);
+                }
                 if !matches!(err, CreateError::Cancelled) {
                     failed += 1;
                     first_error.get_or_insert(err);
                 }
             }
         }
+        // No id is spent on a create that was not sent.
+        self.allocator.creates_not_sent(&not_sent);
         self.allocator.creates_answered(&outcomes);
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
@@ -1225,6 +1267,13 @@ impl ApplicationActor {
             .in_current_span(),
         );
     }
+}
+
+/// The results of creates not sent because the id record covering them failed.
+fn not_recorded(ids: impl IntoIterator<Item = ExecutorId>, message: &str) -> CreateResults {
+    ids.into_iter()
+        .map(|id| (id, Err(CreateError::IdNotRecorded(message.to_string()))))
+        .collect()
 }
 
 impl UpkeepWork {
