@@ -246,12 +246,9 @@ pub(crate) struct ApplicationActor {
     /// Rounds whose creates are still in flight.
     creates_in_flight: usize,
     /// The creates of the round whose id record is being written, in id order: not sent
-    /// yet, and not sent at all if the record fails (then the upkeep's report gives
-    /// their ids back, see [`Self::upkeep_done`]).
+    /// yet, and not sent at all if the record fails (then their ids are given back, see
+    /// [`Self::id_recorded`]).
     awaiting_record: Vec<ExecutorId>,
-    /// Rounds that sent an id record: tells [`WorkDone::RecordWritten`] of an earlier
-    /// round from the current one's.
-    records_sent: u64,
     /// Where the round workers report; the receiver lives in `run`.
     workers: mpsc::UnboundedSender<WorkDone>,
     /// Fired on Stop: creates not yet sent are skipped.
@@ -343,9 +340,10 @@ type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
 enum WorkDone {
     /// The round's deletes, clean-up of finished executors and id record were answered.
     Upkeep(Upkeep),
-    /// The id record the creates of a round (numbered as [`ApplicationActor::records_sent`]
-    /// counts) waited for is written: they are being sent.
-    RecordWritten(u64),
+    /// The round's id record was answered (before the rest of its upkeep, and by the same
+    /// worker, so always before [`WorkDone::Upkeep`], hence before the next round): the
+    /// id recorded (none: none was needed), or why recording failed.
+    Recorded(Result<Option<ExecutorId>, String>),
     /// The round's creates were answered (or not sent: see [`CreateError`]).
     Created(CreateResults),
     /// The delete of every executor pod after the driver ended was answered.
@@ -378,8 +376,6 @@ struct Upkeep {
     failed_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
     /// Finished executors whose clean-up failed (retried by the next round).
     finished_failed: Vec<ExecutorId>,
-    /// The id recorded, or why recording failed.
-    recorded: Result<Option<ExecutorId>, String>,
     /// Copied from [`UpkeepWork::with_creates`].
     with_creates: bool,
     /// Writing the registration failed (the next round writes it again).
@@ -427,7 +423,6 @@ impl ApplicationActor {
             upkeep_in_flight: false,
             creates_in_flight: 0,
             awaiting_record: Vec::new(),
-            records_sent: 0,
             workers,
             cancel: CancellationToken::new(),
             schedule: RoundSchedule::default(),
@@ -963,7 +958,6 @@ impl ApplicationActor {
         };
         if !pods.is_empty() {
             if upkeep.record.is_some() {
-                self.records_sent += 1;
                 self.awaiting_record = pods.iter().map(|(id, _)| *id).collect();
             }
             self.spawn_creates(pods, Some(rx));
@@ -972,7 +966,8 @@ impl ApplicationActor {
     }
 
     /// Sends `upkeep` from a worker task; its id record's outcome goes to `recorded` (the
-    /// creates waiting for it), the rest back to the actor.
+    /// creates waiting for it) and to the actor at once, the rest back to the actor once
+    /// answered.
     fn spawn_upkeep(
         &mut self,
         mut upkeep: UpkeepWork,
@@ -987,9 +982,12 @@ impl ApplicationActor {
             async move {
                 let registration = upkeep.registration.take();
                 let owner = upkeep.owner.take();
-                let mut upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
+                let (mut upkeep, id_recorded) =
+                    upkeep.send(&client, &namespace, &app_id, &id_record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
-                let _ = recorded.send(upkeep.recorded.is_ok());
+                let _ = recorded.send(id_recorded.is_ok());
+                // The actor outlives its workers (it awaits them before ending).
+                let _ = done.send(WorkDone::Recorded(id_recorded));
                 // The registration is written beside the creates, not before them.
                 if let Some(json) = registration {
                     upkeep.registration_failed = client
@@ -1049,10 +1047,10 @@ impl ApplicationActor {
     }
 
     /// Sends the round's creates from a worker task, concurrently up to the configured
-    /// limit, once `recorded` (the round's upkeep, with its id record) succeeded. If the
-    /// record failed, none is sent and the worker reports nothing: the upkeep's report
-    /// carries the failure, and the actor gives the ids back before any later round can
-    /// hand out others (one message, so no round runs between the two).
+    /// limit, once `recorded` (the round's id record) succeeded. If the record failed, none
+    /// is sent and this worker reports nothing: the upkeep's worker reports the failure
+    /// ([`WorkDone::Recorded`]), and the actor gives the ids back before any later round
+    /// can hand out others.
     fn spawn_creates(
         &mut self,
         pods: Vec<(ExecutorId, Pod)>,
@@ -1064,17 +1062,13 @@ impl ApplicationActor {
         let cancel = self.cancel.clone();
         let done = self.workers.clone();
         let record_name = self.id_record.to_string();
-        let record = self.records_sent;
         tokio::spawn(
             async move {
                 let recorded = match recorded {
                     None => Ok(()),
                     Some(rx) => match rx.await {
-                        Ok(true) => {
-                            let _ = done.send(WorkDone::RecordWritten(record));
-                            Ok(())
-                        }
-                        // Reported by the upkeep.
+                        Ok(true) => Ok(()),
+                        // Reported by the upkeep's worker.
                         Ok(false) => return,
                         // The upkeep worker ended without a report: this one tells.
                         Err(_) => Err(format!("{record_name}: not written")),
@@ -1094,11 +1088,7 @@ impl ApplicationActor {
     fn work_done(&mut self, work: WorkDone) {
         match work {
             WorkDone::Upkeep(upkeep) => self.upkeep_done(upkeep),
-            WorkDone::RecordWritten(record) => {
-                if record == self.records_sent {
-                    self.awaiting_record.clear();
-                }
-            }
+            WorkDone::Recorded(recorded) => self.id_recorded(recorded),
             WorkDone::Created(results) => {
                 self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
                 self.record_creates(results);
@@ -1123,23 +1113,27 @@ impl ApplicationActor {
         if upkeep.registration_failed {
             self.registration_dirty = true;
         }
-        let awaiting = std::mem::take(&mut self.awaiting_record);
-        match upkeep.recorded {
-            Ok(Some(id)) => self.id_blocks.recorded(id.0),
-            Ok(None) => {}
-            // Nothing is created with ids a restarted service could not know of: the
-            // round's creates were not sent, and count as failed creates (backoff
-            // included) whose ids go back.
-            Err(message) if !awaiting.is_empty() => {
-                self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
-                let message = format!("{}: {message}", self.id_record);
-                self.record_creates(not_recorded(awaiting, &message));
-            }
-            Err(_) => {}
-        }
         // A round with creates is counted once they are answered.
         if !upkeep.with_creates {
             self.rounds += 1;
+        }
+    }
+
+    /// A round's id record answered: the creates waiting for it are being sent, or, when it
+    /// failed, were not sent. Nothing is created with ids a restarted service could not
+    /// know of: they count as failed creates (backoff included) whose ids go back.
+    fn id_recorded(&mut self, recorded: Result<Option<ExecutorId>, String>) {
+        let awaiting = std::mem::take(&mut self.awaiting_record);
+        match recorded {
+            Ok(Some(id)) => self.id_blocks.recorded(id.0),
+            Ok(None) => {}
+            Err(message) => {
+                if !awaiting.is_empty() {
+                    self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+                    let message = format!("{}: {message}", self.id_record);
+                    self.record_creates(not_recorded(awaiting, &message));
+                }
+            }
         }
     }
 
@@ -1159,9 +1153,10 @@ impl ApplicationActor {
     }
 
     /// The outcome of a round's creates: forget the failed ones (a later round asks again,
-    /// with new ids for creates sent, and the ids of creates not sent given back). When every create of the round failed at the API server (quota,
-    /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
-    /// minute) instead of burning a batch of ids every batch delay.
+    /// with new ids for creates sent; the ids of creates not sent are given back). When
+    /// every create of the round failed (quota, invalid spec, outage, id record), the next
+    /// round waits 2, 4, 8, … batch delays (at most a minute) instead of asking again every
+    /// batch delay.
     fn record_creates(&mut self, results: CreateResults) {
         let requested = results.len();
         let mut failed = 0usize;
@@ -1286,14 +1281,15 @@ impl UpkeepWork {
     }
 
     /// Sends the requests, in order: deletes, clean-up, id record. Each failure is logged
-    /// (with the API server's reason) and reported for a retry.
+    /// (with the API server's reason) and reported for a retry; the id record's outcome
+    /// (the id recorded, or why not) comes beside the rest.
     async fn send(
         self,
         pods: &ExecutorPods,
         namespace: &str,
         app_id: &str,
         id_record: &IdRecord,
-    ) -> Upkeep {
+    ) -> (Upkeep, Result<Option<ExecutorId>, String>) {
         let mut failed_deletes = BTreeMap::new();
         for (only_pending, ids) in self.deletes {
             let list: Vec<ExecutorId> = ids.iter().copied().collect();
@@ -1347,12 +1343,12 @@ impl UpkeepWork {
                 })
                 .map_err(|err| crate::k8s::describe_error(&err)),
         };
-        Upkeep {
+        let upkeep = Upkeep {
             failed_deletes,
             finished_failed,
-            recorded,
             with_creates: self.with_creates,
             registration_failed: false,
-        }
+        };
+        (upkeep, recorded)
     }
 }

@@ -156,12 +156,12 @@ impl Selection {
 }
 
 /// The selector of the executor pods the service follows (inactive ones are ignored).
-pub fn executor_pods_selector() -> String {
+fn executor_pods_selector() -> String {
     format!("{ROLE_LABEL}={EXECUTOR_ROLE},{EXECUTOR_INACTIVE_LABEL}!=true")
 }
 
 /// The selector of the driver pods the service follows: those it labelled at Start.
-pub fn followed_drivers_selector() -> String {
+fn followed_drivers_selector() -> String {
     format!("{FOLLOWED_DRIVER_LABEL}={FOLLOWED_DRIVER_VALUE}")
 }
 
@@ -825,6 +825,46 @@ mod tests {
             .expect("listed");
         resync_all(&subscribers, listing);
         assert_eq!(resynced(a.try_recv().ok()), (vec![], names));
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn each_listing_replaces_only_what_it_selected() {
+        let (sim, api) = cluster_with(&[("a", 1)]).await;
+        let driver: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "notebook", "labels": {FOLLOWED_DRIVER_LABEL: FOLLOWED_DRIVER_VALUE}},
+            "spec": {"containers": [{"name": "driver", "image": "spark"}]}
+        }))
+        .expect("pod manifest");
+        api.create(&PostParams::default(), &driver)
+            .await
+            .expect("created");
+        let subscribers: Subscribers = Arc::default();
+        let mut a = subscribe(&subscribers, "a");
+        if let Some(s) = lock(&subscribers).get_mut("a") {
+            s.driver = Some("notebook".into());
+        }
+        let list = async |selection| {
+            let listing = list_paginated(&api, &subscribers, selection, 500, async |_| {})
+                .await
+                .expect("listed");
+            resync_all(&subscribers, listing);
+        };
+        // The executors' listing holds no driver: it says nothing of the driver.
+        list(Selection::Executors).await;
+        assert_eq!(resynced(a.try_recv().ok()).0, ["a-exec-1"]);
+        assert!(a.try_recv().is_err());
+        // The drivers' listing: the driver only, and no executor resync.
+        list(Selection::Drivers).await;
+        assert!(matches!(a.try_recv(), Ok(PodEvent::Driver(pod)) if pod.metadata.name.as_deref() == Some("notebook")));
+        assert!(a.try_recv().is_err());
+        api.delete("notebook", &Default::default())
+            .await
+            .expect("deleted");
+        list(Selection::Drivers).await;
+        assert!(matches!(a.try_recv(), Ok(PodEvent::DriverDeleted)));
+        assert!(a.try_recv().is_err());
         sim.shutdown().await;
     }
 
