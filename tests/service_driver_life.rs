@@ -89,7 +89,11 @@ async fn start(h: &Harness, app: &str, driver: &str, delete_on_termination: bool
 async fn next_round(h: &Harness, app: &str) {
     let app = id(app);
     let before = h.applications.rounds(&app).await.expect("rounds");
-    let due = h.applications.next_round_at(&app).await.expect("next round");
+    let due = h
+        .applications
+        .next_round_at(&app)
+        .await
+        .expect("next round");
     h.clock.set(due.max(h.clock.now()));
     until("the next round", async || {
         h.applications.rounds(&app).await.expect("rounds") > before
@@ -235,7 +239,11 @@ async fn an_unlabelled_driver_pod_is_followed_and_its_deletion_stops_its_applica
     assert!(driver.followed);
     let labelled = pods_api(&h).get("notebook-0").await.expect("driver pod");
     assert_eq!(
-        labelled.metadata.labels.unwrap_or_default().get(FOLLOWED_DRIVER_LABEL),
+        labelled
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get(FOLLOWED_DRIVER_LABEL),
         Some(&"true".to_string()),
         "Start labels the driver pod for the namespace's driver watch"
     );
@@ -316,7 +324,11 @@ async fn a_failed_id_record_spends_no_executor_id_and_ids_stay_unique() {
         .pods(NS, "app-r")
         .await
         .iter()
-        .map(|pod| pod.metadata.labels.as_ref().unwrap()["spark-exec-id"].parse().unwrap())
+        .map(|pod| {
+            pod.metadata.labels.as_ref().unwrap()["spark-exec-id"]
+                .parse()
+                .unwrap()
+        })
         .collect();
     ids.sort_unstable();
     assert_eq!(ids, [1, 2, 3]);

@@ -78,7 +78,10 @@ async fn every_kubernetes_request_of_the_service_names_it_and_its_version() {
         .set_total_expected(as_alice(targets_request("app-ua", 2)))
         .await
         .expect("SetTotalExpected");
-    until("2 executor pods", async || h.pods(NS, "app-ua").await.len() == 2).await;
+    until("2 executor pods", async || {
+        h.pods(NS, "app-ua").await.len() == 2
+    })
+    .await;
     pods.delete("driver-ua", &DeleteParams::default())
         .await
         .expect("driver deleted");
@@ -121,10 +124,11 @@ async fn every_kubernetes_request_of_the_service_names_it_and_its_version() {
             (verb.clone(), resource.clone())
         })
         .collect();
-    let own: BTreeSet<(String, String)> = [("create", "pods"), ("list", "pods"), ("delete", "pods")]
-        .into_iter()
-        .map(|(v, r)| (v.to_string(), r.to_string()))
-        .collect();
+    let own: BTreeSet<(String, String)> =
+        [("create", "pods"), ("list", "pods"), ("delete", "pods")]
+            .into_iter()
+            .map(|(v, r)| (v.to_string(), r.to_string()))
+            .collect();
     assert_eq!(others, own, "{requests:?}");
     h.stop_server().await;
 }

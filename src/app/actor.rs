@@ -968,11 +968,7 @@ impl ApplicationActor {
     /// Sends `upkeep` from a worker task; its id record's outcome goes to `recorded` (the
     /// creates waiting for it) and to the actor at once, the rest back to the actor once
     /// answered.
-    fn spawn_upkeep(
-        &mut self,
-        mut upkeep: UpkeepWork,
-        recorded: oneshot::Sender<bool>,
-    ) {
+    fn spawn_upkeep(&mut self, mut upkeep: UpkeepWork, recorded: oneshot::Sender<bool>) {
         let client = self.pods.clone();
         let namespace = self.namespace.clone();
         let app_id = self.app_id.clone();

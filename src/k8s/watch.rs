@@ -324,10 +324,8 @@ async fn run_watch(
             .map(move |event| (selection, event))
             .boxed()
     };
-    let mut stream = futures::stream::select(
-        watch(Selection::Executors),
-        watch(Selection::Drivers),
-    );
+    let mut stream =
+        futures::stream::select(watch(Selection::Executors), watch(Selection::Drivers));
     let mut executors_relisting: Option<Listing> = None;
     let mut drivers_relisting: Option<Listing> = None;
     // Synced once both selections completed their first listing.
@@ -434,11 +432,22 @@ const RESYNC_LIST_RESTARTS: u32 = 3;
 async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
     let page_size = resync_page_size(subscribers);
     let listed = tokio::time::timeout(RESYNC_LIST_TIMEOUT, async {
-        let executors =
-            list_paginated(api, subscribers, Selection::Executors, page_size, async |_| {})
-                .await?;
-        let drivers =
-            list_paginated(api, subscribers, Selection::Drivers, page_size, async |_| {}).await?;
+        let executors = list_paginated(
+            api,
+            subscribers,
+            Selection::Executors,
+            page_size,
+            async |_| {},
+        )
+        .await?;
+        let drivers = list_paginated(
+            api,
+            subscribers,
+            Selection::Drivers,
+            page_size,
+            async |_| {},
+        )
+        .await?;
         Ok::<_, kube::Error>((executors, drivers))
     })
     .await;
@@ -731,9 +740,11 @@ mod tests {
         let mut a = subscribe(&subscribers, "a");
         let mut b = subscribe(&subscribers, "b");
         let mut pages = 0;
-        let listing = list_paginated(&api, &subscribers, Selection::Executors, 3, async |n| pages = n)
-            .await
-            .expect("listed");
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 3, async |n| {
+            pages = n
+        })
+        .await
+        .expect("listed");
         assert_eq!(pages, 3, "8 pods, 3 per page");
         resync_all(&subscribers, listing);
         let (changed, unchanged) = resynced(a.try_recv().ok());
@@ -857,7 +868,9 @@ mod tests {
         assert!(a.try_recv().is_err());
         // The drivers' listing: the driver only, and no executor resync.
         list(Selection::Drivers).await;
-        assert!(matches!(a.try_recv(), Ok(PodEvent::Driver(pod)) if pod.metadata.name.as_deref() == Some("notebook")));
+        assert!(
+            matches!(a.try_recv(), Ok(PodEvent::Driver(pod)) if pod.metadata.name.as_deref() == Some("notebook"))
+        );
         assert!(a.try_recv().is_err());
         api.delete("notebook", &Default::default())
             .await

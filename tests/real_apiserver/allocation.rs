@@ -402,7 +402,10 @@ async fn a_deleted_driver_pod_without_spark_labels_stops_its_application(c: &imp
         .await
         .expect("driver deleted");
     until("the application forgotten", || async {
-        matches!(s.apps.status(&id("app-nb")).await, Err(AppError::NotFound(_)))
+        matches!(
+            s.apps.status(&id("app-nb")).await,
+            Err(AppError::NotFound(_))
+        )
     })
     .await;
     assert!(cluster_ids(c, "app-nb").await.is_empty());
