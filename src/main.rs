@@ -281,8 +281,7 @@ async fn serve(
         // As `k8s::connect`: the service's RequestPolicy retries, not kube's retry layer.
         let mut config = cluster.kube_config();
         config.default_retry = false;
-        let client =
-            kube::Client::try_from(config).context("a client for the simulated cluster")?;
+        let client = k8s::client(config).context("a client for the simulated cluster")?;
         (client, Some(cluster))
     } else {
         let client = k8s::connect(&settings.kubernetes)

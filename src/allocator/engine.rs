@@ -545,6 +545,24 @@ impl Allocator {
         self.known_newly_created.remove(&id);
         self.outstanding = self.unknown_pending + self.newly_created.len() as u64 > 0;
     }
+    /// Creates of a plan that were never sent (their ids could not be recorded first, or
+    /// the application stopped): forgotten as failed creates, and the highest ids given
+    /// back, so that `last_executor_id` stays the highest id of a create sent (or of a
+    /// pod seen) and a later round hands them out again. Ids are handed out in order, so
+    /// only those above every id handed out since can go back; one below a higher id
+    /// stays skipped (never reused, as before). An id never sent was never in the
+    /// cluster, so handing it out again reuses nothing; the id record only ever covers
+    /// more than was sent, so a restarted service still starts above every id used.
+    pub fn creates_not_sent(&mut self, ids: &[ExecutorId]) {
+        for id in ids {
+            self.create_failed(*id);
+        }
+        let unsent: BTreeSet<ExecutorId> = ids.iter().copied().collect();
+        let seen = self.tracked.highest_id().map_or(0, |id| id.0);
+        while self.last_executor_id > seen && unsent.contains(&ExecutorId(self.last_executor_id)) {
+            self.last_executor_id -= 1;
+        }
+    }
     /// The pod of `id` is gone from the cluster (a DELETED watch event, or a full listing
     /// without it): the executor is no longer one "deleted and still there".
     pub fn pod_gone(&mut self, id: ExecutorId) {
@@ -559,7 +577,8 @@ impl Allocator {
     pub fn is_deleted(&self, id: ExecutorId) -> bool {
         self.deleted.contains_key(&id)
     }
-    /// The highest executor id used so far.
+    /// The highest executor id handed out so far (ids of creates not sent are given back,
+    /// see [`Self::creates_not_sent`]).
     pub fn last_executor_id(&self) -> u64 {
         self.last_executor_id
     }

@@ -64,8 +64,6 @@ pub(crate) struct ActorReport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverReport {
     pub pod_name: String,
-    /// Whether its life is followed (it carries `spark-role=driver`).
-    pub followed: bool,
     /// Its phase as last seen (`Pending`, `Running`, `Succeeded`, `Failed`), or `Deleted`.
     pub phase: Option<String>,
     /// When the service saw it end (Succeeded, Failed or deleted).
@@ -78,8 +76,6 @@ pub struct DriverReport {
 #[derive(Debug, Clone)]
 pub(crate) struct DriverLife {
     pub pod_name: String,
-    /// Followed through the namespace's watch (the pod carries `spark-role=driver`).
-    pub followed: bool,
     /// How long an application whose driver pod Failed or Succeeded is kept before it is
     /// forgotten (one whose driver pod is deleted is forgotten at once).
     pub grace: Duration,
@@ -249,6 +245,10 @@ pub(crate) struct ApplicationActor {
     upkeep_in_flight: bool,
     /// Rounds whose creates are still in flight.
     creates_in_flight: usize,
+    /// The creates of the round whose id record is being written, in id order: not sent
+    /// yet, and not sent at all if the record fails (then their ids are given back, see
+    /// [`Self::id_recorded`]).
+    awaiting_record: Vec<ExecutorId>,
     /// Where the round workers report; the receiver lives in `run`.
     workers: mpsc::UnboundedSender<WorkDone>,
     /// Fired on Stop: creates not yet sent are skipped.
@@ -340,6 +340,10 @@ type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
 enum WorkDone {
     /// The round's deletes, clean-up of finished executors and id record were answered.
     Upkeep(Upkeep),
+    /// The round's id record was answered (before the rest of its upkeep, and by the same
+    /// worker, so always before [`WorkDone::Upkeep`], hence before the next round): the
+    /// id recorded (none: none was needed), or why recording failed.
+    Recorded(Result<Option<ExecutorId>, String>),
     /// The round's creates were answered (or not sent: see [`CreateError`]).
     Created(CreateResults),
     /// The delete of every executor pod after the driver ended was answered.
@@ -372,8 +376,6 @@ struct Upkeep {
     failed_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
     /// Finished executors whose clean-up failed (retried by the next round).
     finished_failed: Vec<ExecutorId>,
-    /// The id recorded, or why recording failed.
-    recorded: Result<Option<ExecutorId>, String>,
     /// Copied from [`UpkeepWork::with_creates`].
     with_creates: bool,
     /// Writing the registration failed (the next round writes it again).
@@ -420,6 +422,7 @@ impl ApplicationActor {
             rounds: 0,
             upkeep_in_flight: false,
             creates_in_flight: 0,
+            awaiting_record: Vec::new(),
             workers,
             cancel: CancellationToken::new(),
             schedule: RoundSchedule::default(),
@@ -682,6 +685,11 @@ impl ApplicationActor {
     /// The application's state for GetStatus.
     fn report(&self) -> ActorReport {
         let mut status = self.allocator.status();
+        // The creates waiting for their id record are not sent yet (and may never be):
+        // their ids are not used.
+        if let Some(lowest) = self.awaiting_record.first() {
+            status.last_executor_id = status.last_executor_id.min(lowest.0.saturating_sub(1));
+        }
         // A profile with a template is one the driver may ask for: listed (target 0
         // until it has one) even before it has executors.
         for profile in self.builder.profiles() {
@@ -702,7 +710,6 @@ impl ApplicationActor {
         let driver = self.driver.as_ref()?;
         Some(DriverReport {
             pod_name: driver.pod_name.clone(),
-            followed: driver.followed,
             phase: self
                 .ended
                 .as_ref()
@@ -950,18 +957,18 @@ impl ApplicationActor {
             ..upkeep
         };
         if !pods.is_empty() {
+            if upkeep.record.is_some() {
+                self.awaiting_record = pods.iter().map(|(id, _)| *id).collect();
+            }
             self.spawn_creates(pods, Some(rx));
         }
         self.spawn_upkeep(upkeep, tx);
     }
 
     /// Sends `upkeep` from a worker task; its id record's outcome goes to `recorded` (the
-    /// creates waiting for it), the rest back to the actor.
-    fn spawn_upkeep(
-        &mut self,
-        mut upkeep: UpkeepWork,
-        recorded: oneshot::Sender<Result<Option<ExecutorId>, String>>,
-    ) {
+    /// creates waiting for it) and to the actor at once, the rest back to the actor once
+    /// answered.
+    fn spawn_upkeep(&mut self, mut upkeep: UpkeepWork, recorded: oneshot::Sender<bool>) {
         let client = self.pods.clone();
         let namespace = self.namespace.clone();
         let app_id = self.app_id.clone();
@@ -971,9 +978,12 @@ impl ApplicationActor {
             async move {
                 let registration = upkeep.registration.take();
                 let owner = upkeep.owner.take();
-                let mut upkeep = upkeep.send(&client, &namespace, &app_id, &id_record).await;
+                let (mut upkeep, id_recorded) =
+                    upkeep.send(&client, &namespace, &app_id, &id_record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
-                let _ = recorded.send(upkeep.recorded.clone());
+                let _ = recorded.send(id_recorded.is_ok());
+                // The actor outlives its workers (it awaits them before ending).
+                let _ = done.send(WorkDone::Recorded(id_recorded));
                 // The registration is written beside the creates, not before them.
                 if let Some(json) = registration {
                     upkeep.registration_failed = client
@@ -1033,12 +1043,14 @@ impl ApplicationActor {
     }
 
     /// Sends the round's creates from a worker task, concurrently up to the configured
-    /// limit, once `recorded` (the round's id record) succeeded; if it failed, none is sent
-    /// and each counts as a failed create.
+    /// limit, once `recorded` (the round's id record) succeeded. If the record failed, none
+    /// is sent and this worker reports nothing: the upkeep's worker reports the failure
+    /// ([`WorkDone::Recorded`]), and the actor gives the ids back before any later round
+    /// can hand out others.
     fn spawn_creates(
         &mut self,
         pods: Vec<(ExecutorId, Pod)>,
-        recorded: Option<oneshot::Receiver<Result<Option<ExecutorId>, String>>>,
+        recorded: Option<oneshot::Receiver<bool>>,
     ) {
         self.creates_in_flight += 1;
         let client = self.pods.clone();
@@ -1051,19 +1063,16 @@ impl ApplicationActor {
                 let recorded = match recorded {
                     None => Ok(()),
                     Some(rx) => match rx.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err(message)) => Err(format!("{record_name}: {message}")),
+                        Ok(true) => Ok(()),
+                        // Reported by the upkeep's worker.
+                        Ok(false) => return,
+                        // The upkeep worker ended without a report: this one tells.
                         Err(_) => Err(format!("{record_name}: not written")),
                     },
                 };
                 let results = match recorded {
                     Ok(()) => client.create_all(&namespace, pods, &cancel).await,
-                    // Nothing is created with ids a restarted service could not know of;
-                    // they are forgotten like refused creates (backoff included).
-                    Err(message) => pods
-                        .into_iter()
-                        .map(|(id, _)| (id, Err(CreateError::IdNotRecorded(message.clone()))))
-                        .collect(),
+                    Err(message) => not_recorded(pods.iter().map(|(id, _)| *id), &message),
                 };
                 let _ = done.send(WorkDone::Created(results));
             }
@@ -1075,6 +1084,7 @@ impl ApplicationActor {
     fn work_done(&mut self, work: WorkDone) {
         match work {
             WorkDone::Upkeep(upkeep) => self.upkeep_done(upkeep),
+            WorkDone::Recorded(recorded) => self.id_recorded(recorded),
             WorkDone::Created(results) => {
                 self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
                 self.record_creates(results);
@@ -1099,12 +1109,27 @@ impl ApplicationActor {
         if upkeep.registration_failed {
             self.registration_dirty = true;
         }
-        if let Ok(Some(id)) = upkeep.recorded {
-            self.id_blocks.recorded(id.0);
-        }
         // A round with creates is counted once they are answered.
         if !upkeep.with_creates {
             self.rounds += 1;
+        }
+    }
+
+    /// A round's id record answered: the creates waiting for it are being sent, or, when it
+    /// failed, were not sent. Nothing is created with ids a restarted service could not
+    /// know of: they count as failed creates (backoff included) whose ids go back.
+    fn id_recorded(&mut self, recorded: Result<Option<ExecutorId>, String>) {
+        let awaiting = std::mem::take(&mut self.awaiting_record);
+        match recorded {
+            Ok(Some(id)) => self.id_blocks.recorded(id.0),
+            Ok(None) => {}
+            Err(message) => {
+                if !awaiting.is_empty() {
+                    self.creates_in_flight = self.creates_in_flight.saturating_sub(1);
+                    let message = format!("{}: {message}", self.id_record);
+                    self.record_creates(not_recorded(awaiting, &message));
+                }
+            }
         }
     }
 
@@ -1123,15 +1148,17 @@ impl ApplicationActor {
         }
     }
 
-    /// The outcome of a round's creates: forget the failed ones (a later round asks again
-    /// with new ids). When every create of the round failed at the API server (quota,
-    /// invalid spec, outage), the next round waits 2, 4, 8, … batch delays (at most a
-    /// minute) instead of burning a batch of ids every batch delay.
+    /// The outcome of a round's creates: forget the failed ones (a later round asks again,
+    /// with new ids for creates sent; the ids of creates not sent are given back). When
+    /// every create of the round failed (quota, invalid spec, outage, id record), the next
+    /// round waits 2, 4, 8, … batch delays (at most a minute) instead of asking again every
+    /// batch delay.
     fn record_creates(&mut self, results: CreateResults) {
         let requested = results.len();
         let mut failed = 0usize;
         let mut first_error = None;
         let mut outcomes = CreateOutcomes::default();
+        let mut not_sent = Vec::new();
         let now = self.clock.now();
         let metrics = self.pods.metrics().clone();
         for (id, result) in results {
@@ -1159,13 +1186,19 @@ impl ApplicationActor {
             }
             if let Err(err) = result {
                 self.requested_at.remove(&id);
-                self.allocator.create_failed(id);
+                if matches!(err, CreateError::Cancelled | CreateError::IdNotRecorded(_)) {
+                    not_sent.push(id);
+                } else {
+                    self.allocator.create_failed(id);
+                }
                 if !matches!(err, CreateError::Cancelled) {
                     failed += 1;
                     first_error.get_or_insert(err);
                 }
             }
         }
+        // No id is spent on a create that was not sent.
+        self.allocator.creates_not_sent(&not_sent);
         self.allocator.creates_answered(&outcomes);
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
@@ -1227,6 +1260,13 @@ impl ApplicationActor {
     }
 }
 
+/// The results of creates not sent because the id record covering them failed.
+fn not_recorded(ids: impl IntoIterator<Item = ExecutorId>, message: &str) -> CreateResults {
+    ids.into_iter()
+        .map(|id| (id, Err(CreateError::IdNotRecorded(message.to_string()))))
+        .collect()
+}
+
 impl UpkeepWork {
     /// Nothing to send.
     fn is_empty(&self) -> bool {
@@ -1237,14 +1277,15 @@ impl UpkeepWork {
     }
 
     /// Sends the requests, in order: deletes, clean-up, id record. Each failure is logged
-    /// (with the API server's reason) and reported for a retry.
+    /// (with the API server's reason) and reported for a retry; the id record's outcome
+    /// (the id recorded, or why not) comes beside the rest.
     async fn send(
         self,
         pods: &ExecutorPods,
         namespace: &str,
         app_id: &str,
         id_record: &IdRecord,
-    ) -> Upkeep {
+    ) -> (Upkeep, Result<Option<ExecutorId>, String>) {
         let mut failed_deletes = BTreeMap::new();
         for (only_pending, ids) in self.deletes {
             let list: Vec<ExecutorId> = ids.iter().copied().collect();
@@ -1298,12 +1339,12 @@ impl UpkeepWork {
                 })
                 .map_err(|err| crate::k8s::describe_error(&err)),
         };
-        Upkeep {
+        let upkeep = Upkeep {
             failed_deletes,
             finished_failed,
-            recorded,
             with_creates: self.with_creates,
             registration_failed: false,
-        }
+        };
+        (upkeep, recorded)
     }
 }

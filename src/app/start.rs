@@ -11,12 +11,14 @@ use super::feed::Feed;
 use super::registration::Registration;
 use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
 use crate::allocator::pod_policy::{PodPolicy, PolicyViolation, TemplateUse};
-use crate::allocator::types::{DRIVER_ROLE, ROLE_LABEL};
 use crate::allocator::{
     AllocationSettings, Allocator, DriverOwner, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
     SnapshotStore, TemplateError, executor_pod_from,
 };
 use crate::k8s::id_record::{IdRecord, highest_executor_id};
+use crate::k8s::pods::is_labelled_driver;
+#[cfg(doc)]
+use crate::k8s::watch::FOLLOWED_DRIVER_LABEL;
 
 impl Applications {
     /// Starts (or resumes) an application. A repeated Start of a running application is
@@ -52,15 +54,16 @@ impl Applications {
         self.check_namespace_exists(&req.namespace).await?;
         let driver = self.driver(&req).await?;
         let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
+        // Labelled before the subscription: every listing sent to the application is then
+        // answered after the label is on, so none reports a live driver pod gone.
+        if let Some(driver) = &driver {
+            self.follow_driver(&req.namespace, driver).await?;
+        }
         // Subscribe before listing so no event between the LIST and the actor is lost.
-        let followed_driver = driver
-            .as_ref()
-            .filter(|d| d.followed)
-            .map(|d| d.name.as_str());
         let subscription = self.inner.watches.subscribe_with_driver(
             &req.namespace,
             req.app_id.as_str(),
-            followed_driver,
+            driver.as_ref().map(|d| d.name.as_str()),
         );
         let found = self.found(&req, driver.as_ref()).await?;
         let started = Started {
@@ -197,7 +200,6 @@ impl Applications {
             id_blocks: IdBlocks::new(found.recorded),
             driver: driver.as_ref().map(|d| DriverLife {
                 pod_name: d.name.clone(),
-                followed: d.followed,
                 grace: options.driver_end_grace,
             }),
             forget: self.forget_hook(&req.app_id, generation),
@@ -304,24 +306,14 @@ impl Applications {
             .pods
             .driver_pod(&req.namespace, name)
             .await?
-            .ok_or_else(|| {
-                AppError::FailedPrecondition(format!(
-                    "No pod was found named {name} in the cluster in the namespace {}",
-                    req.namespace
-                ))
-            })?;
+            .ok_or_else(|| driver_pod_missing(name, &req.namespace))?;
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if let Some(phase @ ("Failed" | "Succeeded")) = phase {
             return Err(AppError::FailedPrecondition(format!(
                 "driver_pod_name: the driver pod {name} has ended (phase {phase})"
             )));
         }
-        let followed = crate::k8s::pods::labels(&pod)
-            .get(ROLE_LABEL)
-            .is_some_and(|role| role == DRIVER_ROLE);
-        if !followed {
-            tracing::warn!(driver = %name, "driver pod has no label {ROLE_LABEL}={DRIVER_ROLE}: its end is not followed (Stop it explicitly)");
-        }
+        let labelled = is_labelled_driver(&pod);
         let owner = match pod.metadata.uid {
             Some(uid) => Some(DriverOwner {
                 name: name.clone(),
@@ -335,8 +327,39 @@ impl Applications {
         Ok(Some(Driver {
             name: name.clone(),
             owner,
-            followed,
+            labelled,
         }))
+    }
+
+    /// Labels the driver pod [`FOLLOWED_DRIVER_LABEL`] (unless it is already), so that the
+    /// namespace's driver watch follows it whatever its other labels: a notebook's or a
+    /// client-mode driver's pod carries none of Spark's.
+    ///
+    /// A PATCH the API server refuses (403) refuses the Start (FailedPrecondition naming
+    /// `driver_pod_name` and the missing right) rather than running the application
+    /// unfollowed: the same right (`patch pods`) writes the executor id record on that pod
+    /// before every create, so such an application could never create an executor, and an
+    /// unfollowed one would keep its executors after its driver is gone.
+    async fn follow_driver(&self, namespace: &str, driver: &Driver) -> Result<(), AppError> {
+        if driver.labelled {
+            return Ok(());
+        }
+        match self.inner.pods.label_driver(namespace, &driver.name).await {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                Err(driver_pod_missing(&driver.name, namespace))
+            }
+            Err(err) if matches!(&err, kube::Error::Api(status) if status.code == 403) => {
+                Err(AppError::FailedPrecondition(format!(
+                    "driver_pod_name: the service may not label the driver pod {} to follow it \
+                     ({}); grant its service account `patch pods` in namespace {namespace} (the \
+                     executor id record on that pod needs it too)",
+                    driver.name,
+                    crate::k8s::describe_error(&err)
+                )))
+            }
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Where a running application's pods go (its namespace and driver pod), which the
@@ -454,8 +477,15 @@ struct Driver {
     name: String,
     /// The executors' controller owner (none when the pod has no uid).
     owner: Option<DriverOwner>,
-    /// It carries `spark-role=driver`, so the namespace's watch follows its life.
-    followed: bool,
+    /// It carries [`FOLLOWED_DRIVER_LABEL`] already.
+    labelled: bool,
+}
+
+/// The driver pod named at Start is not in the namespace.
+fn driver_pod_missing(name: &str, namespace: &str) -> AppError {
+    AppError::FailedPrecondition(format!(
+        "No pod was found named {name} in the cluster in the namespace {namespace}"
+    ))
 }
 
 /// A template error names the request field it came from: a template that cannot make

@@ -67,7 +67,7 @@ impl SimProcess {
             else {
                 continue;
             };
-            let client = kube::Client::try_from(config)?;
+            let client = crate::k8s::client(config)?;
             if client.apiserver_version().await.is_ok() {
                 break client;
             }

@@ -231,9 +231,12 @@ pub async fn scale_up(args: &Args, case: Case) -> anyhow::Result<Outcome> {
     };
     let metrics = Metrics::new();
     let apps = Applications::new(
-        ServiceContext::new(sim.try_client()?, Arc::new(SystemClock))
-            .with_options(options)
-            .with_metrics(metrics.clone()),
+        ServiceContext::new(
+            crate::k8s::client(sim.kube_config())?,
+            Arc::new(SystemClock),
+        )
+        .with_options(options)
+        .with_metrics(metrics.clone()),
     );
     let result = measure(args, case, &apps, &metrics, qps).await;
     apps.shutdown().await;

@@ -143,7 +143,8 @@ fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus {
         driver: app.driver.map(|d| proto::DriverStatus {
             pod_name: d.pod_name,
             phase: d.phase.unwrap_or_default(),
-            followed: d.followed,
+            // Every driver pod named at Start is followed (Start labels it, or is refused).
+            followed: true,
             ended_at_ms: d.ended_at.map_or(0, |t| t.0),
             forget_at_ms: d.forget_at.map_or(0, |t| t.0),
         }),

@@ -148,7 +148,25 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
     config.default_retry = false;
     // Later "not reachable" warnings and UNAVAILABLE answers name no address: this does.
     tracing::info!(url = %config.cluster_url, namespace = %config.default_namespace, "kubernetes API server");
-    Ok(kube::Client::try_from(config)?)
+    Ok(client(config)?)
+}
+
+/// The User-Agent of every request the service sends to Kubernetes, so that an audit log
+/// tells them from other clients' (kube-rs sends none of its own).
+pub const USER_AGENT: &str = concat!("spark-pod-allocator/", env!("CARGO_PKG_VERSION"));
+
+/// The service's client of `config`: every request carries [`USER_AGENT`] (in place of
+/// any User-Agent the config names). Every client the service sends requests with is
+/// built here (`main`, the demo, the benchmarks and the test kit).
+pub fn client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
+    kube::Client::try_from(config)
 }
 
 /// A Kubernetes error as one log-friendly line; for an API error the server's reason,

@@ -19,6 +19,7 @@ use super::describe_error;
 pub use super::id_record::{IdRecord, LAST_EXECUTOR_ID_KEY};
 use super::rate_limit::{RateLimiter, SERVICE_SHARE};
 use super::request::RequestPolicy;
+use super::watch::{FOLLOWED_DRIVER_LABEL, FOLLOWED_DRIVER_VALUE};
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
@@ -462,6 +463,25 @@ impl ExecutorPods {
         let api = self.api(namespace);
         self.policy.run(|_| api.get_opt(name)).await
     }
+
+    /// Puts [`FOLLOWED_DRIVER_LABEL`] on the driver pod `name` (one merge PATCH, as the id
+    /// record's annotation), so that the namespace's driver watch follows it.
+    pub async fn label_driver(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({"metadata": {"labels": {FOLLOWED_DRIVER_LABEL: FOLLOWED_DRIVER_VALUE}}});
+        self.merge_patch::<Pod>(namespace, name, &patch)
+            .await
+            .inspect_err(|err| {
+                tracing::warn!(namespace, driver = name, error = %describe_error(err), "labelling the driver pod failed");
+            })
+    }
+}
+
+/// Whether the driver pod carries [`FOLLOWED_DRIVER_LABEL`] already (a resumed or repeated
+/// Start: no PATCH needed).
+pub fn is_labelled_driver(pod: &Pod) -> bool {
+    labels(pod)
+        .get(FOLLOWED_DRIVER_LABEL)
+        .is_some_and(|v| v == FOLLOWED_DRIVER_VALUE)
 }
 
 /// The labels of the service's own ConfigMaps.

@@ -1,8 +1,18 @@
-//! One pod watch per namespace, shared by every application there: executor pods fanned
-//! out by the `spark-app-selector` label, driver pods (`spark-role=driver`) by name to the
-//! application that named them; plus the periodic full LIST that replaces each
-//! application's snapshot. A namespace's watch starts with its first subscriber and stops
-//! with its last.
+//! The pod watches of a namespace, shared by every application there: executor pods
+//! fanned out by the `spark-app-selector` label, and driver pods (those the service
+//! labelled [`FOLLOWED_DRIVER_LABEL`] at Start) by name to the application that named them;
+//! plus the periodic full LIST that replaces each application's snapshot. A namespace's
+//! watches start with its first subscriber and stop with its last.
+//!
+//! Why two selections, not one: a label selector is an AND of requirements, so one watch
+//! cannot select "Spark's executors OR the drivers named at Start". A driver pod named at
+//! Start may carry no Spark label at all (a notebook, a Python driver in client mode), so
+//! the service puts a label of its own on every driver pod named at Start (the pod it
+//! already patches for the executor id record) and watches that label beside the
+//! executors: two watch connections per namespace, whatever the number of applications,
+//! and no event of a driver pod that no application named. One key for both (the
+//! service's label on executor pods too) would need one watch only, but executor pods made
+//! before it (a resume after an upgrade) would be invisible, and replaced.
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,9 +27,7 @@ use tokio::task::JoinHandle;
 
 use super::describe_error;
 use super::pods::labels;
-use crate::allocator::types::{
-    APP_ID_LABEL, DRIVER_ROLE, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
-};
+use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
 use crate::metrics::Metrics;
 use crate::time::{Clock, Timestamp};
 
@@ -75,7 +83,7 @@ type Versions = HashMap<Box<str>, Box<str>>;
 /// Where one application's events go.
 struct Subscriber {
     tx: mpsc::UnboundedSender<PodEvent>,
-    /// The driver pod followed for it (named at Start, labelled `spark-role=driver`).
+    /// The driver pod followed for it (named at Start, labelled [`FOLLOWED_DRIVER_LABEL`]).
     driver: Option<String>,
     /// The resourceVersion of each executor pod last sent to it, by pod name.
     sent: Versions,
@@ -120,10 +128,41 @@ impl Drop for Subscription {
     }
 }
 
-/// The selector of every pod the service follows: executor pods (inactive ones are
-/// ignored) and driver pods.
-pub fn followed_pods_selector() -> String {
-    format!("{ROLE_LABEL} in ({DRIVER_ROLE},{EXECUTOR_ROLE}),{EXECUTOR_INACTIVE_LABEL}!=true")
+/// The label the service puts on every driver pod named at Start (value
+/// [`FOLLOWED_DRIVER_VALUE`]), so the namespace's driver watch follows it whatever its
+/// other labels. It stays on the pod when the application stops, like the id record's
+/// annotation: the pod belongs to the driver, and an extra label costs nothing.
+pub const FOLLOWED_DRIVER_LABEL: &str = "spark-pod-allocator/driver";
+
+/// The value of [`FOLLOWED_DRIVER_LABEL`].
+pub const FOLLOWED_DRIVER_VALUE: &str = "true";
+
+/// The two selections of pods a namespace's watches follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Selection {
+    /// Executor pods (inactive ones are ignored): [`executor_pods_selector`].
+    Executors,
+    /// Driver pods named at Start: [`followed_drivers_selector`].
+    Drivers,
+}
+
+impl Selection {
+    fn selector(self) -> String {
+        match self {
+            Self::Executors => executor_pods_selector(),
+            Self::Drivers => followed_drivers_selector(),
+        }
+    }
+}
+
+/// The selector of the executor pods the service follows (inactive ones are ignored).
+fn executor_pods_selector() -> String {
+    format!("{ROLE_LABEL}={EXECUTOR_ROLE},{EXECUTOR_INACTIVE_LABEL}!=true")
+}
+
+/// The selector of the driver pods the service follows: those it labelled at Start.
+fn followed_drivers_selector() -> String {
+    format!("{FOLLOWED_DRIVER_LABEL}={FOLLOWED_DRIVER_VALUE}")
 }
 
 impl PodWatches {
@@ -192,7 +231,7 @@ impl PodWatches {
     }
 
     /// [`Self::subscribe`], also following the driver pod `driver` (which must carry
-    /// `spark-role=driver`: a listing without it reports it deleted).
+    /// [`FOLLOWED_DRIVER_LABEL`]: a listing without it reports it deleted).
     pub fn subscribe_with_driver(
         &self,
         namespace: &str,
@@ -259,9 +298,10 @@ impl PodWatches {
     }
 }
 
-/// The kube-runtime watcher of one namespace (it relists after 410 and re-watches with
-/// backoff; its restarts, Init … InitDone, become a resync of every subscriber), and the
-/// periodic full LIST, the backstop for missed watch events.
+/// The kube-runtime watchers of one namespace, one per [`Selection`] (each relists after
+/// 410 and re-watches with backoff; its restarts, Init … InitDone, become a resync of
+/// every subscriber's pods of that selection), and the periodic full LIST of both, the
+/// backstop for missed watch events.
 ///
 /// The LIST runs in this task, between two watch events, never beside them: every event
 /// forwarded before it was sent by the API server before the LIST was answered, so the
@@ -277,9 +317,19 @@ async fn run_watch(
     inner: Arc<Inner>,
     namespace: String,
 ) {
-    let config = watcher::Config::default().labels(&followed_pods_selector());
-    let mut stream = watcher(api.clone(), config).default_backoff().boxed();
-    let mut relisting: Option<Listing> = None;
+    let watch = |selection: Selection| {
+        let config = watcher::Config::default().labels(&selection.selector());
+        watcher(api.clone(), config)
+            .default_backoff()
+            .map(move |event| (selection, event))
+            .boxed()
+    };
+    let mut stream =
+        futures::stream::select(watch(Selection::Executors), watch(Selection::Drivers));
+    let mut executors_relisting: Option<Listing> = None;
+    let mut drivers_relisting: Option<Listing> = None;
+    // Synced once both selections completed their first listing.
+    let (mut executors_listed, mut drivers_listed) = (false, false);
     let mut next_resync = first_resync;
     loop {
         let event = tokio::select! {
@@ -292,21 +342,25 @@ async fn run_watch(
                 continue;
             }
         };
-        let Some(event) = event else {
+        let Some((selection, event)) = event else {
             break;
+        };
+        let relisting = match selection {
+            Selection::Executors => &mut executors_relisting,
+            Selection::Drivers => &mut drivers_relisting,
         };
         match event {
             Ok(watcher::Event::Apply(pod)) => {
                 inner.metrics.watch_event("apply");
-                route(&subscribers, pod, false)
+                route(&subscribers, selection, pod, false)
             }
             Ok(watcher::Event::Delete(pod)) => {
                 inner.metrics.watch_event("delete");
-                route(&subscribers, pod, true)
+                route(&subscribers, selection, pod, true)
             }
             Ok(watcher::Event::Init) => {
                 inner.metrics.watch_relisted();
-                relisting = Some(Listing::new(&subscribers))
+                *relisting = Some(Listing::new(&subscribers, selection))
             }
             Ok(watcher::Event::InitApply(pod)) => {
                 if let Some(listing) = relisting.as_mut() {
@@ -316,15 +370,21 @@ async fn run_watch(
             Ok(watcher::Event::InitDone) => {
                 let listing = relisting
                     .take()
-                    .unwrap_or_else(|| Listing::new(&subscribers));
+                    .unwrap_or_else(|| Listing::new(&subscribers, selection));
                 resync_all(&subscribers, listing);
-                synced.store(true, Ordering::Relaxed);
-                inner.synced.store(true, Ordering::Relaxed);
-                tracing::debug!(%namespace, "executor pod watch (re)listed");
+                match selection {
+                    Selection::Executors => executors_listed = true,
+                    Selection::Drivers => drivers_listed = true,
+                }
+                if executors_listed && drivers_listed {
+                    synced.store(true, Ordering::Relaxed);
+                    inner.synced.store(true, Ordering::Relaxed);
+                }
+                tracing::debug!(%namespace, ?selection, "pod watch (re)listed");
             }
             Err(err) => {
                 inner.metrics.watch_failed(watch_error_code(&err));
-                tracing::warn!(%namespace, error = %err, "executor pod watch failed; retrying with backoff");
+                tracing::warn!(%namespace, ?selection, error = %err, "pod watch failed; retrying with backoff");
             }
         }
     }
@@ -367,20 +427,35 @@ fn resync_page_size(subscribers: &Subscribers) -> u32 {
 /// it is given up until the next one.
 const RESYNC_LIST_RESTARTS: u32 = 3;
 
-/// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot.
+/// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot,
+/// then one of its followed driver pods (a driver not listed is gone).
 async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
-    let listed = tokio::time::timeout(
-        RESYNC_LIST_TIMEOUT,
-        list_paginated(
+    let page_size = resync_page_size(subscribers);
+    let listed = tokio::time::timeout(RESYNC_LIST_TIMEOUT, async {
+        let executors = list_paginated(
             api,
             subscribers,
-            resync_page_size(subscribers),
+            Selection::Executors,
+            page_size,
             async |_| {},
-        ),
-    )
+        )
+        .await?;
+        let drivers = list_paginated(
+            api,
+            subscribers,
+            Selection::Drivers,
+            page_size,
+            async |_| {},
+        )
+        .await?;
+        Ok::<_, kube::Error>((executors, drivers))
+    })
     .await;
     match listed {
-        Ok(Ok(listing)) => resync_all(subscribers, listing),
+        Ok(Ok((executors, drivers))) => {
+            resync_all(subscribers, executors);
+            resync_all(subscribers, drivers);
+        }
         Ok(Err(err)) => {
             tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
         }
@@ -392,25 +467,26 @@ async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
     }
 }
 
-/// The followed pods, listed `page_size` at a time (`limit`/`continue`), each page taken
-/// into a [`Listing`] before the next is asked for. A `continue` token that expired (410
+/// The pods of `selection`, listed `page_size` at a time (`limit`/`continue`), each page
+/// taken into a [`Listing`] before the next is asked for. A `continue` token that expired (410
 /// Gone: the list's version was compacted) starts the list over, a few times at most.
 /// `after_page` is told the number of each page taken in, from 1 for each start (tests
 /// act between pages).
 async fn list_paginated(
     api: &Api<Pod>,
     subscribers: &Subscribers,
+    selection: Selection,
     page_size: u32,
     mut after_page: impl AsyncFnMut(usize),
 ) -> Result<Listing, kube::Error> {
     let mut restarts = 0;
     'list: loop {
         let mut pages = 0;
-        let mut listing = Listing::new(subscribers);
+        let mut listing = Listing::new(subscribers, selection);
         let mut token: Option<String> = None;
         loop {
             let mut lp = ListParams::default()
-                .labels(&followed_pods_selector())
+                .labels(&selection.selector())
                 .limit(page_size);
             if let Some(token) = &token {
                 lp = lp.continue_token(token);
@@ -423,7 +499,8 @@ async fn list_paginated(
                     restarts += 1;
                     tracing::info!(
                         restarts,
-                        "executor pod LIST: continue token expired (410); listing again"
+                        ?selection,
+                        "pod LIST: continue token expired (410); listing again"
                     );
                     continue 'list;
                 }
@@ -442,9 +519,12 @@ async fn list_paginated(
     }
 }
 
-/// A full listing being taken in, page by page: each subscriber's executor pods (only
-/// those changed since it was last sent them kept whole) and the followed driver pods.
+/// A full listing of one [`Selection`] being taken in, page by page: each subscriber's
+/// executor pods (only those changed since it was last sent them kept whole), or the
+/// followed driver pods.
 struct Listing {
+    /// What was listed: only that is replaced by it.
+    selection: Selection,
     /// The applications subscribed when the listing began: only they are sent it (one
     /// that subscribed between two pages would get part of a listing; it listed its pods
     /// at Start, and gets the next listing).
@@ -456,9 +536,10 @@ struct Listing {
 }
 
 impl Listing {
-    /// A listing for the applications subscribed now.
-    fn new(subscribers: &Subscribers) -> Self {
+    /// A listing of `selection` for the applications subscribed now.
+    fn new(subscribers: &Subscribers, selection: Selection) -> Self {
         Self {
+            selection,
             apps: lock(subscribers).keys().cloned().collect(),
             by_app: HashMap::new(),
             versions: HashMap::new(),
@@ -469,7 +550,7 @@ impl Listing {
     /// Takes in one listed pod; one no subscriber follows is dropped.
     fn add(&mut self, subscribers: &Subscribers, pod: Pod) {
         let subscribers = lock(subscribers);
-        if is_driver(&pod) {
+        if self.selection == Selection::Drivers {
             let Some(name) = pod.metadata.name.as_deref() else {
                 return;
             };
@@ -513,18 +594,12 @@ fn app_of(pod: &Pod) -> Option<&str> {
     labels(pod).get(APP_ID_LABEL).map(String::as_str)
 }
 
-fn is_driver(pod: &Pod) -> bool {
-    labels(pod)
-        .get(ROLE_LABEL)
-        .is_some_and(|role| role == DRIVER_ROLE)
-}
-
 /// One watch event to the application it concerns: an executor pod's by its application
-/// label, a driver pod's to the application following it by name. A closed receiver
+/// label, a driver pod's to the applications following it by name. A closed receiver
 /// means the application is stopping; nothing to do.
-fn route(subscribers: &Subscribers, pod: Pod, deleted: bool) {
+fn route(subscribers: &Subscribers, selection: Selection, pod: Pod, deleted: bool) {
     let mut subscribers = lock(subscribers);
-    if is_driver(&pod) {
+    if selection == Selection::Drivers {
         let name = pod.metadata.name.as_deref();
         for subscriber in subscribers.values() {
             if subscriber.driver.is_some() && subscriber.driver.as_deref() == name {
@@ -561,10 +636,11 @@ fn route(subscribers: &Subscribers, pod: Pod, deleted: bool) {
     let _ = subscriber.tx.send(event);
 }
 
-/// A full listing to every subscriber: its executor pods, and its driver pod (or that it
+/// A full listing to every subscriber: its executor pods, or its driver pod (or that it
 /// is gone).
 fn resync_all(subscribers: &Subscribers, listing: Listing) {
     let Listing {
+        selection,
         apps,
         mut by_app,
         mut versions,
@@ -574,11 +650,12 @@ fn resync_all(subscribers: &Subscribers, listing: Listing) {
         if !apps.contains(app) {
             continue;
         }
-        subscriber.sent = versions.remove(app).unwrap_or_default();
-        let _ = subscriber
-            .tx
-            .send(PodEvent::Resync(by_app.remove(app).unwrap_or_default()));
-        if let Some(driver) = &subscriber.driver {
+        if selection == Selection::Executors {
+            subscriber.sent = versions.remove(app).unwrap_or_default();
+            let _ = subscriber
+                .tx
+                .send(PodEvent::Resync(by_app.remove(app).unwrap_or_default()));
+        } else if let Some(driver) = &subscriber.driver {
             let event = match drivers.get(driver) {
                 Some(pod) => PodEvent::Driver(pod.clone()),
                 None => PodEvent::DriverDeleted,
@@ -663,9 +740,11 @@ mod tests {
         let mut a = subscribe(&subscribers, "a");
         let mut b = subscribe(&subscribers, "b");
         let mut pages = 0;
-        let listing = list_paginated(&api, &subscribers, 3, async |n| pages = n)
-            .await
-            .expect("listed");
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 3, async |n| {
+            pages = n
+        })
+        .await
+        .expect("listed");
         assert_eq!(pages, 3, "8 pods, 3 per page");
         resync_all(&subscribers, listing);
         let (changed, unchanged) = resynced(a.try_recv().ok());
@@ -685,7 +764,7 @@ mod tests {
         let subscribers: Subscribers = Arc::default();
         let mut a = subscribe(&subscribers, "a");
         let mut pages = Vec::new();
-        let listing = list_paginated(&api, &subscribers, 2, async |n| {
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 2, async |n| {
             pages.push(n);
             // After the first page, the cluster moves on and the list's version is
             // compacted away: the next page is refused with 410 Gone, the list starts over.
@@ -718,13 +797,13 @@ mod tests {
         let (sim, api) = cluster_with(&[("a", 1), ("a", 2)]).await;
         let subscribers: Subscribers = Arc::default();
         let mut a = subscribe(&subscribers, "a");
-        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 500, async |_| {})
             .await
             .expect("listed");
         resync_all(&subscribers, listing);
         assert_eq!(resynced(a.try_recv().ok()).0.len(), 2);
         // Nothing changed: the next listing carries names only.
-        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 500, async |_| {})
             .await
             .expect("listed");
         resync_all(&subscribers, listing);
@@ -742,7 +821,7 @@ mod tests {
             )
             .await
             .expect("patched");
-        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 500, async |_| {})
             .await
             .expect("listed");
         resync_all(&subscribers, listing);
@@ -750,13 +829,55 @@ mod tests {
             resynced(a.try_recv().ok()),
             (vec!["a-exec-1".to_string()], vec!["a-exec-2".to_string()])
         );
-        route(&subscribers, changed, false);
+        route(&subscribers, Selection::Executors, changed, false);
         assert!(matches!(a.try_recv(), Ok(PodEvent::Applied(_))));
-        let listing = list_paginated(&api, &subscribers, 500, async |_| {})
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 500, async |_| {})
             .await
             .expect("listed");
         resync_all(&subscribers, listing);
         assert_eq!(resynced(a.try_recv().ok()), (vec![], names));
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn each_listing_replaces_only_what_it_selected() {
+        let (sim, api) = cluster_with(&[("a", 1)]).await;
+        let driver: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "notebook", "labels": {FOLLOWED_DRIVER_LABEL: FOLLOWED_DRIVER_VALUE}},
+            "spec": {"containers": [{"name": "driver", "image": "spark"}]}
+        }))
+        .expect("pod manifest");
+        api.create(&PostParams::default(), &driver)
+            .await
+            .expect("created");
+        let subscribers: Subscribers = Arc::default();
+        let mut a = subscribe(&subscribers, "a");
+        if let Some(s) = lock(&subscribers).get_mut("a") {
+            s.driver = Some("notebook".into());
+        }
+        let list = async |selection| {
+            let listing = list_paginated(&api, &subscribers, selection, 500, async |_| {})
+                .await
+                .expect("listed");
+            resync_all(&subscribers, listing);
+        };
+        // The executors' listing holds no driver: it says nothing of the driver.
+        list(Selection::Executors).await;
+        assert_eq!(resynced(a.try_recv().ok()).0, ["a-exec-1"]);
+        assert!(a.try_recv().is_err());
+        // The drivers' listing: the driver only, and no executor resync.
+        list(Selection::Drivers).await;
+        assert!(
+            matches!(a.try_recv(), Ok(PodEvent::Driver(pod)) if pod.metadata.name.as_deref() == Some("notebook"))
+        );
+        assert!(a.try_recv().is_err());
+        api.delete("notebook", &Default::default())
+            .await
+            .expect("deleted");
+        list(Selection::Drivers).await;
+        assert!(matches!(a.try_recv(), Ok(PodEvent::DriverDeleted)));
+        assert!(a.try_recv().is_err());
         sim.shutdown().await;
     }
 
@@ -766,7 +887,7 @@ mod tests {
         let subscribers: Subscribers = Arc::default();
         let mut a = subscribe(&subscribers, "a");
         let mut b = None;
-        let listing = list_paginated(&api, &subscribers, 1, async |n| {
+        let listing = list_paginated(&api, &subscribers, Selection::Executors, 1, async |n| {
             if n == 1 {
                 b = Some(subscribe(&subscribers, "b"));
             }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use spark_pod_allocator::allocator::{ExecutorId, ExecutorState, ResourceProfileId};
 use spark_pod_allocator::app::{AppError, Applications, ManualClock, ServiceOptions};
 use test_kit::cluster::{
@@ -56,6 +56,7 @@ contract!(
     stop_removes_one_application_only,
     each_resource_profile_gets_its_own_pods,
     the_driver_pod_owns_the_executors,
+    a_deleted_driver_pod_without_spark_labels_stops_its_application,
     a_restarted_service_resumes_without_reusing_ids,
 );
 
@@ -374,6 +375,40 @@ async fn the_driver_pod_owns_the_executors(c: &impl Cluster) {
         "1"
     );
     s.apps.stop(&id("app-own")).await.expect("stop");
+}
+
+/// A notebook's driver pod (no Spark label): Start labels it, the namespace's driver watch
+/// (a label selector the real API server evaluates) follows it, and its deletion stops the
+/// application and deletes its executors.
+async fn a_deleted_driver_pod_without_spark_labels_stops_its_application(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    let mut driver = template();
+    driver.metadata.name = Some("notebook-1".into());
+    pods.create(&PostParams::default(), &driver)
+        .await
+        .expect("driver pod");
+    let mut req = request("app-nb", c.namespace());
+    req.driver_pod_name = Some("notebook-1".into());
+    start(&s.apps, req).await;
+    let labelled = pods.get("notebook-1").await.expect("driver");
+    assert_eq!(
+        labelled.metadata.labels.unwrap_or_default()["spark-pod-allocator/driver"],
+        "true"
+    );
+    set_targets_and_round(&s, "app-nb", targets(2)).await;
+    assert_eq!(cluster_ids(c, "app-nb").await, range(1, 2));
+    pods.delete("notebook-1", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("driver deleted");
+    until("the application forgotten", || async {
+        matches!(
+            s.apps.status(&id("app-nb")).await,
+            Err(AppError::NotFound(_))
+        )
+    })
+    .await;
+    assert!(cluster_ids(c, "app-nb").await.is_empty());
 }
 
 async fn a_restarted_service_resumes_without_reusing_ids(c: &impl Cluster) {

@@ -153,12 +153,20 @@ async fn a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
 #[tokio::test]
 async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
     let h = harness().await;
+    // Watch events are dropped, so the service does not see the driver pod go (it would
+    // end the application): only the periodic LIST, every 30 s, shows it the pods.
+    h.sim.set_faults(FaultSettings {
+        watch_drop_fraction: 1.0,
+        ..FaultSettings::default()
+    });
     let api: Api<Pod> = Api::namespaced(h.sim.try_client().expect("sim client"), NS);
     let mut driver = template();
     driver.metadata.name = Some("driver-rec".into());
     api.create(&PostParams::default(), &driver).await.unwrap();
     let mut req = request("app-rec", NS);
     req.driver_pod_name = Some("driver-rec".into());
+    // The executors must not time out before the periodic LIST shows them.
+    req.settings.executor_timeout = Duration::from_secs(600);
     start(&h.apps, req).await;
     set_targets_and_round(&h, "app-rec", 2).await;
     let driver = api.get("driver-rec").await.unwrap();
@@ -166,10 +174,11 @@ async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
         driver.metadata.annotations.unwrap()["spark-pod-allocator/last-executor-id"],
         "2"
     );
-    // Seen, so they no longer hold back the next batch.
+    // Seen (by the periodic LIST), so they no longer hold back the next batch.
+    h.clock.advance(Duration::from_secs(30));
     wait_seen(&h.apps, "app-rec", range(1, 2)).await;
-    // The driver pod goes: the next ids cannot be recorded, so nothing is created with
-    // them, and the round backs off as for refused creates.
+    // The driver pod goes, unseen: the next ids cannot be recorded, so nothing is created
+    // with them and no id is spent, and the round backs off as for refused creates.
     api.delete("driver-rec", &DeleteParams::default())
         .await
         .unwrap();
@@ -180,7 +189,7 @@ async fn no_executor_is_created_with_an_id_the_driver_pod_does_not_record() {
     advance_round(&h, "app-rec", BATCH_DELAY).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-rec").await, range(1, 2));
     let status = h.apps.status(&id("app-rec")).await.unwrap();
-    assert_eq!(status.last_executor_id, 4);
+    assert_eq!(status.last_executor_id, 2);
     assert_eq!(
         h.apps.next_round_at(&id("app-rec")).await.unwrap().0,
         h.clock.now().0 + 2000
@@ -268,7 +277,8 @@ async fn no_executor_is_created_with_an_id_the_config_map_does_not_record() {
     // Seen, so they no longer hold back the next batch.
     wait_seen(&h.apps, "app-cm", range(1, 2)).await;
     // The record can no longer be written (an immutable ConfigMap refuses new data), so
-    // nothing is created with the next ids, and the round backs off as for refused creates.
+    // nothing is created with the next ids and none is spent, and the round backs off as
+    // for refused creates.
     config_maps
         .patch(
             &id_config_map("app-cm"),
@@ -284,13 +294,13 @@ async fn no_executor_is_created_with_an_id_the_config_map_does_not_record() {
     advance_round(&h, "app-cm", BATCH_DELAY).await;
     assert_eq!(cluster_ids(&h.sim, NS, "app-cm").await, range(1, 2));
     let status = h.apps.status(&id("app-cm")).await.unwrap();
-    assert_eq!(status.last_executor_id, 4);
+    assert_eq!(status.last_executor_id, 2);
     assert_eq!(
         h.apps.next_round_at(&id("app-cm")).await.unwrap().0,
         h.clock.now().0 + 2000
     );
     // Once the record can be written again (here: the ConfigMap is gone and is created
-    // anew), the next round creates with fresh ids.
+    // anew), the next round creates with the ids never sent, each once.
     config_maps
         .delete(&id_config_map("app-cm"), &DeleteParams::default())
         .await
@@ -298,9 +308,9 @@ async fn no_executor_is_created_with_an_id_the_config_map_does_not_record() {
     advance_round(&h, "app-cm", Duration::from_secs(2)).await;
     assert_eq!(
         cluster_ids(&h.sim, NS, "app-cm").await,
-        BTreeSet::from([1, 2, 5, 6])
+        BTreeSet::from([1, 2, 3, 4])
     );
     let record = config_maps.get(&id_config_map("app-cm")).await.unwrap();
-    assert_eq!(record.data.unwrap()["last-executor-id"], "6");
+    assert_eq!(record.data.unwrap()["last-executor-id"], "4");
     h.apps.stop(&id("app-cm")).await.unwrap();
 }

@@ -211,6 +211,16 @@ impl SimCluster {
         self.shared.faults()
     }
 
+    /// The API requests served so far, counted by (User-Agent, verb, resource), as
+    /// `GET /sim/requests` answers them.
+    pub fn requests(&self) -> std::collections::BTreeMap<(String, String, String), u64> {
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Holds back the answers of LIST requests (not watches) until [`Self::release_list_responses`]:
     /// each answer shows the state when the request arrived, as a slow LIST on a real
     /// server does, while watches keep streaming newer events.

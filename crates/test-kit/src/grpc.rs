@@ -12,6 +12,7 @@ use spark_pod_allocator::allocator::Timestamp;
 use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions};
 use spark_pod_allocator::auth::{AuthSettings, Gate};
 use spark_pod_allocator::grpc::ServeSettings;
+use spark_pod_allocator::k8s;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::runtime::{self, Service};
@@ -231,11 +232,12 @@ pub async fn serve(
     options: ServiceOptions,
     auth: Option<&AuthSettings>,
 ) -> Service {
+    // The service's own client, as `main` builds it (its User-Agent).
+    let client = || k8s::client(sim.kube_config()).expect("the service's client");
     if let Some(auth) = auth {
-        serve_settings.gate = Gate::kubernetes(auth, sim.try_client().expect("sim client"));
+        serve_settings.gate = Gate::kubernetes(auth, client());
     }
-    let applications =
-        crate::service::applications(sim.try_client().expect("sim client"), clock, options);
+    let applications = crate::service::applications(client(), clock, options);
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
     runtime::spawn(applications, serve_settings, listener).expect("service starts")
 }

@@ -222,3 +222,46 @@ fn engine_state_can_move_into_an_actor_task() {
     send_and_sync::<SnapshotBatch>();
     send_and_sync::<ExecutorPodBuilder>();
 }
+
+#[test]
+fn creates_not_sent_give_their_ids_back() {
+    let mut a = allocator(settings(), &[(0, 3)]);
+    assert_eq!(
+        creates(&a.round(snapshot(&[]), secs(0))),
+        vec![(1, 0), (2, 0), (3, 0)]
+    );
+    // The id record failed: none of them was sent, and the next round asks with the
+    // same ids.
+    a.creates_not_sent(&ids(&[1, 2, 3]));
+    assert_eq!(a.last_executor_id(), 0);
+    assert_eq!(a.status().last_executor_id, 0);
+    assert!(!a.outstanding());
+    assert_eq!(
+        creates(&a.round(no_snapshot(), secs(1))),
+        vec![(1, 0), (2, 0), (3, 0)]
+    );
+}
+
+#[test]
+fn an_unsent_id_below_a_higher_one_handed_out_stays_skipped() {
+    let mut a = allocator(settings(), &[(0, 3)]);
+    a.round(snapshot(&[]), secs(0));
+    // 3 was sent, 1 and 2 were not (cancelled while waiting for a rate-limit slot).
+    a.creates_not_sent(&ids(&[1, 2]));
+    assert_eq!(a.last_executor_id(), 3);
+    // 2 and 3 not sent, 1 sent: both go back.
+    let mut b = allocator(settings(), &[(0, 3)]);
+    b.round(snapshot(&[]), secs(0));
+    b.creates_not_sent(&ids(&[2, 3]));
+    assert_eq!(b.last_executor_id(), 1);
+}
+
+#[test]
+fn an_id_seen_in_the_cluster_is_never_given_back() {
+    let mut a = allocator(settings(), &[(0, 1)]);
+    a.round(snapshot(&[]), secs(0));
+    // Someone else created a pod with id 1 before our create failed to be sent.
+    a.round(snapshot(&[pending(1, 0, 0)]), secs(1));
+    a.creates_not_sent(&ids(&[1]));
+    assert_eq!(a.last_executor_id(), 1);
+}

@@ -48,7 +48,9 @@ pub(crate) struct Shared {
     /// The process runtime's base directory (pods' logs), when it runs pods.
     pub process_dir: Option<std::path::PathBuf>,
     /// API requests served, by (User-Agent, verb, resource): lets a test tell which
-    /// client listed or watched what (`GET /sim/requests`).
+    /// client listed or watched what, and that every request of a client names it
+    /// (`GET /sim/requests`). Reviews count as `create` of their resource, discovery and
+    /// health as `get` of their path.
     pub requests: Mutex<BTreeMap<(String, String, String), u64>>,
 }
 
@@ -243,10 +245,12 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     if method == Method::GET
         && let Some(document) = discovery::document(&segs, &sh.address)
     {
+        count(sh, &req, "get", &path);
         return Ok(value_response(StatusCode::OK, &document));
     }
     match (method.clone(), segs.as_slice()) {
         (Method::GET, ["healthz" | "livez" | "readyz"]) => {
+            count(sh, &req, "get", &path);
             return Ok((StatusCode::OK, "ok").into_response());
         }
         (_, ["sim", rest @ ..]) => {
@@ -258,6 +262,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 return Err(ApiError::method_not_allowed());
             }
             inject_request_faults(sh).await?;
+            count(sh, &req, "create", "tokenreviews");
             return reviews::token_review(sh, &read_body(req).await?);
         }
         (method, ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
@@ -265,6 +270,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 return Err(ApiError::method_not_allowed());
             }
             inject_request_faults(sh).await?;
+            count(sh, &req, "create", "subjectaccessreviews");
             return reviews::subject_access_review(sh, &read_body(req).await?);
         }
         _ => {}
@@ -584,8 +590,8 @@ async fn inject_request_faults(sh: &Shared) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Counts a request under its User-Agent, verb (as Kubernetes' audit log names it) and
-/// resource.
+/// Counts a request to a resource under its User-Agent, verb (as Kubernetes' audit log
+/// names it) and resource.
 fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, watch: bool) {
     let (verb, kind) = match (target, method.clone()) {
         (Target::Collection { kind, .. }, Method::GET) if watch => ("watch", kind),
@@ -599,6 +605,13 @@ fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, w
         (Target::Sub { kind, .. }, _) => ("subresource", kind),
         (Target::Collection { kind, .. } | Target::Object { kind, .. }, _) => ("other", kind),
     };
+    count(sh, req, verb, kind.plural());
+}
+
+/// Counts a request under its User-Agent, `verb` and `resource` (a resource's plural, or
+/// the path of a non-resource request such as `/version`, as the audit log's
+/// `requestURI`).
+fn count(sh: &Shared, req: &Request, verb: &str, resource: &str) {
     let agent = req
         .headers()
         .get(header::USER_AGENT)
@@ -607,7 +620,7 @@ fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, w
         .to_string();
     let mut requests = sh.requests.lock().unwrap_or_else(|p| p.into_inner());
     *requests
-        .entry((agent, verb.to_string(), kind.plural().to_string()))
+        .entry((agent, verb.to_string(), resource.to_string()))
         .or_default() += 1;
 }
 
