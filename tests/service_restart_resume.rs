@@ -48,12 +48,12 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     assert!(at_kill.len() < 6, "killed mid scale-up: {at_kill:?}");
 
     // What the killed service left: its registration, with the target, and the id record.
-    let client = sim.try_client().expect("client");
-    let registration = stored_registration(&client, SERVICE_NS, NS, APP)
+    let cluster = sim.try_client().expect("client");
+    let registration = stored_registration(&cluster, SERVICE_NS, NS, APP)
         .await
         .expect("the registration");
     assert_eq!(registration.targets.get(&0), Some(&6));
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.clone(), NS);
     let stored = config_maps
         .get(&IdRecord::config_map_name(APP))
         .await
@@ -98,7 +98,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         .into_inner();
     assert_eq!(stopped.deleted_pods, 6);
     assert!(
-        stored_registration(&client, SERVICE_NS, NS, APP)
+        stored_registration(&cluster, SERVICE_NS, NS, APP)
             .await
             .is_none(),
         "Stop deleted the registration"

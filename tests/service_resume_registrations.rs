@@ -19,7 +19,6 @@ use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::registrations::{APPLICATION_NAMESPACE_LABEL, SIGNATURE_KEY};
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::service::{P0, registration_config_map, stored_registration, template_pod};
-use test_kit::sim::manual_cluster;
 use test_kit::wait::until;
 
 const NS: &str = "team-a";
