@@ -550,7 +550,11 @@ mod tests {
         .unwrap();
         assert_eq!(s.registrations.namespace(), "ops");
         for (name, value, key) in [
-            ("POD_NAMESPACE", "Not_A_Namespace", "registrations.namespace"),
+            (
+                "POD_NAMESPACE",
+                "Not_A_Namespace",
+                "registrations.namespace",
+            ),
             (
                 "SPARK_POD_ALLOCATOR__REGISTRATIONS__KEY_SECRET",
                 "a/b",

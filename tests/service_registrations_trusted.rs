@@ -109,9 +109,12 @@ struct Restarted {
 async fn restart(h: &mut Harness) -> Restarted {
     h.stop_server().await;
     let metrics = Metrics::new();
-    let ctx = ServiceContext::new(h.sim.try_client().expect("client"), Arc::new(h.clock.clone()))
-        .with_options(h.options.clone())
-        .with_metrics(metrics.clone());
+    let ctx = ServiceContext::new(
+        h.sim.try_client().expect("client"),
+        Arc::new(h.clock.clone()),
+    )
+    .with_options(h.options.clone())
+    .with_metrics(metrics.clone());
     let applications = Applications::new(ctx);
     let resumed = applications
         .resume_registered()
@@ -267,7 +270,11 @@ async fn a_registration_planted_in_a_tenant_namespace_creates_no_pod_after_a_res
         assert!(h.pods(namespace, "planted").await.is_empty(), "{namespace}");
     }
     r.assert_not_running("planted").await;
-    assert!(r.applications.ownership(&test_kit::service::id("planted")).is_none());
+    assert!(
+        r.applications
+            .ownership(&test_kit::service::id("planted"))
+            .is_none()
+    );
     // Never even read: registrations are listed in the service's namespace only.
     assert_eq!(r.refused(), BTreeMap::new());
 }
@@ -305,7 +312,11 @@ async fn an_edited_owner_is_refused_after_a_restart_counted_and_creates_no_pod()
     r.await_pods(&h, TEAM_A, "kept", 2).await;
     assert!(h.pods(TEAM_A, "owned").await.is_empty());
     r.assert_not_running("owned").await;
-    assert!(r.applications.ownership(&test_kit::service::id("owned")).is_none());
+    assert!(
+        r.applications
+            .ownership(&test_kit::service::id("owned"))
+            .is_none()
+    );
     assert_eq!(r.refused(), BTreeMap::from([("bad_signature".into(), 1)]));
     // The properly written one still reads back as the service wrote it.
     let status = r
@@ -461,8 +472,11 @@ async fn a_weak_key_secret_resumes_nothing_and_names_the_setting() {
         .create(&PostParams::default(), &weak)
         .await
         .expect("weak key");
-    let ctx = ServiceContext::new(h.sim.try_client().expect("client"), Arc::new(h.clock.clone()))
-        .with_options(h.options.clone());
+    let ctx = ServiceContext::new(
+        h.sim.try_client().expect("client"),
+        Arc::new(h.clock.clone()),
+    )
+    .with_options(h.options.clone());
     let err = Applications::new(ctx)
         .resume_registered()
         .await

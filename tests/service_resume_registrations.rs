@@ -105,7 +105,12 @@ async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() 
     let kept = registration_config_map(&client, SERVICE_NS, NS, "app-b")
         .await
         .unwrap();
-    assert!(kept.metadata.owner_references.unwrap_or_default().is_empty());
+    assert!(
+        kept.metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty()
+    );
     let labels = kept.metadata.labels.unwrap_or_default();
     assert_eq!(labels[APPLICATION_NAMESPACE_LABEL], NS);
     assert_eq!(labels["spark-app-selector"], "app-b");

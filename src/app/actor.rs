@@ -18,8 +18,8 @@ use super::feed::{ExecutorEvents, Feed, ListedPod, list_for_full_state};
 use super::registration::Registration;
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, CreateOutcomes, CreateRefusal, DeleteRequest,
-    ExecutorId, ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
+    Allocator, AllocatorStatus, CreateOutcomes, CreateRefusal, DeleteRequest, ExecutorId,
+    ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
     ResourceProfileId, RoundPlan, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
 use crate::k8s::id_record::IdRecord;

@@ -393,7 +393,10 @@ mod tests {
         let json = stored.json.clone().unwrap();
         for (from, to) in [
             ("\"owner\":\"alice\"", "\"owner\":\"mallory\""),
-            ("\"driver_pod_name\":\"driver\"", "\"driver_pod_name\":\"other\""),
+            (
+                "\"driver_pod_name\":\"driver\"",
+                "\"driver_pod_name\":\"other\"",
+            ),
             ("\"namespace\":\"team-a\"", "\"namespace\":\"team-b\""),
         ] {
             assert!(json.contains(from), "{json}");
@@ -401,7 +404,11 @@ mod tests {
                 json: Some(json.replace(from, to)),
                 ..stored.clone()
             };
-            assert_eq!(open(&edited, &key(1), &all), Err(Refusal::BadSignature), "{to}");
+            assert_eq!(
+                open(&edited, &key(1), &all),
+                Err(Refusal::BadSignature),
+                "{to}"
+            );
         }
     }
 
@@ -424,12 +431,18 @@ mod tests {
             name: "spark-pod-allocator.team-a.copy".into(),
             ..stored.clone()
         };
-        assert_eq!(open(&renamed, &key(1), &all).unwrap_err().reason(), "misplaced");
+        assert_eq!(
+            open(&renamed, &key(1), &all).unwrap_err().reason(),
+            "misplaced"
+        );
         let unlabelled = StoredRegistration {
             namespace_label: None,
             ..stored.clone()
         };
-        assert_eq!(open(&unlabelled, &key(1), &all).unwrap_err().reason(), "misplaced");
+        assert_eq!(
+            open(&unlabelled, &key(1), &all).unwrap_err().reason(),
+            "misplaced"
+        );
         let only_b = BTreeSet::from(["team-b".to_string()]);
         assert_eq!(
             open(&stored, &key(1), &only_b),

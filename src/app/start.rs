@@ -202,7 +202,10 @@ impl Applications {
             }),
             forget: self.forget_hook(&req.app_id, generation),
             registration: Registration::of_start(req),
-            registrations: self.inner.registrations.for_application(req.app_id.as_str()),
+            registrations: self
+                .inner
+                .registrations
+                .for_application(req.app_id.as_str()),
             feed,
         }
     }

@@ -18,10 +18,10 @@ use super::describe_error;
 pub use super::id_record::{IdRecord, LAST_EXECUTOR_ID_KEY};
 use super::rate_limit::{RateLimiter, SERVICE_SHARE};
 use super::request::RequestPolicy;
+use crate::allocator::ExecutorId;
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
-use crate::allocator::ExecutorId;
 use crate::metrics::Metrics;
 
 /// Why one executor pod was not created.

@@ -267,7 +267,10 @@ impl RegistrationStore {
         let patch = serde_json::json!({ "data": &data });
         let namespace = &*self.namespace;
         let pods = &self.pods;
-        let result = match pods.merge_patch::<ConfigMap>(namespace, &name, &patch).await {
+        let result = match pods
+            .merge_patch::<ConfigMap>(namespace, &name, &patch)
+            .await
+        {
             Err(err) if is_status(&err, 404) => {
                 let mut labels = managed_labels(app_id);
                 labels.insert(

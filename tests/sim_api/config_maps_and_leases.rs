@@ -140,7 +140,10 @@ async fn secrets_are_stored_with_base64_data_and_string_data_folded_in() {
         "stringData": {"text": "hi"}
     }))
     .unwrap();
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     let stored = secrets.get("key").await.unwrap();
     assert_eq!(stored.type_.as_deref(), Some("Opaque"));
     assert!(stored.string_data.is_none());
@@ -159,6 +162,9 @@ async fn secrets_are_stored_with_base64_data_and_string_data_folded_in() {
     assert_eq!(code, 400);
     let again = secrets.create(&PostParams::default(), &secret).await;
     assert_eq!(api_error(again).0, 409);
-    secrets.delete("key", &DeleteParams::default()).await.unwrap();
+    secrets
+        .delete("key", &DeleteParams::default())
+        .await
+        .unwrap();
     assert!(secrets.get_opt("key").await.unwrap().is_none());
 }
