@@ -137,8 +137,8 @@ pub struct ServiceOptions {
     pub max_creates_per_round: u32,
     /// What a template may ask for (`pod_policy`), the one copy of it: Start's templates
     /// (checked at the edge, through [`Applications::pod_policy`]), SetTotalExpected's, and
-    /// those of a registration before it is resumed, since anyone who may edit ConfigMaps
-    /// in its namespace could have changed them.
+    /// those of a registration before it is resumed (signed, but the policy may have been
+    /// tightened since it was written).
     pub pod_policy: crate::allocator::pod_policy::PodPolicy,
     /// Where registrations are kept and the Secret of the key that signs them
     /// (`registrations`).
