@@ -71,6 +71,8 @@ pub struct Settings {
     pub limits: crate::grpc::validate::RequestLimits,
     /// Limits of the gRPC server: message size, streams, keepalive, connections.
     pub grpc: crate::grpc::limits::ServerLimits,
+    /// Where the applications' registrations are kept, and the Secret of their signing key.
+    pub registrations: crate::k8s::RegistrationSettings,
     /// `default_executor_pod_template` as parsed and checked once by [`Settings::load`].
     #[serde(skip)]
     loaded_template: Option<k8s_openapi::api::core::v1::Pod>,
@@ -195,6 +197,7 @@ impl Default for Settings {
             pod_policy: Default::default(),
             limits: Default::default(),
             grpc: Default::default(),
+            registrations: Default::default(),
             loaded_template: None,
         }
     }
@@ -254,6 +257,11 @@ impl Settings {
                 .filter_map(|(name, _)| name.into_string().ok())
                 .collect(),
         };
+        // The downward API's namespace, when `registrations.namespace` is not set.
+        let pod_namespace = match &env {
+            Some(vars) => vars.get("POD_NAMESPACE").cloned(),
+            None => std::env::var("POD_NAMESPACE").ok(),
+        };
         let environment = config::Environment::with_prefix(ENV_PREFIX)
             .prefix_separator(ENV_SEPARATOR)
             .separator(ENV_SEPARATOR)
@@ -274,6 +282,11 @@ impl Settings {
             .map(|ns| ns.trim().to_string())
             .filter(|ns| !ns.is_empty())
             .collect();
+        if settings.registrations.namespace.is_none() {
+            settings.registrations.namespace = pod_namespace
+                .map(|ns| ns.trim().to_string())
+                .filter(|ns| !ns.is_empty());
+        }
         settings.validate()?;
         settings.loaded_template = settings.read_template()?;
         Ok(settings)
@@ -352,6 +365,12 @@ impl Settings {
         if let Err((key, reason)) = self.grpc.check() {
             return Err(ConfigError::Invalid {
                 key: format!("grpc.{key}"),
+                reason,
+            });
+        }
+        if let Err((key, reason)) = self.registrations.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("registrations.{key}"),
                 reason,
             });
         }
@@ -516,6 +535,42 @@ mod tests {
             DEFAULT_EXECUTOR_CONTAINER
         );
         assert_eq!(s.allocation_defaults(), AllocationSettings::default());
+    }
+
+    #[test]
+    fn the_registrations_namespace_is_the_pods_unless_set_and_is_checked() {
+        let s = Settings::load_with_env(None, env(&[])).unwrap();
+        assert_eq!(s.registrations.namespace(), "default");
+        assert_eq!(
+            s.registrations.key_secret,
+            "spark-pod-allocator-registration-key"
+        );
+        let s = Settings::load_with_env(None, env(&[("POD_NAMESPACE", "spark-system")])).unwrap();
+        assert_eq!(s.registrations.namespace(), "spark-system");
+        let s = Settings::load_with_env(
+            None,
+            env(&[
+                ("POD_NAMESPACE", "spark-system"),
+                ("SPARK_POD_ALLOCATOR__REGISTRATIONS__NAMESPACE", "ops"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.registrations.namespace(), "ops");
+        for (name, value, key) in [
+            (
+                "POD_NAMESPACE",
+                "Not_A_Namespace",
+                "registrations.namespace",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__REGISTRATIONS__KEY_SECRET",
+                "a/b",
+                "registrations.key_secret",
+            ),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(name, value)])).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
     }
 
     #[test]

@@ -315,7 +315,7 @@ async fn serve(
         }
         Ok(_) => {}
         Err(err) => {
-            tracing::warn!(error = %err, "cannot list the registrations of applications to resume; they resume on their driver's next Start")
+            tracing::warn!(error = %err, "cannot read the registrations of applications to resume (or their signing key); they resume on their driver's next Start")
         }
     }
     let listener = TcpListener::bind(address)
@@ -358,6 +358,7 @@ fn service_options(settings: &Settings) -> ServiceOptions {
         max_resource_profiles: settings.limits.max_resource_profiles,
         max_creates_per_round: settings.limits.max_creates_per_round,
         pod_policy: settings.pod_policy.clone(),
+        registrations: settings.registrations.clone(),
         ..ServiceOptions::default()
     }
 }

@@ -127,6 +127,7 @@ struct Inner {
     watch_events: Family<KindLabels, Counter>,
     watch_relists: Counter,
     watch_errors: Family<StatusLabels, Counter>,
+    registrations_refused: Family<ReasonLabels, Counter>,
     resync_seconds: Histogram,
     target: Family<ProfileLabels, Gauge>,
     running: Family<ProfileLabels, Gauge>,
@@ -233,6 +234,12 @@ impl Metrics {
             "Pod watch failures, by HTTP status (410: the resource version expired; empty when none came back)",
             watch_errors.clone(),
         );
+        let registrations_refused = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "registrations_refused",
+            "Stored registrations a restarted service did not resume, by reason (unsigned, bad_signature, misplaced, unreadable, namespace_not_allowed, invalid, pod_policy)",
+            registrations_refused.clone(),
+        );
         let resync_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         registry.register(
             "resync_duration_seconds",
@@ -293,6 +300,7 @@ impl Metrics {
                 watch_events,
                 watch_relists,
                 watch_errors,
+                registrations_refused,
                 resync_seconds,
                 target,
                 running,
@@ -473,6 +481,16 @@ impl Metrics {
             .watch_errors
             .get_or_create(&StatusLabels {
                 status: status.map(|s| s.to_string()).unwrap_or_default(),
+            })
+            .inc();
+    }
+
+    /// A stored registration not resumed, for `reason` ([`crate::app::registration::Refusal::reason`]).
+    pub fn registration_refused(&self, reason: &'static str) {
+        self.inner
+            .registrations_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
             })
             .inc();
     }

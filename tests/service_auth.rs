@@ -8,12 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use serde_json::json;
-use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::auth::{AuthMode, AuthSettings};
-use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator_sim::{FaultSettings, SimGrant, SimSettings, SimToken};
@@ -378,21 +374,16 @@ async fn the_owner_is_kept_in_the_registration_and_survives_a_restart() {
     let mut h = Harness::start_with_auth(cluster(), auth()).await;
     let app = "spark-kept";
     alice_starts(&mut h, app, 1).await;
-    let configmaps: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), "team-a");
+    let client = h.sim.try_client().expect("client");
+    let service_ns = h.options.registrations.namespace().to_string();
     let clock = h.clock.clone();
     until("the registration is written with its owner", || {
-        let configmaps = configmaps.clone();
-        let clock = clock.clone();
+        let (client, service_ns, clock) = (client.clone(), service_ns.clone(), clock.clone());
         async move {
             clock.advance(Duration::from_secs(1));
-            let Ok(Some(cm)) = configmaps.get_opt(&IdRecord::config_map_name(app)).await else {
-                return false;
-            };
-            let Some(json) = cm.data.and_then(|mut d| d.remove(REGISTRATION_KEY)) else {
-                return false;
-            };
-            serde_json::from_str::<Registration>(&json)
-                .is_ok_and(|r| r.owner.as_deref() == Some(ALICE) && r.targets.get(&0) == Some(&1))
+            test_kit::service::stored_registration(&client, &service_ns, "team-a", app)
+                .await
+                .is_some_and(|r| r.owner.as_deref() == Some(ALICE) && r.targets.get(&0) == Some(&1))
         }
     })
     .await;

@@ -728,7 +728,7 @@ async fn a_registration_whose_template_was_changed_is_not_resumed() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Api, Patch, PatchParams};
     use spark_pod_allocator::app::registration::REGISTRATION_KEY;
-    use spark_pod_allocator::k8s::IdRecord;
+    use spark_pod_allocator::k8s::RegistrationStore;
 
     let mut h = harness().await;
     for app in ["kept", "tampered"] {
@@ -739,9 +739,11 @@ async fn a_registration_whose_template_was_changed_is_not_resumed() {
             .expect("start");
     }
     h.stop_server().await;
-    // Someone who may edit ConfigMaps in the namespace gives a template host networking.
-    let api: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), NS);
-    let name = IdRecord::config_map_name("tampered");
+    // Someone who may edit ConfigMaps in the service's namespace gives a template host
+    // networking (the signature no longer matches).
+    let service_ns = h.options.registrations.namespace();
+    let api: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), service_ns);
+    let name = RegistrationStore::config_map_name(NS, "tampered");
     let stored = api.get(&name).await.expect("registration ConfigMap");
     let mut registration: serde_json::Value =
         serde_json::from_str(&stored.data.expect("data")[REGISTRATION_KEY]).expect("JSON");

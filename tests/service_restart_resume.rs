@@ -1,12 +1,12 @@
 //! Restart without the driver's help: the service binary, killed with SIGKILL in the middle
 //! of a scale-up, is started again against the same (simulated) cluster and finishes the
 //! scale-up from the registration it kept in Kubernetes, with no call from the driver; the
-//! next call just works, and Stop deletes the registration.
+//! next call just works, and Stop deletes the registration (kept in the service's
+//! namespace, `default` here as no `POD_NAMESPACE` is set) and the id record.
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator_sim::SimCluster;
@@ -14,10 +14,13 @@ use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::{batched_start_request, start_scaled};
 use test_kit::process::serve_against;
 use test_kit::requests::*;
+use test_kit::service::stored_registration;
 use test_kit::sim::manual_cluster;
 use test_kit::wait::until;
 
 const NS: &str = "default";
+/// The service's namespace (no `POD_NAMESPACE`, no `registrations.namespace`).
+const SERVICE_NS: &str = "default";
 const APP: &str = "app-restart";
 
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
@@ -44,15 +47,17 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     let at_kill = executor_ids(&sim).await;
     assert!(at_kill.len() < 6, "killed mid scale-up: {at_kill:?}");
 
-    // What the killed service left: its registration, with the target.
-    let config_maps: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
+    // What the killed service left: its registration, with the target, and the id record.
+    let cluster = sim.try_client().expect("client");
+    let registration = stored_registration(&cluster, SERVICE_NS, NS, APP)
+        .await
+        .expect("the registration");
+    assert_eq!(registration.targets.get(&0), Some(&6));
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.clone(), NS);
     let stored = config_maps
         .get(&IdRecord::config_map_name(APP))
         .await
-        .expect("the registration's ConfigMap");
-    let registration: Registration =
-        serde_json::from_str(&stored.data.as_ref().expect("data")[REGISTRATION_KEY]).expect("JSON");
-    assert_eq!(registration.targets.get(&0), Some(&6));
+        .expect("the id record's ConfigMap");
     // The id record reserved a block: ids up to what the target lacks may be in use,
     // more than the killed service created.
     let recorded = stored.data.as_ref().expect("data")[LAST_EXECUTOR_ID_KEY]
@@ -93,11 +98,17 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         .into_inner();
     assert_eq!(stopped.deleted_pods, 6);
     assert!(
+        stored_registration(&cluster, SERVICE_NS, NS, APP)
+            .await
+            .is_none(),
+        "Stop deleted the registration"
+    );
+    assert!(
         config_maps
             .get_opt(&IdRecord::config_map_name(APP))
             .await
             .expect("get")
             .is_none(),
-        "Stop deleted the registration"
+        "Stop deleted the id record"
     );
 }

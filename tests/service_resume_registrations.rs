@@ -1,7 +1,8 @@
 //! The registrations a service keeps in Kubernetes, over real HTTP against the simulated
-//! cluster: what they hold, a new service resuming them by itself (targets and registered
-//! executors included), and a registration whose driver pod ended meanwhile deleted
-//! instead of resumed.
+//! cluster: what they hold and where (the service's namespace, signed, labelled with the
+//! application's namespace and id, never owned by a pod of another namespace), a new
+//! service resuming them by itself (targets and registered executors included), and a
+//! registration whose driver pod ended meanwhile deleted instead of resumed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -10,17 +11,19 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId};
-use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
+use spark_pod_allocator::app::registration::Registration;
 use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceOptions, StartApplication,
 };
 use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::k8s::registrations::{APPLICATION_NAMESPACE_LABEL, SIGNATURE_KEY};
 use spark_pod_allocator_sim::SimCluster;
-use test_kit::service::{P0, template_pod};
-use test_kit::sim::manual_cluster;
+use test_kit::service::{P0, registration_config_map, stored_registration, template_pod};
 use test_kit::wait::until;
 
-const NS: &str = "default";
+const NS: &str = "team-a";
+/// The service's own namespace, where it keeps the registrations.
+const SERVICE_NS: &str = "spark-system";
 
 fn request(app: &str, driver: Option<&str>) -> StartApplication {
     StartApplication {
@@ -40,22 +43,21 @@ fn request(app: &str, driver: Option<&str>) -> StartApplication {
 
 fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
     let client = sim.try_client().expect("sim client");
-    test_kit::service::applications(client, clock, ServiceOptions::default())
+    let mut options = ServiceOptions::default();
+    options.registrations.namespace = Some(SERVICE_NS.into());
+    test_kit::service::applications(client, clock, options)
 }
 
 async fn registration(sim: &SimCluster, app: &str) -> Option<Registration> {
-    let api: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
-    let cm = api
-        .get_opt(&IdRecord::config_map_name(app))
-        .await
-        .expect("get")?;
-    let json = cm.data?.remove(REGISTRATION_KEY)?;
-    Some(serde_json::from_str(&json).expect("registration JSON"))
+    let client = sim.try_client().expect("client");
+    stored_registration(&client, SERVICE_NS, NS, app).await
 }
 
 #[tokio::test]
 async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() {
-    let sim = manual_cluster().await;
+    let mut settings = test_kit::sim::manual_settings();
+    settings.namespaces = vec![NS.into(), SERVICE_NS.into()];
+    let sim = test_kit::sim::start(settings).await;
     let clock = ManualClock::starting_now();
     let apps = applications(&sim, &clock);
     let pods: Api<Pod> = Api::namespaced(sim.try_client().expect("client"), NS);
@@ -96,16 +98,42 @@ async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() 
         registration(&sim, "app-b").await.is_some()
     })
     .await;
-    let api: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
-    let owners = api
-        .get(&IdRecord::config_map_name("app-b"))
+    // Kept in the service's namespace, signed, labelled with where the application runs;
+    // owned by no pod: an owner in another namespace would have the garbage collector
+    // delete it (the service deletes it when the driver ends).
+    let client = sim.try_client().expect("client");
+    let kept = registration_config_map(&client, SERVICE_NS, NS, "app-b")
         .await
-        .unwrap()
-        .metadata
-        .owner_references
-        .unwrap_or_default();
-    assert_eq!(owners.len(), 1, "owned by the driver pod");
-    assert_eq!(Some(&owners[0].uid), driver.metadata.uid.as_ref());
+        .unwrap();
+    assert!(
+        kept.metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty()
+    );
+    let labels = kept.metadata.labels.unwrap_or_default();
+    assert_eq!(labels[APPLICATION_NAMESPACE_LABEL], NS);
+    assert_eq!(labels["spark-app-selector"], "app-b");
+    assert!(!kept.data.unwrap_or_default()[SIGNATURE_KEY].is_empty());
+    assert!(driver.metadata.uid.is_some());
+    // Nothing of it in the application's namespace: app-b's id record is on its driver pod.
+    let tenant: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    assert!(
+        tenant
+            .get_opt(&IdRecord::config_map_name("app-b"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    until("app-a's id record written in its namespace", || async {
+        clock.advance(Duration::from_secs(1));
+        tenant
+            .get_opt(&IdRecord::config_map_name("app-a"))
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
 
     // The service goes; meanwhile app-b's driver succeeds.
     apps.shutdown().await;
@@ -132,4 +160,12 @@ async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() 
     ));
     apps.stop(&a).await.expect("stop");
     assert!(registration(&sim, "app-a").await.is_none());
+    assert!(
+        tenant
+            .get_opt(&IdRecord::config_map_name("app-a"))
+            .await
+            .unwrap()
+            .is_none(),
+        "Stop deleted app-a's id record too"
+    );
 }

@@ -15,15 +15,15 @@ use tracing::Instrument;
 
 use super::failures::{CreateFailure, ExecutorFailure, Failures};
 use super::feed::{ExecutorEvents, Feed, ListedPod, list_for_full_state};
-use super::registration::{REGISTRATION_KEY, Registration};
+use super::registration::Registration;
 use super::{AppError, Clock};
 use crate::allocator::{
-    Allocator, AllocatorStatus, CreateOutcomes, CreateRefusal, DeleteRequest, DriverOwner,
-    ExecutorId, ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
+    Allocator, AllocatorStatus, CreateOutcomes, CreateRefusal, DeleteRequest, ExecutorId,
+    ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
     ResourceProfileId, RoundPlan, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
 use crate::k8s::id_record::IdRecord;
-use crate::k8s::{CreateError, ExecutorPods, Listed, PodEvent, Subscription};
+use crate::k8s::{CreateError, ExecutorPods, Listed, PodEvent, RegistrationStore, Subscription};
 use crate::metrics::{DeleteReason, Metrics, ProfileGauges};
 use tokio_util::sync::CancellationToken;
 
@@ -105,8 +105,8 @@ pub(crate) struct ActorParts {
     pub forget: ForgetHook,
     /// What a restarted service needs to resume the application, kept in Kubernetes.
     pub registration: Registration,
-    /// The driver pod as the registration's ConfigMap owner.
-    pub owner: Option<DriverOwner>,
+    /// Where the registration is written (the service's namespace).
+    pub registrations: RegistrationStore,
     /// Publishes the executor pods' changes to WatchExecutors streams (ended with the actor).
     pub feed: Feed,
 }
@@ -230,8 +230,8 @@ pub(crate) struct ApplicationActor {
     forget: Option<ForgetHook>,
     /// What a restarted service needs to resume the application, kept in Kubernetes.
     registration: Registration,
-    /// The driver pod as the registration's ConfigMap owner.
-    owner: Option<DriverOwner>,
+    /// Where the registration is written (the service's namespace).
+    registrations: RegistrationStore,
     /// Publishes the executor pods' changes to WatchExecutors streams (ended with the actor).
     feed: Feed,
     /// Deletes that failed, retried by the next round (merged per `only_pending`).
@@ -364,10 +364,8 @@ struct UpkeepWork {
     record: Option<ExecutorId>,
     /// Whether the round has creates waiting for this (the round is counted with them).
     with_creates: bool,
-    /// The application's registration (JSON) to write, when it changed.
-    registration: Option<String>,
-    /// The driver pod, owner of a registration ConfigMap created now.
-    owner: Option<DriverOwner>,
+    /// The application's registration to write, when it changed.
+    registration: Option<Registration>,
 }
 
 /// The outcome of [`UpkeepWork`].
@@ -398,7 +396,7 @@ impl ApplicationActor {
             driver,
             forget,
             registration,
-            owner,
+            registrations,
             feed,
         } = parts;
         Self {
@@ -415,7 +413,7 @@ impl ApplicationActor {
             driver,
             forget: Some(forget),
             registration,
-            owner,
+            registrations,
             feed,
             retry_deletes: BTreeMap::new(),
             finished_handled: BTreeSet::new(),
@@ -935,7 +933,6 @@ impl ApplicationActor {
             record,
             with_creates: false,
             registration: self.registration_to_write(),
-            owner: self.owner.clone(),
         }
     }
 
@@ -973,11 +970,11 @@ impl ApplicationActor {
         let namespace = self.namespace.clone();
         let app_id = self.app_id.clone();
         let id_record = self.id_record.clone();
+        let registrations = self.registrations.clone();
         let done = self.workers.clone();
         tokio::spawn(
             async move {
                 let registration = upkeep.registration.take();
-                let owner = upkeep.owner.take();
                 let (mut upkeep, id_recorded) =
                     upkeep.send(&client, &namespace, &app_id, &id_record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
@@ -985,17 +982,9 @@ impl ApplicationActor {
                 // The actor outlives its workers (it awaits them before ending).
                 let _ = done.send(WorkDone::Recorded(id_recorded));
                 // The registration is written beside the creates, not before them.
-                if let Some(json) = registration {
-                    upkeep.registration_failed = client
-                        .write_registration(
-                            &namespace,
-                            &app_id,
-                            owner.as_ref(),
-                            REGISTRATION_KEY,
-                            &json,
-                        )
-                        .await
-                        .is_err();
+                if let Some(registration) = registration {
+                    upkeep.registration_failed =
+                        registration.write_to(&registrations).await.is_err();
                 }
                 // The actor outlives its workers (it awaits them before ending).
                 let _ = done.send(WorkDone::Upkeep(upkeep));
@@ -1004,19 +993,10 @@ impl ApplicationActor {
         );
     }
 
-    /// The registration as JSON when it must be written (then no longer dirty; a failed
-    /// write marks it again).
-    fn registration_to_write(&mut self) -> Option<String> {
-        if !std::mem::take(&mut self.registration_dirty) {
-            return None;
-        }
-        match serde_json::to_string(&self.registration) {
-            Ok(json) => Some(json),
-            Err(err) => {
-                tracing::error!(error = %err, "cannot encode the application's registration");
-                None
-            }
-        }
+    /// The registration when it must be written (then no longer dirty; a failed write
+    /// marks it again). The worker encodes and signs it.
+    fn registration_to_write(&mut self) -> Option<Registration> {
+        std::mem::take(&mut self.registration_dirty).then(|| self.registration.clone())
     }
 
     /// The executor pods of the round's creates; one that cannot be built is forgotten.

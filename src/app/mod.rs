@@ -16,9 +16,11 @@ use crate::allocator::{
     Timestamp,
 };
 use crate::k8s::id_record::IdRecord;
-use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RequestPolicy};
+use crate::k8s::{
+    ExecutorPods, PodWatches, RateLimiter, RegistrationSettings, RegistrationStore, RequestPolicy,
+};
 use crate::metrics::{DeleteReason, Metrics};
-use registration::{REGISTRATION_KEY, Registration};
+use registration::Refusal;
 use start::FirstStart;
 
 mod actor;
@@ -135,9 +137,12 @@ pub struct ServiceOptions {
     pub max_creates_per_round: u32,
     /// What a template may ask for (`pod_policy`), the one copy of it: Start's templates
     /// (checked at the edge, through [`Applications::pod_policy`]), SetTotalExpected's, and
-    /// those of a registration before it is resumed, since anyone who may edit ConfigMaps
-    /// in its namespace could have changed them.
+    /// those of a registration before it is resumed (signed, but the policy may have been
+    /// tightened since it was written).
     pub pod_policy: crate::allocator::pod_policy::PodPolicy,
+    /// Where registrations are kept and the Secret of the key that signs them
+    /// (`registrations`).
+    pub registrations: RegistrationSettings,
 }
 
 impl Default for ServiceOptions {
@@ -156,6 +161,7 @@ impl Default for ServiceOptions {
             max_resource_profiles: 64,
             max_creates_per_round: 500,
             pod_policy: crate::allocator::pod_policy::PodPolicy::default(),
+            registrations: RegistrationSettings::default(),
         }
     }
 }
@@ -204,6 +210,8 @@ pub struct Applications {
 struct Registry {
     ctx: ServiceContext,
     pods: ExecutorPods,
+    /// The registrations, in the service's namespace.
+    registrations: RegistrationStore,
     watches: PodWatches,
     apps: Mutex<HashMap<AppId, Entry>>,
     /// Start and Stop hold it shared (they run concurrently), shutdown exclusively (it
@@ -256,10 +264,12 @@ impl Applications {
             ctx.metrics.clone(),
         );
         let _probe = watches.spawn_probe();
+        let registrations = RegistrationStore::new(pods.clone(), &options.registrations);
         Self {
             inner: Arc::new(Registry {
                 ctx,
                 pods,
+                registrations,
                 watches,
                 apps: Mutex::new(HashMap::new()),
                 lifecycle: tokio::sync::RwLock::new(()),
@@ -270,62 +280,59 @@ impl Applications {
         }
     }
 
-    /// Resumes every application whose registration a previous service kept in Kubernetes
-    /// (in the allowed namespaces, else in all): Start as first asked, then its targets
-    /// and registered executors, so allocation goes on with no call from the driver.
-    /// Returns the applications resumed; one that cannot be resumed is logged (and its
-    /// registration deleted when its driver pod is gone or ended).
+    /// Resumes every application whose registration a previous service kept in its own
+    /// namespace: Start as first asked, then its targets and registered executors, so
+    /// allocation goes on with no call from the driver. Only registrations the service
+    /// wrote are resumed ([`registration::open`]: signed with its key, under the name and
+    /// labels of the namespace and application they name, in an allowed namespace, within
+    /// the pod policy); any other is logged with the reason, counted in
+    /// `registrations_refused_total`, and creates nothing. Returns the applications
+    /// resumed; one that cannot be resumed is logged (and its registration deleted when
+    /// its driver pod is gone or ended). Without the signing key nothing is resumed.
     pub async fn resume_registered(&self) -> Result<Vec<AppId>, AppError> {
-        let namespaces: Vec<String> = self
-            .inner
-            .ctx
-            .options
-            .allowed_namespaces
-            .iter()
-            .cloned()
-            .collect();
-        let stored = self
-            .inner
-            .pods
-            .list_registrations(&namespaces, REGISTRATION_KEY)
-            .await?;
+        let store = &self.inner.registrations;
+        let key = store
+            .signing_key()
+            .await
+            .map_err(|err| AppError::Unavailable(err.to_string()))?;
+        let stored = store.list().await?;
+        let allowed = &self.inner.ctx.options.allowed_namespaces;
         let mut resumed = Vec::new();
-        for json in stored {
-            let registration: Registration = match serde_json::from_str(&json) {
-                Ok(registration) => registration,
-                Err(err) => {
-                    tracing::warn!(error = %err, "ignoring an unreadable application registration");
-                    continue;
+        for found in stored {
+            let checked = registration::open(&found, key, allowed).and_then(|registration| {
+                let req = registration.start_request().map_err(Refusal::Invalid)?;
+                let placement = Placement {
+                    namespace: req.namespace.clone(),
+                    driver_pod_name: req.driver_pod_name.clone(),
+                };
+                let policy = &self.inner.ctx.options.pod_policy;
+                match start::policy_violation(policy, &placement, &req.templates) {
+                    Some((profile, violation)) => Err(Refusal::PodPolicy(format!(
+                        "resource profile {profile}: {violation}"
+                    ))),
+                    None => Ok((registration, req)),
                 }
-            };
-            let req = match registration.start_request() {
-                Ok(req) => req,
-                Err(err) => {
-                    tracing::warn!(error = %err, "ignoring an invalid application registration");
+            });
+            let (registration, req) = match checked {
+                Ok(checked) => checked,
+                Err(refusal) => {
+                    tracing::warn!(config_map = %found.name, namespace = store.namespace(),
+                        app_namespace = ?found.namespace_label, app = ?found.app_label,
+                        reason = refusal.reason(), why = %refusal,
+                        "not resuming a registration; nothing of it is created");
+                    self.inner
+                        .ctx
+                        .metrics
+                        .registration_refused(refusal.reason());
                     continue;
                 }
             };
             let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
-            let placement = Placement {
-                namespace: req.namespace.clone(),
-                driver_pod_name: req.driver_pod_name.clone(),
-            };
-            let policy = &self.inner.ctx.options.pod_policy;
-            let refused = start::policy_violation(policy, &placement, &req.templates);
-            if let Some((profile, violation)) = refused {
-                tracing::warn!(%app, %namespace, %profile, %violation,
-                    "not resuming the application: a template of its registration breaks the pod policy");
-                continue;
-            }
             match self.start(req).await {
                 Ok(_) => {}
                 Err(AppError::FailedPrecondition(reason)) => {
                     tracing::warn!(%app, %namespace, %reason, "not resuming the application; its registration is deleted");
-                    let _ = self
-                        .inner
-                        .pods
-                        .delete_registration(&namespace, app.as_str())
-                        .await;
+                    let _ = store.delete(&namespace, app.as_str()).await;
                     continue;
                 }
                 Err(err) => {
@@ -391,14 +398,14 @@ impl Applications {
         self.actor(app)?.update_registered(ids).await
     }
 
-    /// Deletes every executor pod of the application, then its ConfigMap (registration,
-    /// id record), and forgets it; returns the pods this delete deleted (not those already
-    /// terminating).
+    /// Deletes every executor pod of the application, then its registration and its id
+    /// record's ConfigMap, and forgets it; returns the pods this delete deleted (not those
+    /// already terminating).
     pub async fn stop(&self, app: &AppId) -> Result<u32, AppError> {
         self.check_running()?;
         let _shared = self.inner.lifecycle.read().await;
         let _serial = self.lock_app(app).await;
-        let Some((namespace, actor, _)) = self.entry(app) else {
+        let Some((namespace, actor, id_record)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
         if let Some(actor) = actor {
@@ -407,13 +414,19 @@ impl Applications {
         }
         let pods = self.inner.pods.for_application(app.as_str());
         let deleted = match pods.delete_all(&namespace, app.as_str()).await {
-            // The record goes only once no pod holds an id.
-            Ok(deleted) => self
+            // The records go only once no pod holds an id.
+            Ok(deleted) => match self
                 .inner
-                .pods
-                .delete_registration(&namespace, app.as_str())
+                .registrations
+                .delete(&namespace, app.as_str())
                 .await
-                .map(|()| deleted),
+            {
+                Ok(()) => pods
+                    .delete_id_record(&namespace, &id_record)
+                    .await
+                    .map(|()| deleted),
+                Err(err) => Err(err),
+            },
             Err(err) => Err(err),
         };
         match deleted {

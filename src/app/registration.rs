@@ -1,20 +1,33 @@
 //! An application's registration as kept in Kubernetes, so a restarted service resumes
 //! every application by itself: what Start asked for (effective settings, templates of
 //! every profile, including those added later), the targets and the executors registered
-//! with the driver. Stored as JSON under the data key [`REGISTRATION_KEY`] of the
-//! application's ConfigMap ([`crate::k8s::IdRecord::config_map_name`]), owned by the
-//! driver pod when there is one.
+//! with the driver. Stored as JSON under the data key [`REGISTRATION_KEY`] of a ConfigMap
+//! in the service's own namespace ([`RegistrationStore`]), signed with the service's key.
+//!
+//! A registration decides where pods are created and for whom, so a restarted service
+//! trusts one only when it is the service's own: signed with its key (HMAC-SHA256), kept
+//! under the name and labels of the namespace and application it names, in an allowed
+//! namespace ([`open`]). Both defences, because they stop different writers: the
+//! service's namespace keeps tenants out entirely (they cannot write there, and the
+//! service no longer lists ConfigMaps in theirs), and the signature refuses a registration
+//! written or edited by anyone else who can write ConfigMaps in the service's namespace
+//! (an edited owner, a planted application, a copy under another application's name).
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
+use ring::hmac;
 use serde::{Deserialize, Serialize};
 
 use super::{AppId, StartApplication};
 use crate::allocator::{AllocationPolicy, AllocationSettings, ExecutorId, ResourceProfileId};
+pub use crate::k8s::registrations::REGISTRATION_KEY;
+use crate::k8s::registrations::{RegistrationStore, StoredRegistration};
 
-/// Data key of the registration in the application's ConfigMap.
-pub const REGISTRATION_KEY: &str = "registration";
+/// What the signature is over begins with this, so a MAC made with the key for anything
+/// else is never a registration's.
+const SIGNED_CONTEXT: &[u8] = b"spark-pod-allocator registration v1";
 
 /// What a restarted service needs to resume an application.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -146,6 +159,132 @@ impl Registration {
     }
 }
 
+/// Why a stored registration is not resumed; [`Refusal::reason`] labels the metric.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// No registration or no signature in the ConfigMap.
+    #[error("it is not signed")]
+    Unsigned,
+    /// The signature is not the service's over this namespace, application and JSON.
+    #[error("its signature does not match (written or edited by someone else, or moved)")]
+    BadSignature,
+    /// Its ConfigMap's name or labels are not those of the application it names.
+    #[error("it is not where its application's registration is kept: {0}")]
+    Misplaced(String),
+    /// Signed, but its JSON does not decode (a registration of another version).
+    #[error("it does not decode: {0}")]
+    Unreadable(String),
+    /// Its namespace is not in `allowed_namespaces`.
+    #[error("namespace {0} is not allowed by this service")]
+    NamespaceNotAllowed(String),
+    /// Its application id or settings break the rules a Start is held to.
+    #[error("{0}")]
+    Invalid(String),
+    /// A template breaks the pod policy (`pod_policy`).
+    #[error("a template breaks the pod policy: {0}")]
+    PodPolicy(String),
+}
+
+impl Refusal {
+    /// The `reason` label of `registrations_refused_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Unsigned => "unsigned",
+            Self::BadSignature => "bad_signature",
+            Self::Misplaced(_) => "misplaced",
+            Self::Unreadable(_) => "unreadable",
+            Self::NamespaceNotAllowed(_) => "namespace_not_allowed",
+            Self::Invalid(_) => "invalid",
+            Self::PodPolicy(_) => "pod_policy",
+        }
+    }
+}
+
+/// The registration `stored` holds, if the service may resume it: signed with `key` over
+/// its labels' namespace and application id and its JSON (checked first, before the JSON
+/// is parsed), kept under the name of that namespace and application, naming them itself,
+/// in a namespace of `allowed` (empty: all).
+pub fn open(
+    stored: &StoredRegistration,
+    key: &hmac::Key,
+    allowed: &BTreeSet<String>,
+) -> Result<Registration, Refusal> {
+    let (Some(json), Some(signature)) = (&stored.json, &stored.signature) else {
+        return Err(Refusal::Unsigned);
+    };
+    let (Some(namespace), Some(app_id)) = (&stored.namespace_label, &stored.app_label) else {
+        return Err(Refusal::Misplaced(
+            "its application namespace or id label is missing".into(),
+        ));
+    };
+    let signature = base64::engine::general_purpose::STANDARD
+        .decode(signature)
+        .map_err(|_| Refusal::BadSignature)?;
+    hmac::verify(key, &signed_bytes(namespace, app_id, json), &signature)
+        .map_err(|_| Refusal::BadSignature)?;
+    let expected = RegistrationStore::config_map_name(namespace, app_id);
+    if stored.name != expected {
+        return Err(Refusal::Misplaced(format!(
+            "ConfigMap {} holds the registration of {namespace}/{app_id}, kept as {expected}",
+            stored.name
+        )));
+    }
+    let registration: Registration =
+        serde_json::from_str(json).map_err(|e| Refusal::Unreadable(e.to_string()))?;
+    if &registration.namespace != namespace || &registration.app_id != app_id {
+        return Err(Refusal::Misplaced(format!(
+            "it names {}/{}, its labels {namespace}/{app_id}",
+            registration.namespace, registration.app_id
+        )));
+    }
+    if !allowed.is_empty() && !allowed.contains(namespace) {
+        return Err(Refusal::NamespaceNotAllowed(namespace.clone()));
+    }
+    Ok(registration)
+}
+
+/// What a registration's MAC covers: its JSON exactly as stored (so no re-encoding can
+/// change what was signed, and it is checked before the JSON is parsed), after the
+/// namespace and application id its ConfigMap is labelled with, each length-prefixed so
+/// no two triples give the same bytes. The JSON holds everything else that decides what a
+/// resume does: the owner, the driver pod name, settings, templates, targets.
+fn signed_bytes(namespace: &str, app_id: &str, json: &str) -> Vec<u8> {
+    let parts = [namespace, app_id, json];
+    let len = parts.iter().map(|p| 8 + p.len()).sum::<usize>();
+    let mut bytes = Vec::with_capacity(SIGNED_CONTEXT.len() + len);
+    bytes.extend_from_slice(SIGNED_CONTEXT);
+    for part in parts {
+        bytes.extend_from_slice(&u64::try_from(part.len()).unwrap_or(u64::MAX).to_be_bytes());
+        bytes.extend_from_slice(part.as_bytes());
+    }
+    bytes
+}
+
+impl Registration {
+    /// Its JSON and the base64 signature of it under `key` ([`open`] checks them).
+    pub fn seal(&self, key: &hmac::Key) -> Result<(String, String), serde_json::Error> {
+        let json = serde_json::to_string(self)?;
+        let tag = hmac::sign(key, &signed_bytes(&self.namespace, &self.app_id, &json));
+        let signature = base64::engine::general_purpose::STANDARD.encode(tag.as_ref());
+        Ok((json, signature))
+    }
+
+    /// Signs and writes it in `store`; a failure is logged (the caller writes it again
+    /// later) and is `Err`.
+    pub async fn write_to(&self, store: &RegistrationStore) -> Result<(), ()> {
+        let key = store.signing_key().await.map_err(|err| {
+            tracing::warn!(error = %err, "cannot sign the application's registration; not written");
+        })?;
+        let (json, signature) = self.seal(key).map_err(|err| {
+            tracing::error!(error = %err, "cannot encode the application's registration");
+        })?;
+        store
+            .write(&self.namespace, &self.app_id, &json, &signature)
+            .await
+            .map_err(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +340,113 @@ mod tests {
         registration.settings.batch_delay_ms = 1;
         let err = registration.start_request().unwrap_err();
         assert!(err.contains("batch_delay_ms"), "{err}");
+    }
+
+    fn sealed(key: &hmac::Key) -> (Registration, StoredRegistration) {
+        let req = StartApplication {
+            app_id: AppId::parse("app-1").unwrap(),
+            namespace: "team-a".into(),
+            driver_pod_name: Some("driver".into()),
+            templates: BTreeMap::new(),
+            pod_name_prefix: None,
+            settings: AllocationSettings::default(),
+            owner: Some("alice".into()),
+        };
+        let registration = Registration::of_start(&req);
+        let (json, signature) = registration.seal(key).unwrap();
+        let stored = StoredRegistration {
+            name: RegistrationStore::config_map_name("team-a", "app-1"),
+            namespace_label: Some("team-a".into()),
+            app_label: Some("app-1".into()),
+            json: Some(json),
+            signature: Some(signature),
+        };
+        (registration, stored)
+    }
+
+    fn key(byte: u8) -> hmac::Key {
+        hmac::Key::new(hmac::HMAC_SHA256, &[byte; 32])
+    }
+
+    #[test]
+    fn a_sealed_registration_opens_with_its_key_only() {
+        let all = BTreeSet::new();
+        let (registration, stored) = sealed(&key(1));
+        assert_eq!(open(&stored, &key(1), &all), Ok(registration));
+        assert_eq!(open(&stored, &key(2), &all), Err(Refusal::BadSignature));
+        let unsigned = StoredRegistration {
+            signature: None,
+            ..stored.clone()
+        };
+        assert_eq!(open(&unsigned, &key(1), &all), Err(Refusal::Unsigned));
+        let garbage = StoredRegistration {
+            signature: Some("not base64!".into()),
+            ..stored
+        };
+        assert_eq!(open(&garbage, &key(1), &all), Err(Refusal::BadSignature));
+    }
+
+    #[test]
+    fn an_edited_owner_driver_or_namespace_breaks_the_signature() {
+        let all = BTreeSet::new();
+        let (_, stored) = sealed(&key(1));
+        let json = stored.json.clone().unwrap();
+        for (from, to) in [
+            ("\"owner\":\"alice\"", "\"owner\":\"mallory\""),
+            (
+                "\"driver_pod_name\":\"driver\"",
+                "\"driver_pod_name\":\"other\"",
+            ),
+            ("\"namespace\":\"team-a\"", "\"namespace\":\"team-b\""),
+        ] {
+            assert!(json.contains(from), "{json}");
+            let edited = StoredRegistration {
+                json: Some(json.replace(from, to)),
+                ..stored.clone()
+            };
+            assert_eq!(
+                open(&edited, &key(1), &all),
+                Err(Refusal::BadSignature),
+                "{to}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_registration_moved_to_another_name_or_labels_is_refused() {
+        let all = BTreeSet::new();
+        let (_, stored) = sealed(&key(1));
+        let relabelled = StoredRegistration {
+            name: RegistrationStore::config_map_name("team-b", "app-1"),
+            namespace_label: Some("team-b".into()),
+            ..stored.clone()
+        };
+        assert_eq!(open(&relabelled, &key(1), &all), Err(Refusal::BadSignature));
+        let other_app = StoredRegistration {
+            app_label: Some("app-2".into()),
+            ..stored.clone()
+        };
+        assert_eq!(open(&other_app, &key(1), &all), Err(Refusal::BadSignature));
+        let renamed = StoredRegistration {
+            name: "spark-pod-allocator.team-a.copy".into(),
+            ..stored.clone()
+        };
+        assert_eq!(
+            open(&renamed, &key(1), &all).unwrap_err().reason(),
+            "misplaced"
+        );
+        let unlabelled = StoredRegistration {
+            namespace_label: None,
+            ..stored.clone()
+        };
+        assert_eq!(
+            open(&unlabelled, &key(1), &all).unwrap_err().reason(),
+            "misplaced"
+        );
+        let only_b = BTreeSet::from(["team-b".to_string()]);
+        assert_eq!(
+            open(&stored, &key(1), &only_b),
+            Err(Refusal::NamespaceNotAllowed("team-a".into()))
+        );
     }
 }

@@ -204,7 +204,10 @@ impl Applications {
             }),
             forget: self.forget_hook(&req.app_id, generation),
             registration: Registration::of_start(req),
-            owner: driver.and_then(|d| d.owner),
+            registrations: self
+                .inner
+                .registrations
+                .for_application(req.app_id.as_str()),
             feed,
         }
     }
@@ -275,11 +278,9 @@ impl Applications {
                 }
                 registry.ctx.metrics.set_active_applications(apps.len());
                 // A restarted service must not resume it.
-                let pods = registry.pods.clone();
+                let registrations = registry.registrations.clone();
                 tokio::spawn(async move {
-                    let _ = pods
-                        .delete_registration(&entry.namespace, app.as_str())
-                        .await;
+                    let _ = registrations.delete(&entry.namespace, app.as_str()).await;
                 });
             }
         })

@@ -1,16 +1,19 @@
 //! Everything that talks to Kubernetes: shared pod watches per namespace with the periodic
 //! resync ([`PodWatches`]), executor pod creates and deletes under one client-side rate
-//! limit ([`ExecutorPods`]), the executor id record ([`IdRecord`]), and building the client
-//! from [`KubernetesSettings`] ([`connect`]).
+//! limit ([`ExecutorPods`]), the executor id record ([`IdRecord`]), the applications'
+//! registrations in the service's namespace ([`RegistrationStore`]), and building the
+//! client from [`KubernetesSettings`] ([`connect`]).
 pub mod id_record;
 pub mod pods;
 pub mod rate_limit;
+pub mod registrations;
 pub mod request;
 pub mod watch;
 
 pub use id_record::IdRecord;
 pub use pods::{CreateError, ExecutorPods};
 pub use rate_limit::RateLimiter;
+pub use registrations::{RegistrationSettings, RegistrationStore};
 pub use request::RequestPolicy;
 pub use watch::{Listed, PodEvent, PodWatches, Subscription};
 

@@ -1,7 +1,7 @@
 //! Executor pod requests of every application: creates, collection deletes by label (and
 //! `status.phase=Pending` for a downscale), delete-all for Stop, the listing used to resume,
-//! the driver pod lookup, and the applications' registrations (the record of the highest
-//! executor id handed out is in [`super::id_record`]). Every mutating request first takes a slot of the shared [`RateLimiter`];
+//! the driver pod lookup, and the ConfigMap requests the id record ([`super::id_record`])
+//! and the registrations ([`super::registrations`]) are written through. Every mutating request first takes a slot of the shared [`RateLimiter`];
 //! every failure is logged with the API server's reason and returned.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -10,8 +10,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
@@ -20,10 +19,10 @@ pub use super::id_record::{IdRecord, LAST_EXECUTOR_ID_KEY};
 use super::rate_limit::{RateLimiter, SERVICE_SHARE};
 use super::request::RequestPolicy;
 use super::watch::{FOLLOWED_DRIVER_LABEL, FOLLOWED_DRIVER_VALUE};
+use crate::allocator::ExecutorId;
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
-use crate::allocator::{DriverOwner, ExecutorId};
 use crate::metrics::Metrics;
 
 /// Why one executor pod was not created.
@@ -263,95 +262,6 @@ impl ExecutorPods {
             .inspect_err(|err| {
                 tracing::warn!(namespace, pod = pod_name, error = %describe_error(err), "labelling executor pod inactive failed");
             })
-    }
-
-    /// Writes an application's registration (JSON) under `key` of its ConfigMap: one merge
-    /// PATCH; for a ConfigMap not there yet a create, owned by the driver pod when there
-    /// is one (so it goes with it), and the PATCH again if another create won the race.
-    pub async fn write_registration(
-        &self,
-        namespace: &str,
-        app_id: &str,
-        owner: Option<&DriverOwner>,
-        key: &str,
-        value: &str,
-    ) -> Result<(), kube::Error> {
-        let name = IdRecord::config_map_name(app_id);
-        let patch = serde_json::json!({"data": {key: value}});
-        let result = match self
-            .merge_patch::<ConfigMap>(namespace, &name, &patch)
-            .await
-        {
-            Err(err) if is_status(&err, 404) => {
-                let config_map = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        labels: Some(managed_labels(app_id)),
-                        owner_references: owner.map(|owner| {
-                            vec![OwnerReference {
-                                api_version: "v1".into(),
-                                kind: "Pod".into(),
-                                name: owner.name.clone(),
-                                uid: owner.uid.clone(),
-                                ..OwnerReference::default()
-                            }]
-                        }),
-                        ..ObjectMeta::default()
-                    },
-                    data: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
-                    ..ConfigMap::default()
-                };
-                match self.create_config_map(namespace, &config_map).await {
-                    Err(err) if is_status(&err, 409) => {
-                        self.merge_patch::<ConfigMap>(namespace, &name, &patch)
-                            .await
-                    }
-                    other => other,
-                }
-            }
-            other => other,
-        };
-        result.inspect_err(|err| {
-            tracing::warn!(namespace, config_map = %name, error = %describe_error(err), "writing the application's registration failed");
-        })
-    }
-
-    /// The values under `key` of every ConfigMap of the service, in `namespaces` (all
-    /// namespaces when empty).
-    pub async fn list_registrations(
-        &self,
-        namespaces: &[String],
-        key: &str,
-    ) -> Result<Vec<String>, kube::Error> {
-        let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-        let apis: Vec<Api<ConfigMap>> = if namespaces.is_empty() {
-            vec![Api::all(self.client.clone())]
-        } else {
-            namespaces
-                .iter()
-                .map(|ns| Api::namespaced(self.client.clone(), ns))
-                .collect()
-        };
-        let mut values = Vec::new();
-        for api in apis {
-            let list = self.policy.run(|_| api.list(&lp)).await?;
-            values.extend(list.items.into_iter().filter_map(|cm| cm.data?.remove(key)));
-        }
-        Ok(values)
-    }
-
-    /// Deletes the application's ConfigMap (registration and, without a driver pod, id
-    /// record) once it has stopped; gone already is fine.
-    pub async fn delete_registration(
-        &self,
-        namespace: &str,
-        app_id: &str,
-    ) -> Result<(), kube::Error> {
-        let record = IdRecord::ConfigMap {
-            name: IdRecord::config_map_name(app_id),
-            app_id: app_id.to_string(),
-        };
-        self.delete_id_record(namespace, &record).await
     }
 
     /// Creates `config_map` (rate-limited, retried); a retry that finds it already created

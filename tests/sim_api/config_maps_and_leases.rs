@@ -1,4 +1,4 @@
-//! ConfigMaps (immutable ones included) and Leases, with the verbs the service uses.
+//! ConfigMaps (immutable ones included), Leases and Secrets, with the verbs the service uses.
 
 use super::*;
 
@@ -126,4 +126,45 @@ async fn configmaps_and_leases_support_the_verbs_the_service_uses() {
         .await
         .unwrap();
     assert_eq!(api_error(in_team.get("p").await).0, 404);
+}
+
+#[tokio::test]
+async fn secrets_are_stored_with_base64_data_and_string_data_folded_in() {
+    use k8s_openapi::api::core::v1::Secret;
+    let sim = manual_cluster().await;
+    let client = sim.try_client().expect("sim client");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "key"},
+        "data": {"key": "AAEC"},
+        "stringData": {"text": "hi"}
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let stored = secrets.get("key").await.unwrap();
+    assert_eq!(stored.type_.as_deref(), Some("Opaque"));
+    assert!(stored.string_data.is_none());
+    let data = stored.data.unwrap();
+    assert_eq!(data["key"].0, vec![0, 1, 2]);
+    assert_eq!(data["text"].0, b"hi".to_vec());
+    // Data that is not base64 is refused, as the real decoder refuses it.
+    let (code, _, _) = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/secrets",
+        "application/json",
+        Some(json!({"metadata": {"name": "bad"}, "data": {"k": "%%%"}})),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let again = secrets.create(&PostParams::default(), &secret).await;
+    assert_eq!(api_error(again).0, 409);
+    secrets
+        .delete("key", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(secrets.get_opt("key").await.unwrap().is_none());
 }

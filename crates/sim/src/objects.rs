@@ -47,6 +47,7 @@ pub fn check_schema(kind: Kind, obj: &Value) -> Result<(), ApiError> {
             serde_json::from_value::<v1::PersistentVolumeClaim>(obj.clone()).map(drop)
         }
         Kind::Lease => serde_json::from_value::<Lease>(obj.clone()).map(drop),
+        Kind::Secret => serde_json::from_value::<v1::Secret>(obj.clone()).map(drop),
     };
     result.map_err(|e| {
         ApiError::bad_request(format!(
@@ -355,7 +356,31 @@ pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &s
             }
             obj["status"] = json!({"phase": "Pending"});
         }
+        Kind::Secret => default_secret(obj),
         Kind::ConfigMap | Kind::Lease => {}
+    }
+}
+
+/// A Secret's defaults as the real registry fills them: `type: Opaque`, and `stringData`
+/// folded into `data` (base64), never stored itself.
+fn default_secret(obj: &mut Value) {
+    use base64::Engine as _;
+    let Some(map) = obj.as_object_mut() else {
+        return;
+    };
+    map.entry("type").or_insert(json!("Opaque"));
+    let Some(Value::Object(strings)) = map.remove("stringData") else {
+        return;
+    };
+    if !map.get("data").is_some_and(Value::is_object) {
+        map.insert("data".into(), json!({}));
+    }
+    if let Some(data) = map.get_mut("data").and_then(Value::as_object_mut) {
+        for (key, value) in strings {
+            let text = value.as_str().unwrap_or_default();
+            let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+            data.insert(key, Value::String(encoded));
+        }
     }
 }
 

@@ -27,17 +27,20 @@ pub enum Kind {
     PersistentVolumeClaim,
     /// coordination.k8s.io/v1 leases.
     Lease,
+    /// core/v1 secrets (stored only: no pod mounts them).
+    Secret,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::ConfigMap,
         Kind::Service,
         Kind::PersistentVolumeClaim,
         Kind::Lease,
+        Kind::Secret,
     ];
 
     fn index(self) -> usize {
@@ -52,6 +55,7 @@ impl Kind {
             Kind::Service => "services",
             Kind::PersistentVolumeClaim => "persistentvolumeclaims",
             Kind::Lease => "leases",
+            Kind::Secret => "secrets",
         }
     }
     /// The `kind` of one object.
@@ -63,6 +67,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::PersistentVolumeClaim => "PersistentVolumeClaim",
             Kind::Lease => "Lease",
+            Kind::Secret => "Secret",
         }
     }
     /// The API group (`""` for core).
@@ -91,7 +96,7 @@ impl Kind {
             Kind::ConfigMap => &["cm"],
             Kind::Service => &["svc"],
             Kind::PersistentVolumeClaim => &["pvc"],
-            Kind::Lease => &[],
+            Kind::Lease | Kind::Secret => &[],
         }
     }
     /// Fields a field selector may name for this resource.

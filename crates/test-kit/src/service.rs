@@ -6,12 +6,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::Api;
 use serde_json::json;
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
+use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication, Started,
 };
+use spark_pod_allocator::k8s::RegistrationStore;
 
 use crate::grpc::TEMPLATE;
 use crate::wait::until;
@@ -29,6 +32,33 @@ pub fn applications(
     options: ServiceOptions,
 ) -> Applications {
     Applications::new(ServiceContext::new(client, Arc::new(clock.clone())).with_options(options))
+}
+
+/// The ConfigMap holding the registration of `app` (of `app_namespace`), in the
+/// service's namespace `service_namespace` (`default` unless the test's options say
+/// otherwise), if there is one.
+pub async fn registration_config_map(
+    client: &kube::Client,
+    service_namespace: &str,
+    app_namespace: &str,
+    app: &str,
+) -> Option<ConfigMap> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), service_namespace);
+    api.get_opt(&RegistrationStore::config_map_name(app_namespace, app))
+        .await
+        .expect("get the registration's ConfigMap")
+}
+
+/// The registration [`registration_config_map`] holds, decoded (its signature unchecked).
+pub async fn stored_registration(
+    client: &kube::Client,
+    service_namespace: &str,
+    app_namespace: &str,
+    app: &str,
+) -> Option<Registration> {
+    let config_map = registration_config_map(client, service_namespace, app_namespace, app).await?;
+    let json = config_map.data?.remove(REGISTRATION_KEY)?;
+    Some(serde_json::from_str(&json).expect("registration JSON"))
 }
 
 /// An application id the tests know is valid.

@@ -657,6 +657,7 @@ async fn admin(
                 "services": sh.store.count(Kind::Service, None),
                 "persistentvolumeclaims": sh.store.count(Kind::PersistentVolumeClaim, None),
                 "leases": sh.store.count(Kind::Lease, None),
+                "secrets": sh.store.count(Kind::Secret, None),
                 "namespaces": sh.store.count(Kind::Namespace, None),
             }),
         )),

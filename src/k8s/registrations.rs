@@ -1,0 +1,409 @@
+//! Where the applications' registrations are kept ([`RegistrationStore`]): one ConfigMap
+//! per application in the service's OWN namespace (`registrations.namespace`), never in
+//! the application's, and the HMAC key that signs them, a Secret beside them
+//! (`registrations.key_secret`). What a registration holds and how it is signed and
+//! checked is [`crate::app::registration`]'s; this module only stores the bytes.
+//!
+//! Why both the own namespace and a signature: tenants cannot write in the service's
+//! namespace (RBAC), so a ConfigMap planted by a driver in its own namespace is never even
+//! listed, and the service needs no LIST of ConfigMaps in tenant namespaces. The
+//! signature covers what RBAC does not: anyone else who may write ConfigMaps in the
+//! service's namespace (another controller, an operator's typo, a copy moved to another
+//! application's name) cannot write or edit a registration the service will resume.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use ring::hmac;
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::Deserialize;
+use tokio::sync::OnceCell;
+
+use super::describe_error;
+use super::pods::{ExecutorPods, MANAGED_BY, MANAGED_BY_LABEL, is_status, managed_labels};
+use crate::naming::{sanitize_prefix, stable_hash, truncate_label};
+
+/// Data key of the registration (JSON) in its ConfigMap.
+pub const REGISTRATION_KEY: &str = "registration";
+
+/// Data key of the registration's signature (base64 of HMAC-SHA256) in its ConfigMap.
+pub const SIGNATURE_KEY: &str = "registration-signature";
+
+/// Label of a registration's ConfigMap naming the application's namespace (the
+/// application id is in [`crate::allocator::types::APP_ID_LABEL`]).
+pub const APPLICATION_NAMESPACE_LABEL: &str = "spark-pod-allocator/application-namespace";
+
+/// Data key of the signing key in the key Secret.
+pub const KEY_DATA_KEY: &str = "key";
+
+/// Bytes of a key the service generates, and the fewest it accepts from a Secret.
+pub const KEY_LEN: usize = 32;
+
+/// Registrations listed per page.
+const PAGE_SIZE: u32 = 100;
+
+/// Where registrations are kept (the configuration's `registrations` section).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistrationSettings {
+    /// The service's own namespace, which holds the registrations and the key Secret.
+    /// Unset: the `POD_NAMESPACE` environment variable (the chart sets it from the
+    /// downward API), else `default`.
+    pub namespace: Option<String>,
+    /// Name of the Secret (in `namespace`) whose data key `key` holds the signing key, at
+    /// least 32 bytes. Created with 32 random bytes when missing.
+    pub key_secret: String,
+}
+
+impl Default for RegistrationSettings {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            key_secret: "spark-pod-allocator-registration-key".to_string(),
+        }
+    }
+}
+
+impl RegistrationSettings {
+    /// The namespace in use: `namespace`, else `default`.
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("default")
+    }
+
+    /// The rule a value breaks, as (key under `registrations.`, reason).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        if let Some(namespace) = &self.namespace {
+            crate::naming::dns1123_label(namespace)
+                .map_err(|reason| ("namespace".to_string(), reason))?;
+        }
+        crate::naming::dns1123_subdomain(&self.key_secret)
+            .map_err(|reason| ("key_secret".to_string(), reason))
+    }
+}
+
+/// Why the signing key cannot be had; the message names the Secret and the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("reading or creating the Secret {namespace}/{name} (registrations.key_secret): {}", describe_error(.source))]
+    Kubernetes {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error(
+        "the Secret {namespace}/{name} (registrations.key_secret) has no data key `{KEY_DATA_KEY}` \
+         of at least {KEY_LEN} bytes (has {len})"
+    )]
+    Weak {
+        namespace: String,
+        name: String,
+        len: usize,
+    },
+    #[error("no random bytes for a new registration key")]
+    Random,
+}
+
+/// A registration as found in the service's namespace, before anything of it is trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRegistration {
+    /// The ConfigMap's name.
+    pub name: String,
+    /// Its [`APPLICATION_NAMESPACE_LABEL`].
+    pub namespace_label: Option<String>,
+    /// Its application id label.
+    pub app_label: Option<String>,
+    /// The registration JSON ([`REGISTRATION_KEY`]).
+    pub json: Option<String>,
+    /// The signature ([`SIGNATURE_KEY`]).
+    pub signature: Option<String>,
+}
+
+/// The registrations' ConfigMaps and their signing key, in the service's namespace.
+/// Requests go through the [`ExecutorPods`] client (rate limit, deadline, retries) of the
+/// application they are for.
+#[derive(Clone)]
+pub struct RegistrationStore {
+    pods: ExecutorPods,
+    namespace: Arc<str>,
+    key_secret: Arc<str>,
+    /// Read (or created) once, at first need; a failure is tried again at the next need.
+    key: Arc<OnceCell<hmac::Key>>,
+}
+
+impl RegistrationStore {
+    /// The store of `settings`, sending through `pods`.
+    pub fn new(pods: ExecutorPods, settings: &RegistrationSettings) -> Self {
+        Self {
+            pods,
+            namespace: Arc::from(settings.namespace()),
+            key_secret: Arc::from(settings.key_secret.as_str()),
+            key: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// The same store, its requests in `app_id`'s share of the rate limit.
+    pub fn for_application(&self, app_id: &str) -> Self {
+        Self {
+            pods: self.pods.for_application(app_id),
+            ..self.clone()
+        }
+    }
+
+    /// The service's namespace, where registrations are kept.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// `spark-pod-allocator.<namespace>.<sanitised id>-<hash of namespace/id>`: a valid
+    /// ConfigMap name, one per application, that no id record's name (no dot) and no
+    /// other (namespace, application id) gives.
+    pub fn config_map_name(app_namespace: &str, app_id: &str) -> String {
+        let hash = stable_hash(&format!("{app_namespace}/{app_id}"));
+        let namespace = sanitize_prefix(app_namespace);
+        let app = sanitize_prefix(app_id);
+        format!(
+            "{MANAGED_BY}.{}.{}-{hash}",
+            truncate_label(&namespace, crate::naming::MAX_LABEL_LEN),
+            truncate_label(&app, crate::naming::MAX_LABEL_LEN - hash.len() - 1),
+        )
+    }
+
+    /// The signing key: the Secret's `key`, or, when there is no such Secret, a new one of
+    /// [`KEY_LEN`] random bytes (GET, on 404 CREATE, on 409 GET again: replicas may race).
+    /// Read once per service.
+    pub async fn signing_key(&self) -> Result<&hmac::Key, KeyError> {
+        self.key.get_or_try_init(|| self.read_or_create_key()).await
+    }
+
+    async fn read_or_create_key(&self) -> Result<hmac::Key, KeyError> {
+        let api = Api::<Secret>::namespaced(self.pods.client.clone(), &self.namespace);
+        let in_kubernetes = |source| KeyError::Kubernetes {
+            namespace: self.namespace.to_string(),
+            name: self.key_secret.to_string(),
+            source,
+        };
+        let policy = self.pods.policy;
+        let found = policy
+            .run(|_| api.get_opt(&self.key_secret))
+            .await
+            .map_err(in_kubernetes)?;
+        let secret = match found {
+            Some(secret) => secret,
+            None => {
+                let mut bytes = vec![0u8; KEY_LEN];
+                SystemRandom::new()
+                    .fill(&mut bytes)
+                    .map_err(|_| KeyError::Random)?;
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(self.key_secret.to_string()),
+                        labels: Some(BTreeMap::from([(
+                            MANAGED_BY_LABEL.to_string(),
+                            MANAGED_BY.to_string(),
+                        )])),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some(BTreeMap::from([(
+                        KEY_DATA_KEY.to_string(),
+                        ByteString(bytes),
+                    )])),
+                    type_: Some("Opaque".to_string()),
+                    ..Secret::default()
+                };
+                let created = policy
+                    .run(|_| async {
+                        self.pods.acquire().await;
+                        api.create(&PostParams::default(), &secret).await
+                    })
+                    .await;
+                match created {
+                    Ok(created) => {
+                        tracing::info!(namespace = %self.namespace, secret = %self.key_secret, "created the registration signing key");
+                        created
+                    }
+                    // Another replica (or a lost answer of ours) created it first: use that.
+                    Err(err) if is_status(&err, 409) => policy
+                        .run(|_| api.get(&self.key_secret))
+                        .await
+                        .map_err(in_kubernetes)?,
+                    Err(err) => return Err(in_kubernetes(err)),
+                }
+            }
+        };
+        let key = secret
+            .data
+            .and_then(|mut data| data.remove(KEY_DATA_KEY))
+            .map(|bytes| bytes.0)
+            .unwrap_or_default();
+        if key.len() < KEY_LEN {
+            return Err(KeyError::Weak {
+                namespace: self.namespace.to_string(),
+                name: self.key_secret.to_string(),
+                len: key.len(),
+            });
+        }
+        Ok(hmac::Key::new(hmac::HMAC_SHA256, &key))
+    }
+
+    /// Writes an application's signed registration: one merge PATCH of its ConfigMap;
+    /// for a ConfigMap not there yet a create (labelled with the application's namespace
+    /// and id), and the PATCH again if another create won the race. No owner reference:
+    /// owners in another namespace are not allowed (the garbage collector would delete
+    /// it); the service deletes it when the application ends.
+    pub async fn write(
+        &self,
+        app_namespace: &str,
+        app_id: &str,
+        json: &str,
+        signature: &str,
+    ) -> Result<(), kube::Error> {
+        let name = Self::config_map_name(app_namespace, app_id);
+        let data = BTreeMap::from([
+            (REGISTRATION_KEY.to_string(), json.to_string()),
+            (SIGNATURE_KEY.to_string(), signature.to_string()),
+        ]);
+        let patch = serde_json::json!({ "data": &data });
+        let namespace = &*self.namespace;
+        let pods = &self.pods;
+        let result = match pods
+            .merge_patch::<ConfigMap>(namespace, &name, &patch)
+            .await
+        {
+            Err(err) if is_status(&err, 404) => {
+                let mut labels = managed_labels(app_id);
+                labels.insert(
+                    APPLICATION_NAMESPACE_LABEL.to_string(),
+                    app_namespace.to_string(),
+                );
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        labels: Some(labels),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some(data),
+                    ..ConfigMap::default()
+                };
+                match pods.create_config_map(namespace, &config_map).await {
+                    Err(err) if is_status(&err, 409) => {
+                        pods.merge_patch::<ConfigMap>(namespace, &name, &patch)
+                            .await
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        result.inspect_err(|err| {
+            tracing::warn!(namespace, config_map = %name, app_namespace, error = %describe_error(err), "writing the application's registration failed");
+        })
+    }
+
+    /// Every registration in the service's namespace (ConfigMaps of the service that name
+    /// an application namespace), a page at a time.
+    pub async fn list(&self) -> Result<Vec<StoredRegistration>, kube::Error> {
+        let api = Api::<ConfigMap>::namespaced(self.pods.client.clone(), &self.namespace);
+        let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{APPLICATION_NAMESPACE_LABEL}");
+        let mut found = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().labels(&selector).limit(PAGE_SIZE);
+            if let Some(token) = &token {
+                lp = lp.continue_token(token);
+            }
+            let list = self.pods.policy.run(|_| api.list(&lp)).await?;
+            token = list.metadata.continue_.filter(|t| !t.is_empty());
+            found.extend(list.items.into_iter().map(stored));
+            if token.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// Deletes an application's registration (Stop, its driver ended, a resume of a gone
+    /// driver); gone already is fine.
+    pub async fn delete(&self, app_namespace: &str, app_id: &str) -> Result<(), kube::Error> {
+        let name = Self::config_map_name(app_namespace, app_id);
+        let api = Api::<ConfigMap>::namespaced(self.pods.client.clone(), &self.namespace);
+        let answer = self
+            .pods
+            .policy
+            .run(|_| async {
+                self.pods.acquire().await;
+                api.delete(&name, &DeleteParams::default()).await
+            })
+            .await;
+        match answer {
+            Ok(_) => Ok(()),
+            Err(err) if is_status(&err, 404) => Ok(()),
+            Err(err) => {
+                tracing::warn!(namespace = %self.namespace, config_map = %name, app_namespace, error = %describe_error(&err), "deleting the application's registration failed");
+                Err(err)
+            }
+        }
+    }
+}
+
+fn stored(config_map: ConfigMap) -> StoredRegistration {
+    let mut labels = config_map.metadata.labels.unwrap_or_default();
+    let mut data = config_map.data.unwrap_or_default();
+    StoredRegistration {
+        name: config_map.metadata.name.unwrap_or_default(),
+        namespace_label: labels.remove(APPLICATION_NAMESPACE_LABEL),
+        app_label: labels.remove(crate::allocator::types::APP_ID_LABEL),
+        json: data.remove(REGISTRATION_KEY),
+        signature: data.remove(SIGNATURE_KEY),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registration_names_are_valid_distinct_and_never_an_id_records() {
+        let pairs = [
+            ("team-a", "spark-1"),
+            ("team-b", "spark-1"),
+            ("team-a", "Spark_1"),
+            ("team", "a-spark-1"),
+            ("team-a", &"A".repeat(63)),
+        ];
+        let names: std::collections::BTreeSet<String> = pairs
+            .iter()
+            .map(|(ns, app)| RegistrationStore::config_map_name(ns, app))
+            .collect();
+        assert_eq!(names.len(), pairs.len(), "{names:?}");
+        for name in &names {
+            assert!(crate::naming::is_dns_subdomain(name), "{name}");
+            assert!(name.contains('.'), "an id record's name has no dot: {name}");
+        }
+        assert_eq!(
+            RegistrationStore::config_map_name("team-a", "spark-1"),
+            format!(
+                "spark-pod-allocator.team-a.spark-1-{}",
+                stable_hash("team-a/spark-1")
+            )
+        );
+    }
+
+    #[test]
+    fn settings_name_the_key_they_break() {
+        let defaults = RegistrationSettings::default();
+        assert_eq!(defaults.namespace(), "default");
+        assert_eq!(defaults.key_secret, "spark-pod-allocator-registration-key");
+        assert_eq!(defaults.check(), Ok(()));
+        let bad = RegistrationSettings {
+            namespace: Some("Team_A".into()),
+            ..RegistrationSettings::default()
+        };
+        assert_eq!(bad.check().unwrap_err().0, "namespace");
+        let bad = RegistrationSettings {
+            key_secret: "no/slash".into(),
+            ..RegistrationSettings::default()
+        };
+        assert_eq!(bad.check().unwrap_err().0, "key_secret");
+    }
+}
