@@ -102,7 +102,10 @@ async fn closed_at_their_deadline(flood: Vec<(TcpStream, Instant)>, what: &str) 
             .await
             .unwrap_or_else(|| panic!("{what} {i} is closed by its idle deadline"));
         let after = closed - began;
-        assert!(after >= IDLE, "{what} {i} closed after {after:?}, before {IDLE:?}");
+        assert!(
+            after >= IDLE,
+            "{what} {i} closed after {after:?}, before {IDLE:?}"
+        );
     }
 }
 
@@ -162,8 +165,13 @@ async fn an_idle_preface_flood_locks_out_neither_a_new_client_nor_a_probe() {
     assert!(!status.outstanding);
     let (probed, probe_took) = probe(health).await;
     assert_eq!(probed, ServingStatus::Serving as i32);
-    eprintln!("during the flood: a new client answered in {client_took:?}, a probe in {probe_took:?}");
-    assert!(client_took < ANSWERED, "the new client took {client_took:?}");
+    eprintln!(
+        "during the flood: a new client answered in {client_took:?}, a probe in {probe_took:?}"
+    );
+    assert!(
+        client_took < ANSWERED,
+        "the new client took {client_took:?}"
+    );
     assert!(probe_took < ANSWERED, "the probe took {probe_took:?}");
 
     // Each made room by closing the connection of its pool idle the longest, before its
@@ -280,7 +288,10 @@ async fn an_authenticated_client_keeps_working_while_the_unauthenticated_pool_is
     h.client.clone().start(start).await.expect("alice's Start");
     // alice's connection authenticates with its first call.
     let (mut alice, alice_open) = h2_connection(h.address).await;
-    assert_eq!(get_status(&mut alice, h.address, "alice-token").await.0, "0");
+    assert_eq!(
+        get_status(&mut alice, h.address, "alice-token").await.0,
+        "0"
+    );
 
     // A caller whose token is refused is not authenticated by its call.
     let (mut forger, forger_open) = h2_connection(h.address).await;
@@ -297,7 +308,10 @@ async fn an_authenticated_client_keeps_working_while_the_unauthenticated_pool_is
         worst = worst.max(took);
     }
     eprintln!("alice's slowest call during the flood: {worst:?}");
-    assert!(worst < ANSWERED, "alice's slowest call during the flood took {worst:?}");
+    assert!(
+        worst < ANSWERED,
+        "alice's slowest call during the flood took {worst:?}"
+    );
     until("the forger's connection is closed", async || {
         forger_open.is_finished()
     })
@@ -329,7 +343,10 @@ async fn an_authenticated_client_keeps_working_while_the_unauthenticated_pool_is
         );
     }
     assert!(!alice_open.is_finished() && !bob_open.is_finished());
-    assert_eq!(get_status(&mut alice, h.address, "alice-token").await.0, "0");
+    assert_eq!(
+        get_status(&mut alice, h.address, "alice-token").await.0,
+        "0"
+    );
     assert_eq!(get_status(&mut bob, h.address, "alice-token").await.0, "0");
 }
 
@@ -366,9 +383,10 @@ async fn the_health_port_reports_the_grpc_ports_status_through_the_drain() {
         .expect("watch")
         .into_inner();
     h.signal_stop();
-    until("the health port reports NOT_SERVING while draining", async || {
-        probe(health).await.0 == ServingStatus::NotServing as i32
-    })
+    until(
+        "the health port reports NOT_SERVING while draining",
+        async || probe(health).await.0 == ServingStatus::NotServing as i32,
+    )
     .await;
     assert_eq!(probe(health).await.0, ServingStatus::NotServing as i32);
     drop(watch);

@@ -683,8 +683,15 @@ async fn stalled_handshakes_are_closed_and_connections_capped() {
     let h = harness().await;
     // A call that passes the gate takes the harness's connection out of the unauthenticated
     // pool the stalled ones fill (NOT_FOUND: no such application).
-    let unknown = h.client.clone().get_status(status_request("spark-none")).await;
-    assert_eq!(unknown.expect_err("no such application").code(), Code::NotFound);
+    let unknown = h
+        .client
+        .clone()
+        .get_status(status_request("spark-none"))
+        .await;
+    assert_eq!(
+        unknown.expect_err("no such application").code(),
+        Code::NotFound
+    );
     let (evicted, closed) = while_healthy(&h.channel, async {
         let mut stalled = Vec::new();
         for _ in 0..MAX_UNAUTHENTICATED {
@@ -696,7 +703,10 @@ async fn stalled_handshakes_are_closed_and_connections_capped() {
         // The pool is full: one more is taken, the one idle the longest closed at once.
         let started = Instant::now();
         let mut one_more = TcpStream::connect(h.address).await.expect("connect");
-        one_more.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
+        one_more
+            .write_all(b"PRI * HTTP/2.0\r\n")
+            .await
+            .expect("write");
         let mut oldest = stalled.remove(0);
         tokio::time::timeout(HANDSHAKE, read_until_closed(&mut oldest))
             .await

@@ -146,12 +146,6 @@ impl ConnectionPools {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// Connections open in each pool, `(authenticated, unauthenticated)`.
-    pub fn open(&self) -> (usize, usize) {
-        let state = self.lock();
-        (state.authenticated, state.unauthenticated.len())
-    }
-
     /// Takes `stream` into the unauthenticated pool, evicting that pool's longest-idle
     /// connection if it is full.
     fn admit(self: &Arc<Self>, stream: TcpStream) -> GuardedConnection {
