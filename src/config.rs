@@ -61,6 +61,8 @@ pub struct Settings {
     pub simulator: spark_pod_allocator_sim::SimSettings,
     pub log: LogSettings,
     pub metrics: MetricsSettings,
+    /// The probes' port: gRPC health alone, apart from the callers' connection caps.
+    pub health: HealthSettings,
     /// Who may call, and what they may do (see docs/security.md).
     pub auth: crate::auth::AuthSettings,
     /// TLS on the gRPC port.
@@ -89,6 +91,19 @@ pub struct MetricsSettings {
     pub listen: Option<SocketAddr>,
 }
 
+/// The gRPC health port for probes (kubelet `grpc` probes, which speak plaintext and open
+/// a new connection each time).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthSettings {
+    /// Address where `grpc.health.v1.Health` alone is also answered, in plaintext, with
+    /// the status of the gRPC port's, e.g. `0.0.0.0:8081` in a cluster. Its connections
+    /// never share a cap with the callers'. Unset or empty (the default): none, as for
+    /// `metrics.listen`.
+    #[serde(deserialize_with = "optional_socket_address")]
+    pub listen: Option<SocketAddr>,
+}
+
 /// A socket address, or none for an empty string.
 fn optional_socket_address<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
@@ -100,7 +115,7 @@ fn optional_socket_address<'de, D: serde::Deserializer<'de>>(
     text.trim().parse().map(Some).map_err(|_| {
         serde::de::Error::custom(format!(
             "expected an IP address and port such as 127.0.0.1:9090 or 0.0.0.0:9090 \
-             (host names are not resolved), or an empty string for no metrics endpoint, \
+             (host names are not resolved), or an empty string for none, \
              got {text:?}"
         ))
     })
@@ -192,6 +207,7 @@ impl Default for Settings {
             simulator: spark_pod_allocator_sim::SimSettings::default(),
             log: LogSettings::default(),
             metrics: MetricsSettings::default(),
+            health: HealthSettings::default(),
             auth: crate::auth::AuthSettings::default(),
             tls: crate::grpc::tls::TlsSettings::default(),
             pod_policy: Default::default(),
@@ -594,6 +610,21 @@ mod tests {
     }
 
     #[test]
+    fn health_listen_is_off_by_default_and_set_like_metrics_listen() {
+        let s = Settings::load_with_env(None, env(&[])).unwrap();
+        assert_eq!(s.health.listen, None);
+        let s = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__HEALTH__LISTEN", "0.0.0.0:8081")]),
+        )
+        .unwrap();
+        assert_eq!(s.health.listen, Some("0.0.0.0:8081".parse().unwrap()));
+        let f = file("toml", "[health]\nlisten = \"probes:8081\"\n");
+        let err = Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("health.listen"), "{err}");
+    }
+
+    #[test]
     fn metrics_listen_is_off_by_default_and_when_empty() {
         let s = Settings::load_with_env(None, env(&[])).unwrap();
         assert_eq!(s.metrics.listen, None);
@@ -909,6 +940,16 @@ mod tests {
                 "SPARK_POD_ALLOCATOR__GRPC__MAX_CONNECTIONS",
                 "0",
                 "grpc.max_connections",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__GRPC__MAX_UNAUTHENTICATED_CONNECTIONS",
+                "0",
+                "grpc.max_unauthenticated_connections",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__GRPC__UNAUTHENTICATED_IDLE_TIMEOUT_MS",
+                "0",
+                "grpc.unauthenticated_idle_timeout_ms",
             ),
             (
                 "SPARK_POD_ALLOCATOR__ALLOCATION__MAX_EXECUTORS",

@@ -328,10 +328,14 @@ async fn serve(
         gate,
         tls: settings.tls.clone(),
         limits: settings.grpc.clone(),
+        health_listen: settings.health.listen,
         ..ServeSettings::default()
     };
     let service = runtime::spawn(applications, serve_settings, listener)
         .context("starting the gRPC server")?;
+    if let Some(address) = service.health_address() {
+        tracing::info!(%address, "serving gRPC health for probes");
+    }
     stop.await;
     service.shutdown().await?;
     match sim {

@@ -18,7 +18,8 @@ use crate::app::{Applications, ServiceContext};
 use crate::grpc::{self, ServeError, ServeSettings};
 use crate::lifecycle::{self, Drain, Initialize};
 
-/// Serves `applications` on `listener` until `shutdown` resolves: health is SERVING once
+/// Serves `applications` on `listener` (and gRPC health alone on `health`, if any) until
+/// `shutdown` resolves: health is SERVING once
 /// the API server has answered and the watches that exist have synced; on shutdown the
 /// server stops accepting and finishes its in-flight calls, then every application actor
 /// is stopped (their pods stay, for a restarted service to resume).
@@ -26,6 +27,7 @@ pub async fn serve(
     mut settings: ServeSettings,
     applications: Applications,
     listener: TcpListener,
+    health: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let init = Initialize::new();
@@ -39,7 +41,7 @@ pub async fn serve(
         })
     };
     settings.ready = init.into_ready();
-    let served = grpc::serve(settings, applications.clone(), listener, shutdown).await;
+    let served = grpc::serve(settings, applications.clone(), listener, health, shutdown).await;
     synced.abort();
     // Every call has ended: stop the actors, leaving their pods for a restarted service.
     applications.shutdown().await;
@@ -50,6 +52,7 @@ pub async fn serve(
 pub struct Service {
     applications: Applications,
     address: SocketAddr,
+    health_address: Option<SocketAddr>,
     drain: Drain,
     server: JoinHandle<Result<(), ServeError>>,
 }
@@ -86,25 +89,48 @@ pub fn spawn(
     listener: TcpListener,
 ) -> std::io::Result<Service> {
     let address = listener.local_addr()?;
+    let health = settings.health_listen.map(bind_health).transpose()?;
+    let health_address = health.as_ref().map(TcpListener::local_addr).transpose()?;
     let (drain, draining) = lifecycle::drain();
     let server = tokio::spawn(serve(
         settings,
         applications.clone(),
         listener,
+        health,
         draining.signaled(),
     ));
     Ok(Service {
         applications,
         address,
+        health_address,
         drain,
         server,
     })
+}
+
+/// The listener of `health.listen`, bound before the service starts so that a port in use
+/// stops it at once, naming the key.
+fn bind_health(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let named = |err: std::io::Error| {
+        std::io::Error::new(
+            err.kind(),
+            format!("cannot listen on {address} (health.listen): {err}"),
+        )
+    };
+    let listener = std::net::TcpListener::bind(address).map_err(named)?;
+    listener.set_nonblocking(true).map_err(named)?;
+    TcpListener::from_std(listener).map_err(named)
 }
 
 impl Service {
     /// Where the gRPC server listens.
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// Where gRPC health alone is also answered, if `health_listen` was set.
+    pub fn health_address(&self) -> Option<SocketAddr> {
+        self.health_address
     }
 
     /// The registry the server calls.

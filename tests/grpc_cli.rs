@@ -124,6 +124,43 @@ async fn simulate_writes_a_kubeconfig_kubectl_style_clients_can_use() {
 }
 
 #[tokio::test]
+async fn serve_answers_health_on_the_probe_port_and_names_the_key_when_it_is_taken() {
+    let mut serve = command(SERVE_SIMULATE);
+    serve.env("SPARK_POD_ALLOCATOR__HEALTH__LISTEN", "127.0.0.1:0");
+    let (mut child, mut lines) = spawn_logged(serve);
+    let fields = until_logged(&mut lines, "serving gRPC health for probes").await;
+    let probes = fields["address"].as_str().expect("address").to_string();
+    // The probe port answers with the gRPC port's status.
+    let status = tonic_health::pb::health_client::HealthClient::new(serving_channel(&probes).await)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health on the probe port")
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+
+    // A second service whose probe port is taken stops at once, naming the key.
+    let out = command(SERVE_SIMULATE)
+        .env("SPARK_POD_ALLOCATOR__HEALTH__LISTEN", &probes)
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("health.listen"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    terminate(&child);
+    let exit = exit_status(&mut child).await;
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test]
 async fn a_bad_configuration_value_is_refused_naming_its_key() {
     let out = command(&["serve", "--simulate"])
         .env("SPARK_POD_ALLOCATOR__KUBERNETES__QPS", "fast")

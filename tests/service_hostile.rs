@@ -33,6 +33,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(400);
 const KEEPALIVE: Duration = Duration::from_millis(300);
 const MAX_MESSAGE: usize = 1024 * 1024;
 const MAX_CONNECTIONS: usize = 12;
+const MAX_UNAUTHENTICATED: usize = 12;
 const MAX_STREAMS: u32 = 8;
 const MAX_PROFILES: usize = 4;
 const MAX_EXECUTORS: u64 = 30;
@@ -88,6 +89,7 @@ async fn service() -> Harness {
         },
         limits: ServerLimits {
             max_connections: MAX_CONNECTIONS,
+            max_unauthenticated_connections: MAX_UNAUTHENTICATED,
             max_concurrent_streams: MAX_STREAMS,
             handshake_timeout_ms: HANDSHAKE.as_millis() as u64,
             request_timeout_ms: REQUEST_TIMEOUT.as_millis() as u64,
@@ -679,35 +681,50 @@ async fn read_until_closed(stream: &mut TcpStream) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_handshakes_are_closed_and_connections_capped() {
     let h = harness().await;
-    let refused = while_healthy(&h.channel, async {
-        // The harness's channel holds one connection: room for MAX_CONNECTIONS - 1 more.
+    // A call that passes the gate takes the harness's connection out of the unauthenticated
+    // pool the stalled ones fill (NOT_FOUND: no such application).
+    let unknown = h
+        .client
+        .clone()
+        .get_status(status_request("spark-none"))
+        .await;
+    assert_eq!(
+        unknown.expect_err("no such application").code(),
+        Code::NotFound
+    );
+    let (evicted, closed) = while_healthy(&h.channel, async {
         let mut stalled = Vec::new();
-        for _ in 0..MAX_CONNECTIONS - 1 {
+        for _ in 0..MAX_UNAUTHENTICATED {
             let mut tcp = TcpStream::connect(h.address).await.expect("connect");
             // Half the preface, then nothing.
             tcp.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
             stalled.push(tcp);
         }
-        let mut one_more = TcpStream::connect(h.address).await.expect("connect");
-        let refused =
-            tokio::time::timeout(Duration::from_secs(2), read_until_closed(&mut one_more))
-                .await
-                .expect("closed at once");
+        // The pool is full: one more is taken, the one idle the longest closed at once.
         let started = Instant::now();
+        let mut one_more = TcpStream::connect(h.address).await.expect("connect");
+        one_more
+            .write_all(b"PRI * HTTP/2.0\r\n")
+            .await
+            .expect("write");
+        let mut oldest = stalled.remove(0);
+        tokio::time::timeout(HANDSHAKE, read_until_closed(&mut oldest))
+            .await
+            .expect("the oldest stalled connection is closed to make room");
+        let evicted = started.elapsed();
+        stalled.push(one_more);
         for mut tcp in stalled {
             tokio::time::timeout(Duration::from_secs(5), read_until_closed(&mut tcp))
                 .await
                 .expect("a stalled handshake is closed");
         }
-        (refused, started.elapsed())
+        (evicted, started.elapsed())
     })
     .await;
-    // Closed before the server said anything (no SETTINGS frame).
-    assert_eq!(refused.0, 0);
+    assert!(evicted < HANDSHAKE, "{evicted:?}");
     assert!(
-        refused.1 < HANDSHAKE + Duration::from_secs(2),
-        "{:?}",
-        refused.1
+        closed >= HANDSHAKE && closed < HANDSHAKE + Duration::from_secs(2),
+        "{closed:?}"
     );
     // Their places are free again.
     let channel = Endpoint::from_shared(format!("http://{}", h.address))

@@ -1,20 +1,11 @@
 //! Limits of the gRPC server (`grpc` in the configuration), so that slow, half-open or
 //! numerous clients cannot hold the service's memory or connections: a message size,
 //! streams per connection, HTTP/2 keepalive, a deadline for the connection preface, a
-//! request timeout and a cap on open connections.
-use std::io;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+//! request timeout and caps on open connections, authenticated and not (enforced in
+//! [`super::connections`]).
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
-use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 
 /// The server's limits; every one has a default that holds a busy service's clients.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -24,11 +15,20 @@ pub struct ServerLimits {
     /// one answers OUT_OF_RANGE (tonic's code), unread.
     pub max_message_bytes: usize,
     /// Streams (calls) open at once on one HTTP/2 connection (default 32: a driver has one
-    /// connection with a WatchExecutors stream and a few calls; 32 × `max_connections`
-    /// bounds the half-open streams a flood can hold).
+    /// connection with a WatchExecutors stream and a few calls; 32 × (`max_connections` +
+    /// `max_unauthenticated_connections`) bounds the half-open streams a flood can hold).
     pub max_concurrent_streams: u32,
-    /// Connections open at once; one more is closed as soon as it is accepted (default 1024).
+    /// Authenticated connections open at once (default 1024): a connection enters this
+    /// pool once one of its calls has passed authentication, never before, so clients
+    /// that have not authenticated cannot fill it.
     pub max_connections: usize,
+    /// Connections open at once that have not authenticated yet (default 256). When full,
+    /// a new connection is still accepted and the one of this pool idle the longest is
+    /// closed, so a flood cannot keep a new client out.
+    pub max_unauthenticated_connections: usize,
+    /// An unauthenticated connection with no call open for this long is closed (default
+    /// 5 s; a call's own time, a TokenReview's included, does not count).
+    pub unauthenticated_idle_timeout_ms: u64,
     /// Time a new connection has to send the HTTP/2 connection preface and its first
     /// SETTINGS frame before it is closed (default 10 s).
     pub handshake_timeout_ms: u64,
@@ -50,6 +50,8 @@ impl Default for ServerLimits {
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_streams: 32,
             max_connections: 1024,
+            max_unauthenticated_connections: 256,
+            unauthenticated_idle_timeout_ms: 5_000,
             handshake_timeout_ms: 10_000,
             keepalive_interval_ms: 30_000,
             keepalive_timeout_ms: 10_000,
@@ -69,6 +71,14 @@ impl ServerLimits {
                 u64::from(self.max_concurrent_streams),
             ),
             ("max_connections", self.max_connections as u64),
+            (
+                "max_unauthenticated_connections",
+                self.max_unauthenticated_connections as u64,
+            ),
+            (
+                "unauthenticated_idle_timeout_ms",
+                self.unauthenticated_idle_timeout_ms,
+            ),
             ("handshake_timeout_ms", self.handshake_timeout_ms),
             ("keepalive_timeout_ms", self.keepalive_timeout_ms),
             (
@@ -92,145 +102,5 @@ impl ServerLimits {
     /// The call deadline, if any.
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.request_timeout_ms > 0).then(|| Duration::from_millis(self.request_timeout_ms))
-    }
-}
-
-/// The client's connection preface (24 bytes) and the header of its SETTINGS frame: once
-/// read, the handshake is under way and HTTP/2 keepalive takes over.
-const HANDSHAKE_BYTES: usize = 24 + 9;
-
-/// The connections `listener` accepts, at most `limits.max_connections` open at once (one
-/// more is closed at once, before any byte is read), each closed if it has not sent its
-/// handshake within `limits.handshake_timeout_ms`.
-pub fn incoming(
-    listener: TcpListener,
-    limits: &ServerLimits,
-) -> impl Stream<Item = io::Result<GuardedConnection>> + Send + 'static {
-    let open = Arc::new(Semaphore::new(limits.max_connections));
-    let max = limits.max_connections;
-    let handshake = Duration::from_millis(limits.handshake_timeout_ms);
-    let mut accepted = TcpIncoming::from(listener).with_nodelay(Some(true));
-    async_stream::stream! {
-        let mut refused: u64 = 0;
-        while let Some(next) = accepted.next().await {
-            let stream = match next {
-                Ok(stream) => stream,
-                Err(err) => {
-                    yield Err(err);
-                    continue;
-                }
-            };
-            match Arc::clone(&open).try_acquire_owned() {
-                Ok(permit) => yield Ok(GuardedConnection::new(stream, permit, handshake)),
-                Err(_) => {
-                    refused += 1;
-                    // A flood would flood the log: the first refusal, then every 1000th.
-                    if refused % 1000 == 1 {
-                        tracing::warn!(
-                            max_connections = max,
-                            refused,
-                            "connection refused: grpc.max_connections connections are open"
-                        );
-                    }
-                    drop(stream);
-                }
-            }
-        }
-    }
-}
-
-/// An accepted connection holding its place among the open ones until it is dropped, and
-/// failing its reads once the handshake deadline passes without a handshake.
-pub struct GuardedConnection {
-    stream: TcpStream,
-    _open: OwnedSemaphorePermit,
-    /// Until the handshake is read.
-    deadline: Option<Pin<Box<Sleep>>>,
-    read: usize,
-}
-
-impl GuardedConnection {
-    fn new(stream: TcpStream, open: OwnedSemaphorePermit, handshake: Duration) -> Self {
-        Self {
-            stream,
-            _open: open,
-            deadline: Some(Box::pin(tokio::time::sleep(handshake))),
-            read: 0,
-        }
-    }
-}
-
-impl Connected for GuardedConnection {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-impl AsyncRead for GuardedConnection {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                this.read += buf.filled().len() - before;
-                if this.read >= HANDSHAKE_BYTES {
-                    this.deadline = None;
-                }
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
-            Poll::Pending => {
-                let expired =
-                    (this.deadline.as_mut()).is_some_and(|d| d.as_mut().poll(cx).is_ready());
-                if !expired {
-                    return Poll::Pending;
-                }
-                tracing::debug!(
-                    peer = ?this.stream.peer_addr().ok(),
-                    bytes = this.read,
-                    "connection closed: no HTTP/2 handshake within grpc.handshake_timeout_ms"
-                );
-                Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no HTTP/2 handshake in time",
-                )))
-            }
-        }
-    }
-}
-
-impl AsyncWrite for GuardedConnection {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
     }
 }

@@ -18,6 +18,7 @@ use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
 
 pub mod codec;
+pub mod connections;
 pub mod error;
 pub mod limits;
 pub mod observe;
@@ -60,7 +61,10 @@ impl AllocatorService {
 
     /// The caller of a request; UNAUTHENTICATED without valid credentials.
     async fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, AppError> {
-        self.gate.authenticate(metadata).await
+        let caller = self.gate.authenticate(metadata).await?;
+        // Its connection leaves the unauthenticated pool (grpc::connections).
+        connections::mark_authenticated();
+        Ok(caller)
     }
 
     /// Checks that `caller` owns `app` (or is an admin) and may still do `access` in its

@@ -1,7 +1,10 @@
-//! Serving: the allocator service, gRPC health and server reflection on one listener. The
-//! server serves until told to drain, then finishes its in-flight calls; when it is ready
-//! and when it drains are decided by its owner ([`crate::runtime`]).
+//! Serving: the allocator service, gRPC health and server reflection on one listener, and
+//! gRPC health alone on another if configured (`health.listen`, for probes: no caller
+//! shares its connections). The server serves until told to drain, then finishes its
+//! in-flight calls; when it is ready and when it drains are decided by its owner
+//! ([`crate::runtime`]).
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -9,7 +12,8 @@ use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use super::limits::{self, ServerLimits};
+use super::connections::{self, ConnectionLayer, ConnectionPools};
+use super::limits::ServerLimits;
 use super::observe::ObserveLayer;
 use super::tls::{ReloadingTls, TlsSettings};
 use super::{AllocatorService, StartDefaults};
@@ -36,6 +40,10 @@ pub struct ServeSettings {
     pub tls: TlsSettings,
     /// Message size, streams, keepalive, handshake and connection limits.
     pub limits: ServerLimits,
+    /// Where gRPC health alone is also answered (plaintext), apart from the callers'
+    /// connections and their caps, e.g. for kubelet probes (`health.listen`; none by
+    /// default). Bound by [`crate::runtime::spawn`].
+    pub health_listen: Option<SocketAddr>,
 }
 
 impl Default for ServeSettings {
@@ -48,6 +56,7 @@ impl Default for ServeSettings {
             gate: Gate::open(),
             tls: TlsSettings::default(),
             limits: ServerLimits::default(),
+            health_listen: None,
         }
     }
 }
@@ -71,12 +80,14 @@ pub const SERVICE_NAME: &str = <ExecutorAllocatorServer<AllocatorService> as Nam
 
 /// Serves until `drain` resolves, then stops accepting, lets in-flight calls finish (up to
 /// `drain_timeout`) and returns. Health reports SERVING once `settings.ready` is ready and
-/// NOT_SERVING again once the drain begins. The applications are left as they are: their
-/// owner stops them.
+/// NOT_SERVING again once the drain begins, on `listener` and on `probes` alike (which
+/// answers health alone, until the server returns). The applications are left as they are: their owner
+/// stops them.
 pub async fn serve(
     settings: ServeSettings,
     applications: Applications,
     listener: TcpListener,
+    probes: Option<TcpListener>,
     drain: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let tls = if settings.tls.enabled() {
@@ -105,24 +116,29 @@ pub async fn serve(
         }
     };
     let limits = &settings.limits;
-    let mut builder = tonic::transport::Server::builder()
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .http2_keepalive_interval(limits.keepalive_interval())
-        .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
-        .http2_max_header_list_size(limits.max_header_list_bytes);
-    if let Some(timeout) = limits.request_timeout() {
-        builder = builder.timeout(timeout);
-    }
+    // The probes' port: the same health service (one status), its own pool of connections.
+    let probes = probes.map(|listener| {
+        let router = server_builder(limits)
+            .layer(ConnectionLayer)
+            .add_service(health_service.clone());
+        let connections = connections::incoming(listener, ConnectionPools::health(limits));
+        tokio::spawn(async move {
+            if let Err(err) = router.serve_with_incoming(connections).await {
+                tracing::warn!(%err, "the health listener stopped (health.listen)");
+            }
+        })
+    });
     let allocator =
         ExecutorAllocatorServer::new(service).max_decoding_message_size(limits.max_message_bytes);
-    let router = builder
+    let router = server_builder(limits)
         .trace_fn(request_span)
+        .layer(ConnectionLayer)
         .layer(ObserveLayer::new(settings.metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(allocator);
-    let connections = limits::incoming(listener, limits);
+    let connections = connections::incoming(listener, ConnectionPools::new(limits));
     let server: std::pin::Pin<
         Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
     > = match tls {
@@ -147,7 +163,23 @@ pub async fn serve(
         }
     };
     readiness.abort();
+    if let Some(probes) = probes {
+        probes.abort();
+    }
     result
+}
+
+/// A server with the streams, keepalive, header and call-deadline limits of `limits`.
+fn server_builder(limits: &ServerLimits) -> tonic::transport::Server {
+    let builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(limits.keepalive_interval())
+        .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
+        .http2_max_header_list_size(limits.max_header_list_bytes);
+    match limits.request_timeout() {
+        Some(timeout) => builder.timeout(timeout),
+        None => builder,
+    }
 }
 
 /// Metadata a client may set to find its calls in the service's log lines.

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use tonic::transport::server::Connected;
 
-use super::limits::GuardedConnection;
+use super::connections::GuardedConnection;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;

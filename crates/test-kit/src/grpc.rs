@@ -29,6 +29,8 @@ pub struct Harness {
     pub applications: Applications,
     pub clock: ManualClock,
     pub address: SocketAddr,
+    /// The health-only listener, when `ServeSettings::health_listen` asked for one.
+    pub health_address: Option<SocketAddr>,
     pub channel: Channel,
     pub client: ExecutorAllocatorClient<Channel>,
     /// Authentication of every service of this harness (`None`: nobody is authenticated).
@@ -75,6 +77,22 @@ impl Harness {
         .await
     }
 
+    /// A harness whose service runs with `serve_settings` and authenticates callers as
+    /// [`Harness::start_with_auth`] does.
+    pub async fn start_with_settings_and_auth(
+        sim_settings: SimSettings,
+        serve_settings: ServeSettings,
+        auth: AuthSettings,
+    ) -> Self {
+        Self::start_full(
+            sim_settings,
+            serve_settings,
+            ServiceOptions::default(),
+            Some(auth),
+        )
+        .await
+    }
+
     async fn start_full(
         sim_settings: SimSettings,
         serve_settings: ServeSettings,
@@ -93,6 +111,7 @@ impl Harness {
             applications: service.applications().clone(),
             clock,
             address: service.address(),
+            health_address: service.health_address(),
             channel,
             client,
             auth,
@@ -115,6 +134,7 @@ impl Harness {
         (self.channel, self.client) = connect(service.address()).await;
         self.applications = service.applications().clone();
         self.address = service.address();
+        self.health_address = service.health_address();
         self.service = Some(service);
     }
 
