@@ -304,12 +304,7 @@ impl Applications {
             .pods
             .driver_pod(&req.namespace, name)
             .await?
-            .ok_or_else(|| {
-                AppError::FailedPrecondition(format!(
-                    "No pod was found named {name} in the cluster in the namespace {}",
-                    req.namespace
-                ))
-            })?;
+            .ok_or_else(|| AppError::no_driver_pod(name, &req.namespace))?;
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if let Some(phase @ ("Failed" | "Succeeded")) = phase {
             return Err(AppError::FailedPrecondition(format!(

@@ -258,6 +258,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 return Err(ApiError::method_not_allowed());
             }
             inject_request_faults(sh).await?;
+            count(sh, &req, "create", "tokenreviews");
             return reviews::token_review(sh, &read_body(req).await?);
         }
         (method, ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
@@ -265,6 +266,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 return Err(ApiError::method_not_allowed());
             }
             inject_request_faults(sh).await?;
+            count(sh, &req, "create", "subjectaccessreviews");
             return reviews::subject_access_review(sh, &read_body(req).await?);
         }
         _ => {}
@@ -599,6 +601,11 @@ fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, w
         (Target::Sub { kind, .. }, _) => ("subresource", kind),
         (Target::Collection { kind, .. } | Target::Object { kind, .. }, _) => ("other", kind),
     };
+    count(sh, req, verb, kind.plural());
+}
+
+/// Counts one request of `verb` on `resource` under the request's User-Agent.
+fn count(sh: &Shared, req: &Request, verb: &str, resource: &str) {
     let agent = req
         .headers()
         .get(header::USER_AGENT)
@@ -607,7 +614,7 @@ fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, w
         .to_string();
     let mut requests = sh.requests.lock().unwrap_or_else(|p| p.into_inner());
     *requests
-        .entry((agent, verb.to_string(), kind.plural().to_string()))
+        .entry((agent, verb.to_string(), resource.to_string()))
         .or_default() += 1;
 }
 
