@@ -127,9 +127,7 @@ fn bench_validation() {
         black_box(serde_json::from_str::<Pod>(black_box(&template_json)).ok());
     });
     let yaml_and_json = median_per_call(200, || {
-        black_box(
-            validate_start(black_box(request.clone())).ok(),
-        );
+        black_box(validate_start(black_box(request.clone())).ok());
     });
     report(
         "validate Start (YAML + JSON templates)",
@@ -142,9 +140,7 @@ fn bench_validation() {
         ..request.clone()
     };
     let json = median_per_call(200, || {
-        black_box(
-            validate_start(black_box(json_only.clone())).ok(),
-        );
+        black_box(validate_start(black_box(json_only.clone())).ok());
     });
     report(
         "validate Start (2 JSON templates)",

@@ -116,7 +116,10 @@ impl AuthSettings {
     pub fn validate(&self) -> Result<(), (String, String)> {
         let positive = [
             ("auth.cache_capacity", self.cache_capacity as u64),
-            ("auth.max_concurrent_reviews", self.max_concurrent_reviews as u64),
+            (
+                "auth.max_concurrent_reviews",
+                self.max_concurrent_reviews as u64,
+            ),
             (
                 "auth.max_concurrent_known_reviews",
                 self.max_concurrent_known_reviews as u64,
@@ -348,7 +351,7 @@ impl Gate {
         let Some(reviews) = &self.reviews else {
             return Ok(());
         };
-        for verb in access.verbs() {
+        for &verb in access.verbs() {
             let decision = Arc::clone(reviews)
                 .decision(caller, namespace, verb, None)
                 .await?;
@@ -664,7 +667,11 @@ impl Reviews {
     }
 
     /// Whether `caller` may do what `key` says.
-    async fn review_access(&self, caller: &Caller, key: &DecisionKey) -> Result<Decision, AppError> {
+    async fn review_access(
+        &self,
+        caller: &Caller,
+        key: &DecisionKey,
+    ) -> Result<Decision, AppError> {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(key.user.clone()),

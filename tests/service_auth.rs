@@ -822,7 +822,9 @@ async fn own_connection(h: &Harness) -> ExecutorAllocatorClient<tonic::transport
 /// `limits.max_template_bytes`.
 fn heavy_template() -> String {
     let labels: String = (0..18_000).map(|i| format!("    k{i}: v\n")).collect();
-    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n{labels}spec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n")
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n{labels}spec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n"
+    )
 }
 
 /// A Start of `app` in team-a with 15 heavy profile templates (3.6 MB, under the 4 MiB
@@ -904,7 +906,11 @@ async fn start_is_authorized_before_any_template_is_parsed() {
     for (token, code, words) in [
         (None, Code::Unauthenticated, "authorization: Bearer"),
         (Some("forged"), Code::Unauthenticated, "not accepted"),
-        (Some("eve-token"), Code::PermissionDenied, "eve may not create pods"),
+        (
+            Some("eve-token"),
+            Code::PermissionDenied,
+            "eve may not create pods",
+        ),
         (Some("carol-token"), Code::PermissionDenied, "team-a"),
     ] {
         let request = heavy_broken_start("spark-heavy");
@@ -942,16 +948,26 @@ async fn start_is_authorized_before_any_template_is_parsed() {
         .start(as_caller("alice-token", heavy_broken_start("spark-heavy")))
         .await
         .unwrap_err();
-    assert_code(&err, Code::InvalidArgument, &["resource_profile_templates[16]"]);
+    assert_code(
+        &err,
+        Code::InvalidArgument,
+        &["resource_profile_templates[16]"],
+    );
 
     // 4 senders without rights flood Start with 3.6 MB of templates while alice starts
     // applications: each flood call is PERMISSION_DENIED, which no parse could answer.
     let attacking = Arc::new(AtomicBool::new(true));
     let heavy = Arc::new(heavy_broken_start("spark-heavy"));
-    let attack = flood(h.address, 4, 1, Arc::clone(&attacking), move |mut client, _| {
-        let request = as_caller("eve-token", (*heavy).clone());
-        async move { client.start(request).await.unwrap_err().code() }
-    });
+    let attack = flood(
+        h.address,
+        4,
+        1,
+        Arc::clone(&attacking),
+        move |mut client, _| {
+            let request = as_caller("eve-token", (*heavy).clone());
+            async move { client.start(request).await.unwrap_err().code() }
+        },
+    );
     let mut times = Vec::new();
     for i in 0..10 {
         let began = Instant::now();
@@ -972,7 +988,11 @@ async fn start_is_authorized_before_any_template_is_parsed() {
         times[times.len() / 2],
         times[times.len() - 1]
     );
-    assert_eq!(codes.keys().collect::<Vec<_>>(), ["PermissionDenied"], "{codes:?}");
+    assert_eq!(
+        codes.keys().collect::<Vec<_>>(),
+        ["PermissionDenied"],
+        "{codes:?}"
+    );
     assert!(codes["PermissionDenied"] >= 4, "the flood ran: {codes:?}");
     assert!(h.applications.ownership(&app_id("spark-heavy")).is_none());
 }
@@ -1003,10 +1023,16 @@ async fn a_cached_caller_is_served_while_forged_tokens_flood_a_slow_api_server()
     // 64 forged calls at once, each token new: 32 reviews of 100 ms queue for each turn of
     // the unknown queue, longer than the review deadline.
     let attacking = Arc::new(AtomicBool::new(true));
-    let attack = flood(h.address, 4, 16, Arc::clone(&attacking), |mut client, tag| {
-        let request = as_caller(&format!("forged-{tag}"), status_request("spark-busy"));
-        async move { client.get_status(request).await.unwrap_err().code() }
-    });
+    let attack = flood(
+        h.address,
+        4,
+        16,
+        Arc::clone(&attacking),
+        |mut client, tag| {
+            let request = as_caller(&format!("forged-{tag}"), status_request("spark-busy"));
+            async move { client.get_status(request).await.unwrap_err().code() }
+        },
+    );
     // alice calls every 50 ms for 3 s: five times her answers' lifetime.
     let began = Instant::now();
     let mut slowest = Duration::ZERO;
@@ -1154,12 +1180,18 @@ async fn a_driver_pod_the_caller_may_not_get_answers_as_a_missing_one() {
     let app = "spark-dora";
     let hidden = h
         .client
-        .start(as_caller("dora-token", start_with_driver(app, "alice-driver")))
+        .start(as_caller(
+            "dora-token",
+            start_with_driver(app, "alice-driver"),
+        ))
         .await
         .unwrap_err();
     let missing = h
         .client
-        .start(as_caller("dora-token", start_with_driver(app, "ghost-driver")))
+        .start(as_caller(
+            "dora-token",
+            start_with_driver(app, "ghost-driver"),
+        ))
         .await
         .unwrap_err();
     assert_eq!(hidden.code(), Code::FailedPrecondition, "{hidden:?}");
@@ -1197,14 +1229,19 @@ async fn a_driver_pod_the_caller_may_not_get_answers_as_a_missing_one() {
     assert_code(
         &err,
         Code::PermissionDenied,
-        &[&format!("{PAUL} may not patch pod alice-driver in namespace team-a")],
+        &[&format!(
+            "{PAUL} may not patch pod alice-driver in namespace team-a"
+        )],
     );
     assert!(h.applications.ownership(&app_id("spark-paul")).is_none());
 
     // With the rights on that one pod (a grant naming it), dora's own driver is taken; so
     // is alice's, by alice.
     h.client
-        .start(as_caller("dora-token", start_with_driver(app, "dora-driver")))
+        .start(as_caller(
+            "dora-token",
+            start_with_driver(app, "dora-driver"),
+        ))
         .await
         .expect("dora names her own driver pod");
     alice_starts_with(&mut h, "spark-alice", "alice-driver").await;

@@ -309,9 +309,7 @@ impl ExecutorAllocator for AllocatorService {
                     .await?;
             }
             let mut start = self
-                .off_runtime(move |defaults, policy| {
-                    validate::start(req, target, defaults, policy)
-                })
+                .off_runtime(move |defaults, policy| validate::start(req, target, defaults, policy))
                 .await?;
             start.owner = caller.user.clone();
             let may_act_on_any = self.gate.is_admin(&caller);

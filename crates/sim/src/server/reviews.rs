@@ -124,17 +124,12 @@ pub(super) fn subject_access_review(sh: &Shared, body: &[u8]) -> Result<Response
     let verb = resource.verb.unwrap_or_default();
     let plural = resource.resource.unwrap_or_default();
     let name = resource.name.unwrap_or_default();
-    let grant = sh.settings.access.grants.iter().find(|g| {
-        grants(
-            g,
-            &user,
-            &groups,
-            &namespace,
-            &verb,
-            &plural,
-            &name,
-        )
-    });
+    let grant = sh
+        .settings
+        .access
+        .grants
+        .iter()
+        .find(|g| grants(g, &user, &groups, &namespace, &verb, &plural, &name));
     review.status = Some(match grant {
         Some(grant) => SubjectAccessReviewStatus {
             allowed: true,
