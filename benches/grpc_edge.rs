@@ -116,15 +116,18 @@ fn bench_validation() {
         resource_profile_templates: HashMap::from([(1, template_json.clone())]),
     };
     let defaults = StartDefaults::default();
+    // What the edge does with a Start once it is authorized.
+    let validate_start = |req: proto::StartRequest| {
+        let target = validate::start_target(&req)?;
+        validate::start(req, target, &defaults, &PodPolicy::default())
+    };
     let baseline = median_per_call(200, || {
         // Two templates, as the request carries two.
         black_box(serde_json::from_str::<Pod>(black_box(&template_json)).ok());
         black_box(serde_json::from_str::<Pod>(black_box(&template_json)).ok());
     });
     let yaml_and_json = median_per_call(200, || {
-        black_box(
-            validate::start(black_box(request.clone()), &defaults, &PodPolicy::default()).ok(),
-        );
+        black_box(validate_start(black_box(request.clone())).ok());
     });
     report(
         "validate Start (YAML + JSON templates)",
@@ -137,14 +140,7 @@ fn bench_validation() {
         ..request.clone()
     };
     let json = median_per_call(200, || {
-        black_box(
-            validate::start(
-                black_box(json_only.clone()),
-                &defaults,
-                &PodPolicy::default(),
-            )
-            .ok(),
-        );
+        black_box(validate_start(black_box(json_only.clone())).ok());
     });
     report(
         "validate Start (2 JSON templates)",
@@ -158,7 +154,7 @@ fn bench_validation() {
         ..Default::default()
     });
     let refused = median_per_call(200, || {
-        black_box(validate::start(black_box(bad.clone()), &defaults, &PodPolicy::default()).err());
+        black_box(validate_start(black_box(bad.clone())).err());
     });
     report(
         "validate Start refused (batch_delay_ms=50)",

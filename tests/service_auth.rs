@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use kube::api::Api;
 use serde_json::json;
 use spark_pod_allocator::auth::{AuthMode, AuthSettings};
 use spark_pod_allocator::proto;
@@ -46,6 +47,7 @@ fn grant(users: &[&str], groups: &[&str], namespace: &str, verbs: &[&str]) -> Si
         namespaces: vec![namespace.into()],
         verbs: verbs.iter().map(|v| v.to_string()).collect(),
         resources: vec!["pods".into()],
+        names: Vec::new(),
     }
 }
 
@@ -781,4 +783,475 @@ async fn tls_round_trip_with_a_token_and_a_reloaded_certificate() {
         .await
         .expect("the rotated certificate is served");
     service.shutdown().await.expect("server result");
+}
+
+/// How many reviews of `resource` (`tokenreviews`, `subjectaccessreviews`) the API server
+/// has answered.
+async fn reviews_answered(h: &Harness, resource: &str) -> u64 {
+    let client = h.sim.try_client().expect("client");
+    let (code, _, body) = raw(&client, "GET", "/sim/requests", "", None).await;
+    assert_eq!(code, 200, "{body}");
+    body["requests"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|row| row["resource"] == resource)
+        .map(|row| row["count"].as_u64().expect("count"))
+        .sum()
+}
+
+/// A client on a connection of its own.
+async fn own_connection(h: &Harness) -> ExecutorAllocatorClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", h.address))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    ExecutorAllocatorClient::new(channel)
+}
+
+/// A valid Pod template of about 240 KB (18,000 labels): costly to parse, within
+/// `limits.max_template_bytes`.
+fn heavy_template() -> String {
+    let labels: String = (0..18_000).map(|i| format!("    k{i}: v\n")).collect();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n{labels}spec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n"
+    )
+}
+
+/// A Start of `app` in team-a with 15 heavy profile templates (3.6 MB, under the 4 MiB
+/// message limit) and a broken one last: had any template been parsed, the answer would be
+/// INVALID_ARGUMENT about `resource_profile_templates[16]`.
+fn heavy_broken_start(app: &str) -> proto::StartRequest {
+    let heavy = heavy_template();
+    let mut request = start_request(app, "team-a");
+    request.resource_profile_templates = (1..=15).map(|p| (p, heavy.clone())).collect();
+    request
+        .resource_profile_templates
+        .insert(16, "kind: [".into());
+    request
+}
+
+/// Calls `call` back to back from `connections` connections × `streams` concurrent loops
+/// each, from a runtime of its own (as from other machines), until `attacking` is cleared;
+/// returns the codes answered, counted by name.
+fn flood<F, Fut>(
+    address: std::net::SocketAddr,
+    connections: u32,
+    streams: u32,
+    attacking: Arc<AtomicBool>,
+    call: F,
+) -> std::thread::JoinHandle<std::collections::BTreeMap<String, u32>>
+where
+    F: Fn(ExecutorAllocatorClient<tonic::transport::Channel>, String) -> Fut
+        + Send
+        + Sync
+        + 'static,
+    Fut: Future<Output = Code> + Send + 'static,
+{
+    let call = Arc::new(call);
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("attackers' runtime");
+        runtime.block_on(async move {
+            let mut loops = Vec::new();
+            for connection in 0..connections {
+                let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                    .expect("endpoint")
+                    .connect()
+                    .await
+                    .expect("connect");
+                for stream in 0..streams {
+                    let client = ExecutorAllocatorClient::new(channel.clone());
+                    let attacking = Arc::clone(&attacking);
+                    let call = Arc::clone(&call);
+                    loops.push(tokio::spawn(async move {
+                        let mut codes = Vec::new();
+                        let mut n = 0u32;
+                        while attacking.load(Ordering::Relaxed) {
+                            let tag = format!("{connection}-{stream}-{n}");
+                            codes.push(call(client.clone(), tag).await);
+                            n += 1;
+                        }
+                        codes
+                    }));
+                }
+            }
+            let mut counted = std::collections::BTreeMap::new();
+            for one in loops {
+                for code in one.await.expect("attack loop") {
+                    *counted.entry(format!("{code:?}")).or_insert(0) += 1;
+                }
+            }
+            counted
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_is_authorized_before_any_template_is_parsed() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(cluster(), auth()).await;
+    // Without a valid token, and without rights: the identity's answer, not the template's.
+    for (token, code, words) in [
+        (None, Code::Unauthenticated, "authorization: Bearer"),
+        (Some("forged"), Code::Unauthenticated, "not accepted"),
+        (
+            Some("eve-token"),
+            Code::PermissionDenied,
+            "eve may not create pods",
+        ),
+        (Some("carol-token"), Code::PermissionDenied, "team-a"),
+    ] {
+        let request = heavy_broken_start("spark-heavy");
+        let request = match token {
+            Some(token) => as_caller(token, request),
+            None => Request::new(request),
+        };
+        let err = h.client.start(request).await.unwrap_err();
+        assert_code(&err, code, &[words]);
+    }
+    // Bad settings are a template's neighbours: checked after authorization too.
+    let mut request = start_request("spark-heavy", "team-a");
+    request.settings = Some(proto::AllocationSettings {
+        batch_delay_ms: Some(50),
+        ..Default::default()
+    });
+    let err = h
+        .client
+        .start(as_caller("eve-token", request))
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::PermissionDenied, &["eve may not create pods"]);
+    // SetTotalExpected: an application that does not run answers NOT_FOUND, unparsed.
+    let mut request = targets_request("spark-nowhere", 1);
+    request.resource_profile_templates = [(1, "kind: [".to_string())].into();
+    let err = h
+        .client
+        .set_total_expected(as_caller("eve-token", request))
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::NotFound, &["spark-nowhere"]);
+    // The same request from a caller with rights is parsed and refused for its template.
+    let err = h
+        .client
+        .start(as_caller("alice-token", heavy_broken_start("spark-heavy")))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::InvalidArgument,
+        &["resource_profile_templates[16]"],
+    );
+
+    // 4 senders without rights flood Start with 3.6 MB of templates while alice starts
+    // applications: each flood call is PERMISSION_DENIED, which no parse could answer.
+    let attacking = Arc::new(AtomicBool::new(true));
+    let heavy = Arc::new(heavy_broken_start("spark-heavy"));
+    let attack = flood(
+        h.address,
+        4,
+        1,
+        Arc::clone(&attacking),
+        move |mut client, _| {
+            let request = as_caller("eve-token", (*heavy).clone());
+            async move { client.start(request).await.unwrap_err().code() }
+        },
+    );
+    let mut times = Vec::new();
+    for i in 0..10 {
+        let began = Instant::now();
+        h.client
+            .start(as_caller(
+                "alice-token",
+                start_request(format!("spark-legit-{i}").as_str(), "team-a"),
+            ))
+            .await
+            .expect("alice's Start during the flood");
+        times.push(began.elapsed());
+    }
+    attacking.store(false, Ordering::Relaxed);
+    let codes = attack.join().expect("attack thread");
+    times.sort();
+    eprintln!(
+        "flood answered {codes:?}; alice's Start during it: median {:?}, slowest {:?}",
+        times[times.len() / 2],
+        times[times.len() - 1]
+    );
+    assert_eq!(
+        codes.keys().collect::<Vec<_>>(),
+        ["PermissionDenied"],
+        "{codes:?}"
+    );
+    assert!(codes["PermissionDenied"] >= 4, "the flood ran: {codes:?}");
+    assert!(h.applications.ownership(&app_id("spark-heavy")).is_none());
+}
+
+/// Settings under which a cached answer expires several times during a flood, the queue
+/// of unknown tokens is short and its deadline shorter than the wait behind a flood.
+fn slow_server_auth() -> AuthSettings {
+    AuthSettings {
+        cache_ttl_ms: 600,
+        cache_capacity: 32,
+        review_timeout_ms: 2_000,
+        max_concurrent_reviews: 2,
+        max_failed_authentications_per_connection: 1_000_000,
+        ..auth()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_caller_is_served_while_forged_tokens_flood_a_slow_api_server() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(cluster(), slow_server_auth()).await;
+    let app = "spark-busy";
+    alice_starts(&mut h, app, 1).await;
+    h.sim.set_faults(FaultSettings {
+        latency_ms: 100,
+        ..FaultSettings::default()
+    });
+    // 64 forged calls at once, each token new: 32 reviews of 100 ms queue for each turn of
+    // the unknown queue, longer than the review deadline.
+    let attacking = Arc::new(AtomicBool::new(true));
+    let attack = flood(
+        h.address,
+        4,
+        16,
+        Arc::clone(&attacking),
+        |mut client, tag| {
+            let request = as_caller(&format!("forged-{tag}"), status_request("spark-busy"));
+            async move { client.get_status(request).await.unwrap_err().code() }
+        },
+    );
+    // alice calls every 50 ms for 3 s: five times her answers' lifetime.
+    let began = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut calls = 0;
+    while began.elapsed() < Duration::from_secs(3) {
+        let call = Instant::now();
+        let answer = h
+            .client
+            .get_status(as_caller("alice-token", status_request(app)))
+            .await;
+        slowest = slowest.max(call.elapsed());
+        calls += 1;
+        assert!(
+            answer.is_ok(),
+            "alice's call {calls} at {:?} failed: {answer:?}",
+            began.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    attacking.store(false, Ordering::Relaxed);
+    let codes = attack.join().expect("attack thread");
+    h.sim.set_faults(FaultSettings::default());
+    eprintln!("{calls} calls of alice OK, slowest {slowest:?}; the flood answered {codes:?}");
+    assert!(
+        codes.get("Unavailable").is_some_and(|n| *n > 0),
+        "the flood filled the unknown queue past its deadline: {codes:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(1_000),
+        "alice waited {slowest:?} (the review deadline is 2 s)"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_that_keeps_failing_authentication_is_refused_without_a_review() {
+    let _serial = SERIAL.lock().await;
+    let budget = 5;
+    let settings = AuthSettings {
+        max_failed_authentications_per_connection: budget,
+        ..auth()
+    };
+    let h = Harness::start_with_auth(cluster(), settings).await;
+    let mut attacker = own_connection(&h).await;
+    let before = reviews_answered(&h, "tokenreviews").await;
+    for i in 0..budget {
+        let err = attacker
+            .get_status(as_caller(&format!("forged-{i}"), status_request("spark-x")))
+            .await
+            .unwrap_err();
+        assert_code(&err, Code::Unauthenticated, &["not accepted"]);
+    }
+    assert_eq!(
+        reviews_answered(&h, "tokenreviews").await - before,
+        u64::from(budget)
+    );
+    // Past the budget: refused at once, a valid token included, and no review is asked.
+    for token in ["forged-new", "alice-token"] {
+        let err = attacker
+            .get_status(as_caller(token, status_request("spark-x")))
+            .await
+            .unwrap_err();
+        assert_code(
+            &err,
+            Code::Unauthenticated,
+            &["auth.max_failed_authentications_per_connection"],
+        );
+    }
+    assert_eq!(
+        reviews_answered(&h, "tokenreviews").await - before,
+        u64::from(budget)
+    );
+    // Another connection is not affected, and a refused token is reviewed once.
+    let mut other = own_connection(&h).await;
+    for _ in 0..3 {
+        let err = other
+            .get_status(as_caller("forged-again", status_request("spark-x")))
+            .await
+            .unwrap_err();
+        assert_code(&err, Code::Unauthenticated, &["not accepted"]);
+    }
+    let err = other
+        .get_status(as_caller("alice-token", status_request("spark-x")))
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::NotFound, &["spark-x"]);
+    assert_eq!(
+        reviews_answered(&h, "tokenreviews").await - before,
+        u64::from(budget) + 2
+    );
+}
+
+const DORA: &str = "system:serviceaccount:team-a:dora";
+const PAUL: &str = "system:serviceaccount:team-a:paul";
+
+/// alice may also get and patch pods in team-a; dora may create, delete and list pods in
+/// team-a but get and patch only her own driver pod; paul may get pods but not patch them.
+fn driver_cluster() -> SimSettings {
+    let mut settings = cluster();
+    settings.access.tokens.extend([
+        token("dora-token", DORA, &[], &[AUDIENCE]),
+        token("paul-token", PAUL, &[], &[AUDIENCE]),
+    ]);
+    settings.access.grants.extend([
+        grant(&[ALICE], &[], "team-a", &["get", "patch"]),
+        grant(&[DORA, PAUL], &[], "team-a", &["create", "delete", "list"]),
+        SimGrant {
+            names: vec!["dora-driver".into()],
+            ..grant(&[DORA], &[], "team-a", &["get", "patch"])
+        },
+        grant(&[PAUL], &[], "team-a", &["get"]),
+    ]);
+    settings
+}
+
+async fn create_driver_pod(h: &Harness, name: &str) -> k8s_openapi::api::core::v1::Pod {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(h.sim.try_client().expect("client"), "team-a");
+    let pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"spark-role": "driver"}},
+        "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": "spark:4"}]}
+    }))
+    .expect("pod");
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("driver pod")
+}
+
+fn start_with_driver(app: &str, driver: &str) -> proto::StartRequest {
+    let mut request = start_request(app, "team-a");
+    request.driver_pod_name = driver.into();
+    request
+}
+
+#[tokio::test]
+async fn a_driver_pod_the_caller_may_not_get_answers_as_a_missing_one() {
+    let _serial = SERIAL.lock().await;
+    let mut h = Harness::start_with_auth(driver_cluster(), auth()).await;
+    let victim = create_driver_pod(&h, "alice-driver").await;
+    create_driver_pod(&h, "dora-driver").await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(h.sim.try_client().expect("client"), "team-a");
+
+    // dora names alice's driver pod, then one that does not exist: the same answer.
+    let app = "spark-dora";
+    let hidden = h
+        .client
+        .start(as_caller(
+            "dora-token",
+            start_with_driver(app, "alice-driver"),
+        ))
+        .await
+        .unwrap_err();
+    let missing = h
+        .client
+        .start(as_caller(
+            "dora-token",
+            start_with_driver(app, "ghost-driver"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(hidden.code(), Code::FailedPrecondition, "{hidden:?}");
+    assert_eq!(missing.code(), hidden.code());
+    assert_eq!(
+        hidden.message(),
+        "No pod was found named alice-driver in the cluster in the namespace team-a"
+    );
+    assert_eq!(
+        missing.message().replace("ghost-driver", "alice-driver"),
+        hidden.message()
+    );
+    // Nothing was done with alice's pod, and nothing was started for dora.
+    let after = pods.get("alice-driver").await.expect("alice's driver");
+    assert_eq!(
+        after.metadata.resource_version, victim.metadata.resource_version,
+        "alice's driver pod was not patched"
+    );
+    assert!(h.applications.ownership(&app_id(app)).is_none());
+    h.client
+        .set_total_expected(as_caller("dora-token", targets_request(app, 2)))
+        .await
+        .expect_err("dora's application does not run");
+    assert!(h.pods("team-a", app).await.is_empty());
+
+    // paul may see alice's pod but not patch it: refused, naming the verb.
+    let err = h
+        .client
+        .start(as_caller(
+            "paul-token",
+            start_with_driver("spark-paul", "alice-driver"),
+        ))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &[&format!(
+            "{PAUL} may not patch pod alice-driver in namespace team-a"
+        )],
+    );
+    assert!(h.applications.ownership(&app_id("spark-paul")).is_none());
+
+    // With the rights on that one pod (a grant naming it), dora's own driver is taken; so
+    // is alice's, by alice.
+    h.client
+        .start(as_caller(
+            "dora-token",
+            start_with_driver(app, "dora-driver"),
+        ))
+        .await
+        .expect("dora names her own driver pod");
+    alice_starts_with(&mut h, "spark-alice", "alice-driver").await;
+    let status = h
+        .client
+        .get_status(as_caller("alice-token", status_request("spark-alice")))
+        .await
+        .expect("alice's status")
+        .into_inner();
+    assert_eq!(
+        status.driver.map(|d| d.pod_name).as_deref(),
+        Some("alice-driver")
+    );
+}
+
+async fn alice_starts_with(h: &mut Harness, app: &str, driver: &str) {
+    h.client
+        .start(as_caller("alice-token", start_with_driver(app, driver)))
+        .await
+        .expect("alice starts with her driver pod");
 }

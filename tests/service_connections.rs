@@ -209,6 +209,7 @@ fn cluster() -> SimSettings {
         namespaces: vec![NS.into()],
         verbs: vec!["create".into(), "delete".into(), "list".into()],
         resources: vec!["pods".into()],
+        names: Vec::new(),
     }];
     settings
 }

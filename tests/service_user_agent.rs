@@ -49,6 +49,7 @@ async fn every_kubernetes_request_of_the_service_names_it_and_its_version() {
         namespaces: vec![NS.into()],
         verbs: vec!["*".into()],
         resources: vec!["pods".into()],
+        names: Vec::new(),
     }];
     let auth = AuthSettings {
         mode: AuthMode::Kubernetes,

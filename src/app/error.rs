@@ -47,3 +47,13 @@ impl From<SettingsError> for AppError {
         }
     }
 }
+
+impl AppError {
+    /// The answer to a Start naming a driver pod that does not exist, or that the caller may
+    /// not `get` (the same words, so the answer tells no pod name the caller could not read).
+    pub fn no_driver_pod(name: &str, namespace: &str) -> Self {
+        AppError::FailedPrecondition(format!(
+            "No pod was found named {name} in the cluster in the namespace {namespace}"
+        ))
+    }
+}

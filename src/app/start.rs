@@ -307,7 +307,7 @@ impl Applications {
             .pods
             .driver_pod(&req.namespace, name)
             .await?
-            .ok_or_else(|| driver_pod_missing(name, &req.namespace))?;
+            .ok_or_else(|| AppError::no_driver_pod(name, &req.namespace))?;
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if let Some(phase @ ("Failed" | "Succeeded")) = phase {
             return Err(AppError::FailedPrecondition(format!(
@@ -348,7 +348,7 @@ impl Applications {
         match self.inner.pods.label_driver(namespace, &driver.name).await {
             Ok(()) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                Err(driver_pod_missing(&driver.name, namespace))
+                Err(AppError::no_driver_pod(&driver.name, namespace))
             }
             Err(err) if matches!(&err, kube::Error::Api(status) if status.code == 403) => {
                 Err(AppError::FailedPrecondition(format!(
@@ -480,13 +480,6 @@ struct Driver {
     owner: Option<DriverOwner>,
     /// It carries [`FOLLOWED_DRIVER_LABEL`] already.
     labelled: bool,
-}
-
-/// The driver pod named at Start is not in the namespace.
-fn driver_pod_missing(name: &str, namespace: &str) -> AppError {
-    AppError::FailedPrecondition(format!(
-        "No pod was found named {name} in the cluster in the namespace {namespace}"
-    ))
 }
 
 /// A template error names the request field it came from: a template that cannot make

@@ -59,16 +59,22 @@ impl AllocatorService {
         self
     }
 
-    /// The caller of a request; UNAUTHENTICATED without valid credentials.
-    async fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, AppError> {
-        let caller = self.gate.authenticate(metadata).await?;
+    /// The caller of a request that came from `peer`; UNAUTHENTICATED without valid
+    /// credentials. The first thing every call does: nothing of the message is read before.
+    async fn caller(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<Caller, AppError> {
+        let caller = self.gate.authenticate(metadata, peer).await?;
         // Its connection leaves the unauthenticated pool (grpc::connections).
         connections::mark_authenticated();
         Ok(caller)
     }
 
     /// Checks that `caller` owns `app` (or is an admin) and may still do `access` in its
-    /// namespace. An unknown application passes: the call itself answers NOT_FOUND.
+    /// namespace. An unknown application answers NOT_FOUND here, as the call itself would,
+    /// so that nothing more of the request (its templates) is read for it.
     async fn authorize(
         &self,
         caller: &Caller,
@@ -79,7 +85,7 @@ impl AllocatorService {
             return Ok(());
         }
         let Some(ownership) = self.applications.ownership(app) else {
-            return Ok(());
+            return Err(AppError::NotFound(app.to_string()));
         };
         self.gate
             .check_owner(caller, app, ownership.owner.as_deref())?;
@@ -260,10 +266,11 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::WatchExecutorsRequest>,
     ) -> Result<Response<Self::WatchExecutorsStream>, Status> {
+        let peer = request.remote_addr();
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         let response = answer("WatchExecutors", &app_id, async {
-            let caller = self.caller(&metadata).await?;
+            let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&req.application_id)?;
             self.authorize(&caller, &app, Access::Read).await?;
             let events = self.applications.watch_executors(&app, req.since).await?;
@@ -286,17 +293,28 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::StartRequest>,
     ) -> Result<Response<proto::StartResponse>, Status> {
+        let peer = request.remote_addr();
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("Start", &app_id, async {
-            let caller = self.caller(&metadata).await?;
-            let mut start = self
-                .off_runtime(move |defaults, policy| validate::start(req, defaults, policy))
-                .await?;
+            let caller = self.caller(&metadata, peer).await?;
+            // Authorized before any template is read: a caller without rights costs one
+            // (cached) review, never a parse.
+            let target = validate::start_target(&req)?;
             // Never more than the caller could do itself: it must be able to create and
-            // delete pods in the namespace; the owner check is under the lifecycle lock.
+            // delete pods in the namespace, and get and patch the driver pod it names; the
+            // owner check is under the lifecycle lock.
+            let namespace = &target.placement.namespace;
             self.gate
-                .authorize(&caller, &start.namespace, Access::Change)
+                .authorize(&caller, namespace, Access::Change)
+                .await?;
+            if let Some(pod) = &target.placement.driver_pod_name {
+                self.gate
+                    .authorize_driver_pod(&caller, namespace, pod)
+                    .await?;
+            }
+            let mut start = self
+                .off_runtime(move |defaults, policy| validate::start(req, target, defaults, policy))
                 .await?;
             start.owner = caller.user.clone();
             let may_act_on_any = self.gate.is_admin(&caller);
@@ -324,10 +342,11 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::SetTotalExpectedRequest>,
     ) -> Result<Response<proto::SetTotalExpectedResponse>, Status> {
+        let peer = request.remote_addr();
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("SetTotalExpected", &app_id, async {
-            let caller = self.caller(&metadata).await?;
+            let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&req.application_id)?;
             self.authorize(&caller, &app, Access::Change).await?;
             // The application layer holds the templates to the policy where its pods go.
@@ -353,10 +372,11 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::IsDeletedRequest>,
     ) -> Result<Response<proto::IsDeletedResponse>, Status> {
+        let peer = request.remote_addr();
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("IsDeleted", &app_id, async {
-            let caller = self.caller(&metadata).await?;
+            let caller = self.caller(&metadata, peer).await?;
             let (app, id) = validate::is_deleted(req)?;
             self.authorize(&caller, &app, Access::Read).await?;
             let deleted = self.applications.is_deleted(&app, id).await?;
@@ -369,10 +389,11 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::UpdateRegisteredExecutorsRequest>,
     ) -> Result<Response<proto::UpdateRegisteredExecutorsResponse>, Status> {
+        let peer = request.remote_addr();
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("UpdateRegisteredExecutors", &app_id, async {
-            let caller = self.caller(&metadata).await?;
+            let caller = self.caller(&metadata, peer).await?;
             let (app, ids) = validate::update_registered(req)?;
             self.authorize(&caller, &app, Access::Change).await?;
             self.applications.update_registered(&app, ids).await?;
@@ -385,10 +406,11 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::StopRequest>,
     ) -> Result<Response<proto::StopResponse>, Status> {
+        let peer = request.remote_addr();
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id;
         answer("Stop", &app_id, async {
-            let caller = self.caller(&metadata).await?;
+            let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&app_id)?;
             self.authorize(&caller, &app, Access::Change).await?;
             let deleted_pods = self.applications.stop(&app).await?;
@@ -402,10 +424,11 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::GetStatusRequest>,
     ) -> Result<Response<proto::ApplicationStatus>, Status> {
+        let peer = request.remote_addr();
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id;
         answer("GetStatus", &app_id, async {
-            let caller = self.caller(&metadata).await?;
+            let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&app_id)?;
             self.authorize(&caller, &app, Access::Read).await?;
             Ok(status_message(

@@ -118,13 +118,17 @@ pub fn application_id(value: &str) -> Result<AppId, AppError> {
     AppId::parse(value).map_err(|reason| invalid("application_id", reason))
 }
 
-/// Start: every field checked, templates parsed and held to `policy` where the pods go,
-/// settings merged over the server defaults.
-pub fn start(
-    req: proto::StartRequest,
-    defaults: &StartDefaults,
-    policy: &PodPolicy,
-) -> Result<StartApplication, AppError> {
+/// What a Start is about, read before anything else of it so that it can be authorized
+/// before its templates are: the application, its namespace and its driver pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartTarget {
+    pub app_id: AppId,
+    pub placement: Placement,
+}
+
+/// Start's `application_id`, `namespace` and `driver_pod_name`, checked without reading
+/// any other field (no template is touched).
+pub fn start_target(req: &proto::StartRequest) -> Result<StartTarget, AppError> {
     let app_id = application_id(&req.application_id)?;
     if req.namespace.is_empty() {
         return Err(invalid("namespace", "must not be empty"));
@@ -135,8 +139,27 @@ pub fn start(
     } else {
         dns1123_subdomain(&req.driver_pod_name)
             .map_err(|reason| invalid("driver_pod_name", reason))?;
-        Some(req.driver_pod_name)
+        Some(req.driver_pod_name.clone())
     };
+    Ok(StartTarget {
+        app_id,
+        placement: Placement {
+            namespace: req.namespace.clone(),
+            driver_pod_name,
+        },
+    })
+}
+
+/// Start, once `target` (from [`start_target`]) is authorized: every other field checked,
+/// templates parsed and held to `policy` where the pods go, settings merged over the
+/// server defaults.
+pub fn start(
+    req: proto::StartRequest,
+    target: StartTarget,
+    defaults: &StartDefaults,
+    policy: &PodPolicy,
+) -> Result<StartApplication, AppError> {
+    let StartTarget { app_id, placement } = target;
     let pod_name_prefix = if req.pod_name_prefix.is_empty() {
         None
     } else {
@@ -147,10 +170,6 @@ pub fn start(
 
     // Before the templates: a bad setting is refused without parsing any YAML.
     let settings = settings(req.settings.as_ref(), defaults)?;
-    let placement = Placement {
-        namespace: req.namespace.clone(),
-        driver_pod_name: driver_pod_name.clone(),
-    };
     let field = "executor_pod_template";
     let mut templates = BTreeMap::new();
     let default_template = if req.executor_pod_template.trim().is_empty() {
@@ -173,8 +192,8 @@ pub fn start(
 
     Ok(StartApplication {
         app_id,
-        namespace: req.namespace,
-        driver_pod_name,
+        namespace: placement.namespace,
+        driver_pod_name: placement.driver_pod_name,
         templates,
         pod_name_prefix,
         settings,
@@ -566,7 +585,8 @@ mod tests {
         req: proto::StartRequest,
         defaults: &StartDefaults,
     ) -> Result<StartApplication, AppError> {
-        super::start(req, defaults, &PodPolicy::default())
+        let target = start_target(&req)?;
+        super::start(req, target, defaults, &PodPolicy::default())
     }
 
     const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";

@@ -73,6 +73,10 @@ pub struct SimGrant {
     pub verbs: Vec<String>,
     /// Resources (`pods`, …); `*` for all.
     pub resources: Vec<String>,
+    /// Object names (RBAC's `resourceNames`); empty for every object. A grant with names
+    /// allows only questions about one of them.
+    #[serde(default)]
+    pub names: Vec<String>,
 }
 
 impl Default for SimSettings {

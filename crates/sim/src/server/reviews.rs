@@ -123,12 +123,13 @@ pub(super) fn subject_access_review(sh: &Shared, body: &[u8]) -> Result<Response
     let namespace = resource.namespace.unwrap_or_default();
     let verb = resource.verb.unwrap_or_default();
     let plural = resource.resource.unwrap_or_default();
+    let name = resource.name.unwrap_or_default();
     let grant = sh
         .settings
         .access
         .grants
         .iter()
-        .find(|g| grants(g, &user, &groups, &namespace, &verb, &plural));
+        .find(|g| grants(g, &user, &groups, &namespace, &verb, &plural, &name));
     review.status = Some(match grant {
         Some(grant) => SubjectAccessReviewStatus {
             allowed: true,
@@ -147,6 +148,8 @@ pub(super) fn subject_access_review(sh: &Shared, body: &[u8]) -> Result<Response
     answer(&review)
 }
 
+/// Whether `grant` allows the question; `name` is `""` for a question about every object
+/// (which a grant naming objects does not allow, as RBAC's `resourceNames`).
 fn grants(
     grant: &SimGrant,
     user: &str,
@@ -154,6 +157,7 @@ fn grants(
     namespace: &str,
     verb: &str,
     resource: &str,
+    name: &str,
 ) -> bool {
     let any_or = |list: &[String], value: &str| list.iter().any(|x| x == "*" || x == value);
     let subject = (!user.is_empty() && grant.users.iter().any(|u| u == user))
@@ -164,7 +168,12 @@ fn grants(
     } else {
         any_or(&grant.namespaces, namespace)
     };
-    subject && in_namespace && any_or(&grant.verbs, verb) && any_or(&grant.resources, resource)
+    let named = grant.names.is_empty() || grant.names.iter().any(|n| n == name);
+    subject
+        && in_namespace
+        && named
+        && any_or(&grant.verbs, verb)
+        && any_or(&grant.resources, resource)
 }
 
 fn subjects(grant: &SimGrant) -> String {
@@ -205,6 +214,7 @@ mod tests {
                 namespaces: vec!["ns".into()],
                 verbs: vec!["create".into()],
                 resources: vec!["pods".into()],
+                names: vec![],
             }],
             api_audience: String::new(),
         }
@@ -226,10 +236,18 @@ mod tests {
     fn grants_match_subject_namespace_verb_and_resource() {
         let grant = &access().grants[0];
         let team = ["team".to_string()];
-        assert!(grants(grant, "bob", &team, "ns", "create", "pods"));
-        assert!(!grants(grant, "bob", &team, "other", "create", "pods"));
-        assert!(!grants(grant, "bob", &team, "ns", "delete", "pods"));
-        assert!(!grants(grant, "bob", &[], "ns", "create", "pods"));
-        assert!(!grants(grant, "bob", &team, "", "create", "pods"));
+        assert!(grants(grant, "bob", &team, "ns", "create", "pods", ""));
+        assert!(grants(grant, "bob", &team, "ns", "create", "pods", "p1"));
+        assert!(!grants(grant, "bob", &team, "other", "create", "pods", ""));
+        assert!(!grants(grant, "bob", &team, "ns", "delete", "pods", ""));
+        assert!(!grants(grant, "bob", &[], "ns", "create", "pods", ""));
+        assert!(!grants(grant, "bob", &team, "", "create", "pods", ""));
+        let named = SimGrant {
+            names: vec!["p1".into()],
+            ..grant.clone()
+        };
+        assert!(grants(&named, "bob", &team, "ns", "create", "pods", "p1"));
+        assert!(!grants(&named, "bob", &team, "ns", "create", "pods", "p2"));
+        assert!(!grants(&named, "bob", &team, "ns", "create", "pods", ""));
     }
 }
