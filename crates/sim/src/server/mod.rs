@@ -47,8 +47,8 @@ pub(crate) struct Shared {
     pub held_lists: std::sync::atomic::AtomicUsize,
     /// The process runtime's base directory (pods' logs), when it runs pods.
     pub process_dir: Option<std::path::PathBuf>,
-    /// API requests served, by (User-Agent, verb, resource): lets a test tell which
-    /// client listed or watched what (`GET /sim/requests`).
+    /// API requests received (before injected faults), by (User-Agent, verb, resource): lets a
+    /// test tell which client listed, watched or created what (`GET /sim/requests`).
     pub requests: Mutex<BTreeMap<(String, String, String), u64>>,
 }
 
@@ -282,8 +282,9 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     let Some(target) = resolve(&segs) else {
         return Err(ApiError::no_route());
     };
-    inject_request_faults(sh).await?;
     let mut q = query_of(&req);
+    // Counted when received, as an audit log's RequestReceived stage: a request then delayed
+    // by injected latency counts even when its client gives up on it.
     count_request(
         sh,
         &req,
@@ -291,6 +292,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         &target,
         watch_path.is_some() || flag(&q, "watch"),
     );
+    inject_request_faults(sh).await?;
     let target = match (watch_path, target) {
         (None, target) => target,
         (Some(_), Target::Object { kind, ns, name }) if method == Method::GET => {
