@@ -248,6 +248,7 @@ class SparkOnServiceIT {
    * the other in this driver: no pod may be created from the moment stop() begins.
    */
   @Test
+  @Timeout(value = 8, unit = TimeUnit.MINUTES) // 10 applications: ~45 s, minutes when loaded
   void aStoppingDriverGetsNoNewExecutorPods() throws Exception {
     List<String> runsWithCreates = new ArrayList<>();
     for (int run = 1; run <= 10; run++) {
