@@ -280,7 +280,12 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     synchronized (this) {
       sparkContext = sc;
     }
-    sc.listenerBus().addToQueue(new DriverStopListener(this), LISTENER_QUEUE);
+    try {
+      sc.listenerBus().addToQueue(new DriverStopListener(this), LISTENER_QUEUE);
+    } catch (RuntimeException | LinkageError e) {
+      // Only the listener is lost: the isStopped() checks still end allocation.
+      LOG.warn("Could not add the driver-stop listener to Spark's listener bus", e);
+    }
   }
 
   /**
