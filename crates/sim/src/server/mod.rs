@@ -47,10 +47,10 @@ pub(crate) struct Shared {
     pub held_lists: std::sync::atomic::AtomicUsize,
     /// The process runtime's base directory (pods' logs), when it runs pods.
     pub process_dir: Option<std::path::PathBuf>,
-    /// API requests served, by (User-Agent, verb, resource): lets a test tell which
-    /// client listed or watched what, and that every request of a client names it
-    /// (`GET /sim/requests`). Reviews count as `create` of their resource, discovery and
-    /// health as `get` of their path.
+    /// API requests received (before injected faults), by (User-Agent, verb, resource): lets
+    /// a test tell which client listed, watched or created what, and that every request of a
+    /// client names it (`GET /sim/requests`). Reviews count as `create` of their resource,
+    /// discovery and health as `get` of their path.
     pub requests: Mutex<BTreeMap<(String, String, String), u64>>,
 }
 
@@ -261,16 +261,16 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
             if method != Method::POST {
                 return Err(ApiError::method_not_allowed());
             }
-            inject_request_faults(sh).await?;
             count(sh, &req, "create", "tokenreviews");
+            inject_request_faults(sh).await?;
             return reviews::token_review(sh, &read_body(req).await?);
         }
         (method, ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
             if method != Method::POST {
                 return Err(ApiError::method_not_allowed());
             }
-            inject_request_faults(sh).await?;
             count(sh, &req, "create", "subjectaccessreviews");
+            inject_request_faults(sh).await?;
             return reviews::subject_access_review(sh, &read_body(req).await?);
         }
         _ => {}
@@ -288,8 +288,9 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     let Some(target) = resolve(&segs) else {
         return Err(ApiError::no_route());
     };
-    inject_request_faults(sh).await?;
     let mut q = query_of(&req);
+    // Counted when received, as an audit log's RequestReceived stage: a request then delayed
+    // by injected latency counts even when its client gives up on it.
     count_request(
         sh,
         &req,
@@ -297,6 +298,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         &target,
         watch_path.is_some() || flag(&q, "watch"),
     );
+    inject_request_faults(sh).await?;
     let target = match (watch_path, target) {
         (None, target) => target,
         (Some(_), Target::Object { kind, ns, name }) if method == Method::GET => {

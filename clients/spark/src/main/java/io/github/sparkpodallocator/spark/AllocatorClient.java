@@ -26,7 +26,9 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.Set;
 import java.util.TreeMap;
+import java.util.TreeSet;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 import org.slf4j.Logger;
@@ -68,6 +70,8 @@ public final class AllocatorClient implements AutoCloseable {
   private final Map<Integer, String> laterTemplates = new TreeMap<>();
   private final Map<Integer, Integer> targets = new TreeMap<>();
   private List<String> registered;
+  /** Set by {@link #endAllocation}: every target stays 0. */
+  private boolean allocationEnded;
 
   /** Serialises SetTotalExpected so targets reach the service in the order Spark set them. */
   private final Object targetsOrder = new Object();
@@ -127,6 +131,12 @@ public final class AllocatorClient implements AutoCloseable {
    */
   public void setTotalExpected(Map<Integer, Integer> perProfile, Map<Integer, String> newTemplates) {
     synchronized (targetsOrder) {
+      synchronized (this) {
+        if (allocationEnded) {
+          LOG.debug("Not sending targets {}: the application's allocation has ended", perProfile);
+          return;
+        }
+      }
       SetTotalExpectedRequest.Builder request = SetTotalExpectedRequest.newBuilder()
           .setApplicationId(applicationId())
           .putAllResourceProfileTemplates(newTemplates);
@@ -137,6 +147,31 @@ public final class AllocatorClient implements AutoCloseable {
         laterTemplates.putAll(newTemplates);
         targets.putAll(perProfile);
       }
+    }
+  }
+
+  /**
+   * Sets every profile's target to 0 and keeps it there: later {@link #setTotalExpected} calls
+   * are dropped, and a Start after a service restart sends the zeros. For a driver that is
+   * stopping. Tried for one {@link ServiceSettings#deadline()} only, not the retry timeout:
+   * Spark's stop must not wait on a service that is away, and Stop follows anyway.
+   */
+  public void endAllocation() {
+    synchronized (targetsOrder) {
+      SetTotalExpectedRequest request;
+      synchronized (this) {
+        allocationEnded = true;
+        Set<Integer> profiles = new TreeSet<>(targets.keySet());
+        profiles.addAll(laterTemplates.keySet());
+        // The default profile, whose template came with Start.
+        profiles.add(0);
+        profiles.forEach(profile -> targets.put(profile, 0));
+        request = SetTotalExpectedRequest.newBuilder()
+            .setApplicationId(applicationId())
+            .putAllExecutorsPerProfile(targets)
+            .build();
+      }
+      call("SetTotalExpected", s -> s.setTotalExpected(request), true, settings.deadline());
     }
   }
 
@@ -244,7 +279,8 @@ public final class AllocatorClient implements AutoCloseable {
             stub.withDeadlineAfter(settings.deadline().toMillis(), TimeUnit.MILLISECONDS));
       } catch (StatusRuntimeException e) {
         Status.Code code = e.getStatus().getCode();
-        if (code == Status.Code.UNAVAILABLE
+        // A closed client (the plugin stopped) is not coming back: no retry.
+        if (code == Status.Code.UNAVAILABLE && !channel.isShutdown()
             && System.nanoTime() + backoff.toNanos() < giveUpAt) {
           LOG.warn("spark-pod-allocator {} at {}: {}; retrying in {} ms", name,
               settings.address(), describe(e.getStatus()), backoff.toMillis());

@@ -3,6 +3,8 @@ package io.github.sparkpodallocator.spark;
 import io.fabric8.kubernetes.api.model.Pod;
 import io.fabric8.kubernetes.client.KubernetesClient;
 import java.io.IOException;
+import java.lang.reflect.Field;
+import java.lang.reflect.Modifier;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -13,9 +15,12 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.SecurityManager;
 import org.apache.spark.SparkConf;
+import org.apache.spark.SparkContext;
 import org.apache.spark.SparkException;
 import org.apache.spark.resource.ResourceProfile;
 import org.apache.spark.resource.ResourceProfile$;
+import org.apache.spark.scheduler.SparkListener;
+import org.apache.spark.scheduler.SparkListenerApplicationEnd;
 import org.apache.spark.scheduler.cluster.k8s.AbstractPodsAllocator;
 import org.apache.spark.scheduler.cluster.k8s.ExecutorPodsSnapshotsStore;
 import org.apache.spark.scheduler.cluster.k8s.KubernetesClusterSchedulerBackend;
@@ -36,6 +41,8 @@ import spark.allocator.v1.Allocator.StartRequest;
  * <p>Each resource profile's executor pod is built once, the way Spark builds it, with the
  * executor id {@code {{EXECUTOR_ID}}}, and sent to the service: profile 0 with Start, later
  * profiles with the SetTotalExpected that first asks for them.
+ *
+ * <p>When the driver begins to stop, every target goes to 0 (see {@link #endAllocation}).
  */
 public class ServicePodsAllocator extends AbstractPodsAllocator {
   /** The value of {@code spark.kubernetes.allocation.pods.allocator} that selects this class. */
@@ -44,6 +51,8 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private static final Logger LOG = LoggerFactory.getLogger(ServicePodsAllocator.class);
   private static final String NAMESPACE = "spark.kubernetes.namespace";
   private static final String DRIVER_POD_NAME = "spark.kubernetes.driver.pod.name";
+  /** The listener bus queue of the plugin's own listener, so no other listener delays it. */
+  static final String LISTENER_QUEUE = "sparkPodAllocator";
 
   private final SparkConf conf;
   private final ExecutorPodTemplates templates;
@@ -62,6 +71,9 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private ScheduledExecutorService registeredExecutorsCheck;
   private List<String> lastRegistered;
   private ExecutorEventsFeed eventsFeed;
+  private SparkContext sparkContext;
+  private boolean allocationEnded;
+  private boolean stopped;
 
   /**
    * The constructor Spark's {@code KubernetesClusterManager} calls by reflection. The snapshot
@@ -146,6 +158,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
       sentTemplates.put(defaultProfile.id(), json);
     }
     client.start(request.build());
+    watchForTheDriversStop(backend);
     if (executorEvents) {
       ExecutorEventsFeed feed = new ExecutorEventsFeed(client, snapshotsStore);
       synchronized (this) {
@@ -177,6 +190,11 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     }
     if (appId == null) {
       throw new IllegalStateException(CLASS_NAME + ".setTotalExpectedExecutors before start");
+    }
+    if (driverIsStopping()) {
+      // Spark's stop may still set targets (its allocation manager): none raises them now.
+      endAllocation("SparkContext.stop() began");
+      return;
     }
     Map<Integer, Integer> perProfile = new TreeMap<>();
     Map<Integer, String> newTemplates = new TreeMap<>();
@@ -213,6 +231,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     ExecutorEventsFeed feed;
     boolean started;
     synchronized (this) {
+      stopped = true;
       check = registeredExecutorsCheck;
       registeredExecutorsCheck = null;
       feed = eventsFeed;
@@ -243,6 +262,103 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     }
   }
 
+  /**
+   * Registers the listener that ends allocation on Spark's application-end event. Spark
+   * 4.0 and 4.2 post that event at the very start of {@code SparkContext.stop()}, before the
+   * scheduler backend asks the executors to exit (StopExecutors) and long before it calls
+   * {@link #stop}; the listener bus is asynchronous, so the periodic check and
+   * {@link #setTotalExpectedExecutors} also look at {@code SparkContext.isStopped()}, which
+   * is set before the event is posted.
+   */
+  private void watchForTheDriversStop(KubernetesClusterSchedulerBackend backend) {
+    SparkContext sc = sparkContextOf(backend);
+    if (sc == null) {
+      LOG.warn("Found no SparkContext in {}: executors that exit while the driver stops may be"
+          + " replaced until {}.stop", backend.getClass().getName(), CLASS_NAME);
+      return;
+    }
+    synchronized (this) {
+      sparkContext = sc;
+    }
+    try {
+      sc.listenerBus().addToQueue(new DriverStopListener(this), LISTENER_QUEUE);
+    } catch (RuntimeException | LinkageError e) {
+      // Only the listener is lost: the isStopped() checks still end allocation.
+      LOG.warn("Could not add the driver-stop listener to Spark's listener bus", e);
+    }
+  }
+
+  /**
+   * The SparkContext that owns {@code backend}. Spark hands it to the backend's constructor
+   * but offers no accessor (the field's name is Scala's, per version), so it is found by type.
+   */
+  static SparkContext sparkContextOf(Object backend) {
+    for (Class<?> c = backend.getClass(); c != null; c = c.getSuperclass()) {
+      for (Field field : c.getDeclaredFields()) {
+        if (Modifier.isStatic(field.getModifiers())
+            || !SparkContext.class.isAssignableFrom(field.getType())) {
+          continue;
+        }
+        try {
+          field.setAccessible(true);
+          Object value = field.get(backend);
+          if (value != null) {
+            return (SparkContext) value;
+          }
+        } catch (ReflectiveOperationException | RuntimeException e) {
+          LOG.debug("Cannot read {}.{}", c.getName(), field.getName(), e);
+        }
+      }
+    }
+    return null;
+  }
+
+  private boolean driverIsStopping() {
+    SparkContext sc;
+    synchronized (this) {
+      if (allocationEnded) {
+        return true;
+      }
+      sc = sparkContext;
+    }
+    return sc != null && sc.isStopped();
+  }
+
+  /**
+   * The driver began to stop: no executor is wanted any more. Spark asks its executors to
+   * exit before it calls {@link #stop}, and the service, still holding the last targets, would
+   * replace them in between; so every profile's target goes to 0 now, once, and stays there.
+   */
+  void endAllocation(String why) {
+    synchronized (this) {
+      if (applicationId == null || allocationEnded || stopped) {
+        return;
+      }
+      allocationEnded = true;
+    }
+    LOG.info("{}: asking the spark-pod-allocator service for no more executors", why);
+    try {
+      client.endAllocation();
+    } catch (RuntimeException e) {
+      LOG.warn("Could not set the targets to 0 in the spark-pod-allocator service at {}; its"
+          + " Stop follows", address, e);
+    }
+  }
+
+  /** Ends allocation on Spark's application-end event, on a listener-bus queue of its own. */
+  private static final class DriverStopListener extends SparkListener {
+    private final ServicePodsAllocator allocator;
+
+    DriverStopListener(ServicePodsAllocator allocator) {
+      this.allocator = allocator;
+    }
+
+    @Override
+    public void onApplicationEnd(SparkListenerApplicationEnd end) {
+      allocator.endAllocation("The application ended (SparkContext.stop() began)");
+    }
+  }
+
   private ExecutorPodTemplates.Template buildTemplate(String appId, ResourceProfile profile) {
     try {
       return templates.build(appId, driverPod, profile);
@@ -267,6 +383,11 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
 
   /** Sends the driver's registered executors when they changed since the last report. */
   private void reportRegisteredExecutors(KubernetesClusterSchedulerBackend backend) {
+    if (driverIsStopping()) {
+      // In case the application-end event is late: the flag is set before it is posted.
+      endAllocation("SparkContext.stop() began");
+      return;
+    }
     try {
       List<String> ids = new ArrayList<>(CollectionConverters.asJava(backend.getExecutorIds()));
       ids.sort((a, b) -> a.length() != b.length() ? a.length() - b.length() : a.compareTo(b));

@@ -94,6 +94,30 @@ class AllocatorClientTest {
   }
 
   @Test
+  void endedAllocationSetsEveryTargetToZeroAndLaterTargetsDoNotRaiseIt() throws Exception {
+    int grpc = ServiceProcess.freePort();
+    int api = ServiceProcess.freePort();
+    try (ServiceProcess service = ServiceProcess.start(dir, Map.of(
+            "SPARK_POD_ALLOCATOR__LISTEN", "127.0.0.1:" + grpc,
+            "SPARK_POD_ALLOCATOR__SIMULATOR__LISTEN", "127.0.0.1:" + api),
+            grpc, "serve", "--simulate");
+        AllocatorClient client = new AllocatorClient(settings(grpc))) {
+      String app = APP + "-end";
+      client.start(startRequest(app));
+      client.setTotalExpected(Map.of(0, 2), Map.of());
+      await("2 running executors", client::status, s -> profile(s, 0).getRunning() == 2);
+
+      client.endAllocation();
+      assertEquals(0, profile(client.status(), 0).getTarget(), service.log());
+      // What Spark may still ask while it stops changes nothing.
+      client.setTotalExpected(Map.of(0, 5), Map.of());
+      ApplicationStatus status = client.status();
+      assertEquals(0, profile(status, 0).getTarget());
+      assertEquals(2, status.getLastExecutorId(), "no executor was created after the end");
+    }
+  }
+
+  @Test
   void sparksTemplateProfilesAndTheCallsOfAnApplication() throws Exception {
     int grpc = ServiceProcess.freePort();
     int api = ServiceProcess.freePort();

@@ -93,15 +93,8 @@ class SparkOnServiceIT {
    * a fabric8 client (the driver's), not the test's own client.
    */
   private long driverPodListsAndWatches() throws Exception {
-    HttpResponse<String> response = HttpClient.newHttpClient().send(
-        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + apiPort + "/sim/requests"))
-            .build(),
-        HttpResponse.BodyHandlers.ofString());
-    assertEquals(200, response.statusCode(), response.body());
-    Map<?, ?> body = Serialization.unmarshal(response.body(), Map.class);
     long count = 0;
-    for (Object row : (List<?>) body.get("requests")) {
-      Map<?, ?> r = (Map<?, ?>) row;
+    for (Map<?, ?> r : simRequests()) {
       String agent = String.valueOf(r.get("userAgent"));
       if (agent.startsWith("fabric8") && "pods".equals(r.get("resource"))
           && ("list".equals(r.get("verb")) || "watch".equals(r.get("verb")))) {
@@ -109,6 +102,43 @@ class SparkOnServiceIT {
       }
     }
     return count;
+  }
+
+  /** Executor pods created so far by any client, as the simulator counted them. */
+  private long podCreates() throws Exception {
+    long count = 0;
+    for (Map<?, ?> r : simRequests()) {
+      if ("pods".equals(r.get("resource")) && "create".equals(r.get("verb"))) {
+        count += ((Number) r.get("count")).longValue();
+      }
+    }
+    return count;
+  }
+
+  /** Sets the simulated API server's injected faults (JSON of its fault settings). */
+  private void putFaults(String json) throws Exception {
+    HttpResponse<String> response = HttpClient.newHttpClient().send(
+        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + apiPort + "/sim/faults"))
+            .header("Content-Type", "application/json")
+            .PUT(HttpRequest.BodyPublishers.ofString(json))
+            .build(),
+        HttpResponse.BodyHandlers.ofString());
+    assertEquals(200, response.statusCode(), response.body());
+  }
+
+  /** The simulator's request counts, by (User-Agent, verb, resource). */
+  private List<Map<?, ?>> simRequests() throws Exception {
+    HttpResponse<String> response = HttpClient.newHttpClient().send(
+        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + apiPort + "/sim/requests"))
+            .build(),
+        HttpResponse.BodyHandlers.ofString());
+    assertEquals(200, response.statusCode(), response.body());
+    Map<?, ?> body = Serialization.unmarshal(response.body(), Map.class);
+    List<Map<?, ?>> rows = new ArrayList<>();
+    for (Object row : (List<?>) body.get("requests")) {
+      rows.add((Map<?, ?>) row);
+    }
+    return rows;
   }
 
   @AfterEach
@@ -209,6 +239,51 @@ class SparkOnServiceIT {
     Set<String> executors =
         parts.stream().map(Tuple2::_2).collect(Collectors.toCollection(TreeSet::new));
     return Map.entry(total, executors);
+  }
+
+  /**
+   * Issue 19, point 9: SparkContext.stop() asks the executors to exit before it calls the
+   * allocator's stop; the service, still holding the old target, used to create replacements
+   * for the exited executors in between. Ten short applications of 2 executors each, one after
+   * the other in this driver: no pod may be created from the moment stop() begins.
+   */
+  @Test
+  @Timeout(value = 8, unit = TimeUnit.MINUTES) // 10 applications: ~45 s, minutes when loaded
+  void aStoppingDriverGetsNoNewExecutorPods() throws Exception {
+    List<String> runsWithCreates = new ArrayList<>();
+    for (int run = 1; run <= 10; run++) {
+      String prefix = "it-end-" + run;
+      JavaSparkContext sc = start(conf(prefix)
+          .set("spark.executor.instances", "2")
+          // The context waits for both executors, so no create is in flight at the stop.
+          .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+          .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s"));
+      String appId = sc.sc().applicationId();
+      assertEquals(Set.of("1", "2"), registeredExecutors(sc));
+      assertEquals(8L, sc.parallelize(List.of(1, 2, 3, 4, 5, 6, 7, 8), 8).count());
+      await(prefix + ": exec-1 and exec-2 running", Duration.ofSeconds(30),
+          () -> executorPods(appId).stream()
+              .filter(p -> "Running".equals(p.getStatus().getPhase())).count() == 2);
+
+      // An API server answering in 200 ms, as a busy one does: Spark's own requests during
+      // its stop (deleting the driver's services and claims) then take as long as they would.
+      putFaults("{\"latency_ms\": 200}");
+      long before = podCreates();
+      try {
+        sc.stop();
+      } finally {
+        this.sc = null;
+        putFaults("{}");
+      }
+      long created = podCreates() - before;
+      if (created != 0) {
+        runsWithCreates.add("run " + run + ": " + created + " pods created");
+      }
+      await(prefix + ": executor pods deleted by Stop", Duration.ofSeconds(60),
+          () -> executorPods(appId).isEmpty());
+    }
+    assertEquals(List.of(), runsWithCreates,
+        "executor pods created after SparkContext.stop() began");
   }
 
   @Test
