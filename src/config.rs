@@ -71,6 +71,8 @@ pub struct Settings {
     pub limits: crate::grpc::validate::RequestLimits,
     /// Limits of the gRPC server: message size, streams, keepalive, connections.
     pub grpc: crate::grpc::limits::ServerLimits,
+    /// Per-tenant limits: applications per identity and namespace, streams per identity.
+    pub tenants: crate::app::TenantLimits,
     /// `default_executor_pod_template` as parsed and checked once by [`Settings::load`].
     #[serde(skip)]
     loaded_template: Option<k8s_openapi::api::core::v1::Pod>,
@@ -195,6 +197,7 @@ impl Default for Settings {
             pod_policy: Default::default(),
             limits: Default::default(),
             grpc: Default::default(),
+            tenants: Default::default(),
             loaded_template: None,
         }
     }
@@ -346,6 +349,12 @@ impl Settings {
         if let Err((key, reason)) = self.grpc.check() {
             return Err(ConfigError::Invalid {
                 key: format!("grpc.{key}"),
+                reason,
+            });
+        }
+        if let Err((key, reason)) = self.tenants.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("tenants.{key}"),
                 reason,
             });
         }

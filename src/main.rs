@@ -359,6 +359,7 @@ fn service_options(settings: &Settings) -> ServiceOptions {
         max_resource_profiles: settings.limits.max_resource_profiles,
         max_creates_per_round: settings.limits.max_creates_per_round,
         pod_policy: settings.pod_policy.clone(),
+        tenants: settings.tenants.clone(),
         ..ServiceOptions::default()
     }
 }
@@ -406,6 +407,7 @@ mod tests {
             from_config.executor_stream_buffer,
             default.executor_stream_buffer
         );
+        assert_eq!(from_config.tenants, default.tenants);
         assert_eq!(
             (
                 from_config.max_resource_profiles,
