@@ -43,7 +43,7 @@ impl Default for TenantLimits {
             max_applications_per_namespace: 200,
             max_watch_streams_per_identity: 128,
             max_watch_streams: 2048,
-            watch_stream_buffer_bytes: 256 * 1024,
+            watch_stream_buffer_bytes: super::feed::STREAM_BUFFER_BYTES,
         }
     }
 }

@@ -5,7 +5,6 @@
 //! every failure is logged with the API server's reason and returned.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
