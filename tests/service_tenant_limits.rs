@@ -125,10 +125,12 @@ async fn applications_are_capped_per_identity_and_per_namespace() {
         .await
         .expect("team-b has its own cap");
     // Nothing of a refused Start is left: no application, no ConfigMap written.
-    assert_eq!(
-        h.status("a-3").await.expect_err("not started").code(),
-        Code::NotFound
-    );
+    let status = h
+        .client
+        .clone()
+        .get_status(as_caller("alice", status_request("a-3")))
+        .await;
+    assert_eq!(status.expect_err("not started").code(), Code::NotFound);
     // A Stop gives the slot back.
     h.client
         .clone()
