@@ -41,7 +41,10 @@ fn cluster() -> SimSettings {
         verbs: vec!["create".into(), "delete".into(), "list".into()],
         resources: vec!["pods".into()],
     };
-    settings.access.grants = vec![grant(&[ALICE, MALLORY], "team-a"), grant(&[CAROL], "team-b")];
+    settings.access.grants = vec![
+        grant(&[ALICE, MALLORY], "team-a"),
+        grant(&[CAROL], "team-b"),
+    ];
     settings
 }
 
@@ -65,7 +68,9 @@ fn as_caller<T>(name: &str, message: T) -> Request<T> {
     let mut request = Request::new(message);
     request.metadata_mut().insert(
         "authorization",
-        format!("Bearer {name}-token").parse().expect("metadata value"),
+        format!("Bearer {name}-token")
+            .parse()
+            .expect("metadata value"),
     );
     request
 }
@@ -104,13 +109,17 @@ async fn applications_are_capped_per_identity_and_per_namespace() {
     };
     let h = Harness::start_with_auth_and_options(cluster(), auth(), with_limits(limits)).await;
     start_as(&h, "alice", "a-1", "team-a").await.expect("first");
-    start_as(&h, "alice", "a-2", "team-a").await.expect("second");
+    start_as(&h, "alice", "a-2", "team-a")
+        .await
+        .expect("second");
     assert_exhausted(
         start_as(&h, "alice", "a-3", "team-a").await,
         "tenants.max_applications_per_identity",
     );
     // A Start repeated for a running application is no new application.
-    let again = start_as(&h, "alice", "a-2", "team-a").await.expect("repeat");
+    let again = start_as(&h, "alice", "a-2", "team-a")
+        .await
+        .expect("repeat");
     assert!(again.resumed);
     // Another identity in the same namespace is not refused, until the namespace is full.
     start_as(&h, "mallory", "m-1", "team-a")
@@ -151,12 +160,22 @@ async fn without_authentication_only_the_namespace_cap_applies() {
         max_applications_per_namespace: 2,
         ..TenantLimits::default()
     };
-    let h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), with_limits(limits))
-        .await;
+    let h = Harness::start_with_options(
+        quiet_cluster(),
+        ServeSettings::default(),
+        with_limits(limits),
+    )
+    .await;
     let mut client = h.client.clone();
     // No identity: the identity cap of 1 does not apply.
-    client.start(start_request("x-1", "team-a")).await.expect("first");
-    client.start(start_request("x-2", "team-a")).await.expect("second");
+    client
+        .start(start_request("x-1", "team-a"))
+        .await
+        .expect("first");
+    client
+        .start(start_request("x-2", "team-a"))
+        .await
+        .expect("second");
     assert_exhausted(
         client.start(start_request("x-3", "team-a")).await,
         "tenants.max_applications_per_namespace",
@@ -172,7 +191,10 @@ async fn a_registration_resumed_over_a_lowered_cap_is_counted_not_dropped() {
     let mut h = Harness::start().await;
     let mut client = h.client.clone();
     for app in ["r-1", "r-2"] {
-        client.start(start_request(app, "team-a")).await.expect("start");
+        client
+            .start(start_request(app, "team-a"))
+            .await
+            .expect("start");
         h.set_total(app, 1).await;
     }
     // The registrations are written by the first rounds.
@@ -224,7 +246,9 @@ async fn watch_streams_are_capped_per_identity() {
     };
     let h = Harness::start_with_auth_and_options(cluster(), auth(), with_limits(limits)).await;
     start_as(&h, "alice", "a-1", "team-a").await.expect("alice");
-    start_as(&h, "mallory", "m-1", "team-a").await.expect("mallory");
+    start_as(&h, "mallory", "m-1", "team-a")
+        .await
+        .expect("mallory");
     let watch = |caller: &'static str, app: &'static str| {
         let mut client = h.client.clone();
         async move {
@@ -258,10 +282,17 @@ async fn watch_streams_are_capped_in_all_without_authentication() {
         max_watch_streams: 2,
         ..TenantLimits::default()
     };
-    let h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), with_limits(limits))
-        .await;
+    let h = Harness::start_with_options(
+        quiet_cluster(),
+        ServeSettings::default(),
+        with_limits(limits),
+    )
+    .await;
     let mut client = h.client.clone();
-    client.start(start_request("w-1", "team-a")).await.expect("start");
+    client
+        .start(start_request("w-1", "team-a"))
+        .await
+        .expect("start");
     let mut open = Vec::new();
     for _ in 0..2 {
         open.push(
@@ -313,7 +344,10 @@ async fn one_tenants_applications_do_not_delay_anothers_first_executor() {
             kube::Api::namespaced(client_kube.clone(), namespace);
         async move { api.list(&Default::default()).await.expect("list").items }
     };
-    until("A's creates under way", async || pods_in("team-a").await.len() >= 5).await;
+    until("A's creates under way", async || {
+        pods_in("team-a").await.len() >= 5
+    })
+    .await;
     let before_b = h.sim.resource_version();
     client
         .start(batched_start_request("b-0", "team-b", 1, 1000))

@@ -619,7 +619,11 @@ impl Drop for Feed {
 
 /// What a queued change holds: its pod's JSON and [`CHANGE_OVERHEAD_BYTES`].
 fn change_bytes(event: &ExecutorEvent) -> usize {
-    CHANGE_OVERHEAD_BYTES + event.executor.as_ref().map_or(0, |view| view.pod_json.len())
+    CHANGE_OVERHEAD_BYTES
+        + event
+            .executor
+            .as_ref()
+            .map_or(0, |view| view.pod_json.len())
 }
 
 /// `pod` as JSON (empty if it cannot be encoded, which a decoded pod always can).
@@ -702,7 +706,8 @@ impl ExecutorEvents {
                 if let Some(event) = state.events.pop_front() {
                     if matches!(event.kind, EventKind::Updated | EventKind::Deleted) {
                         state.unread_changes = state.unread_changes.saturating_sub(1);
-                        state.unread_bytes = state.unread_bytes.saturating_sub(change_bytes(&event));
+                        state.unread_bytes =
+                            state.unread_bytes.saturating_sub(change_bytes(&event));
                     }
                     return Some(event);
                 }
@@ -901,7 +906,11 @@ mod tests {
             // This one reads as changes come: it is never refreshed.
             drain(&mut reader);
         }
-        assert_eq!(slow.refreshes(), 1, "the fourth change went over the budget");
+        assert_eq!(
+            slow.refreshes(),
+            1,
+            "the fourth change went over the budget"
+        );
         assert_eq!(reader.refreshes(), 0);
         {
             let state = slow.queue.lock();

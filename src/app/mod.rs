@@ -35,8 +35,8 @@ use actor::{ActorHandle, ActorReport};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
-pub use tenants::{TenantLimits, Tenants};
 use tenants::{Admission, ApplicationSlot};
+pub use tenants::{TenantLimits, Tenants};
 
 /// How often [`Applications::synced`] looks at the watches' sync state.
 const SYNC_CHECK: Duration = Duration::from_millis(100);

@@ -229,7 +229,10 @@ impl Applications {
             store,
             builder,
             rules,
-            pods: self.inner.pods.for_application(&req.namespace, req.app_id.as_str()),
+            pods: self
+                .inner
+                .pods
+                .for_application(&req.namespace, req.app_id.as_str()),
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: found.id_record.clone(),
             id_blocks: IdBlocks::new(found.recorded),

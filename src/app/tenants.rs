@@ -195,7 +195,12 @@ impl Tenants {
                 }
                 Admission::Replacing => {}
                 Admission::Resumed => {
-                    tracing::warn!(limit = key, namespace, identity, "resuming an application over a tenant limit (it was admitted before the restart; new Starts are refused until the tenant is under it again)");
+                    tracing::warn!(
+                        limit = key,
+                        namespace,
+                        identity,
+                        "resuming an application over a tenant limit (it was admitted before the restart; new Starts are refused until the tenant is under it again)"
+                    );
                 }
             }
         }
@@ -370,8 +375,12 @@ mod tests {
     #[test]
     fn without_an_identity_only_the_namespace_cap_applies() {
         let t = tenants(1, 2, 1);
-        let _a = t.admit_application("ns", None, Admission::Enforced).unwrap();
-        let _b = t.admit_application("ns", None, Admission::Enforced).unwrap();
+        let _a = t
+            .admit_application("ns", None, Admission::Enforced)
+            .unwrap();
+        let _b = t
+            .admit_application("ns", None, Admission::Enforced)
+            .unwrap();
         let err = t
             .admit_application("ns", None, Admission::Enforced)
             .unwrap_err();

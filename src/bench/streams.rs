@@ -73,9 +73,8 @@ pub async fn run(bench: &StreamsBench) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let opened = rss_bytes()?;
-    let per = |rss: u64| {
-        rss.saturating_sub(baseline) as f64 / f64::from(bench.streams.max(1)) / 1024.0
-    };
+    let per =
+        |rss: u64| rss.saturating_sub(baseline) as f64 / f64::from(bench.streams.max(1)) / 1024.0;
     println!(
         "  baseline {:.1} MiB; after the opens {:.1} MiB: {:.1} KiB per stream",
         mib(baseline),

@@ -364,7 +364,10 @@ mod tests {
         let order = serve(&mut limiter, &mut waiters, 6);
         // The small application's two requests are served by the 2nd and 4th slots, not
         // after the big one's hundred.
-        assert_eq!(names(&order), ["big", "small", "big", "small", "big", "big"]);
+        assert_eq!(
+            names(&order),
+            ["big", "small", "big", "small", "big", "big"]
+        );
         // Within an application, first come first served.
         let big_order: Vec<usize> = order
             .iter()
@@ -389,8 +392,16 @@ mod tests {
         // slot: none waits behind more than one of A's, whatever A's applications.
         assert_eq!(names(&order), ["a", "b", "a", "b", "a", "b", "a", "a"]);
         // And within A, its applications still take turns.
-        let a_apps: Vec<usize> = order.iter().filter(|(s, _)| s == "a").map(|(_, i)| *i).collect();
-        assert_eq!(a_apps, [0, 0, 0, 0, 0], "each of A's first slots goes to another application's first request");
+        let a_apps: Vec<usize> = order
+            .iter()
+            .filter(|(s, _)| s == "a")
+            .map(|(_, i)| *i)
+            .collect();
+        assert_eq!(
+            a_apps,
+            [0, 0, 0, 0, 0],
+            "each of A's first slots goes to another application's first request"
+        );
     }
 
     #[test]
@@ -511,6 +522,10 @@ mod tests {
             .collect();
         // Slot 0 went to A at once, slot 1 to A's turn (queued first); then B, A, B, A, B.
         assert_eq!(b_slots, [2, 4, 6], "{order:?}");
-        assert_eq!(order[6].1, Duration::from_millis(600), "seven slots at 10/s");
+        assert_eq!(
+            order[6].1,
+            Duration::from_millis(600),
+            "seven slots at 10/s"
+        );
     }
 }
