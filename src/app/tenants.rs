@@ -145,11 +145,6 @@ impl Tenants {
         }
     }
 
-    /// The limits.
-    pub fn limits(&self) -> &TenantLimits {
-        &self.inner.limits
-    }
-
     /// A slot for one more application of `identity` (none: `auth.mode = none`, where only
     /// the namespace cap applies) in `namespace`. The check and the count are one step
     /// under one lock, so concurrent Starts of different applications cannot both pass.

@@ -117,11 +117,6 @@ impl RateLimiter {
         let _ = rx.await;
     }
 
-    /// Namespaces with requests waiting for a slot now (observability, tests).
-    pub fn waiting_namespaces(&self) -> usize {
-        self.lock().turns.len()
-    }
-
     /// Hands out slots as they come, one waiter each, until no one waits.
     async fn dispatch(self) {
         loop {
