@@ -75,6 +75,8 @@ pub struct Settings {
     pub grpc: crate::grpc::limits::ServerLimits,
     /// Where the applications' registrations are kept, and the Secret of their signing key.
     pub registrations: crate::k8s::RegistrationSettings,
+    /// Per-tenant limits: applications per identity and namespace, streams per identity.
+    pub tenants: crate::app::TenantLimits,
     /// `default_executor_pod_template` as parsed and checked once by [`Settings::load`].
     #[serde(skip)]
     loaded_template: Option<k8s_openapi::api::core::v1::Pod>,
@@ -214,6 +216,7 @@ impl Default for Settings {
             limits: Default::default(),
             grpc: Default::default(),
             registrations: Default::default(),
+            tenants: Default::default(),
             loaded_template: None,
         }
     }
@@ -387,6 +390,12 @@ impl Settings {
         if let Err((key, reason)) = self.registrations.check() {
             return Err(ConfigError::Invalid {
                 key: format!("registrations.{key}"),
+                reason,
+            });
+        }
+        if let Err((key, reason)) = self.tenants.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("tenants.{key}"),
                 reason,
             });
         }

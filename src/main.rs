@@ -363,6 +363,7 @@ fn service_options(settings: &Settings) -> ServiceOptions {
         max_creates_per_round: settings.limits.max_creates_per_round,
         pod_policy: settings.pod_policy.clone(),
         registrations: settings.registrations.clone(),
+        tenants: settings.tenants.clone(),
         ..ServiceOptions::default()
     }
 }
@@ -410,6 +411,7 @@ mod tests {
             from_config.executor_stream_buffer,
             default.executor_stream_buffer
         );
+        assert_eq!(from_config.tenants, default.tenants);
         assert_eq!(
             (
                 from_config.max_resource_profiles,

@@ -80,6 +80,11 @@ struct StatusLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProfileLabels {
     application: String,
     profile: String,
@@ -136,6 +141,8 @@ struct Inner {
     unexported: Gauge,
     /// The applications whose gauges are exported, with their profiles.
     exported: std::sync::Mutex<HashMap<String, BTreeSet<i32>>>,
+    tenant_refusals: Family<LimitLabels, Counter>,
+    watch_streams: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -277,6 +284,18 @@ impl Metrics {
             "Applications left out of the per-profile gauges (beyond the first 500)",
             unexported.clone(),
         );
+        let tenant_refusals = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "tenant_limit_refusals",
+            "Calls refused RESOURCE_EXHAUSTED by a per-tenant limit, by its configuration key (tenants.*)",
+            tenant_refusals.clone(),
+        );
+        let watch_streams = Gauge::default();
+        registry.register(
+            "watch_streams_open",
+            "WatchExecutors streams open (tenants.max_watch_streams)",
+            watch_streams.clone(),
+        );
         registry.register(
             "build",
             "The service's version",
@@ -308,6 +327,8 @@ impl Metrics {
                 newly_created,
                 unexported,
                 exported: std::sync::Mutex::new(HashMap::new()),
+                tenant_refusals,
+                watch_streams,
             }),
         }
     }
@@ -369,6 +390,23 @@ impl Metrics {
             .applications
             .set(i64::try_from(count).unwrap_or(i64::MAX));
         self.set_unexported(count);
+    }
+
+    /// A call refused by the per-tenant limit named by its configuration key.
+    pub fn tenant_limit_refused(&self, key: &'static str) {
+        self.inner
+            .tenant_refusals
+            .get_or_create(&LimitLabels {
+                limit: key.to_string(),
+            })
+            .inc();
+    }
+
+    /// The number of WatchExecutors streams open.
+    pub fn set_watch_streams(&self, count: usize) {
+        self.inner
+            .watch_streams
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// One wait for the shared rate limiter of mutating Kubernetes requests.

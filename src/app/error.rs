@@ -29,6 +29,10 @@ pub enum AppError {
     /// A dependency of the call (TokenReview, SubjectAccessReview) did not answer in time.
     #[error("{0}")]
     Unavailable(String),
+    /// A limit of the service would be exceeded; the message starts with its configuration
+    /// key (`tenants.max_applications_per_identity: …`).
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,

@@ -32,6 +32,16 @@ pub const KEPT_CHANGES: usize = 1024;
 /// Changes a stream may have unread before it is given a fresh full state instead.
 pub const STREAM_BUFFER: usize = 256;
 
+/// Bytes of unread changes a stream may hold before it is given a fresh full state
+/// instead (`tenants.watch_stream_buffer_bytes`).
+pub const STREAM_BUFFER_BYTES: usize = 256 * 1024;
+
+/// What one queued change costs besides its pod's JSON: the event, its view (shared with
+/// the history and the other streams, counted here in full so the bound holds for a
+/// stream alone) and its slot in the queue.
+const CHANGE_OVERHEAD_BYTES: usize =
+    std::mem::size_of::<ExecutorEvent>() + std::mem::size_of::<ExecutorView>() + 64;
+
 /// Pods per page of the LIST a full state is taken from.
 pub const FULL_STATE_PAGE_SIZE: u32 = 500;
 
@@ -259,6 +269,8 @@ pub struct Feed {
     history: VecDeque<ExecutorEvent>,
     streams: Vec<Arc<Queue>>,
     buffer: usize,
+    /// Unread bytes of changes per stream, at most ([`STREAM_BUFFER_BYTES`]).
+    buffer_bytes: usize,
     /// The full state being put together while streams wait for one.
     assembly: Option<Assembly>,
     /// LISTs asked for so far (the last one's ticket).
@@ -276,6 +288,7 @@ impl Feed {
             history: VecDeque::new(),
             streams: Vec::new(),
             buffer: STREAM_BUFFER,
+            buffer_bytes: STREAM_BUFFER_BYTES,
             assembly: None,
             listings: 0,
         };
@@ -296,6 +309,13 @@ impl Feed {
     /// Limits the unread changes of each stream (tests).
     pub fn with_buffer(mut self, buffer: usize) -> Self {
         self.buffer = buffer.max(1);
+        self
+    }
+
+    /// Limits the unread bytes of changes of each stream (at least one change is always
+    /// taken, however large).
+    pub fn with_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.buffer_bytes = bytes.max(1);
         self
     }
 
@@ -400,18 +420,25 @@ impl Feed {
         let resumable = since > 0 && since <= self.sequence && since + 1 >= first_kept;
         let missed =
             usize::try_from(self.sequence - since.min(self.sequence)).unwrap_or(usize::MAX);
-        if resumable && missed <= self.buffer {
+        let missed_bytes: usize = self
+            .history
+            .iter()
+            .filter(|e| e.sequence > since)
+            .map(change_bytes)
+            .sum();
+        if resumable && missed <= self.buffer && missed_bytes <= self.buffer_bytes {
             let mut state = queue.lock();
             state
                 .events
                 .extend(self.history.iter().filter(|e| e.sequence > since).cloned());
             state.unread_changes = state.events.len();
+            state.unread_bytes = missed_bytes;
         } else {
             queue.lock().awaiting = true;
             self.assembly.get_or_insert_with(Assembly::wanted);
         }
         self.streams.push(Arc::clone(&queue));
-        ExecutorEvents { queue }
+        ExecutorEvents { queue, _slot: None }
     }
 
     /// Whether the actor is to list the application's executor pods for a full state now:
@@ -499,12 +526,15 @@ impl Feed {
         // A stream whose reader went away holds the only other reference: dropped.
         self.streams.retain(|q| Arc::strong_count(q) > 1);
         let mut too_slow = false;
+        let bytes = change_bytes(&event);
         for queue in &self.streams {
             let mut state = queue.lock();
             if state.awaiting {
                 continue;
             }
-            if state.unread_changes >= self.buffer {
+            let over_bytes =
+                state.unread_changes > 0 && state.unread_bytes + bytes > self.buffer_bytes;
+            if state.unread_changes >= self.buffer || over_bytes {
                 // Too slow: what it has not read is replaced by a fresh full state; it
                 // reads on meanwhile.
                 state.awaiting = true;
@@ -513,6 +543,7 @@ impl Feed {
             } else {
                 state.events.push_back(event.clone());
                 state.unread_changes += 1;
+                state.unread_bytes += bytes;
                 drop(state);
                 queue.ready.notify_one();
             }
@@ -568,6 +599,7 @@ impl Feed {
                 state.awaiting = false;
                 state.events = full.clone();
                 state.unread_changes = 0;
+                state.unread_bytes = 0;
                 drop(state);
                 queue.ready.notify_one();
             }
@@ -583,6 +615,15 @@ impl Drop for Feed {
             queue.ready.notify_one();
         }
     }
+}
+
+/// What a queued change holds: its pod's JSON and [`CHANGE_OVERHEAD_BYTES`].
+fn change_bytes(event: &ExecutorEvent) -> usize {
+    CHANGE_OVERHEAD_BYTES
+        + event
+            .executor
+            .as_ref()
+            .map_or(0, |view| view.pod_json.len())
 }
 
 /// `pod` as JSON (empty if it cannot be encoded, which a decoded pod always can).
@@ -628,6 +669,8 @@ struct QueueState {
     events: VecDeque<ExecutorEvent>,
     /// Changes (not full-state events) in `events`.
     unread_changes: usize,
+    /// What those changes hold ([`change_bytes`]).
+    unread_bytes: usize,
     /// Waiting for a full state: no change is added until it replaces `events`.
     awaiting: bool,
     /// The feed ended: the stream ends once `events` is read.
@@ -649,6 +692,8 @@ impl Queue {
 #[derive(Debug)]
 pub struct ExecutorEvents {
     queue: Arc<Queue>,
+    /// Counts the stream against the tenant limits while it is open.
+    _slot: Option<super::tenants::StreamSlot>,
 }
 
 impl ExecutorEvents {
@@ -661,6 +706,8 @@ impl ExecutorEvents {
                 if let Some(event) = state.events.pop_front() {
                     if matches!(event.kind, EventKind::Updated | EventKind::Deleted) {
                         state.unread_changes = state.unread_changes.saturating_sub(1);
+                        state.unread_bytes =
+                            state.unread_bytes.saturating_sub(change_bytes(&event));
                     }
                     return Some(event);
                 }
@@ -671,6 +718,12 @@ impl ExecutorEvents {
             // A notify without a waiter leaves a permit, so none is lost in between.
             self.queue.ready.notified().await;
         }
+    }
+
+    /// The same stream, holding `slot` (given back when the stream is dropped).
+    pub fn holding(mut self, slot: super::tenants::StreamSlot) -> Self {
+        self._slot = Some(slot);
+        self
     }
 
     /// How often this stream was given a fresh full state because it read too slowly.
@@ -711,6 +764,7 @@ mod tests {
             out.push((e.sequence, e.kind, e.executor.map(|v| v.executor.id.0)));
         }
         state.unread_changes = 0;
+        state.unread_bytes = 0;
         out
     }
 
@@ -835,6 +889,46 @@ mod tests {
             3
         );
         assert_eq!(events.last().map(|e| e.0), Some(20));
+    }
+
+    #[test]
+    fn a_stream_over_its_byte_budget_gets_a_full_state() {
+        let one = CHANGE_OVERHEAD_BYTES + pod_json(&pod(1, "Pending", 10)).len();
+        // Room for three changes' bytes, far fewer than the 256 changes of the count.
+        let mut feed = Feed::new(0, &[], &rules()).with_buffer_bytes(one * 3 + one / 2);
+        let mut slow = feed.subscribe(0);
+        let mut reader = feed.subscribe(0);
+        list_current(&mut feed);
+        drain(&mut slow);
+        drain(&mut reader);
+        for version in 10..20 {
+            feed.applied(&pod(1, "Pending", version), &rules());
+            // This one reads as changes come: it is never refreshed.
+            drain(&mut reader);
+        }
+        assert_eq!(
+            slow.refreshes(),
+            1,
+            "the fourth change went over the budget"
+        );
+        assert_eq!(reader.refreshes(), 0);
+        {
+            let state = slow.queue.lock();
+            assert!(state.awaiting && state.unread_changes == 3, "{state:?}");
+            assert!(state.unread_bytes <= one * 3 + one / 2, "{state:?}");
+        }
+        // Its full state replaces what it had not read.
+        list_current(&mut feed);
+        let events = drain(&mut slow);
+        assert_eq!(
+            events.iter().map(|e| e.1).collect::<Vec<_>>(),
+            [EventKind::Snapshot, EventKind::Synced]
+        );
+        // A resume that would need more bytes than the budget is a full state too.
+        let resumed = feed.subscribe(2);
+        assert!(resumed.queue.lock().awaiting);
+        let mut near = feed.subscribe(feed.sequence() - 2);
+        assert_eq!(drain(&mut near).len(), 2);
     }
 
     #[test]

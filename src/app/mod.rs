@@ -29,6 +29,7 @@ pub mod failures;
 pub mod feed;
 pub mod registration;
 mod start;
+pub mod tenants;
 
 pub use crate::time::{Clock, ManualClock, SystemClock};
 pub use actor::DriverReport;
@@ -36,6 +37,8 @@ use actor::{ActorHandle, ActorReport};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
+use tenants::{Admission, ApplicationSlot};
+pub use tenants::{TenantLimits, Tenants};
 
 /// How often [`Applications::synced`] looks at the watches' sync state.
 const SYNC_CHECK: Duration = Duration::from_millis(100);
@@ -143,6 +146,9 @@ pub struct ServiceOptions {
     /// Where registrations are kept and the Secret of the key that signs them
     /// (`registrations`).
     pub registrations: RegistrationSettings,
+    /// Applications per identity and namespace, WatchExecutors streams per identity and
+    /// in all, and each stream's unread bytes (`tenants`).
+    pub tenants: TenantLimits,
 }
 
 impl Default for ServiceOptions {
@@ -162,6 +168,7 @@ impl Default for ServiceOptions {
             max_creates_per_round: 500,
             pod_policy: crate::allocator::pod_policy::PodPolicy::default(),
             registrations: RegistrationSettings::default(),
+            tenants: TenantLimits::default(),
         }
     }
 }
@@ -224,6 +231,8 @@ struct Registry {
     /// Numbers the actors, so a forgotten application's entry is removed only if it is
     /// still that actor's.
     generations: AtomicU64,
+    /// Applications per identity and namespace, streams per identity (`tenants`).
+    tenants: Tenants,
 }
 
 /// A registered application; `actor` is `None` after a Stop whose deletes failed
@@ -239,6 +248,8 @@ struct Entry {
     generation: u64,
     /// The identity that started it ([`StartApplication::owner`]).
     owner: Option<String>,
+    /// Counts it against its namespace's and owner's application caps while registered.
+    _tenant: ApplicationSlot,
 }
 
 /// Where a registered application runs and whom it belongs to, for authorization.
@@ -265,6 +276,7 @@ impl Applications {
         );
         let _probe = watches.spawn_probe();
         let registrations = RegistrationStore::new(pods.clone(), &options.registrations);
+        let tenants = Tenants::new(options.tenants.clone(), ctx.metrics.clone());
         Self {
             inner: Arc::new(Registry {
                 ctx,
@@ -276,6 +288,7 @@ impl Applications {
                 app_locks: Mutex::new(HashMap::new()),
                 shutting_down: AtomicBool::new(false),
                 generations: AtomicU64::new(0),
+                tenants,
             }),
         }
     }
@@ -328,7 +341,7 @@ impl Applications {
                 }
             };
             let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
-            match self.start(req).await {
+            match self.start_admitted(req, false, Admission::Resumed).await {
                 Ok(_) => {}
                 Err(AppError::FailedPrecondition(reason)) => {
                     tracing::warn!(%app, %namespace, %reason, "not resuming the application; its registration is deleted");
@@ -412,7 +425,7 @@ impl Applications {
             // The actor ends first, so no create of it can follow the delete.
             actor.stop().await;
         }
-        let pods = self.inner.pods.for_application(app.as_str());
+        let pods = self.inner.pods.for_application(&namespace, app.as_str());
         let deleted = match pods.delete_all(&namespace, app.as_str()).await {
             // The records go only once no pod holds an id.
             Ok(deleted) => match self
@@ -483,13 +496,24 @@ impl Applications {
 
     /// A stream of the application's executor pod changes after `since` (a sequence of an
     /// earlier event), or starting with the full current state (0, or when those changes
-    /// are no longer kept); it ends when the application's actor ends.
+    /// are no longer kept); it ends when the application's actor ends. It counts against
+    /// `identity`'s streams (none: `auth.mode = none`) and the service's while it is open:
+    /// RESOURCE_EXHAUSTED naming `tenants.max_watch_streams_per_identity` or
+    /// `tenants.max_watch_streams` beyond them.
     pub async fn watch_executors(
         &self,
         app: &AppId,
         since: u64,
+        identity: Option<&str>,
     ) -> Result<ExecutorEvents, AppError> {
-        self.actor(app)?.watch_executors(since).await
+        let actor = self.actor(app)?;
+        let slot = self.inner.tenants.admit_stream(identity)?;
+        Ok(actor.watch_executors(since).await?.holding(slot))
+    }
+
+    /// The per-tenant limits and what they count now.
+    pub fn tenants(&self) -> &Tenants {
+        &self.inner.tenants
     }
 
     /// The application's current snapshot as its actor has ingested it (observability, tests).

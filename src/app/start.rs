@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::actor::{self, ActorHandle, ActorParts, DriverLife};
 use super::feed::Feed;
 use super::registration::Registration;
+use super::tenants::{Admission, ApplicationSlot};
 use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
 use crate::allocator::pod_policy::{PodPolicy, PolicyViolation, TemplateUse};
 use crate::allocator::{
@@ -32,11 +33,25 @@ impl Applications {
 
     /// As [`Self::start`], checking ownership under the lifecycle lock: an application
     /// another identity started is PermissionDenied, unless `may_act_on_any` (an admin, or
-    /// a service that authenticates nobody); it keeps its first owner either way.
+    /// a service that authenticates nobody); it keeps its first owner either way. A new
+    /// application beyond its owner's or namespace's cap is RESOURCE_EXHAUSTED naming
+    /// `tenants.max_applications_per_identity` or `tenants.max_applications_per_namespace`.
     pub async fn start_by(
+        &self,
+        req: StartApplication,
+        may_act_on_any: bool,
+    ) -> Result<Started, AppError> {
+        self.start_admitted(req, may_act_on_any, Admission::Enforced)
+            .await
+    }
+
+    /// [`Self::start_by`], the application counted against the tenant caps as `admission`
+    /// says (a registration resumed at start-up is counted, never refused).
+    pub(super) async fn start_admitted(
         &self,
         mut req: StartApplication,
         may_act_on_any: bool,
+        admission: Admission,
     ) -> Result<Started, AppError> {
         self.check_running()?;
         let _shared = self.inner.lifecycle.read().await;
@@ -51,6 +66,8 @@ impl Applications {
             return self.start_again(&req, &actor).await;
         }
         self.check_namespace(&req.namespace)?;
+        // Counted before any request to Kubernetes; given back if the Start fails.
+        let slot = self.application_slot(&req, admission)?;
         self.check_namespace_exists(&req.namespace).await?;
         let driver = self.driver(&req).await?;
         let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
@@ -73,8 +90,28 @@ impl Applications {
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
         let parts = self.actor_parts(&req, builder, driver, &found, generation);
         let handle = ActorHandle::spawn(parts, subscription);
-        self.register(&req, handle, found.id_record, generation);
+        self.register(&req, handle, found.id_record, generation, slot);
         Ok(started)
+    }
+
+    /// The application's slot under the tenant caps. The caps' check and count are one
+    /// step (see [`super::Tenants`]), and this runs under the application's Start lock, so
+    /// neither concurrent Starts of other applications nor a repeated Start of this one
+    /// can pass a cap together. An application left registered by a failed Stop holds a
+    /// slot already, which its new entry replaces: it is not refused.
+    fn application_slot(
+        &self,
+        req: &StartApplication,
+        admission: Admission,
+    ) -> Result<ApplicationSlot, AppError> {
+        let admission = if self.apps().contains_key(&req.app_id) {
+            Admission::Replacing
+        } else {
+            admission
+        };
+        self.inner
+            .tenants
+            .admit_application(&req.namespace, req.owner.as_deref(), admission)
     }
 
     /// An application another identity started is PermissionDenied, unless
@@ -186,7 +223,8 @@ impl Applications {
             tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.pods.len(), last_executor_id, "resuming application from its executor pods");
         }
         let feed = Feed::new(Feed::base_at(now.0), &found.pods, &rules)
-            .with_buffer(options.executor_stream_buffer);
+            .with_buffer(options.executor_stream_buffer)
+            .with_buffer_bytes(options.tenants.watch_stream_buffer_bytes);
         ActorParts {
             app_id: req.app_id.to_string(),
             namespace: req.namespace.clone(),
@@ -194,7 +232,10 @@ impl Applications {
             store,
             builder,
             rules,
-            pods: self.inner.pods.for_application(req.app_id.as_str()),
+            pods: self
+                .inner
+                .pods
+                .for_application(&req.namespace, req.app_id.as_str()),
             clock: Arc::clone(&self.inner.ctx.clock),
             id_record: found.id_record.clone(),
             id_blocks: IdBlocks::new(found.recorded),
@@ -207,7 +248,7 @@ impl Applications {
             registrations: self
                 .inner
                 .registrations
-                .for_application(req.app_id.as_str()),
+                .for_application(&req.namespace, req.app_id.as_str()),
             feed,
         }
     }
@@ -219,6 +260,7 @@ impl Applications {
         actor: ActorHandle,
         id_record: IdRecord,
         generation: u64,
+        slot: ApplicationSlot,
     ) {
         let mut apps = self.apps();
         apps.insert(
@@ -230,6 +272,7 @@ impl Applications {
                 first_start: FirstStart::of(req),
                 generation,
                 owner: req.owner.clone(),
+                _tenant: slot,
             },
         );
         self.inner.ctx.metrics.set_active_applications(apps.len());

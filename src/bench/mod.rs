@@ -12,6 +12,7 @@ pub mod many_apps;
 pub mod memory;
 mod plot;
 pub mod scale_up;
+pub mod streams;
 
 /// The scenarios.
 #[derive(Debug, Subcommand)]
@@ -42,6 +43,18 @@ pub enum Scenario {
         /// Executors of the big application a small one runs beside.
         #[arg(long, default_value_t = 10_000)]
         big_executors: u32,
+    },
+    /// Memory per WatchExecutors stream that is never read, before and after churn.
+    Streams {
+        #[arg(long, default_value_t = 100)]
+        executors: u32,
+        #[arg(long, default_value_t = 500)]
+        streams: u32,
+        #[arg(long, default_value_t = 5)]
+        churn: u32,
+        /// `tenants.watch_stream_buffer_bytes`.
+        #[arg(long, default_value_t = crate::app::feed::STREAM_BUFFER_BYTES)]
+        buffer_bytes: usize,
     },
     /// GetStatus latency under a burst of SetTotalExpected over many applications, then
     /// every application stopped at once.
@@ -81,6 +94,20 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<()> {
                 executors_each,
                 window: Duration::from_secs(window_s.max(3)),
                 big_executors,
+            })
+            .await
+        }
+        Scenario::Streams {
+            executors,
+            streams,
+            churn,
+            buffer_bytes,
+        } => {
+            streams::run(&streams::StreamsBench {
+                executors,
+                streams,
+                churn,
+                buffer_bytes,
             })
             .await
         }

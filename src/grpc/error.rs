@@ -14,6 +14,7 @@ pub fn to_status(err: AppError) -> Status {
         AppError::PermissionDenied(message) => Status::permission_denied(message),
         AppError::Unauthenticated(message) => Status::unauthenticated(message),
         AppError::Unavailable(message) => Status::unavailable(message),
+        AppError::ResourceExhausted(message) => Status::resource_exhausted(message),
         AppError::ShuttingDown => Status::unavailable(err.to_string()),
         AppError::Internal(_) => Status::internal(err.to_string()),
         AppError::Kubernetes(kube_err) => kubernetes_status(&kube_err),
@@ -54,7 +55,9 @@ fn blame(err: &AppError) -> Blame {
         }
         AppError::PermissionDenied(_) => Some("namespace".to_string()),
         AppError::Unauthenticated(_) => Some("authorization".to_string()),
-        AppError::FailedPrecondition(message) => field_prefix(message).map(str::to_string),
+        AppError::FailedPrecondition(message) | AppError::ResourceExhausted(message) => {
+            field_prefix(message).map(str::to_string)
+        }
         AppError::Kubernetes(_)
         | AppError::ShuttingDown
         | AppError::Unavailable(_)

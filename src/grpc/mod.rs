@@ -273,7 +273,10 @@ impl ExecutorAllocator for AllocatorService {
             let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&req.application_id)?;
             self.authorize(&caller, &app, Access::Read).await?;
-            let events = self.applications.watch_executors(&app, req.since).await?;
+            let events = self
+                .applications
+                .watch_executors(&app, req.since, caller.user.as_deref())
+                .await?;
             tracing::debug!(since = req.since, "executor event stream opened");
             Ok(events)
         })

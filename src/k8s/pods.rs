@@ -5,7 +5,6 @@
 //! every failure is logged with the API server's reason and returned.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
@@ -16,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::describe_error;
 pub use super::id_record::{IdRecord, LAST_EXECUTOR_ID_KEY};
-use super::rate_limit::{RateLimiter, SERVICE_SHARE};
+use super::rate_limit::{RateLimiter, Share};
 use super::request::RequestPolicy;
 use super::watch::{FOLLOWED_DRIVER_LABEL, FOLLOWED_DRIVER_VALUE};
 use crate::allocator::ExecutorId;
@@ -57,7 +56,7 @@ pub struct ExecutorPods {
     pub(super) policy: RequestPolicy,
     metrics: Metrics,
     /// Whose share of the rate limit this client's requests take.
-    share: Arc<str>,
+    share: Share,
 }
 
 impl ExecutorPods {
@@ -70,15 +69,16 @@ impl ExecutorPods {
             create_concurrency: create_concurrency.max(1),
             policy: RequestPolicy::default(),
             metrics: Metrics::default(),
-            share: Arc::from(SERVICE_SHARE),
+            share: Share::service(),
         }
     }
 
-    /// The same client, its requests queued in `app_id`'s share of the rate limit (slots
-    /// go round-robin between applications, see [`RateLimiter`]).
-    pub fn for_application(&self, app_id: &str) -> Self {
+    /// The same client, its requests queued in `app_id`'s share of the rate limit within
+    /// `namespace`'s (slots go round-robin between namespaces, then between applications,
+    /// see [`RateLimiter`]).
+    pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
         Self {
-            share: Arc::from(app_id),
+            share: Share::new(namespace, app_id),
             ..self.clone()
         }
     }

@@ -143,10 +143,11 @@ impl RegistrationStore {
         }
     }
 
-    /// The same store, its requests in `app_id`'s share of the rate limit.
-    pub fn for_application(&self, app_id: &str) -> Self {
+    /// The same store, its requests in the share of the rate limit of `app_id` in
+    /// `namespace` (the tenant's, not the service's namespace where they are kept).
+    pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
         Self {
-            pods: self.pods.for_application(app_id),
+            pods: self.pods.for_application(namespace, app_id),
             ..self.clone()
         }
     }

@@ -93,6 +93,15 @@ impl Harness {
         .await
     }
 
+    /// [`Self::start_with_auth`] with the service's `options` (tenant limits, rate limit, …).
+    pub async fn start_with_auth_and_options(
+        sim_settings: SimSettings,
+        auth: AuthSettings,
+        options: ServiceOptions,
+    ) -> Self {
+        Self::start_full(sim_settings, ServeSettings::default(), options, Some(auth)).await
+    }
+
     async fn start_full(
         sim_settings: SimSettings,
         serve_settings: ServeSettings,
