@@ -93,6 +93,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $p := .Values.podPolicy -}}
 {{- $_ := set $config "pod_policy" (dict
   "enforce" $p.enforce
+  "level" $p.level
   "allow_privileged" $p.allowPrivileged
   "allow_privilege_escalation" $p.allowPrivilegeEscalation
   "allowed_capabilities" $p.allowedCapabilities
@@ -101,6 +102,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "allow_node_name" $p.allowNodeName
   "allowed_service_accounts" $p.allowedServiceAccounts
   "allowed_finalizers" $p.allowedFinalizers) -}}
+{{- $t := .Values.tenants -}}
+{{- $_ := set $config "tenants" (dict
+  "max_applications_per_identity" $t.maxApplicationsPerIdentity
+  "max_applications_per_namespace" $t.maxApplicationsPerNamespace
+  "max_watch_streams_per_identity" $t.maxWatchStreamsPerIdentity
+  "max_watch_streams" $t.maxWatchStreams
+  "watch_stream_buffer_bytes" $t.watchStreamBufferBytes) -}}
 {{- $l := .Values.limits -}}
 {{- $_ := set $config "limits" (dict
   "max_template_bytes" $l.maxTemplateBytes
@@ -114,6 +122,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "max_message_bytes" $g.maxMessageBytes
   "max_concurrent_streams" $g.maxConcurrentStreams
   "max_connections" $g.maxConnections
+  "max_unauthenticated_connections" $g.maxUnauthenticatedConnections
+  "unauthenticated_idle_timeout_ms" $g.unauthenticatedIdleTimeoutMs
   "handshake_timeout_ms" $g.handshakeTimeoutMs
   "keepalive_interval_ms" $g.keepaliveIntervalMs
   "keepalive_timeout_ms" $g.keepaliveTimeoutMs
@@ -187,6 +197,8 @@ namespace and each of allowedNamespaces. */ -}}
   "cache_capacity" $auth.cacheCapacity
   "review_timeout_ms" $auth.reviewTimeoutMs
   "max_concurrent_reviews" $auth.maxConcurrentReviews
+  "max_concurrent_known_reviews" $auth.maxConcurrentKnownReviews
+  "max_failed_authentications_per_connection" $auth.maxFailedAuthenticationsPerConnection
   "allow_unauthenticated_remote" $auth.allowUnauthenticatedRemote) -}}
 {{- end -}}
 
