@@ -332,17 +332,27 @@ impl ConnectionInfo {
         self.tcp.remote_addr()
     }
 
-    /// The connection of a call, from its request extensions (plaintext or TLS).
-    fn of(extensions: &http::Extensions) -> Option<Arc<Connection>> {
-        extensions
-            .get::<ConnectionInfo>()
-            .or_else(|| {
-                extensions
-                    .get::<tonic::transport::server::TlsConnectInfo<ConnectionInfo>>()
-                    .map(|tls| tls.get_ref())
-            })
-            .map(|info| Arc::clone(&info.connection))
+    /// What a call's request extensions hold of its connection (plaintext or TLS).
+    fn in_extensions(extensions: &http::Extensions) -> Option<&ConnectionInfo> {
+        extensions.get::<ConnectionInfo>().or_else(|| {
+            extensions
+                .get::<tonic::transport::server::TlsConnectInfo<ConnectionInfo>>()
+                .map(|tls| tls.get_ref())
+        })
     }
+
+    /// The connection of a call, from its request extensions.
+    fn of(extensions: &http::Extensions) -> Option<Arc<Connection>> {
+        Self::in_extensions(extensions).map(|info| Arc::clone(&info.connection))
+    }
+}
+
+/// The client's address of a call. tonic's `Request::remote_addr` knows only its own
+/// connection types, not [`ConnectionInfo`], so it would answer `None` here.
+pub fn peer_addr<T>(request: &tonic::Request<T>) -> Option<SocketAddr> {
+    ConnectionInfo::in_extensions(request.extensions())
+        .and_then(ConnectionInfo::remote_addr)
+        .or_else(|| request.remote_addr())
 }
 
 /// An accepted connection holding its place in its pool until it is dropped, and failing

@@ -266,7 +266,7 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::WatchExecutorsRequest>,
     ) -> Result<Response<Self::WatchExecutorsStream>, Status> {
-        let peer = request.remote_addr();
+        let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         let response = answer("WatchExecutors", &app_id, async {
@@ -296,7 +296,7 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::StartRequest>,
     ) -> Result<Response<proto::StartResponse>, Status> {
-        let peer = request.remote_addr();
+        let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("Start", &app_id, async {
@@ -345,7 +345,7 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::SetTotalExpectedRequest>,
     ) -> Result<Response<proto::SetTotalExpectedResponse>, Status> {
-        let peer = request.remote_addr();
+        let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("SetTotalExpected", &app_id, async {
@@ -375,7 +375,7 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::IsDeletedRequest>,
     ) -> Result<Response<proto::IsDeletedResponse>, Status> {
-        let peer = request.remote_addr();
+        let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("IsDeleted", &app_id, async {
@@ -392,7 +392,7 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::UpdateRegisteredExecutorsRequest>,
     ) -> Result<Response<proto::UpdateRegisteredExecutorsResponse>, Status> {
-        let peer = request.remote_addr();
+        let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
         answer("UpdateRegisteredExecutors", &app_id, async {
@@ -409,7 +409,7 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::StopRequest>,
     ) -> Result<Response<proto::StopResponse>, Status> {
-        let peer = request.remote_addr();
+        let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id;
         answer("Stop", &app_id, async {
@@ -427,7 +427,7 @@ impl ExecutorAllocator for AllocatorService {
         &self,
         request: Request<proto::GetStatusRequest>,
     ) -> Result<Response<proto::ApplicationStatus>, Status> {
-        let peer = request.remote_addr();
+        let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id;
         answer("GetStatus", &app_id, async {
