@@ -5,7 +5,6 @@
 //! and the API budget shared between namespaces (one tenant's thousand requests do not
 //! delay another's first executor by more than a round).
 
-use spark_pod_allocator::app::registration::REGISTRATION_KEY;
 use spark_pod_allocator::app::{ServiceOptions, TenantLimits};
 use spark_pod_allocator::auth::{AuthMode, AuthSettings};
 use spark_pod_allocator::grpc::ServeSettings;
@@ -13,6 +12,7 @@ use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::{SimGrant, SimSettings, SimToken};
 use test_kit::grpc::{Harness, batched_start_request, quiet_cluster, start_request};
 use test_kit::requests::*;
+use test_kit::service::stored_registration;
 use test_kit::wait::{eventually, until};
 use tonic::{Code, Request};
 
@@ -198,18 +198,20 @@ async fn a_registration_resumed_over_a_lowered_cap_is_counted_not_dropped() {
             .expect("start");
         h.set_total(app, 1).await;
     }
-    // The registrations are written by the first rounds.
+    // The registrations are written by the first rounds, in the service's namespace.
+    let client = h.sim.try_client().expect("client");
+    let service_ns = h.options.registrations.namespace().to_string();
     until("both registrations written", async || {
-        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-            kube::Api::namespaced(h.sim.try_client().expect("client"), "team-a");
-        api.list(&Default::default()).await.is_ok_and(|list| {
-            let registered = list.items.iter().filter(|cm| {
-                cm.data
-                    .as_ref()
-                    .is_some_and(|data| data.contains_key(REGISTRATION_KEY))
-            });
-            registered.count() == 2
-        })
+        let mut written = 0;
+        for app in ["r-1", "r-2"] {
+            if stored_registration(&client, &service_ns, "team-a", app)
+                .await
+                .is_some()
+            {
+                written += 1;
+            }
+        }
+        written == 2
     })
     .await;
     h.options.tenants.max_applications_per_namespace = 1;

@@ -12,6 +12,7 @@
 //! application's name) cannot write or edit a registration the service will resume.
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -130,6 +131,10 @@ pub struct RegistrationStore {
     key_secret: Arc<str>,
     /// Read (or created) once, at first need; a failure is tried again at the next need.
     key: Arc<OnceCell<hmac::Key>>,
+    /// This application's registration was written by this store: later writes patch it.
+    /// Until then a write creates it first (a new application's usual case), so its first
+    /// write costs one request of its share of the rate limit, not a 404 and a create.
+    written: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RegistrationStore {
@@ -140,6 +145,7 @@ impl RegistrationStore {
             namespace: Arc::from(settings.namespace()),
             key_secret: Arc::from(settings.key_secret.as_str()),
             key: Arc::new(OnceCell::new()),
+            written: Arc::default(),
         }
     }
 
@@ -148,6 +154,7 @@ impl RegistrationStore {
     pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
         Self {
             pods: self.pods.for_application(namespace, app_id),
+            written: Arc::default(),
             ..self.clone()
         }
     }
@@ -248,9 +255,9 @@ impl RegistrationStore {
         Ok(hmac::Key::new(hmac::HMAC_SHA256, &key))
     }
 
-    /// Writes an application's signed registration: one merge PATCH of its ConfigMap;
-    /// for a ConfigMap not there yet a create (labelled with the application's namespace
-    /// and id), and the PATCH again if another create won the race. No owner reference:
+    /// Writes an application's signed registration: its first write creates the ConfigMap
+    /// (labelled with the application's namespace and id), or patches it when it is there
+    /// already; later writes merge-PATCH it, or create it again when it is gone. No owner reference:
     /// owners in another namespace are not allowed (the garbage collector would delete
     /// it); the service deletes it when the application ends.
     pub async fn write(
@@ -268,35 +275,43 @@ impl RegistrationStore {
         let patch = serde_json::json!({ "data": &data });
         let namespace = &*self.namespace;
         let pods = &self.pods;
-        let result = match pods
-            .merge_patch::<ConfigMap>(namespace, &name, &patch)
-            .await
-        {
-            Err(err) if is_status(&err, 404) => {
-                let mut labels = managed_labels(app_id);
-                labels.insert(
-                    APPLICATION_NAMESPACE_LABEL.to_string(),
-                    app_namespace.to_string(),
-                );
-                let config_map = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        labels: Some(labels),
-                        ..ObjectMeta::default()
-                    },
-                    data: Some(data),
-                    ..ConfigMap::default()
-                };
-                match pods.create_config_map(namespace, &config_map).await {
-                    Err(err) if is_status(&err, 409) => {
-                        pods.merge_patch::<ConfigMap>(namespace, &name, &patch)
-                            .await
-                    }
-                    other => other,
-                }
-            }
-            other => other,
+        let create = || {
+            let mut labels = managed_labels(app_id);
+            labels.insert(
+                APPLICATION_NAMESPACE_LABEL.to_string(),
+                app_namespace.to_string(),
+            );
+            let config_map = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                },
+                data: Some(data.clone()),
+                ..ConfigMap::default()
+            };
+            async move { pods.create_config_map(namespace, &config_map).await }
         };
+        let patch_existing = || pods.merge_patch::<ConfigMap>(namespace, &name, &patch);
+        let result = if self.written.load(Ordering::Relaxed) {
+            // Patched; created again if it was deleted meanwhile.
+            match patch_existing().await {
+                Err(err) if is_status(&err, 404) => match create().await {
+                    Err(err) if is_status(&err, 409) => patch_existing().await,
+                    other => other,
+                },
+                other => other,
+            }
+        } else {
+            // Created; patched when it is there already (a resumed application's).
+            match create().await {
+                Err(err) if is_status(&err, 409) => patch_existing().await,
+                other => other,
+            }
+        };
+        if result.is_ok() {
+            self.written.store(true, Ordering::Relaxed);
+        }
         result.inspect_err(|err| {
             tracing::warn!(namespace, config_map = %name, app_namespace, error = %describe_error(err), "writing the application's registration failed");
         })
