@@ -36,7 +36,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     let kubeconfig = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
 
-    let (mut first, mut client) = serve_against(BIN, &kubeconfig).await;
+    let (mut first, mut client) = serve_against(BIN, &kubeconfig, &Default::default()).await;
     start_scaled(&mut client, batched_start_request(APP, NS, 2, 1000), 6).await;
     until("the first batch", async || {
         !executor_ids(&sim).await.is_empty()
@@ -70,7 +70,7 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     );
 
     // A new service, and no call from the driver: the scale-up completes.
-    let (_second, mut client) = serve_against(BIN, &kubeconfig).await;
+    let (_second, mut client) = serve_against(BIN, &kubeconfig, &Default::default()).await;
     until("6 executors", async || executor_ids(&sim).await.len() == 6).await;
     let ids = executor_ids(&sim).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");

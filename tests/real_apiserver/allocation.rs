@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use spark_pod_allocator::allocator::{ExecutorId, ExecutorState, ResourceProfileId};
-use spark_pod_allocator::app::{AppError, Applications, ManualClock, ServiceOptions};
+use spark_pod_allocator::app::{AppError, Applications, ManualClock};
 use test_kit::cluster::{
     Cluster, bind, cluster_ids, cluster_ids_in, delete_now, pod_name, set_failed, set_running,
 };
@@ -68,7 +68,7 @@ struct Service {
 fn service(c: &impl Cluster, clock: &ManualClock) -> Service {
     Service {
         clock: clock.clone(),
-        apps: applications(c.service_client(), clock, ServiceOptions::default()),
+        apps: applications(c.service_client(), clock, c.service_options()),
     }
 }
 

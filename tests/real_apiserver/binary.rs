@@ -32,7 +32,8 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     let kubeconfig = dir.path().join("kubeconfig");
     c.write_service_kubeconfig(&kubeconfig);
 
-    let (mut first, mut client) = serve_against(BIN, &kubeconfig).await;
+    let (mut first, mut client) =
+        serve_against(BIN, &kubeconfig, &c.service_options().registrations).await;
     start_scaled(
         &mut client,
         batched_start_request(APP, c.namespace(), 2, 5000),
@@ -65,7 +66,8 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
         "record {recorded}, created {at_kill:?}"
     );
 
-    let (_second, mut client) = serve_against(BIN, &kubeconfig).await;
+    let (_second, mut client) =
+        serve_against(BIN, &kubeconfig, &c.service_options().registrations).await;
     until("6 executors", || async {
         executor_ids(&c).await.len() == 6
     })

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions, StartApplication};
+use spark_pod_allocator::app::{Applications, ManualClock, StartApplication};
 use test_kit::cluster::{Cluster, RealBackend, cluster_ids};
 use test_kit::service::{
     BATCH_DELAY, P0, applications, id, snapshot_ids, start, start_application, targets,
@@ -30,7 +30,7 @@ fn request(app: &str, namespace: &str) -> StartApplication {
 }
 
 fn service(c: &RealBackend, clock: &ManualClock) -> Applications {
-    applications(c.service_client(), clock, ServiceOptions::default())
+    applications(c.service_client(), clock, c.service_options())
 }
 
 /// Moves the clock a batch delay at a time until the cluster has `n` executors of `app` and the

@@ -20,6 +20,8 @@ use spark_pod_allocator_sim::SimCluster;
 use tokio::sync::OnceCell;
 
 use crate::apiserver::{self, RealApiServer};
+use spark_pod_allocator::app::ServiceOptions;
+use spark_pod_allocator::k8s::RegistrationSettings;
 
 /// Where a scenario runs: an API server, a client for the service, one for the test (as
 /// admin, scheduler and kubelet), and two namespaces of its own.
@@ -34,6 +36,20 @@ pub trait Cluster {
     fn namespace(&self) -> &str;
     /// A second namespace of the scenario's.
     fn other_namespace(&self) -> &str;
+    /// The service's own namespace, where it keeps registrations and their key.
+    fn service_namespace(&self) -> &str;
+    /// The service's options on this backend: defaults, with registrations in
+    /// [`Cluster::service_namespace`] (on the real server, as the chart configures them, where
+    /// its rights are).
+    fn service_options(&self) -> ServiceOptions {
+        ServiceOptions {
+            registrations: RegistrationSettings {
+                namespace: Some(self.service_namespace().to_string()),
+                ..RegistrationSettings::default()
+            },
+            ..ServiceOptions::default()
+        }
+    }
     /// Checks what only the backend can check after a scenario (the real server's audit log).
     fn finish(&self) -> impl std::future::Future<Output = ()>;
 }
@@ -68,6 +84,9 @@ impl Cluster for SimBackend {
     }
     fn other_namespace(&self) -> &str {
         "other"
+    }
+    fn service_namespace(&self) -> &str {
+        "default"
     }
     async fn finish(&self) {}
 }
@@ -197,6 +216,15 @@ impl Cluster for RealBackend {
     fn other_namespace(&self) -> &str {
         &self.other_namespace
     }
+    fn service_namespace(&self) -> &str {
+        RELEASE_NAMESPACE
+    }
+    fn service_options(&self) -> ServiceOptions {
+        ServiceOptions {
+            registrations: self.shared.rbac.registrations.clone(),
+            ..ServiceOptions::default()
+        }
+    }
     /// Every request the service's account made (in the whole shared server's log) is allowed
     /// by the chart's rules and none was refused; this scenario's own are among them.
     async fn finish(&self) {
@@ -277,6 +305,8 @@ fn dns_label(s: &str) -> String {
 pub struct ChartRbac {
     documents: Vec<Value>,
     pub service_account: String,
+    /// Where the chart's configuration has the service keep its registrations and key.
+    pub registrations: RegistrationSettings,
     /// (apiGroups, resources, verbs) of every rule of every (Cluster)Role.
     rules: Vec<(Vec<String>, Vec<String>, Vec<String>)>,
 }
@@ -321,6 +351,15 @@ impl ChartRbac {
             .and_then(|d| d["metadata"]["name"].as_str())
             .expect("the chart renders a ServiceAccount")
             .to_string();
+        let config = documents
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["data"]["config.yaml"].is_string())
+            .and_then(|d| d["data"]["config.yaml"].as_str())
+            .expect("the chart renders the service's configuration");
+        let config: Value = serde_yaml::from_str(config).expect("the configuration is YAML");
+        let registrations: RegistrationSettings =
+            serde_json::from_value(config["registrations"].clone())
+                .expect("the configuration's registrations");
         let strings = |v: &Value| -> Vec<String> {
             v.as_array()
                 .map(|a| {
@@ -346,6 +385,7 @@ impl ChartRbac {
         Self {
             documents,
             service_account,
+            registrations,
             rules,
         }
     }

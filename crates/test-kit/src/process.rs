@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use spark_pod_allocator::k8s::RegistrationSettings;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::runtime::wait_until_serving;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -122,16 +123,25 @@ pub fn terminate(child: &Child) {
 }
 
 /// Starts the service binary `bin` (`serve`, JSON logs, a free loopback port) against the
-/// cluster of `kubeconfig`; returns it and a client once its health answers SERVING.
+/// cluster of `kubeconfig`, keeping its registrations as `registrations` says; returns it
+/// and a client once its health answers SERVING.
 pub async fn serve_against(
     bin: &str,
     kubeconfig: &Path,
+    registrations: &RegistrationSettings,
 ) -> (Child, ExecutorAllocatorClient<Channel>) {
     let mut command = service_command(
         bin,
         &["--log-format", "json", "serve", "--listen", "127.0.0.1:0"],
     );
     command.env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig);
+    if let Some(namespace) = &registrations.namespace {
+        command.env("SPARK_POD_ALLOCATOR__REGISTRATIONS__NAMESPACE", namespace);
+    }
+    command.env(
+        "SPARK_POD_ALLOCATOR__REGISTRATIONS__KEY_SECRET",
+        &registrations.key_secret,
+    );
     let (child, mut lines) = spawn_logged(command);
     let serving = until_logged(&mut lines, "serving gRPC").await;
     let address = serving["address"].as_str().expect("address").to_string();
