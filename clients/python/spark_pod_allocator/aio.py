@@ -3,69 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import time
-from typing import AsyncIterator, Iterable, Mapping, Optional, Union
+from typing import AsyncIterator, Iterable, Mapping, Optional
 
 import grpc
 import grpc.aio
 
 from spark_pod_allocator import _requests
-from spark_pod_allocator.errors import AllocatorError
-from spark_pod_allocator.options import (
-    NO_RETRY,
-    BearerToken,
-    PathOrBytes,
-    RetryPolicy,
-    channel_credentials,
-    channel_options,
-)
+from spark_pod_allocator._base import Attempts, ClientBase
+from spark_pod_allocator.options import RetryPolicy
 from spark_pod_allocator.v1 import allocator_pb2 as pb
-from spark_pod_allocator.v1 import allocator_pb2_grpc as pb_grpc
 
 
-class AsyncAllocatorClient:
+class AsyncAllocatorClient(ClientBase[grpc.aio.Channel]):
     """The :class:`~spark_pod_allocator.AllocatorClient` for asyncio: the same options and
     methods, as coroutines, and :meth:`watch_executors` as an async iterator.
 
     Make it inside the event loop that uses it (``async with AsyncAllocatorClient(...)``).
     """
 
-    def __init__(
-        self,
-        target: str = "127.0.0.1:50051",
-        *,
-        channel: Optional[grpc.aio.Channel] = None,
-        timeout: float = 10.0,
-        retry: RetryPolicy = RetryPolicy(),
-        retry_stop: bool = False,
-        tls: bool = False,
-        root_certificates: Optional[PathOrBytes] = None,
-        client_certificate: Optional[PathOrBytes] = None,
-        client_key: Optional[PathOrBytes] = None,
-        tls_server_name: Optional[str] = None,
-        token: Optional[str] = None,
-        token_file: Optional[Union[str, "os.PathLike[str]"]] = None,
-        token_refresh: float = 60.0,
-    ):
-        self._own_channel = channel is None
-        if channel is None:
-            credentials = channel_credentials(tls, root_certificates, client_certificate, client_key)
-            options = channel_options(retry, tls_server_name)
-            if credentials is None:
-                channel = grpc.aio.insecure_channel(target, options=options)
-            else:
-                channel = grpc.aio.secure_channel(target, credentials, options=options)
-        self._channel = channel
-        self._stub = pb_grpc.ExecutorAllocatorStub(channel)
-        self._timeout = timeout
-        self._retry = retry
-        self._retry_stop = retry_stop
-        self._token = (
-            BearerToken(token, token_file, token_refresh)
-            if token is not None or token_file is not None
-            else None
-        )
+    _grpc = grpc.aio
 
     async def __aenter__(self) -> "AsyncAllocatorClient":
         return self
@@ -78,26 +34,15 @@ class AsyncAllocatorClient:
         if self._own_channel:
             await self._channel.close(None)
 
-    def _metadata(self):
-        return self._token.metadata() if self._token is not None else None
-
     async def _call(self, method: str, request, retry: Optional[RetryPolicy] = None):
-        policy = retry or self._retry
-        started = time.monotonic()
-        attempt = 0
+        attempts = Attempts(retry or self._retry)
         while True:
-            attempt += 1
             try:
                 return await getattr(self._stub, method)(
                     request, timeout=self._timeout, metadata=self._metadata()
                 )
             except grpc.RpcError as err:
-                if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                    delay = policy.next_delay(attempt, started)
-                    if delay is not None:
-                        await asyncio.sleep(delay)
-                        continue
-                raise AllocatorError.from_rpc_error(method, err) from None
+                await asyncio.sleep(attempts.delay_or_raise(method, err))
 
     async def start(
         self,
@@ -160,8 +105,8 @@ class AsyncAllocatorClient:
 
         Not retried on UNAVAILABLE unless the client was made with ``retry_stop=True``.
         """
-        policy = self._retry if self._retry_stop else NO_RETRY
-        response = await self._call("Stop", pb.StopRequest(application_id=application_id), policy)
+        request = pb.StopRequest(application_id=application_id)
+        response = await self._call("Stop", request, self._stop_retry)
         return response.deleted_pods
 
     async def watch_executors(
@@ -174,10 +119,8 @@ class AsyncAllocatorClient:
         """See :meth:`spark_pod_allocator.AllocatorClient.watch_executors`; ``aclose()``
         (or leaving ``async for`` early) cancels the stream."""
         request = pb.WatchExecutorsRequest(application_id=application_id, since=since)
-        started = time.monotonic()
-        attempt = 0
+        attempts = Attempts(self._retry)
         while True:
-            attempt += 1
             received = False
             call = self._stub.WatchExecutors(request, timeout=timeout, metadata=self._metadata())
             try:
@@ -186,11 +129,7 @@ class AsyncAllocatorClient:
                     yield event
                 return
             except grpc.RpcError as err:
-                if not received and err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                    delay = self._retry.next_delay(attempt, started)
-                    if delay is not None:
-                        await asyncio.sleep(delay)
-                        continue
-                raise AllocatorError.from_rpc_error("WatchExecutors", err) from None
+                delay = attempts.delay_or_raise("WatchExecutors", err, retryable=not received)
+                await asyncio.sleep(delay)
             finally:
                 call.cancel()

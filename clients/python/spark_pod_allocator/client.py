@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Iterable, Iterator, Mapping, Optional
 
 import grpc
 
 from spark_pod_allocator import _requests
-from spark_pod_allocator.errors import AllocatorError
-from spark_pod_allocator.options import (
-    NO_RETRY,
-    BearerToken,
-    PathOrBytes,
-    RetryPolicy,
-    channel_credentials,
-    channel_options,
-)
+from spark_pod_allocator._base import Attempts, ClientBase
+from spark_pod_allocator.options import RetryPolicy
 from spark_pod_allocator.v1 import allocator_pb2 as pb
-from spark_pod_allocator.v1 import allocator_pb2_grpc as pb_grpc
-
-Metadata = Sequence[Tuple[str, str]]
 
 
-class AllocatorClient:
+class AllocatorClient(ClientBase[grpc.Channel]):
     """Blocking client of the ExecutorAllocator service.
 
     ``timeout`` (seconds) bounds every attempt of a call, so a driver's loop never hangs on
@@ -37,41 +26,7 @@ class AllocatorClient:
     TLS and channel options are the caller's).
     """
 
-    def __init__(
-        self,
-        target: str = "127.0.0.1:50051",
-        *,
-        channel: Optional[grpc.Channel] = None,
-        timeout: float = 10.0,
-        retry: RetryPolicy = RetryPolicy(),
-        retry_stop: bool = False,
-        tls: bool = False,
-        root_certificates: Optional[PathOrBytes] = None,
-        client_certificate: Optional[PathOrBytes] = None,
-        client_key: Optional[PathOrBytes] = None,
-        tls_server_name: Optional[str] = None,
-        token: Optional[str] = None,
-        token_file: Optional[Union[str, "os.PathLike[str]"]] = None,
-        token_refresh: float = 60.0,
-    ):
-        self._own_channel = channel is None
-        if channel is None:
-            credentials = channel_credentials(tls, root_certificates, client_certificate, client_key)
-            options = channel_options(retry, tls_server_name)
-            if credentials is None:
-                channel = grpc.insecure_channel(target, options=options)
-            else:
-                channel = grpc.secure_channel(target, credentials, options=options)
-        self._channel = channel
-        self._stub = pb_grpc.ExecutorAllocatorStub(channel)
-        self._timeout = timeout
-        self._retry = retry
-        self._retry_stop = retry_stop
-        self._token = (
-            BearerToken(token, token_file, token_refresh)
-            if token is not None or token_file is not None
-            else None
-        )
+    _grpc = grpc
 
     def __enter__(self) -> "AllocatorClient":
         return self
@@ -84,26 +39,15 @@ class AllocatorClient:
         if self._own_channel:
             self._channel.close()
 
-    def _metadata(self) -> Optional[Metadata]:
-        return self._token.metadata() if self._token is not None else None
-
     def _call(self, method: str, request, retry: Optional[RetryPolicy] = None):
-        policy = retry or self._retry
-        started = time.monotonic()
-        attempt = 0
+        attempts = Attempts(retry or self._retry)
         while True:
-            attempt += 1
             try:
                 return getattr(self._stub, method)(
                     request, timeout=self._timeout, metadata=self._metadata()
                 )
             except grpc.RpcError as err:  # grpc raises a Call that is also an RpcError
-                if err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                    delay = policy.next_delay(attempt, started)
-                    if delay is not None:
-                        time.sleep(delay)
-                        continue
-                raise AllocatorError.from_rpc_error(method, err) from None
+                time.sleep(attempts.delay_or_raise(method, err))
 
     def start(
         self,
@@ -173,8 +117,8 @@ class AllocatorClient:
 
         Not retried on UNAVAILABLE unless the client was made with ``retry_stop=True``.
         """
-        policy = self._retry if self._retry_stop else NO_RETRY
-        return self._call("Stop", pb.StopRequest(application_id=application_id), policy).deleted_pods
+        request = pb.StopRequest(application_id=application_id)
+        return self._call("Stop", request, self._stop_retry).deleted_pods
 
     def watch_executors(
         self,
@@ -204,10 +148,8 @@ class AllocatorClient:
         cancels the stream.
         """
         request = pb.WatchExecutorsRequest(application_id=application_id, since=since)
-        started = time.monotonic()
-        attempt = 0
+        attempts = Attempts(self._retry)
         while True:
-            attempt += 1
             received = False
             call = self._stub.WatchExecutors(request, timeout=timeout, metadata=self._metadata())
             try:
@@ -216,11 +158,7 @@ class AllocatorClient:
                     yield event
                 return
             except grpc.RpcError as err:
-                if not received and err.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                    delay = self._retry.next_delay(attempt, started)
-                    if delay is not None:
-                        time.sleep(delay)
-                        continue
-                raise AllocatorError.from_rpc_error("WatchExecutors", err) from None
+                # Once events came, a new stream would repeat them: the caller resumes instead.
+                time.sleep(attempts.delay_or_raise("WatchExecutors", err, retryable=not received))
             finally:
                 call.cancel()

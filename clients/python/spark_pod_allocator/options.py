@@ -7,7 +7,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import ClassVar, FrozenSet, List, Optional, Tuple, Union
 
 import grpc
 
@@ -30,6 +30,10 @@ class RetryPolicy:
     max_backoff: float = 5.0
     multiplier: float = 2.0
     max_elapsed: float = 30.0
+
+    # Every other code is the service's answer (or the caller's deadline), which a retry
+    # would only repeat.
+    RETRIED_CODES: ClassVar[FrozenSet[grpc.StatusCode]] = frozenset({grpc.StatusCode.UNAVAILABLE})
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

@@ -363,3 +363,95 @@ def test_retry_policy_backoff_grows_and_is_bounded():
         RetryPolicy(max_attempts=0)
     with pytest.raises(ValueError):
         RetryPolicy(initial_backoff=2, max_backoff=1)
+
+
+class _FakeRpcError(grpc.RpcError):
+    """An RpcError as grpc raises it: also a Call with a code and details."""
+
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return f"{self._code.name} from the fake"
+
+
+def test_attempts_retry_unavailable_only_and_within_the_policy():
+    from spark_pod_allocator._base import Attempts
+
+    unavailable = _FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+    attempts = Attempts(FAST)
+    delays = [attempts.delay_or_raise("GetStatus", unavailable) for _ in range(FAST.max_attempts - 1)]
+    assert all(0 < d <= FAST.max_backoff for d in delays), delays
+    with pytest.raises(Unavailable) as err:
+        attempts.delay_or_raise("GetStatus", unavailable)
+    assert err.value.method == "GetStatus"
+    assert err.value.details == "UNAVAILABLE from the fake"
+    assert err.value.__suppress_context__, "raised as the service's answer, not inside the RpcError"
+
+    for code, error in (
+        (grpc.StatusCode.INVALID_ARGUMENT, InvalidArgument),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, spark_pod_allocator.DeadlineExceeded),
+        (grpc.StatusCode.NOT_FOUND, NotFound),
+    ):
+        with pytest.raises(error):
+            Attempts(FAST).delay_or_raise("GetStatus", _FakeRpcError(code))
+    with pytest.raises(Unavailable):
+        Attempts(FAST).delay_or_raise("WatchExecutors", unavailable, retryable=False)
+    with pytest.raises(Unavailable):
+        Attempts(RetryPolicy(max_attempts=1)).delay_or_raise("Stop", unavailable)
+
+
+class _SyncCalls:
+    """The calls of the retry test through the blocking client."""
+
+    def __init__(self, target, **options):
+        self.client = AllocatorClient(target, **options)
+
+    def run(self, method, *args):
+        try:
+            with self.client:
+                return getattr(self.client, method)(*args)
+        except AllocatorError as err:
+            return err
+
+
+class _AsyncCalls:
+    """The same calls through the asyncio client, each in an event loop of its own."""
+
+    def __init__(self, target, **options):
+        self.target, self.options = target, options
+
+    def run(self, method, *args):
+        async def call():
+            try:
+                async with AsyncAllocatorClient(self.target, **self.options) as client:
+                    return await getattr(client, method)(*args)
+            except AllocatorError as err:
+                return err
+
+        return asyncio.run(call())
+
+
+@pytest.mark.parametrize("calls", [_SyncCalls, _AsyncCalls], ids=["sync", "asyncio"])
+def test_both_clients_retry_the_same_calls_the_same_number_of_times(recorder_server, calls):
+    flaky = _Recorder(unavailable=2)
+    assert calls(recorder_server(flaky), retry=FAST).run("get_status", "app").last_executor_id == 3
+    assert [c[0] for c in flaky.calls] == ["GetStatus"] * 3
+
+    down = _Recorder(unavailable=100)
+    assert isinstance(calls(recorder_server(down), retry=FAST).run("get_status", "app"), Unavailable)
+    assert len(down.calls) == FAST.max_attempts
+
+    refusing = _Recorder(code=grpc.StatusCode.INVALID_ARGUMENT)
+    target = recorder_server(refusing)
+    assert isinstance(calls(target, retry=FAST).run("get_status", "app"), InvalidArgument)
+    assert isinstance(calls(target, retry=FAST).run("stop", "app"), Unavailable)
+    assert [c[0] for c in refusing.calls] == ["GetStatus", "Stop"]
+
+    stopping = _Recorder()
+    result = calls(recorder_server(stopping), retry=FAST, retry_stop=True).run("stop", "app")
+    assert isinstance(result, Unavailable)
+    assert [c[0] for c in stopping.calls] == ["Stop"] * FAST.max_attempts
