@@ -25,6 +25,7 @@ import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
+import java.util.NavigableMap;
 import java.util.Optional;
 import java.util.Set;
 import java.util.TreeMap;
@@ -47,17 +48,24 @@ import spark.allocator.v1.ExecutorAllocatorGrpc;
 import spark.allocator.v1.ExecutorAllocatorGrpc.ExecutorAllocatorBlockingStub;
 
 /**
- * One application's connection to the allocation service. It remembers what the application
- * told the service (the Start request, the templates of later profiles, the last targets and
- * registered executors) so that a restarted service, which answers NOT_FOUND for an application
- * it no longer knows, gets all of it again through a new Start (which resumes the executors
- * found in the cluster) before the failed call is retried. An UNAVAILABLE service is retried
- * with exponential backoff for at most {@link ServiceSettings#retryTimeout()}.
+ * One application's connection to the allocation service, and the one record of what the
+ * application told it: the Start request, every profile's template, the last targets and the
+ * registered executors.
+ *
+ * <p>A restarted service resumes the application from the registration it keeps (Start, the
+ * templates, the targets, the registered executors), so the client sends nothing again after a
+ * restart. Only a service that lost the application (its registration was refused or never
+ * written) answers NOT_FOUND: then the record is the only copy left, and a new Start with every
+ * template (which resumes the executors found in the cluster), the last targets and registered
+ * executors give it all back before the failed call is retried. An UNAVAILABLE service is
+ * retried with exponential backoff for at most {@link ServiceSettings#retryTimeout()}.
  */
 public final class AllocatorClient implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(AllocatorClient.class);
   private static final Duration FIRST_BACKOFF = Duration.ofMillis(100);
   private static final Duration MAX_BACKOFF = Duration.ofSeconds(5);
+  /** Spark's default resource profile, whose template is Start's executor pod template. */
+  private static final int DEFAULT_PROFILE = 0;
   private static final Metadata.Key<String> AUTHORIZATION =
       Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
 
@@ -65,9 +73,10 @@ public final class AllocatorClient implements AutoCloseable {
   private final ExecutorAllocatorBlockingStub stub;
   private final ServiceSettings settings;
 
-  // What was sent, for a Start after a service restart. Guarded by `this`.
+  // What the service was sent, for a service that lost the application. Guarded by `this`.
   private StartRequest start;
-  private final Map<Integer, String> laterTemplates = new TreeMap<>();
+  /** Each profile's template, by profile id; profile 0's is Start's executor pod template. */
+  private final NavigableMap<Integer, String> templates = new TreeMap<>();
   private final Map<Integer, Integer> targets = new TreeMap<>();
   private List<String> registered;
   /** Set by {@link #endAllocation}: every target stays 0. */
@@ -112,12 +121,13 @@ public final class AllocatorClient implements AutoCloseable {
     return NettyChannelBuilder.forTarget(settings.address(), credentials).build();
   }
 
-  /** The application's Start; remembered for a Start after a service restart. */
+  /** The application's Start; remembered for a service that loses the application. */
   public StartResponse start(StartRequest request) {
     synchronized (this) {
       start = request;
-      laterTemplates.clear();
-      laterTemplates.putAll(request.getResourceProfileTemplatesMap());
+      templates.clear();
+      templates.put(DEFAULT_PROFILE, request.getExecutorPodTemplate());
+      templates.putAll(request.getResourceProfileTemplatesMap());
     }
     StartResponse response = call("Start", s -> s.start(request), false, settings.retryTimeout());
     LOG.info("spark-pod-allocator started application {} (resumed: {}, last executor id: {})",
@@ -125,9 +135,14 @@ public final class AllocatorClient implements AutoCloseable {
     return response;
   }
 
+  /** Whether the service was sent this profile's template (with Start or SetTotalExpected). */
+  public synchronized boolean hasTemplate(int profile) {
+    return templates.containsKey(profile);
+  }
+
   /**
    * Sets the executors wanted per profile; {@code newTemplates} are the templates of profiles
-   * the service has not been sent yet.
+   * the service has not been sent yet (see {@link #hasTemplate}).
    */
   public void setTotalExpected(Map<Integer, Integer> perProfile, Map<Integer, String> newTemplates) {
     synchronized (targetsOrder) {
@@ -144,7 +159,7 @@ public final class AllocatorClient implements AutoCloseable {
       SetTotalExpectedRequest built = request.build();
       call("SetTotalExpected", s -> s.setTotalExpected(built), true, settings.retryTimeout());
       synchronized (this) {
-        laterTemplates.putAll(newTemplates);
+        templates.putAll(newTemplates);
         targets.putAll(perProfile);
       }
     }
@@ -152,7 +167,7 @@ public final class AllocatorClient implements AutoCloseable {
 
   /**
    * Sets every profile's target to 0 and keeps it there: later {@link #setTotalExpected} calls
-   * are dropped, and a Start after a service restart sends the zeros. For a driver that is
+   * are dropped, and a service that lost the application gets the zeros. For a driver that is
    * stopping. Tried for one {@link ServiceSettings#deadline()} only, not the retry timeout:
    * Spark's stop must not wait on a service that is away, and Stop follows anyway.
    */
@@ -162,9 +177,7 @@ public final class AllocatorClient implements AutoCloseable {
       synchronized (this) {
         allocationEnded = true;
         Set<Integer> profiles = new TreeSet<>(targets.keySet());
-        profiles.addAll(laterTemplates.keySet());
-        // The default profile, whose template came with Start.
-        profiles.add(0);
+        profiles.addAll(templates.keySet());
         profiles.forEach(profile -> targets.put(profile, 0));
         request = SetTotalExpectedRequest.newBuilder()
             .setApplicationId(applicationId())
@@ -199,8 +212,16 @@ public final class AllocatorClient implements AutoCloseable {
     }
   }
 
-  /** Replaces the set of executors registered with the driver. */
+  /**
+   * Replaces the set of executors registered with the driver; the set the service was last
+   * sent is not sent again.
+   */
   public void updateRegisteredExecutors(List<String> executorIds) {
+    synchronized (this) {
+      if (executorIds.equals(registered)) {
+        return;
+      }
+    }
     UpdateRegisteredExecutorsRequest request = UpdateRegisteredExecutorsRequest.newBuilder()
         .setApplicationId(applicationId())
         .addAllExecutorIds(executorIds)
@@ -266,13 +287,13 @@ public final class AllocatorClient implements AutoCloseable {
 
   /**
    * Runs {@code rpc}: UNAVAILABLE is retried with backoff within {@code retryFor}; NOT_FOUND
-   * (the service no longer knows the application) is answered once by a new Start.
+   * (the service lost the application) is answered once by {@link #startAgain}.
    */
   private <T> T call(String name, Function<ExecutorAllocatorBlockingStub, T> rpc,
-      boolean restartOnNotFound, Duration retryFor) {
+      boolean startAgainOnNotFound, Duration retryFor) {
     long giveUpAt = System.nanoTime() + retryFor.toNanos();
     Duration backoff = FIRST_BACKOFF;
-    boolean restarted = false;
+    boolean startedAgain = false;
     while (true) {
       try {
         return rpc.apply(
@@ -289,11 +310,12 @@ public final class AllocatorClient implements AutoCloseable {
               ? MAX_BACKOFF : backoff.multipliedBy(2);
           continue;
         }
-        if (code == Status.Code.NOT_FOUND && restartOnNotFound && !restarted) {
-          restarted = true;
-          LOG.warn("spark-pod-allocator {} answered {}: the service no longer knows the"
-              + " application (restarted?); starting it again", name, describe(e.getStatus()));
-          restart();
+        if (code == Status.Code.NOT_FOUND && startAgainOnNotFound && !startedAgain) {
+          startedAgain = true;
+          LOG.warn("spark-pod-allocator {} answered {}: the service lost the application (a"
+              + " restart without its registration?); starting it again", name,
+              describe(e.getStatus()));
+          startAgain();
           continue;
         }
         throw new AllocatorServiceException(name, e);
@@ -301,15 +323,18 @@ public final class AllocatorClient implements AutoCloseable {
     }
   }
 
-  /** Start again with everything sent so far, then the last targets and registered set. */
-  private void restart() {
+  /**
+   * Gives a service that lost the application what its registration held: Start with every
+   * template sent so far, then the last targets and registered executors.
+   */
+  private void startAgain() {
     StartRequest request;
     Map<Integer, Integer> lastTargets;
     List<String> lastRegistered;
     synchronized (this) {
       request = start.toBuilder()
           .clearResourceProfileTemplates()
-          .putAllResourceProfileTemplates(laterTemplates)
+          .putAllResourceProfileTemplates(templates.tailMap(DEFAULT_PROFILE, false))
           .build();
       lastTargets = new TreeMap<>(targets);
       lastRegistered = registered == null ? null : new ArrayList<>(registered);

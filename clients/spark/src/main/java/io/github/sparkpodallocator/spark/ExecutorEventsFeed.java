@@ -26,7 +26,7 @@ import spark.allocator.v1.Allocator.ExecutorEvent;
  * failure without a pod watch or LIST of its own.
  *
  * <p>A broken stream is opened again (backoff 100 ms … 5 s) resuming after the last change
- * applied; NOT_FOUND (a restarted service) has the client start the application again first.
+ * applied; NOT_FOUND (a service that lost the application) has the client start it again first.
  */
 final class ExecutorEventsFeed implements AutoCloseable {
   private static final Logger LOG = LoggerFactory.getLogger(ExecutorEventsFeed.class);
@@ -124,7 +124,7 @@ final class ExecutorEventsFeed implements AutoCloseable {
             + " in {} ms", code, backoff.toMillis());
         if (code == Status.Code.NOT_FOUND) {
           try {
-            // The client answers NOT_FOUND with a new Start (a restarted service).
+            // The client answers NOT_FOUND with a new Start (the service lost the application).
             client.status();
           } catch (RuntimeException restart) {
             LOG.warn("Could not start the application again in the service", restart);

@@ -6,7 +6,6 @@ import java.io.IOException;
 import java.lang.reflect.Field;
 import java.lang.reflect.Modifier;
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
@@ -67,9 +66,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
 
   // Guarded by `this`.
   private String applicationId;
-  private final Map<Integer, String> sentTemplates = new HashMap<>();
   private ScheduledExecutorService registeredExecutorsCheck;
-  private List<String> lastRegistered;
   private ExecutorEventsFeed eventsFeed;
   private SparkContext sparkContext;
   private boolean allocationEnded;
@@ -155,7 +152,6 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     }
     synchronized (this) {
       applicationId = appId;
-      sentTemplates.put(defaultProfile.id(), json);
     }
     client.start(request.build());
     watchForTheDriversStop(backend);
@@ -202,18 +198,11 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
         : CollectionConverters.asJava(resourceProfileToTotalExecs).entrySet()) {
       ResourceProfile profile = entry.getKey();
       perProfile.put(profile.id(), (Integer) entry.getValue());
-      boolean known;
-      synchronized (this) {
-        known = sentTemplates.containsKey(profile.id());
-      }
-      if (!known) {
+      if (!client.hasTemplate(profile.id())) {
         newTemplates.put(profile.id(), buildTemplate(appId, profile).json());
       }
     }
     client.setTotalExpected(perProfile, newTemplates);
-    synchronized (this) {
-      sentTemplates.putAll(newTemplates);
-    }
   }
 
   @Override
@@ -368,9 +357,10 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   }
 
   /**
-   * Asks the service about the application; a service that restarted answers NOT_FOUND and the
-   * client starts the application again (with its templates, targets and registered executors),
-   * so lost executors are replaced even while Spark has nothing to say.
+   * Asks the service about the application. A restarted service has resumed it from its
+   * registration; one that lost it answers NOT_FOUND and the client starts the application
+   * again (with its templates, targets and registered executors), so lost executors are
+   * replaced even while Spark has nothing to say.
    */
   private void checkServiceKnowsApplication() {
     try {
@@ -391,15 +381,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     try {
       List<String> ids = new ArrayList<>(CollectionConverters.asJava(backend.getExecutorIds()));
       ids.sort((a, b) -> a.length() != b.length() ? a.length() - b.length() : a.compareTo(b));
-      synchronized (this) {
-        if (ids.equals(lastRegistered)) {
-          return;
-        }
-      }
       client.updateRegisteredExecutors(ids);
-      synchronized (this) {
-        lastRegistered = ids;
-      }
     } catch (RuntimeException e) {
       LOG.warn("Could not report the registered executors to the spark-pod-allocator service;"
           + " trying again in {} ms", registeredCheckMillis, e);

@@ -165,7 +165,8 @@ public final class ServiceSettings {
 
   /**
    * How often the plugin asks the service about the application (GetStatus), so that a
-   * restarted service gets the application again even while Spark has nothing to tell it.
+   * service that lost the application (a restart without its registration) gets it again
+   * even while Spark has nothing to tell it.
    */
   public Duration checkInterval() {
     return checkInterval;

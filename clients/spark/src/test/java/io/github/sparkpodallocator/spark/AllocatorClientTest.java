@@ -5,19 +5,27 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import io.fabric8.kubernetes.api.model.EnvVar;
 import io.fabric8.kubernetes.api.model.Pod;
 import io.fabric8.kubernetes.client.ConfigBuilder;
 import io.fabric8.kubernetes.client.KubernetesClient;
 import io.fabric8.kubernetes.client.KubernetesClientBuilder;
+import io.fabric8.kubernetes.client.utils.Serialization;
 import io.grpc.Status;
+import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.function.Supplier;
 import java.util.stream.Collectors;
+import java.util.stream.Stream;
 import org.apache.spark.SparkConf;
 import org.apache.spark.resource.ExecutorResourceRequests;
 import org.apache.spark.resource.ResourceProfile;
@@ -209,6 +217,78 @@ class AllocatorClientTest {
         assertEquals(2, client.stop());
       }
     }
+  }
+
+  @Test
+  void aServiceThatLostTheApplicationGetsEveryTemplateTargetAndRegisteredExecutorAgain()
+      throws Exception {
+    int grpc = ServiceProcess.freePort();
+    int api = ServiceProcess.freePort();
+    Path kubeconfig = dir.resolve("kubeconfig");
+    Map<String, String> serveEnv = Map.of(
+        "SPARK_POD_ALLOCATOR__LISTEN", "127.0.0.1:" + grpc,
+        "SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig.toString());
+    String app = APP + "-lost";
+    try (ServiceProcess cluster = ServiceProcess.start(dir, Map.of(), api,
+            "simulate", "--listen", "127.0.0.1:" + api, "--kubeconfig", kubeconfig.toString());
+        AllocatorClient client = new AllocatorClient(settings(grpc));
+        KubernetesClient k8s = kubernetes(api)) {
+      SparkConf conf = ExecutorPodTemplatesTest.conf();
+      ResourceProfile second = new ResourceProfileBuilder()
+          .require(new ExecutorResourceRequests().cores(1).memory("600m")).build();
+      String template = ExecutorPodTemplatesTest.templates(conf)
+          .build(app, Option.empty(), second).json();
+      ServiceProcess service = ServiceProcess.start(dir, serveEnv, grpc, "serve");
+      try {
+        client.start(startRequest(app));
+        client.setTotalExpected(Map.of(0, 1, second.id(), 1), Map.of(second.id(), template));
+        await("an executor of each profile", client::status,
+            s -> profile(s, 0).getRunning() == 1 && profile(s, second.id()).getRunning() == 1);
+        client.updateRegisteredExecutors(List.of("1", "2"));
+      } finally {
+        service.close();
+      }
+
+      // Signed with another key, the registration the first service kept is refused: the new
+      // service does not know the application (NOT_FOUND) and only the client can give it back.
+      Map<String, String> otherKey = new HashMap<>(serveEnv);
+      otherKey.put("SPARK_POD_ALLOCATOR__REGISTRATIONS__KEY_SECRET", "another-registration-key");
+      try (ServiceProcess restarted = ServiceProcess.start(dir, otherKey, grpc, "serve")) {
+        assertFalse(client.isDeleted("2"), restarted.log());
+        ApplicationStatus status = client.status();
+        // Every template (a target for a profile without one would be refused), the targets,
+        // the same two executors and no new one.
+        assertEquals(1, profile(status, 0).getTarget(), restarted.log());
+        assertEquals(1, profile(status, second.id()).getTarget());
+        assertEquals(2, status.getLastExecutorId());
+        assertEquals(2, executorPods(k8s, app).size(), cluster.log());
+        // The registered executors reached it too: its new registration holds them.
+        await("the new registration with executors 1 and 2", () -> registered(k8s, app),
+            List.of(1L, 2L)::equals);
+        assertEquals(2, client.stop());
+      }
+    }
+  }
+
+  /** The executors registered with the driver, as the application's registration keeps them. */
+  private static List<Long> registered(KubernetesClient k8s, String app) {
+    return k8s.configMaps().inNamespace("default").withLabel("spark-app-selector", app).list()
+        .getItems().stream()
+        .map(c -> c.getData() == null ? null : c.getData().get("registration"))
+        .filter(Objects::nonNull)
+        .flatMap(json -> {
+          try {
+            JsonNode node =
+                Serialization.jsonMapper().readTree(json);
+            List<Long> ids = new ArrayList<>();
+            node.path("registered").forEach(id -> ids.add(id.asLong()));
+            return Stream.of(ids);
+          } catch (IOException e) {
+            throw new java.io.UncheckedIOException(e);
+          }
+        })
+        .findFirst()
+        .orElse(List.of());
   }
 
   @Test
