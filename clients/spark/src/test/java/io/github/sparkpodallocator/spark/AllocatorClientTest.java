@@ -203,7 +203,7 @@ class AllocatorClientTest {
       }
 
       // The call starts while the service is down (UNAVAILABLE, retried) and lands on a new
-      // service that does not know the application (NOT_FOUND, answered by a new Start).
+      // service that resumed the application from its registration before it listened.
       CompletableFuture<Boolean> call = CompletableFuture.supplyAsync(() -> client.isDeleted("2"));
       Thread.sleep(500);
       assertFalse(call.isDone(), "the call waits for the service");
@@ -214,6 +214,10 @@ class AllocatorClientTest {
         assertEquals(2, profile(status, 0).getTarget(), restarted.log());
         assertEquals(2, status.getLastExecutorId());
         assertEquals(2, executorPods(k8s, APP).size(), cluster.log());
+        // By the service itself: the client sent no Start again.
+        String log = restarted.log();
+        assertTrue(log.contains("application resumed from its registration"), log);
+        assertFalse(log.contains("method=\"Start\""), log);
         assertEquals(2, client.stop());
       }
     }

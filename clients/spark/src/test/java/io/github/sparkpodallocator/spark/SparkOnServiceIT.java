@@ -490,8 +490,8 @@ class SparkOnServiceIT {
       }
 
       try (ServiceProcess restarted = ServiceProcess.start(dir, serveEnv, grpc, "serve")) {
-        // The executors ran on while the service was away; the plugin's next check finds the
-        // service without the application and starts it again (resumed).
+        // The executors ran on while the service was away; the new service resumed the
+        // application from its registration, the last target included.
         Thread.sleep(3_000);
         assertEquals(Set.of("1", "2"), registeredExecutors(sc));
         k8s.pods().inNamespace("default").withName("it-restart-exec-1").delete();
