@@ -28,7 +28,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::describe_error;
-use super::pods::labels;
 use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
 use crate::lifecycle::{InitHandle, InitJoiner};
 use crate::metrics::Metrics;
@@ -614,7 +613,11 @@ impl Listing {
 }
 
 fn app_of(pod: &Pod) -> Option<&str> {
-    labels(pod).get(APP_ID_LABEL).map(String::as_str)
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(APP_ID_LABEL)
+        .map(String::as_str)
 }
 
 /// One watch event to the application it concerns: an executor pod's by its application
