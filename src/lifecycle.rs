@@ -1,7 +1,8 @@
 //! The two lifecycle signals of a running service, after kubert's `initialized` and
-//! `shutdown` modules: readiness from initialization handles ([`Initialize`], [`Ready`])
-//! and a drain signal ([`drain`]). They are plain primitives; the [`crate::runtime`] owns
-//! them and hands them to the parts (the gRPC server only waits on them).
+//! `shutdown` modules: readiness from initialization handles ([`Initialize`],
+//! [`InitJoiner`], [`Ready`]) and a drain signal ([`drain`]). They are plain primitives;
+//! the [`crate::runtime`] owns them and hands them to the parts (the watches release
+//! their handles, the gRPC server only waits on them).
 use tokio::sync::{mpsc, watch};
 
 /// Collects initialization handles; the service is ready once every handle is dropped.
