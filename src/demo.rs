@@ -24,7 +24,7 @@ use spark_pod_allocator::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
 use spark_pod_allocator::allocator::{ExecutorState, StateRules, executor_pod_from};
-use spark_pod_allocator::app::{ServiceContext, SystemClock};
+use spark_pod_allocator::app::SystemClock;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
@@ -119,11 +119,8 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port for the service")?;
-    let service = runtime::start(
-        ServiceContext::new(client.clone(), Arc::new(SystemClock)),
-        ServeSettings::default(),
-        listener,
-    )?;
+    let service = runtime::Builder::new(client.clone(), Arc::new(SystemClock))
+        .start(ServeSettings::default(), listener)?;
     let address = service.address();
 
     let mut screen = Screen::stdout();

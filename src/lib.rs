@@ -9,8 +9,8 @@
 //! - [`auth`]: who calls (TokenReview) and what they may do (SubjectAccessReview, ownership).
 //! - [`grpc`]: the tonic service; validates requests at the edge.
 //! - [`lifecycle`]: readiness (initialization handles) and the drain signal.
-//! - [`runtime`]: owns a running service's lifecycle; starts the service and its gRPC
-//!   server in process ([`runtime::start`]).
+//! - [`runtime`]: the composition root ([`runtime::Builder`] wires every part once) and
+//!   a running service's lifecycle, with its gRPC server in process.
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
 //! - [`bench`]: the `bench` command's scenarios against the simulated cluster.
 //! - [`config`]: layered configuration (defaults < file < environment).

@@ -1,7 +1,8 @@
 //! The two lifecycle signals of a running service, after kubert's `initialized` and
-//! `shutdown` modules: readiness from initialization handles ([`Initialize`], [`Ready`])
-//! and a drain signal ([`drain`]). They are plain primitives; the [`crate::runtime`] owns
-//! them and hands them to the parts (the gRPC server only waits on them).
+//! `shutdown` modules: readiness from initialization handles ([`Initialize`],
+//! [`InitJoiner`], [`Ready`]) and a drain signal ([`drain`]). They are plain primitives;
+//! the [`crate::runtime`] owns them and hands them to the parts (the watches release
+//! their handles, the gRPC server only waits on them).
 use tokio::sync::{mpsc, watch};
 
 /// Collects initialization handles; the service is ready once every handle is dropped.
@@ -16,6 +17,20 @@ pub struct Initialize {
 #[derive(Debug)]
 #[must_use = "the service is ready once this handle is dropped"]
 pub struct InitHandle(#[allow(dead_code)] mpsc::Sender<std::convert::Infallible>);
+
+/// Joins an initialization while it is under way ([`Initialize::joiner`]). Once every
+/// handle is dropped (after [`Initialize::into_ready`]) it joins nothing: a service that
+/// became ready stays ready, whatever starts later.
+#[derive(Debug, Clone)]
+pub struct InitJoiner(mpsc::WeakSender<std::convert::Infallible>);
+
+impl InitJoiner {
+    /// A handle that holds readiness back until it is dropped; `None` once the service is
+    /// ready.
+    pub fn join(&self) -> Option<InitHandle> {
+        self.0.upgrade().map(InitHandle)
+    }
+}
 
 impl Default for Initialize {
     fn default() -> Self {
@@ -33,6 +48,13 @@ impl Initialize {
     /// A handle that holds readiness back until it is dropped.
     pub fn add_handle(&self) -> InitHandle {
         InitHandle(self.tx.clone())
+    }
+
+    /// Hands out handles for as long as the service is not ready, to parts that may start
+    /// at any time (a namespace watch starts with its first application, before or after
+    /// the service is ready).
+    pub fn joiner(&self) -> InitJoiner {
+        InitJoiner(self.tx.downgrade())
     }
 
     /// Takes no more handles; resolves once every handle taken is dropped.
@@ -143,6 +165,23 @@ mod tests {
             .await
             .expect("ready once the last handle is dropped");
         assert!(ready.is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_joiner_holds_readiness_back_until_ready_and_joins_nothing_after() {
+        let init = Initialize::new();
+        let joiner = init.joiner();
+        let first = init.add_handle();
+        let ready = init.into_ready();
+        let joined = joiner.join().expect("joins while not ready");
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(!ready.is_ready(), "the joined handle holds readiness back");
+        drop(joined);
+        tokio::time::timeout(Duration::from_secs(5), ready.clone().wait())
+            .await
+            .expect("ready once the joined handle is dropped");
+        assert!(joiner.join().is_none(), "nothing joins a ready service");
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::net::TcpListener;
 
-use spark_pod_allocator::app::{Applications, ServiceContext, ServiceOptions, SystemClock};
+use spark_pod_allocator::app::{ServiceOptions, SystemClock};
 use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
@@ -300,13 +300,12 @@ async fn serve(
     }
     let gate = Gate::from_settings(&settings.auth, client.clone());
     tracing::info!(mode = ?settings.auth.mode, "authentication");
-    let applications = Applications::new(
-        ServiceContext::new(client, Arc::new(SystemClock))
-            .with_options(service_options(&settings))
-            .with_metrics(metrics.clone()),
-    );
+    let core = runtime::Builder::new(client, Arc::new(SystemClock))
+        .with_options(service_options(&settings))
+        .with_metrics(metrics.clone())
+        .build();
     // Applications a previous service ran go on before the first call is taken.
-    match applications.resume_registered().await {
+    match core.applications().resume_registered().await {
         Ok(resumed) if !resumed.is_empty() => {
             tracing::info!(
                 applications = resumed.len(),
@@ -331,7 +330,8 @@ async fn serve(
         health_listen: settings.health.listen,
         ..ServeSettings::default()
     };
-    let service = runtime::spawn(applications, serve_settings, listener)
+    let service = core
+        .serve(serve_settings, listener)
         .context("starting the gRPC server")?;
     if let Some(address) = service.health_address() {
         tracing::info!(%address, "serving gRPC health for probes");

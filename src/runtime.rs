@@ -1,10 +1,15 @@
-//! The runtime: owns the lifecycle of a running service and wires it in process. It builds
-//! the readiness ([`Initialize`]: the API server answered and the watches that exist have
-//! synced) and the drain signal, gives both to the gRPC server, and once the server has
-//! drained stops every application actor, leaving executor pods in place for a restarted
-//! service. `main`, the demo and the test kit all start a service through [`start`].
+//! The runtime: the composition root of a service and the lifecycle of a running one.
+//! [`Builder`] wires the parts once, from the clock, the options and the metrics: the
+//! rate limiter, the Kubernetes request types and the shared watches over one client, and
+//! the applications over them, with the readiness that waits for them ([`Initialize`]: the
+//! API server probe and every namespace watch started before the service is ready hold a
+//! handle). [`Core::serve`] gives that readiness and the drain signal to the gRPC server,
+//! and once the server has drained stops every application actor, leaving executor pods
+//! in place for a restarted service. `main`, the demo, the bench and the test kit all
+//! build a service through [`Builder`].
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -14,35 +19,172 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::app::{Applications, ServiceContext};
+use crate::app::{Applications, KubernetesParts, ServiceContext, ServiceOptions};
 use crate::grpc::{self, ServeError, ServeSettings};
+use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RegistrationStore};
 use crate::lifecycle::{self, Drain, Initialize};
+use crate::metrics::Metrics;
+use crate::time::Clock;
 
-/// Serves `applications` on `listener` (and gRPC health alone on `health`, if any) until
-/// `shutdown` resolves: health is SERVING once
-/// the API server has answered and the watches that exist have synced; on shutdown the
-/// server stops accepting and finishes its in-flight calls, then every application actor
-/// is stopped (their pods stay, for a restarted service to resume).
-pub async fn serve(
-    mut settings: ServeSettings,
+/// Builds a service over one Kubernetes client: the one place its parts are wired.
+///
+/// ```no_run
+/// # async fn example(client: kube::Client) -> anyhow::Result<()> {
+/// use std::sync::Arc;
+/// use spark_pod_allocator::app::SystemClock;
+/// use spark_pod_allocator::grpc::ServeSettings;
+/// use spark_pod_allocator::runtime::Builder;
+///
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// let core = Builder::new(client, Arc::new(SystemClock)).build();
+/// core.applications().resume_registered().await?;
+/// let service = core.serve(ServeSettings::default(), listener)?;
+/// println!("serving on {}", service.address());
+/// service.shutdown().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Builder {
+    client: kube::Client,
+    clock: Arc<dyn Clock>,
+    options: ServiceOptions,
+    metrics: Metrics,
+}
+
+impl Builder {
+    /// A service over `client` with time from `clock`, the default options and metrics
+    /// of its own.
+    pub fn new(client: kube::Client, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            client,
+            clock,
+            options: ServiceOptions::default(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Runs with `options` (from the configuration, in `main`).
+    pub fn with_options(mut self, options: ServiceOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Records into `metrics` (the one the composition root serves).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Wires the parts and starts the API server probe (on the current tokio runtime).
+    pub fn build(self) -> Core {
+        let Self {
+            client,
+            clock,
+            options,
+            metrics,
+        } = self;
+        let initialize = Initialize::new();
+        let limiter = RateLimiter::new(options.qps, options.burst);
+        let pods = ExecutorPods::new(client.clone(), limiter, options.create_concurrency)
+            .with_policy(options.request_policy)
+            .with_metrics(metrics.clone());
+        let registrations = RegistrationStore::new(pods.clone(), &options.registrations);
+        let watches = PodWatches::new(
+            client,
+            Arc::clone(&clock),
+            options.resync_interval,
+            metrics.clone(),
+            initialize.joiner(),
+        );
+        // Ends by itself once the API server answers, or once the watches are dropped.
+        drop(watches.spawn_probe());
+        let ctx = ServiceContext {
+            clock,
+            options,
+            metrics,
+        };
+        let kubernetes = KubernetesParts {
+            pods,
+            registrations,
+            watches,
+        };
+        Core {
+            applications: Applications::new(ctx, kubernetes),
+            initialize,
+        }
+    }
+
+    /// [`Self::build`], then [`Core::serve`].
+    pub fn start(self, settings: ServeSettings, listener: TcpListener) -> std::io::Result<Service> {
+        self.build().serve(settings, listener)
+    }
+}
+
+/// A service built and not serving yet: its applications (to resume what a previous
+/// service ran before the first call is taken) and the readiness that waits for them.
+pub struct Core {
     applications: Applications,
+    initialize: Initialize,
+}
+
+impl Core {
+    /// The registry the server will call.
+    pub fn applications(&self) -> &Applications {
+        &self.applications
+    }
+
+    /// The registry alone, for a caller without a gRPC server (the bench, the tests of the
+    /// application layer): no one waits for its readiness.
+    pub fn into_applications(self) -> Applications {
+        self.applications
+    }
+
+    /// Starts the gRPC server on `listener` (and gRPC health alone on
+    /// `settings.health_listen`, if set), in this process. Health is SERVING once the API
+    /// server has answered and every watch started before then has completed its first
+    /// listing. Dropping the [`Service`] shuts it down too.
+    pub fn serve(self, settings: ServeSettings, listener: TcpListener) -> std::io::Result<Service> {
+        let address = listener.local_addr()?;
+        let health = settings.health_listen.map(bind_health).transpose()?;
+        let health_address = health.as_ref().map(TcpListener::local_addr).transpose()?;
+        let (drain, draining) = lifecycle::drain();
+        let applications = self.applications.clone();
+        let server = tokio::spawn(run(settings, self, listener, health, draining.signaled()));
+        Ok(Service {
+            applications,
+            address,
+            health_address,
+            drain,
+            server,
+        })
+    }
+}
+
+/// Serves `core` on `listener` (and gRPC health alone on `health`, if any) until
+/// `shutdown` resolves; on shutdown the server stops accepting and finishes its in-flight
+/// calls, then every application actor is stopped (their pods stay, for a restarted
+/// service to resume).
+async fn run(
+    mut settings: ServeSettings,
+    core: Core,
     listener: TcpListener,
     health: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let init = Initialize::new();
-    let synced = {
-        let handle = init.add_handle();
-        let applications = applications.clone();
+    let Core {
+        applications,
+        initialize,
+    } = core;
+    settings.ready = initialize.into_ready();
+    let announced = {
+        let ready = settings.ready.clone();
         tokio::spawn(async move {
-            applications.synced().await;
+            ready.wait().await;
             tracing::info!("kubernetes watches synced: serving");
-            drop(handle);
         })
     };
-    settings.ready = init.into_ready();
     let served = grpc::serve(settings, applications.clone(), listener, health, shutdown).await;
-    synced.abort();
+    announced.abort();
     // Every call has ended: stop the actors, leaving their pods for a restarted service.
     applications.shutdown().await;
     served
@@ -55,57 +197,6 @@ pub struct Service {
     health_address: Option<SocketAddr>,
     drain: Drain,
     server: JoinHandle<Result<(), ServeError>>,
-}
-
-/// Starts the service core on `ctx` (Kubernetes client, clock, options, metrics) and its
-/// gRPC server on `listener`, in this process. Dropping the [`Service`] shuts it down too.
-///
-/// ```no_run
-/// # async fn example(client: kube::Client) -> anyhow::Result<()> {
-/// use std::sync::Arc;
-/// use spark_pod_allocator::app::{ServiceContext, SystemClock};
-/// use spark_pod_allocator::grpc::ServeSettings;
-///
-/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-/// let ctx = ServiceContext::new(client, Arc::new(SystemClock));
-/// let service = spark_pod_allocator::runtime::start(ctx, ServeSettings::default(), listener)?;
-/// println!("serving on {}", service.address());
-/// service.shutdown().await?;
-/// # Ok(())
-/// # }
-/// ```
-pub fn start(
-    ctx: ServiceContext,
-    settings: ServeSettings,
-    listener: TcpListener,
-) -> std::io::Result<Service> {
-    spawn(Applications::new(ctx), settings, listener)
-}
-
-/// As [`start`], serving an existing registry (one that resumed its applications first).
-pub fn spawn(
-    applications: Applications,
-    settings: ServeSettings,
-    listener: TcpListener,
-) -> std::io::Result<Service> {
-    let address = listener.local_addr()?;
-    let health = settings.health_listen.map(bind_health).transpose()?;
-    let health_address = health.as_ref().map(TcpListener::local_addr).transpose()?;
-    let (drain, draining) = lifecycle::drain();
-    let server = tokio::spawn(serve(
-        settings,
-        applications.clone(),
-        listener,
-        health,
-        draining.signaled(),
-    ));
-    Ok(Service {
-        applications,
-        address,
-        health_address,
-        drain,
-        server,
-    })
 }
 
 /// The listener of `health.listen`, bound before the service starts so that a port in use
@@ -183,7 +274,6 @@ pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use tonic::transport::Endpoint;
@@ -200,8 +290,9 @@ mod tests {
     #[tokio::test]
     async fn a_started_service_is_not_ready_without_its_api_server_and_shuts_down() {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-        let ctx = ServiceContext::new(unreachable_client(), Arc::new(ManualClock::starting_now()));
-        let service = start(ctx, ServeSettings::default(), listener).expect("start");
+        let service = Builder::new(unreachable_client(), Arc::new(ManualClock::starting_now()))
+            .start(ServeSettings::default(), listener)
+            .expect("start");
         let channel = Endpoint::from_shared(format!("http://{}", service.address()))
             .expect("endpoint")
             .connect()

@@ -142,8 +142,10 @@ async fn a_driver_starts_scales_asks_and_stops() {
 #[tokio::test]
 async fn health_is_not_serving_until_the_kubernetes_watch_has_synced() {
     let mut sim = test_kit::grpc::quiet_cluster();
-    // Every API request fails until the fault is lifted: the service cannot sync.
+    // Every API request fails until the fault is lifted, `/version` too: the service
+    // cannot sync, and its probe of the API server is not answered before the test says.
     sim.faults.error_500_fraction = 1.0;
+    sim.faults.discovery_faults = true;
     let mut h = Harness::start_with(sim, Default::default()).await;
     let mut health = HealthClient::new(h.channel.clone());
     let mut updates = health

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use spark_pod_allocator::app::registration::REGISTRATION_KEY;
-use spark_pod_allocator::app::{AppError, Applications, ServiceContext, ServiceOptions};
+use spark_pod_allocator::app::{AppError, Applications, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::registrations::{
     APPLICATION_NAMESPACE_LABEL, KEY_DATA_KEY, KEY_LEN, SIGNATURE_KEY,
@@ -24,7 +24,7 @@ use spark_pod_allocator::k8s::{
 };
 use spark_pod_allocator::metrics::Metrics;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::runtime::{self, Service};
+use spark_pod_allocator::runtime::{Builder, Service};
 use spark_pod_allocator_sim::{SimCluster, SimSettings};
 use test_kit::grpc::{Harness, quiet_cluster, start_request};
 use test_kit::requests::status_request;
@@ -109,13 +109,14 @@ struct Restarted {
 async fn restart(h: &mut Harness) -> Restarted {
     h.stop_server().await;
     let metrics = Metrics::new();
-    let ctx = ServiceContext::new(
+    let core = Builder::new(
         h.sim.try_client().expect("client"),
         Arc::new(h.clock.clone()),
     )
     .with_options(h.options.clone())
-    .with_metrics(metrics.clone());
-    let applications = Applications::new(ctx);
+    .with_metrics(metrics.clone())
+    .build();
+    let applications = core.applications().clone();
     let resumed = applications
         .resume_registered()
         .await
@@ -124,7 +125,8 @@ async fn restart(h: &mut Harness) -> Restarted {
         .map(|app| app.to_string())
         .collect();
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-    let service = runtime::spawn(applications.clone(), ServeSettings::default(), listener)
+    let service = core
+        .serve(ServeSettings::default(), listener)
         .expect("service starts");
     let channel = Endpoint::from_shared(format!("http://{}", service.address()))
         .expect("endpoint")
@@ -472,15 +474,16 @@ async fn a_weak_key_secret_resumes_nothing_and_names_the_setting() {
         .create(&PostParams::default(), &weak)
         .await
         .expect("weak key");
-    let ctx = ServiceContext::new(
+    let err = Builder::new(
         h.sim.try_client().expect("client"),
         Arc::new(h.clock.clone()),
     )
-    .with_options(h.options.clone());
-    let err = Applications::new(ctx)
-        .resume_registered()
-        .await
-        .expect_err("no resume with a weak key");
+    .with_options(h.options.clone())
+    .build()
+    .into_applications()
+    .resume_registered()
+    .await
+    .expect_err("no resume with a weak key");
     assert!(
         matches!(&err, AppError::Unavailable(m) if m.contains("registrations.key_secret") && m.contains("32")),
         "{err}"

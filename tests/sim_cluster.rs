@@ -306,6 +306,40 @@ async fn injected_errors_are_real_status_answers() {
 }
 
 #[tokio::test]
+async fn discovery_answers_despite_faults_unless_discovery_faults_is_set() {
+    let sim = manual_cluster().await;
+    let client = no_retry_client(&sim);
+    sim.set_faults(FaultSettings {
+        error_500_fraction: 1.0,
+        ..FaultSettings::default()
+    });
+    client
+        .apiserver_version()
+        .await
+        .expect("faults apply to resource requests only");
+
+    sim.set_faults(FaultSettings {
+        error_500_fraction: 1.0,
+        discovery_faults: true,
+        ..FaultSettings::default()
+    });
+    let err = client
+        .apiserver_version()
+        .await
+        .expect_err("/version fails with discovery_faults");
+    assert!(
+        matches!(&err, kube::Error::Api(status) if status.code == 500),
+        "{err:?}"
+    );
+    sim.set_faults(FaultSettings::default());
+    client
+        .apiserver_version()
+        .await
+        .expect("answers once the fault is lifted");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
 async fn watch_faults_drop_events_and_close_watches() {
     let sim = manual_cluster().await;
     let client = sim.try_client().expect("sim client");

@@ -7,8 +7,6 @@ pub const APP_ID_LABEL: &str = "spark-app-selector";
 pub const ROLE_LABEL: &str = "spark-role";
 /// Value of [`ROLE_LABEL`] on executor pods.
 pub const EXECUTOR_ROLE: &str = "executor";
-/// Value of [`ROLE_LABEL`] on driver pods.
-pub const DRIVER_ROLE: &str = "driver";
 /// Label carrying the executor id.
 pub const EXECUTOR_ID_LABEL: &str = "spark-exec-id";
 /// Label carrying the resource profile id.

@@ -17,7 +17,7 @@ use crate::allocator::{
 };
 use crate::k8s::id_record::IdRecord;
 use crate::k8s::{
-    ExecutorPods, PodWatches, RateLimiter, RegistrationSettings, RegistrationStore, RequestPolicy,
+    ExecutorPods, PodWatches, RegistrationSettings, RegistrationStore, RequestPolicy,
 };
 use crate::metrics::{DeleteReason, Metrics};
 use registration::Refusal;
@@ -39,9 +39,6 @@ pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
 use tenants::{Admission, ApplicationSlot};
 pub use tenants::{TenantLimits, Tenants};
-
-/// How often [`Applications::synced`] looks at the watches' sync state.
-const SYNC_CHECK: Duration = Duration::from_millis(100);
 
 /// A validated application id (a label value: ≤ 63 chars, alphanumeric ends, `-_.` inside).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -173,39 +170,24 @@ impl Default for ServiceOptions {
     }
 }
 
-/// Shared context of every application: the Kubernetes client, the shared watches, the clock.
+/// Shared context of every application: the clock, the options, the metrics.
 #[derive(Clone)]
-pub struct ServiceContext {
-    pub client: kube::Client,
+pub(crate) struct ServiceContext {
     pub clock: Arc<dyn Clock>,
-    /// Service-wide options ([`ServiceContext::new`] gives the defaults).
     pub options: ServiceOptions,
     /// Where pods created and deleted, create failures and active applications are counted.
     pub metrics: Metrics,
 }
 
-impl ServiceContext {
-    /// A context with the default options.
-    pub fn new(client: kube::Client, clock: Arc<dyn Clock>) -> Self {
-        Self {
-            client,
-            clock,
-            options: ServiceOptions::default(),
-            metrics: Metrics::default(),
-        }
-    }
-
-    /// Records into `metrics` (the one the composition root serves).
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// Replaces the options.
-    pub fn with_options(mut self, options: ServiceOptions) -> Self {
-        self.options = options;
-        self
-    }
+/// The Kubernetes side of every application, built by the composition root
+/// ([`crate::runtime::Builder`]) over one client and one rate limiter.
+pub(crate) struct KubernetesParts {
+    /// Executor pod creates and deletes, id records, driver pods and namespaces.
+    pub pods: ExecutorPods,
+    /// The registrations, in the service's namespace.
+    pub registrations: RegistrationStore,
+    /// The shared pod watches per namespace.
+    pub watches: PodWatches,
 }
 
 /// The registry of running applications.
@@ -260,23 +242,14 @@ pub struct Ownership {
 }
 
 impl Applications {
-    /// A registry using `ctx` for every application. Inside a tokio runtime it also starts
-    /// the API server probe that [`Applications::is_synced`] reports.
-    pub fn new(ctx: ServiceContext) -> Self {
-        let options = &ctx.options;
-        let limiter = RateLimiter::new(options.qps, options.burst);
-        let pods = ExecutorPods::new(ctx.client.clone(), limiter, options.create_concurrency)
-            .with_policy(options.request_policy)
-            .with_metrics(ctx.metrics.clone());
-        let watches = PodWatches::with_metrics(
-            ctx.client.clone(),
-            Arc::clone(&ctx.clock),
-            options.resync_interval,
-            ctx.metrics.clone(),
-        );
-        let _probe = watches.spawn_probe();
-        let registrations = RegistrationStore::new(pods.clone(), &options.registrations);
-        let tenants = Tenants::new(options.tenants.clone(), ctx.metrics.clone());
+    /// A registry using `ctx` and `kubernetes` for every application.
+    pub(crate) fn new(ctx: ServiceContext, kubernetes: KubernetesParts) -> Self {
+        let KubernetesParts {
+            pods,
+            registrations,
+            watches,
+        } = kubernetes;
+        let tenants = Tenants::new(ctx.options.tenants.clone(), ctx.metrics.clone());
         Self {
             inner: Arc::new(Registry {
                 ctx,
@@ -528,25 +501,14 @@ impl Applications {
 
     /// True once the API server has answered and every shared watch that runs now has
     /// completed its first listing (with no application yet: once the API server answered).
+    /// What health waits for at start, reported here for observability and tests (health
+    /// itself waits on the readiness handles the probe and the watches release).
     pub fn is_synced(&self) -> bool {
         self.inner.watches.is_synced()
             && self
                 .watched_namespaces()
                 .iter()
                 .all(|namespace| self.is_namespace_synced(namespace))
-    }
-
-    /// Resolves once [`Self::is_synced`]. The watches keep their sync state as flags, so
-    /// this looks at them every [`SYNC_CHECK`].
-    pub async fn synced(&self) {
-        let mut tick = tokio::time::interval(SYNC_CHECK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if self.is_synced() {
-                return;
-            }
-        }
     }
 
     /// True once the shared watch of `namespace` runs and has completed its first listing.

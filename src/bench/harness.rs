@@ -10,9 +10,8 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::{AllocationSettings, ResourceProfileId};
-use crate::app::{
-    AppId, Applications, ServiceContext, ServiceOptions, StartApplication, SystemClock,
-};
+use crate::app::{AppId, Applications, ServiceOptions, StartApplication, SystemClock};
+use crate::runtime::Builder;
 
 /// The simulated cluster, run by this binary's `simulate` in a child process (killed
 /// when dropped).
@@ -81,9 +80,10 @@ impl SimProcess {
 
     /// The service core (applications, shared watches, rate limit) against this cluster.
     pub fn service(&self, options: ServiceOptions) -> Applications {
-        Applications::new(
-            ServiceContext::new(self.client.clone(), Arc::new(SystemClock)).with_options(options),
-        )
+        Builder::new(self.client.clone(), Arc::new(SystemClock))
+            .with_options(options)
+            .build()
+            .into_applications()
     }
 
     /// Stops the child process.

@@ -17,10 +17,9 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::plot::{self, Series};
 use crate::allocator::{AllocationPolicy, AllocationSettings, ExecutorState, ResourceProfileId};
-use crate::app::{
-    AppId, Applications, ServiceContext, ServiceOptions, StartApplication, SystemClock,
-};
+use crate::app::{AppId, Applications, ServiceOptions, StartApplication, SystemClock};
 use crate::metrics::Metrics;
+use crate::runtime::Builder;
 use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 /// `bench scale-up` options.
@@ -230,14 +229,14 @@ pub async fn scale_up(args: &Args, case: Case) -> anyhow::Result<Outcome> {
         ..ServiceOptions::default()
     };
     let metrics = Metrics::new();
-    let apps = Applications::new(
-        ServiceContext::new(
-            crate::k8s::client(sim.kube_config())?,
-            Arc::new(SystemClock),
-        )
-        .with_options(options)
-        .with_metrics(metrics.clone()),
-    );
+    let apps = Builder::new(
+        crate::k8s::client(sim.kube_config())?,
+        Arc::new(SystemClock),
+    )
+    .with_options(options)
+    .with_metrics(metrics.clone())
+    .build()
+    .into_applications();
     let result = measure(args, case, &apps, &metrics, qps).await;
     apps.shutdown().await;
     sim.shutdown().await;

@@ -42,7 +42,7 @@ pub struct ServeSettings {
     pub limits: ServerLimits,
     /// Where gRPC health alone is also answered (plaintext), apart from the callers'
     /// connections and their caps, e.g. for kubelet probes (`health.listen`; none by
-    /// default). Bound by [`crate::runtime::spawn`].
+    /// default). Bound by [`crate::runtime::Core::serve`].
     pub health_listen: Option<SocketAddr>,
 }
 

@@ -2,7 +2,9 @@
 //! fanned out by the `spark-app-selector` label, and driver pods (those the service
 //! labelled [`FOLLOWED_DRIVER_LABEL`] at Start) by name to the application that named them;
 //! plus the periodic full LIST that replaces each application's snapshot. A namespace's
-//! watches start with its first subscriber and stop with its last.
+//! watches start with its first subscriber and stop with its last. Each namespace watch
+//! started before the service is ready holds a readiness handle until its first listing
+//! is done, and the API server probe holds one until the API server answers.
 //!
 //! Why two selections, not one: a label selector is an AND of requirements, so one watch
 //! cannot select "Spark's executors OR the drivers named at Start". A driver pod named at
@@ -26,8 +28,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::describe_error;
-use super::pods::labels;
 use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
+use crate::lifecycle::{InitHandle, InitJoiner};
 use crate::metrics::Metrics;
 use crate::time::{Clock, Timestamp};
 
@@ -71,8 +73,11 @@ struct Inner {
     clock: Arc<dyn Clock>,
     resync_interval: Duration,
     namespaces: Mutex<HashMap<String, NamespaceWatch>>,
+    /// Set once the API server answered the probe or a watch completed its first listing.
     synced: AtomicBool,
     metrics: Metrics,
+    /// Where the probe and each namespace watch take the readiness handle they release.
+    readiness: InitJoiner,
 }
 
 type Subscribers = Arc<Mutex<HashMap<String, Subscriber>>>;
@@ -167,16 +172,14 @@ fn followed_drivers_selector() -> String {
 
 impl PodWatches {
     /// Watches with `client`; the full LIST runs every `resync_interval` of `clock`.
-    pub fn new(client: kube::Client, clock: Arc<dyn Clock>, resync_interval: Duration) -> Self {
-        Self::with_metrics(client, clock, resync_interval, Metrics::default())
-    }
-
-    /// As [`PodWatches::new`], counting events, relists, errors and LISTs into `metrics`.
-    pub fn with_metrics(
+    /// Events, relists, errors and LISTs are counted into `metrics`; the probe and the
+    /// namespace watches hold the service's readiness back through `readiness`.
+    pub fn new(
         client: kube::Client,
         clock: Arc<dyn Clock>,
         resync_interval: Duration,
         metrics: Metrics,
+        readiness: InitJoiner,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -186,6 +189,7 @@ impl PodWatches {
                 namespaces: Mutex::new(HashMap::new()),
                 synced: AtomicBool::new(false),
                 metrics,
+                readiness,
             }),
         }
     }
@@ -196,13 +200,15 @@ impl PodWatches {
         self.inner.synced.load(Ordering::Relaxed)
     }
 
-    /// Probes the API server until it answers, then marks the watches synced. Runs as
-    /// a background task; retries with backoff.
-    pub fn spawn_probe(&self) -> Option<JoinHandle<()>> {
-        let handle = tokio::runtime::Handle::try_current().ok()?;
+    /// Probes the API server until it answers, then marks the watches synced and
+    /// releases its readiness handle: a service without applications is ready once its
+    /// API server answers. Runs as a task of the current tokio runtime; retries with
+    /// backoff.
+    pub fn spawn_probe(&self) -> JoinHandle<()> {
+        let readiness = self.inner.readiness.join();
         // Weak: the probe ends once the watches are dropped, even if never answered.
         let weak = Arc::downgrade(&self.inner);
-        Some(handle.spawn(async move {
+        tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
             loop {
                 let Some(inner) = weak.upgrade() else {
@@ -211,6 +217,7 @@ impl PodWatches {
                 match inner.client.apiserver_version().await {
                     Ok(_) => {
                         inner.synced.store(true, Ordering::Relaxed);
+                        drop(readiness);
                         return;
                     }
                     Err(err) => {
@@ -221,17 +228,13 @@ impl PodWatches {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
-        }))
+        })
     }
 
     /// Subscribes `app_id` to the executor pods of `namespace`, starting the namespace's
-    /// watch if it is the first application there.
-    pub fn subscribe(&self, namespace: &str, app_id: &str) -> Subscription {
-        self.subscribe_with_driver(namespace, app_id, None)
-    }
-
-    /// [`Self::subscribe`], also following the driver pod `driver` (which must carry
-    /// [`FOLLOWED_DRIVER_LABEL`]: a listing without it reports it deleted).
+    /// watch if it is the first application there, and following the driver pod `driver`
+    /// if any (which must carry [`FOLLOWED_DRIVER_LABEL`]: a listing without it reports it
+    /// deleted).
     pub fn subscribe_with_driver(
         &self,
         namespace: &str,
@@ -277,7 +280,11 @@ impl PodWatches {
             "first application here; starting executor pod watch"
         );
         let subscribers: Subscribers = Arc::default();
-        let synced = Arc::new(AtomicBool::new(false));
+        let first_listing = FirstListing {
+            synced: Arc::new(AtomicBool::new(false)),
+            readiness: self.inner.readiness.join(),
+        };
+        let synced = Arc::clone(&first_listing.synced);
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         // The first full LIST is due one interval after the watch starts (not after the
         // task first gets to run).
@@ -286,7 +293,7 @@ impl PodWatches {
             api,
             first_resync,
             Arc::clone(&subscribers),
-            Arc::clone(&synced),
+            first_listing,
             Arc::clone(&self.inner),
             namespace.to_string(),
         ));
@@ -295,6 +302,22 @@ impl PodWatches {
             synced,
             task: watch_task,
         }
+    }
+}
+
+/// A namespace watch's first complete listing of both selections: until it is done the
+/// namespace is not synced, and the watch holds back the service's readiness (when it
+/// started before the service was ready).
+struct FirstListing {
+    synced: Arc<AtomicBool>,
+    readiness: Option<InitHandle>,
+}
+
+impl FirstListing {
+    fn done(&mut self, inner: &Inner) {
+        self.synced.store(true, Ordering::Relaxed);
+        inner.synced.store(true, Ordering::Relaxed);
+        self.readiness = None;
     }
 }
 
@@ -313,7 +336,7 @@ async fn run_watch(
     api: Api<Pod>,
     first_resync: Timestamp,
     subscribers: Subscribers,
-    synced: Arc<AtomicBool>,
+    mut first_listing: FirstListing,
     inner: Arc<Inner>,
     namespace: String,
 ) {
@@ -377,8 +400,7 @@ async fn run_watch(
                     Selection::Drivers => drivers_listed = true,
                 }
                 if executors_listed && drivers_listed {
-                    synced.store(true, Ordering::Relaxed);
-                    inner.synced.store(true, Ordering::Relaxed);
+                    first_listing.done(&inner);
                 }
                 tracing::debug!(%namespace, ?selection, "pod watch (re)listed");
             }
@@ -591,7 +613,11 @@ impl Listing {
 }
 
 fn app_of(pod: &Pod) -> Option<&str> {
-    labels(pod).get(APP_ID_LABEL).map(String::as_str)
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(APP_ID_LABEL)
+        .map(String::as_str)
 }
 
 /// One watch event to the application it concerns: an executor pod's by its application
@@ -677,6 +703,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lifecycle::Initialize;
+    use crate::time::ManualClock;
     use kube::api::PostParams;
     use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
@@ -730,6 +758,38 @@ mod tests {
         changed.sort();
         unchanged.sort();
         (changed, unchanged)
+    }
+
+    #[tokio::test]
+    async fn a_namespace_watch_holds_readiness_back_until_its_first_listing() {
+        let (sim, _api) = cluster_with(&[("a", 1)]).await;
+        sim.hold_list_responses();
+        let init = Initialize::new();
+        let watches = PodWatches::new(
+            sim.try_client().expect("client"),
+            Arc::new(ManualClock::starting_now()),
+            Duration::from_secs(30),
+            Metrics::default(),
+            init.joiner(),
+        );
+        let _subscription = watches.subscribe_with_driver("default", "a", None);
+        let ready = init.into_ready();
+        // Both selections' first LISTs are held: the namespace cannot have listed.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while sim.held_list_responses() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("both first LISTs held");
+        assert!(!ready.is_ready(), "ready before the watch listed");
+        assert!(!watches.is_namespace_synced("default"));
+        sim.release_list_responses();
+        tokio::time::timeout(Duration::from_secs(10), ready.clone().wait())
+            .await
+            .expect("ready once the watch listed");
+        assert!(watches.is_namespace_synced("default"));
+        sim.shutdown().await;
     }
 
     #[tokio::test]

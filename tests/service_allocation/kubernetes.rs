@@ -213,10 +213,12 @@ async fn a_watch_expired_by_compaction_relists_into_a_resync() {
 async fn health_follows_the_api_server() {
     // Nothing listens on port 9: the API server never answers.
     let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-    let unreachable = Applications::new(ServiceContext::new(
+    let unreachable = Builder::new(
         kube::Client::try_from(config).unwrap(),
         Arc::new(ManualClock::starting_now()),
-    ));
+    )
+    .build()
+    .into_applications();
     assert!(!unreachable.is_synced());
     let err = unreachable.start(request("app-h", NS)).await.unwrap_err();
     assert!(matches!(err, AppError::Kubernetes(_)), "{err:?}");

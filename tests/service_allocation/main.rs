@@ -18,10 +18,9 @@ use serde_json::json;
 use spark_pod_allocator::allocator::{
     AllocationPolicy, ExecutorId, ExecutorState, ResourceProfileId,
 };
-use spark_pod_allocator::app::{
-    AppError, Applications, Clock, ManualClock, ServiceContext, ServiceOptions,
-};
+use spark_pod_allocator::app::{AppError, Applications, Clock, ManualClock, ServiceOptions};
 use spark_pod_allocator::naming::stable_hash;
+use spark_pod_allocator::runtime::Builder;
 use spark_pod_allocator_sim::{FaultSettings, SimCluster};
 use test_kit::service::{
     BATCH_DELAY, P0, id, labelled_template as template, range, snapshot_ids, start,

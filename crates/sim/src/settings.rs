@@ -253,6 +253,10 @@ pub struct FaultSettings {
     pub lost_create_fraction: f64,
     /// Fraction (0..=1) of pod creates refused 403 "exceeded quota".
     pub quota_fraction: f64,
+    /// The latency and the 500/429 errors above apply to discovery too (`/version`, `/api`,
+    /// …), not only to resource requests: an API server that answers nothing, so a client
+    /// probing it at start-up waits until the fault is lifted.
+    pub discovery_faults: bool,
 }
 
 impl FaultSettings {

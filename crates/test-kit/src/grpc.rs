@@ -2,6 +2,7 @@
 //! real application registry and the real gRPC server on 127.0.0.1:0, reached by the
 //! generated client over real HTTP/2.
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -15,7 +16,7 @@ use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::runtime::{self, Service};
+use spark_pod_allocator::runtime::{Builder, Service};
 use spark_pod_allocator_sim::{SimCluster, SimSettings};
 
 /// The standard executor template: the one container Spark names, nothing else.
@@ -252,8 +253,8 @@ pub fn assert_invalid(status: &tonic::Status, field: &str) {
 }
 
 /// Starts a service on `sim`'s cluster with time from `clock` and its gRPC server on
-/// 127.0.0.1:0, through the runtime ([`runtime::spawn`]); with `auth`, callers are authenticated and
-/// authorized by the simulator's reviews.
+/// 127.0.0.1:0, built as `main` builds it ([`Builder`]); with `auth`, callers are
+/// authenticated and authorized by the simulator's reviews.
 pub async fn serve(
     sim: &SimCluster,
     clock: &ManualClock,
@@ -266,9 +267,11 @@ pub async fn serve(
     if let Some(auth) = auth {
         serve_settings.gate = Gate::kubernetes(auth, client());
     }
-    let applications = crate::service::applications(client(), clock, options);
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-    runtime::spawn(applications, serve_settings, listener).expect("service starts")
+    Builder::new(client(), Arc::new(clock.clone()))
+        .with_options(options)
+        .start(serve_settings, listener)
+        .expect("service starts")
 }
 
 /// A plaintext channel to the server at `address` and the allocator's client over it.

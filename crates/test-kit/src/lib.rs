@@ -4,8 +4,8 @@
 //! - [`sim`]: the simulated cluster with a manual kubelet (nothing moves unless the test
 //!   moves it), pod manifests, raw HTTP through kube-rs's own client;
 //! - [`grpc`]: simulator + service + gRPC server + client in one process ([`grpc::Harness`];
-//!   [`grpc::serve`], the one way the tests start a service and its gRPC server, through the
-//!   service's runtime), the standard executor template ([`grpc::TEMPLATE`]) and the Start
+//!   [`grpc::serve`], the one way the tests start a service and its gRPC server, built as
+//!   `main` builds it: `runtime::Builder`), the standard executor template ([`grpc::TEMPLATE`]) and the Start
 //!   request built on it;
 //! - [`requests`]: the gRPC requests the tests send most, built one way;
 //! - [`service`]: the service core in process (`Applications`, a `ManualClock`), the Start

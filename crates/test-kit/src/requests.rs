@@ -1,5 +1,5 @@
 //! The gRPC requests the tests send most, built one way (the Start request is
-//! [`crate::grpc::start_request`]).
+//! `grpc::start_request`, beside the template it is built on).
 
 use std::collections::HashMap;
 

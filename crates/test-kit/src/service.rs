@@ -12,9 +12,10 @@ use serde_json::json;
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
 use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
 use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceContext, ServiceOptions, StartApplication, Started,
+    AppId, Applications, ManualClock, ServiceOptions, StartApplication, Started,
 };
 use spark_pod_allocator::k8s::RegistrationStore;
+use spark_pod_allocator::runtime::Builder;
 
 use crate::grpc::TEMPLATE;
 use crate::wait::until;
@@ -25,13 +26,17 @@ pub const P0: ResourceProfileId = ResourceProfileId(0);
 /// The batch delay of [`start_application`].
 pub const BATCH_DELAY: Duration = Duration::from_secs(1);
 
-/// The registry of a service whose client is `client` and whose time is `clock`.
+/// The registry of a service whose client is `client` and whose time is `clock`, without
+/// its gRPC server (so no one waits for its readiness).
 pub fn applications(
     client: kube::Client,
     clock: &ManualClock,
     options: ServiceOptions,
 ) -> Applications {
-    Applications::new(ServiceContext::new(client, Arc::new(clock.clone())).with_options(options))
+    Builder::new(client, Arc::new(clock.clone()))
+        .with_options(options)
+        .build()
+        .into_applications()
 }
 
 /// The ConfigMap holding the registration of `app` (of `app_namespace`), in the

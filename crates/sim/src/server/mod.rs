@@ -246,6 +246,9 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         && let Some(document) = discovery::document(&segs, &sh.address)
     {
         count(sh, &req, "get", &path);
+        if sh.faults().discovery_faults {
+            inject_request_faults(sh).await?;
+        }
         return Ok(value_response(StatusCode::OK, &document));
     }
     match (method.clone(), segs.as_slice()) {
