@@ -25,8 +25,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::describe_error;
-use super::pods::labels;
+use super::{describe_error, labels};
 use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
 use crate::metrics::Metrics;
 use crate::time::{Clock, Timestamp};
