@@ -704,6 +704,36 @@ mod tests {
     }
 
     #[test]
+    fn the_allocation_section_has_the_apis_names_and_units() {
+        let f = file(
+            "toml",
+            "[allocation]\nexecutor_timeout_ms = 30000\nexecutor_idle_timeout_ms = 5000\n\
+             max_pending_pods_per_profile = 3\nmax_executors = 200\n\
+             executor_container_name = \"main\"\ncheck_all_containers = true\n",
+        );
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(
+            s.allocation,
+            AllocationSettings {
+                executor_timeout: Duration::from_secs(30),
+                executor_idle_timeout: Duration::from_secs(5),
+                max_pending_pods_per_profile: Some(3),
+                max_executors: Some(200),
+                executor_container_name: "main".into(),
+                check_all_containers: true,
+                ..AllocationSettings::default()
+            }
+        );
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_DELAY_MS", "soon")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("allocation.batch_delay_ms"), "{err}");
+    }
+
+    #[test]
     fn unknown_log_format_names_the_key() {
         let err =
             Settings::load_with_env(None, env(&[("SPARK_POD_ALLOCATOR__LOG__FORMAT", "xml")]))

@@ -1,6 +1,6 @@
 //! Bounds on the work one request may cause (the configuration's `limits`): most are the
-//! templates' ([`super::templates`] holds a request's templates to them), the others cap an
-//! application's executors and the creates of one round.
+//! templates' (the `templates` module holds a request's templates to them), the others cap
+//! an application's executors and the creates of one round.
 use serde::Deserialize;
 
 /// Bounds on the work one request can cause (`limits` in the configuration), so that no

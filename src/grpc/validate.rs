@@ -468,6 +468,52 @@ mod tests {
     }
 
     #[test]
+    fn every_setting_given_replaces_the_servers() {
+        let requested = proto::AllocationSettings {
+            batch_size: Some(3),
+            batch_delay_ms: Some(2_000),
+            executor_timeout_ms: Some(20_000),
+            executor_idle_timeout_ms: Some(7_000),
+            max_pending_pods: Some(11),
+            max_pending_pods_per_profile: Some(4),
+            max_executors: Some(99),
+            delete_on_termination: Some(false),
+            executor_container_name: Some("main".into()),
+            check_all_containers: Some(true),
+            policy: Some(proto::AllocationPolicy::Adaptive as i32),
+        };
+        let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
+        assert_eq!(
+            merged,
+            AllocationSettings {
+                batch_size: 3,
+                batch_delay: Duration::from_secs(2),
+                executor_timeout: Duration::from_secs(20),
+                executor_idle_timeout: Duration::from_secs(7),
+                max_pending_pods: Some(11),
+                max_pending_pods_per_profile: Some(4),
+                max_executors: Some(99),
+                delete_on_termination: false,
+                executor_container_name: "main".into(),
+                check_all_containers: true,
+                policy: AllocationPolicy::Adaptive,
+            }
+        );
+        let unset = settings(
+            Some(&proto::AllocationSettings::default()),
+            &StartDefaults::default(),
+        );
+        let cap = RequestLimits::default().max_executors_per_application;
+        assert_eq!(
+            unset.unwrap(),
+            AllocationSettings {
+                max_executors: Some(cap),
+                ..AllocationSettings::default()
+            }
+        );
+    }
+
+    #[test]
     fn the_policy_is_optional_and_an_unknown_one_is_refused() {
         let with = |policy: Option<i32>| proto::StartRequest {
             settings: Some(proto::AllocationSettings {

@@ -1,7 +1,7 @@
-//! The service's own ConfigMaps (the id record of an application without a driver pod,
-//! [`super::id_record`], and the registrations, [`super::registrations`]): the labels that
-//! mark them as the service's, and the one create-or-patch both are written with. Each
-//! module owns its ConfigMap's name, data keys and deletion.
+//! The service's own ConfigMaps (the id record of an application without a driver pod, and
+//! the registrations): the labels that mark them as the service's, and the one
+//! create-or-patch both are written with. The `id_record` and `registrations` modules each
+//! own their ConfigMap's name, data keys and deletion.
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;

@@ -2,7 +2,7 @@
 //! per application in the service's OWN namespace (`registrations.namespace`), never in
 //! the application's, and the HMAC key that signs them, a Secret beside them
 //! (`registrations.key_secret`). What a registration holds and how it is signed and
-//! checked is [`crate::app::registration`]'s; this module only stores the bytes.
+//! checked is the application layer's (`app::registration`); this module only stores the bytes.
 //!
 //! Why both the own namespace and a signature: tenants cannot write in the service's
 //! namespace (RBAC), so a ConfigMap planted by a driver in its own namespace is never even
