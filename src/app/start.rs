@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::actor::{self, ActorHandle, ActorParts, DriverLife};
 use super::feed::Feed;
 use super::registration::Registration;
-use super::templates::{self, template_error};
+use super::templates;
 use super::tenants::{Admission, ApplicationSlot};
 use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
 use crate::allocator::{
@@ -439,20 +439,11 @@ impl Applications {
         .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
     }
 
-    /// The executor pod builder of a Start request, its templates checked; its pods get
-    /// their owner once the driver pod is found ([`ExecutorPodBuilder::with_driver`]).
+    /// The executor pod builder of a Start request, its templates checked
+    /// ([`templates::builder`]); its pods get their owner once the driver pod is found
+    /// ([`ExecutorPodBuilder::with_driver`]).
     fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
-        let builder = ExecutorPodBuilder::for_application(
-            req.app_id.as_str(),
-            req.pod_name_prefix.as_deref(),
-            req.templates.clone(),
-            None,
-            &req.settings.executor_container_name,
-        )
-        .map_err(template_error)?
-        .with_profile_limit(self.inner.ctx.options.max_resource_profiles);
-        builder.check().map_err(template_error)?;
-        Ok(builder)
+        templates::builder(req, self.inner.ctx.options.max_resource_profiles)
     }
 }
 

@@ -4,7 +4,7 @@
 //!   errors with line and column ([`parse`], [`start_templates`], [`profile_templates`]);
 //! - the pod policy where the application's pods go ([`allowed`], [`policy_violation`]);
 //! - what the engine's pod builder refuses: images, labels once the placeholders are
-//!   substituted ([`template_error`] names the field of its error).
+//!   substituted ([`builder`]; [`template_error`] names the field of its error).
 //!
 //! The gRPC edge parses Start's and SetTotalExpected's templates and holds Start's to the
 //! policy; the application holds SetTotalExpected's and a resumed registration's to it
@@ -15,9 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::limits::RequestLimits;
-use super::{AppError, Placement};
+use super::{AppError, Placement, StartApplication};
 use crate::allocator::pod_policy::{PodPolicy, PolicyViolation, TemplateUse};
-use crate::allocator::{ResourceProfileId, TemplateError};
+use crate::allocator::{ExecutorPodBuilder, ResourceProfileId, TemplateError};
 
 /// The request field a profile's template came in: profile 0's is Start's
 /// `executor_pod_template`, any other's `resource_profile_templates[N]`.
@@ -162,6 +162,26 @@ pub fn policy_violation(
     templates
         .iter()
         .find_map(|(profile, template)| policy.check(template, at).err().map(|v| (*profile, v)))
+}
+
+/// The executor pod builder of a Start (or a resumed registration), at most
+/// `max_profiles` profiles, every template checked as its pods will be built: every
+/// container has an image, every label is valid once the placeholders are substituted.
+pub fn builder(
+    req: &StartApplication,
+    max_profiles: usize,
+) -> Result<ExecutorPodBuilder, AppError> {
+    let builder = ExecutorPodBuilder::for_application(
+        req.app_id.as_str(),
+        req.pod_name_prefix.as_deref(),
+        req.templates.clone(),
+        None,
+        &req.settings.executor_container_name,
+    )
+    .map_err(template_error)?
+    .with_profile_limit(max_profiles);
+    builder.check().map_err(template_error)?;
+    Ok(builder)
 }
 
 /// A template error of the engine's pod builder names the request field it came from: a
