@@ -3,7 +3,9 @@
 //! `allocation` section deserialises into it (unset keys keep the defaults), a stored
 //! registration keeps it as JSON, and the gRPC edge lays a Start request's `settings`
 //! over the server's. Its serde names are the API's (`batch_delay_ms`, durations in
-//! milliseconds), so the file, the JSON and the proto spell each setting alike.
+//! milliseconds), so the file, the JSON and the proto spell each setting alike. The proto's
+//! `AllocationSettings` stays a type of its own: prost generates it, and every field of it
+//! is optional (unset keeps the server's), which a setting here never is.
 //!
 //! A new setting costs: its proto field, its field here (with its default, its rule in
 //! [`AllocationSettings::validate`] and its line in [`AllocationSettings::first_difference`],
