@@ -60,6 +60,8 @@ impl Applications {
         let _serial = self.lock_app(&req.app_id).await;
         self.check_running()?;
         self.check_owner(&mut req, may_act_on_any)?;
+        // Whoever calls: the edge checks them too, but before it parses templates, and a
+        // caller of this library has no edge.
         req.settings.validate()?;
         // Templates are checked even when the application already runs: a repeated Start
         // with a template that could never make a pod is refused, not answered `resumed`.
