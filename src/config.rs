@@ -10,8 +10,7 @@ use serde::Deserialize;
 
 pub use crate::k8s::{InCluster, KubernetesSettings};
 
-use crate::allocator::state::DEFAULT_EXECUTOR_CONTAINER;
-use crate::allocator::{AllocationOverrides, AllocationSettings};
+use crate::allocator::AllocationSettings;
 
 /// Prefix of environment variables; sections and keys are separated by `__`.
 pub const ENV_PREFIX: &str = "SPARK_POD_ALLOCATOR";
@@ -46,8 +45,11 @@ pub struct Settings {
     #[serde(deserialize_with = "socket_address")]
     pub listen: SocketAddr,
     pub kubernetes: KubernetesSettings,
-    /// Server-side defaults of every application's allocation settings.
-    pub allocation: AllocationConfig,
+    /// Server-side defaults of every application's allocation settings, with the proto's
+    /// `AllocationSettings` field names; unset keys keep Spark's defaults (batch 10, delay
+    /// 1000 ms, timeout 600000 ms, idle 60000 ms, no caps, delete on termination, executor
+    /// container `spark-kubernetes-executor`, policy `spark`).
+    pub allocation: AllocationSettings,
     /// Period of the full LIST per namespace that replaces the snapshots.
     pub resync_interval_ms: u64,
     /// How long an application whose driver pod Failed or Succeeded is kept before it is
@@ -70,7 +72,7 @@ pub struct Settings {
     /// What an executor pod template may ask for (strict by default).
     pub pod_policy: crate::allocator::pod_policy::PodPolicy,
     /// Bounds on the work one request may cause.
-    pub limits: crate::grpc::validate::RequestLimits,
+    pub limits: crate::app::limits::RequestLimits,
     /// Limits of the gRPC server: message size, streams, keepalive, connections.
     pub grpc: crate::grpc::limits::ServerLimits,
     /// Where the applications' registrations are kept, and the Secret of their signing key.
@@ -136,31 +138,6 @@ fn socket_address<'de, D: serde::Deserializer<'de>>(
     })
 }
 
-/// Allocation defaults, with the proto's `AllocationSettings` field names; unset = Spark's
-/// default (batch 10, delay 1000 ms, timeout 600000 ms, idle 60000 ms, no caps, delete on
-/// termination).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AllocationConfig {
-    pub batch_size: Option<u32>,
-    pub batch_delay_ms: Option<u64>,
-    pub executor_timeout_ms: Option<u64>,
-    pub executor_idle_timeout_ms: Option<u64>,
-    pub max_pending_pods: Option<u32>,
-    pub max_pending_pods_per_profile: Option<u32>,
-    pub max_executors: Option<u64>,
-    pub delete_on_termination: Option<bool>,
-    /// The executor container's name in pod templates, for applications whose Start does
-    /// not give `settings.executor_container_name`.
-    pub executor_container_name: String,
-    /// With restartPolicy Never, any container terminated non-zero marks the executor
-    /// Failed; for applications whose Start does not give `settings.check_all_containers`.
-    pub check_all_containers: bool,
-    /// `spark` (Spark's allocator exactly) or `adaptive`, for applications whose Start
-    /// does not give `settings.policy`.
-    pub policy: Option<crate::allocator::AllocationPolicy>,
-}
-
 /// Logging.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -201,7 +178,7 @@ impl Default for Settings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             kubernetes: KubernetesSettings::default(),
-            allocation: AllocationConfig::default(),
+            allocation: AllocationSettings::default(),
             resync_interval_ms: millis(service.resync_interval),
             driver_end_grace_ms: millis(service.driver_end_grace),
             allowed_namespaces: Vec::new(),
@@ -218,24 +195,6 @@ impl Default for Settings {
             registrations: Default::default(),
             tenants: Default::default(),
             loaded_template: None,
-        }
-    }
-}
-
-impl Default for AllocationConfig {
-    fn default() -> Self {
-        Self {
-            batch_size: None,
-            batch_delay_ms: None,
-            executor_timeout_ms: None,
-            executor_idle_timeout_ms: None,
-            max_pending_pods: None,
-            max_pending_pods_per_profile: None,
-            max_executors: None,
-            delete_on_termination: None,
-            executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
-            check_all_containers: false,
-            policy: None,
         }
     }
 }
@@ -355,7 +314,7 @@ impl Settings {
             });
         }
         if let Err(crate::allocator::SettingsError::Invalid { name, reason }) =
-            self.allocation_defaults().validate()
+            self.allocation.validate()
         {
             return Err(ConfigError::Invalid {
                 key: format!("allocation.{name}"),
@@ -435,8 +394,8 @@ impl Settings {
             reason: format!("{}: {reason}", path.display()),
         };
         let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
-        let pod = crate::grpc::validate::pod_template_within("template", &text, &self.limits)
-            .map_err(|e| match e {
+        let pod =
+            crate::app::templates::parse("template", &text, &self.limits).map_err(|e| match e {
                 crate::app::AppError::InvalidArgument { message, .. } => invalid(message),
                 other => invalid(other.to_string()),
             })?;
@@ -448,24 +407,6 @@ impl Settings {
             .check(&pod, as_default)
             .map_err(|violation| invalid(format!("refused by pod_policy: {violation}")))?;
         Ok(Some(pod))
-    }
-
-    /// The server-side defaults of an application's allocation settings.
-    pub fn allocation_defaults(&self) -> AllocationSettings {
-        let a = &self.allocation;
-        AllocationSettings::default().with_overrides(&AllocationOverrides {
-            batch_size: a.batch_size,
-            batch_delay_ms: a.batch_delay_ms,
-            executor_timeout_ms: a.executor_timeout_ms,
-            executor_idle_timeout_ms: a.executor_idle_timeout_ms,
-            max_pending_pods: a.max_pending_pods,
-            max_pending_pods_per_profile: a.max_pending_pods_per_profile,
-            max_executors: a.max_executors,
-            delete_on_termination: a.delete_on_termination,
-            executor_container_name: Some(a.executor_container_name.clone()),
-            check_all_containers: Some(a.check_all_containers),
-            policy: a.policy,
-        })
     }
 
     /// The deadline and retries of every Kubernetes request.
@@ -524,6 +465,7 @@ fn tracing_filter_check(filter: &str) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
     use crate::allocator::pod_policy::PodSecurityLevel;
+    use crate::allocator::state::DEFAULT_EXECUTOR_CONTAINER;
     use std::io::Write;
 
     fn env(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
@@ -559,7 +501,7 @@ mod tests {
             s.allocation.executor_container_name,
             DEFAULT_EXECUTOR_CONTAINER
         );
-        assert_eq!(s.allocation_defaults(), AllocationSettings::default());
+        assert_eq!(s.allocation, AllocationSettings::default());
     }
 
     #[test]
@@ -603,13 +545,13 @@ mod tests {
         use crate::allocator::AllocationPolicy;
         let f = file("toml", "[allocation]\npolicy = \"adaptive\"\n");
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
-        assert_eq!(s.allocation_defaults().policy, AllocationPolicy::Adaptive);
+        assert_eq!(s.allocation.policy, AllocationPolicy::Adaptive);
         let s = Settings::load_with_env(
             Some(f.path()),
             env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__POLICY", "spark")]),
         )
         .unwrap();
-        assert_eq!(s.allocation_defaults().policy, AllocationPolicy::Spark);
+        assert_eq!(s.allocation.policy, AllocationPolicy::Spark);
         let err = Settings::load_with_env(
             None,
             env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__POLICY", "fast")]),
@@ -724,7 +666,7 @@ mod tests {
         assert_eq!(s.listen, "0.0.0.0:6000".parse().unwrap());
         assert_eq!(s.allowed_namespaces, vec!["a", "b"]);
         assert_eq!(s.kubernetes.qps, 7);
-        let a = s.allocation_defaults();
+        let a = &s.allocation;
         assert_eq!(a.batch_size, 30);
         assert_eq!(a.batch_delay, Duration::from_millis(500));
     }
@@ -745,7 +687,7 @@ mod tests {
         let spaced = env(&[("SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES", "spark, batch,")]);
         let s2 = Settings::load_with_env(None, spaced).unwrap();
         assert_eq!(s2.allowed_namespaces, vec!["spark", "batch"]);
-        let a = s.allocation_defaults();
+        let a = &s.allocation;
         assert_eq!(a.max_pending_pods, Some(40));
         assert!(!a.delete_on_termination);
     }
@@ -759,6 +701,36 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("kubernetes.qps"), "{err}");
+    }
+
+    #[test]
+    fn the_allocation_section_has_the_apis_names_and_units() {
+        let f = file(
+            "toml",
+            "[allocation]\nexecutor_timeout_ms = 30000\nexecutor_idle_timeout_ms = 5000\n\
+             max_pending_pods_per_profile = 3\nmax_executors = 200\n\
+             executor_container_name = \"main\"\ncheck_all_containers = true\n",
+        );
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert_eq!(
+            s.allocation,
+            AllocationSettings {
+                executor_timeout: Duration::from_secs(30),
+                executor_idle_timeout: Duration::from_secs(5),
+                max_pending_pods_per_profile: Some(3),
+                max_executors: Some(200),
+                executor_container_name: "main".into(),
+                check_all_containers: true,
+                ..AllocationSettings::default()
+            }
+        );
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_DELAY_MS", "soon")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("allocation.batch_delay_ms"), "{err}");
     }
 
     #[test]

@@ -268,7 +268,7 @@ async fn serve(
         .check_listen(address)
         .map_err(anyhow::Error::msg)?;
     let defaults = StartDefaults {
-        settings: settings.allocation_defaults(),
+        settings: settings.allocation.clone(),
         executor_pod_template: settings.default_template()?,
         limits: settings.limits.clone(),
     };

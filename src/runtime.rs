@@ -21,7 +21,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::app::{Applications, KubernetesParts, ServiceContext, ServiceOptions};
 use crate::grpc::{self, ServeError, ServeSettings};
-use crate::k8s::{ExecutorPods, PodWatches, RateLimiter, RegistrationStore};
+use crate::k8s::{ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore};
 use crate::lifecycle::{self, Drain, Initialize};
 use crate::metrics::Metrics;
 use crate::time::Clock;
@@ -85,10 +85,11 @@ impl Builder {
         } = self;
         let initialize = Initialize::new();
         let limiter = RateLimiter::new(options.qps, options.burst);
-        let pods = ExecutorPods::new(client.clone(), limiter, options.create_concurrency)
+        let api = ApiClient::new(client.clone(), limiter)
             .with_policy(options.request_policy)
             .with_metrics(metrics.clone());
-        let registrations = RegistrationStore::new(pods.clone(), &options.registrations);
+        let pods = ExecutorPodClient::new(api.clone(), options.create_concurrency);
+        let registrations = RegistrationStore::new(api, &options.registrations);
         let watches = PodWatches::new(
             client,
             Arc::clone(&clock),

@@ -18,9 +18,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+use spark_pod_allocator::app::limits::RequestLimits;
 use spark_pod_allocator::app::{AppId, ServiceOptions};
 use spark_pod_allocator::grpc::limits::ServerLimits;
-use spark_pod_allocator::grpc::validate::RequestLimits;
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::proto;
 use test_kit::requests::*;
@@ -744,8 +744,8 @@ async fn stalled_handshakes_are_closed_and_connections_capped() {
 async fn a_registration_whose_template_was_changed_is_not_resumed() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::{Api, Patch, PatchParams};
-    use spark_pod_allocator::app::registration::REGISTRATION_KEY;
     use spark_pod_allocator::k8s::RegistrationStore;
+    use spark_pod_allocator::k8s::registrations::REGISTRATION_KEY;
 
     let mut h = harness().await;
     for app in ["kept", "tampered"] {

@@ -13,14 +13,13 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use spark_pod_allocator::app::registration::REGISTRATION_KEY;
 use spark_pod_allocator::app::{AppError, Applications, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::registrations::{
-    APPLICATION_NAMESPACE_LABEL, KEY_DATA_KEY, KEY_LEN, SIGNATURE_KEY,
+    APPLICATION_NAMESPACE_LABEL, KEY_DATA_KEY, KEY_LEN, REGISTRATION_KEY, SIGNATURE_KEY,
 };
 use spark_pod_allocator::k8s::{
-    ExecutorPods, IdRecord, RateLimiter, RegistrationSettings, RegistrationStore,
+    ApiClient, IdRecord, RateLimiter, RegistrationSettings, RegistrationStore,
 };
 use spark_pod_allocator::metrics::Metrics;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
@@ -419,12 +418,8 @@ async fn a_registration_of_a_namespace_no_longer_allowed_is_refused() {
 }
 
 fn store(sim: &SimCluster) -> RegistrationStore {
-    let pods = ExecutorPods::new(
-        sim.try_client().expect("client"),
-        RateLimiter::new(50, 100),
-        1,
-    );
-    RegistrationStore::new(pods, &options().registrations)
+    let api = ApiClient::new(sim.try_client().expect("client"), RateLimiter::new(50, 100));
+    RegistrationStore::new(api, &options().registrations)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use spark_pod_allocator::k8s::IdRecord;
-use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
+use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator_sim::SimCluster;
 
 use test_kit::grpc::{batched_start_request, start_scaled};

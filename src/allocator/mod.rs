@@ -65,7 +65,7 @@ pub use adaptive::{CreateOutcomes, CreateRefusal, CreateWindow};
 pub use engine::{Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan};
 pub use id_block::IdBlocks;
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
-pub use settings::{AllocationOverrides, AllocationPolicy, AllocationSettings, SettingsError};
+pub use settings::{AllocationPolicy, AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
 pub use types::{ExecutorId, ResourceProfileId, Timestamp};

@@ -1,18 +1,40 @@
-//! Allocation settings with Spark's meanings and defaults.
+//! Allocation settings with Spark's meanings and defaults, in the one shape they have
+//! everywhere: the engine computes with [`AllocationSettings`], the configuration's
+//! `allocation` section deserialises into it (unset keys keep the defaults), a stored
+//! registration keeps it as JSON, and the gRPC edge lays a Start request's `settings`
+//! over the server's. Its serde names are the API's (`batch_delay_ms`, durations in
+//! milliseconds), so the file, the JSON and the proto spell each setting alike. The proto's
+//! `AllocationSettings` stays a type of its own: prost generates it, and every field of it
+//! is optional (unset keeps the server's), which a setting here never is.
+//!
+//! A new setting costs: its proto field, its field here (with its default, its rule in
+//! [`AllocationSettings::validate`] and its line in [`AllocationSettings::first_difference`],
+//! which the compiler asks for), and the line that takes it from the request in the edge's
+//! validation. The configuration and stored registrations get it for free.
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::state::{DEFAULT_EXECUTOR_CONTAINER, StateRules};
 
 /// Tuning of one application's allocation (Spark's names in the doc comments).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Unknown keys are refused, so a typo in the configuration file stops start-up; and a
+/// registration written by a newer version with a setting this one does not know is not
+/// resumed without it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AllocationSettings {
     /// spark.kubernetes.allocation.batch.size (default 10; > 0).
     pub batch_size: u32,
     /// spark.kubernetes.allocation.batch.delay (default 1 s; > 100 ms).
+    #[serde(rename = "batch_delay_ms", with = "millis")]
     pub batch_delay: Duration,
     /// spark.kubernetes.allocation.executor.timeout (default 600 s; ≥ 5 × batch delay).
+    #[serde(rename = "executor_timeout_ms", with = "millis")]
     pub executor_timeout: Duration,
     /// spark.dynamicAllocation.executorIdleTimeout (default 60 s).
+    #[serde(rename = "executor_idle_timeout_ms", with = "millis")]
     pub executor_idle_timeout: Duration,
     /// spark.kubernetes.allocation.maxPendingPods (default unlimited).
     pub max_pending_pods: Option<u32>,
@@ -84,63 +106,23 @@ const TIMEOUT_BATCH_DELAYS: u32 = 5;
 /// Durations beyond this (about 292 million years) do not fit the engine's millisecond clock.
 const MAX_DURATION_MS: u128 = i64::MAX as u128;
 
-/// Settings given explicitly (by the server's configuration or a Start request), in the
-/// API's units; unset fields keep what they are laid over. One merge rule for both layers.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AllocationOverrides {
-    pub batch_size: Option<u32>,
-    pub batch_delay_ms: Option<u64>,
-    pub executor_timeout_ms: Option<u64>,
-    pub executor_idle_timeout_ms: Option<u64>,
-    pub max_pending_pods: Option<u32>,
-    pub max_pending_pods_per_profile: Option<u32>,
-    pub max_executors: Option<u64>,
-    pub delete_on_termination: Option<bool>,
-    pub executor_container_name: Option<String>,
-    pub check_all_containers: Option<bool>,
-    pub policy: Option<AllocationPolicy>,
+/// Durations as whole milliseconds, the API's unit (saturating: a duration too large for
+/// `u64` milliseconds is refused by [`AllocationSettings::validate`] anyway).
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        u64::deserialize(deserializer).map(Duration::from_millis)
+    }
 }
 
 impl AllocationSettings {
-    /// These settings with every field `overrides` sets replaced (not yet validated).
-    pub fn with_overrides(mut self, overrides: &AllocationOverrides) -> Self {
-        let o = overrides;
-        if let Some(v) = o.batch_size {
-            self.batch_size = v;
-        }
-        if let Some(v) = o.batch_delay_ms {
-            self.batch_delay = Duration::from_millis(v);
-        }
-        if let Some(v) = o.executor_timeout_ms {
-            self.executor_timeout = Duration::from_millis(v);
-        }
-        if let Some(v) = o.executor_idle_timeout_ms {
-            self.executor_idle_timeout = Duration::from_millis(v);
-        }
-        if o.max_pending_pods.is_some() {
-            self.max_pending_pods = o.max_pending_pods;
-        }
-        if o.max_pending_pods_per_profile.is_some() {
-            self.max_pending_pods_per_profile = o.max_pending_pods_per_profile;
-        }
-        if o.max_executors.is_some() {
-            self.max_executors = o.max_executors;
-        }
-        if let Some(v) = o.delete_on_termination {
-            self.delete_on_termination = v;
-        }
-        if let Some(v) = &o.executor_container_name {
-            self.executor_container_name = v.clone();
-        }
-        if let Some(v) = o.check_all_containers {
-            self.check_all_containers = v;
-        }
-        if let Some(v) = o.policy {
-            self.policy = v;
-        }
-        self
-    }
-
     /// The first setting (its API name) whose value differs in `other`, if any: what a
     /// repeated Start must keep.
     pub fn first_difference(&self, other: &Self) -> Option<&'static str> {

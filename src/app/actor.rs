@@ -22,8 +22,9 @@ use crate::allocator::{
     ExecutorPod, ExecutorPodBuilder, ExecutorPodsSnapshot, ExecutorState, IdBlocks,
     ResourceProfileId, RoundPlan, SnapshotStore, StateRules, Timestamp, executor_pod_from,
 };
-use crate::k8s::id_record::IdRecord;
-use crate::k8s::{CreateError, ExecutorPods, Listed, PodEvent, RegistrationStore, Subscription};
+use crate::k8s::{
+    CreateError, ExecutorPodClient, IdRecord, Listed, PodEvent, RegistrationStore, Subscription,
+};
 use crate::metrics::{DeleteReason, Metrics, ProfileGauges};
 use tokio_util::sync::CancellationToken;
 
@@ -93,7 +94,7 @@ pub(crate) struct ActorParts {
     pub store: SnapshotStore,
     pub builder: ExecutorPodBuilder,
     pub rules: StateRules,
-    pub pods: ExecutorPods,
+    pub pods: ExecutorPodClient,
     pub clock: Arc<dyn Clock>,
     /// Where the highest executor id handed out is recorded.
     pub id_record: IdRecord,
@@ -218,7 +219,7 @@ pub(crate) struct ApplicationActor {
     store: SnapshotStore,
     builder: ExecutorPodBuilder,
     rules: StateRules,
-    pods: ExecutorPods,
+    pods: ExecutorPodClient,
     clock: Arc<dyn Clock>,
     /// Where the highest executor id handed out is recorded.
     id_record: IdRecord,
@@ -730,7 +731,7 @@ impl ApplicationActor {
             let builder = self
                 .builder
                 .with_templates(templates)
-                .map_err(super::start::template_error)?;
+                .map_err(super::templates::template_error)?;
             Some(builder)
         };
         let builder = registered.as_ref().unwrap_or(&self.builder);
@@ -1261,7 +1262,7 @@ impl UpkeepWork {
     /// (the id recorded, or why not) comes beside the rest.
     async fn send(
         self,
-        pods: &ExecutorPods,
+        pods: &ExecutorPodClient,
         namespace: &str,
         app_id: &str,
         id_record: &IdRecord,
@@ -1310,8 +1311,8 @@ impl UpkeepWork {
         }
         let recorded = match self.record {
             None => Ok(None),
-            Some(highest) => pods
-                .record_last_executor_id(namespace, id_record, highest)
+            Some(highest) => id_record
+                .write(pods.api(), namespace, highest)
                 .await
                 .map(|()| {
                     pods.metrics().id_record_written();

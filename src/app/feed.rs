@@ -23,7 +23,7 @@ use crate::allocator::{
     ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, StateRules, Timestamp,
     executor_pod_from,
 };
-use crate::k8s::{ExecutorPods, Listed};
+use crate::k8s::{ExecutorPodClient, Listed};
 
 /// Changes kept for resuming streams, at most: no more than the stream buffer's worth
 /// are kept, since a stream that missed more is given a full state instead.
@@ -106,7 +106,7 @@ impl ListedPod {
 /// on Kubernetes). A failed LIST is logged and run again after a backoff (100 ms doubling
 /// to 5 s) until it passes or `gone` says nobody waits for it any more.
 pub async fn list_for_full_state(
-    pods: &ExecutorPods,
+    pods: &ExecutorPodClient,
     namespace: &str,
     app_id: &str,
     gone: impl Fn() -> bool,

@@ -1,9 +1,9 @@
 //! The applications: [`Applications`] is the registry the gRPC layer calls, one actor per
 //! application (`actor`: an `ApplicationActor` task owning its engine state, reached only
-//! through its handle). `start` holds the Start procedure and the rules templates given
-//! later are held to; `registration` what a restarted service resumes from; `feed` the
-//! executor event streams; `failures` what GetStatus reports of failed creates and
-//! executors.
+//! through its handle). `start` holds the Start procedure; `templates` what a pod template
+//! is held to, naming the request field it came in; `limits` the bounds on one request's
+//! work; `registration` what a restarted service resumes from; `feed` the executor event
+//! streams; `failures` what GetStatus reports of failed creates and executors.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,9 +15,9 @@ use crate::allocator::{
     AllocationSettings, AllocatorStatus, ExecutorId, ExecutorPodsSnapshot, ResourceProfileId,
     Timestamp,
 };
-use crate::k8s::id_record::IdRecord;
 use crate::k8s::{
-    ExecutorPods, PodWatches, RegistrationSettings, RegistrationStore, RequestPolicy,
+    ExecutorPodClient, IdRecord, PodWatches, RegistrationSettings, RegistrationStore,
+    RequestPolicy,
 };
 use crate::metrics::{DeleteReason, Metrics};
 use registration::Refusal;
@@ -27,8 +27,10 @@ mod actor;
 pub mod error;
 pub mod failures;
 pub mod feed;
+pub mod limits;
 pub mod registration;
 mod start;
+pub mod templates;
 pub mod tenants;
 
 pub use crate::time::{Clock, ManualClock, SystemClock};
@@ -182,8 +184,8 @@ pub(crate) struct ServiceContext {
 /// The Kubernetes side of every application, built by the composition root
 /// ([`crate::runtime::Builder`]) over one client and one rate limiter.
 pub(crate) struct KubernetesParts {
-    /// Executor pod creates and deletes, id records, driver pods and namespaces.
-    pub pods: ExecutorPods,
+    /// Executor pod creates, deletes and listings.
+    pub pods: ExecutorPodClient,
     /// The registrations, in the service's namespace.
     pub registrations: RegistrationStore,
     /// The shared pod watches per namespace.
@@ -198,7 +200,7 @@ pub struct Applications {
 
 struct Registry {
     ctx: ServiceContext,
-    pods: ExecutorPods,
+    pods: ExecutorPodClient,
     /// The registrations, in the service's namespace.
     registrations: RegistrationStore,
     watches: PodWatches,
@@ -292,7 +294,7 @@ impl Applications {
                     driver_pod_name: req.driver_pod_name.clone(),
                 };
                 let policy = &self.inner.ctx.options.pod_policy;
-                match start::policy_violation(policy, &placement, &req.templates) {
+                match templates::policy_violation(policy, &placement, &req.templates) {
                     Some((profile, violation)) => Err(Refusal::PodPolicy(format!(
                         "resource profile {profile}: {violation}"
                     ))),
@@ -407,8 +409,8 @@ impl Applications {
                 .delete(&namespace, app.as_str())
                 .await
             {
-                Ok(()) => pods
-                    .delete_id_record(&namespace, &id_record)
+                Ok(()) => id_record
+                    .delete(pods.api(), &namespace)
                     .await
                     .map(|()| deleted),
                 Err(err) => Err(err),

@@ -13,7 +13,6 @@
 //! written or edited by anyone else who can write ConfigMaps in the service's namespace
 //! (an edited owner, a planted application, a copy under another application's name).
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
@@ -21,8 +20,9 @@ use ring::hmac;
 use serde::{Deserialize, Serialize};
 
 use super::{AppId, StartApplication};
-use crate::allocator::{AllocationPolicy, AllocationSettings, ExecutorId, ResourceProfileId};
-pub use crate::k8s::registrations::REGISTRATION_KEY;
+use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
+#[cfg(doc)]
+use crate::k8s::registrations::REGISTRATION_KEY;
 use crate::k8s::registrations::{RegistrationStore, StoredRegistration};
 
 /// What the signature is over begins with this, so a MAC made with the key for anything
@@ -36,7 +36,9 @@ pub struct Registration {
     pub namespace: String,
     pub driver_pod_name: Option<String>,
     pub pod_name_prefix: Option<String>,
-    pub settings: StoredSettings,
+    /// The effective settings, in their serde form (the JSON of every earlier version:
+    /// the same names, durations in milliseconds; `policy` absent before it existed).
+    pub settings: AllocationSettings,
     /// Pod templates per resource profile.
     pub templates: BTreeMap<i32, Pod>,
     pub targets: BTreeMap<i32, u32>,
@@ -47,64 +49,6 @@ pub struct Registration {
     pub owner: Option<String>,
 }
 
-/// [`AllocationSettings`] as stored (durations in milliseconds).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredSettings {
-    pub batch_size: u32,
-    pub batch_delay_ms: u64,
-    pub executor_timeout_ms: u64,
-    pub executor_idle_timeout_ms: u64,
-    pub max_pending_pods: Option<u32>,
-    pub max_pending_pods_per_profile: Option<u32>,
-    pub max_executors: Option<u64>,
-    pub delete_on_termination: bool,
-    pub executor_container_name: String,
-    pub check_all_containers: bool,
-    /// Absent in registrations written before the policy existed: SPARK.
-    #[serde(default)]
-    pub policy: AllocationPolicy,
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl From<&AllocationSettings> for StoredSettings {
-    fn from(s: &AllocationSettings) -> Self {
-        Self {
-            batch_size: s.batch_size,
-            batch_delay_ms: ms(s.batch_delay),
-            executor_timeout_ms: ms(s.executor_timeout),
-            executor_idle_timeout_ms: ms(s.executor_idle_timeout),
-            max_pending_pods: s.max_pending_pods,
-            max_pending_pods_per_profile: s.max_pending_pods_per_profile,
-            max_executors: s.max_executors,
-            delete_on_termination: s.delete_on_termination,
-            executor_container_name: s.executor_container_name.clone(),
-            check_all_containers: s.check_all_containers,
-            policy: s.policy,
-        }
-    }
-}
-
-impl From<&StoredSettings> for AllocationSettings {
-    fn from(s: &StoredSettings) -> Self {
-        Self {
-            batch_size: s.batch_size,
-            batch_delay: Duration::from_millis(s.batch_delay_ms),
-            executor_timeout: Duration::from_millis(s.executor_timeout_ms),
-            executor_idle_timeout: Duration::from_millis(s.executor_idle_timeout_ms),
-            max_pending_pods: s.max_pending_pods,
-            max_pending_pods_per_profile: s.max_pending_pods_per_profile,
-            max_executors: s.max_executors,
-            delete_on_termination: s.delete_on_termination,
-            executor_container_name: s.executor_container_name.clone(),
-            check_all_containers: s.check_all_containers,
-            policy: s.policy,
-        }
-    }
-}
-
 impl Registration {
     /// The registration of a Start request, before any target.
     pub fn of_start(req: &StartApplication) -> Self {
@@ -113,7 +57,7 @@ impl Registration {
             namespace: req.namespace.clone(),
             driver_pod_name: req.driver_pod_name.clone(),
             pod_name_prefix: req.pod_name_prefix.clone(),
-            settings: StoredSettings::from(&req.settings),
+            settings: req.settings.clone(),
             templates: req
                 .templates
                 .iter()
@@ -128,7 +72,7 @@ impl Registration {
     /// The Start request that resumes it; an invalid application id is an error.
     pub fn start_request(&self) -> Result<StartApplication, String> {
         // A ConfigMap is outside input: its settings get the checks a Start request gets.
-        let settings = AllocationSettings::from(&self.settings);
+        let settings = self.settings.clone();
         settings.validate().map_err(|e| format!("settings: {e}"))?;
         Ok(StartApplication {
             app_id: AppId::parse(&self.app_id).map_err(|e| format!("app_id: {e}"))?,
@@ -337,9 +281,41 @@ mod tests {
         let err = registration.start_request().unwrap_err();
         assert!(err.contains("batch_size"), "{err}");
         registration.settings.batch_size = 5;
-        registration.settings.batch_delay_ms = 1;
+        registration.settings.batch_delay = std::time::Duration::from_millis(1);
         let err = registration.start_request().unwrap_err();
         assert!(err.contains("batch_delay_ms"), "{err}");
+    }
+
+    /// The JSON of a registration as an earlier version wrote it (before `policy`
+    /// existed), byte for byte: it still decodes, to the same settings, and says the
+    /// same when written again.
+    #[test]
+    fn a_registration_of_an_earlier_version_still_resumes() {
+        let written = r#"{"app_id":"app-1","namespace":"ns","driver_pod_name":null,"pod_name_prefix":null,"settings":{"batch_size":5,"batch_delay_ms":2000,"executor_timeout_ms":600000,"executor_idle_timeout_ms":60000,"max_pending_pods":40,"max_pending_pods_per_profile":null,"max_executors":9,"delete_on_termination":false,"executor_container_name":"spark-kubernetes-executor","check_all_containers":true},"templates":{},"targets":{"0":3},"registered":[1,2]}"#;
+        let registration: Registration = serde_json::from_str(written).unwrap();
+        let req = registration.start_request().unwrap();
+        assert_eq!(
+            req.settings,
+            AllocationSettings {
+                batch_size: 5,
+                batch_delay: std::time::Duration::from_secs(2),
+                max_pending_pods: Some(40),
+                max_executors: Some(9),
+                delete_on_termination: false,
+                check_all_containers: true,
+                ..AllocationSettings::default()
+            }
+        );
+        assert_eq!(
+            registration.targets(),
+            BTreeMap::from([(ResourceProfileId(0), 3)])
+        );
+        let again = serde_json::to_string(&registration).unwrap();
+        let with_policy = written.replace(
+            r#""check_all_containers":true}"#,
+            r#""check_all_containers":true,"policy":"spark"}"#,
+        );
+        assert_eq!(again, with_policy);
     }
 
     fn sealed(key: &hmac::Key) -> (Registration, StoredRegistration) {

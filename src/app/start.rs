@@ -1,5 +1,6 @@
-//! Start: registering an application (or resuming one) and spawning its actor, and the
-//! rules templates given later are held to (where the application's pods go).
+//! Start: registering an application (or resuming one) and spawning its actor, and where
+//! a running application's pods go, which templates given later are held to
+//! ([`super::templates`]).
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -9,15 +10,16 @@ use k8s_openapi::api::core::v1::Pod;
 use super::actor::{self, ActorHandle, ActorParts, DriverLife};
 use super::feed::Feed;
 use super::registration::Registration;
+use super::templates;
 use super::tenants::{Admission, ApplicationSlot};
 use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
-use crate::allocator::pod_policy::{PodPolicy, PolicyViolation, TemplateUse};
 use crate::allocator::{
     AllocationSettings, Allocator, DriverOwner, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
-    SnapshotStore, TemplateError, executor_pod_from,
+    SnapshotStore, executor_pod_from,
 };
-use crate::k8s::id_record::{IdRecord, highest_executor_id};
-use crate::k8s::pods::is_labelled_driver;
+use crate::k8s::IdRecord;
+use crate::k8s::executor_pods::highest_executor_id;
+use crate::k8s::placement;
 #[cfg(doc)]
 use crate::k8s::watch::FOLLOWED_DRIVER_LABEL;
 
@@ -58,6 +60,8 @@ impl Applications {
         let _serial = self.lock_app(&req.app_id).await;
         self.check_running()?;
         self.check_owner(&mut req, may_act_on_any)?;
+        // Whoever calls: the edge checks them too, but before it parses templates, and a
+        // caller of this library has no edge.
         req.settings.validate()?;
         // Templates are checked even when the application already runs: a repeated Start
         // with a template that could never make a pod is refused, not answered `resumed`.
@@ -149,7 +153,7 @@ impl Applications {
 
     /// FailedPrecondition when the cluster says the namespace does not exist.
     async fn check_namespace_exists(&self, namespace: &str) -> Result<(), AppError> {
-        if self.inner.pods.namespace_exists(namespace).await? == Some(false) {
+        if placement::namespace_exists(self.inner.pods.api(), namespace).await? == Some(false) {
             return Err(AppError::FailedPrecondition(format!(
                 "namespace {namespace} does not exist in the cluster"
             )));
@@ -172,10 +176,8 @@ impl Applications {
         // covers them.
         let id_record =
             IdRecord::for_application(req.app_id.as_str(), driver.map(|d| d.name.as_str()));
-        let recorded = self
-            .inner
-            .pods
-            .recorded_last_executor_id(&req.namespace, &id_record)
+        let recorded = id_record
+            .read(self.inner.pods.api(), &req.namespace)
             .await?
             .unwrap_or(0);
         Ok(Found {
@@ -345,10 +347,7 @@ impl Applications {
         let Some(name) = &req.driver_pod_name else {
             return Ok(None);
         };
-        let pod = self
-            .inner
-            .pods
-            .driver_pod(&req.namespace, name)
+        let pod = placement::driver_pod(self.inner.pods.api(), &req.namespace, name)
             .await?
             .ok_or_else(|| AppError::no_driver_pod(name, &req.namespace))?;
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -357,7 +356,7 @@ impl Applications {
                 "driver_pod_name: the driver pod {name} has ended (phase {phase})"
             )));
         }
-        let labelled = is_labelled_driver(&pod);
+        let labelled = placement::is_followed_driver(&pod);
         let owner = match pod.metadata.uid {
             Some(uid) => Some(DriverOwner {
                 name: name.clone(),
@@ -388,7 +387,7 @@ impl Applications {
         if driver.labelled {
             return Ok(());
         }
-        match self.inner.pods.label_driver(namespace, &driver.name).await {
+        match placement::follow_driver(self.inner.pods.api(), namespace, &driver.name).await {
             Ok(()) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 Err(AppError::no_driver_pod(&driver.name, namespace))
@@ -436,32 +435,17 @@ impl Applications {
         let placement = self.placement(app)?;
         let policy = self.inner.ctx.options.pod_policy.clone();
         tokio::task::spawn_blocking(move || {
-            match policy_violation(&policy, &placement, &templates) {
-                Some((profile, violation)) => Err(AppError::InvalidArgument {
-                    field: format!("resource_profile_templates[{}]", profile.0),
-                    message: violation.to_string(),
-                }),
-                None => Ok(templates),
-            }
+            templates::all_allowed(&policy, &placement, &templates).map(|()| templates)
         })
         .await
         .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
     }
 
-    /// The executor pod builder of a Start request, its templates checked; its pods get
-    /// their owner once the driver pod is found ([`ExecutorPodBuilder::with_driver`]).
+    /// The executor pod builder of a Start request, its templates checked
+    /// ([`templates::builder`]); its pods get their owner once the driver pod is found
+    /// ([`ExecutorPodBuilder::with_driver`]).
     fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
-        let builder = ExecutorPodBuilder::for_application(
-            req.app_id.as_str(),
-            req.pod_name_prefix.as_deref(),
-            req.templates.clone(),
-            None,
-            &req.settings.executor_container_name,
-        )
-        .map_err(template_error)?
-        .with_profile_limit(self.inner.ctx.options.max_resource_profiles);
-        builder.check().map_err(template_error)?;
-        Ok(builder)
+        templates::builder(req, self.inner.ctx.options.max_resource_profiles)
     }
 }
 
@@ -523,80 +507,4 @@ struct Driver {
     owner: Option<DriverOwner>,
     /// It carries [`FOLLOWED_DRIVER_LABEL`] already.
     labelled: bool,
-}
-
-/// A template error names the request field it came from: a template that cannot make
-/// pods is an invalid argument, another template for a known profile a failed precondition.
-pub(super) fn template_error(err: TemplateError) -> AppError {
-    let profile = match &err {
-        TemplateError::TooManyProfiles { .. } => {
-            return AppError::InvalidArgument {
-                field: "resource_profile_templates".into(),
-                message: format!("{err} (the service's limits.max_resource_profiles)"),
-            };
-        }
-        TemplateError::Invalid { profile, .. }
-        | TemplateError::NoTemplate(profile)
-        | TemplateError::Conflict(profile) => *profile,
-    };
-    let field = if profile == ResourceProfileId(0) {
-        "executor_pod_template".to_string()
-    } else {
-        format!("resource_profile_templates[{}]", profile.0)
-    };
-    match err {
-        TemplateError::Conflict(_) => AppError::FailedPrecondition(format!(
-            "{field}: {err}; a resource profile's template cannot change while the application runs"
-        )),
-        _ => AppError::InvalidArgument {
-            field,
-            message: err.to_string(),
-        },
-    }
-}
-
-/// The first template of `templates` (lowest profile) that breaks `policy` where
-/// `placement` says the application's pods go, with the rule it breaks.
-pub(super) fn policy_violation(
-    policy: &PodPolicy,
-    placement: &Placement,
-    templates: &BTreeMap<ResourceProfileId, Pod>,
-) -> Option<(ResourceProfileId, PolicyViolation)> {
-    let at = TemplateUse {
-        namespace: Some(&placement.namespace),
-        driver_pod_name: placement.driver_pod_name.as_deref(),
-    };
-    templates
-        .iter()
-        .find_map(|(profile, template)| policy.check(template, at).err().map(|v| (*profile, v)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn template_errors_name_the_request_field() {
-        let err = template_error(TemplateError::NoTemplate(ResourceProfileId(0)));
-        assert!(
-            matches!(err, AppError::InvalidArgument { field, .. } if field == "executor_pod_template")
-        );
-        let err = template_error(TemplateError::Invalid {
-            profile: ResourceProfileId(3),
-            reason: "container `x` has no image".into(),
-        });
-        assert!(
-            matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
-        );
-        let err = template_error(TemplateError::Conflict(ResourceProfileId(2)));
-        assert!(
-            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("resource_profile_templates[2]: ")),
-            "{err:?}"
-        );
-        let err = template_error(TemplateError::Conflict(ResourceProfileId(0)));
-        assert!(
-            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("executor_pod_template: ")),
-            "{err:?}"
-        );
-    }
 }

@@ -360,11 +360,7 @@ impl ExecutorAllocator for AllocatorService {
                     .await?
             };
             self.applications
-                .set_total_expected_with_templates(
-                    &expected.app_id,
-                    expected.templates,
-                    expected.targets,
-                )
+                .set_total_expected_with_templates(&app, expected.templates, expected.targets)
                 .await?;
             Ok(proto::SetTotalExpectedResponse {})
         })

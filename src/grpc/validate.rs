@@ -1,17 +1,16 @@
 //! Requests → typed values. Every invalid field becomes [`AppError::InvalidArgument`] naming
 //! the field as the client spelled it (`settings.batch_delay_ms`, `executor_ids[2]`), so a
-//! driver can tell what to fix without reading server logs.
+//! driver can tell what to fix without reading server logs. Templates are parsed and
+//! checked by [`crate::app::templates`], which names their fields the same way.
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use serde::Deserialize;
-
-use crate::allocator::pod_policy::{PodPolicy, TemplateUse};
-use crate::allocator::{
-    AllocationOverrides, AllocationPolicy, AllocationSettings, ExecutorId, ResourceProfileId,
-};
-use crate::app::{AppError, AppId, Placement, StartApplication};
+use crate::allocator::pod_policy::PodPolicy;
+use crate::allocator::{AllocationPolicy, AllocationSettings, ExecutorId, ResourceProfileId};
+use crate::app::limits::RequestLimits;
+use crate::app::{AppError, AppId, Placement, StartApplication, templates};
 use crate::naming::{dns1123_label, dns1123_subdomain, pod_name_prefix};
 use crate::proto;
 
@@ -26,84 +25,6 @@ pub struct StartDefaults {
     pub executor_pod_template: Option<Pod>,
     /// How much work one request may cause.
     pub limits: RequestLimits,
-}
-
-/// Bounds on the work one request can cause (`limits` in the configuration), so that no
-/// request can stall the service or hold memory without bound.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RequestLimits {
-    /// Longest pod template, in bytes (default 256 KiB).
-    pub max_template_bytes: usize,
-    /// Deepest nesting of a template (block indentation levels plus open `[`/`{`), checked
-    /// by a linear scan before the YAML parser, whose time grows with the square of the
-    /// depth (default 32; a Spark executor pod nests about 10 deep).
-    pub max_template_depth: usize,
-    /// Resource profiles (templates) an application may have, its executor template
-    /// included (default 64).
-    pub max_resource_profiles: usize,
-    /// Lifetime cap on the executors of an application: what `settings.max_executors`
-    /// defaults to, and the most it may be set to (default 10,000).
-    pub max_executors_per_application: u64,
-    /// Creates one allocation round of an application may plan, over all its profiles
-    /// (default 500; Spark's batch size applies per profile under it).
-    pub max_creates_per_round: u32,
-    /// Templates parsed at once, off the async runtime (0 = one per CPU).
-    pub template_parsers: usize,
-}
-
-impl Default for RequestLimits {
-    fn default() -> Self {
-        let service = crate::app::ServiceOptions::default();
-        Self {
-            max_template_bytes: 256 * 1024,
-            max_template_depth: 32,
-            max_resource_profiles: service.max_resource_profiles,
-            max_executors_per_application: 10_000,
-            max_creates_per_round: service.max_creates_per_round,
-            template_parsers: 0,
-        }
-    }
-}
-
-impl RequestLimits {
-    /// The rule a value breaks, as `(key, reason)`.
-    pub fn check(&self) -> Result<(), (&'static str, String)> {
-        let positive = [
-            ("max_template_bytes", self.max_template_bytes as u64),
-            ("max_template_depth", self.max_template_depth as u64),
-            ("max_resource_profiles", self.max_resource_profiles as u64),
-            (
-                "max_executors_per_application",
-                self.max_executors_per_application,
-            ),
-            (
-                "max_creates_per_round",
-                u64::from(self.max_creates_per_round),
-            ),
-        ];
-        for (key, value) in positive {
-            if value == 0 {
-                return Err((key, "must be greater than 0".into()));
-            }
-        }
-        Ok(())
-    }
-
-    /// How many templates may be parsed at once.
-    pub fn parsers(&self) -> usize {
-        if self.template_parsers > 0 {
-            return self.template_parsers;
-        }
-        std::thread::available_parallelism().map_or(2, usize::from)
-    }
-}
-
-fn template_use(placement: &Placement) -> TemplateUse<'_> {
-    TemplateUse {
-        namespace: Some(&placement.namespace),
-        driver_pod_name: placement.driver_pod_name.as_deref(),
-    }
 }
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> AppError {
@@ -170,25 +91,14 @@ pub fn start(
 
     // Before the templates: a bad setting is refused without parsing any YAML.
     let settings = settings(req.settings.as_ref(), defaults)?;
-    let field = "executor_pod_template";
-    let mut templates = BTreeMap::new();
-    let default_template = if req.executor_pod_template.trim().is_empty() {
-        defaults.executor_pod_template.clone().ok_or_else(|| {
-            invalid(
-                field,
-                "required: the server has no default executor pod template",
-            )
-        })?
-    } else {
-        pod_template_within(field, &req.executor_pod_template, &defaults.limits)?
-    };
-    allowed(field, &default_template, policy, &placement)?;
-    templates.insert(ResourceProfileId(0), default_template);
-    templates.extend(profile_templates(
+    let templates = templates::start_templates(
+        &req.executor_pod_template,
         req.resource_profile_templates,
-        defaults,
-        Some((&placement, policy)),
-    )?);
+        defaults.executor_pod_template.as_ref(),
+        &defaults.limits,
+        policy,
+        &placement,
+    )?;
 
     Ok(StartApplication {
         app_id,
@@ -208,23 +118,10 @@ pub fn settings(
     requested: Option<&proto::AllocationSettings>,
     server: &StartDefaults,
 ) -> Result<AllocationSettings, AppError> {
-    let defaults = &server.settings;
-    let mut merged = match requested {
-        Some(s) => defaults.clone().with_overrides(&AllocationOverrides {
-            policy: policy(s.policy)?,
-            batch_size: s.batch_size,
-            batch_delay_ms: s.batch_delay_ms,
-            executor_timeout_ms: s.executor_timeout_ms,
-            executor_idle_timeout_ms: s.executor_idle_timeout_ms,
-            max_pending_pods: s.max_pending_pods,
-            max_pending_pods_per_profile: s.max_pending_pods_per_profile,
-            max_executors: s.max_executors,
-            delete_on_termination: s.delete_on_termination,
-            executor_container_name: s.executor_container_name.clone(),
-            check_all_containers: s.check_all_containers,
-        }),
-        None => defaults.clone(),
-    };
+    let mut merged = server.settings.clone();
+    if let Some(requested) = requested {
+        requested_over(requested, &mut merged)?;
+    }
     merged.validate()?;
     let cap = server.limits.max_executors_per_application;
     match merged.max_executors {
@@ -242,16 +139,63 @@ pub fn settings(
     Ok(merged)
 }
 
-/// `template` against `policy`, the error naming `field` and the path in the template.
-fn allowed(
-    field: &str,
-    template: &Pod,
-    policy: &PodPolicy,
-    placement: &Placement,
+/// Every setting the request gives replaces the server's (the proto's optional fields:
+/// unset keeps the server's). Destructured, so a new proto field cannot be forgotten here.
+fn requested_over(
+    requested: &proto::AllocationSettings,
+    settings: &mut AllocationSettings,
 ) -> Result<(), AppError> {
-    policy
-        .check(template, template_use(placement))
-        .map_err(|violation| invalid(field, violation.to_string()))
+    let proto::AllocationSettings {
+        batch_size,
+        batch_delay_ms,
+        executor_timeout_ms,
+        executor_idle_timeout_ms,
+        max_pending_pods,
+        max_pending_pods_per_profile,
+        max_executors,
+        delete_on_termination,
+        executor_container_name,
+        check_all_containers,
+        policy: requested_policy,
+    } = requested;
+    let millis = |ms: &u64| Duration::from_millis(*ms);
+    if let Some(v) = policy(*requested_policy)? {
+        settings.policy = v;
+    }
+    set(&mut settings.batch_size, *batch_size);
+    set(
+        &mut settings.batch_delay,
+        batch_delay_ms.as_ref().map(millis),
+    );
+    set(
+        &mut settings.executor_timeout,
+        executor_timeout_ms.as_ref().map(millis),
+    );
+    set(
+        &mut settings.executor_idle_timeout,
+        executor_idle_timeout_ms.as_ref().map(millis),
+    );
+    // A cap the request gives replaces the server's (the proto cannot say "no cap").
+    set(&mut settings.max_pending_pods, max_pending_pods.map(Some));
+    set(
+        &mut settings.max_pending_pods_per_profile,
+        max_pending_pods_per_profile.map(Some),
+    );
+    set(&mut settings.max_executors, max_executors.map(Some));
+    set(&mut settings.delete_on_termination, *delete_on_termination);
+    set(
+        &mut settings.executor_container_name,
+        executor_container_name.clone(),
+    );
+    set(&mut settings.check_all_containers, *check_all_containers);
+    Ok(())
+}
+
+/// `value`, when the request gives it (unset keeps the server's).
+fn set<T>(setting: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *setting = value;
+    }
 }
 
 /// `settings.policy`: unset or UNSPECIFIED keeps the default; a number outside the enum
@@ -271,68 +215,22 @@ fn policy(value: Option<i32>) -> Result<Option<AllocationPolicy>, AppError> {
     }
 }
 
-/// `resource_profile_templates` of Start or SetTotalExpected, parsed and, with a
-/// placement (Start's), checked against the policy where the application's pods go
-/// (SetTotalExpected's are checked by the application, which knows where that is): ids
-/// above 0 (profile 0 is Start's `executor_pod_template`), at most
-/// `limits.max_resource_profiles` of them, counted before any is parsed.
-fn profile_templates(
-    texts: std::collections::HashMap<i32, String>,
-    defaults: &StartDefaults,
-    placement: Option<(&Placement, &PodPolicy)>,
-) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
-    let max = defaults.limits.max_resource_profiles;
-    if texts.len() >= max {
-        return Err(invalid(
-            "resource_profile_templates",
-            format!(
-                "{} templates: an application may have at most {max} resource profiles, \
-                 profile 0 included (the service's limits.max_resource_profiles)",
-                texts.len()
-            ),
-        ));
-    }
-    // Sorted, so that with several bad entries the error is always about the lowest id.
-    let sorted: BTreeMap<i32, String> = texts.into_iter().collect();
-    let mut templates = BTreeMap::new();
-    for (profile, text) in sorted {
-        let field = format!("resource_profile_templates[{profile}]");
-        if profile < 0 {
-            return Err(invalid(field, "a resource profile id must be >= 0"));
-        }
-        if profile == 0 {
-            return Err(invalid(
-                field,
-                "resource profile 0 takes its template from Start's executor_pod_template",
-            ));
-        }
-        let template = pod_template_within(&field, &text, &defaults.limits)?;
-        if let Some((placement, policy)) = placement {
-            allowed(&field, &template, policy, placement)?;
-        }
-        templates.insert(ResourceProfileId(profile), template);
-    }
-    Ok(templates)
-}
-
-/// A SetTotalExpected request, checked.
+/// A SetTotalExpected request, checked (its `application_id` is checked first, alone, by
+/// [`application_id`], so that the call is authorized before any template is read).
 #[derive(Debug, Clone)]
 pub struct TotalExpected {
-    pub app_id: AppId,
     /// Templates of profiles to register before the targets apply.
     pub templates: BTreeMap<ResourceProfileId, Pod>,
     /// Executors wanted, by profile.
     pub targets: BTreeMap<ResourceProfileId, u32>,
 }
 
-/// SetTotalExpected: the application, templates of profiles added since Start (parsed;
-/// the application holds them to the pod policy where its pods go), and its targets per
-/// resource profile.
+/// SetTotalExpected: templates of profiles added since Start (parsed; the application
+/// holds them to the pod policy where its pods go), and its targets per resource profile.
 pub fn set_total_expected(
     req: proto::SetTotalExpectedRequest,
     defaults: &StartDefaults,
 ) -> Result<TotalExpected, AppError> {
-    let app_id = application_id(&req.application_id)?;
     let max = defaults.limits.max_resource_profiles;
     if req.executors_per_profile.len() > max {
         return Err(invalid(
@@ -355,12 +253,9 @@ pub fn set_total_expected(
         }
         targets.insert(ResourceProfileId(profile), count);
     }
-    let templates = profile_templates(req.resource_profile_templates, defaults, None)?;
-    Ok(TotalExpected {
-        app_id,
-        templates,
-        targets,
-    })
+    let templates =
+        templates::profile_templates(req.resource_profile_templates, &defaults.limits, None)?;
+    Ok(TotalExpected { templates, targets })
 }
 
 /// IsDeleted: the application and one executor id.
@@ -400,177 +295,6 @@ pub fn executor_id(raw: &str) -> Result<ExecutorId, String> {
         Ok(0) => Err("executor ids start at 1".to_string()),
         Ok(id) => Ok(ExecutorId(id)),
         Err(_) => Err(format!("{raw:?} is too large for an executor id")),
-    }
-}
-
-/// A Pod from YAML or JSON within the default [`RequestLimits`].
-pub fn pod_template(field: &str, text: &str) -> Result<Pod, AppError> {
-    pod_template_within(field, text, &RequestLimits::default())
-}
-
-/// A Pod from YAML or JSON; errors give the line and column. A template over the size or
-/// nesting limit is refused before it is parsed. JSON goes to serde_json (an order of
-/// magnitude faster than reading it as YAML); anything else is YAML. CPU-bound: call it
-/// off the async runtime.
-pub fn pod_template_within(
-    field: &str,
-    text: &str,
-    limits: &RequestLimits,
-) -> Result<Pod, AppError> {
-    if text.len() > limits.max_template_bytes {
-        return Err(invalid(
-            field,
-            format!(
-                "{} bytes: a template may have at most {} (the service's limits.max_template_bytes)",
-                text.len(),
-                limits.max_template_bytes
-            ),
-        ));
-    }
-    if let Some(line) = too_deep(text, limits.max_template_depth) {
-        return Err(invalid(
-            field,
-            format!(
-                "nested more than {} levels deep (line {line}; the service's \
-                 limits.max_template_depth)",
-                limits.max_template_depth
-            ),
-        ));
-    }
-    if text.trim_start().starts_with('{') {
-        return serde_json::from_str::<Pod>(text).map_err(|e| {
-            let what = match e.classify() {
-                serde_json::error::Category::Data => "not a Pod",
-                _ => "not valid JSON",
-            };
-            invalid(field, format!("{what}: {e}"))
-        });
-    }
-    serde_yaml::from_str::<Pod>(text).map_err(|pod_error| {
-        // Parsed once more only to say what is wrong: not YAML at all, or not a Pod.
-        let message = match serde_yaml::from_str::<serde_yaml::Value>(text) {
-            Err(e) => format!("not valid YAML or JSON: {}", yaml_error(&e)),
-            Ok(value) if !value.is_mapping() => {
-                "not a Pod: expected a YAML or JSON object".to_string()
-            }
-            Ok(_) => format!("not a Pod: {}", yaml_error(&pod_error)),
-        };
-        invalid(field, message)
-    })
-}
-
-/// The first line (1-based) at which `text` nests deeper than `max`: block levels (by
-/// indentation, and `- ` markers that open a sequence on the same line) plus open flow
-/// brackets, outside quotes, comments and block scalars. A linear scan, not a parser: it
-/// may count one level more than YAML does (the line a flow collection opens on) or miss
-/// the sequence a key opens at its own indentation (`a:` then `- b`), so it sees at least
-/// half of any real nesting, which is what keeps the parser's quadratic time bounded.
-pub fn too_deep(text: &str, max: usize) -> Option<usize> {
-    let mut indents: Vec<usize> = Vec::new();
-    let mut flow = 0usize;
-    let mut quote: Option<u8> = None;
-    let mut escaped = false;
-    // The indentation of the line that opened a block scalar (`|`, `>`): lines indented
-    // deeper are its text.
-    let mut block_scalar: Option<usize> = None;
-    for (number, line) in text.lines().enumerate() {
-        let bytes = line.as_bytes();
-        let indent = bytes.iter().take_while(|b| **b == b' ').count();
-        let blank = bytes[indent..].iter().all(u8::is_ascii_whitespace);
-        if let Some(parent) = block_scalar {
-            if blank || indent > parent {
-                continue;
-            }
-            block_scalar = None;
-        }
-        let in_block = flow == 0 && quote.is_none();
-        if in_block {
-            if blank || bytes[indent] == b'#' {
-                continue;
-            }
-            while indents.last().is_some_and(|top| *top >= indent) {
-                indents.pop();
-            }
-            indents.push(indent);
-        }
-        // The previous byte that is not a space, on this line (none at its start).
-        let mut previous: Option<u8> = None;
-        let mut markers_only = true;
-        let mut last = 0usize;
-        for (column, &byte) in bytes.iter().enumerate().skip(indent) {
-            if let Some(open) = quote {
-                if escaped {
-                    escaped = false;
-                } else if open == b'"' && byte == b'\\' {
-                    escaped = true;
-                } else if byte == open {
-                    quote = None;
-                }
-                previous = Some(byte);
-                last = column;
-                continue;
-            }
-            match byte {
-                b' ' | b'\t' => continue,
-                b'#' if column == 0 || bytes[column - 1] == b' ' || bytes[column - 1] == b'\t' => {
-                    break;
-                }
-                b'"' | b'\''
-                    if matches!(
-                        previous,
-                        None | Some(b':' | b'-' | b'[' | b'{' | b',' | b'?')
-                    ) =>
-                {
-                    quote = Some(byte);
-                }
-                b'[' | b'{' => flow += 1,
-                b']' | b'}' => flow = flow.saturating_sub(1),
-                b'-' if flow == 0
-                    && markers_only
-                    && bytes.get(column + 1).is_none_or(|b| *b == b' ') =>
-                {
-                    if indents.last().is_some_and(|top| *top < column) {
-                        indents.push(column);
-                    }
-                }
-                _ => markers_only = false,
-            }
-            if matches!(byte, b'[' | b'{' | b'"' | b'\'') {
-                markers_only = false;
-            }
-            if indents.len() + flow > max {
-                return Some(number + 1);
-            }
-            previous = Some(byte);
-            last = column;
-        }
-        if indents.len() + flow > max {
-            return Some(number + 1);
-        }
-        // `key: |-` or `- >`: the following deeper lines are text.
-        if flow == 0 && quote.is_none() && !blank {
-            let mut tail = &bytes[..=last.min(bytes.len() - 1)];
-            while let [rest @ .., b'-' | b'+' | b'0'..=b'9'] = tail {
-                tail = rest;
-            }
-            if let [before @ .., b'|' | b'>'] = tail
-                && matches!(before.last(), None | Some(b' ' | b':' | b'-'))
-            {
-                block_scalar = Some(indent);
-            }
-        }
-    }
-    None
-}
-
-/// serde_yaml's message with the position spelt out the same way every time.
-fn yaml_error(e: &serde_yaml::Error) -> String {
-    let message = e.to_string();
-    match e.location() {
-        Some(loc) if !message.contains("line ") => {
-            format!("{message} (line {}, column {})", loc.line(), loc.column())
-        }
-        _ => message,
     }
 }
 
@@ -690,127 +414,6 @@ mod tests {
     }
 
     #[test]
-    fn templates_accept_json_and_report_the_line_of_an_error() {
-        let json =
-            r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"name":"x","image":"y"}]}}"#;
-        let pod = pod_template("executor_pod_template", json).unwrap();
-        assert_eq!(pod.spec.unwrap().containers[0].name, "x");
-
-        let broken = "apiVersion: v1\nkind: Pod\nspec:\n  containers: [\n";
-        let (field, message) = field_of(pod_template("executor_pod_template", broken).unwrap_err());
-        assert_eq!(field, "executor_pod_template");
-        assert!(message.contains("line "), "{message}");
-
-        let json_wrong_type =
-            "{\"apiVersion\": \"v1\",\n \"kind\": \"Pod\",\n \"spec\": {\"containers\": 7}}";
-        let (_, message) =
-            field_of(pod_template("executor_pod_template", json_wrong_type).unwrap_err());
-        assert!(
-            message.contains("not a Pod") && message.contains("line 3"),
-            "{message}"
-        );
-        let (_, message) = field_of(pod_template("t", "{\"kind\": \"Pod\",\n").unwrap_err());
-        assert!(
-            message.contains("not valid JSON") && message.contains("line 2"),
-            "{message}"
-        );
-
-        let wrong_type = "apiVersion: v1\nkind: Pod\nspec:\n  containers: 7\n";
-        let (_, message) = field_of(pod_template("executor_pod_template", wrong_type).unwrap_err());
-        assert!(
-            message.contains("not a Pod") && message.contains("line 4"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn a_template_that_is_not_a_pod_is_refused() {
-        for text in [
-            "apiVersion: apps/v1\nkind: Deployment\n",
-            "just text",
-            "[1, 2]",
-        ] {
-            let (field, message) =
-                field_of(pod_template("executor_pod_template", text).unwrap_err());
-            assert_eq!(field, "executor_pod_template");
-            assert!(message.contains("not a Pod"), "{text}: {message}");
-        }
-    }
-
-    #[test]
-    fn hostile_templates_are_refused_not_expanded() {
-        // A billion laughs: nine levels of nine aliases each.
-        let mut bomb = String::from("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
-        for (prev, next) in ('a'..='h').zip('b'..='i') {
-            let refs = vec![format!("*{prev}"); 9].join(", ");
-            bomb.push_str(&format!("{next}: &{next} [{refs}]\n"));
-        }
-        bomb.push_str("metadata:\n  labels: *i\n");
-        let (field, message) = field_of(pod_template("executor_pod_template", &bomb).unwrap_err());
-        assert_eq!(field, "executor_pod_template");
-        assert!(message.starts_with("not valid"), "{message}");
-        // Nesting is refused by the scan, before the parser (quadratic in the depth) runs.
-        let deep_flow = "[".repeat(100_000);
-        let deep_json = "{\"a\":".repeat(10_000);
-        let deep_block: String = (0..40)
-            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
-            .collect();
-        let deep_dashes = format!("{}x\n", "- ".repeat(40));
-        for text in [&deep_flow, &deep_json, &deep_block, &deep_dashes] {
-            let started = std::time::Instant::now();
-            let (field, message) =
-                field_of(pod_template("executor_pod_template", text).unwrap_err());
-            assert_eq!(field, "executor_pod_template");
-            assert!(message.contains("nested more than 32 levels"), "{message}");
-            assert!(started.elapsed() < std::time::Duration::from_millis(500));
-        }
-        let big = format!("{TEMPLATE}# {}\n", "x".repeat(300 * 1024));
-        let (_, message) = field_of(pod_template("executor_pod_template", &big).unwrap_err());
-        assert!(message.contains("limits.max_template_bytes"), "{message}");
-    }
-
-    #[test]
-    fn the_depth_scan_counts_what_nests_and_skips_what_does_not() {
-        // (text, depth the scan must accept, one less it must refuse)
-        let rows: &[(&str, usize)] = &[
-            ("a: 1\n", 1),
-            ("a:\n  b:\n    c: 1\n", 3),
-            ("a: [[1], {b: [2]}]\n", 4),
-            ("- - - x\n", 3),
-            ("a:\n- b: 1\n  c:\n    d: 1\n", 3),
-            ("a: \"[[[[[\"\nb: '{{{{'\n", 1),
-            ("a: x # [[[[[[\n", 1),
-            ("s: |\n  [[[[[[\n  {{{{{{\nb: 1\n", 1),
-            ("{\"a\": {\n  \"b\": {\n    \"c\": 1}}}\n", 4),
-            ("it: it's [x]\n", 2),
-        ];
-        for (text, depth) in rows {
-            assert_eq!(too_deep(text, *depth), None, "{text:?} at {depth}");
-            assert!(
-                too_deep(text, depth - 1).is_some(),
-                "{text:?} under {depth}"
-            );
-        }
-        let spark_like = "apiVersion: v1\nkind: Pod\nspec:\n  affinity:\n    nodeAffinity:\n      \
-            requiredDuringSchedulingIgnoredDuringExecution:\n        nodeSelectorTerms:\n        \
-            - matchExpressions:\n          - key: zone\n            operator: In\n            \
-            values: [a, b]\n";
-        assert_eq!(too_deep(spark_like, 32), None);
-    }
-
-    proptest::proptest! {
-        /// Any text, however broken, is scanned without a panic, and a deeper limit never
-        /// refuses what a shallower one accepts.
-        #[test]
-        fn the_depth_scan_takes_any_text(text in "[ -~\\n\\t\u{e9}\u{1f600}]{0,200}", max in 1usize..8) {
-            let shallow = too_deep(&text, max);
-            if shallow.is_none() {
-                proptest::prop_assert!(too_deep(&text, max + 1).is_none());
-            }
-        }
-    }
-
-    #[test]
     fn the_template_is_required_unless_the_server_has_one() {
         let req = proto::StartRequest {
             executor_pod_template: String::new(),
@@ -820,7 +423,7 @@ mod tests {
         assert_eq!(field, "executor_pod_template");
         assert!(message.contains("required"), "{message}");
 
-        let default_pod = pod_template("t", TEMPLATE).unwrap();
+        let default_pod = templates::parse("t", TEMPLATE, &RequestLimits::default()).unwrap();
         let defaults = StartDefaults {
             executor_pod_template: Some(default_pod.clone()),
             ..Default::default()
@@ -862,6 +465,52 @@ mod tests {
         };
         let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
         assert_eq!(field, "settings.batch_size");
+    }
+
+    #[test]
+    fn every_setting_given_replaces_the_servers() {
+        let requested = proto::AllocationSettings {
+            batch_size: Some(3),
+            batch_delay_ms: Some(2_000),
+            executor_timeout_ms: Some(20_000),
+            executor_idle_timeout_ms: Some(7_000),
+            max_pending_pods: Some(11),
+            max_pending_pods_per_profile: Some(4),
+            max_executors: Some(99),
+            delete_on_termination: Some(false),
+            executor_container_name: Some("main".into()),
+            check_all_containers: Some(true),
+            policy: Some(proto::AllocationPolicy::Adaptive as i32),
+        };
+        let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
+        assert_eq!(
+            merged,
+            AllocationSettings {
+                batch_size: 3,
+                batch_delay: Duration::from_secs(2),
+                executor_timeout: Duration::from_secs(20),
+                executor_idle_timeout: Duration::from_secs(7),
+                max_pending_pods: Some(11),
+                max_pending_pods_per_profile: Some(4),
+                max_executors: Some(99),
+                delete_on_termination: false,
+                executor_container_name: "main".into(),
+                check_all_containers: true,
+                policy: AllocationPolicy::Adaptive,
+            }
+        );
+        let unset = settings(
+            Some(&proto::AllocationSettings::default()),
+            &StartDefaults::default(),
+        );
+        let cap = RequestLimits::default().max_executors_per_application;
+        assert_eq!(
+            unset.unwrap(),
+            AllocationSettings {
+                max_executors: Some(cap),
+                ..AllocationSettings::default()
+            }
+        );
     }
 
     #[test]

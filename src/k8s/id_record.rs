@@ -1,16 +1,17 @@
-//! The record of the highest executor id handed out for each application ([`IdRecord`]),
-//! on its driver pod or in a ConfigMap of the service, and the requests that write, read
-//! and delete it (rate-limited and retried like every request of [`ExecutorPods`]).
+//! The record of the highest executor id handed out for each application ([`IdRecord`]):
+//! an annotation on its driver pod, or, for an application without one, a ConfigMap of the
+//! service in the application's namespace. This module owns both: the ConfigMap's name, its
+//! data key, its write, read and deletion (sent through the [`ApiClient`] of the
+//! application, rate-limited and retried like every request).
 use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, DeleteParams, ObjectMeta};
 
+use super::client::ApiClient;
+use super::config_map::{self, FirstTry, MANAGED_BY, managed_labels};
 use super::describe_error;
-use super::pods::{ExecutorPods, MANAGED_BY, is_status, labels, managed_labels};
 use crate::allocator::ExecutorId;
-use crate::allocator::types::EXECUTOR_ID_LABEL;
 use crate::naming::{sanitize_prefix, stable_hash};
 
 /// Annotation on the driver pod holding the highest executor id the service has handed
@@ -62,6 +63,70 @@ impl IdRecord {
             stable_hash(app_id)
         )
     }
+
+    /// Records `id` as the application's highest executor id (before executors with ids
+    /// up to it are created): one merge PATCH; for a ConfigMap not there yet, a create
+    /// instead (and the PATCH again if another create won the race).
+    ///
+    /// A blind merge PATCH, not a read-modify-write with resourceVersion: one actor is the
+    /// only writer of an application's record and only ever raises it, so there is no
+    /// concurrent update to detect, and a round costs one request instead of two.
+    pub async fn write(
+        &self,
+        api: &ApiClient,
+        namespace: &str,
+        id: ExecutorId,
+    ) -> Result<(), kube::Error> {
+        let value = id.to_string();
+        let result = match self {
+            Self::DriverPod(driver) => {
+                let patch = serde_json::json!({"metadata": {"annotations": {LAST_EXECUTOR_ID_ANNOTATION: value}}});
+                api.merge_patch::<Pod>(namespace, driver, &patch).await
+            }
+            Self::ConfigMap { name, app_id } => {
+                let data = BTreeMap::from([(LAST_EXECUTOR_ID_KEY.to_string(), value)]);
+                let labels = managed_labels(app_id);
+                config_map::write(api, namespace, name, labels, data, FirstTry::Patch).await
+            }
+        };
+        result.inspect_err(|err| {
+            tracing::warn!(namespace, record = %self, error = %describe_error(err), "recording the last executor id failed");
+        })
+    }
+
+    /// The id the record holds; `None` when there is none yet (no ConfigMap, no
+    /// annotation, a driver pod gone) or it is not a number.
+    pub async fn read(&self, api: &ApiClient, namespace: &str) -> Result<Option<u64>, kube::Error> {
+        let value = match self {
+            Self::DriverPod(driver) => {
+                api.get_opt::<Pod>(namespace, driver)
+                    .await?
+                    .and_then(|pod| {
+                        pod.metadata
+                            .annotations?
+                            .remove(LAST_EXECUTOR_ID_ANNOTATION)
+                    })
+            }
+            Self::ConfigMap { name, .. } => api
+                .get_opt::<ConfigMap>(namespace, name)
+                .await?
+                .and_then(|cm| cm.data?.remove(LAST_EXECUTOR_ID_KEY)),
+        };
+        Ok(parse_recorded_id(value.as_deref(), self))
+    }
+
+    /// Removes the record once the application has stopped: its ConfigMap is deleted
+    /// (gone already is fine); a driver pod's annotation stays with the driver pod.
+    pub async fn delete(&self, api: &ApiClient, namespace: &str) -> Result<(), kube::Error> {
+        let Self::ConfigMap { name, .. } = self else {
+            return Ok(());
+        };
+        api.delete::<ConfigMap>(namespace, name)
+            .await
+            .inspect_err(|err| {
+                tracing::warn!(namespace, record = %self, error = %describe_error(err), "deleting the executor id record failed");
+            })
+    }
 }
 
 impl fmt::Display for IdRecord {
@@ -71,137 +136,6 @@ impl fmt::Display for IdRecord {
             Self::ConfigMap { name, .. } => write!(f, "ConfigMap {name}"),
         }
     }
-}
-
-impl ExecutorPods {
-    /// Records `id` as the application's highest executor id in `record` (before executors
-    /// with ids up to it are created): one merge PATCH; for a ConfigMap not there yet, a
-    /// create instead (and the PATCH again if another create won the race).
-    ///
-    /// A blind merge PATCH, not a read-modify-write with resourceVersion: one actor is the
-    /// only writer of an application's record and only ever raises it, so there is no
-    /// concurrent update to detect, and a round costs one request instead of two.
-    pub async fn record_last_executor_id(
-        &self,
-        namespace: &str,
-        record: &IdRecord,
-        id: ExecutorId,
-    ) -> Result<(), kube::Error> {
-        let value = id.to_string();
-        let result = match record {
-            IdRecord::DriverPod(driver) => {
-                let patch = serde_json::json!({"metadata": {"annotations": {LAST_EXECUTOR_ID_ANNOTATION: value}}});
-                self.merge_patch::<Pod>(namespace, driver, &patch).await
-            }
-            IdRecord::ConfigMap { name, app_id } => {
-                let patch = serde_json::json!({"data": {LAST_EXECUTOR_ID_KEY: value}});
-                match self.merge_patch::<ConfigMap>(namespace, name, &patch).await {
-                    Err(err) if is_status(&err, 404) => {
-                        match self
-                            .create_id_config_map(namespace, name, app_id, &value)
-                            .await
-                        {
-                            Err(err) if is_status(&err, 409) => {
-                                self.merge_patch::<ConfigMap>(namespace, name, &patch).await
-                            }
-                            other => other,
-                        }
-                    }
-                    other => other,
-                }
-            }
-        };
-        result.inspect_err(|err| {
-            tracing::warn!(namespace, %record, error = %describe_error(err), "recording the last executor id failed");
-        })
-    }
-
-    /// The id `record` holds; `None` when there is none yet (no ConfigMap, no annotation,
-    /// a driver pod gone) or it is not a number.
-    pub async fn recorded_last_executor_id(
-        &self,
-        namespace: &str,
-        record: &IdRecord,
-    ) -> Result<Option<u64>, kube::Error> {
-        let value = match record {
-            IdRecord::DriverPod(driver) => {
-                let api = self.api(namespace);
-                self.policy
-                    .run(|_| api.get_opt(driver))
-                    .await?
-                    .and_then(|pod| {
-                        pod.metadata
-                            .annotations?
-                            .remove(LAST_EXECUTOR_ID_ANNOTATION)
-                    })
-            }
-            IdRecord::ConfigMap { name, .. } => {
-                let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
-                self.policy
-                    .run(|_| api.get_opt(name))
-                    .await?
-                    .and_then(|cm| cm.data?.remove(LAST_EXECUTOR_ID_KEY))
-            }
-        };
-        Ok(parse_recorded_id(value.as_deref(), record))
-    }
-
-    /// Removes `record` once the application has stopped: its ConfigMap is deleted (gone
-    /// already is fine); a driver pod's annotation stays with the driver pod.
-    pub async fn delete_id_record(
-        &self,
-        namespace: &str,
-        record: &IdRecord,
-    ) -> Result<(), kube::Error> {
-        let IdRecord::ConfigMap { name, .. } = record else {
-            return Ok(());
-        };
-        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
-        let answer = self
-            .policy
-            .run(|_| async {
-                self.acquire().await;
-                api.delete(name, &DeleteParams::default()).await
-            })
-            .await;
-        match answer {
-            Ok(_) => Ok(()),
-            Err(err) if is_status(&err, 404) => Ok(()),
-            Err(err) => {
-                tracing::warn!(namespace, %record, error = %describe_error(&err), "deleting the executor id record failed");
-                Err(err)
-            }
-        }
-    }
-
-    async fn create_id_config_map(
-        &self,
-        namespace: &str,
-        name: &str,
-        app_id: &str,
-        value: &str,
-    ) -> Result<(), kube::Error> {
-        let config_map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                labels: Some(managed_labels(app_id)),
-                ..ObjectMeta::default()
-            },
-            data: Some(BTreeMap::from([(
-                LAST_EXECUTOR_ID_KEY.to_string(),
-                value.to_string(),
-            )])),
-            ..ConfigMap::default()
-        };
-        self.create_config_map(namespace, &config_map).await
-    }
-}
-
-/// The highest `spark-exec-id` among `pods` (unparseable ids ignored).
-pub fn highest_executor_id(pods: &[Pod]) -> Option<u64> {
-    pods.iter()
-        .filter_map(|pod| labels(pod).get(EXECUTOR_ID_LABEL)?.parse::<u64>().ok())
-        .max()
 }
 
 /// A recorded last executor id; an unparseable one is ignored (and logged).
@@ -219,34 +153,6 @@ fn parse_recorded_id(value: Option<&str>, record: &IdRecord) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::types::EXECUTOR_INACTIVE_LABEL;
-
-    fn pod(labels: &[(&str, &str)]) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn highest_id_ignores_unparseable_and_counts_inactive() {
-        let pods = vec![
-            pod(&[(EXECUTOR_ID_LABEL, "7")]),
-            pod(&[(EXECUTOR_ID_LABEL, "12"), (EXECUTOR_INACTIVE_LABEL, "true")]),
-            pod(&[(EXECUTOR_ID_LABEL, "x99")]),
-            pod(&[]),
-        ];
-        assert_eq!(highest_executor_id(&pods), Some(12));
-        assert_eq!(highest_executor_id(&[]), None);
-    }
 
     #[test]
     fn recorded_last_id_ignores_garbage() {

@@ -1,23 +1,32 @@
 //! Everything that talks to Kubernetes: shared pod watches per namespace with the periodic
-//! resync ([`PodWatches`]), executor pod creates and deletes under one client-side rate
-//! limit ([`ExecutorPods`]), the executor id record ([`IdRecord`]), the applications'
-//! registrations in the service's namespace ([`RegistrationStore`]), and building the
-//! client from [`KubernetesSettings`] ([`connect`]).
+//! resync ([`PodWatches`]); the one client every request goes through, under one
+//! client-side rate limit and the request policy ([`ApiClient`]); on it, the executor pods'
+//! creates, deletes and listings ([`ExecutorPodClient`]), the executor id record
+//! ([`IdRecord`]), the applications' registrations in the service's namespace
+//! ([`RegistrationStore`]), and Start's namespace and driver pod lookups ([`placement`]);
+//! and building the client from [`KubernetesSettings`] ([`connect`]).
+pub mod client;
+pub mod config_map;
+pub mod executor_pods;
 pub mod id_record;
-pub mod pods;
+pub mod placement;
 pub mod rate_limit;
 pub mod registrations;
 pub mod request;
 pub mod watch;
 
+pub use client::ApiClient;
+pub use executor_pods::{CreateError, ExecutorPodClient};
 pub use id_record::IdRecord;
-pub use pods::{CreateError, ExecutorPods};
 pub use rate_limit::RateLimiter;
 pub use registrations::{RegistrationSettings, RegistrationStore};
 pub use request::RequestPolicy;
 pub use watch::{Listed, PodEvent, PodWatches, Subscription};
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Pod;
 
 use serde::Deserialize;
 
@@ -181,4 +190,10 @@ pub fn describe_error(err: &kube::Error) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// The pod's labels (empty when none).
+pub fn labels(pod: &Pod) -> &BTreeMap<String, String> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
 }

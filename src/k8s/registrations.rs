@@ -2,7 +2,7 @@
 //! per application in the service's OWN namespace (`registrations.namespace`), never in
 //! the application's, and the HMAC key that signs them, a Secret beside them
 //! (`registrations.key_secret`). What a registration holds and how it is signed and
-//! checked is [`crate::app::registration`]'s; this module only stores the bytes.
+//! checked is the application layer's (`app::registration`); this module only stores the bytes.
 //!
 //! Why both the own namespace and a signature: tenants cannot write in the service's
 //! namespace (RBAC), so a ConfigMap planted by a driver in its own namespace is never even
@@ -16,14 +16,15 @@ use std::sync::atomic::Ordering;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{ListParams, ObjectMeta, PostParams};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::Deserialize;
 use tokio::sync::OnceCell;
 
+use super::client::{ApiClient, is_status};
+use super::config_map::{self, FirstTry, MANAGED_BY, MANAGED_BY_LABEL, managed_labels};
 use super::describe_error;
-use super::pods::{ExecutorPods, MANAGED_BY, MANAGED_BY_LABEL, is_status, managed_labels};
 use crate::naming::{sanitize_prefix, stable_hash, truncate_label};
 
 /// Data key of the registration (JSON) in its ConfigMap.
@@ -122,11 +123,11 @@ pub struct StoredRegistration {
 }
 
 /// The registrations' ConfigMaps and their signing key, in the service's namespace.
-/// Requests go through the [`ExecutorPods`] client (rate limit, deadline, retries) of the
+/// Requests go through the [`ApiClient`] (rate limit, deadline, retries) of the
 /// application they are for.
 #[derive(Clone)]
 pub struct RegistrationStore {
-    pods: ExecutorPods,
+    api: ApiClient,
     namespace: Arc<str>,
     key_secret: Arc<str>,
     /// Read (or created) once, at first need; a failure is tried again at the next need.
@@ -138,10 +139,10 @@ pub struct RegistrationStore {
 }
 
 impl RegistrationStore {
-    /// The store of `settings`, sending through `pods`.
-    pub fn new(pods: ExecutorPods, settings: &RegistrationSettings) -> Self {
+    /// The store of `settings`, sending through `api`.
+    pub fn new(api: ApiClient, settings: &RegistrationSettings) -> Self {
         Self {
-            pods,
+            api,
             namespace: Arc::from(settings.namespace()),
             key_secret: Arc::from(settings.key_secret.as_str()),
             key: Arc::new(OnceCell::new()),
@@ -153,7 +154,7 @@ impl RegistrationStore {
     /// `namespace` (the tenant's, not the service's namespace where they are kept).
     pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
         Self {
-            pods: self.pods.for_application(namespace, app_id),
+            api: self.api.for_application(namespace, app_id),
             written: Arc::default(),
             ..self.clone()
         }
@@ -186,13 +187,13 @@ impl RegistrationStore {
     }
 
     async fn read_or_create_key(&self) -> Result<hmac::Key, KeyError> {
-        let api = Api::<Secret>::namespaced(self.pods.client.clone(), &self.namespace);
+        let api = self.api.namespaced::<Secret>(&self.namespace);
         let in_kubernetes = |source| KeyError::Kubernetes {
             namespace: self.namespace.to_string(),
             name: self.key_secret.to_string(),
             source,
         };
-        let policy = self.pods.policy;
+        let policy = self.api.policy();
         let found = policy
             .run(|_| api.get_opt(&self.key_secret))
             .await
@@ -222,7 +223,7 @@ impl RegistrationStore {
                 };
                 let created = policy
                     .run(|_| async {
-                        self.pods.acquire().await;
+                        self.api.acquire().await;
                         api.create(&PostParams::default(), &secret).await
                     })
                     .await;
@@ -272,43 +273,20 @@ impl RegistrationStore {
             (REGISTRATION_KEY.to_string(), json.to_string()),
             (SIGNATURE_KEY.to_string(), signature.to_string()),
         ]);
-        let patch = serde_json::json!({ "data": &data });
-        let namespace = &*self.namespace;
-        let pods = &self.pods;
-        let create = || {
-            let mut labels = managed_labels(app_id);
-            labels.insert(
-                APPLICATION_NAMESPACE_LABEL.to_string(),
-                app_namespace.to_string(),
-            );
-            let config_map = ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                },
-                data: Some(data.clone()),
-                ..ConfigMap::default()
-            };
-            async move { pods.create_config_map(namespace, &config_map).await }
-        };
-        let patch_existing = || pods.merge_patch::<ConfigMap>(namespace, &name, &patch);
-        let result = if self.written.load(Ordering::Relaxed) {
-            // Patched; created again if it was deleted meanwhile.
-            match patch_existing().await {
-                Err(err) if is_status(&err, 404) => match create().await {
-                    Err(err) if is_status(&err, 409) => patch_existing().await,
-                    other => other,
-                },
-                other => other,
-            }
+        let mut labels = managed_labels(app_id);
+        labels.insert(
+            APPLICATION_NAMESPACE_LABEL.to_string(),
+            app_namespace.to_string(),
+        );
+        // Once written, patched (and created again if it was deleted meanwhile); before,
+        // created (and patched when it is there already: a resumed application's).
+        let first = if self.written.load(Ordering::Relaxed) {
+            FirstTry::Patch
         } else {
-            // Created; patched when it is there already (a resumed application's).
-            match create().await {
-                Err(err) if is_status(&err, 409) => patch_existing().await,
-                other => other,
-            }
+            FirstTry::Create
         };
+        let namespace = &*self.namespace;
+        let result = config_map::write(&self.api, namespace, &name, labels, data, first).await;
         if result.is_ok() {
             self.written.store(true, Ordering::Relaxed);
         }
@@ -320,7 +298,7 @@ impl RegistrationStore {
     /// Every registration in the service's namespace (ConfigMaps of the service that name
     /// an application namespace), a page at a time.
     pub async fn list(&self) -> Result<Vec<StoredRegistration>, kube::Error> {
-        let api = Api::<ConfigMap>::namespaced(self.pods.client.clone(), &self.namespace);
+        let api = self.api.namespaced::<ConfigMap>(&self.namespace);
         let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{APPLICATION_NAMESPACE_LABEL}");
         let mut found = Vec::new();
         let mut token: Option<String> = None;
@@ -329,7 +307,7 @@ impl RegistrationStore {
             if let Some(token) = &token {
                 lp = lp.continue_token(token);
             }
-            let list = self.pods.policy.run(|_| api.list(&lp)).await?;
+            let list = self.api.policy().run(|_| api.list(&lp)).await?;
             token = list.metadata.continue_.filter(|t| !t.is_empty());
             found.extend(list.items.into_iter().map(stored));
             if token.is_none() {
@@ -342,23 +320,12 @@ impl RegistrationStore {
     /// driver); gone already is fine.
     pub async fn delete(&self, app_namespace: &str, app_id: &str) -> Result<(), kube::Error> {
         let name = Self::config_map_name(app_namespace, app_id);
-        let api = Api::<ConfigMap>::namespaced(self.pods.client.clone(), &self.namespace);
-        let answer = self
-            .pods
-            .policy
-            .run(|_| async {
-                self.pods.acquire().await;
-                api.delete(&name, &DeleteParams::default()).await
+        self.api
+            .delete::<ConfigMap>(&self.namespace, &name)
+            .await
+            .inspect_err(|err| {
+                tracing::warn!(namespace = %self.namespace, config_map = %name, app_namespace, error = %describe_error(err), "deleting the application's registration failed");
             })
-            .await;
-        match answer {
-            Ok(_) => Ok(()),
-            Err(err) if is_status(&err, 404) => Ok(()),
-            Err(err) => {
-                tracing::warn!(namespace = %self.namespace, config_map = %name, app_namespace, error = %describe_error(&err), "deleting the application's registration failed");
-                Err(err)
-            }
-        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use spark_pod_allocator::k8s::IdRecord;
-use spark_pod_allocator::k8s::pods::LAST_EXECUTOR_ID_KEY;
+use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 
 use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::{batched_start_request, start_scaled};

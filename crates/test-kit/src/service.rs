@@ -10,12 +10,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use serde_json::json;
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
-use spark_pod_allocator::app::registration::{REGISTRATION_KEY, Registration};
+use spark_pod_allocator::app::registration::Registration;
 use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceOptions, StartApplication, Started,
 };
 use spark_pod_allocator::k8s::RegistrationStore;
 use spark_pod_allocator::runtime::Builder;
+use spark_pod_allocator::k8s::registrations::REGISTRATION_KEY;
 
 use crate::grpc::TEMPLATE;
 use crate::wait::until;

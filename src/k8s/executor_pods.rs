@@ -1,23 +1,17 @@
-//! Executor pod requests of every application: creates, collection deletes by label (and
-//! `status.phase=Pending` for a downscale), delete-all for Stop, the listing used to resume,
-//! the driver pod lookup, and the ConfigMap requests the id record ([`super::id_record`])
-//! and the registrations ([`super::registrations`]) are written through. Every mutating request first takes a slot of the shared [`RateLimiter`];
-//! every failure is logged with the API server's reason and returned.
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
+//! The executor pods' requests of every application ([`ExecutorPodClient`]): creates,
+//! collection deletes by label (and `status.phase=Pending` for a downscale), delete-all for
+//! Stop, the inactive label, and the listings used to resume and for a WatchExecutors full
+//! state. Every mutating request first takes a slot of the shared rate limit (see
+//! [`ApiClient`]); every failure is logged with the API server's reason and returned.
+use std::collections::BTreeSet;
 
 use futures::StreamExt;
-use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use serde::de::DeserializeOwned;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
-use super::describe_error;
-pub use super::id_record::{IdRecord, LAST_EXECUTOR_ID_KEY};
-use super::rate_limit::{RateLimiter, Share};
-use super::request::RequestPolicy;
-use super::watch::{FOLLOWED_DRIVER_LABEL, FOLLOWED_DRIVER_VALUE};
+use super::client::{ApiClient, is_status};
+use super::{describe_error, labels};
 use crate::allocator::ExecutorId;
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
@@ -30,7 +24,7 @@ pub enum CreateError {
     /// The API server refused or failed the create.
     #[error("{}", describe_error(.0))]
     Kubernetes(#[from] kube::Error),
-    /// Not sent: the executor id could not be recorded first ([`IdRecord`]).
+    /// Not sent: the executor id could not be recorded first ([`super::IdRecord`]).
     #[error("not sent: recording the last executor id failed: {0}")]
     IdNotRecorded(String),
     /// The application stopped before the create was sent.
@@ -38,82 +32,48 @@ pub enum CreateError {
     Cancelled,
 }
 
-/// The standard label naming the manager of an object.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-
-/// [`MANAGED_BY_LABEL`] value of the objects the service owns (its ConfigMaps).
-pub const MANAGED_BY: &str = "spark-pod-allocator";
-
 /// Ids per collection delete, so the label selector stays well under URL limits.
 const IDS_PER_DELETE: usize = 200;
 
-/// The pod client shared by all applications.
+/// The executor pods' client, shared by all applications.
 #[derive(Clone)]
-pub struct ExecutorPods {
-    pub(super) client: kube::Client,
-    limiter: RateLimiter,
+pub struct ExecutorPodClient {
+    api: ApiClient,
     create_concurrency: usize,
-    pub(super) policy: RequestPolicy,
-    metrics: Metrics,
-    /// Whose share of the rate limit this client's requests take.
-    share: Share,
 }
 
-impl ExecutorPods {
-    /// A client whose mutating requests share `limiter`; at most `create_concurrency`
-    /// creates of one round are in flight at once.
-    pub fn new(client: kube::Client, limiter: RateLimiter, create_concurrency: usize) -> Self {
+impl ExecutorPodClient {
+    /// The executor pod requests sent through `api`; at most `create_concurrency` creates
+    /// of one round are in flight at once.
+    pub fn new(api: ApiClient, create_concurrency: usize) -> Self {
         Self {
-            client,
-            limiter,
+            api,
             create_concurrency: create_concurrency.max(1),
-            policy: RequestPolicy::default(),
-            metrics: Metrics::default(),
-            share: Share::service(),
         }
     }
 
-    /// The same client, its requests queued in `app_id`'s share of the rate limit within
-    /// `namespace`'s (slots go round-robin between namespaces, then between applications,
-    /// see [`RateLimiter`]).
+    /// The same client, its requests in `app_id`'s share of the rate limit within
+    /// `namespace`'s ([`ApiClient::for_application`]).
     pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
         Self {
-            share: Share::new(namespace, app_id),
+            api: self.api.for_application(namespace, app_id),
             ..self.clone()
         }
     }
 
-    /// The same client with every request under `policy` (deadline, retries).
-    pub fn with_policy(mut self, policy: RequestPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// A token of the shared rate limiter; the wait is recorded.
-    pub(super) async fn acquire(&self) {
-        let started = std::time::Instant::now();
-        self.limiter.acquire(&self.share).await;
-        self.metrics.rate_limit_waited(started.elapsed());
-    }
-
-    /// Records into `metrics`.
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        self.metrics = metrics;
-        self
+    /// The client its requests go through (the application's id record is written
+    /// through the same one, in the same share of the rate limit).
+    pub fn api(&self) -> &ApiClient {
+        &self.api
     }
 
     /// Where the callers count the pods they create and delete.
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        self.api.metrics()
     }
 
-    /// The deadline and retries of every request.
-    pub fn policy(&self) -> RequestPolicy {
-        self.policy
-    }
-
-    pub(super) fn api(&self, namespace: &str) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), namespace)
+    fn pods(&self, namespace: &str) -> Api<Pod> {
+        self.api.namespaced(namespace)
     }
 
     /// Creates `pods` concurrently (up to the configured limit); one result per executor,
@@ -125,7 +85,7 @@ impl ExecutorPods {
         pods: Vec<(ExecutorId, Pod)>,
         cancel: &CancellationToken,
     ) -> Vec<(ExecutorId, Result<(), CreateError>)> {
-        let api = self.api(namespace);
+        let api = self.pods(namespace);
         futures::stream::iter(pods)
             .map(|(id, pod)| {
                 let api = api.clone();
@@ -133,14 +93,15 @@ impl ExecutorPods {
                     tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
-                        () = self.acquire() => {}
+                        () = self.api.acquire() => {}
                     }
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
                     }
                     let mut first = true;
                     let result = self
-                        .policy
+                        .api
+                        .policy()
                         .run(|unknown_outcome| {
                             let (api, pod) = (api.clone(), &pod);
                             let retry = !std::mem::take(&mut first);
@@ -150,7 +111,7 @@ impl ExecutorPods {
                                     if cancel.is_cancelled() {
                                         return Err(stopping());
                                     }
-                                    self.acquire().await;
+                                    self.api.acquire().await;
                                 }
                                 match api.create(&PostParams::default(), pod).await {
                                     // An earlier attempt with no answer did create it.
@@ -231,11 +192,12 @@ impl ExecutorPods {
         namespace: &str,
         lp: &ListParams,
     ) -> Result<Vec<String>, kube::Error> {
-        let api = self.api(namespace);
+        let api = self.pods(namespace);
         let answer = self
-            .policy
+            .api
+            .policy()
             .run(|_| async {
-                self.acquire().await;
+                self.api.acquire().await;
                 api.delete_collection(&DeleteParams::default(), lp).await
             })
             .await;
@@ -257,57 +219,12 @@ impl ExecutorPods {
     /// everywhere), used instead of deleting when delete-on-termination is off.
     pub async fn mark_inactive(&self, namespace: &str, pod_name: &str) -> Result<(), kube::Error> {
         let patch = serde_json::json!({"metadata": {"labels": {EXECUTOR_INACTIVE_LABEL: "true"}}});
-        self.merge_patch::<Pod>(namespace, pod_name, &patch)
+        self.api
+            .merge_patch::<Pod>(namespace, pod_name, &patch)
             .await
             .inspect_err(|err| {
                 tracing::warn!(namespace, pod = pod_name, error = %describe_error(err), "labelling executor pod inactive failed");
             })
-    }
-
-    /// Creates `config_map` (rate-limited, retried); a retry that finds it already created
-    /// by an attempt whose answer was lost succeeds.
-    pub(super) async fn create_config_map(
-        &self,
-        namespace: &str,
-        config_map: &ConfigMap,
-    ) -> Result<(), kube::Error> {
-        let api = Api::<ConfigMap>::namespaced(self.client.clone(), namespace);
-        self.policy
-            .run(|unknown_outcome| {
-                let api = &api;
-                async move {
-                    self.acquire().await;
-                    match api.create(&PostParams::default(), config_map).await {
-                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
-                        other => other.map(drop),
-                    }
-                }
-            })
-            .await
-    }
-
-    /// One rate-limited merge PATCH of a namespaced object.
-    pub(super) async fn merge_patch<K>(
-        &self,
-        namespace: &str,
-        name: &str,
-        patch: &serde_json::Value,
-    ) -> Result<(), kube::Error>
-    where
-        K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + fmt::Debug,
-    {
-        let api = Api::<K>::namespaced(self.client.clone(), namespace);
-        self.policy
-            .run(|_| async {
-                self.acquire().await;
-                api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .map(drop)
-            })
-            .await
     }
 
     /// Every executor pod of the application, inactive ones included (they hold ids too).
@@ -317,8 +234,9 @@ impl ExecutorPods {
         app_id: &str,
     ) -> Result<Vec<Pod>, kube::Error> {
         let lp = ListParams::default().labels(&app_selector(app_id));
-        let api = self.api(namespace);
-        self.policy
+        let api = self.pods(namespace);
+        self.api
+            .policy()
             .run(|_| api.list(&lp))
             .await
             .map(|list| list.items)
@@ -334,7 +252,7 @@ impl ExecutorPods {
         page_size: u32,
         mut page: impl FnMut(Vec<Pod>),
     ) -> Result<(), kube::Error> {
-        let api = self.api(namespace);
+        let api = self.pods(namespace);
         let mut token: Option<String> = None;
         loop {
             let mut lp = ListParams::default()
@@ -343,7 +261,7 @@ impl ExecutorPods {
             if let Some(token) = &token {
                 lp = lp.continue_token(token);
             }
-            let list = self.policy.run(|_| api.list(&lp)).await?;
+            let list = self.api.policy().run(|_| api.list(&lp)).await?;
             token = list.metadata.continue_.filter(|t| !t.is_empty());
             page(list.items);
             if token.is_none() {
@@ -351,55 +269,13 @@ impl ExecutorPods {
             }
         }
     }
-
-    /// Whether `namespace` exists; `None` when the service may not read namespaces (403),
-    /// so it cannot tell. (A LIST of pods in a missing namespace is an empty list, and only
-    /// the creates would fail, each with 404, for as long as the application runs.)
-    pub async fn namespace_exists(&self, namespace: &str) -> Result<Option<bool>, kube::Error> {
-        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
-        match self.policy.run(|_| api.get_opt(namespace)).await {
-            Ok(found) => Ok(Some(found.is_some())),
-            Err(err) if is_status(&err, 403) => Ok(None),
-            Err(err) => Err(err),
-        }
-    }
-
-    /// The driver pod, or `None` when it does not exist.
-    pub async fn driver_pod(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Pod>, kube::Error> {
-        let api = self.api(namespace);
-        self.policy.run(|_| api.get_opt(name)).await
-    }
-
-    /// Puts [`FOLLOWED_DRIVER_LABEL`] on the driver pod `name` (one merge PATCH, as the id
-    /// record's annotation), so that the namespace's driver watch follows it.
-    pub async fn label_driver(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
-        let patch = serde_json::json!({"metadata": {"labels": {FOLLOWED_DRIVER_LABEL: FOLLOWED_DRIVER_VALUE}}});
-        self.merge_patch::<Pod>(namespace, name, &patch)
-            .await
-            .inspect_err(|err| {
-                tracing::warn!(namespace, driver = name, error = %describe_error(err), "labelling the driver pod failed");
-            })
-    }
 }
 
-/// Whether the driver pod carries [`FOLLOWED_DRIVER_LABEL`] already (a resumed or repeated
-/// Start: no PATCH needed).
-pub fn is_labelled_driver(pod: &Pod) -> bool {
-    labels(pod)
-        .get(FOLLOWED_DRIVER_LABEL)
-        .is_some_and(|v| v == FOLLOWED_DRIVER_VALUE)
-}
-
-/// The labels of the service's own ConfigMaps.
-pub(super) fn managed_labels(app_id: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (APP_ID_LABEL.to_string(), app_id.to_string()),
-        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
-    ])
+/// The highest `spark-exec-id` among `pods` (unparseable ids ignored).
+pub fn highest_executor_id(pods: &[Pod]) -> Option<u64> {
+    pods.iter()
+        .filter_map(|pod| labels(pod).get(EXECUTOR_ID_LABEL)?.parse::<u64>().ok())
+        .max()
 }
 
 /// The error of a retry not sent because the application is stopping.
@@ -407,17 +283,39 @@ fn stopping() -> kube::Error {
     kube::Error::Service("not retried: the application is stopping".into())
 }
 
-/// Whether `err` is the API server answering `code`.
-pub(super) fn is_status(err: &kube::Error, code: u16) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == code)
-}
-
-/// The pod's labels (empty when none).
-pub fn labels(pod: &Pod) -> &BTreeMap<String, String> {
-    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
-}
-
 fn app_selector(app_id: &str) -> String {
     format!("{APP_ID_LABEL}={app_id},{ROLE_LABEL}={EXECUTOR_ROLE}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn pod(labels: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn highest_id_ignores_unparseable_and_counts_inactive() {
+        let pods = vec![
+            pod(&[(EXECUTOR_ID_LABEL, "7")]),
+            pod(&[(EXECUTOR_ID_LABEL, "12"), (EXECUTOR_INACTIVE_LABEL, "true")]),
+            pod(&[(EXECUTOR_ID_LABEL, "x99")]),
+            pod(&[]),
+        ];
+        assert_eq!(highest_executor_id(&pods), Some(12));
+        assert_eq!(highest_executor_id(&[]), None);
+    }
 }

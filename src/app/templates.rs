@@ -1,0 +1,536 @@
+//! What a pod template is held to, in one place, each failure naming the request field the
+//! template came in (`executor_pod_template`, `resource_profile_templates[N]`):
+//! - parsing: the size and nesting limits (checked before the parser runs), YAML or JSON,
+//!   errors with line and column ([`parse`], [`start_templates`], [`profile_templates`]);
+//! - the pod policy where the application's pods go ([`allowed`], [`policy_violation`]);
+//! - what the engine's pod builder refuses: images, labels once the placeholders are
+//!   substituted ([`builder`]; [`template_error`] names the field of its error).
+//!
+//! The gRPC edge parses Start's and SetTotalExpected's templates and holds Start's to the
+//! policy; the application holds SetTotalExpected's and a resumed registration's to it
+//! (it knows where their pods go), and builds with them. Parsing and the policy check are
+//! CPU-bound: their callers run them on the blocking pool.
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::limits::RequestLimits;
+use super::{AppError, Placement, StartApplication};
+use crate::allocator::pod_policy::{PodPolicy, PolicyViolation, TemplateUse};
+use crate::allocator::{ExecutorPodBuilder, ResourceProfileId, TemplateError};
+
+/// The request field a profile's template came in: profile 0's is Start's
+/// `executor_pod_template`, any other's `resource_profile_templates[N]`.
+pub fn field(profile: ResourceProfileId) -> String {
+    if profile == ResourceProfileId(0) {
+        "executor_pod_template".to_string()
+    } else {
+        profile_field(profile.0)
+    }
+}
+
+/// The entry `profile` of a request's `resource_profile_templates` (any id, as sent).
+fn profile_field(profile: i32) -> String {
+    format!("resource_profile_templates[{profile}]")
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> AppError {
+    AppError::InvalidArgument {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Start's templates: profile 0 from `executor_pod_template` (the server's default when
+/// it is empty; required when there is none), then `resource_profile_templates`; each
+/// parsed and held to `policy` where `placement` says the pods go, the lowest profile at
+/// fault reported.
+pub fn start_templates(
+    executor_pod_template: &str,
+    resource_profile_templates: HashMap<i32, String>,
+    server_default: Option<&Pod>,
+    limits: &RequestLimits,
+    policy: &PodPolicy,
+    placement: &Placement,
+) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
+    let profile_0 = ResourceProfileId(0);
+    let executor = if executor_pod_template.trim().is_empty() {
+        server_default.cloned().ok_or_else(|| {
+            invalid(
+                field(profile_0),
+                "required: the server has no default executor pod template",
+            )
+        })?
+    } else {
+        parse(&field(profile_0), executor_pod_template, limits)?
+    };
+    allowed(policy, placement, &field(profile_0), &executor)?;
+    let mut templates = BTreeMap::from([(profile_0, executor)]);
+    templates.extend(profile_templates(
+        resource_profile_templates,
+        limits,
+        Some((policy, placement)),
+    )?);
+    Ok(templates)
+}
+
+/// `resource_profile_templates` of Start or SetTotalExpected, parsed and, given where the
+/// pods go (Start's), held to the policy there (SetTotalExpected's are held to it by the
+/// application, which knows where that is): ids above 0 (profile 0 is Start's
+/// `executor_pod_template`), at most `limits.max_resource_profiles` of them, counted
+/// before any is parsed.
+pub fn profile_templates(
+    texts: HashMap<i32, String>,
+    limits: &RequestLimits,
+    at: Option<(&PodPolicy, &Placement)>,
+) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
+    let max = limits.max_resource_profiles;
+    if texts.len() >= max {
+        return Err(invalid(
+            "resource_profile_templates",
+            format!(
+                "{} templates: an application may have at most {max} resource profiles, \
+                 profile 0 included (the service's limits.max_resource_profiles)",
+                texts.len()
+            ),
+        ));
+    }
+    // Sorted, so that with several bad entries the error is always about the lowest id.
+    let sorted: BTreeMap<i32, String> = texts.into_iter().collect();
+    let mut templates = BTreeMap::new();
+    for (profile, text) in sorted {
+        let field = profile_field(profile);
+        if profile < 0 {
+            return Err(invalid(field, "a resource profile id must be >= 0"));
+        }
+        if profile == 0 {
+            return Err(invalid(
+                field,
+                "resource profile 0 takes its template from Start's executor_pod_template",
+            ));
+        }
+        let template = parse(&field, &text, limits)?;
+        if let Some((policy, placement)) = at {
+            allowed(policy, placement, &field, &template)?;
+        }
+        templates.insert(ResourceProfileId(profile), template);
+    }
+    Ok(templates)
+}
+
+fn template_use(placement: &Placement) -> TemplateUse<'_> {
+    TemplateUse {
+        namespace: Some(&placement.namespace),
+        driver_pod_name: placement.driver_pod_name.as_deref(),
+    }
+}
+
+/// `template` against `policy` where `placement` says the pods go, the error naming
+/// `field` and the path in the template.
+pub fn allowed(
+    policy: &PodPolicy,
+    placement: &Placement,
+    field: &str,
+    template: &Pod,
+) -> Result<(), AppError> {
+    policy
+        .check(template, template_use(placement))
+        .map_err(|violation| invalid(field, violation.to_string()))
+}
+
+/// Templates of profiles given to a running application, held to `policy` where its pods
+/// go: the error names the field of the lowest profile that breaks it.
+pub fn all_allowed(
+    policy: &PodPolicy,
+    placement: &Placement,
+    templates: &BTreeMap<ResourceProfileId, Pod>,
+) -> Result<(), AppError> {
+    match policy_violation(policy, placement, templates) {
+        Some((profile, violation)) => Err(invalid(field(profile), violation.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// The first template of `templates` (lowest profile) that breaks `policy` where
+/// `placement` says the application's pods go, with the rule it breaks.
+pub fn policy_violation(
+    policy: &PodPolicy,
+    placement: &Placement,
+    templates: &BTreeMap<ResourceProfileId, Pod>,
+) -> Option<(ResourceProfileId, PolicyViolation)> {
+    let at = template_use(placement);
+    templates
+        .iter()
+        .find_map(|(profile, template)| policy.check(template, at).err().map(|v| (*profile, v)))
+}
+
+/// The executor pod builder of a Start (or a resumed registration), at most
+/// `max_profiles` profiles, every template checked as its pods will be built: every
+/// container has an image, every label is valid once the placeholders are substituted.
+pub fn builder(
+    req: &StartApplication,
+    max_profiles: usize,
+) -> Result<ExecutorPodBuilder, AppError> {
+    let builder = ExecutorPodBuilder::for_application(
+        req.app_id.as_str(),
+        req.pod_name_prefix.as_deref(),
+        req.templates.clone(),
+        None,
+        &req.settings.executor_container_name,
+    )
+    .map_err(template_error)?
+    .with_profile_limit(max_profiles);
+    builder.check().map_err(template_error)?;
+    Ok(builder)
+}
+
+/// A template error of the engine's pod builder names the request field it came from: a
+/// template that cannot make pods is an invalid argument, another template for a known
+/// profile a failed precondition.
+pub fn template_error(err: TemplateError) -> AppError {
+    let profile = match &err {
+        TemplateError::TooManyProfiles { .. } => {
+            return invalid(
+                "resource_profile_templates",
+                format!("{err} (the service's limits.max_resource_profiles)"),
+            );
+        }
+        TemplateError::Invalid { profile, .. }
+        | TemplateError::NoTemplate(profile)
+        | TemplateError::Conflict(profile) => *profile,
+    };
+    let field = field(profile);
+    match err {
+        TemplateError::Conflict(_) => AppError::FailedPrecondition(format!(
+            "{field}: {err}; a resource profile's template cannot change while the application runs"
+        )),
+        _ => invalid(field, err.to_string()),
+    }
+}
+
+/// A Pod from YAML or JSON; errors give the line and column. A template over the size or
+/// nesting limit is refused before it is parsed. JSON goes to serde_json (an order of
+/// magnitude faster than reading it as YAML); anything else is YAML. CPU-bound: call it
+/// off the async runtime.
+pub fn parse(field: &str, text: &str, limits: &RequestLimits) -> Result<Pod, AppError> {
+    if text.len() > limits.max_template_bytes {
+        return Err(invalid(
+            field,
+            format!(
+                "{} bytes: a template may have at most {} (the service's limits.max_template_bytes)",
+                text.len(),
+                limits.max_template_bytes
+            ),
+        ));
+    }
+    if let Some(line) = too_deep(text, limits.max_template_depth) {
+        return Err(invalid(
+            field,
+            format!(
+                "nested more than {} levels deep (line {line}; the service's \
+                 limits.max_template_depth)",
+                limits.max_template_depth
+            ),
+        ));
+    }
+    if text.trim_start().starts_with('{') {
+        return serde_json::from_str::<Pod>(text).map_err(|e| {
+            let what = match e.classify() {
+                serde_json::error::Category::Data => "not a Pod",
+                _ => "not valid JSON",
+            };
+            invalid(field, format!("{what}: {e}"))
+        });
+    }
+    serde_yaml::from_str::<Pod>(text).map_err(|pod_error| {
+        // Parsed once more only to say what is wrong: not YAML at all, or not a Pod.
+        let message = match serde_yaml::from_str::<serde_yaml::Value>(text) {
+            Err(e) => format!("not valid YAML or JSON: {}", yaml_error(&e)),
+            Ok(value) if !value.is_mapping() => {
+                "not a Pod: expected a YAML or JSON object".to_string()
+            }
+            Ok(_) => format!("not a Pod: {}", yaml_error(&pod_error)),
+        };
+        invalid(field, message)
+    })
+}
+
+/// The first line (1-based) at which `text` nests deeper than `max`: block levels (by
+/// indentation, and `- ` markers that open a sequence on the same line) plus open flow
+/// brackets, outside quotes, comments and block scalars. A linear scan, not a parser: it
+/// may count one level more than YAML does (the line a flow collection opens on) or miss
+/// the sequence a key opens at its own indentation (`a:` then `- b`), so it sees at least
+/// half of any real nesting, which is what keeps the parser's quadratic time bounded.
+pub fn too_deep(text: &str, max: usize) -> Option<usize> {
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    let mut quote: Option<u8> = None;
+    let mut escaped = false;
+    // The indentation of the line that opened a block scalar (`|`, `>`): lines indented
+    // deeper are its text.
+    let mut block_scalar: Option<usize> = None;
+    for (number, line) in text.lines().enumerate() {
+        let bytes = line.as_bytes();
+        let indent = bytes.iter().take_while(|b| **b == b' ').count();
+        let blank = bytes[indent..].iter().all(u8::is_ascii_whitespace);
+        if let Some(parent) = block_scalar {
+            if blank || indent > parent {
+                continue;
+            }
+            block_scalar = None;
+        }
+        let in_block = flow == 0 && quote.is_none();
+        if in_block {
+            if blank || bytes[indent] == b'#' {
+                continue;
+            }
+            while indents.last().is_some_and(|top| *top >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+        }
+        // The previous byte that is not a space, on this line (none at its start).
+        let mut previous: Option<u8> = None;
+        let mut markers_only = true;
+        let mut last = 0usize;
+        for (column, &byte) in bytes.iter().enumerate().skip(indent) {
+            if let Some(open) = quote {
+                if escaped {
+                    escaped = false;
+                } else if open == b'"' && byte == b'\\' {
+                    escaped = true;
+                } else if byte == open {
+                    quote = None;
+                }
+                previous = Some(byte);
+                last = column;
+                continue;
+            }
+            match byte {
+                b' ' | b'\t' => continue,
+                b'#' if column == 0 || bytes[column - 1] == b' ' || bytes[column - 1] == b'\t' => {
+                    break;
+                }
+                b'"' | b'\''
+                    if matches!(
+                        previous,
+                        None | Some(b':' | b'-' | b'[' | b'{' | b',' | b'?')
+                    ) =>
+                {
+                    quote = Some(byte);
+                }
+                b'[' | b'{' => flow += 1,
+                b']' | b'}' => flow = flow.saturating_sub(1),
+                b'-' if flow == 0
+                    && markers_only
+                    && bytes.get(column + 1).is_none_or(|b| *b == b' ') =>
+                {
+                    if indents.last().is_some_and(|top| *top < column) {
+                        indents.push(column);
+                    }
+                }
+                _ => markers_only = false,
+            }
+            if matches!(byte, b'[' | b'{' | b'"' | b'\'') {
+                markers_only = false;
+            }
+            if indents.len() + flow > max {
+                return Some(number + 1);
+            }
+            previous = Some(byte);
+            last = column;
+        }
+        if indents.len() + flow > max {
+            return Some(number + 1);
+        }
+        // `key: |-` or `- >`: the following deeper lines are text.
+        if flow == 0 && quote.is_none() && !blank {
+            let mut tail = &bytes[..=last.min(bytes.len() - 1)];
+            while let [rest @ .., b'-' | b'+' | b'0'..=b'9'] = tail {
+                tail = rest;
+            }
+            if let [before @ .., b'|' | b'>'] = tail
+                && matches!(before.last(), None | Some(b' ' | b':' | b'-'))
+            {
+                block_scalar = Some(indent);
+            }
+        }
+    }
+    None
+}
+
+/// serde_yaml's message with the position spelt out the same way every time.
+fn yaml_error(e: &serde_yaml::Error) -> String {
+    let message = e.to_string();
+    match e.location() {
+        Some(loc) if !message.contains("line ") => {
+            format!("{message} (line {}, column {})", loc.line(), loc.column())
+        }
+        _ => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
+
+    /// A Pod from YAML or JSON within the default [`RequestLimits`].
+    fn pod_template(field: &str, text: &str) -> Result<Pod, AppError> {
+        parse(field, text, &RequestLimits::default())
+    }
+
+    fn field_of(err: AppError) -> (String, String) {
+        match err {
+            AppError::InvalidArgument { field, message } => (field, message),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn templates_accept_json_and_report_the_line_of_an_error() {
+        let json =
+            r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"name":"x","image":"y"}]}}"#;
+        let pod = pod_template("executor_pod_template", json).unwrap();
+        assert_eq!(pod.spec.unwrap().containers[0].name, "x");
+
+        let broken = "apiVersion: v1\nkind: Pod\nspec:\n  containers: [\n";
+        let (field, message) = field_of(pod_template("executor_pod_template", broken).unwrap_err());
+        assert_eq!(field, "executor_pod_template");
+        assert!(message.contains("line "), "{message}");
+
+        let json_wrong_type =
+            "{\"apiVersion\": \"v1\",\n \"kind\": \"Pod\",\n \"spec\": {\"containers\": 7}}";
+        let (_, message) =
+            field_of(pod_template("executor_pod_template", json_wrong_type).unwrap_err());
+        assert!(
+            message.contains("not a Pod") && message.contains("line 3"),
+            "{message}"
+        );
+        let (_, message) = field_of(pod_template("t", "{\"kind\": \"Pod\",\n").unwrap_err());
+        assert!(
+            message.contains("not valid JSON") && message.contains("line 2"),
+            "{message}"
+        );
+
+        let wrong_type = "apiVersion: v1\nkind: Pod\nspec:\n  containers: 7\n";
+        let (_, message) = field_of(pod_template("executor_pod_template", wrong_type).unwrap_err());
+        assert!(
+            message.contains("not a Pod") && message.contains("line 4"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_template_that_is_not_a_pod_is_refused() {
+        for text in [
+            "apiVersion: apps/v1\nkind: Deployment\n",
+            "just text",
+            "[1, 2]",
+        ] {
+            let (field, message) =
+                field_of(pod_template("executor_pod_template", text).unwrap_err());
+            assert_eq!(field, "executor_pod_template");
+            assert!(message.contains("not a Pod"), "{text}: {message}");
+        }
+    }
+
+    #[test]
+    fn hostile_templates_are_refused_not_expanded() {
+        // A billion laughs: nine levels of nine aliases each.
+        let mut bomb = String::from("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for (prev, next) in ('a'..='h').zip('b'..='i') {
+            let refs = vec![format!("*{prev}"); 9].join(", ");
+            bomb.push_str(&format!("{next}: &{next} [{refs}]\n"));
+        }
+        bomb.push_str("metadata:\n  labels: *i\n");
+        let (field, message) = field_of(pod_template("executor_pod_template", &bomb).unwrap_err());
+        assert_eq!(field, "executor_pod_template");
+        assert!(message.starts_with("not valid"), "{message}");
+        // Nesting is refused by the scan, before the parser (quadratic in the depth) runs.
+        let deep_flow = "[".repeat(100_000);
+        let deep_json = "{\"a\":".repeat(10_000);
+        let deep_block: String = (0..40)
+            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
+            .collect();
+        let deep_dashes = format!("{}x\n", "- ".repeat(40));
+        for text in [&deep_flow, &deep_json, &deep_block, &deep_dashes] {
+            let started = std::time::Instant::now();
+            let (field, message) =
+                field_of(pod_template("executor_pod_template", text).unwrap_err());
+            assert_eq!(field, "executor_pod_template");
+            assert!(message.contains("nested more than 32 levels"), "{message}");
+            assert!(started.elapsed() < std::time::Duration::from_millis(500));
+        }
+        let big = format!("{TEMPLATE}# {}\n", "x".repeat(300 * 1024));
+        let (_, message) = field_of(pod_template("executor_pod_template", &big).unwrap_err());
+        assert!(message.contains("limits.max_template_bytes"), "{message}");
+    }
+
+    #[test]
+    fn the_depth_scan_counts_what_nests_and_skips_what_does_not() {
+        // (text, depth the scan must accept, one less it must refuse)
+        let rows: &[(&str, usize)] = &[
+            ("a: 1\n", 1),
+            ("a:\n  b:\n    c: 1\n", 3),
+            ("a: [[1], {b: [2]}]\n", 4),
+            ("- - - x\n", 3),
+            ("a:\n- b: 1\n  c:\n    d: 1\n", 3),
+            ("a: \"[[[[[\"\nb: '{{{{'\n", 1),
+            ("a: x # [[[[[[\n", 1),
+            ("s: |\n  [[[[[[\n  {{{{{{\nb: 1\n", 1),
+            ("{\"a\": {\n  \"b\": {\n    \"c\": 1}}}\n", 4),
+            ("it: it's [x]\n", 2),
+        ];
+        for (text, depth) in rows {
+            assert_eq!(too_deep(text, *depth), None, "{text:?} at {depth}");
+            assert!(
+                too_deep(text, depth - 1).is_some(),
+                "{text:?} under {depth}"
+            );
+        }
+        let spark_like = "apiVersion: v1\nkind: Pod\nspec:\n  affinity:\n    nodeAffinity:\n      \
+            requiredDuringSchedulingIgnoredDuringExecution:\n        nodeSelectorTerms:\n        \
+            - matchExpressions:\n          - key: zone\n            operator: In\n            \
+            values: [a, b]\n";
+        assert_eq!(too_deep(spark_like, 32), None);
+    }
+
+    proptest::proptest! {
+        /// Any text, however broken, is scanned without a panic, and a deeper limit never
+        /// refuses what a shallower one accepts.
+        #[test]
+        fn the_depth_scan_takes_any_text(text in "[ -~\\n\\t\u{e9}\u{1f600}]{0,200}", max in 1usize..8) {
+            let shallow = too_deep(&text, max);
+            if shallow.is_none() {
+                proptest::prop_assert!(too_deep(&text, max + 1).is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn template_errors_name_the_request_field() {
+        let err = template_error(TemplateError::NoTemplate(ResourceProfileId(0)));
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "executor_pod_template")
+        );
+        let err = template_error(TemplateError::Invalid {
+            profile: ResourceProfileId(3),
+            reason: "container `x` has no image".into(),
+        });
+        assert!(
+            matches!(err, AppError::InvalidArgument { field, .. } if field == "resource_profile_templates[3]")
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(2)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("resource_profile_templates[2]: ")),
+            "{err:?}"
+        );
+        let err = template_error(TemplateError::Conflict(ResourceProfileId(0)));
+        assert!(
+            matches!(&err, AppError::FailedPrecondition(m) if m.starts_with("executor_pod_template: ")),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! The one way the service's requests reach the API server ([`ApiClient`]): every request
+//! runs under the [`RequestPolicy`] (deadline, retries), and every mutating one first takes
+//! a slot of the shared [`RateLimiter`] in the share of the application it is for. The
+//! executor pods, the id record, the registrations and the driver pod lookups all send
+//! through it, so a request cannot skip the rate limit or the deadline.
+use std::fmt;
+
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::rate_limit::{RateLimiter, Share};
+use super::request::RequestPolicy;
+use crate::metrics::Metrics;
+
+/// The service's Kubernetes client: shared by all applications, each request in one
+/// application's share of the rate limit ([`Self::for_application`]).
+#[derive(Clone)]
+pub struct ApiClient {
+    client: kube::Client,
+    limiter: RateLimiter,
+    policy: RequestPolicy,
+    metrics: Metrics,
+    /// Whose share of the rate limit this client's requests take.
+    share: Share,
+}
+
+/// A namespaced object the service reads and writes.
+pub(super) trait Namespaced:
+    kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + Serialize
+    + fmt::Debug
+{
+}
+
+impl<K> Namespaced for K where
+    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + fmt::Debug
+{
+}
+
+impl ApiClient {
+    /// A client whose mutating requests share `limiter`, under the default policy.
+    pub fn new(client: kube::Client, limiter: RateLimiter) -> Self {
+        Self {
+            client,
+            limiter,
+            policy: RequestPolicy::default(),
+            metrics: Metrics::default(),
+            share: Share::service(),
+        }
+    }
+
+    /// The same client, its requests queued in `app_id`'s share of the rate limit within
+    /// `namespace`'s (slots go round-robin between namespaces, then between applications,
+    /// see [`RateLimiter`]).
+    pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
+        Self {
+            share: Share::new(namespace, app_id),
+            ..self.clone()
+        }
+    }
+
+    /// The same client with every request under `policy` (deadline, retries).
+    pub fn with_policy(mut self, policy: RequestPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Records into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Where the callers count what their requests did.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The deadline and retries of every request.
+    pub(super) fn policy(&self) -> RequestPolicy {
+        self.policy
+    }
+
+    /// The API of `K` in `namespace`.
+    pub(super) fn namespaced<K: Namespaced>(&self, namespace: &str) -> Api<K> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// The API of a cluster-scoped `K`.
+    pub(super) fn cluster<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>,
+    {
+        Api::all(self.client.clone())
+    }
+
+    /// A slot of the shared rate limiter, in this client's share; the wait is recorded.
+    pub(super) async fn acquire(&self) {
+        let started = std::time::Instant::now();
+        self.limiter.acquire(&self.share).await;
+        self.metrics.rate_limit_waited(started.elapsed());
+    }
+
+    /// `K` named `name`, or `None` when it does not exist.
+    pub(super) async fn get_opt<K: Namespaced>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<K>, kube::Error> {
+        let api = self.namespaced::<K>(namespace);
+        self.policy.run(|_| api.get_opt(name)).await
+    }
+
+    /// Creates `object` (rate-limited, retried); a retry that finds it already created by
+    /// an attempt whose answer was lost succeeds.
+    pub(super) async fn create<K: Namespaced>(
+        &self,
+        namespace: &str,
+        object: &K,
+    ) -> Result<(), kube::Error> {
+        let api = self.namespaced::<K>(namespace);
+        self.policy
+            .run(|unknown_outcome| {
+                let api = &api;
+                async move {
+                    self.acquire().await;
+                    match api.create(&PostParams::default(), object).await {
+                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
+                        other => other.map(drop),
+                    }
+                }
+            })
+            .await
+    }
+
+    /// One rate-limited merge PATCH of a namespaced object.
+    pub(super) async fn merge_patch<K: Namespaced>(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        let api = self.namespaced::<K>(namespace);
+        self.policy
+            .run(|_| async {
+                self.acquire().await;
+                api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map(drop)
+            })
+            .await
+    }
+
+    /// Deletes `K` named `name` (rate-limited, retried); gone already is fine.
+    pub(super) async fn delete<K: Namespaced>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), kube::Error> {
+        let api = self.namespaced::<K>(namespace);
+        let answer = self
+            .policy
+            .run(|_| async {
+                self.acquire().await;
+                api.delete(name, &DeleteParams::default()).await
+            })
+            .await;
+        match answer {
+            Ok(_) => Ok(()),
+            Err(err) if is_status(&err, 404) => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// Whether `err` is the API server answering `code`.
+pub(super) fn is_status(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == code)
+}
