@@ -3,27 +3,30 @@
 //! waits on a reader: a reader that falls too far behind is given a fresh full state
 //! instead of a growing queue, and a reader that went away is dropped at the next publish.
 //!
-//! The feed keeps a slim record of each executor pod, not the pod: a change carries the
+//! The feed holds the application's one executor state: the engine's [`SnapshotStore`]
+//! (what a round polls, and what GetStatus counts) and, per executor pod, only what the
+//! store does not keep of it ([`PodFacts`]: its phase and resourceVersion). Each pod event
+//! goes in once, through the feed, so the streams and the status never disagree: a status
+//! read after an event counts what the event showed. A change carries the
 //! JSON of the pod its watch event brought, and a full state (a new stream, one resuming
 //! from too far back, a reader too slow) takes the pods' JSON from a LIST of the
-//! application's executor pods, run by the actor in a worker ([`Feed::take_listing_request`],
-//! [`list_for_full_state`], [`Feed::listed`]). A full state shows the feed's state when it
+//! application's executor pods, run by the actor's worker ([`Feed::take_listing_request`],
+//! then [`Feed::listed`]). A full state shows the feed's state when it
 //! is sent: from the moment the LIST is wanted, the feed keeps the JSON of every pod that
 //! changes; a pod the LIST shows at a version the feed has not seen yet (the LIST ran
 //! ahead of the watch) waits for its watch event.
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::Notify;
 
 use crate::allocator::types::{EXECUTOR_ID_LABEL, RESOURCE_PROFILE_ID_LABEL, ROLE_LABEL};
 use crate::allocator::{
-    ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, StateRules, Timestamp,
-    executor_pod_from,
+    ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, SnapshotStore, StateRules,
+    Timestamp, executor_pod_from,
 };
-use crate::k8s::{ExecutorPods, Listed};
+use crate::k8s::Listed;
 
 /// Changes kept for resuming streams, at most: no more than the stream buffer's worth
 /// are kept, since a stream that missed more is given a full state instead.
@@ -101,39 +104,6 @@ impl ListedPod {
     }
 }
 
-/// The executor pods of `app_id` for a full state, listed page by page and each page
-/// turned into JSON before the next is asked for (run in a worker: the actor never waits
-/// on Kubernetes). A failed LIST is logged and run again after a backoff (100 ms doubling
-/// to 5 s) until it passes or `gone` says nobody waits for it any more.
-pub async fn list_for_full_state(
-    pods: &ExecutorPods,
-    namespace: &str,
-    app_id: &str,
-    gone: impl Fn() -> bool,
-) -> Option<Vec<ListedPod>> {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let mut listed = Vec::new();
-        let result = pods
-            .list_executors_by_page(namespace, app_id, FULL_STATE_PAGE_SIZE, |page| {
-                listed.extend(page.iter().filter_map(ListedPod::of));
-            })
-            .await;
-        match result {
-            Ok(()) => return Some(listed),
-            Err(err) => {
-                tracing::warn!(error = %crate::k8s::describe_error(&err), retry_ms = backoff.as_millis(),
-                    "cannot list the executor pods for a WatchExecutors full state; trying again");
-            }
-        }
-        if gone() {
-            return None;
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
 /// A pod's phase, as the feed keeps it (no string for the usual ones).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
@@ -172,46 +142,23 @@ impl Phase {
     }
 }
 
-/// What the feed keeps of one executor pod (by its name): what an event shows of it
-/// besides its JSON.
+/// What the feed keeps of one executor pod (by its name) besides the store's record of
+/// its executor (id, profile, state, creation time): what a stream shows of the pod that
+/// the engine does not need. Kept apart rather than beside the executor in the store, so
+/// the engine's snapshot stays Spark's and the store stays free of Kubernetes details.
 #[derive(Debug, Clone)]
-struct Kept {
+struct PodFacts {
     id: ExecutorId,
-    profile: ResourceProfileId,
-    state: ExecutorState,
-    created_at: Option<Timestamp>,
     phase: Phase,
     resource_version: Option<Box<str>>,
 }
 
-impl Kept {
-    fn of(executor: ExecutorPod, pod: &Pod) -> Self {
+impl PodFacts {
+    fn of(id: ExecutorId, pod: &Pod) -> Self {
         Self {
-            id: executor.id,
-            profile: executor.profile,
-            state: executor.state,
-            created_at: executor.created_at,
+            id,
             phase: Phase::of(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
             resource_version: pod.metadata.resource_version.as_deref().map(Box::from),
-        }
-    }
-
-    fn executor(&self, name: &str) -> ExecutorPod {
-        ExecutorPod {
-            id: self.id,
-            profile: self.profile,
-            state: self.state.clone(),
-            created_at: self.created_at,
-            pod_name: name.to_string(),
-        }
-    }
-
-    fn view(&self, name: &str, pod_json: Arc<str>) -> ExecutorView {
-        ExecutorView {
-            executor: self.executor(name),
-            phase: self.phase.as_str().map(str::to_string),
-            pod_json,
-            resource_version: self.resource_version.as_deref().map(str::to_string),
         }
     }
 }
@@ -259,12 +206,15 @@ impl Assembly {
     }
 }
 
-/// The feed an actor owns: its executor pods' slim records, the last changes, the streams.
+/// The feed an actor owns: its executor state (the snapshot store and the pods' facts),
+/// the last changes, the streams.
 #[derive(Debug)]
 pub struct Feed {
     sequence: u64,
-    /// The executor pods by pod name.
-    current: BTreeMap<Box<str>, Kept>,
+    /// The executors as the engine sees them (and polls them, at most once a batch delay).
+    store: SnapshotStore,
+    /// The executor pods by pod name: what the store does not keep of them.
+    pods: BTreeMap<Box<str>, PodFacts>,
     /// The last changes (consecutive sequences), for resuming.
     history: VecDeque<ExecutorEvent>,
     streams: Vec<Arc<Queue>>,
@@ -279,12 +229,14 @@ pub struct Feed {
 
 impl Feed {
     /// A feed whose first change gets `base + 1`, showing `pods` (the executor pods found
-    /// at Start). A base taken from the clock keeps sequences increasing across restarts,
-    /// so a `since` of an earlier service (or actor) is never mistaken for one of this feed.
-    pub fn new(base: u64, pods: &[Pod], rules: &StateRules) -> Self {
+    /// at Start, which `store` holds). A base taken from the clock keeps sequences
+    /// increasing across restarts, so a `since` of an earlier service (or actor) is never
+    /// mistaken for one of this feed.
+    pub fn new(base: u64, store: SnapshotStore, pods: &[Pod], rules: &StateRules) -> Self {
         let mut feed = Self {
             sequence: base,
-            current: BTreeMap::new(),
+            store,
+            pods: BTreeMap::new(),
             history: VecDeque::new(),
             streams: Vec::new(),
             buffer: STREAM_BUFFER,
@@ -295,7 +247,7 @@ impl Feed {
         for pod in pods {
             if let Some(executor) = executor_pod_from(pod, rules) {
                 let name = Box::from(executor.pod_name.as_str());
-                feed.current.insert(name, Kept::of(executor, pod));
+                feed.pods.insert(name, PodFacts::of(executor.id, pod));
             }
         }
         feed
@@ -324,48 +276,53 @@ impl Feed {
         self.sequence
     }
 
-    /// A pod of the application was added or changed (one that is no executor any more,
-    /// e.g. labelled inactive, is gone from the feed).
-    pub fn applied(&mut self, pod: &Pod, rules: &StateRules) {
-        let Some(name) = pod.metadata.name.as_deref() else {
-            return;
-        };
-        let unchanged = self.current.get(name).is_some_and(|old| {
-            old.resource_version.is_some()
-                && old.resource_version.as_deref() == pod.metadata.resource_version.as_deref()
-        });
-        if unchanged {
-            return;
-        }
-        let Some(executor) = executor_pod_from(pod, rules) else {
-            self.gone(name, Some(pod));
-            return;
-        };
-        let view = Arc::new(ExecutorView {
-            executor: executor.clone(),
-            phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
-            pod_json: pod_json(pod),
-            resource_version: pod.metadata.resource_version.clone(),
-        });
-        let kept = Kept::of(executor, pod);
-        match self.current.get_mut(name) {
-            Some(old) => *old = kept,
-            None => {
-                self.current.insert(name.into(), kept);
-            }
-        }
-        self.publish(EventKind::Updated, view);
+    /// The executors as the engine sees them.
+    pub fn store(&self) -> &SnapshotStore {
+        &self.store
     }
 
-    /// A pod of the application is gone.
-    pub fn deleted(&mut self, pod: &Pod) {
+    /// The store, for the round that polls it and the targets that make it due.
+    pub fn store_mut(&mut self) -> &mut SnapshotStore {
+        &mut self.store
+    }
+
+    /// A pod of the application was added or changed (one that is no executor any more,
+    /// e.g. labelled inactive, is gone from the streams); returns its executor, if it is one.
+    pub fn applied(&mut self, pod: &Pod, rules: &StateRules) -> Option<ExecutorPod> {
+        let executor = executor_pod_from(pod, rules);
+        if let Some(executor) = &executor {
+            self.store.update_pod(executor.clone());
+        }
+        if let Some(name) = pod.metadata.name.as_deref() {
+            self.publish_applied(name, pod, executor.as_ref());
+        }
+        executor
+    }
+
+    /// A pod of the application is gone; returns its executor id, if it was one.
+    pub fn deleted(&mut self, pod: &Pod, rules: &StateRules) -> Option<ExecutorId> {
         if let Some(name) = pod.metadata.name.as_deref() {
             self.gone(name, Some(pod));
         }
+        let executor = executor_pod_from(pod, rules)?;
+        let id = executor.id;
+        self.store.delete_pod(executor);
+        Some(id)
     }
 
-    /// A full listing of the application's executor pods: changes for what differs.
-    pub fn relisted(&mut self, pods: &[Listed], rules: &StateRules) {
+    /// A full listing of the application's executor pods at `now`: unchanged executors
+    /// stay as they are, changed ones replace theirs, those not listed are gone (changes
+    /// for what differs). Returns the executors gone from the store.
+    pub fn relisted(&mut self, pods: &[Listed], rules: &StateRules, now: Timestamp) -> Vec<ExecutorId> {
+        // The ids of unchanged pods, as the feed has them, before it takes in the
+        // changed ones.
+        let mut ids: Vec<ExecutorId> = pods
+            .iter()
+            .filter_map(|listed| match listed {
+                Listed::Unchanged(name) => self.pods.get(name.as_str()).map(|facts| facts.id),
+                Listed::Changed(_) => None,
+            })
+            .collect();
         let listed: HashSet<&str> = pods
             .iter()
             .filter_map(|listed| match listed {
@@ -374,7 +331,7 @@ impl Feed {
             })
             .collect();
         let missing: Vec<Box<str>> = self
-            .current
+            .pods
             .keys()
             .filter(|name| {
                 let name: &str = name;
@@ -385,11 +342,29 @@ impl Feed {
         for name in missing {
             self.gone(&name, None);
         }
+        let mut changed: Vec<ExecutorPod> = Vec::new();
         for listed in pods {
             if let Listed::Changed(pod) = listed {
-                self.applied(pod, rules);
+                let executor = executor_pod_from(pod, rules);
+                if let Some(name) = pod.metadata.name.as_deref() {
+                    self.publish_applied(name, pod, executor.as_ref());
+                }
+                changed.extend(executor);
             }
         }
+        ids.extend(changed.iter().map(|e| e.id));
+        ids.sort_unstable();
+        ids.dedup();
+        let gone: Vec<ExecutorId> = self
+            .store
+            .current()
+            .executors
+            .keys()
+            .filter(|id| ids.binary_search(id).is_err())
+            .copied()
+            .collect();
+        // One listing is one snapshot, as in Spark.
+        self.store.resync(&ids, changed, now);
         // The watch has caught up with any LIST a full state waits on: a pod still behind
         // (which cannot be with versions that only grow) has its LIST run again.
         if let Some(assembly) = &mut self.assembly
@@ -402,11 +377,65 @@ impl Feed {
             assembly.listed.clear();
             assembly.behind.clear();
         }
+        gone
     }
 
-    /// The executor id of the pod `name`, if it is one.
-    pub fn executor_id(&self, name: &str) -> Option<ExecutorId> {
-        self.current.get(name).map(|kept| kept.id)
+    /// The streams' share of a pod added or changed: a change unless its version was
+    /// already seen; gone from the streams when it is no (active) executor.
+    fn publish_applied(&mut self, name: &str, pod: &Pod, executor: Option<&ExecutorPod>) {
+        let unchanged = self.pods.get(name).is_some_and(|old| {
+            old.resource_version.is_some()
+                && old.resource_version.as_deref() == pod.metadata.resource_version.as_deref()
+        });
+        if unchanged {
+            return;
+        }
+        let Some(executor) = executor else {
+            self.gone(name, Some(pod));
+            return;
+        };
+        let view = Arc::new(ExecutorView {
+            executor: executor.clone(),
+            phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
+            pod_json: pod_json(pod),
+            resource_version: pod.metadata.resource_version.clone(),
+        });
+        let facts = PodFacts::of(executor.id, pod);
+        match self.pods.get_mut(name) {
+            Some(old) => *old = facts,
+            None => {
+                self.pods.insert(name.into(), facts);
+            }
+        }
+        self.publish(EventKind::Updated, view);
+    }
+
+    /// The executor of the pod `name` as the store has it (state Unknown if the store has
+    /// none, which only a pod sharing another's executor id could make happen).
+    fn executor(&self, name: &str, facts: &PodFacts) -> ExecutorPod {
+        match self.store.current().executors.get(&facts.id) {
+            Some(executor) => ExecutorPod {
+                pod_name: name.to_string(),
+                ..executor.clone()
+            },
+            None => ExecutorPod {
+                id: facts.id,
+                profile: ResourceProfileId::default(),
+                state: ExecutorState::Unknown,
+                created_at: None,
+                pod_name: name.to_string(),
+            },
+        }
+    }
+
+    /// The pod `name` as a stream shows it, with `pod_json`.
+    fn view(&self, name: &str, facts: &PodFacts, pod_json: Arc<str>) -> ExecutorView {
+        ExecutorView {
+            executor: self.executor(name, facts),
+            phase: facts.phase.as_str().map(str::to_string),
+            pod_json,
+            resource_version: facts.resource_version.as_deref().map(str::to_string),
+        }
     }
 
     /// A new stream: the changes after `since` when they are all kept, else the full state
@@ -463,12 +492,12 @@ impl Feed {
             .into_iter()
             .map(|pod| (pod.name.clone(), pod))
             .collect();
-        for (name, kept) in &self.current {
+        for (name, facts) in &self.pods {
             if assembly.fresh.contains_key(name) {
                 continue;
             }
             match by_name.remove(name) {
-                Some(pod) if pod.resource_version == kept.resource_version => {
+                Some(pod) if pod.resource_version == facts.resource_version => {
                     assembly.listed.insert(name.clone(), pod.pod_json);
                 }
                 _ => {
@@ -488,13 +517,14 @@ impl Feed {
             .count()
     }
 
+    /// The pod `name` is gone from the streams (before the store forgets its executor).
     fn gone(&mut self, name: &str, pod: Option<&Pod>) {
-        let Some((name, old)) = self.current.remove_entry(name) else {
+        let Some((name, old)) = self.pods.remove_entry(name) else {
             return;
         };
         let mut view = match pod {
             Some(pod) => ExecutorView {
-                executor: old.executor(&name),
+                executor: self.executor(&name, &old),
                 phase: pod
                     .status
                     .as_ref()
@@ -503,7 +533,10 @@ impl Feed {
                 pod_json: pod_json(pod),
                 resource_version: pod.metadata.resource_version.clone(),
             },
-            None => old.view(&name, last_seen_json(&name, &old)),
+            None => {
+                let profile = self.executor(&name, &old).profile;
+                self.view(&name, &old, last_seen_json(&name, &old, profile))
+            }
         };
         view.executor.state = ExecutorState::Deleted;
         self.publish(EventKind::Deleted, Arc::new(view));
@@ -568,12 +601,12 @@ impl Feed {
             return;
         };
         let mut views: Vec<Arc<ExecutorView>> = self
-            .current
+            .pods
             .iter()
-            .filter_map(|(name, kept)| {
+            .filter_map(|(name, facts)| {
                 assembly.fresh.get(name).cloned().or_else(|| {
                     let json = assembly.listed.get(name)?;
-                    Some(Arc::new(kept.view(name, Arc::clone(json))))
+                    Some(Arc::new(self.view(name, facts, Arc::clone(json))))
                 })
             })
             .collect();
@@ -639,20 +672,20 @@ fn pod_json(pod: &Pod) -> Arc<str> {
 
 /// A pod gone without a DELETED event (a listing no longer shows it), as JSON: the feed
 /// keeps no pod, so its name, resourceVersion, executor labels and last phase.
-fn last_seen_json(name: &str, kept: &Kept) -> Arc<str> {
+fn last_seen_json(name: &str, facts: &PodFacts, profile: ResourceProfileId) -> Arc<str> {
     let json = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "resourceVersion": kept.resource_version.as_deref(),
+            "resourceVersion": facts.resource_version.as_deref(),
             "labels": {
                 ROLE_LABEL: "executor",
-                EXECUTOR_ID_LABEL: kept.id.to_string(),
-                RESOURCE_PROFILE_ID_LABEL: kept.profile.to_string(),
+                EXECUTOR_ID_LABEL: facts.id.to_string(),
+                RESOURCE_PROFILE_ID_LABEL: profile.to_string(),
             },
         },
-        "status": { "phase": kept.phase.as_str() },
+        "status": { "phase": facts.phase.as_str() },
     });
     Arc::from(json.to_string())
 }
@@ -736,6 +769,7 @@ impl ExecutorEvents {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::time::Duration;
 
     fn pod(id: u64, phase: &str, version: u32) -> Pod {
         serde_json::from_value(json!({
@@ -755,6 +789,17 @@ mod tests {
 
     fn rules() -> StateRules {
         StateRules::default()
+    }
+
+    /// A feed whose first change gets `base + 1`, showing `pods`, as Start makes one.
+    fn feed_of(base: u64, pods: &[Pod]) -> Feed {
+        let mut store = SnapshotStore::new(Duration::from_secs(1), Timestamp(0));
+        let executors = pods
+            .iter()
+            .filter_map(|pod| executor_pod_from(pod, &rules()))
+            .collect();
+        store.replace_all(executors, Timestamp(0));
+        Feed::new(base, store, pods, &rules())
     }
 
     fn drain(events: &mut ExecutorEvents) -> Vec<(u64, EventKind, Option<u64>)> {
@@ -777,11 +822,11 @@ mod tests {
     /// Answers the LIST the feed asks for with the pods as the feed has them.
     fn list_current(feed: &mut Feed) {
         let pods: Vec<ListedPod> = feed
-            .current
+            .pods
             .iter()
-            .map(|(name, kept)| ListedPod {
+            .map(|(name, facts)| ListedPod {
                 name: name.clone(),
-                resource_version: kept.resource_version.clone(),
+                resource_version: facts.resource_version.clone(),
                 pod_json: Arc::from("{}"),
             })
             .collect();
@@ -807,7 +852,7 @@ mod tests {
 
     #[test]
     fn a_stream_starts_with_the_full_state_then_follows_changes() {
-        let mut feed = Feed::new(100, &[pod(2, "Running", 1), pod(1, "Pending", 1)], &rules());
+        let mut feed = feed_of(100, &[pod(2, "Running", 1), pod(1, "Pending", 1)]);
         let mut stream = feed.subscribe(0);
         list(&mut feed, &[pod(2, "Running", 1), pod(1, "Pending", 1)]);
         assert_eq!(
@@ -820,7 +865,7 @@ mod tests {
         );
         feed.applied(&pod(1, "Running", 2), &rules());
         feed.applied(&pod(1, "Running", 2), &rules()); // a replay: no change
-        feed.deleted(&pod(2, "Running", 3));
+        feed.deleted(&pod(2, "Running", 3), &rules());
         assert_eq!(
             drain(&mut stream),
             vec![
@@ -832,7 +877,7 @@ mod tests {
 
     #[test]
     fn resume_gives_the_missed_changes_or_a_full_state_when_too_old() {
-        let mut feed = Feed::new(0, &[], &rules());
+        let mut feed = feed_of(0, &[]);
         for version in 1..=3 {
             feed.applied(&pod(1, "Pending", version), &rules());
         }
@@ -864,7 +909,7 @@ mod tests {
 
     #[test]
     fn a_slow_reader_gets_a_fresh_full_state_instead_of_a_growing_queue() {
-        let mut feed = Feed::new(0, &[], &rules()).with_buffer(4);
+        let mut feed = feed_of(0, &[]).with_buffer(4);
         let mut slow = feed.subscribe(0);
         list_current(&mut feed);
         for version in 1..=20 {
@@ -895,7 +940,7 @@ mod tests {
     fn a_stream_over_its_byte_budget_gets_a_full_state() {
         let one = CHANGE_OVERHEAD_BYTES + pod_json(&pod(1, "Pending", 10)).len();
         // Room for three changes' bytes, far fewer than the 256 changes of the count.
-        let mut feed = Feed::new(0, &[], &rules()).with_buffer_bytes(one * 3 + one / 2);
+        let mut feed = feed_of(0, &[]).with_buffer_bytes(one * 3 + one / 2);
         let mut slow = feed.subscribe(0);
         let mut reader = feed.subscribe(0);
         list_current(&mut feed);
@@ -933,7 +978,7 @@ mod tests {
 
     #[test]
     fn an_inactive_or_relisted_away_pod_is_deleted() {
-        let mut feed = Feed::new(0, &[pod(1, "Failed", 1), pod(2, "Running", 1)], &rules());
+        let mut feed = feed_of(0, &[pod(1, "Failed", 1), pod(2, "Running", 1)]);
         let mut stream = feed.subscribe(0);
         list_current(&mut feed);
         drain(&mut stream);
@@ -942,7 +987,7 @@ mod tests {
             labels.insert("spark-exec-inactive".into(), "true".into());
         }
         feed.applied(&inactive, &rules());
-        feed.relisted(&[], &rules());
+        feed.relisted(&[], &rules(), Timestamp(0));
         let events = drain(&mut stream);
         assert_eq!(
             events,
@@ -951,12 +996,12 @@ mod tests {
                 (2, EventKind::Deleted, Some(2))
             ]
         );
-        assert_eq!(feed.current.len(), 0);
+        assert_eq!(feed.pods.len(), 0);
     }
 
     #[tokio::test]
     async fn streams_end_when_the_feed_goes_and_gone_readers_are_dropped() {
-        let mut feed = Feed::new(0, &[], &rules());
+        let mut feed = feed_of(0, &[]);
         let mut stream = feed.subscribe(0);
         let gone = feed.subscribe(0);
         list_current(&mut feed);
@@ -976,22 +1021,18 @@ mod tests {
 
     #[test]
     fn a_full_state_shows_each_pod_at_the_feeds_version_with_its_json() {
-        let mut feed = Feed::new(
-            0,
-            &[
+        let mut feed = feed_of(0, &[
                 pod(1, "Pending", 1),
                 pod(2, "Pending", 1),
                 pod(3, "Pending", 1),
-            ],
-            &rules(),
-        );
+            ]);
         let mut stream = feed.subscribe(0);
         let ticket = feed.take_listing_request().expect("a LIST asked for");
         assert_eq!(feed.take_listing_request(), None, "one LIST at a time");
         // While the LIST runs: 2 moves on and 3 goes (the feed has their JSON from the
         // watch); 4 is created, and the LIST sees it before the watch does.
         feed.applied(&pod(2, "Running", 2), &rules());
-        feed.deleted(&pod(3, "Pending", 3));
+        feed.deleted(&pod(3, "Pending", 3), &rules());
         let listing = [
             pod(1, "Pending", 1),
             pod(2, "Running", 2),
@@ -1019,7 +1060,7 @@ mod tests {
 
     #[test]
     fn a_full_state_waits_for_the_watch_when_the_list_ran_ahead() {
-        let mut feed = Feed::new(0, &[pod(1, "Pending", 1), pod(2, "Pending", 1)], &rules());
+        let mut feed = feed_of(0, &[pod(1, "Pending", 1), pod(2, "Pending", 1)]);
         let mut stream = feed.subscribe(0);
         // The LIST shows 1 Running at version 2 and no 2 (deleted): the watch has not
         // told the feed yet.
@@ -1027,7 +1068,7 @@ mod tests {
         assert!(versions(&mut stream).is_empty());
         feed.applied(&pod(1, "Running", 2), &rules());
         assert!(versions(&mut stream).is_empty(), "2 still behind");
-        feed.deleted(&pod(2, "Pending", 3));
+        feed.deleted(&pod(2, "Pending", 3), &rules());
         assert_eq!(
             versions(&mut stream),
             vec![
@@ -1035,13 +1076,13 @@ mod tests {
                 (EventKind::Synced, None, None),
             ]
         );
-        let state = &feed.current["app-exec-1"];
+        let state = &feed.store().current().executors[&ExecutorId(1)];
         assert_eq!(state.state, ExecutorState::Running);
     }
 
     #[test]
     fn a_stale_listing_is_dropped_and_a_resync_asks_again() {
-        let mut feed = Feed::new(0, &[pod(1, "Pending", 1)], &rules());
+        let mut feed = feed_of(0, &[pod(1, "Pending", 1)]);
         let mut stream = feed.subscribe(0);
         let first = feed.take_listing_request().expect("a LIST asked for");
         // The LIST ran ahead of a watch event that never comes (the watch restarted):
@@ -1050,7 +1091,11 @@ mod tests {
             first,
             ListedPod::of(&pod(1, "Running", 5)).into_iter().collect(),
         );
-        feed.relisted(&[Listed::Unchanged("app-exec-1".into())], &rules());
+        feed.relisted(
+            &[Listed::Unchanged("app-exec-1".into())],
+            &rules(),
+            Timestamp(0),
+        );
         let second = feed.take_listing_request().expect("asked again");
         feed.listed(
             first,
