@@ -394,3 +394,23 @@ async fn a_watch_asks_the_worker_for_its_listing() {
     assert_eq!(first.kind, crate::app::feed::EventKind::Snapshot);
     assert_eq!(first.executor.map(|e| e.executor.id), Some(ExecutorId(1)));
 }
+
+#[tokio::test]
+async fn a_status_read_after_pod_events_counts_what_they_showed() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(2).await;
+    actor.round_with_creates().await;
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
+    actor.upkeep_answered();
+    actor.created(&[1, 2]);
+    let rounds = actor.report().await.rounds;
+
+    actor.event(PodEvent::Applied(executor(1, "Running")));
+    actor.event(PodEvent::Applied(executor(2, "Pending")));
+    let report = actor.report().await;
+    assert_eq!(report.rounds, rounds, "no round ran since");
+    assert_eq!(profile0(&report), (1, 1, 0));
+    actor.event(PodEvent::Deleted(executor(2, "Pending")));
+    assert_eq!(profile0(&actor.report().await), (1, 0, 0));
+}
