@@ -366,7 +366,10 @@ async fn get_status_right_after_the_stream_shows_executors_running_counts_them_r
     let mut seen_running = std::collections::BTreeSet::new();
     while seen_running.len() < N as usize {
         let event = until_event(&mut stream, "an executor running", |e| {
-            e.kind() == Kind::Updated && e.executor.as_ref().is_some_and(|x| x.state() == State::Running)
+            e.kind() == Kind::Updated
+                && e.executor
+                    .as_ref()
+                    .is_some_and(|x| x.state() == State::Running)
         })
         .await;
         seen_running.extend(event.executor.map(|x| x.executor_id));

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::serve::ApplicationActor;
-use crate::allocator::{ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, executor_pod_from};
+use crate::allocator::{
+    ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, executor_pod_from,
+};
 use crate::k8s::{Listed, PodEvent};
 use crate::metrics::Metrics;
 

@@ -7,9 +7,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::ActorParts;
 use super::serve::ApplicationActor;
 use super::work::{Outbox, Worker};
-use super::ActorParts;
 use crate::allocator::{
     AllocatorStatus, ExecutorId, ExecutorPodsSnapshot, ResourceProfileId, Timestamp,
 };

@@ -122,10 +122,13 @@ impl Driven {
             Metrics::default(),
             Outbox::new(work_tx, cancel.clone()),
         );
-        let handle =
-            ActorHandle::serving(actor, tracing::Span::none(), move |actor, commands| async move {
+        let handle = ActorHandle::serving(
+            actor,
+            tracing::Span::none(),
+            move |actor, commands| async move {
                 actor.run(commands, &mut pod_events, results).await;
-            });
+            },
+        );
         Self {
             handle,
             events,
@@ -245,13 +248,20 @@ async fn new_targets_call_a_round_whose_creates_wait_for_their_id_record() {
     let (ids, record) = actor.round_with_creates().await;
     assert_eq!((ids, record), (vec![1, 2], Some(2)));
     let report = actor.report().await;
-    assert_eq!(report.status.last_executor_id, 0, "no id is used before it is recorded");
+    assert_eq!(
+        report.status.last_executor_id, 0,
+        "no id is used before it is recorded"
+    );
     assert_eq!(profile0(&report), (0, 0, 2));
 
     actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
     assert_eq!(actor.report().await.status.last_executor_id, 2);
     actor.upkeep_answered();
-    assert_eq!(actor.report().await.rounds, 1, "counted once its creates are answered");
+    assert_eq!(
+        actor.report().await.rounds,
+        1,
+        "counted once its creates are answered"
+    );
     actor.created(&[1, 2]);
     assert_eq!(actor.report().await.rounds, 2);
 
@@ -269,7 +279,9 @@ async fn a_failed_id_record_sends_no_create_gives_the_ids_back_and_backs_off() {
     actor.first_round_answered().await;
     actor.set_target(2).await;
     assert_eq!(actor.round_with_creates().await, (vec![1, 2], Some(2)));
-    actor.answer(WorkDone::Recorded(Err("ConfigMap app-ids: unavailable".into())));
+    actor.answer(WorkDone::Recorded(Err(
+        "ConfigMap app-ids: unavailable".into()
+    )));
     actor.upkeep_answered();
     let report = actor.report().await;
     assert_eq!(report.status.last_executor_id, 0);
@@ -293,9 +305,15 @@ async fn creates_all_refused_back_off_and_one_that_passes_ends_the_backoff() {
     assert_eq!(actor.round_with_creates().await.0, vec![1]);
     actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(1)))));
     actor.upkeep_answered();
-    actor.answer(WorkDone::Created(vec![(ExecutorId(1), Err(kubernetes_error()))]));
+    actor.answer(WorkDone::Created(vec![(
+        ExecutorId(1),
+        Err(kubernetes_error()),
+    )]));
     let report = actor.report().await;
-    assert_eq!(report.backoff_until, Some(START.plus(Duration::from_secs(2))));
+    assert_eq!(
+        report.backoff_until,
+        Some(START.plus(Duration::from_secs(2)))
+    );
     assert_eq!(profile0(&report), (0, 0, 0));
 
     actor.advance(Duration::from_secs(2));
@@ -319,11 +337,17 @@ async fn the_driver_ending_deletes_the_executors_retries_and_forgets_after_the_g
     actor.event(PodEvent::Driver(driver_pod("Running")));
     let report = actor.report().await;
     let driver = report.driver.expect("driver");
-    assert_eq!((driver.phase.as_deref(), driver.ended_at), (Some("Running"), None));
+    assert_eq!(
+        (driver.phase.as_deref(), driver.ended_at),
+        (Some("Running"), None)
+    );
 
     actor.event(PodEvent::Driver(driver_pod("Failed")));
     assert!(matches!(actor.next_work().await, Work::CleanUp));
-    assert!(actor.cancel.is_cancelled(), "creates not sent yet are skipped");
+    assert!(
+        actor.cancel.is_cancelled(),
+        "creates not sent yet are skipped"
+    );
     let driver = actor.report().await.driver.expect("driver");
     assert_eq!(driver.phase.as_deref(), Some("Failed"));
     assert_eq!(driver.ended_at, Some(START));
@@ -374,7 +398,10 @@ async fn stop_skips_unsent_creates_and_waits_for_the_work_in_flight() {
         .await
         .expect("stopped within 5 s")
         .expect("stop");
-    assert!(!actor.forgotten.load(Ordering::SeqCst), "a stopped application is not forgotten");
+    assert!(
+        !actor.forgotten.load(Ordering::SeqCst),
+        "a stopped application is not forgotten"
+    );
 }
 
 #[tokio::test]
