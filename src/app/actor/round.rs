@@ -135,7 +135,7 @@ impl ApplicationActor {
             ..upkeep
         };
         self.outbox.send(Work::Round {
-            upkeep: Some(upkeep),
+            upkeep: Some(Box::new(upkeep)),
             creates,
         });
     }

@@ -24,7 +24,7 @@ pub(super) enum Work {
     /// A round's requests: its upkeep first (when it has any), then its creates once the
     /// upkeep's id record is written (none is sent with an id the record does not cover).
     Round {
-        upkeep: Option<UpkeepWork>,
+        upkeep: Option<Box<UpkeepWork>>,
         creates: Vec<(ExecutorId, Pod)>,
     },
     /// Delete every executor pod of the application (its driver ended).
@@ -210,7 +210,7 @@ impl Worker {
     }
 
     /// A round's upkeep, then its creates once the id record they need is written.
-    fn round(&self, upkeep: Option<UpkeepWork>, creates: Vec<(ExecutorId, Pod)>) {
+    fn round(&self, upkeep: Option<Box<UpkeepWork>>, creates: Vec<(ExecutorId, Pod)>) {
         let Some(upkeep) = upkeep else {
             self.create(creates, None);
             return;
@@ -219,7 +219,7 @@ impl Worker {
         if !creates.is_empty() {
             self.create(creates, Some(record_written));
         }
-        self.upkeep(upkeep, recorded);
+        self.upkeep(*upkeep, recorded);
     }
 
     /// Sends `upkeep`; its id record's outcome goes to `recorded` (the creates waiting for
