@@ -2,8 +2,8 @@
 //! turn of the loop asks one question (which phase?) and each phase says what is left to do.
 use std::time::Duration;
 
-use super::handle::DriverReport;
-use super::{DriverLife, ForgetHook};
+use super::command::DriverReport;
+use super::parts::{DriverLife, ForgetHook};
 use crate::allocator::Timestamp;
 
 /// Where the application is in its life.

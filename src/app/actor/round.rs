@@ -1,7 +1,5 @@
 //! A round: the engine's plan turned into work for the worker, and the results of that
 //! work taken back into the engine state.
-use std::collections::{BTreeMap, BTreeSet};
-
 use k8s_openapi::api::core::v1::Pod;
 
 use super::phase::Phase;
@@ -13,15 +11,6 @@ use crate::allocator::{
 };
 use crate::app::failures::create_failure_cause;
 use crate::k8s::CreateError;
-
-/// What earlier rounds left for the next one to send again.
-#[derive(Debug, Default)]
-pub(super) struct Backlog {
-    /// Deletes that failed, retried by the next round (merged per `only_pending`).
-    retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
-    /// Finished executors whose pod was deleted (or labelled inactive), or is being.
-    finished_handled: BTreeSet<ExecutorId>,
-}
 
 impl ApplicationActor {
     /// One round if the store is due: the engine's plan, then the worker sends its deletes,

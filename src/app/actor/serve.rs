@@ -5,20 +5,20 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
-use super::events::RequestTimes;
-use super::handle::{ActorReport, Command};
+use super::command::{ActorReport, Command};
+use super::parts::{ApplicationParts, Engine};
 use super::phase::{Life, Phase};
-use super::round::Backlog;
+use super::requests::RequestTimes;
 use super::schedule::Scheduler;
 use super::work::{Outbox, Work, WorkDone};
-use super::{ApplicationParts, Engine};
 use crate::allocator::{ExecutorId, ResourceProfileId};
+use crate::app::error::AppError;
 use crate::app::failures::Failures;
 use crate::app::feed::Feed;
 use crate::app::registration::Registration;
-use crate::app::{AppError, Clock};
 use crate::k8s::PodEvent;
 use crate::metrics::{Metrics, ProfileGauges};
+use crate::time::Clock;
 
 /// One application's actor: its engine state, what it follows of the application, and
 /// its work in flight. Only its own task touches it.
@@ -44,6 +44,15 @@ pub(crate) struct ApplicationActor {
     pub(super) requests: RequestTimes,
     /// Rounds carried out completely (their requests answered).
     pub(super) rounds: u64,
+}
+
+/// What earlier rounds left for the next one to send again.
+#[derive(Debug, Default)]
+pub(super) struct Backlog {
+    /// Deletes that failed, retried by the next round (merged per `only_pending`).
+    pub retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Finished executors whose pod was deleted (or labelled inactive), or is being.
+    pub finished_handled: BTreeSet<ExecutorId>,
 }
 
 /// The application's registration as the actor keeps it up to date.

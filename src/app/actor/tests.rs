@@ -10,10 +10,11 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::handle::{ActorHandle, ActorReport};
+use super::command::ActorReport;
+use super::handle::ActorHandle;
+use super::parts::{ApplicationParts, DriverLife, Engine};
 use super::serve::ApplicationActor;
 use super::work::{Outbox, UpkeepDone, Work, WorkDone};
-use super::{ApplicationParts, DriverLife, Engine};
 use crate::allocator::{
     AllocationSettings, Allocator, ExecutorId, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
     SnapshotStore, Timestamp,

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{ApplicationParts, Kubernetes};
+use super::parts::{ApplicationParts, Kubernetes};
 use crate::allocator::ExecutorId;
 use crate::app::feed::{FULL_STATE_PAGE_SIZE, ListedPod};
 use crate::app::registration::Registration;

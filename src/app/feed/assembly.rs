@@ -2,7 +2,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{EventKind, ExecutorView};
+use super::event::{EventKind, ExecutorView};
 
 /// A full state being put together for the streams waiting for one.
 #[derive(Debug, Default)]

@@ -27,12 +27,15 @@ use crate::allocator::{
 };
 use crate::k8s::Listed;
 use assembly::Assembly;
+use event::change_bytes;
+pub use event::{EventKind, ExecutorEvent, ExecutorView};
 pub use pod::ListedPod;
 use pod::{Phase, pod_json};
 pub use stream::ExecutorEvents;
 use stream::Queue;
 
 mod assembly;
+mod event;
 mod pod;
 mod stream;
 #[cfg(test)]
@@ -49,51 +52,8 @@ pub const STREAM_BUFFER: usize = 256;
 /// instead (`tenants.watch_stream_buffer_bytes`).
 pub const STREAM_BUFFER_BYTES: usize = 256 * 1024;
 
-/// What one queued change costs besides its pod's JSON: the event, its view (shared with
-/// the history and the other streams, counted here in full so the bound holds for a
-/// stream alone) and its slot in the queue.
-const CHANGE_OVERHEAD_BYTES: usize =
-    std::mem::size_of::<ExecutorEvent>() + std::mem::size_of::<ExecutorView>() + 64;
-
 /// Pods per page of the LIST a full state is taken from.
 pub const FULL_STATE_PAGE_SIZE: u32 = 500;
-
-/// What an event says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    /// One executor of a full state (the first after a `Synced`, or of a stream, begins it).
-    Snapshot,
-    /// Closes a full state: its executors replace everything known.
-    Synced,
-    /// An executor pod was added or changed.
-    Updated,
-    /// An executor pod is gone.
-    Deleted,
-}
-
-/// An executor pod as the feed shows it.
-#[derive(Debug, Clone)]
-pub struct ExecutorView {
-    /// Its id, profile, state (as Spark classifies it) and pod name.
-    pub executor: ExecutorPod,
-    /// The pod's phase (`None` when it has none yet).
-    pub phase: Option<String>,
-    /// The pod as last seen (as it went, for a deleted one), as JSON: what the stream
-    /// sends, and a fraction of the decoded pod's memory.
-    pub pod_json: Arc<str>,
-    /// The pod's resourceVersion (a replayed version is no change).
-    pub resource_version: Option<String>,
-}
-
-/// One event of a stream.
-#[derive(Debug, Clone)]
-pub struct ExecutorEvent {
-    /// The change's number; a full state's events carry the number of the state they show.
-    pub sequence: u64,
-    pub kind: EventKind,
-    /// The executor (none for `Synced`).
-    pub executor: Option<Arc<ExecutorView>>,
-}
 
 /// What the feed keeps of one executor pod (by its name) besides the store's record of
 /// its executor (id, profile, state, creation time): what a stream shows of the pod that
@@ -563,15 +523,6 @@ impl Drop for Feed {
             queue.ready.notify_one();
         }
     }
-}
-
-/// What a queued change holds: its pod's JSON and [`CHANGE_OVERHEAD_BYTES`].
-fn change_bytes(event: &ExecutorEvent) -> usize {
-    CHANGE_OVERHEAD_BYTES
-        + event
-            .executor
-            .as_ref()
-            .map_or(0, |view| view.pod_json.len())
 }
 
 /// A pod gone without a DELETED event (a listing no longer shows it), as JSON: the feed

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use super::{EventKind, ExecutorEvent, change_bytes};
+use super::event::{EventKind, ExecutorEvent, change_bytes};
 
 /// One stream's queue, shared by the feed (writer) and the stream (reader).
 #[derive(Debug, Default)]

@@ -1,4 +1,5 @@
 //! The feed alone: full states, resumes, slow readers, listings racing the watch.
+use super::event::CHANGE_OVERHEAD_BYTES;
 use super::*;
 use serde_json::json;
 use std::time::Duration;
