@@ -341,3 +341,50 @@ async fn the_stream_ends_when_the_application_is_forgotten_after_its_driver_pod_
         .expect_err("a forgotten application");
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
 }
+
+#[tokio::test]
+async fn get_status_right_after_the_stream_shows_executors_running_counts_them_running() {
+    const N: u32 = 3;
+    let h = Harness::start().await;
+    h.client
+        .clone()
+        .start(start_request("app-status", NS))
+        .await
+        .expect("Start");
+    let mut stream = watch(&h, "app-status", 0).await;
+    full_state(&mut stream).await;
+    h.set_total("app-status", N).await;
+    for exec in 1..=N {
+        until_event(&mut stream, "the executor pod created", |e| {
+            is(e, Kind::Updated, i64::from(exec), State::Pending)
+        })
+        .await;
+    }
+    for exec in 1..=N {
+        set_pod_status(&h, "app-status", u64::from(exec), running()).await;
+    }
+    let mut seen_running = std::collections::BTreeSet::new();
+    while seen_running.len() < N as usize {
+        let event = until_event(&mut stream, "an executor running", |e| {
+            e.kind() == Kind::Updated
+                && e.executor
+                    .as_ref()
+                    .is_some_and(|x| x.state() == State::Running)
+        })
+        .await;
+        seen_running.extend(event.executor.map(|x| x.executor_id));
+    }
+    // The harness's clock stands still: no round has run since the pods were created, so
+    // this reads the state the stream shows, not the last round's.
+    let status = h.status("app-status").await.expect("GetStatus");
+    let profile = status
+        .profiles
+        .iter()
+        .find(|p| p.resource_profile_id == 0)
+        .expect("profile 0");
+    assert_eq!(
+        (profile.running, profile.pending, profile.newly_created),
+        (N, 0, 0),
+        "{status:?}"
+    );
+}

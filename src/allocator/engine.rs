@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::adaptive::{CreateOutcomes, CreateWindow};
 use super::settings::{AllocationPolicy, AllocationSettings};
-use super::snapshot::SnapshotBatch;
+use super::snapshot::{SnapshotBatch, SnapshotStore};
+use super::state::ExecutorState;
 use super::tracked::TrackedExecutors;
 use super::types::{ExecutorId, ResourceProfileId, Timestamp};
 
@@ -588,17 +589,7 @@ impl Allocator {
     /// reports target 0 (rounds leave it alone, as Spark does). Deleted executors are left
     /// out of the counts, as in a round. Costs O(profiles + deleted · log n + requests).
     pub fn status(&self) -> AllocatorStatus {
-        let mut profiles: BTreeMap<ResourceProfileId, ProfileCounts> = self
-            .targets
-            .iter()
-            .map(|(rp, target)| {
-                let counts = ProfileCounts {
-                    target: *target,
-                    ..ProfileCounts::default()
-                };
-                (*rp, counts)
-            })
-            .collect();
+        let mut profiles = self.target_counts();
         for (rp, index) in self.tracked.profiles() {
             if index.running > 0 || !index.pending.is_empty() {
                 let counts = profiles.entry(rp).or_default();
@@ -620,6 +611,55 @@ impl Allocator {
             let counts = profiles.entry(rp).or_default();
             counts.newly_created = counts.newly_created.saturating_add(1);
         }
+        self.status_of(profiles)
+    }
+    /// GetStatus's report: [`Self::status`] with the pod counts of `store`'s current
+    /// snapshot instead of the last round's, so a status read after a pod event never
+    /// contradicts it (WatchExecutors shows the same state). A request whose pod the store
+    /// has seen since the last round counts as its pod does, no longer as newly created.
+    /// Rounds still work from the store's batches. Costs a pass over the executors.
+    pub fn status_now(&self, store: &SnapshotStore) -> AllocatorStatus {
+        let mut profiles = self.target_counts();
+        for executor in store.current().executors.values() {
+            let running = match executor.state {
+                ExecutorState::Running => true,
+                ExecutorState::Pending => false,
+                _ => continue,
+            };
+            let counts = profiles.entry(executor.profile).or_default();
+            if self.deleted.contains_key(&executor.id) {
+                continue;
+            }
+            if running {
+                counts.running = counts.running.saturating_add(1);
+            } else {
+                counts.pending = counts.pending.saturating_add(1);
+            }
+        }
+        let seen = store.seen_since_poll();
+        for (id, rp) in self.newly_created() {
+            let counts = profiles.entry(rp).or_default();
+            if !seen.contains(&id) {
+                counts.newly_created = counts.newly_created.saturating_add(1);
+            }
+        }
+        self.status_of(profiles)
+    }
+    /// Every profile with a target, with only its target counted.
+    fn target_counts(&self) -> BTreeMap<ResourceProfileId, ProfileCounts> {
+        self.targets
+            .iter()
+            .map(|(rp, target)| {
+                let counts = ProfileCounts {
+                    target: *target,
+                    ..ProfileCounts::default()
+                };
+                (*rp, counts)
+            })
+            .collect()
+    }
+    /// The status with `profiles` counted.
+    fn status_of(&self, profiles: BTreeMap<ResourceProfileId, ProfileCounts>) -> AllocatorStatus {
         AllocatorStatus {
             profiles,
             deleted: self.deleted.keys().copied().collect(),

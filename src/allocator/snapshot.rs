@@ -142,6 +142,10 @@ impl SnapshotStore {
     pub fn current(&self) -> &ExecutorPodsSnapshot {
         &self.current
     }
+    /// Every executor id changed since the last poll (the next batch's `seen_ids`).
+    pub fn seen_since_poll(&self) -> &BTreeSet<ExecutorId> {
+        &self.seen_ids
+    }
     /// How many snapshots are buffered for the next poll.
     pub fn buffered(&self) -> usize {
         self.buffered

@@ -16,8 +16,7 @@ use crate::allocator::{
     Timestamp,
 };
 use crate::k8s::{
-    ExecutorPodClient, IdRecord, PodWatches, RegistrationSettings, RegistrationStore,
-    RequestPolicy,
+    ExecutorPodClient, IdRecord, PodWatches, RegistrationSettings, RegistrationStore, RequestPolicy,
 };
 use crate::metrics::{DeleteReason, Metrics};
 use registration::Refusal;

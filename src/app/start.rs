@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::actor::{self, ActorHandle, ActorParts, DriverLife};
+use super::actor::{
+    self, ActorHandle, ActorParts, ApplicationParts, DriverLife, Engine, Kubernetes,
+};
 use super::feed::Feed;
 use super::registration::Registration;
 use super::templates;
@@ -224,35 +226,40 @@ impl Applications {
             store.replace_all(executors, now);
             tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.pods.len(), last_executor_id, "resuming application from its executor pods");
         }
-        let feed = Feed::new(Feed::base_at(now.0), &found.pods, &rules)
+        let feed = Feed::new(Feed::base_at(now.0), store, &found.pods, &rules)
             .with_buffer(options.executor_stream_buffer)
             .with_buffer_bytes(options.tenants.watch_stream_buffer_bytes);
-        ActorParts {
-            app_id: req.app_id.to_string(),
-            namespace: req.namespace.clone(),
+        let engine = Engine {
             allocator,
-            store,
             builder,
             rules,
-            pods: self
-                .inner
-                .pods
-                .for_application(&req.namespace, req.app_id.as_str()),
-            clock: Arc::clone(&self.inner.ctx.clock),
-            id_record: found.id_record.clone(),
             id_blocks: IdBlocks::new(found.recorded),
+        };
+        let app = ApplicationParts {
+            app_id: req.app_id.to_string(),
+            namespace: req.namespace.clone(),
+            engine,
+            clock: Arc::clone(&self.inner.ctx.clock),
             driver: driver.as_ref().map(|d| DriverLife {
                 pod_name: d.name.clone(),
                 grace: options.driver_end_grace,
             }),
             forget: self.forget_hook(&req.app_id, generation),
             registration: Registration::of_start(req),
+            feed,
+        };
+        let kubernetes = Kubernetes {
+            pods: self
+                .inner
+                .pods
+                .for_application(&req.namespace, req.app_id.as_str()),
+            id_record: found.id_record.clone(),
             registrations: self
                 .inner
                 .registrations
                 .for_application(&req.namespace, req.app_id.as_str()),
-            feed,
-        }
+        };
+        ActorParts { app, kubernetes }
     }
 
     /// Registers the started application with its actor.

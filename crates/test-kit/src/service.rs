@@ -15,8 +15,8 @@ use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceOptions, StartApplication, Started,
 };
 use spark_pod_allocator::k8s::RegistrationStore;
-use spark_pod_allocator::runtime::Builder;
 use spark_pod_allocator::k8s::registrations::REGISTRATION_KEY;
+use spark_pod_allocator::runtime::Builder;
 
 use crate::grpc::TEMPLATE;
 use crate::wait::until;

@@ -1,0 +1,274 @@
+//! A round: the engine's plan turned into work for the worker, and the results of that
+//! work taken back into the engine state.
+use k8s_openapi::api::core::v1::Pod;
+
+use super::phase::Phase;
+use super::serve::ApplicationActor;
+use super::work::{CreateResults, UpkeepDone, UpkeepWork, Work, not_recorded};
+use crate::allocator::{
+    CreateOutcomes, CreateRefusal, DeleteRequest, ExecutorId, ExecutorState, ResourceProfileId,
+    RoundPlan,
+};
+use crate::app::failures::create_failure_cause;
+use crate::k8s::CreateError;
+
+impl ApplicationActor {
+    /// One round if the store is due: the engine's plan, then the worker sends its deletes,
+    /// the clean-up of finished executors and the id record, then its creates.
+    pub(super) fn round(&mut self) {
+        let now = self.clock.now();
+        let Some(batch) = self.feed.store_mut().poll(now) else {
+            return;
+        };
+        let plan = self.engine.allocator.round(batch, now);
+        self.export_counts();
+        self.note_plan(&plan);
+        let upkeep = self.upkeep(plan.deletes, &plan.creates, plan.still_wanted);
+        let pods = self.build_pods(plan.creates);
+        self.send_round(upkeep, pods);
+    }
+
+    /// Logs what the plan gave up on; timed-out requests are no longer timed.
+    fn note_plan(&mut self, plan: &RoundPlan) {
+        for id in &plan.timed_out {
+            self.requests.forget(*id);
+        }
+        if !plan.timed_out.is_empty() {
+            tracing::warn!(executors = ?plan.timed_out, "executors not seen within the executor timeout; forgotten and re-requested");
+        }
+        if !plan.refused.is_empty() {
+            tracing::warn!(refused = ?plan.refused, "executors refused: max_executors reached");
+        }
+    }
+
+    /// The round's requests other than its creates: the plan's deletes with those to
+    /// retry, the clean-up of finished executors, the id record covering `creates` (and
+    /// a block ahead for the `still_wanted`), the registration when it changed.
+    fn upkeep(
+        &mut self,
+        deletes: Vec<DeleteRequest>,
+        creates: &[(ExecutorId, ResourceProfileId)],
+        still_wanted: u64,
+    ) -> UpkeepWork {
+        for request in deletes {
+            self.backlog
+                .retry_deletes
+                .entry(request.only_pending)
+                .or_default()
+                .extend(request.ids);
+        }
+        let settings = self.engine.allocator.settings();
+        let max_executors = settings.max_executors;
+        let delete_on_termination = settings.delete_on_termination;
+        let record = creates
+            .iter()
+            .map(|(id, _)| id.0)
+            .max()
+            .and_then(|highest| {
+                self.engine
+                    .id_blocks
+                    .to_record(highest, still_wanted, max_executors)
+            })
+            .map(ExecutorId);
+        UpkeepWork {
+            deletes: std::mem::take(&mut self.backlog.retry_deletes),
+            finished: self.finished_to_clean_up(),
+            delete_on_termination,
+            record,
+            with_creates: false,
+            registration: std::mem::take(&mut self.registration.dirty)
+                .then(|| self.registration.current.clone()),
+        }
+    }
+
+    /// The executor pods of the round's creates; one that cannot be built is forgotten.
+    fn build_pods(
+        &mut self,
+        creates: Vec<(ExecutorId, ResourceProfileId)>,
+    ) -> Vec<(ExecutorId, Pod)> {
+        let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
+        for (id, profile) in creates {
+            match self.engine.builder.build(id, profile) {
+                Ok(pod) => {
+                    self.requests.requested(id, profile);
+                    pods.push((id, pod));
+                }
+                Err(err) => {
+                    tracing::error!(executor = id.0, error = %err, "cannot build executor pod");
+                    self.engine.allocator.create_failed(id);
+                }
+            }
+        }
+        pods
+    }
+
+    /// Hands a round's requests to the worker: the upkeep first, the creates once the id
+    /// record they need is written. A round with nothing to send is counted at once.
+    fn send_round(&mut self, upkeep: UpkeepWork, creates: Vec<(ExecutorId, Pod)>) {
+        if upkeep.is_empty() {
+            if creates.is_empty() {
+                self.rounds += 1;
+            } else {
+                self.outbox.send(Work::Round {
+                    upkeep: None,
+                    creates,
+                });
+            }
+            return;
+        }
+        if !creates.is_empty() && upkeep.record.is_some() {
+            self.outbox.awaiting_record = creates.iter().map(|(id, _)| *id).collect();
+        }
+        let upkeep = UpkeepWork {
+            with_creates: !creates.is_empty(),
+            ..upkeep
+        };
+        self.outbox.send(Work::Round {
+            upkeep: Some(Box::new(upkeep)),
+            creates,
+        });
+    }
+
+    /// A round's upkeep answered: failed deletes and clean-ups wait for the next round.
+    pub(super) fn upkeep_done(&mut self, upkeep: UpkeepDone) {
+        self.outbox.upkeep = false;
+        for (only_pending, ids) in upkeep.failed_deletes {
+            self.backlog
+                .retry_deletes
+                .entry(only_pending)
+                .or_default()
+                .extend(ids);
+        }
+        for id in upkeep.finished_failed {
+            self.backlog.finished_handled.remove(&id);
+        }
+        if upkeep.registration_failed {
+            self.registration.dirty = true;
+        }
+        // A round with creates is counted once they are answered.
+        if !upkeep.with_creates {
+            self.rounds += 1;
+        }
+    }
+
+    /// A round's id record answered: the creates waiting for it are being sent, or, when it
+    /// failed, were not sent. Nothing is created with ids a restarted service could not
+    /// know of: they count as failed creates (backoff included) whose ids go back.
+    pub(super) fn id_recorded(&mut self, recorded: Result<Option<ExecutorId>, String>) {
+        let awaiting = std::mem::take(&mut self.outbox.awaiting_record);
+        match recorded {
+            Ok(Some(id)) => self.engine.id_blocks.recorded(id.0),
+            Ok(None) => {}
+            Err(message) => {
+                if !awaiting.is_empty() {
+                    self.outbox.creates = self.outbox.creates.saturating_sub(1);
+                    self.record_creates(not_recorded(awaiting, &message));
+                }
+            }
+        }
+    }
+
+    /// The delete of every executor pod after the driver ended answered; a failed one is
+    /// tried again when the scheduler says.
+    pub(super) fn cleanup_done(&mut self, result: Result<u32, String>) {
+        self.outbox.cleanup = false;
+        match result {
+            Ok(deleted) => {
+                tracing::info!(deleted, "executor pods deleted after the driver ended")
+            }
+            Err(_) => {
+                // Logged with the reason by the worker.
+                let delay = self.engine.allocator.settings().batch_delay;
+                let retry_at = self.schedule.cleanup_retry_at(delay, self.clock.now());
+                if let Phase::Ended(ended) = &mut self.life.phase {
+                    ended.cleanup_due = Some(retry_at);
+                }
+            }
+        }
+    }
+
+    /// The outcome of a round's creates: forget the failed ones (a later round asks again,
+    /// with new ids for creates sent; the ids of creates not sent are given back). When
+    /// every create of the round failed (quota, invalid spec, outage, id record), the next
+    /// round waits 2, 4, 8, … batch delays (at most a minute) instead of asking again every
+    /// batch delay.
+    pub(super) fn record_creates(&mut self, results: CreateResults) {
+        let requested = results.len();
+        let mut failed = 0usize;
+        let mut first_error = None;
+        let mut outcomes = CreateOutcomes::default();
+        let mut not_sent = Vec::new();
+        let now = self.clock.now();
+        for (id, result) in results {
+            let profile = self.requests.answered(id);
+            match &result {
+                Ok(()) => {
+                    outcomes.accepted += 1;
+                    self.requests.metrics.pods_created(1);
+                    self.failures.create_passed(profile);
+                }
+                Err(err) => {
+                    if let Some((status, reason, message)) = create_failure_cause(err) {
+                        self.requests.metrics.pod_create_failed(status, &reason);
+                        // Not sent for want of an id record: nothing the API server said.
+                        if !matches!(err, CreateError::IdNotRecorded(_)) {
+                            outcomes
+                                .refused
+                                .push(CreateRefusal::of_status(status, &message));
+                        }
+                    }
+                    self.failures.create_failed(profile, err, now);
+                }
+            }
+            if let Err(err) = result {
+                self.requests.forget(id);
+                if matches!(err, CreateError::Cancelled | CreateError::IdNotRecorded(_)) {
+                    not_sent.push(id);
+                } else {
+                    self.engine.allocator.create_failed(id);
+                }
+                if !matches!(err, CreateError::Cancelled) {
+                    failed += 1;
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        let allocator = &mut self.engine.allocator;
+        // No id is spent on a create that was not sent.
+        allocator.creates_not_sent(&not_sent);
+        allocator.creates_answered(&outcomes);
+        if failed == 0 {
+            tracing::info!(requested, "executor pods created");
+            self.schedule.creates_went_through();
+        } else if failed < requested {
+            tracing::warn!(requested, failed, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
+            self.schedule.creates_went_through();
+        } else {
+            let delay = allocator.settings().batch_delay;
+            let backoff = self.schedule.creates_all_failed(delay, now);
+            let backoff_ms = backoff.as_millis();
+            tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
+        }
+        self.rounds += 1;
+    }
+
+    /// Failed and succeeded executors not handled yet (their pod to delete or label
+    /// inactive), marked handled; a failure un-marks them for the next round.
+    fn finished_to_clean_up(&mut self) -> Vec<(ExecutorId, String)> {
+        let snapshot = &self.feed.store().current().executors;
+        let handled = &mut self.backlog.finished_handled;
+        handled.retain(|id| snapshot.contains_key(id));
+        let finished: Vec<(ExecutorId, String)> = snapshot
+            .values()
+            .filter(|e| {
+                matches!(
+                    e.state,
+                    ExecutorState::Failed { .. } | ExecutorState::Succeeded { .. }
+                ) && !handled.contains(&e.id)
+            })
+            .map(|e| (e.id, e.pod_name.clone()))
+            .collect();
+        handled.extend(finished.iter().map(|(id, _)| *id));
+        finished
+    }
+}

@@ -1,0 +1,444 @@
+//! The actor through its channels, as its worker and the watches see it: commands and pod
+//! events in, work requests out, their results back, with a manual clock and no Kubernetes.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::command::ActorReport;
+use super::handle::ActorHandle;
+use super::parts::{ApplicationParts, DriverLife, Engine};
+use super::serve::ApplicationActor;
+use super::work::{Outbox, UpkeepDone, Work, WorkDone};
+use crate::allocator::{
+    AllocationSettings, Allocator, ExecutorId, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
+    SnapshotStore, Timestamp,
+};
+use crate::app::feed::Feed;
+use crate::app::registration::Registration;
+use crate::app::{AppError, AppId, ManualClock, StartApplication};
+use crate::k8s::{CreateError, PodEvent};
+use crate::metrics::Metrics;
+
+const START: Timestamp = Timestamp(1_700_000_000_000);
+
+/// An actor driven by the test: its handle, the ends of its channels, its clock.
+struct Driven {
+    handle: ActorHandle,
+    events: mpsc::UnboundedSender<PodEvent>,
+    work: mpsc::UnboundedReceiver<Work>,
+    done: mpsc::UnboundedSender<WorkDone>,
+    clock: ManualClock,
+    cancel: CancellationToken,
+    forgotten: Arc<AtomicBool>,
+}
+
+fn template() -> Pod {
+    serde_json::from_value(json!({
+        "spec": { "containers": [{ "name": "spark-kubernetes-executor", "image": "spark:4" }] }
+    }))
+    .expect("template")
+}
+
+fn executor(id: u64, phase: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("app-exec-{id}"),
+            "resourceVersion": format!("{id}{}", phase.len()),
+            "labels": {
+                "spark-app-selector": "app",
+                "spark-role": "executor",
+                "spark-exec-id": id.to_string(),
+            }
+        },
+        "status": { "phase": phase }
+    }))
+    .expect("executor pod")
+}
+
+fn driver_pod(phase: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": { "name": "app-driver" },
+        "status": { "phase": phase }
+    }))
+    .expect("driver pod")
+}
+
+fn kubernetes_error() -> CreateError {
+    CreateError::Kubernetes(kube::Error::Api(Box::new(
+        kube::core::Status::failure("exceeded quota", "Forbidden").with_code(403),
+    )))
+}
+
+impl Driven {
+    fn start(driver: Option<DriverLife>) -> Self {
+        let settings = AllocationSettings::default();
+        let clock = ManualClock::new(START);
+        let rules = settings.state_rules();
+        let templates = BTreeMap::from([(ResourceProfileId(0), template())]);
+        let builder = ExecutorPodBuilder::for_application("app", None, templates.clone(), None, "")
+            .expect("builder");
+        let start = StartApplication {
+            app_id: AppId::parse("app").expect("app id"),
+            namespace: "ns".into(),
+            driver_pod_name: driver.as_ref().map(|d| d.pod_name.clone()),
+            templates,
+            pod_name_prefix: None,
+            settings: settings.clone(),
+            owner: None,
+        };
+        let forgotten = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&forgotten);
+        let app = ApplicationParts {
+            app_id: "app".into(),
+            namespace: "ns".into(),
+            engine: Engine {
+                allocator: Allocator::new(settings.clone(), 0),
+                builder,
+                rules: rules.clone(),
+                id_blocks: IdBlocks::new(0),
+            },
+            clock: Arc::new(clock.clone()),
+            driver,
+            forget: Box::new(move || flag.store(true, Ordering::SeqCst)),
+            registration: Registration::of_start(&start),
+            feed: Feed::new(
+                Feed::base_at(START.0),
+                SnapshotStore::new(settings.batch_delay, START),
+                &[],
+                &rules,
+            ),
+        };
+        let (work_tx, work) = mpsc::unbounded_channel();
+        let (done, results) = mpsc::unbounded_channel();
+        let (events, mut pod_events) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let actor = ApplicationActor::new(
+            app,
+            Metrics::default(),
+            Outbox::new(work_tx, cancel.clone()),
+        );
+        let handle = ActorHandle::serving(
+            actor,
+            tracing::Span::none(),
+            move |actor, commands| async move {
+                actor.run(commands, &mut pod_events, results).await;
+            },
+        );
+        Self {
+            handle,
+            events,
+            work,
+            done,
+            clock,
+            cancel,
+            forgotten,
+        }
+    }
+
+    /// Lets the actor take in everything sent to it (the test runtime has one thread).
+    async fn settle(&self) {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The next work the actor asks for.
+    async fn next_work(&mut self) -> Work {
+        tokio::time::timeout(Duration::from_secs(5), self.work.recv())
+            .await
+            .expect("work within 5 s")
+            .expect("the actor is running")
+    }
+
+    /// Asserts the actor asks for nothing now.
+    async fn no_work(&mut self) {
+        self.settle().await;
+        if let Ok(work) = self.work.try_recv() {
+            panic!("unexpected work: {work:?}");
+        }
+    }
+
+    fn answer(&self, done: WorkDone) {
+        self.done.send(done).expect("the actor takes results");
+    }
+
+    fn event(&self, event: PodEvent) {
+        self.events.send(event).expect("the actor takes events");
+    }
+
+    async fn report(&self) -> ActorReport {
+        self.settle().await;
+        self.handle.report().await.expect("report")
+    }
+
+    async fn set_target(&self, n: u32) {
+        self.handle
+            .set_targets(BTreeMap::new(), BTreeMap::from([(ResourceProfileId(0), n)]))
+            .await
+            .expect("targets set");
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// The first round (at once, with no target) writes the registration; answered.
+    async fn first_round_answered(&mut self) {
+        match self.next_work().await {
+            Work::Round {
+                upkeep: Some(upkeep),
+                creates,
+            } => {
+                assert!(creates.is_empty());
+                assert!(upkeep.registration.is_some(), "{upkeep:?}");
+                assert_eq!(upkeep.record, None);
+            }
+            other => panic!("not the first round: {other:?}"),
+        }
+        self.answer(WorkDone::Upkeep(UpkeepDone::default()));
+        assert_eq!(self.report().await.rounds, 1);
+    }
+
+    /// The next work, which must be a round with creates waiting for an id record: the
+    /// ids it creates and the id it records.
+    async fn round_with_creates(&mut self) -> (Vec<u64>, Option<u64>) {
+        match self.next_work().await {
+            Work::Round {
+                upkeep: Some(upkeep),
+                creates,
+            } => {
+                assert!(upkeep.with_creates, "{upkeep:?}");
+                let ids = creates.iter().map(|(id, _)| id.0).collect();
+                (ids, upkeep.record.map(|id| id.0))
+            }
+            other => panic!("not a round with creates: {other:?}"),
+        }
+    }
+
+    fn created(&self, ids: &[u64]) {
+        let results = ids.iter().map(|id| (ExecutorId(*id), Ok(()))).collect();
+        self.answer(WorkDone::Created(results));
+    }
+
+    fn upkeep_answered(&self) {
+        self.answer(WorkDone::Upkeep(UpkeepDone {
+            with_creates: true,
+            ..UpkeepDone::default()
+        }));
+    }
+}
+
+fn profile0(report: &ActorReport) -> (u32, u32, u32) {
+    let counts = report.status.profiles[&ResourceProfileId(0)].clone();
+    (counts.running, counts.pending, counts.newly_created)
+}
+
+#[tokio::test]
+async fn new_targets_call_a_round_whose_creates_wait_for_their_id_record() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.no_work().await;
+
+    actor.set_target(2).await;
+    let (ids, record) = actor.round_with_creates().await;
+    assert_eq!((ids, record), (vec![1, 2], Some(2)));
+    let report = actor.report().await;
+    assert_eq!(
+        report.status.last_executor_id, 0,
+        "no id is used before it is recorded"
+    );
+    assert_eq!(profile0(&report), (0, 0, 2));
+
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
+    assert_eq!(actor.report().await.status.last_executor_id, 2);
+    actor.upkeep_answered();
+    assert_eq!(
+        actor.report().await.rounds,
+        1,
+        "counted once its creates are answered"
+    );
+    actor.created(&[1, 2]);
+    assert_eq!(actor.report().await.rounds, 2);
+
+    // Under SPARK nothing more is asked while the requests are unseen; a round runs one
+    // batch delay after the last, and has nothing to send.
+    actor.no_work().await;
+    actor.advance(Duration::from_secs(1));
+    actor.no_work().await;
+    assert_eq!(actor.report().await.rounds, 3);
+}
+
+#[tokio::test]
+async fn a_failed_id_record_sends_no_create_gives_the_ids_back_and_backs_off() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(2).await;
+    assert_eq!(actor.round_with_creates().await, (vec![1, 2], Some(2)));
+    actor.answer(WorkDone::Recorded(Err(
+        "ConfigMap app-ids: unavailable".into()
+    )));
+    actor.upkeep_answered();
+    let report = actor.report().await;
+    assert_eq!(report.status.last_executor_id, 0);
+    assert_eq!(profile0(&report), (0, 0, 0));
+    assert!(report.create_failures.contains_key(&ResourceProfileId(0)));
+    let backoff = START.plus(Duration::from_secs(2));
+    assert_eq!(report.backoff_until, Some(backoff));
+    assert_eq!(report.next_round_at, backoff);
+
+    actor.advance(Duration::from_secs(1));
+    actor.no_work().await;
+    actor.advance(Duration::from_secs(1));
+    assert_eq!(actor.round_with_creates().await, (vec![1, 2], Some(2)));
+}
+
+#[tokio::test]
+async fn creates_all_refused_back_off_and_one_that_passes_ends_the_backoff() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(1).await;
+    assert_eq!(actor.round_with_creates().await.0, vec![1]);
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(1)))));
+    actor.upkeep_answered();
+    actor.answer(WorkDone::Created(vec![(
+        ExecutorId(1),
+        Err(kubernetes_error()),
+    )]));
+    let report = actor.report().await;
+    assert_eq!(
+        report.backoff_until,
+        Some(START.plus(Duration::from_secs(2)))
+    );
+    assert_eq!(profile0(&report), (0, 0, 0));
+
+    actor.advance(Duration::from_secs(2));
+    // Id 1 was sent (and refused): never used again.
+    assert_eq!(actor.round_with_creates().await, (vec![2], Some(2)));
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
+    actor.upkeep_answered();
+    actor.created(&[2]);
+    let report = actor.report().await;
+    assert_eq!(report.backoff_until, None);
+    assert_eq!(profile0(&report), (0, 0, 1));
+}
+
+#[tokio::test]
+async fn the_driver_ending_deletes_the_executors_retries_and_forgets_after_the_grace() {
+    let mut actor = Driven::start(Some(DriverLife {
+        pod_name: "app-driver".into(),
+        grace: Duration::from_secs(30),
+    }));
+    actor.first_round_answered().await;
+    actor.event(PodEvent::Driver(driver_pod("Running")));
+    let report = actor.report().await;
+    let driver = report.driver.expect("driver");
+    assert_eq!(
+        (driver.phase.as_deref(), driver.ended_at),
+        (Some("Running"), None)
+    );
+
+    actor.event(PodEvent::Driver(driver_pod("Failed")));
+    assert!(matches!(actor.next_work().await, Work::CleanUp));
+    assert!(
+        actor.cancel.is_cancelled(),
+        "creates not sent yet are skipped"
+    );
+    let driver = actor.report().await.driver.expect("driver");
+    assert_eq!(driver.phase.as_deref(), Some("Failed"));
+    assert_eq!(driver.ended_at, Some(START));
+    assert_eq!(driver.forget_at, Some(START.plus(Duration::from_secs(30))));
+
+    // No round any more, whatever the targets; a failed clean-up is tried again one
+    // batch delay later.
+    actor.set_target(3).await;
+    actor.answer(WorkDone::CleanedUp(Err("unavailable".into())));
+    actor.no_work().await;
+    actor.advance(Duration::from_secs(1));
+    assert!(matches!(actor.next_work().await, Work::CleanUp));
+    actor.answer(WorkDone::CleanedUp(Ok(2)));
+    actor.advance(Duration::from_secs(28));
+    actor.no_work().await;
+    assert!(!actor.forgotten.load(Ordering::SeqCst));
+
+    actor.advance(Duration::from_secs(1));
+    actor.settle().await;
+    assert!(actor.forgotten.load(Ordering::SeqCst));
+    assert!(matches!(
+        actor.handle.report().await,
+        Err(AppError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn stop_skips_unsent_creates_and_waits_for_the_work_in_flight() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(2).await;
+    actor.round_with_creates().await;
+    let handle = actor.handle.clone();
+    let stopped = tokio::spawn(async move { handle.stop().await });
+    actor.settle().await;
+    assert!(actor.cancel.is_cancelled());
+    assert!(!stopped.is_finished(), "the round's work is unanswered");
+
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
+    actor.upkeep_answered();
+    actor.settle().await;
+    assert!(!stopped.is_finished(), "its creates are unanswered");
+    actor.answer(WorkDone::Created(vec![
+        (ExecutorId(1), Err(CreateError::Cancelled)),
+        (ExecutorId(2), Err(CreateError::Cancelled)),
+    ]));
+    tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("stopped within 5 s")
+        .expect("stop");
+    assert!(
+        !actor.forgotten.load(Ordering::SeqCst),
+        "a stopped application is not forgotten"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_asks_the_worker_for_its_listing() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.event(PodEvent::Applied(executor(1, "Pending")));
+    let mut stream = actor.handle.watch_executors(0).await.expect("stream");
+    let Work::List(ticket) = actor.next_work().await else {
+        panic!("not a LIST");
+    };
+    let listed = crate::app::feed::ListedPod::of(&executor(1, "Pending"))
+        .into_iter()
+        .collect();
+    actor.answer(WorkDone::Listed(ticket, listed));
+    let first = stream.next().await.expect("an event");
+    assert_eq!(first.kind, crate::app::feed::EventKind::Snapshot);
+    assert_eq!(first.executor.map(|e| e.executor.id), Some(ExecutorId(1)));
+}
+
+#[tokio::test]
+async fn a_status_read_after_pod_events_counts_what_they_showed() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(2).await;
+    actor.round_with_creates().await;
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
+    actor.upkeep_answered();
+    actor.created(&[1, 2]);
+    let rounds = actor.report().await.rounds;
+
+    actor.event(PodEvent::Applied(executor(1, "Running")));
+    actor.event(PodEvent::Applied(executor(2, "Pending")));
+    let report = actor.report().await;
+    assert_eq!(report.rounds, rounds, "no round ran since");
+    assert_eq!(profile0(&report), (1, 1, 0));
+    actor.event(PodEvent::Deleted(executor(2, "Pending")));
+    assert_eq!(profile0(&actor.report().await), (1, 0, 0));
+}
