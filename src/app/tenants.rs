@@ -12,6 +12,10 @@ use serde::Deserialize;
 use super::AppError;
 use crate::metrics::Metrics;
 
+
+/// Bytes of unread changes a stream may hold before it is given a fresh full state
+/// instead (`tenants.watch_stream_buffer_bytes`).
+pub const STREAM_BUFFER_BYTES: usize = 256 * 1024;
 /// The limits; the defaults hold a busy shared service (see each).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -43,7 +47,7 @@ impl Default for TenantLimits {
             max_applications_per_namespace: 200,
             max_watch_streams_per_identity: 128,
             max_watch_streams: 2048,
-            watch_stream_buffer_bytes: super::feed::STREAM_BUFFER_BYTES,
+            watch_stream_buffer_bytes: STREAM_BUFFER_BYTES,
         }
     }
 }

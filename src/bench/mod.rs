@@ -53,7 +53,7 @@ pub enum Scenario {
         #[arg(long, default_value_t = 5)]
         churn: u32,
         /// `tenants.watch_stream_buffer_bytes`.
-        #[arg(long, default_value_t = crate::app::feed::STREAM_BUFFER_BYTES)]
+        #[arg(long, default_value_t = crate::app::tenants::STREAM_BUFFER_BYTES)]
         buffer_bytes: usize,
     },
     /// GetStatus latency under a burst of SetTotalExpected over many applications, then

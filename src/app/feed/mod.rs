@@ -48,9 +48,6 @@ pub const KEPT_CHANGES: usize = 1024;
 /// Changes a stream may have unread before it is given a fresh full state instead.
 pub const STREAM_BUFFER: usize = 256;
 
-/// Bytes of unread changes a stream may hold before it is given a fresh full state
-/// instead (`tenants.watch_stream_buffer_bytes`).
-pub const STREAM_BUFFER_BYTES: usize = 256 * 1024;
 
 /// Pods per page of the LIST a full state is taken from.
 pub const FULL_STATE_PAGE_SIZE: u32 = 500;
@@ -89,7 +86,7 @@ pub struct Feed {
     history: VecDeque<ExecutorEvent>,
     streams: Vec<Arc<Queue>>,
     buffer: usize,
-    /// Unread bytes of changes per stream, at most ([`STREAM_BUFFER_BYTES`]).
+    /// Unread bytes of changes per stream, at most ([`super::tenants::STREAM_BUFFER_BYTES`]).
     buffer_bytes: usize,
     /// The full state being put together while streams wait for one.
     assembly: Option<Assembly>,
@@ -110,7 +107,7 @@ impl Feed {
             history: VecDeque::new(),
             streams: Vec::new(),
             buffer: STREAM_BUFFER,
-            buffer_bytes: STREAM_BUFFER_BYTES,
+            buffer_bytes: super::tenants::STREAM_BUFFER_BYTES,
             assembly: None,
             listings: 0,
         };
