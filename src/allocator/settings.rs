@@ -19,9 +19,9 @@ use super::state::{DEFAULT_EXECUTOR_CONTAINER, StateRules};
 
 /// Tuning of one application's allocation (Spark's names in the doc comments).
 ///
-/// Unknown keys are refused, so a typo in the configuration file stops start-up; and a
-/// registration written by a newer version with a setting this one does not know is not
-/// resumed without it.
+/// Unknown keys are refused, so a typo in the configuration file stops start-up (a stored
+/// registration leaves a newer version's settings out before it is read, see
+/// `app::registration`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AllocationSettings {

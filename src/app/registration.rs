@@ -38,6 +38,7 @@ pub struct Registration {
     pub pod_name_prefix: Option<String>,
     /// The effective settings, in their serde form (the JSON of every earlier version:
     /// the same names, durations in milliseconds; `policy` absent before it existed).
+    #[serde(deserialize_with = "settings_of_any_version")]
     pub settings: AllocationSettings,
     /// Pod templates per resource profile.
     pub templates: BTreeMap<i32, Pod>,
@@ -47,6 +48,29 @@ pub struct Registration {
     /// The identity that started the application (absent: started unauthenticated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+}
+
+/// Settings as any version wrote them: a key this version does not know (a setting a
+/// newer replica added, read by an older one during a rolling update or a rollback) is
+/// logged and left out, and the application resumes with the settings it knows. The
+/// configuration file's `[allocation]` refuses unknown keys instead: there a typo is the
+/// operator's to fix.
+fn settings_of_any_version<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<AllocationSettings, D::Error> {
+    let mut written = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
+    let known = match serde_json::to_value(AllocationSettings::default()) {
+        Ok(serde_json::Value::Object(known)) => known,
+        _ => serde_json::Map::new(),
+    };
+    written.retain(|key, _| {
+        let keep = known.contains_key(key);
+        if !keep {
+            tracing::warn!(setting = %key, "a registration's setting unknown to this version is left out");
+        }
+        keep
+    });
+    serde_json::from_value(serde_json::Value::Object(written)).map_err(serde::de::Error::custom)
 }
 
 impl Registration {
@@ -289,6 +313,23 @@ mod tests {
     /// The JSON of a registration as an earlier version wrote it (before `policy`
     /// existed), byte for byte: it still decodes, to the same settings, and says the
     /// same when written again.
+    #[test]
+    fn a_registration_of_a_newer_version_resumes_with_the_settings_this_one_knows() {
+        let written = r#"{"app_id":"app-1","namespace":"ns","driver_pod_name":null,"pod_name_prefix":null,"settings":{"batch_size":5,"a_later_setting":{"x":1},"policy":"adaptive"},"templates":{},"targets":{},"registered":[]}"#;
+        let registration: Registration = serde_json::from_str(written).unwrap();
+        assert_eq!(
+            registration.settings,
+            AllocationSettings {
+                batch_size: 5,
+                policy: crate::allocator::AllocationPolicy::Adaptive,
+                ..AllocationSettings::default()
+            }
+        );
+        // A known setting with a bad value is still an unreadable registration.
+        let bad = written.replace(r#""batch_size":5"#, r#""batch_size":"five""#);
+        assert!(serde_json::from_str::<Registration>(&bad).is_err());
+    }
+
     #[test]
     fn a_registration_of_an_earlier_version_still_resumes() {
         let written = r#"{"app_id":"app-1","namespace":"ns","driver_pod_name":null,"pod_name_prefix":null,"settings":{"batch_size":5,"batch_delay_ms":2000,"executor_timeout_ms":600000,"executor_idle_timeout_ms":60000,"max_pending_pods":40,"max_pending_pods_per_profile":null,"max_executors":9,"delete_on_termination":false,"executor_container_name":"spark-kubernetes-executor","check_all_containers":true},"templates":{},"targets":{"0":3},"registered":[1,2]}"#;

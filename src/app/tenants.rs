@@ -12,7 +12,6 @@ use serde::Deserialize;
 use super::AppError;
 use crate::metrics::Metrics;
 
-
 /// Bytes of unread changes a stream may hold before it is given a fresh full state
 /// instead (`tenants.watch_stream_buffer_bytes`).
 pub const STREAM_BUFFER_BYTES: usize = 256 * 1024;

@@ -48,7 +48,6 @@ pub const KEPT_CHANGES: usize = 1024;
 /// Changes a stream may have unread before it is given a fresh full state instead.
 pub const STREAM_BUFFER: usize = 256;
 
-
 /// Pods per page of the LIST a full state is taken from.
 pub const FULL_STATE_PAGE_SIZE: u32 = 500;
 
