@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
+use spark_pod_allocator::app::limits::RequestLimits;
 use spark_pod_allocator::app::{AppId, ManualClock, ServiceOptions, StartApplication};
 
 async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
@@ -19,7 +20,10 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
         qps: 1_000_000,
         burst: 1_000_000,
         create_concurrency,
-        max_creates_per_round: pods,
+        limits: RequestLimits {
+            max_creates_per_round: pods,
+            ..RequestLimits::default()
+        },
         ..ServiceOptions::default()
     };
     let apps =

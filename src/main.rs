@@ -359,8 +359,7 @@ fn service_options(settings: &Settings) -> ServiceOptions {
             .unwrap_or(usize::MAX),
         request_policy: settings.request_policy(),
         driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
-        max_resource_profiles: settings.limits.max_resource_profiles,
-        max_creates_per_round: settings.limits.max_creates_per_round,
+        limits: settings.limits.clone(),
         pod_policy: settings.pod_policy.clone(),
         registrations: settings.registrations.clone(),
         tenants: settings.tenants.clone(),
@@ -412,13 +411,7 @@ mod tests {
             default.executor_stream_buffer
         );
         assert_eq!(from_config.tenants, default.tenants);
-        assert_eq!(
-            (
-                from_config.max_resource_profiles,
-                from_config.max_creates_per_round
-            ),
-            (default.max_resource_profiles, default.max_creates_per_round)
-        );
+        assert_eq!(from_config.limits, default.limits);
     }
 
     #[test]

@@ -101,8 +101,7 @@ async fn service() -> Harness {
         ..ServeSettings::default()
     };
     let options = ServiceOptions {
-        max_resource_profiles: MAX_PROFILES,
-        max_creates_per_round: ROUND_CAP,
+        limits: limits(),
         ..ServiceOptions::default()
     };
     Harness::start_with_options(quiet_cluster(), serve, options).await

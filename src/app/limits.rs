@@ -29,13 +29,12 @@ pub struct RequestLimits {
 
 impl Default for RequestLimits {
     fn default() -> Self {
-        let service = crate::app::ServiceOptions::default();
         Self {
             max_template_bytes: 256 * 1024,
             max_template_depth: 32,
-            max_resource_profiles: service.max_resource_profiles,
+            max_resource_profiles: 64,
             max_executors_per_application: 10_000,
-            max_creates_per_round: service.max_creates_per_round,
+            max_creates_per_round: 500,
             template_parsers: 0,
         }
     }

@@ -132,10 +132,9 @@ pub struct ServiceOptions {
     /// Changes a WatchExecutors stream may leave unread before it is given a fresh full
     /// state instead (bounds each stream's memory; never blocks the actor).
     pub executor_stream_buffer: usize,
-    /// Resource profiles an application may have (`limits.max_resource_profiles`).
-    pub max_resource_profiles: usize,
-    /// Creates one round of an application may plan (`limits.max_creates_per_round`).
-    pub max_creates_per_round: u32,
+    /// What one request may cause (`limits`): the application layer holds templates given
+    /// after Start to its profile count, and each round to its creates per round.
+    pub limits: limits::RequestLimits,
     /// What a template may ask for (`pod_policy`), the one copy of it: Start's templates
     /// (checked at the edge, through [`Applications::pod_policy`]), SetTotalExpected's, and
     /// those of a registration before it is resumed (signed, but the policy may have been
@@ -162,8 +161,7 @@ impl Default for ServiceOptions {
             request_policy: RequestPolicy::default(),
             driver_end_grace: Duration::from_secs(60),
             executor_stream_buffer: feed::STREAM_BUFFER,
-            max_resource_profiles: 64,
-            max_creates_per_round: 500,
+            limits: limits::RequestLimits::default(),
             pod_policy: crate::allocator::pod_policy::PodPolicy::default(),
             registrations: RegistrationSettings::default(),
             tenants: TenantLimits::default(),

@@ -205,7 +205,7 @@ impl Applications {
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
         let mut allocator = Allocator::new(req.settings.clone(), last_executor_id)
-            .with_round_cap(options.max_creates_per_round);
+            .with_round_cap(options.limits.max_creates_per_round);
         allocator.set_create_rate(options.qps);
         // Pods being deleted when the service stopped count as deleted again (IsDeleted).
         allocator.restore_deleted(
@@ -452,7 +452,7 @@ impl Applications {
     /// ([`templates::builder`]); its pods get their owner once the driver pod is found
     /// ([`ExecutorPodBuilder::with_driver`]).
     fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
-        templates::builder(req, self.inner.ctx.options.max_resource_profiles)
+        templates::builder(req, self.inner.ctx.options.limits.max_resource_profiles)
     }
 }
 

@@ -145,7 +145,12 @@ pub async fn serve_against(
     let (child, mut lines) = spawn_logged(command);
     let serving = until_logged(&mut lines, "serving gRPC").await;
     let address = serving["address"].as_str().expect("address").to_string();
-    // Keep reading its log so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // Keep reading its log so it never blocks on a full pipe; the test harness shows it
+    // with a failing test.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("service: {line}");
+        }
+    });
     (child, connect_serving(&address).await)
 }
