@@ -3,6 +3,7 @@
 //! of an application that holds Kubernetes clients; each piece of work runs in a task of
 //! its own, so the actor never waits on the API server.
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -199,42 +200,49 @@ impl Worker {
     /// Takes work until the actor drops its end; tasks already started finish on their own
     /// (the actor awaits their answers before it ends).
     pub async fn run(self, mut requests: mpsc::UnboundedReceiver<Work>) {
+        // Shared by the tasks of the work in flight.
+        let worker = Arc::new(self);
         while let Some(work) = requests.recv().await {
+            let this = &worker;
             match work {
-                Work::Round { upkeep, creates } => self.round(upkeep, creates),
-                Work::CleanUp => self.clean_up(),
-                Work::List(ticket) => self.list(ticket),
+                Work::Round { upkeep, creates } => Self::round(this, upkeep, creates),
+                Work::CleanUp => Self::clean_up(this),
+                Work::List(ticket) => Self::list(this, ticket),
             }
         }
     }
 
     /// A round's upkeep, then its creates once the id record they need is written.
-    fn round(&self, upkeep: Option<Box<UpkeepWork>>, creates: Vec<(ExecutorId, Pod)>) {
+    fn round(this: &Arc<Self>, upkeep: Option<Box<UpkeepWork>>, creates: Vec<(ExecutorId, Pod)>) {
         let Some(upkeep) = upkeep else {
-            self.create(creates, None);
+            Self::create(this, creates, None);
             return;
         };
         let (recorded, record_written) = oneshot::channel();
         if !creates.is_empty() {
-            self.create(creates, Some(record_written));
+            Self::create(this, creates, Some(record_written));
         }
-        self.upkeep(*upkeep, recorded);
+        Self::upkeep(this, *upkeep, recorded);
     }
 
     /// Sends `upkeep`; its id record's outcome goes to `recorded` (the creates waiting for
     /// it) and to the actor at once, the rest to the actor once answered.
-    fn upkeep(&self, mut upkeep: UpkeepWork, recorded: oneshot::Sender<bool>) {
-        let pods = self.pods.clone();
-        let namespace = self.namespace.clone();
-        let app_id = self.app_id.clone();
-        let id_record = self.id_record.clone();
-        let registrations = self.registrations.clone();
-        let done = self.done.clone();
+    fn upkeep(this: &Arc<Self>, mut upkeep: UpkeepWork, recorded: oneshot::Sender<bool>) {
+        let worker = Arc::clone(this);
         tokio::spawn(
             async move {
+                let Self {
+                    pods,
+                    id_record,
+                    registrations,
+                    namespace,
+                    app_id,
+                    done,
+                    ..
+                } = &*worker;
                 let registration = upkeep.registration.take();
                 let (mut outcome, id_recorded) =
-                    send_upkeep(upkeep, &pods, &namespace, &app_id, &id_record).await;
+                    send_upkeep(upkeep, pods, namespace, app_id, id_record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
                 let _ = recorded.send(id_recorded.is_ok());
                 // The actor outlives the work it waits for (it awaits it before ending).
@@ -242,7 +250,7 @@ impl Worker {
                 // The registration is written beside the creates, not before them.
                 if let Some(registration) = registration {
                     outcome.registration_failed =
-                        registration.write_to(&registrations).await.is_err();
+                        registration.write_to(registrations).await.is_err();
                 }
                 let _ = done.send(WorkDone::Upkeep(outcome));
             }
@@ -254,14 +262,22 @@ impl Worker {
     /// (the round's id record) succeeded. If the record failed, none is sent and this task
     /// reports nothing: the upkeep's task reports the failure ([`WorkDone::Recorded`]), and
     /// the actor gives the ids back before any later round can hand out others.
-    fn create(&self, creates: Vec<(ExecutorId, Pod)>, recorded: Option<oneshot::Receiver<bool>>) {
-        let pods = self.pods.clone();
-        let namespace = self.namespace.clone();
-        let cancel = self.cancel.clone();
-        let done = self.done.clone();
-        let record_name = self.id_record.to_string();
+    fn create(
+        this: &Arc<Self>,
+        creates: Vec<(ExecutorId, Pod)>,
+        recorded: Option<oneshot::Receiver<bool>>,
+    ) {
+        let worker = Arc::clone(this);
         tokio::spawn(
             async move {
+                let Self {
+                    pods,
+                    id_record,
+                    namespace,
+                    cancel,
+                    done,
+                    ..
+                } = &*worker;
                 let recorded = match recorded {
                     None => Ok(()),
                     Some(rx) => match rx.await {
@@ -269,11 +285,11 @@ impl Worker {
                         // Reported by the upkeep's task.
                         Ok(false) => return,
                         // The upkeep's task ended without a report: this one tells.
-                        Err(_) => Err(format!("{record_name}: not written")),
+                        Err(_) => Err(format!("{id_record}: not written")),
                     },
                 };
                 let results = match recorded {
-                    Ok(()) => pods.create_all(&namespace, creates, &cancel).await,
+                    Ok(()) => pods.create_all(namespace, creates, cancel).await,
                     Err(message) => not_recorded(creates.iter().map(|(id, _)| *id), &message),
                 };
                 let _ = done.send(WorkDone::Created(results));
@@ -283,15 +299,19 @@ impl Worker {
     }
 
     /// Deletes every executor pod of the application (its driver ended).
-    fn clean_up(&self) {
-        let pods = self.pods.clone();
-        let namespace = self.namespace.clone();
-        let app_id = self.app_id.clone();
-        let done = self.done.clone();
+    fn clean_up(this: &Arc<Self>) {
+        let worker = Arc::clone(this);
         tokio::spawn(
             async move {
+                let Self {
+                    pods,
+                    namespace,
+                    app_id,
+                    done,
+                    ..
+                } = &*worker;
                 let result = pods
-                    .delete_all(&namespace, &app_id)
+                    .delete_all(namespace, app_id)
                     .await
                     .map_err(|err| crate::k8s::describe_error(&err));
                 if let Ok(deleted) = result {
@@ -305,15 +325,19 @@ impl Worker {
     }
 
     /// Lists the executor pods for a WatchExecutors full state.
-    fn list(&self, ticket: u64) {
-        let pods = self.pods.clone();
-        let namespace = self.namespace.clone();
-        let app_id = self.app_id.clone();
-        let done = self.done.clone();
+    fn list(this: &Arc<Self>, ticket: u64) {
+        let worker = Arc::clone(this);
         tokio::spawn(
             async move {
+                let Self {
+                    pods,
+                    namespace,
+                    app_id,
+                    done,
+                    ..
+                } = &*worker;
                 let listed =
-                    list_for_full_state(&pods, &namespace, &app_id, || done.is_closed()).await;
+                    list_for_full_state(pods, namespace, app_id, || done.is_closed()).await;
                 if let Some(listed) = listed {
                     let _ = done.send(WorkDone::Listed(ticket, listed));
                 }
