@@ -171,6 +171,7 @@ impl Allocator {
             window,
         }
     }
+
     /// The same allocator planning at most `cap` creates per round over all profiles
     /// (beyond Spark, whose batch size caps each profile alone: an application with many
     /// profiles would otherwise plan profiles × batch size creates at once).
@@ -178,6 +179,7 @@ impl Allocator {
         self.round_cap = u64::from(cap.max(1));
         self
     }
+
     /// The creates per second the service sends for this application: the ADAPTIVE
     /// window's ceiling (resets the window).
     pub fn set_create_rate(&mut self, per_second: u32) {
@@ -187,6 +189,7 @@ impl Allocator {
             per_second,
         );
     }
+
     /// The answers to a round's creates (accepted and refused by cause): under ADAPTIVE
     /// they grow or shrink the window; under SPARK they change nothing. Failed requests
     /// are forgotten by [`Self::create_failed`] as before.
@@ -196,20 +199,24 @@ impl Allocator {
                 .answered(outcomes, self.running, self.unknown_pending);
         }
     }
+
     /// The ADAPTIVE window: requests that may be sent and not yet seen at once.
     pub fn create_window(&self) -> &CreateWindow {
         &self.window
     }
+
     /// Stores the targets (profiles left out keep theirs). Returns true when nothing is
     /// outstanding, i.e. the caller should run a round now (notify now).
     pub fn set_targets(&mut self, targets: &BTreeMap<ResourceProfileId, u32>) -> bool {
         self.targets.extend(targets.iter().map(|(rp, t)| (*rp, *t)));
         !self.outstanding
     }
+
     /// Replaces the set of executors registered with the driver (scheduler-known).
     pub fn set_registered(&mut self, ids: BTreeSet<ExecutorId>) {
         self.registered = ids;
     }
+
     /// One allocation round: take in the batch, count, downscale, then ask for more
     /// within the caps. Each step below is a method named after what it does.
     pub fn round(&mut self, batch: SnapshotBatch, now: Timestamp) -> RoundPlan {
@@ -546,6 +553,7 @@ impl Allocator {
         self.known_newly_created.remove(&id);
         self.outstanding = self.unknown_pending + self.newly_created.len() as u64 > 0;
     }
+
     /// Creates of a plan that were never sent (their ids could not be recorded first, or
     /// the application stopped): forgotten as failed creates, and the highest ids given
     /// back, so that `last_executor_id` stays the highest id of a create sent (or of a
@@ -564,25 +572,30 @@ impl Allocator {
             self.last_executor_id -= 1;
         }
     }
+
     /// The pod of `id` is gone from the cluster (a DELETED watch event, or a full listing
     /// without it): the executor is no longer one "deleted and still there".
     pub fn pod_gone(&mut self, id: ExecutorId) {
         self.deleted.remove(&id);
     }
+
     /// Executors whose pods were being deleted (they carry a deletionTimestamp) when the
     /// application resumed: deleted as if this allocator had asked at `now`.
     pub fn restore_deleted(&mut self, ids: impl IntoIterator<Item = ExecutorId>, now: Timestamp) {
         self.deleted.extend(ids.into_iter().map(|id| (id, now)));
     }
+
     /// True iff the allocator deleted `id` and its pod is still there.
     pub fn is_deleted(&self, id: ExecutorId) -> bool {
         self.deleted.contains_key(&id)
     }
+
     /// The highest executor id handed out so far (ids of creates not sent are given back,
     /// see [`Self::creates_not_sent`]).
     pub fn last_executor_id(&self) -> u64 {
         self.last_executor_id
     }
+
     /// A report for GetStatus, computed when asked: targets and requests are current, pod
     /// counts those of the last snapshot a round took in. Lists every profile with a target
     /// and every profile with executors running, pending or requested; one without a target
@@ -613,6 +626,7 @@ impl Allocator {
         }
         self.status_of(profiles)
     }
+
     /// GetStatus's report: [`Self::status`] with the pod counts of `store`'s current
     /// snapshot instead of the last round's, so a status read after a pod event never
     /// contradicts it (WatchExecutors shows the same state). A request whose pod the store
@@ -645,6 +659,7 @@ impl Allocator {
         }
         self.status_of(profiles)
     }
+
     /// Every profile with a target, with only its target counted.
     fn target_counts(&self) -> BTreeMap<ResourceProfileId, ProfileCounts> {
         self.targets
@@ -658,6 +673,7 @@ impl Allocator {
             })
             .collect()
     }
+
     /// The status with `profiles` counted.
     fn status_of(&self, profiles: BTreeMap<ResourceProfileId, ProfileCounts>) -> AllocatorStatus {
         AllocatorStatus {
@@ -667,18 +683,22 @@ impl Allocator {
             outstanding: self.outstanding,
         }
     }
+
     /// The settings this allocator runs with.
     pub fn settings(&self) -> &AllocationSettings {
         &self.settings
     }
+
     /// The targets per profile.
     pub fn targets(&self) -> &BTreeMap<ResourceProfileId, u32> {
         &self.targets
     }
+
     /// Whether unknown pending pods or newly created requests remain (as of the last round).
     pub fn outstanding(&self) -> bool {
         self.outstanding
     }
+
     /// Requests not yet seen in any snapshot (both unknown and scheduler-known), with profile.
     pub fn newly_created(&self) -> impl Iterator<Item = (ExecutorId, ResourceProfileId)> + '_ {
         self.newly_created
