@@ -975,7 +975,10 @@ async fn start_is_authorized_before_any_template_is_parsed() {
             break;
         }
         // Below the identity's application cap (100).
-        assert!(i < 90, "the flood was not answered 4 times during 90 Starts");
+        assert!(
+            i < 90,
+            "the flood was not answered 4 times during 90 Starts"
+        );
         let began = Instant::now();
         h.client
             .start(as_caller(
