@@ -825,7 +825,12 @@ fn gang_scheduler_pods_pass_when_their_scheduler_is_allowed() {
         pod(json!({})),
         json!({"labels": {"kueue.x-k8s.io/queue-name": "team-a-queue"}}),
     );
-    for template in [&volcano, &yunikorn, &kueue, &pod(json!({"schedulerName": ""}))] {
+    for template in [
+        &volcano,
+        &yunikorn,
+        &kueue,
+        &pod(json!({"schedulerName": ""})),
+    ] {
         accepts(template);
     }
     let only_volcano = PodPolicy {
