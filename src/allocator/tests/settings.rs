@@ -262,3 +262,19 @@ fn state_rules_follow_the_applications_settings() {
         StateRules::default()
     );
 }
+
+/// Unset, the gang stays out of the stored JSON, so a registration without one reads the same
+/// in a version that does not know the setting.
+#[test]
+fn an_unset_gang_is_left_out_of_the_json() {
+    let json = serde_json::to_string(&AllocationSettings::default()).unwrap();
+    assert!(!json.contains("min_executors_at_once"), "{json}");
+    let gang = AllocationSettings {
+        min_executors_at_once: Some(4),
+        ..AllocationSettings::default()
+    };
+    let json = serde_json::to_string(&gang).unwrap();
+    assert!(json.contains(r#""min_executors_at_once":4"#), "{json}");
+    let read: AllocationSettings = serde_json::from_str(&json).unwrap();
+    assert_eq!(read, gang);
+}
