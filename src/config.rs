@@ -900,11 +900,13 @@ mod tests {
         let f = file(
             "toml",
             "[pod_policy]\nallowed_service_accounts = [\"default\", \"spark\"]\n\
+             scheduler_names = [\"volcano\"]\n\
              [limits]\nmax_template_bytes = 1024\nmax_executors_per_application = 50\n\
              [grpc]\nmax_connections = 8\nkeepalive_interval_ms = 0\n",
         );
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         assert_eq!(s.pod_policy.allowed_service_accounts, ["default", "spark"]);
+        assert_eq!(s.pod_policy.scheduler_names, ["volcano"]);
         assert!(s.pod_policy.enforce);
         assert_eq!(s.pod_policy.level, PodSecurityLevel::Baseline);
         assert_eq!(s.limits.max_template_bytes, 1024);

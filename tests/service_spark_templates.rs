@@ -1,8 +1,9 @@
 //! What a Spark driver's plugin relies on, over real gRPC against the simulated cluster:
 //! Spark's own executor pod as a template (its labels overwritten, `{{APP_ID}}` and
 //! `{{EXECUTOR_ID}}` substituted per executor), templates of resource profiles registered by
-//! SetTotalExpected, a repeated Start that must repeat the first, and the executor container
-//! and check-all-containers settings per application.
+//! SetTotalExpected, a repeated Start that must repeat the first, the executor container
+//! and check-all-containers settings per application, and gang schedulers' pods (their
+//! scheduler allowed by the pod policy, their gang asked for at once).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -528,5 +529,126 @@ async fn the_executor_container_and_check_all_containers_are_per_application() {
         .await;
     }
     assert_eq!(h.pods(NS, "app-default").await.len(), 1);
+    h.stop_server().await;
+}
+
+/// Spark's executor pod as its Volcano and YuniKorn feature steps leave it: the scheduler,
+/// Volcano's pod group, YuniKorn's application id and task group.
+fn gang_template(scheduler: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "labels": {"queue": "root.spark", "applicationId": "{{APP_ID}}"},
+            "annotations": {
+                "scheduling.k8s.io/group-name": "{{APP_ID}}-podgroup",
+                "volcano.sh/queue-name": "spark",
+                "yunikorn.apache.org/app-id": "{{APP_ID}}",
+                "yunikorn.apache.org/task-group-name": "spark-executor",
+                "yunikorn.apache.org/task-groups":
+                    r#"[{"name":"spark-executor","minMember":4,"minResource":{"cpu":"1"}}]"#,
+            },
+        },
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}],
+        },
+    })
+    .to_string()
+}
+
+#[tokio::test]
+async fn gang_scheduler_pods_pass_through_and_their_gang_is_asked_for_at_once() {
+    let mut h = Harness::start().await;
+    let app = "spark-gang-1";
+    let mut start = start_request(app, NS);
+    start.executor_pod_template = gang_template("volcano");
+    start.settings = Some(proto::AllocationSettings {
+        batch_size: Some(1),
+        min_executors_at_once: Some(4),
+        ..Default::default()
+    });
+    h.client.start(start).await.expect("Start");
+    h.client
+        .set_total_expected(set_total(app, &[(0, 6)], &[]))
+        .await
+        .expect("SetTotalExpected");
+    // The clock stands still, so only the round SetTotalExpected ran has created pods: the
+    // whole gang, though a batch is 1.
+    let pods = pods_by_id(&h, app, 4).await;
+    for id in ["1", "2", "3", "4"] {
+        let pod = &pods[id];
+        let annotations = &pod["metadata"]["annotations"];
+        let checks = [
+            ("scheduler", &pod["spec"]["schedulerName"], json!("volcano")),
+            (
+                "pod group",
+                &annotations["scheduling.k8s.io/group-name"],
+                json!(format!("{app}-podgroup")),
+            ),
+            (
+                "Volcano queue",
+                &annotations["volcano.sh/queue-name"],
+                json!("spark"),
+            ),
+            (
+                "YuniKorn app id",
+                &annotations["yunikorn.apache.org/app-id"],
+                json!(app),
+            ),
+            (
+                "YuniKorn task group",
+                &annotations["yunikorn.apache.org/task-group-name"],
+                json!("spark-executor"),
+            ),
+            (
+                "YuniKorn task groups",
+                &annotations["yunikorn.apache.org/task-groups"],
+                json!(r#"[{"name":"spark-executor","minMember":4,"minResource":{"cpu":"1"}}]"#),
+            ),
+            (
+                "applicationId label",
+                &pod["metadata"]["labels"]["applicationId"],
+                json!(app),
+            ),
+        ];
+        for (what, found, expected) in checks {
+            assert_eq!(*found, expected, "executor {id}: {what}");
+        }
+    }
+    let status = h.status(app).await.expect("GetStatus");
+    let p0 = &status.profiles[0];
+    assert_eq!((p0.target, p0.pending + p0.newly_created), (6, 4), "{p0:?}");
+
+    // A scheduler outside pod_policy.scheduler_names is refused, naming the field, at Start
+    // and for a profile SetTotalExpected registers.
+    let mut start = start_request("spark-gang-2", NS);
+    start.executor_pod_template = gang_template("my-scheduler");
+    let status = h.client.start(start).await.expect_err("scheduler refused");
+    assert_invalid(&status, "executor_pod_template");
+    assert!(
+        status
+            .message()
+            .starts_with("executor_pod_template: spec.schedulerName: "),
+        "{}",
+        status.message()
+    );
+    let yunikorn = gang_template("yunikorn");
+    let other = gang_template("my-scheduler");
+    h.client
+        .set_total_expected(set_total(app, &[], &[(1, yunikorn.as_str())]))
+        .await
+        .expect("yunikorn is allowed");
+    let status = h
+        .client
+        .set_total_expected(set_total(app, &[], &[(2, other.as_str())]))
+        .await
+        .expect_err("scheduler refused");
+    assert_invalid(&status, "resource_profile_templates[2]");
+    assert!(
+        status.message().contains("spec.schedulerName"),
+        "{}",
+        status.message()
+    );
+    assert!(h.pods(NS, "spark-gang-2").await.is_empty());
     h.stop_server().await;
 }

@@ -217,8 +217,8 @@ impl Allocator {
         self.registered = ids;
     }
 
-    /// One allocation round: take in the batch, count, downscale, then ask for more
-    /// within the caps. Each step below is a method named after what it does.
+    /// One allocation round: take in the batch, count, downscale, ask for the gangs, then
+    /// for more within the caps. Each step below is a method named after what it does.
     pub fn round(&mut self, batch: SnapshotBatch, now: Timestamp) -> RoundPlan {
         let mut plan = RoundPlan::default();
         self.forget_seen_requests(&batch);
@@ -228,6 +228,7 @@ impl Allocator {
         let mut tallies = self.tallies();
         self.downscale(&mut tallies, now, &mut plan);
         let totals = Totals::of(&tallies);
+        self.allocate_gangs(&tallies, totals.not_running, now, &mut plan);
         let askers = self.askers(&tallies);
         self.allocate(&tallies, askers, totals.not_running, now, &mut plan);
         self.publish(totals, &mut plan);
@@ -390,9 +391,45 @@ impl Allocator {
         }
     }
 
+    /// Profiles short of their gang (`min_executors_at_once`) ask for all they lack of it
+    /// at once, whatever the batch size, the policy and requests not yet seen, in profile
+    /// order within the pending caps and the round's cap. A gang scheduler places none of
+    /// a gang until all of it exists, so batches would only make it wait.
+    fn allocate_gangs(
+        &mut self,
+        tallies: &[Tally],
+        not_running: u64,
+        now: Timestamp,
+        plan: &mut RoundPlan,
+    ) {
+        if self.settings.min_executors_at_once.is_none() {
+            return;
+        }
+        let mut remaining = self.room_in_application(not_running).min(self.round_cap);
+        for tally in tallies {
+            let wanted = (self.gang_lacking(tally))
+                .min(self.room_in_profile(tally))
+                .min(remaining);
+            if wanted == 0 {
+                continue;
+            }
+            let planned = plan.creates.len();
+            self.request(tally.profile, wanted, now, plan);
+            remaining -= (plan.creates.len() - planned) as u64;
+        }
+    }
+
+    /// Executors `tally`'s profile lacks to reach its gang, bounded by its target.
+    fn gang_lacking(&self, tally: &Tally) -> u64 {
+        (self.settings.min_executors_at_once)
+            .map_or(0, |gang| u64::from(gang.min(tally.target)))
+            .saturating_sub(tally.count())
+    }
+
     /// The profiles that may ask for more, as (tally index, count so far): below their
-    /// target, with room under their pending cap and, under SPARK, no request unseen
-    /// (ADAPTIVE asks while requests are unseen: the window bounds them instead).
+    /// target, with room under their pending cap, not short of their gang (the gangs'
+    /// step asked for those) and, under SPARK, no request unseen (ADAPTIVE asks while
+    /// requests are unseen: the window bounds them instead).
     fn askers(&self, tallies: &[Tally]) -> Vec<(usize, u64)> {
         let adaptive = self.settings.policy == AllocationPolicy::Adaptive;
         tallies
@@ -400,6 +437,7 @@ impl Allocator {
             .enumerate()
             .filter(|(_, tally)| {
                 (adaptive || tally.unknown_newly_created == 0)
+                    && self.gang_lacking(tally) == 0
                     && tally.count() < u64::from(tally.target)
                     && self.room_in_profile(tally) > 0
             })
@@ -407,7 +445,8 @@ impl Allocator {
             .collect()
     }
 
-    /// Allocates within the pending caps, splitting the free slots over the askers.
+    /// Allocates within the pending caps and what the round has left after the gangs,
+    /// splitting the free slots over the askers.
     fn allocate(
         &mut self,
         tallies: &[Tally],
@@ -416,11 +455,9 @@ impl Allocator {
         now: Timestamp,
         plan: &mut RoundPlan,
     ) {
-        let mut remaining = match self.settings.max_pending_pods {
-            Some(cap) => u64::from(cap).saturating_sub(not_running),
-            None => u64::MAX,
-        }
-        .min(self.round_cap);
+        let planned = plan.creates.len() as u64;
+        let mut remaining = (self.room_in_application(not_running.saturating_add(planned)))
+            .min(self.round_cap.saturating_sub(planned));
         let per_round = if self.settings.policy == AllocationPolicy::Adaptive {
             let unseen = self.newly_created.len() as u64;
             remaining = remaining.min(self.window.size().saturating_sub(unseen));
@@ -492,6 +529,15 @@ impl Allocator {
         self.running = totals.running;
         self.outstanding = totals.unknown_pending + self.newly_created.len() as u64 > 0;
         plan.outstanding = self.outstanding;
+    }
+
+    /// How many more pods the application may have not running (`max_pending_pods`),
+    /// with `not_running` not running or planned.
+    fn room_in_application(&self, not_running: u64) -> u64 {
+        match self.settings.max_pending_pods {
+            Some(cap) => u64::from(cap).saturating_sub(not_running),
+            None => u64::MAX,
+        }
     }
 
     /// How many more pods `tally`'s profile may have not running (its pending cap).

@@ -46,7 +46,11 @@
 //! The service's own rules, beyond the page: no explicit `allowPrivilegeEscalation: true`
 //! even under baseline (`allow_privilege_escalation`), no `spec.nodeName`, service accounts
 //! from `allowed_service_accounts`, owner references to the driver pod only, finalizers
-//! from `allowed_finalizers`, and no other namespace.
+//! from `allowed_finalizers`, no other namespace, and a `spec.schedulerName` from
+//! `scheduler_names` (gang schedulers place pods by their own rules and quotas, so only
+//! those the cluster's operator names may be asked for; their labels and annotations,
+//! such as Volcano's `scheduling.k8s.io/group-name`, YuniKorn's `yunikorn.apache.org/*` or
+//! Kueue's `kueue.x-k8s.io/queue-name`, pass as any other).
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -84,7 +88,15 @@ pub struct PodPolicy {
     pub allowed_service_accounts: Vec<String>,
     /// Finalizers a template may carry; default none.
     pub allowed_finalizers: Vec<String>,
+    /// Schedulers executor pods may ask for (`spec.schedulerName`; unset, the cluster's
+    /// default scheduler, is always accepted); default [`DEFAULT_SCHEDULER_NAMES`].
+    pub scheduler_names: Vec<String>,
 }
+
+/// The schedulers a template may name unless configured otherwise: Kubernetes' own and
+/// the gang schedulers Spark has feature steps for (Kueue admits pods of the default
+/// scheduler, so it needs no name of its own).
+pub const DEFAULT_SCHEDULER_NAMES: &[&str] = &["default-scheduler", "volcano", "yunikorn"];
 
 /// A Pod Security Standards profile (`privileged` is `enforce = false`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -188,6 +200,10 @@ impl Default for PodPolicy {
             allow_node_name: false,
             allowed_service_accounts: vec!["default".to_string()],
             allowed_finalizers: Vec::new(),
+            scheduler_names: DEFAULT_SCHEDULER_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         }
     }
 }
@@ -860,13 +876,24 @@ impl PodPolicy {
         Ok(())
     }
 
-    /// Where the pods run and as whom.
+    /// Where the pods run, who places them and as whom they run.
     fn check_placement(&self, spec: &PodSpec) -> Result<(), PolicyViolation> {
         if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) && !self.allow_node_name {
             violation(
                 "spec.nodeName",
                 "pinning executors to a node is not allowed (pod_policy.allow_node_name); \
                  use nodeSelector or affinity",
+            )?;
+        }
+        if let Some(scheduler) = spec.scheduler_name.as_deref().filter(|s| !s.is_empty())
+            && !self.scheduler_names.iter().any(|s| s == scheduler)
+        {
+            violation(
+                "spec.schedulerName",
+                format!(
+                    "scheduler {scheduler:?} is not allowed (pod_policy.scheduler_names: {:?})",
+                    self.scheduler_names
+                ),
             )?;
         }
         let accounts = [

@@ -42,6 +42,18 @@ pub struct AllocationSettings {
     pub max_pending_pods_per_profile: Option<u32>,
     /// Lifetime cap on executor ids (default unlimited).
     pub max_executors: Option<u64>,
+    /// Gang size per resource profile (default none): while a profile has fewer executors
+    /// (running, pending or requested) than this and its target asks for more, one round
+    /// asks for all it lacks up to it, whatever the batch size and policy. A gang scheduler
+    /// (YuniKorn's `minMember`, Volcano's `minMember`) places none of a gang until all of
+    /// it is asked for, and YuniKorn's placeholders time out meanwhile. The target,
+    /// `max_executors`, both pending caps and the server's creates per round still bound
+    /// it: they are limits the application or the operator set, and [`Self::validate`]
+    /// refuses a gang larger than a pending cap or `max_executors`, which would never fit.
+    /// The rest of a gang a round's cap left out goes in the next round, without waiting for
+    /// the first requests to be seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_executors_at_once: Option<u32>,
     /// spark.kubernetes.executor.deleteOnTermination (default true).
     pub delete_on_termination: bool,
     /// spark.kubernetes.executor.podTemplateContainerName (default
@@ -88,6 +100,7 @@ impl Default for AllocationSettings {
             max_pending_pods: None,
             max_pending_pods_per_profile: None,
             max_executors: None,
+            min_executors_at_once: None,
             delete_on_termination: true,
             executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
             check_all_containers: false,
@@ -135,6 +148,7 @@ impl AllocationSettings {
             max_pending_pods,
             max_pending_pods_per_profile,
             max_executors,
+            min_executors_at_once,
             delete_on_termination,
             executor_container_name,
             check_all_containers,
@@ -160,6 +174,10 @@ impl AllocationSettings {
                 "max_pending_pods_per_profile",
             ),
             (*max_executors != other.max_executors, "max_executors"),
+            (
+                *min_executors_at_once != other.min_executors_at_once,
+                "min_executors_at_once",
+            ),
             (
                 *delete_on_termination != other.delete_on_termination,
                 "delete_on_termination",
@@ -234,8 +252,40 @@ impl AllocationSettings {
         if self.max_executors == Some(0) {
             return invalid("max_executors", "must be greater than 0 when set".into());
         }
+        if let Some(gang) = self.min_executors_at_once {
+            self.validate_gang(gang)?;
+        }
         if let Err(reason) = crate::naming::dns1123_label(&self.executor_container_name) {
             return invalid("executor_container_name", reason);
+        }
+        Ok(())
+    }
+
+    /// A gang must fit every cap that bounds it, or its scheduler would never place it.
+    fn validate_gang(&self, gang: u32) -> Result<(), SettingsError> {
+        let invalid = |reason: String| {
+            Err(SettingsError::Invalid {
+                name: "min_executors_at_once",
+                reason,
+            })
+        };
+        if gang == 0 {
+            return invalid("must be greater than 0 when set".into());
+        }
+        let caps = [
+            ("max_pending_pods", self.max_pending_pods.map(u64::from)),
+            (
+                "max_pending_pods_per_profile",
+                self.max_pending_pods_per_profile.map(u64::from),
+            ),
+            ("max_executors", self.max_executors),
+        ];
+        for (cap_name, cap) in caps {
+            if let Some(cap) = cap.filter(|cap| u64::from(gang) > *cap) {
+                return invalid(format!(
+                    "{gang} executors at once cannot exceed {cap_name} ({cap})"
+                ));
+            }
         }
         Ok(())
     }

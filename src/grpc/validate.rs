@@ -157,6 +157,7 @@ fn requested_over(
         executor_container_name,
         check_all_containers,
         policy: requested_policy,
+        min_executors_at_once,
     } = requested;
     let millis = |ms: &u64| Duration::from_millis(*ms);
     if let Some(v) = policy(*requested_policy)? {
@@ -182,6 +183,10 @@ fn requested_over(
         max_pending_pods_per_profile.map(Some),
     );
     set(&mut settings.max_executors, max_executors.map(Some));
+    set(
+        &mut settings.min_executors_at_once,
+        min_executors_at_once.map(Some),
+    );
     set(&mut settings.delete_on_termination, *delete_on_termination);
     set(
         &mut settings.executor_container_name,
@@ -465,6 +470,18 @@ mod tests {
         };
         let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
         assert_eq!(field, "settings.batch_size");
+
+        let req = proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                max_pending_pods_per_profile: Some(3),
+                min_executors_at_once: Some(4),
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let (field, reason) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "settings.min_executors_at_once");
+        assert!(reason.contains("max_pending_pods_per_profile"), "{reason}");
     }
 
     #[test]
@@ -481,6 +498,7 @@ mod tests {
             executor_container_name: Some("main".into()),
             check_all_containers: Some(true),
             policy: Some(proto::AllocationPolicy::Adaptive as i32),
+            min_executors_at_once: Some(4),
         };
         let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
         assert_eq!(
@@ -493,6 +511,7 @@ mod tests {
                 max_pending_pods: Some(11),
                 max_pending_pods_per_profile: Some(4),
                 max_executors: Some(99),
+                min_executors_at_once: Some(4),
                 delete_on_termination: false,
                 executor_container_name: "main".into(),
                 check_all_containers: true,

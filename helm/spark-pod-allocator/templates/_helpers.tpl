@@ -101,7 +101,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "allow_host_namespaces" $p.allowHostNamespaces
   "allow_node_name" $p.allowNodeName
   "allowed_service_accounts" $p.allowedServiceAccounts
-  "allowed_finalizers" $p.allowedFinalizers) -}}
+  "allowed_finalizers" $p.allowedFinalizers
+  "scheduler_names" $p.schedulerNames) -}}
 {{- $t := .Values.tenants -}}
 {{- $_ := set $config "tenants" (dict
   "max_applications_per_identity" $t.maxApplicationsPerIdentity

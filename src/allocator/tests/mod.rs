@@ -6,6 +6,7 @@ use super::*;
 mod adaptive;
 mod deleted_set;
 mod downscale;
+mod gang;
 mod id_blocks;
 mod max_executors;
 mod pending_caps;

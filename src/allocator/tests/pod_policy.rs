@@ -716,6 +716,10 @@ fn each_service_rule_refuses_its_path() {
         ),
         (pod(json!({"nodeName": "node-1"})), "spec.nodeName"),
         (
+            pod(json!({"schedulerName": "my-scheduler"})),
+            "spec.schedulerName",
+        ),
+        (
             pod(json!({"serviceAccountName": "cluster-admin"})),
             "spec.serviceAccountName",
         ),
@@ -796,6 +800,57 @@ fn what_spark_puts_in_an_executor_pod_is_accepted() {
         "metadata.annotations[seccomp.security.alpha.kubernetes.io/pod]",
         "Seccomp",
     );
+}
+
+/// What Spark's Volcano and YuniKorn feature steps and a Kueue queue put on an executor
+/// pod: each passes with its scheduler in `scheduler_names`, and only then.
+#[test]
+fn gang_scheduler_pods_pass_when_their_scheduler_is_allowed() {
+    let volcano = with_metadata(
+        pod(json!({"schedulerName": "volcano"})),
+        json!({"annotations": {"scheduling.k8s.io/group-name": "{{APP_ID}}-podgroup",
+            "volcano.sh/queue-name": "spark"}}),
+    );
+    let yunikorn = with_metadata(
+        pod(json!({"schedulerName": "yunikorn"})),
+        json!({
+            "labels": {"applicationId": "{{APP_ID}}", "queue": "root.spark"},
+            "annotations": {"yunikorn.apache.org/app-id": "{{APP_ID}}",
+                "yunikorn.apache.org/task-group-name": "spark-executor",
+                "yunikorn.apache.org/task-groups":
+                    r#"[{"name":"spark-executor","minMember":4,"minResource":{"cpu":"1"}}]"#},
+        }),
+    );
+    let kueue = with_metadata(
+        pod(json!({})),
+        json!({"labels": {"kueue.x-k8s.io/queue-name": "team-a-queue"}}),
+    );
+    for template in [
+        &volcano,
+        &yunikorn,
+        &kueue,
+        &pod(json!({"schedulerName": ""})),
+    ] {
+        accepts(template);
+    }
+    let only_volcano = PodPolicy {
+        scheduler_names: vec!["volcano".into()],
+        ..PodPolicy::default()
+    };
+    check_with(&only_volcano, &volcano).expect("volcano is allowed");
+    // Unset is the cluster's default scheduler, whatever the list says.
+    check_with(&only_volcano, &kueue).expect("the default scheduler");
+    let err = check_with(&only_volcano, &yunikorn).unwrap_err();
+    assert_eq!(err.path, "spec.schedulerName");
+    assert!(
+        err.reason.contains("\"yunikorn\"") && err.reason.contains("pod_policy.scheduler_names"),
+        "{}",
+        err.reason
+    );
+    let explicit_default = pod(json!({"schedulerName": "default-scheduler"}));
+    accepts(&explicit_default);
+    let err = check_with(&only_volcano, &explicit_default).unwrap_err();
+    assert_eq!(err.path, "spec.schedulerName");
 }
 
 #[test]

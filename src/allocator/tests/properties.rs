@@ -21,9 +21,16 @@ fn arb_settings(max_executors: bool) -> impl Strategy<Value = AllocationSettings
         0u64..30,
         any::<bool>(),
         prop_oneof![Just(None), (1u64..60).prop_map(Some)],
+        prop_oneof![Just(None), (1u32..9).prop_map(Some)],
     )
         .prop_map(
-            move |(batch, max_pending, per_rp, timeout, idle, delete, max_exec)| {
+            move |(batch, max_pending, per_rp, timeout, idle, delete, max_exec, gang)| {
+                let max_exec = if max_executors { max_exec } else { None };
+                // A gang within every cap, as validation requires.
+                let gang = gang.map(|g| {
+                    let caps = [max_pending, per_rp, max_exec.map(|m| m as u32)];
+                    caps.into_iter().flatten().fold(g, u32::min)
+                });
                 AllocationSettings {
                     batch_size: batch,
                     batch_delay: Duration::from_secs(1),
@@ -31,7 +38,8 @@ fn arb_settings(max_executors: bool) -> impl Strategy<Value = AllocationSettings
                     executor_idle_timeout: Duration::from_secs(idle),
                     max_pending_pods: max_pending,
                     max_pending_pods_per_profile: per_rp,
-                    max_executors: if max_executors { max_exec } else { None },
+                    max_executors: max_exec,
+                    min_executors_at_once: gang,
                     delete_on_termination: delete,
                     ..AllocationSettings::default()
                 }
@@ -211,10 +219,12 @@ impl World {
                     .is_some_and(|m| self.highest_id >= m)
             );
         }
-        // Per profile: never more than the batch size.
+        // Per profile: never more than the batch size, or the gang.
+        let per_round =
+            (self.settings.batch_size).max(self.settings.min_executors_at_once.unwrap_or(0));
         for profile in self.targets.keys() {
             let n = plan.creates.iter().filter(|(_, p)| p == profile).count();
-            prop_assert!(n <= self.settings.batch_size as usize);
+            prop_assert!(n <= per_round as usize);
         }
         // Deletes: never Running, never scheduler-known; timeouts only for unseen requests.
         for request in &plan.deletes {

@@ -13,6 +13,7 @@ fn defaults_are_sparks() {
     assert_eq!(s.max_pending_pods, None);
     assert_eq!(s.max_pending_pods_per_profile, None);
     assert_eq!(s.max_executors, None);
+    assert_eq!(s.min_executors_at_once, None);
     assert!(s.delete_on_termination);
     assert_eq!(s.validate(), Ok(()));
 }
@@ -88,6 +89,50 @@ fn validation_names_the_offending_setting() {
         ),
         ("max executors 1", |s| s.max_executors = Some(1), None),
         (
+            "gang of 0",
+            |s| s.min_executors_at_once = Some(0),
+            Some("min_executors_at_once"),
+        ),
+        (
+            "gang beyond the batch size",
+            |s| s.min_executors_at_once = Some(50),
+            None,
+        ),
+        (
+            "gang above max pending",
+            |s| {
+                s.max_pending_pods = Some(7);
+                s.min_executors_at_once = Some(8);
+            },
+            Some("min_executors_at_once"),
+        ),
+        (
+            "gang at max pending",
+            |s| {
+                s.max_pending_pods = Some(8);
+                s.max_pending_pods_per_profile = Some(8);
+                s.max_executors = Some(8);
+                s.min_executors_at_once = Some(8);
+            },
+            None,
+        ),
+        (
+            "gang above per-profile pending",
+            |s| {
+                s.max_pending_pods_per_profile = Some(7);
+                s.min_executors_at_once = Some(8);
+            },
+            Some("min_executors_at_once"),
+        ),
+        (
+            "gang above max executors",
+            |s| {
+                s.max_executors = Some(7);
+                s.min_executors_at_once = Some(8);
+            },
+            Some("min_executors_at_once"),
+        ),
+        (
             "container name main",
             |s| s.executor_container_name = "main-1".into(),
             None,
@@ -131,6 +176,21 @@ fn error_message_carries_name_and_reason() {
 }
 
 #[test]
+fn a_gang_too_large_for_a_cap_names_the_cap() {
+    let s = AllocationSettings {
+        max_pending_pods_per_profile: Some(5),
+        min_executors_at_once: Some(6),
+        ..AllocationSettings::default()
+    };
+    let message = s.validate().unwrap_err().to_string();
+    assert!(
+        message.starts_with("min_executors_at_once: ")
+            && message.contains("max_pending_pods_per_profile (5)"),
+        "{message}"
+    );
+}
+
+#[test]
 fn first_difference_names_the_setting_in_the_apis_words() {
     type Edit = fn(&mut AllocationSettings);
     let cases: &[(Edit, Option<&str>)] = &[
@@ -154,6 +214,10 @@ fn first_difference_names_the_setting_in_the_apis_words() {
             Some("max_pending_pods_per_profile"),
         ),
         (|s| s.max_executors = Some(9), Some("max_executors")),
+        (
+            |s| s.min_executors_at_once = Some(4),
+            Some("min_executors_at_once"),
+        ),
         (
             |s| s.delete_on_termination = false,
             Some("delete_on_termination"),
@@ -197,4 +261,20 @@ fn state_rules_follow_the_applications_settings() {
         AllocationSettings::default().state_rules(),
         StateRules::default()
     );
+}
+
+/// Unset, the gang stays out of the stored JSON, so a registration without one reads the same
+/// in a version that does not know the setting.
+#[test]
+fn an_unset_gang_is_left_out_of_the_json() {
+    let json = serde_json::to_string(&AllocationSettings::default()).unwrap();
+    assert!(!json.contains("min_executors_at_once"), "{json}");
+    let gang = AllocationSettings {
+        min_executors_at_once: Some(4),
+        ..AllocationSettings::default()
+    };
+    let json = serde_json::to_string(&gang).unwrap();
+    assert!(json.contains(r#""min_executors_at_once":4"#), "{json}");
+    let read: AllocationSettings = serde_json::from_str(&json).unwrap();
+    assert_eq!(read, gang);
 }

@@ -49,6 +49,7 @@ public final class SparkAllocationSettings {
         boolValue(conf, K8S.KUBERNETES_EXECUTOR_CHECK_ALL_CONTAINERS()));
     settings.setExecutorContainerName(executorContainerName);
     policy(conf).ifPresent(settings::setPolicy);
+    gangSize(conf, settings).ifPresent(settings::setMinExecutorsAtOnce);
     return settings.build();
   }
 
@@ -72,6 +73,90 @@ public final class SparkAllocationSettings {
       default:
         throw new IllegalArgumentException(
             POLICY + ": expected spark or adaptive, got \"" + conf.get(POLICY) + "\"");
+    }
+  }
+
+  /** Schedulers that place executors in gangs (Spark's {@code spark.kubernetes.scheduler.name}). */
+  private static final java.util.Set<String> GANG_SCHEDULERS =
+      java.util.Set.of("volcano", "yunikorn");
+
+  /** YuniKorn's task groups, on the driver pod (the application's originator). */
+  static final String TASK_GROUPS =
+      "spark.kubernetes.driver.annotation.yunikorn.apache.org/task-groups";
+
+  /** The YuniKorn task group of the executor pods. */
+  static final String EXECUTOR_TASK_GROUP =
+      "spark.kubernetes.executor.annotation.yunikorn.apache.org/task-group-name";
+
+  /**
+   * The executors' gang, asked for at once whatever the batch size: the {@code minMember} of
+   * the YuniKorn task group the executors belong to (its placeholders time out unless that many
+   * executors are asked for promptly); else, under a gang scheduler, the executors Spark keeps at
+   * least ({@code spark.dynamicAllocation.minExecutors} with dynamic allocation, else {@code
+   * spark.executor.instances}); else none. Bounded by the pending caps already set, which the
+   * service requires (Spark's own allocator would create such a gang over several batches).
+   */
+  private static java.util.OptionalInt gangSize(
+      SparkConf conf, AllocationSettings.Builder settings) {
+    int gang = taskGroupMinMember(conf).orElseGet(() -> gangSchedulerMinimum(conf));
+    if (settings.hasMaxPendingPods()) {
+      gang = Math.min(gang, settings.getMaxPendingPods());
+    }
+    if (settings.hasMaxPendingPodsPerProfile()) {
+      gang = Math.min(gang, settings.getMaxPendingPodsPerProfile());
+    }
+    return gang > 0 ? java.util.OptionalInt.of(gang) : java.util.OptionalInt.empty();
+  }
+
+  /** {@code minMember} of the task group {@link #EXECUTOR_TASK_GROUP} names in {@link #TASK_GROUPS}. */
+  private static java.util.OptionalInt taskGroupMinMember(SparkConf conf) {
+    if (!conf.contains(TASK_GROUPS) || !conf.contains(EXECUTOR_TASK_GROUP)) {
+      return java.util.OptionalInt.empty();
+    }
+    String group = conf.get(EXECUTOR_TASK_GROUP).trim();
+    com.fasterxml.jackson.databind.JsonNode groups;
+    try {
+      groups = new com.fasterxml.jackson.databind.ObjectMapper().readTree(conf.get(TASK_GROUPS));
+    } catch (java.io.IOException e) {
+      throw new IllegalArgumentException(TASK_GROUPS + ": not JSON: " + e.getMessage(), e);
+    }
+    if (groups == null || !groups.isArray()) {
+      throw new IllegalArgumentException(TASK_GROUPS + ": expected a JSON array of task groups");
+    }
+    for (com.fasterxml.jackson.databind.JsonNode g : groups) {
+      if (group.equals(g.path("name").asText())) {
+        com.fasterxml.jackson.databind.JsonNode min = g.path("minMember");
+        if (!min.canConvertToInt() || min.asInt() < 0) {
+          throw new IllegalArgumentException(
+              TASK_GROUPS + ": task group \"" + group + "\" has no valid minMember");
+        }
+        return java.util.OptionalInt.of(min.asInt());
+      }
+    }
+    return java.util.OptionalInt.empty();
+  }
+
+  /** Under a gang scheduler, the executors Spark keeps at least; else 0. */
+  private static int gangSchedulerMinimum(SparkConf conf) {
+    String scheduler = conf.get("spark.kubernetes.executor.scheduler.name",
+        conf.get("spark.kubernetes.scheduler.name", ""));
+    if (!GANG_SCHEDULERS.contains(scheduler.trim().toLowerCase(java.util.Locale.ROOT))) {
+      return 0;
+    }
+    return boolValue(conf, CORE.DYN_ALLOCATION_ENABLED())
+        ? intValue(conf, CORE.DYN_ALLOCATION_MIN_EXECUTORS())
+        : intOrDefault(conf, "spark.executor.instances", 2);
+  }
+
+  /** The integer at {@code key}, or {@code fallback} (Spark's default) when unset. */
+  private static int intOrDefault(SparkConf conf, String key, int fallback) {
+    if (!conf.contains(key)) {
+      return fallback;
+    }
+    try {
+      return Integer.parseInt(conf.get(key).trim());
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(key + ": not an integer: " + conf.get(key), e);
     }
   }
 

@@ -102,4 +102,48 @@ class SparkAllocationSettingsTest {
       assertTrue(e.getMessage().contains(bad[0]), e.getMessage());
     }
   }
+
+  @Test
+  void yuniKornsExecutorTaskGroupIsTheGang() {
+    SparkConf conf = new SparkConf(false)
+        .set("spark.kubernetes.scheduler.name", "yunikorn")
+        .set("spark.executor.instances", "9")
+        .set(SparkAllocationSettings.TASK_GROUPS, "[{\"name\":\"spark-driver\",\"minMember\":1},"
+            + "{\"name\":\"spark-executor\",\"minMember\":6,\"minResource\":{\"cpu\":\"1\"}}]")
+        .set(SparkAllocationSettings.EXECUTOR_TASK_GROUP, "spark-executor");
+    assertEquals(6, SparkAllocationSettings.fromConf(conf, "e").getMinExecutorsAtOnce());
+    // Bounded by the pending cap, which the service requires of a gang.
+    conf.set("spark.kubernetes.allocation.maxPendingPods", "4");
+    assertEquals(4, SparkAllocationSettings.fromConf(conf, "e").getMinExecutorsAtOnce());
+    SparkConf bad = new SparkConf(false)
+        .set(SparkAllocationSettings.TASK_GROUPS, "[{\"name\":\"spark-executor\"")
+        .set(SparkAllocationSettings.EXECUTOR_TASK_GROUP, "spark-executor");
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> SparkAllocationSettings.fromConf(bad, "e"));
+    assertTrue(e.getMessage().contains(SparkAllocationSettings.TASK_GROUPS), e.getMessage());
+  }
+
+  @Test
+  void aGangSchedulersGangIsTheExecutorsSparkKeepsAtLeast() {
+    assertFalse(SparkAllocationSettings.fromConf(new SparkConf(false), "e")
+        .hasMinExecutorsAtOnce());
+    SparkConf plain = new SparkConf(false).set("spark.executor.instances", "8");
+    assertFalse(SparkAllocationSettings.fromConf(plain, "e").hasMinExecutorsAtOnce());
+    SparkConf volcano = new SparkConf(false)
+        .set("spark.kubernetes.scheduler.name", "volcano")
+        .set("spark.executor.instances", "8");
+    assertEquals(8, SparkAllocationSettings.fromConf(volcano, "e").getMinExecutorsAtOnce());
+    // Spark's default of spark.executor.instances.
+    SparkConf byDefault = new SparkConf(false).set("spark.kubernetes.scheduler.name", "volcano");
+    assertEquals(2, SparkAllocationSettings.fromConf(byDefault, "e").getMinExecutorsAtOnce());
+    SparkConf dynamic = new SparkConf(false)
+        .set("spark.kubernetes.executor.scheduler.name", "yunikorn")
+        .set("spark.dynamicAllocation.enabled", "true")
+        .set("spark.dynamicAllocation.minExecutors", "3")
+        .set("spark.executor.instances", "8");
+    assertEquals(3, SparkAllocationSettings.fromConf(dynamic, "e").getMinExecutorsAtOnce());
+    // Dynamic allocation from none: no gang.
+    dynamic.set("spark.dynamicAllocation.minExecutors", "0");
+    assertFalse(SparkAllocationSettings.fromConf(dynamic, "e").hasMinExecutorsAtOnce());
+  }
 }
