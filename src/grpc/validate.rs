@@ -157,6 +157,7 @@ fn requested_over(
         executor_container_name,
         check_all_containers,
         policy: requested_policy,
+        stuck_pending_timeout_ms,
     } = requested;
     let millis = |ms: &u64| Duration::from_millis(*ms);
     if let Some(v) = policy(*requested_policy)? {
@@ -188,6 +189,10 @@ fn requested_over(
         executor_container_name.clone(),
     );
     set(&mut settings.check_all_containers, *check_all_containers);
+    set(
+        &mut settings.stuck_pending_timeout,
+        stuck_pending_timeout_ms.as_ref().map(millis),
+    );
     Ok(())
 }
 
@@ -481,6 +486,7 @@ mod tests {
             executor_container_name: Some("main".into()),
             check_all_containers: Some(true),
             policy: Some(proto::AllocationPolicy::Adaptive as i32),
+            stuck_pending_timeout_ms: Some(30_000),
         };
         let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
         assert_eq!(
@@ -497,6 +503,7 @@ mod tests {
                 executor_container_name: "main".into(),
                 check_all_containers: true,
                 policy: AllocationPolicy::Adaptive,
+                stuck_pending_timeout: Duration::from_secs(30),
             }
         );
         let unset = settings(

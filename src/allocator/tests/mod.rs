@@ -42,6 +42,7 @@ pub(crate) fn exec(id: u64, profile: i32, state: ExecutorState, created: i64) ->
         state,
         created_at: Some(secs(created)),
         pod_name: format!("app-exec-{id}"),
+        start_blocker: None,
     }
 }
 
