@@ -74,7 +74,9 @@ impl StartBlocker {
 /// What keeps a Pending pod from starting, if anything (a waiting container first: a pod
 /// that has containers waiting was scheduled).
 pub fn start_blocker(pod: &Pod) -> Option<StartBlocker> {
-    if let Some((reason, message)) = container_waiting_for(pod, DELETED_WAITING_REASONS) {
+    if let Some((reason, message)) =
+        container_waiting_for(pod, |r| DELETED_WAITING_REASONS.contains(&r))
+    {
         return Some(StartBlocker::ContainerWaiting { reason, message });
     }
     pod.status
@@ -92,9 +94,12 @@ pub fn start_blocker(pod: &Pod) -> Option<StartBlocker> {
         })
 }
 
-/// The first container (init containers included) waiting for one of `reasons`:
+/// The first container (init containers included) waiting for a reason `matches`:
 /// (reason, message).
-pub fn container_waiting_for(pod: &Pod, reasons: &[&str]) -> Option<(String, Option<String>)> {
+pub fn container_waiting_for(
+    pod: &Pod,
+    matches: impl Fn(&str) -> bool,
+) -> Option<(String, Option<String>)> {
     let status = pod.status.as_ref()?;
     status
         .init_container_statuses
@@ -102,7 +107,7 @@ pub fn container_waiting_for(pod: &Pod, reasons: &[&str]) -> Option<(String, Opt
         .flatten()
         .chain(status.container_statuses.iter().flatten())
         .filter_map(|cs| cs.state.as_ref()?.waiting.as_ref())
-        .find(|w| w.reason.as_deref().is_some_and(|r| reasons.contains(&r)))
+        .find(|w| w.reason.as_deref().is_some_and(&matches))
         .map(|w| (w.reason.clone().unwrap_or_default(), w.message.clone()))
 }
 

@@ -18,6 +18,7 @@ mod properties;
 mod round_basics;
 mod settings;
 mod snapshot_store;
+mod stuck_pods;
 mod timeouts;
 mod tracked;
 

@@ -14,6 +14,7 @@ fn defaults_are_sparks() {
     assert_eq!(s.max_pending_pods_per_profile, None);
     assert_eq!(s.max_executors, None);
     assert!(s.delete_on_termination);
+    assert_eq!(s.stuck_pending_timeout, Duration::from_secs(120));
     assert_eq!(s.validate(), Ok(()));
 }
 
@@ -87,6 +88,21 @@ fn validation_names_the_offending_setting() {
             Some("max_executors"),
         ),
         ("max executors 1", |s| s.max_executors = Some(1), None),
+        (
+            "stuck timeout 0",
+            |s| s.stuck_pending_timeout = Duration::ZERO,
+            Some("stuck_pending_timeout_ms"),
+        ),
+        (
+            "stuck timeout too large",
+            |s| s.stuck_pending_timeout = Duration::MAX,
+            Some("stuck_pending_timeout_ms"),
+        ),
+        (
+            "stuck timeout 1 ms",
+            |s| s.stuck_pending_timeout = Duration::from_millis(1),
+            None,
+        ),
         (
             "container name main",
             |s| s.executor_container_name = "main-1".into(),
@@ -165,6 +181,10 @@ fn first_difference_names_the_setting_in_the_apis_words() {
         (
             |s| s.check_all_containers = true,
             Some("check_all_containers"),
+        ),
+        (
+            |s| s.stuck_pending_timeout = Duration::from_secs(1),
+            Some("stuck_pending_timeout_ms"),
         ),
         (
             |s| {
