@@ -76,7 +76,10 @@ async fn a_pod_waiting_for_its_image_past_the_timeout_is_deleted_replaced_and_re
     let app = "app-pull";
     start(&h, app).await;
     h.set_total(app, 2).await;
-    until("two executor pods", async || pod_names(&h, app).await.len() == 2).await;
+    until("two executor pods", async || {
+        pod_names(&h, app).await.len() == 2
+    })
+    .await;
     let mut events = h
         .client
         .clone()
@@ -172,7 +175,10 @@ async fn an_unschedulable_pod_is_reported_kept_and_holds_its_profiles_creates() 
     let app = "app-full";
     start(&h, app).await;
     h.set_total(app, 2).await;
-    until("two executor pods", async || pod_names(&h, app).await.len() == 2).await;
+    until("two executor pods", async || {
+        pod_names(&h, app).await.len() == 2
+    })
+    .await;
     for exec in [1, 2] {
         set_pod_status(&h, app, exec, unschedulable()).await;
     }
@@ -219,7 +225,8 @@ async fn an_unschedulable_pod_is_reported_kept_and_holds_its_profiles_creates() 
     assert_eq!(status(&h, app).await.profiles[0].newly_created, 0);
 
     // The cluster found room: the pods are scheduled, creates go on, the reports go.
-    let scheduled = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]});
+    let scheduled =
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]});
     for exec in [1, 2] {
         set_pod_status(&h, app, exec, scheduled.clone()).await;
     }

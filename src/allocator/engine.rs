@@ -315,7 +315,11 @@ impl Allocator {
     /// stuck pod (its replacement waits for the next round, which the service may back
     /// off), and one whose oldest pending pod (the lowest id: ids go out in order) is
     /// unschedulable past the timeout, so a full cluster gets no storm of pending pods.
-    fn act_on_stuck(&mut self, now: Timestamp, plan: &mut RoundPlan) -> BTreeSet<ResourceProfileId> {
+    fn act_on_stuck(
+        &mut self,
+        now: Timestamp,
+        plan: &mut RoundPlan,
+    ) -> BTreeSet<ResourceProfileId> {
         let mut held = BTreeSet::new();
         if self.stuck.is_empty() {
             return held;

@@ -249,10 +249,7 @@ impl AllocationSettings {
             return invalid("executor_container_name", reason);
         }
         if self.stuck_pending_timeout.is_zero() {
-            return invalid(
-                "stuck_pending_timeout_ms",
-                "must be greater than 0".into(),
-            );
+            return invalid("stuck_pending_timeout_ms", "must be greater than 0".into());
         }
         if self.stuck_pending_timeout.as_millis() > MAX_DURATION_MS {
             return invalid("stuck_pending_timeout_ms", "is too large".into());

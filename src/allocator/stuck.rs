@@ -212,7 +212,12 @@ impl StuckPods {
     }
 
     /// Whether `id` is unschedulable for longer than `timeout_ms` at `now`.
-    pub(crate) fn unschedulable_past(&self, id: ExecutorId, now: Timestamp, timeout_ms: i64) -> bool {
+    pub(crate) fn unschedulable_past(
+        &self,
+        id: ExecutorId,
+        now: Timestamp,
+        timeout_ms: i64,
+    ) -> bool {
         self.executors.get(&id).is_some_and(|stuck| {
             !stuck.blocker.deletes_pod() && now.millis_since(stuck.since) > timeout_ms
         })

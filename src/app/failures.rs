@@ -355,11 +355,20 @@ mod tests {
         assert_eq!(kept.len(), 1);
         assert_eq!(
             (kept[0].problem, kept[0].reason.as_deref(), kept[0].at),
-            (ExecutorProblem::Stuck, Some("ImagePullBackOff"), Timestamp(10))
+            (
+                ExecutorProblem::Stuck,
+                Some("ImagePullBackOff"),
+                Timestamp(10)
+            )
         );
         let create = &failures.creates()[&ResourceProfileId(0)];
         assert_eq!(
-            (create.http_code, create.reason.as_str(), create.consecutive, create.at),
+            (
+                create.http_code,
+                create.reason.as_str(),
+                create.consecutive,
+                create.at
+            ),
             (None, STUCK, 1, Timestamp(111))
         );
         assert_eq!(
@@ -372,8 +381,10 @@ mod tests {
     #[test]
     fn an_unschedulable_pod_is_reported_until_it_is_scheduled() {
         let mut failures = Failures::default();
-        let no_node = pod(json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
-            "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}));
+        let no_node = pod(
+            json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+            "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}),
+        );
         let executor = executor_pod_from(&no_node, &StateRules::default()).unwrap();
         let stuck = StuckExecutor {
             id: executor.id,
@@ -387,8 +398,16 @@ mod tests {
         observe(&mut failures, &no_node, 112);
         let shown = failures.executors();
         assert_eq!(
-            (shown[0].problem, shown[0].reason.as_deref(), shown[0].message.as_deref()),
-            (ExecutorProblem::Unschedulable, Some("Unschedulable"), Some("0/3 nodes"))
+            (
+                shown[0].problem,
+                shown[0].reason.as_deref(),
+                shown[0].message.as_deref()
+            ),
+            (
+                ExecutorProblem::Unschedulable,
+                Some("Unschedulable"),
+                Some("0/3 nodes")
+            )
         );
         assert!(failures.creates().is_empty(), "kept, so no failed create");
         observe(&mut failures, &pod(json!({"phase": "Pending"})), 113);

@@ -8,8 +8,8 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::allocator::ExecutorState;
-use crate::app::failures::STUCK;
 use crate::allocator::pod_policy::PodPolicy;
+use crate::app::failures::STUCK;
 use crate::app::{
     AppError, AppId, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
     ExecutorProblem, ExecutorView,

@@ -57,7 +57,12 @@ fn a_pod_waiting_for_its_image_past_the_timeout_is_deleted_its_slot_freed_and_re
     assert_eq!(stuck_ids(&plan), vec![(1, true)]);
     let stuck = &plan.stuck[0];
     assert_eq!(
-        (stuck.blocker.reason(), stuck.since, stuck.profile, stuck.pod_name.as_str()),
+        (
+            stuck.blocker.reason(),
+            stuck.since,
+            stuck.profile,
+            stuck.pod_name.as_str()
+        ),
         ("ImagePullBackOff", secs(1), rp(0), "app-exec-1")
     );
     assert_eq!(plan.deletes, vec![delete(&[1], true)]);
@@ -211,7 +216,11 @@ fn a_younger_unschedulable_pod_does_not_hold_its_profile() {
     a.set_targets(&targets(&[(0, 3)]));
     let plan = a.round(no_snapshot(), secs(40));
     assert_eq!(stuck_ids(&plan), vec![(2, false)]);
-    assert_eq!(creates(&plan), vec![(3, 0)], "the oldest pending pod is not stuck");
+    assert_eq!(
+        creates(&plan),
+        vec![(3, 0)],
+        "the oldest pending pod is not stuck"
+    );
 }
 
 fn pod(status: serde_json::Value) -> Pod {
@@ -239,8 +248,10 @@ fn the_pod_shows_what_blocks_it_while_pending() {
             message: Some("m".into())
         })
     );
-    let no_node = pod(json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
-        "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available"}]}));
+    let no_node = pod(
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+        "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available"}]}),
+    );
     assert_eq!(
         start_blocker(&no_node),
         Some(StartBlocker::Unschedulable {
@@ -258,5 +269,8 @@ fn the_pod_shows_what_blocks_it_while_pending() {
     if let Some(status) = running.status.as_mut() {
         status.phase = Some("Running".into());
     }
-    assert_eq!(executor_pod_from(&running, &rules).unwrap().start_blocker, None);
+    assert_eq!(
+        executor_pod_from(&running, &rules).unwrap().start_blocker,
+        None
+    );
 }
