@@ -9,10 +9,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
-use test_kit::grpc::{Harness, start_request};
+use test_kit::grpc::{Harness, start_request, until_event};
 use test_kit::sim::executor_container;
 use test_kit::wait::until;
-use tonic::Streaming;
 
 const NS: &str = "default";
 const TIMEOUT_MS: u64 = 30_000;
@@ -50,24 +49,6 @@ async fn pod_names(h: &Harness, app: &str) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-/// The next event that matches, within 10 s each.
-async fn until_event(
-    stream: &mut Streaming<proto::ExecutorEvent>,
-    what: &str,
-    matches: impl Fn(&proto::ExecutorEvent) -> bool,
-) -> proto::ExecutorEvent {
-    loop {
-        let event = tokio::time::timeout(Duration::from_secs(10), stream.message())
-            .await
-            .unwrap_or_else(|_| panic!("{what} within 10 s"))
-            .expect("stream status OK")
-            .unwrap_or_else(|| panic!("stream ended before {what}"));
-        if matches(&event) {
-            return event;
-        }
-    }
 }
 
 #[tokio::test]
