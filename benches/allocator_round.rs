@@ -46,6 +46,7 @@ fn pod(id: u64, profile: i32, state: ExecutorState, created_at: Timestamp) -> Ex
         state,
         created_at: Some(created_at),
         pod_name: format!("spark-pi-3f2a9c-exec-{id}"),
+        start_blocker: None,
     }
 }
 

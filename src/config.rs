@@ -709,7 +709,8 @@ mod tests {
             "toml",
             "[allocation]\nexecutor_timeout_ms = 30000\nexecutor_idle_timeout_ms = 5000\n\
              max_pending_pods_per_profile = 3\nmax_executors = 200\n\
-             executor_container_name = \"main\"\ncheck_all_containers = true\n",
+             executor_container_name = \"main\"\ncheck_all_containers = true\n\
+             stuck_pending_timeout_ms = 45000\n",
         );
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         assert_eq!(
@@ -721,6 +722,7 @@ mod tests {
                 max_executors: Some(200),
                 executor_container_name: "main".into(),
                 check_all_containers: true,
+                stuck_pending_timeout: Duration::from_secs(45),
                 ..AllocationSettings::default()
             }
         );

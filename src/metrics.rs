@@ -125,6 +125,7 @@ struct Inner {
     id_record_writes: Counter,
     pods_deleted: Family<ReasonLabels, Counter>,
     create_failures: Family<CreateFailureLabels, Counter>,
+    stuck: Family<ReasonLabels, Counter>,
     applications: Gauge,
     rate_limit_wait: Histogram,
     seen_after: Histogram,
@@ -197,6 +198,12 @@ impl Metrics {
             "executor_pod_create_failures",
             "Executor pod creates that failed, by HTTP status (empty when none came back) and reason",
             create_failures.clone(),
+        );
+        let stuck = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "executors_stuck",
+            "Pending executors stuck past stuck_pending_timeout_ms, by reason (ImagePullBackOff, ErrImagePull, InvalidImageName, CreateContainerConfigError: deleted; Unschedulable: kept)",
+            stuck.clone(),
         );
         let applications = Gauge::default();
         registry.register(
@@ -312,6 +319,7 @@ impl Metrics {
                 id_record_writes,
                 pods_deleted,
                 create_failures,
+                stuck,
                 applications,
                 rate_limit_wait,
                 seen_after,
@@ -379,6 +387,17 @@ impl Metrics {
             .create_failures
             .get_or_create(&CreateFailureLabels {
                 status: status.map(|s| s.to_string()).unwrap_or_default(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// A pending executor stuck past the timeout for `reason` (the container's waiting
+    /// reason, or `Unschedulable`).
+    pub fn executor_stuck(&self, reason: &str) {
+        self.inner
+            .stuck
+            .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
             })
             .inc();
@@ -671,6 +690,7 @@ mod tests {
         metrics.pods_deleted(DeleteReason::Downscale, 2);
         metrics.pods_deleted(DeleteReason::Stop, 0);
         metrics.pod_create_failed(Some(403), "Forbidden");
+        metrics.executor_stuck("ImagePullBackOff");
         metrics.rpc_answered(
             "/spark.allocator.v1.ExecutorAllocator/Start",
             "OK",
@@ -689,6 +709,12 @@ mod tests {
         );
         assert!(!text.contains("reason=\"stop\""), "{text}");
         assert!(text.contains("spark_pod_allocator_executor_pod_create_failures_total{status=\"403\",reason=\"Forbidden\"} 1"), "{text}");
+        assert!(
+            text.contains(
+                "spark_pod_allocator_executors_stuck_total{reason=\"ImagePullBackOff\"} 1"
+            ),
+            "{text}"
+        );
         assert!(text.contains("spark_pod_allocator_grpc_requests_total{method=\"/spark.allocator.v1.ExecutorAllocator/Start\",code=\"OK\"} 1"), "{text}");
         assert!(text.contains("spark_pod_allocator_grpc_request_duration_seconds_count{method=\"/spark.allocator.v1.ExecutorAllocator/Start\"} 1"), "{text}");
         assert!(

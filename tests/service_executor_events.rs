@@ -3,8 +3,6 @@
 //! reason, deletion, resume from a sequence, a slow reader given a fresh full state, and
 //! the stream ending on Stop.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -12,7 +10,9 @@ use spark_pod_allocator::app::{AppId, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
-use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
+use test_kit::grpc::{
+    Harness, assert_invalid, next_event, quiet_cluster, start_request, until_event,
+};
 use test_kit::requests::*;
 use test_kit::sim::executor_container;
 use test_kit::wait::until;
@@ -32,41 +32,17 @@ async fn watch(h: &Harness, app: &str, since: u64) -> Streaming<proto::ExecutorE
         .into_inner()
 }
 
-/// The next event (within 10 s); `None` when the stream ended.
-async fn next(stream: &mut Streaming<proto::ExecutorEvent>) -> Option<proto::ExecutorEvent> {
-    tokio::time::timeout(Duration::from_secs(10), stream.message())
-        .await
-        .expect("an event within 10 s")
-        .expect("stream status OK")
-}
-
 /// Reads a full state: the SNAPSHOT events up to SYNCED; returns them and SYNCED's sequence.
 async fn full_state(
     stream: &mut Streaming<proto::ExecutorEvent>,
 ) -> (Vec<proto::ExecutorPod>, u64) {
     let mut executors = Vec::new();
     loop {
-        let event = next(stream).await.expect("a full state");
+        let event = next_event(stream).await.expect("a full state");
         match event.kind() {
             Kind::Snapshot => executors.push(event.executor.expect("executor")),
             Kind::Synced => return (executors, event.sequence),
             other => panic!("{other:?} inside a full state: {event:?}"),
-        }
-    }
-}
-
-/// Reads events until one matches; returns it.
-async fn until_event(
-    stream: &mut Streaming<proto::ExecutorEvent>,
-    what: &str,
-    matches: impl Fn(&proto::ExecutorEvent) -> bool,
-) -> proto::ExecutorEvent {
-    loop {
-        let event = next(stream)
-            .await
-            .unwrap_or_else(|| panic!("stream ended before {what}"));
-        if matches(&event) {
-            return event;
         }
     }
 }
@@ -201,7 +177,7 @@ async fn a_stream_resumes_after_a_sequence_or_starts_again_from_the_full_state()
     // Missed while no stream was open.
     set_pod_status(&h, "app-resume", 2, running()).await;
     let mut resumed = watch(&h, "app-resume", seen).await;
-    let event = next(&mut resumed).await.expect("the missed change");
+    let event = next_event(&mut resumed).await.expect("the missed change");
     assert!(is(&event, Kind::Updated, 2, State::Running), "{event:?}");
     assert_eq!(event.sequence, seen + 1);
 
@@ -251,7 +227,7 @@ async fn a_slow_reader_gets_a_fresh_full_state() {
     let mut read = 0;
     let mut fresh_states = 0;
     loop {
-        let event = next(&mut stream).await.expect("events");
+        let event = next_event(&mut stream).await.expect("events");
         read += 1;
         if event.kind() == Kind::Synced {
             fresh_states += 1;
@@ -259,7 +235,7 @@ async fn a_slow_reader_gets_a_fresh_full_state() {
         if event.executor.as_ref().is_some_and(last) {
             if event.kind() == Kind::Snapshot {
                 assert_eq!(
-                    next(&mut stream).await.map(|e| e.kind()),
+                    next_event(&mut stream).await.map(|e| e.kind()),
                     Some(Kind::Synced)
                 );
                 fresh_states += 1;
@@ -283,7 +259,7 @@ async fn the_stream_ends_when_the_application_stops() {
         .await
         .expect("Stop");
     // Deletes may be seen before the end; then the stream ends cleanly.
-    while let Some(event) = next(&mut stream).await {
+    while let Some(event) = next_event(&mut stream).await {
         assert_ne!(event.kind(), Kind::Snapshot, "{event:?}");
     }
 }
@@ -330,7 +306,7 @@ async fn the_stream_ends_when_the_application_is_forgotten_after_its_driver_pod_
         .delete("app-gone-driver", &DeleteParams::default().grace_period(0))
         .await
         .expect("delete driver pod");
-    while let Some(event) = next(&mut stream).await {
+    while let Some(event) = next_event(&mut stream).await {
         assert_ne!(event.kind(), Kind::Snapshot, "{event:?}");
     }
     let status = h

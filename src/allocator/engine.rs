@@ -6,6 +6,7 @@ use super::adaptive::{CreateOutcomes, CreateWindow};
 use super::settings::{AllocationPolicy, AllocationSettings};
 use super::snapshot::{SnapshotBatch, SnapshotStore};
 use super::state::ExecutorState;
+use super::stuck::{StuckExecutor, StuckPods};
 use super::tracked::TrackedExecutors;
 use super::types::{ExecutorId, ResourceProfileId, Timestamp};
 
@@ -33,6 +34,9 @@ pub struct RoundPlan {
     /// Executors the targets still lack after this round's creates (what the id record
     /// may reserve ahead, see [`super::id_block`]).
     pub still_wanted: u64,
+    /// Pending executors stuck past `stuck_pending_timeout_ms`, reported once each; those
+    /// `deleted` are in `deletes` (see [`super::stuck`]).
+    pub stuck: Vec<StuckExecutor>,
 }
 
 /// Counts of one resource profile, for status reports.
@@ -131,6 +135,8 @@ pub struct Allocator {
     deleted: BTreeMap<ExecutorId, Timestamp>,
     /// The last snapshot, indexed.
     tracked: TrackedExecutors,
+    /// Its pending executors that do not start, since when.
+    stuck: StuckPods,
     last_executor_id: u64,
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
@@ -163,6 +169,7 @@ impl Allocator {
             known_newly_created: BTreeMap::new(),
             deleted: BTreeMap::new(),
             tracked: TrackedExecutors::default(),
+            stuck: StuckPods::default(),
             last_executor_id,
             unknown_pending: 0,
             running: 0,
@@ -224,12 +231,15 @@ impl Allocator {
         self.forget_seen_requests(&batch);
         self.promote_registered_requests();
         self.expire_requests(now, &mut plan);
-        self.take_in_snapshot(batch);
+        self.take_in_snapshot(batch, now);
+        let held = self.act_on_stuck(now, &mut plan);
         let mut tallies = self.tallies();
         self.downscale(&mut tallies, now, &mut plan);
         let totals = Totals::of(&tallies);
+        // Gangs are not held by an unschedulable pod: a gang scheduler places none of an
+        // incomplete gang, so its first members wait unschedulable until all are asked for.
         self.allocate_gangs(&tallies, totals.not_running, now, &mut plan);
-        let askers = self.askers(&tallies);
+        let askers = self.askers(&tallies, &held);
         self.allocate(&tallies, askers, totals.not_running, now, &mut plan);
         self.publish(totals, &mut plan);
         plan
@@ -294,11 +304,12 @@ impl Allocator {
     }
 
     /// Keeps the last snapshot; prunes the deleted set to what it still holds.
-    fn take_in_snapshot(&mut self, batch: SnapshotBatch) {
+    fn take_in_snapshot(&mut self, batch: SnapshotBatch, now: Timestamp) {
         if batch.snapshot_count > 0 {
             self.tracked.apply(&batch);
             let tracked = &self.tracked;
             self.deleted.retain(|id, _| tracked.contains(*id));
+            self.stuck.take_in(&batch, now, |id| tracked.contains(id));
         }
         drop(batch);
         // Never reuse an id that exists in the cluster, even one this allocator did not
@@ -306,6 +317,58 @@ impl Allocator {
         if let Some(highest) = self.tracked.highest_id() {
             self.last_executor_id = self.last_executor_id.max(highest.0);
         }
+    }
+
+    /// Beyond Spark (see [`super::stuck`]): pending executors stuck past the timeout are
+    /// reported; those waiting for an image or their configuration are deleted, which frees
+    /// their slots. Returns the profiles that ask for nothing this round: one that lost a
+    /// stuck pod (its replacement waits for the next round, which the service may back
+    /// off), and one whose oldest pending pod (the lowest id: ids go out in order) is
+    /// unschedulable past the timeout, so a full cluster gets no storm of pending pods.
+    fn act_on_stuck(
+        &mut self,
+        now: Timestamp,
+        plan: &mut RoundPlan,
+    ) -> BTreeSet<ResourceProfileId> {
+        let mut held = BTreeSet::new();
+        if self.stuck.is_empty() {
+            return held;
+        }
+        let timeout = self.settings.stuck_pending_timeout_ms();
+        let deleted = &self.deleted;
+        plan.stuck = self
+            .stuck
+            .newly_past(now, timeout, |id| deleted.contains_key(&id));
+        let ids: Vec<ExecutorId> = plan
+            .stuck
+            .iter()
+            .filter(|s| s.deleted)
+            .map(|s| s.id)
+            .collect();
+        for stuck in plan.stuck.iter().filter(|s| s.deleted) {
+            self.deleted.insert(stuck.id, now);
+            held.insert(stuck.profile);
+        }
+        if !plan.stuck.is_empty() {
+            tracing::warn!(executors = ?plan.stuck.iter().map(|s| (s.id.0, s.blocker.reason())).collect::<Vec<_>>(),
+                timeout_ms = timeout, deleted = ?ids, "pending executors stuck past the timeout");
+        }
+        if !ids.is_empty() {
+            plan.deletes.push(DeleteRequest {
+                ids,
+                only_pending: true,
+            });
+        }
+        for (profile, index) in self.tracked.profiles() {
+            let oldest = index
+                .pending
+                .keys()
+                .find(|id| !self.deleted.contains_key(id));
+            if oldest.is_some_and(|id| self.stuck.unschedulable_past(*id, now, timeout)) {
+                held.insert(profile);
+            }
+        }
+        held
     }
 
     /// The tallies of every profile with a target (ascending id): the last snapshot's
@@ -428,9 +491,9 @@ impl Allocator {
 
     /// The profiles that may ask for more, as (tally index, count so far): below their
     /// target, with room under their pending cap, not short of their gang (the gangs'
-    /// step asked for those) and, under SPARK, no request unseen (ADAPTIVE asks while
-    /// requests are unseen: the window bounds them instead).
-    fn askers(&self, tallies: &[Tally]) -> Vec<(usize, u64)> {
+    /// step asked for those), not `held` by a stuck pod and, under SPARK, with no request
+    /// unseen (ADAPTIVE asks while requests are unseen: the window bounds them instead).
+    fn askers(&self, tallies: &[Tally], held: &BTreeSet<ResourceProfileId>) -> Vec<(usize, u64)> {
         let adaptive = self.settings.policy == AllocationPolicy::Adaptive;
         tallies
             .iter()
@@ -438,6 +501,7 @@ impl Allocator {
             .filter(|(_, tally)| {
                 (adaptive || tally.unknown_newly_created == 0)
                     && self.gang_lacking(tally) == 0
+                    && !held.contains(&tally.profile)
                     && tally.count() < u64::from(tally.target)
                     && self.room_in_profile(tally) > 0
             })

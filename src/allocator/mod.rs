@@ -15,6 +15,8 @@
 //! - [`engine`]: `Allocator`, one per application: its allocation state and its rounds,
 //!   each returning a `RoundPlan`.
 //! - [`pod_builder`]: `ExecutorPodBuilder` (template → executor pod).
+//! - [`stuck`]: beyond Spark, pending pods that will not start (`StartBlocker`): deleted
+//!   or reported past `stuck_pending_timeout_ms`.
 //!
 //! Decisions where the spec leaves room (each has a test):
 //! - The store's first poll carries one snapshot (the current one, empty at start), as
@@ -58,6 +60,7 @@ pub mod pod_policy;
 pub mod settings;
 pub mod snapshot;
 pub mod state;
+pub mod stuck;
 mod tracked;
 pub mod types;
 
@@ -68,6 +71,7 @@ pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
 pub use settings::{AllocationPolicy, AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
+pub use stuck::{StartBlocker, StuckExecutor};
 pub use types::{ExecutorId, ResourceProfileId, Timestamp};
 
 #[cfg(test)]

@@ -63,6 +63,11 @@ pub struct AllocationSettings {
     pub check_all_containers: bool,
     /// How many executors a round may request (default [`AllocationPolicy::Spark`]).
     pub policy: AllocationPolicy,
+    /// Beyond Spark: how long a pending executor may be stuck (a container waiting for an
+    /// image or its configuration, or unschedulable) before it is acted on (default
+    /// 2 min; > 0). See [`super::stuck`].
+    #[serde(rename = "stuck_pending_timeout_ms", with = "millis")]
+    pub stuck_pending_timeout: Duration,
 }
 
 /// How many executors one round may request.
@@ -105,6 +110,7 @@ impl Default for AllocationSettings {
             executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
             check_all_containers: false,
             policy: AllocationPolicy::Spark,
+            stuck_pending_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -153,6 +159,7 @@ impl AllocationSettings {
             executor_container_name,
             check_all_containers,
             policy,
+            stuck_pending_timeout,
         } = self;
         [
             (*batch_size != other.batch_size, "batch_size"),
@@ -191,6 +198,10 @@ impl AllocationSettings {
                 "check_all_containers",
             ),
             (*policy != other.policy, "policy"),
+            (
+                *stuck_pending_timeout != other.stuck_pending_timeout,
+                "stuck_pending_timeout_ms",
+            ),
         ]
         .into_iter()
         .find_map(|(differs, name)| differs.then_some(name))
@@ -258,6 +269,12 @@ impl AllocationSettings {
         if let Err(reason) = crate::naming::dns1123_label(&self.executor_container_name) {
             return invalid("executor_container_name", reason);
         }
+        if self.stuck_pending_timeout.is_zero() {
+            return invalid("stuck_pending_timeout_ms", "must be greater than 0".into());
+        }
+        if self.stuck_pending_timeout.as_millis() > MAX_DURATION_MS {
+            return invalid("stuck_pending_timeout_ms", "is too large".into());
+        }
         Ok(())
     }
 
@@ -303,6 +320,11 @@ impl AllocationSettings {
     /// The idle timeout guarding downscale, in engine milliseconds.
     pub fn executor_idle_timeout_ms(&self) -> i64 {
         duration_ms(self.executor_idle_timeout)
+    }
+
+    /// The stuck-pending timeout in engine milliseconds.
+    pub fn stuck_pending_timeout_ms(&self) -> i64 {
+        duration_ms(self.stuck_pending_timeout)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Pod → executor state, checked in Spark's order.
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 
+use super::stuck::{StartBlocker, start_blocker};
 use super::types::{
     EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, ExecutorId, RESOURCE_PROFILE_ID_LABEL,
     ResourceProfileId, Timestamp,
@@ -39,6 +40,8 @@ pub struct ExecutorPod {
     pub created_at: Option<Timestamp>,
     /// The pod's name.
     pub pod_name: String,
+    /// What keeps a Pending pod from starting (none for other states).
+    pub start_blocker: Option<StartBlocker>,
 }
 
 /// How pods map to states.
@@ -100,12 +103,19 @@ pub fn executor_pod_from(pod: &Pod, rules: &StateRules) -> Option<ExecutorPod> {
         .creation_timestamp
         .as_ref()
         .map(|t| Timestamp(t.0.as_millisecond()));
+    let state = state_of(pod, rules);
+    let start_blocker = if state == ExecutorState::Pending {
+        start_blocker(pod)
+    } else {
+        None
+    };
     Some(ExecutorPod {
         id: ExecutorId(id),
         profile: ResourceProfileId(profile),
-        state: state_of(pod, rules),
+        state,
         created_at,
         pod_name: pod.metadata.name.clone().unwrap_or_default(),
+        start_blocker,
     })
 }
 

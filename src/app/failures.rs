@@ -1,12 +1,17 @@
 //! What an application's actor remembers of failures so GetStatus can show a driver why
 //! nothing starts: per resource profile the last failed create (with how many failed in a
 //! row), and executors that failed or cannot start (exit code, reason such as OOMKilled,
-//! ImagePullBackOff).
+//! ImagePullBackOff), or that the engine found stuck (see `allocator::stuck`).
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::allocator::{ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, Timestamp};
+use crate::allocator::stuck::{DELETED_WAITING_REASONS, container_waiting_for};
+use crate::allocator::{
+    ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, StartBlocker, StuckExecutor,
+    Timestamp,
+};
 use crate::k8s::CreateError;
 
 /// The last executor pod create of a profile that failed.
@@ -33,6 +38,19 @@ pub enum ExecutorProblem {
     /// A container of its Pending pod waits for a reason that will not pass by itself
     /// (ImagePullBackOff, …); dropped once the pod runs or is gone.
     Waiting,
+    /// Its pod waited so longer than the stuck-pending timeout and was deleted (kept
+    /// after the pod is gone, as a failure).
+    Stuck,
+    /// Its pod found no node for longer than the stuck-pending timeout; dropped once it is
+    /// scheduled or gone.
+    Unschedulable,
+}
+
+impl ExecutorProblem {
+    /// Whether it lasts only while the pod shows it.
+    fn passes(self) -> bool {
+        matches!(self, Self::Waiting | Self::Unschedulable)
+    }
 }
 
 /// An executor that failed or cannot start.
@@ -49,13 +67,10 @@ pub struct ExecutorFailure {
     pub at: Timestamp,
 }
 
-/// Container waiting reasons that mean the executor will not start without a change.
-const STUCK_REASONS: &[&str] = &[
-    "ImagePullBackOff",
-    "ErrImagePull",
-    "InvalidImageName",
+/// Container waiting reasons, beyond those the engine deletes a pod for
+/// ([`DELETED_WAITING_REASONS`]), that mean the executor will not start without a change.
+const REPORTED_WAITING_REASONS: &[&str] = &[
     "ErrImageNeverPull",
-    "CreateContainerConfigError",
     "CreateContainerError",
     "CrashLoopBackOff",
     "RunContainerError",
@@ -127,6 +142,8 @@ impl Failures {
                     });
                 }
             }
+            // Deleted as stuck: the report stays whatever the pod shows until it is gone.
+            _ if self.problem_of(executor.id) == Some(ExecutorProblem::Stuck) => {}
             ExecutorState::Pending => match stuck_container(pod) {
                 Some((reason, message)) => {
                     let since = self
@@ -145,10 +162,59 @@ impl Failures {
                         at: since,
                     });
                 }
+                None if matches!(
+                    executor.start_blocker,
+                    Some(StartBlocker::Unschedulable { .. })
+                ) => {}
                 None => self.drop_waiting(executor.id),
             },
             _ => self.drop_waiting(executor.id),
         }
+    }
+
+    /// The engine found `stuck` past `timeout`: reported as such; one whose pod it deleted
+    /// also counts as a failed create of its profile (a create that did not give an
+    /// executor), so the profile's failures in a row grow as with refused creates.
+    pub fn stuck(&mut self, stuck: &StuckExecutor, timeout: Duration, at: Timestamp) {
+        let reason = stuck.blocker.reason();
+        let message = stuck.blocker.message().map(str::to_string);
+        self.record(ExecutorFailure {
+            executor_id: stuck.id,
+            profile: stuck.profile,
+            pod_name: stuck.pod_name.clone(),
+            problem: if stuck.deleted {
+                ExecutorProblem::Stuck
+            } else {
+                ExecutorProblem::Unschedulable
+            },
+            exit_code: None,
+            reason: Some(reason.to_string()),
+            message: message.clone(),
+            at: stuck.since,
+        });
+        if !stuck.deleted {
+            return;
+        }
+        let consecutive = self
+            .creates
+            .get(&stuck.profile)
+            .map_or(0, |last| last.consecutive)
+            .saturating_add(1);
+        let detail = message.map_or_else(String::new, |m| format!(": {m}"));
+        self.creates.insert(
+            stuck.profile,
+            CreateFailure {
+                http_code: None,
+                reason: STUCK.into(),
+                message: format!(
+                    "pod {} deleted: {reason} for longer than stuck_pending_timeout_ms ({} ms){detail}",
+                    stuck.pod_name,
+                    timeout.as_millis()
+                ),
+                at,
+                consecutive,
+            },
+        );
     }
 
     /// The executor's pod is gone: a waiting problem goes with it, a failure stays.
@@ -173,33 +239,26 @@ impl Failures {
         }
     }
 
+    fn problem_of(&self, id: ExecutorId) -> Option<ExecutorProblem> {
+        self.executors.get(&id).map(|f| f.problem)
+    }
+
     fn drop_waiting(&mut self, id: ExecutorId) {
-        if self
-            .executors
-            .get(&id)
-            .is_some_and(|f| f.problem == ExecutorProblem::Waiting)
-        {
+        if self.problem_of(id).is_some_and(ExecutorProblem::passes) {
             self.executors.remove(&id);
         }
     }
 }
 
+/// The reason of a profile's last failed create when it was a pod deleted as stuck.
+pub const STUCK: &str = "Stuck";
+
 /// The first container (init containers included) waiting for a reason that will not
 /// pass by itself: (reason, message).
 fn stuck_container(pod: &Pod) -> Option<(String, Option<String>)> {
-    let status = pod.status.as_ref()?;
-    status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten())
-        .filter_map(|cs| cs.state.as_ref()?.waiting.as_ref())
-        .find(|w| {
-            w.reason
-                .as_deref()
-                .is_some_and(|r| STUCK_REASONS.contains(&r))
-        })
-        .map(|w| (w.reason.clone().unwrap_or_default(), w.message.clone()))
+    container_waiting_for(pod, |r| {
+        DELETED_WAITING_REASONS.contains(&r) || REPORTED_WAITING_REASONS.contains(&r)
+    })
 }
 
 /// A failed create's HTTP status (none when the API server did not answer), reason and
@@ -270,6 +329,89 @@ mod tests {
         assert_eq!(failed[0].problem, ExecutorProblem::Failed);
         assert_eq!(failed[0].exit_code, Some(137));
         assert_eq!(failed[0].reason.as_deref(), Some("OOMKilled"));
+    }
+
+    #[test]
+    fn a_pod_deleted_as_stuck_stays_a_failure_and_counts_as_a_failed_create() {
+        let mut failures = Failures::default();
+        let pulling = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "spark-kubernetes-executor", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}));
+        observe(&mut failures, &pulling, 10);
+        let executor = executor_pod_from(&pulling, &StateRules::default()).unwrap();
+        let blocker = executor.start_blocker.clone().unwrap();
+        let stuck = StuckExecutor {
+            id: executor.id,
+            profile: executor.profile,
+            pod_name: executor.pod_name.clone(),
+            blocker,
+            since: Timestamp(10),
+            deleted: true,
+        };
+        failures.stuck(&stuck, Duration::from_millis(100), Timestamp(111));
+        observe(&mut failures, &pulling, 112);
+        failures.pod_gone(ExecutorId(3));
+        let kept = failures.executors();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            (kept[0].problem, kept[0].reason.as_deref(), kept[0].at),
+            (
+                ExecutorProblem::Stuck,
+                Some("ImagePullBackOff"),
+                Timestamp(10)
+            )
+        );
+        let create = &failures.creates()[&ResourceProfileId(0)];
+        assert_eq!(
+            (
+                create.http_code,
+                create.reason.as_str(),
+                create.consecutive,
+                create.at
+            ),
+            (None, STUCK, 1, Timestamp(111))
+        );
+        assert_eq!(
+            create.message,
+            "pod a-exec-3 deleted: ImagePullBackOff for longer than stuck_pending_timeout_ms \
+             (100 ms): Back-off pulling image"
+        );
+    }
+
+    #[test]
+    fn an_unschedulable_pod_is_reported_until_it_is_scheduled() {
+        let mut failures = Failures::default();
+        let no_node = pod(
+            json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+            "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}),
+        );
+        let executor = executor_pod_from(&no_node, &StateRules::default()).unwrap();
+        let stuck = StuckExecutor {
+            id: executor.id,
+            profile: executor.profile,
+            pod_name: executor.pod_name.clone(),
+            blocker: executor.start_blocker.clone().unwrap(),
+            since: Timestamp(10),
+            deleted: false,
+        };
+        failures.stuck(&stuck, Duration::from_millis(100), Timestamp(111));
+        observe(&mut failures, &no_node, 112);
+        let shown = failures.executors();
+        assert_eq!(
+            (
+                shown[0].problem,
+                shown[0].reason.as_deref(),
+                shown[0].message.as_deref()
+            ),
+            (
+                ExecutorProblem::Unschedulable,
+                Some("Unschedulable"),
+                Some("0/3 nodes")
+            )
+        );
+        assert!(failures.creates().is_empty(), "kept, so no failed create");
+        observe(&mut failures, &pod(json!({"phase": "Pending"})), 113);
+        assert!(failures.executors().is_empty());
     }
 
     #[test]

@@ -354,7 +354,7 @@ mod tests {
         let again = serde_json::to_string(&registration).unwrap();
         let with_policy = written.replace(
             r#""check_all_containers":true}"#,
-            r#""check_all_containers":true,"policy":"spark"}"#,
+            r#""check_all_containers":true,"policy":"spark","stuck_pending_timeout_ms":120000}"#,
         );
         assert_eq!(again, with_policy);
     }

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use crate::allocator::ExecutorState;
 use crate::allocator::pod_policy::PodPolicy;
+use crate::app::failures::STUCK;
 use crate::app::{
     AppError, AppId, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
     ExecutorProblem, ExecutorView,
@@ -142,6 +143,8 @@ fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus {
                 state: match f.problem {
                     ExecutorProblem::Failed => "Failed",
                     ExecutorProblem::Waiting => "Waiting",
+                    ExecutorProblem::Stuck => "Stuck",
+                    ExecutorProblem::Unschedulable => "Unschedulable",
                 }
                 .into(),
                 exit_code: f.exit_code,
@@ -183,7 +186,7 @@ fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus {
 fn create_failure(f: CreateFailure) -> proto::CreateFailure {
     let code = match f.http_code {
         Some(http) => error::api_code(http, &f.reason),
-        None if f.reason == "IdNotRecorded" => tonic::Code::FailedPrecondition,
+        None if f.reason == "IdNotRecorded" || f.reason == STUCK => tonic::Code::FailedPrecondition,
         None => tonic::Code::Unavailable,
     };
     proto::CreateFailure {
@@ -215,7 +218,15 @@ fn executor_pod(view: &ExecutorView) -> proto::ExecutorPod {
     use proto::ExecutorPodState as Wire;
     let executor = &view.executor;
     let (state, exit_code, reason, message) = match &executor.state {
-        ExecutorState::Pending => (Wire::Pending, None, None, None),
+        ExecutorState::Pending => match &executor.start_blocker {
+            Some(blocker) => (
+                Wire::Pending,
+                None,
+                Some(blocker.reason().to_string()),
+                blocker.message().map(str::to_string),
+            ),
+            None => (Wire::Pending, None, None, None),
+        },
         ExecutorState::Running => (Wire::Running, None, None, None),
         ExecutorState::Succeeded { exit_code } => (Wire::Succeeded, *exit_code, None, None),
         ExecutorState::Failed {

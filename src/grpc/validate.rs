@@ -158,6 +158,7 @@ fn requested_over(
         check_all_containers,
         policy: requested_policy,
         min_executors_at_once,
+        stuck_pending_timeout_ms,
     } = requested;
     let millis = |ms: &u64| Duration::from_millis(*ms);
     if let Some(v) = policy(*requested_policy)? {
@@ -193,6 +194,10 @@ fn requested_over(
         executor_container_name.clone(),
     );
     set(&mut settings.check_all_containers, *check_all_containers);
+    set(
+        &mut settings.stuck_pending_timeout,
+        stuck_pending_timeout_ms.as_ref().map(millis),
+    );
     Ok(())
 }
 
@@ -499,6 +504,7 @@ mod tests {
             check_all_containers: Some(true),
             policy: Some(proto::AllocationPolicy::Adaptive as i32),
             min_executors_at_once: Some(4),
+            stuck_pending_timeout_ms: Some(30_000),
         };
         let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
         assert_eq!(
@@ -516,6 +522,7 @@ mod tests {
                 executor_container_name: "main".into(),
                 check_all_containers: true,
                 policy: AllocationPolicy::Adaptive,
+                stuck_pending_timeout: Duration::from_secs(30),
             }
         );
         let unset = settings(

@@ -284,3 +284,29 @@ async fn connect(address: SocketAddr) -> (Channel, ExecutorAllocatorClient<Chann
     let client = ExecutorAllocatorClient::new(channel.clone());
     (channel, client)
 }
+
+/// The next event of a WatchExecutors stream (within 10 s); `None` when the stream ended.
+pub async fn next_event(
+    stream: &mut tonic::Streaming<proto::ExecutorEvent>,
+) -> Option<proto::ExecutorEvent> {
+    tokio::time::timeout(std::time::Duration::from_secs(10), stream.message())
+        .await
+        .expect("an event within 10 s")
+        .expect("stream status OK")
+}
+
+/// Reads events of a WatchExecutors stream until one matches `what`; returns it.
+pub async fn until_event(
+    stream: &mut tonic::Streaming<proto::ExecutorEvent>,
+    what: &str,
+    matches: impl Fn(&proto::ExecutorEvent) -> bool,
+) -> proto::ExecutorEvent {
+    loop {
+        let event = next_event(stream)
+            .await
+            .unwrap_or_else(|| panic!("stream ended before {what}"));
+        if matches(&event) {
+            return event;
+        }
+    }
+}

@@ -56,6 +56,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "executor_container_name" $a.executorContainerName
   "check_all_containers" $a.checkAllContainers
   "policy" $a.policy
+  "stuck_pending_timeout_ms" $a.stuckPendingTimeoutMs
 -}}
 {{- if not (kindIs "invalid" $a.maxPendingPods) }}{{ $_ := set $allocation "max_pending_pods" $a.maxPendingPods }}{{ end -}}
 {{- if not (kindIs "invalid" $a.maxPendingPodsPerProfile) }}{{ $_ := set $allocation "max_pending_pods_per_profile" $a.maxPendingPodsPerProfile }}{{ end -}}

@@ -19,6 +19,7 @@ mod properties;
 mod round_basics;
 mod settings;
 mod snapshot_store;
+mod stuck_pods;
 mod timeouts;
 mod tracked;
 
@@ -43,6 +44,7 @@ pub(crate) fn exec(id: u64, profile: i32, state: ExecutorState, created: i64) ->
         state,
         created_at: Some(secs(created)),
         pod_name: format!("app-exec-{id}"),
+        start_blocker: None,
     }
 }
 

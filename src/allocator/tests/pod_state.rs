@@ -307,6 +307,7 @@ fn identity_fields() {
         state: ExecutorState::Pending,
         created_at: Some(Timestamp(1_767_323_045_000)),
         pod_name: "app-exec-7".into(),
+        start_blocker: None,
     };
     assert_eq!(got, Some(want));
 }

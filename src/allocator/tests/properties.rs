@@ -291,6 +291,7 @@ impl World {
                     state: ExecutorState::Pending,
                     created_at: Some(self.now),
                     pod_name: format!("app-exec-{id}"),
+                    start_blocker: None,
                 };
                 self.set_pod(pod);
             }

@@ -15,6 +15,7 @@ fn defaults_are_sparks() {
     assert_eq!(s.max_executors, None);
     assert_eq!(s.min_executors_at_once, None);
     assert!(s.delete_on_termination);
+    assert_eq!(s.stuck_pending_timeout, Duration::from_secs(120));
     assert_eq!(s.validate(), Ok(()));
 }
 
@@ -133,6 +134,21 @@ fn validation_names_the_offending_setting() {
             Some("min_executors_at_once"),
         ),
         (
+            "stuck timeout 0",
+            |s| s.stuck_pending_timeout = Duration::ZERO,
+            Some("stuck_pending_timeout_ms"),
+        ),
+        (
+            "stuck timeout too large",
+            |s| s.stuck_pending_timeout = Duration::MAX,
+            Some("stuck_pending_timeout_ms"),
+        ),
+        (
+            "stuck timeout 1 ms",
+            |s| s.stuck_pending_timeout = Duration::from_millis(1),
+            None,
+        ),
+        (
             "container name main",
             |s| s.executor_container_name = "main-1".into(),
             None,
@@ -229,6 +245,10 @@ fn first_difference_names_the_setting_in_the_apis_words() {
         (
             |s| s.check_all_containers = true,
             Some("check_all_containers"),
+        ),
+        (
+            |s| s.stuck_pending_timeout = Duration::from_secs(1),
+            Some("stuck_pending_timeout_ms"),
         ),
         (
             |s| {

@@ -28,8 +28,21 @@ impl ApplicationActor {
         self.send_round(upkeep, pods);
     }
 
-    /// Logs what the plan gave up on; timed-out requests are no longer timed.
+    /// Logs what the plan gave up on; timed-out requests are no longer timed. Stuck
+    /// executors are counted and reported; a round that deleted any backs off as after
+    /// a round whose creates all failed.
     fn note_plan(&mut self, plan: &RoundPlan) {
+        let now = self.clock.now();
+        let settings = self.engine.allocator.settings();
+        let (timeout, delay) = (settings.stuck_pending_timeout, settings.batch_delay);
+        for stuck in &plan.stuck {
+            self.requests.metrics.executor_stuck(stuck.blocker.reason());
+            self.failures.stuck(stuck, timeout, now);
+        }
+        if plan.stuck.iter().any(|s| s.deleted) {
+            let backoff_ms = self.schedule.creates_all_failed(delay, now).as_millis();
+            tracing::warn!(backoff_ms, "executor pods deleted as stuck; backing off");
+        }
         for id in &plan.timed_out {
             self.requests.forget(*id);
         }

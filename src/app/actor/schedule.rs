@@ -61,7 +61,8 @@ impl Scheduler {
         self.backoff_until = Timestamp(0);
     }
 
-    /// Every create of a round failed: the next round waits 2, 4, 8, … batch delays (at
+    /// Every create of a round failed, or a round deleted pods stuck past the timeout
+    /// (creates that gave no executor): the next round waits 2, 4, 8, … batch delays (at
     /// most [`MAX_CREATE_BACKOFF`], unless the batch delay is longer); returns the wait.
     pub fn creates_all_failed(&mut self, batch_delay: Duration, now: Timestamp) -> Duration {
         self.failed_create_rounds = self.failed_create_rounds.saturating_add(1);

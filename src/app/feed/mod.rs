@@ -295,6 +295,7 @@ impl Feed {
                 state: ExecutorState::Unknown,
                 created_at: None,
                 pod_name: name.to_string(),
+                start_blocker: None,
             },
         }
     }
