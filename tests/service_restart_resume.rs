@@ -42,6 +42,15 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
         !executor_ids(&sim).await.is_empty()
     })
     .await;
+    // The registration is written beside the first round's creates, not before them; a
+    // crash loses at most what came after the last write, so the kill waits for it.
+    let admin = sim.try_client().expect("client");
+    until("the registration with the target", async || {
+        stored_registration(&admin, SERVICE_NS, NS, APP)
+            .await
+            .is_some_and(|r| r.targets.get(&0) == Some(&6))
+    })
+    .await;
     first.start_kill().expect("SIGKILL");
     first.wait().await.expect("killed");
     let at_kill = executor_ids(&sim).await;

@@ -13,6 +13,7 @@ use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::{batched_start_request, start_scaled};
 use test_kit::process::serve_against;
 use test_kit::requests::*;
+use test_kit::service::stored_registration;
 use test_kit::wait::until;
 
 const APP: &str = "app-binary";
@@ -45,6 +46,14 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     // then skipped, which is right but not this test's point.
     until("the first batch", || async {
         executor_ids(&c).await.len() == 2
+    })
+    .await;
+    // The registration is written beside the first round's creates, not before them; a
+    // crash loses at most what came after the last write, so the kill waits for it.
+    until("the registration with the target", || async {
+        stored_registration(&c.admin_client(), c.service_namespace(), c.namespace(), APP)
+            .await
+            .is_some_and(|r| r.targets.get(&0) == Some(&6))
     })
     .await;
     first.start_kill().expect("SIGKILL");

@@ -23,6 +23,8 @@ pub async fn until_logged(
 ) -> serde_json::Value {
     let wait = async {
         while let Some(line) = lines.next_line().await.expect("stderr") {
+            // Shown with a failing test, as the rest of the log is.
+            eprintln!("service: {line}");
             let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
                 continue;
             };
