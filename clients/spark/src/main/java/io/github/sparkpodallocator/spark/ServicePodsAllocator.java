@@ -63,6 +63,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private final String address;
   private final ExecutorPodsSnapshotsStore snapshotsStore;
   private final boolean executorEvents;
+  private final CreationFailureCount creationFailures = new CreationFailureCount();
 
   // Guarded by `this`.
   private String applicationId;
@@ -360,11 +361,12 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
    * Asks the service about the application. A restarted service has resumed it from its
    * registration; one that lost it answers NOT_FOUND and the client starts the application
    * again (with its templates, targets and registered executors), so lost executors are
-   * replaced even while Spark has nothing to say.
+   * replaced even while Spark has nothing to say. The answer's failed creates go to Spark's
+   * executor-failure count where Spark has one for them (see {@link CreationFailureCount}).
    */
   private void checkServiceKnowsApplication() {
     try {
-      client.status();
+      creationFailures.takeIn(client.status(), this);
     } catch (RuntimeException e) {
       LOG.warn("Could not check the application in the spark-pod-allocator service at {};"
           + " trying again in {} ms", address, serviceCheckMillis, e);

@@ -11,13 +11,26 @@ import spark.allocator.v1.Allocator.AllocationSettings;
  * as Spark's built-in allocator would for the same configuration: each setting carries the
  * user's value or the default of the Spark version that runs (read through Spark's own config
  * entries, with their units and checks; 4.2 raised the batch size default from 10 to 20). Where
- * Spark's default means "no limit" ({@code maxPendingPods}) nothing is sent and the service's
- * default applies.
+ * Spark's default means "no limit" ({@code maxPendingPods}, {@code maxPendingPodsPerRp},
+ * {@code maximum}) nothing is sent and the service's default applies.
+ *
+ * <p>Spark 4.1's keys ({@link #MAX_PENDING_PODS_PER_PROFILE}, {@link #ALLOCATION_MAXIMUM}) are
+ * read through Spark's entry where the running Spark has one, else (4.0) by name with 4.1's
+ * rule (a positive integer). They apply on 4.0 too: the service implements them whatever the
+ * driver's version, they can only hold allocation back, and a user who sets one asks for it;
+ * ignoring it as Spark 4.0's allocator would would make one configuration allocate differently
+ * by driver version behind the user's back.
  */
 public final class SparkAllocationSettings {
   private static final Config$ K8S = Config$.MODULE$;
   private static final org.apache.spark.internal.config.package$ CORE =
       org.apache.spark.internal.config.package$.MODULE$;
+
+  /** Spark 4.1's per-resource-profile pending cap (SPARK-53324). */
+  public static final String MAX_PENDING_PODS_PER_PROFILE =
+      "spark.kubernetes.allocation.maxPendingPodsPerRp";
+  /** Spark 4.1's cap on the executor pods an application ever tries to create. */
+  public static final String ALLOCATION_MAXIMUM = "spark.kubernetes.allocation.maximum";
 
   private SparkAllocationSettings() {}
 
@@ -38,9 +51,22 @@ public final class SparkAllocationSettings {
     // Seconds in Spark's entry.
     settings.setExecutorIdleTimeoutMs(
         longValue(conf, CORE.DYN_ALLOCATION_EXECUTOR_IDLE_TIMEOUT()) * 1000);
+    int maxPendingPods = intValue(conf, K8S.KUBERNETES_MAX_PENDING_PODS());
     if (conf.contains(K8S.KUBERNETES_MAX_PENDING_PODS().key())) {
-      settings.setMaxPendingPods(intValue(conf, K8S.KUBERNETES_MAX_PENDING_PODS()));
+      settings.setMaxPendingPods(maxPendingPods);
     }
+    java.util.OptionalInt perProfile = spark41PositiveInt(conf, MAX_PENDING_PODS_PER_PROFILE,
+        "KUBERNETES_MAX_PENDING_PODS_PER_RPID");
+    if (perProfile.isPresent()) {
+      // Spark's start-up check, which it skips for its "no limit" default.
+      if (perProfile.getAsInt() != Integer.MAX_VALUE && perProfile.getAsInt() > maxPendingPods) {
+        throw new IllegalArgumentException(MAX_PENDING_PODS_PER_PROFILE + " ("
+            + perProfile.getAsInt() + ") must be less than or equal to "
+            + K8S.KUBERNETES_MAX_PENDING_PODS().key() + " (" + maxPendingPods + ")");
+      }
+      settings.setMaxPendingPodsPerProfile(perProfile.getAsInt());
+    }
+    maxExecutors(conf).ifPresent(settings::setMaxExecutors);
     // spark.dynamicAllocation.maxExecutors is not sent: Spark bounds the executors it asks for
     // at once itself, while the service's max_executors caps the ids an application may ever
     // use, which would starve a long dynamic-allocation application after its first bursts.
@@ -50,6 +76,66 @@ public final class SparkAllocationSettings {
     settings.setExecutorContainerName(executorContainerName);
     policy(conf).ifPresent(settings::setPolicy);
     return settings.build();
+  }
+
+  /**
+   * {@link #ALLOCATION_MAXIMUM} as the service's lifetime cap on executor ids: Spark takes the
+   * next id for every pod it tries to create and refuses (logs and creates nothing more) once
+   * that id reaches the maximum, so executor ids 1 to maximum - 1 are the ones it ever uses.
+   * A maximum of 1 lets Spark create no executor at all, which the service cannot express (and
+   * no job completes with): refused.
+   */
+  private static java.util.OptionalLong maxExecutors(SparkConf conf) {
+    java.util.OptionalInt maximum =
+        spark41PositiveInt(conf, ALLOCATION_MAXIMUM, "KUBERNETES_ALLOCATION_MAXIMUM");
+    if (maximum.isEmpty()) {
+      return java.util.OptionalLong.empty();
+    }
+    if (maximum.getAsInt() == 1) {
+      throw new IllegalArgumentException(ALLOCATION_MAXIMUM + "=1 lets Spark create no executor"
+          + " (it uses the executor ids below the maximum); set it to at least 2");
+    }
+    return java.util.OptionalLong.of(maximum.getAsInt() - 1L);
+  }
+
+  /**
+   * A Spark 4.1 integer key when the user set it: through Spark's own entry (its unit and
+   * check) when the running Spark's Config has {@code entryName}, else by name with the same
+   * rule (a positive integer).
+   */
+  @SuppressWarnings("unchecked")
+  private static java.util.OptionalInt spark41PositiveInt(
+      SparkConf conf, String key, String entryName) {
+    if (!conf.contains(key)) {
+      return java.util.OptionalInt.empty();
+    }
+    java.lang.reflect.Method accessor;
+    try {
+      accessor = K8S.getClass().getMethod(entryName);
+    } catch (NoSuchMethodException e) {
+      accessor = null;
+    }
+    if (accessor != null) {
+      ConfigEntry<Object> entry;
+      try {
+        entry = (ConfigEntry<Object>) accessor.invoke(K8S);
+      } catch (ReflectiveOperationException e) {
+        throw new IllegalStateException("Cannot read Spark's entry of " + key, e);
+      }
+      return java.util.OptionalInt.of(intValue(conf, entry));
+    }
+    String value = conf.get(key).trim();
+    int parsed;
+    try {
+      parsed = Integer.parseInt(value);
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(key + ": expected a positive integer, got \"" + value
+          + "\"", e);
+    }
+    if (parsed <= 0) {
+      throw new IllegalArgumentException(key + ": expected a positive integer, got " + parsed);
+    }
+    return java.util.OptionalInt.of(parsed);
   }
 
   /** The plugin's own key choosing the service's allocation policy (not one of Spark's). */
