@@ -166,6 +166,14 @@ public final class SparkAllocationSettings {
     return longValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_DELAY());
   }
 
+  /**
+   * How long Spark's allocator waits for the driver pod to be Ready before its first executor,
+   * in seconds (the unit of Spark's entry).
+   */
+  public static long driverReadinessTimeoutSeconds(SparkConf conf) {
+    return longValue(conf, K8S.KUBERNETES_ALLOCATION_DRIVER_READINESS_TIMEOUT());
+  }
+
   /** The entry's value as Spark reads it (the user's, else Spark's default), checked by Spark. */
   private static Object value(SparkConf conf, ConfigEntry<Object> entry) {
     try {

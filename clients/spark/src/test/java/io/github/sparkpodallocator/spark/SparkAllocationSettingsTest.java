@@ -50,6 +50,13 @@ class SparkAllocationSettingsTest {
   }
 
   @Test
+  void theDriverReadinessTimeoutIsInSecondsAsSparkReadsIt() {
+    assertEquals(1, SparkAllocationSettings.driverReadinessTimeoutSeconds(new SparkConf(false)));
+    assertEquals(120, SparkAllocationSettings.driverReadinessTimeoutSeconds(new SparkConf(false)
+        .set("spark.kubernetes.allocation.driver.readinessTimeout", "2min")));
+  }
+
+  @Test
   void thePolicyIsThePluginsOwnKeyAndUnsetByDefault() {
     assertFalse(SparkAllocationSettings.fromConf(new SparkConf(false), "e").hasPolicy());
     SparkConf adaptive = new SparkConf(false)
