@@ -131,11 +131,11 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   }
 
   /**
-   * Waits up to {@code timeoutSeconds} for the pod {@code name} to be Ready, as Spark's allocator waits
-   * for the driver pod before its first executor ({@code
-   * spark.kubernetes.allocation.driver.readinessTimeout}): executors reach the driver through
-   * its headless service, which resolves only once the pod is Ready. Executors are asked for
-   * after the wait whatever its outcome, as in Spark.
+   * Waits up to {@code timeoutSeconds} for the pod {@code name} to be Ready, as Spark's
+   * allocator waits for the driver pod before its first executor
+   * ({@code spark.kubernetes.allocation.driver.readinessTimeout}): executors reach the driver
+   * through its headless service, which resolves only once the pod is Ready. Executors are
+   * asked for after the wait whatever its outcome, as in Spark.
    */
   static void awaitReady(
       KubernetesClient client, String namespace, String name, long timeoutSeconds) {

@@ -1,5 +1,7 @@
 package io.github.sparkpodallocator.spark;
 
+import java.util.OptionalInt;
+import java.util.OptionalLong;
 import org.apache.spark.SparkConf;
 import org.apache.spark.deploy.k8s.Config$;
 import org.apache.spark.internal.config.ConfigEntry;
@@ -18,8 +20,8 @@ import spark.allocator.v1.Allocator.AllocationSettings;
  * read through Spark's entry where the running Spark has one, else (4.0) by name with 4.1's
  * rule (a positive integer). They apply on 4.0 too: the service implements them whatever the
  * driver's version, they can only hold allocation back, and a user who sets one asks for it;
- * ignoring it as Spark 4.0's allocator would would make one configuration allocate differently
- * by driver version behind the user's back.
+ * ignoring it, as Spark 4.0's allocator does, would have one configuration allocate
+ * differently by driver version without a word.
  */
 public final class SparkAllocationSettings {
   private static final Config$ K8S = Config$.MODULE$;
@@ -55,8 +57,7 @@ public final class SparkAllocationSettings {
     if (conf.contains(K8S.KUBERNETES_MAX_PENDING_PODS().key())) {
       settings.setMaxPendingPods(maxPendingPods);
     }
-    java.util.OptionalInt perProfile = spark41PositiveInt(conf, MAX_PENDING_PODS_PER_PROFILE,
-        "KUBERNETES_MAX_PENDING_PODS_PER_RPID");
+    OptionalInt perProfile = spark41PositiveInt(conf, MAX_PENDING_PODS_PER_PROFILE);
     if (perProfile.isPresent()) {
       // Spark's start-up check, which it skips for its "no limit" default.
       if (perProfile.getAsInt() != Integer.MAX_VALUE && perProfile.getAsInt() > maxPendingPods) {
@@ -85,44 +86,31 @@ public final class SparkAllocationSettings {
    * A maximum of 1 lets Spark create no executor at all, which the service cannot express (and
    * no job completes with): refused.
    */
-  private static java.util.OptionalLong maxExecutors(SparkConf conf) {
-    java.util.OptionalInt maximum =
-        spark41PositiveInt(conf, ALLOCATION_MAXIMUM, "KUBERNETES_ALLOCATION_MAXIMUM");
+  private static OptionalLong maxExecutors(SparkConf conf) {
+    OptionalInt maximum = spark41PositiveInt(conf, ALLOCATION_MAXIMUM);
     if (maximum.isEmpty()) {
-      return java.util.OptionalLong.empty();
+      return OptionalLong.empty();
     }
     if (maximum.getAsInt() == 1) {
       throw new IllegalArgumentException(ALLOCATION_MAXIMUM + "=1 lets Spark create no executor"
           + " (it uses the executor ids below the maximum); set it to at least 2");
     }
-    return java.util.OptionalLong.of(maximum.getAsInt() - 1L);
+    return OptionalLong.of(maximum.getAsInt() - 1L);
   }
 
   /**
-   * A Spark 4.1 integer key when the user set it: through Spark's own entry (its unit and
-   * check) when the running Spark's Config has {@code entryName}, else by name with the same
-   * rule (a positive integer).
+   * A Spark 4.1 integer key when the user set it: through Spark's own entry (its check) when
+   * the running Spark has one, else by name with the same rule (a positive integer).
    */
   @SuppressWarnings("unchecked")
-  private static java.util.OptionalInt spark41PositiveInt(
-      SparkConf conf, String key, String entryName) {
+  private static OptionalInt spark41PositiveInt(SparkConf conf, String key) {
     if (!conf.contains(key)) {
-      return java.util.OptionalInt.empty();
+      return OptionalInt.empty();
     }
-    java.lang.reflect.Method accessor;
-    try {
-      accessor = K8S.getClass().getMethod(entryName);
-    } catch (NoSuchMethodException e) {
-      accessor = null;
-    }
-    if (accessor != null) {
-      ConfigEntry<Object> entry;
-      try {
-        entry = (ConfigEntry<Object>) accessor.invoke(K8S);
-      } catch (ReflectiveOperationException e) {
-        throw new IllegalStateException("Cannot read Spark's entry of " + key, e);
-      }
-      return java.util.OptionalInt.of(intValue(conf, entry));
+    // Spark's entries register themselves when their Config object initializes (K8S has).
+    ConfigEntry<Object> entry = (ConfigEntry<Object>) ConfigEntry.findEntry(key);
+    if (entry != null) {
+      return OptionalInt.of(intValue(conf, entry));
     }
     String value = conf.get(key).trim();
     int parsed;
@@ -135,7 +123,7 @@ public final class SparkAllocationSettings {
     if (parsed <= 0) {
       throw new IllegalArgumentException(key + ": expected a positive integer, got " + parsed);
     }
-    return java.util.OptionalInt.of(parsed);
+    return OptionalInt.of(parsed);
   }
 
   /** The plugin's own key choosing the service's allocation policy (not one of Spark's). */
