@@ -84,11 +84,13 @@ public final class SparkAllocationSettings {
    * next id for every pod it tries to create and refuses (logs and creates nothing more) once
    * that id reaches the maximum, so executor ids 1 to maximum - 1 are the ones it ever uses.
    * A maximum of 1 lets Spark create no executor at all, which the service cannot express (and
-   * no job completes with): refused.
+   * no job completes with): refused. Above the service's own cap
+   * ({@code limits.max_executors_per_application}) Start refuses it.
    */
   private static OptionalLong maxExecutors(SparkConf conf) {
     OptionalInt maximum = spark41PositiveInt(conf, ALLOCATION_MAXIMUM);
-    if (maximum.isEmpty()) {
+    if (maximum.isEmpty() || maximum.getAsInt() == Integer.MAX_VALUE) {
+      // Unset, or Spark's default given explicitly: no limit, so the service's own.
       return OptionalLong.empty();
     }
     if (maximum.getAsInt() == 1) {

@@ -150,6 +150,9 @@ class SparkAllocationSettingsTest {
     assertEquals(4, SparkAllocationSettings.fromConf(conf, "e").getMaxExecutors());
     assertEquals(1, SparkAllocationSettings.fromConf(new SparkConf(false)
         .set("spark.kubernetes.allocation.maximum", "2"), "e").getMaxExecutors());
+    // Spark's "no limit" default given explicitly leaves the service's own cap.
+    assertFalse(SparkAllocationSettings.fromConf(new SparkConf(false)
+        .set("spark.kubernetes.allocation.maximum", "2147483647"), "e").hasMaxExecutors());
     IllegalArgumentException none = assertThrows(IllegalArgumentException.class,
         () -> SparkAllocationSettings.fromConf(new SparkConf(false)
             .set("spark.kubernetes.allocation.maximum", "1"), "e"));
