@@ -1,6 +1,6 @@
 //! Failures visible in GetStatus, over real gRPC against the simulated cluster: per
 //! profile the last failed create (HTTP status, gRPC code, reason, message, time, how many
-//! in a row) and the backoff deadline; executors that failed (exit code, OOMKilled) or
+//! in a row and in all) and the backoff deadline; executors that failed (exit code, OOMKilled) or
 //! cannot start (ImagePullBackOff).
 
 use std::time::Duration;
@@ -51,6 +51,7 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
     assert_eq!(failure.reason, "Forbidden");
     assert!(failure.message.contains("exceeded quota"), "{failure:?}");
     assert_eq!(failure.consecutive_failures, 2);
+    assert_eq!(failure.total_failures, 2);
     assert_eq!(failure.time_ms, h.clock.now().0);
     assert!(
         p0.backoff_until_ms > h.clock.now().0,
@@ -66,7 +67,7 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
         status(&h, "app-quota").await.profiles[0]
             .last_create_failure
             .as_ref()
-            .is_some_and(|f| f.consecutive_failures == 4)
+            .is_some_and(|f| f.consecutive_failures == 4 && f.total_failures == 4)
     })
     .await;
 
@@ -79,9 +80,9 @@ async fn refused_creates_show_their_reason_count_and_backoff() {
     .await;
     until("creates passed in GetStatus", async || {
         let p0 = status(&h, "app-quota").await.profiles.remove(0);
-        p0.last_create_failure
-            .is_some_and(|f| f.consecutive_failures == 0 && f.http_code == 403)
-            && p0.backoff_until_ms == 0
+        p0.last_create_failure.is_some_and(|f| {
+            f.consecutive_failures == 0 && f.total_failures == 4 && f.http_code == 403
+        }) && p0.backoff_until_ms == 0
     })
     .await;
 }

@@ -28,6 +28,10 @@ pub struct CreateFailure {
     /// Creates of the profile that failed in a row since the last one that passed (0 once
     /// one passed again; the failure stays as the last one seen).
     pub consecutive: u32,
+    /// Creates of the profile that failed since the actor took the application in, passed
+    /// or not since: a driver adds its increase to its own failure count (Spark 4.2 counts
+    /// pod-creation failures towards `spark.executor.maxNumFailures`).
+    pub total: u64,
 }
 
 /// Whether an executor ended failing or cannot start.
@@ -100,11 +104,11 @@ impl Failures {
         let Some((http_code, reason, message)) = create_failure_cause(err) else {
             return;
         };
-        let consecutive = self
+        let (consecutive, total) = self
             .creates
             .get(&profile)
-            .map_or(0, |last| last.consecutive)
-            .saturating_add(1);
+            .map_or((0, 0), |last| (last.consecutive, last.total));
+        let (consecutive, total) = (consecutive.saturating_add(1), total.saturating_add(1));
         self.creates.insert(
             profile,
             CreateFailure {
@@ -113,6 +117,7 @@ impl Failures {
                 message,
                 at,
                 consecutive,
+                total,
             },
         );
     }
@@ -432,15 +437,17 @@ mod tests {
                 last.http_code,
                 last.reason.as_str(),
                 last.consecutive,
+                last.total,
                 last.at
             ),
-            (Some(403), "Forbidden", 2, Timestamp(2))
+            (Some(403), "Forbidden", 2, 2, Timestamp(2))
         );
         failures.create_passed(p1);
         assert_eq!(failures.creates()[&p1].consecutive, 0);
+        assert_eq!(failures.creates()[&p1].total, 2);
         failures.create_failed(p1, &CreateError::IdNotRecorded("x".into()), Timestamp(4));
         let last = &failures.creates()[&p1];
-        assert_eq!((last.http_code, last.consecutive), (None, 1));
+        assert_eq!((last.http_code, last.consecutive, last.total), (None, 1, 3));
         assert_eq!(last.reason, "IdNotRecorded");
     }
 }

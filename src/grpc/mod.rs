@@ -196,6 +196,7 @@ fn create_failure(f: CreateFailure) -> proto::CreateFailure {
         message: f.message,
         time_ms: f.at.0,
         consecutive_failures: f.consecutive,
+        total_failures: f.total,
     }
 }
 

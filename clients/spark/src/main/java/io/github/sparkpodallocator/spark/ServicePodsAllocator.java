@@ -57,12 +57,15 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private final ExecutorPodTemplates templates;
   private final String namespace;
   private final Option<Pod> driverPod;
+  private final KubernetesClient kubernetesClient;
+  private final long driverReadinessTimeoutSeconds;
   private final AllocatorClient client;
   private final long registeredCheckMillis;
   private final long serviceCheckMillis;
   private final String address;
   private final ExecutorPodsSnapshotsStore snapshotsStore;
   private final boolean executorEvents;
+  private final CreationFailureCount creationFailures = new CreationFailureCount();
 
   // Guarded by `this`.
   private String applicationId;
@@ -93,6 +96,8 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
       settings = ServiceSettings.fromConf(conf, ServiceSettings.SERVICE_ACCOUNT_TOKEN);
       // The same period Spark's allocator reads the registered executors at.
       this.registeredCheckMillis = SparkAllocationSettings.batchDelayMs(conf);
+      this.driverReadinessTimeoutSeconds =
+          SparkAllocationSettings.driverReadinessTimeoutSeconds(conf);
     } catch (IllegalArgumentException e) {
       throw new SparkException("Invalid configuration for " + CLASS_NAME + ": " + e.getMessage(),
           e);
@@ -101,6 +106,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     this.serviceCheckMillis = settings.checkInterval().toMillis();
     this.snapshotsStore = snapshotsStore;
     this.executorEvents = settings.executorEvents();
+    this.kubernetesClient = kubernetesClient;
     this.driverPod = lookUpDriverPod(conf, kubernetesClient, namespace);
     try {
       this.client = new AllocatorClient(settings);
@@ -122,6 +128,24 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
           + " (" + DRIVER_POD_NAME + " names the driver pod)");
     }
     return Option.apply(pod);
+  }
+
+  /**
+   * Waits up to {@code timeoutSeconds} for the pod {@code name} to be Ready, as Spark's
+   * allocator waits for the driver pod before its first executor
+   * ({@code spark.kubernetes.allocation.driver.readinessTimeout}): executors reach the driver
+   * through its headless service, which resolves only once the pod is Ready. Executors are
+   * asked for after the wait whatever its outcome, as in Spark.
+   */
+  static void awaitReady(
+      KubernetesClient client, String namespace, String name, long timeoutSeconds) {
+    try {
+      client.pods().inNamespace(namespace).withName(name)
+          .waitUntilReady(timeoutSeconds, TimeUnit.SECONDS);
+    } catch (RuntimeException e) {
+      LOG.warn("The driver pod {} was not Ready within {} s; asking for executors anyway", name,
+          timeoutSeconds, e);
+    }
   }
 
   @Override
@@ -152,6 +176,10 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     }
     synchronized (this) {
       applicationId = appId;
+    }
+    if (driverPod.isDefined()) {
+      awaitReady(kubernetesClient, namespace, driverPod.get().getMetadata().getName(),
+          driverReadinessTimeoutSeconds);
     }
     client.start(request.build());
     watchForTheDriversStop(backend);
@@ -360,11 +388,12 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
    * Asks the service about the application. A restarted service has resumed it from its
    * registration; one that lost it answers NOT_FOUND and the client starts the application
    * again (with its templates, targets and registered executors), so lost executors are
-   * replaced even while Spark has nothing to say.
+   * replaced even while Spark has nothing to say. The answer's failed creates go to Spark's
+   * executor-failure count where Spark has one for them (see {@link CreationFailureCount}).
    */
   private void checkServiceKnowsApplication() {
     try {
-      client.status();
+      creationFailures.takeIn(client.status(), this);
     } catch (RuntimeException e) {
       LOG.warn("Could not check the application in the spark-pod-allocator service at {};"
           + " trying again in {} ms", address, serviceCheckMillis, e);

@@ -1,5 +1,7 @@
 package io.github.sparkpodallocator.spark;
 
+import java.util.OptionalInt;
+import java.util.OptionalLong;
 import org.apache.spark.SparkConf;
 import org.apache.spark.deploy.k8s.Config$;
 import org.apache.spark.internal.config.ConfigEntry;
@@ -11,13 +13,26 @@ import spark.allocator.v1.Allocator.AllocationSettings;
  * as Spark's built-in allocator would for the same configuration: each setting carries the
  * user's value or the default of the Spark version that runs (read through Spark's own config
  * entries, with their units and checks; 4.2 raised the batch size default from 10 to 20). Where
- * Spark's default means "no limit" ({@code maxPendingPods}) nothing is sent and the service's
- * default applies.
+ * Spark's default means "no limit" ({@code maxPendingPods}, {@code maxPendingPodsPerRp},
+ * {@code maximum}) nothing is sent and the service's default applies.
+ *
+ * <p>Spark 4.1's keys ({@link #MAX_PENDING_PODS_PER_PROFILE}, {@link #ALLOCATION_MAXIMUM}) are
+ * read through Spark's entry where the running Spark has one, else (4.0) by name with 4.1's
+ * rule (a positive integer). They apply on 4.0 too: the service implements them whatever the
+ * driver's version, they can only hold allocation back, and a user who sets one asks for it;
+ * ignoring it, as Spark 4.0's allocator does, would have one configuration allocate
+ * differently by driver version without a word.
  */
 public final class SparkAllocationSettings {
   private static final Config$ K8S = Config$.MODULE$;
   private static final org.apache.spark.internal.config.package$ CORE =
       org.apache.spark.internal.config.package$.MODULE$;
+
+  /** Spark 4.1's per-resource-profile pending cap (SPARK-53324). */
+  public static final String MAX_PENDING_PODS_PER_PROFILE =
+      "spark.kubernetes.allocation.maxPendingPodsPerRp";
+  /** Spark 4.1's cap on the executor pods an application ever tries to create. */
+  public static final String ALLOCATION_MAXIMUM = "spark.kubernetes.allocation.maximum";
 
   private SparkAllocationSettings() {}
 
@@ -38,9 +53,21 @@ public final class SparkAllocationSettings {
     // Seconds in Spark's entry.
     settings.setExecutorIdleTimeoutMs(
         longValue(conf, CORE.DYN_ALLOCATION_EXECUTOR_IDLE_TIMEOUT()) * 1000);
+    int maxPendingPods = intValue(conf, K8S.KUBERNETES_MAX_PENDING_PODS());
     if (conf.contains(K8S.KUBERNETES_MAX_PENDING_PODS().key())) {
-      settings.setMaxPendingPods(intValue(conf, K8S.KUBERNETES_MAX_PENDING_PODS()));
+      settings.setMaxPendingPods(maxPendingPods);
     }
+    OptionalInt perProfile = spark41PositiveInt(conf, MAX_PENDING_PODS_PER_PROFILE);
+    if (perProfile.isPresent()) {
+      // Spark's start-up check, which it skips for its "no limit" default.
+      if (perProfile.getAsInt() != Integer.MAX_VALUE && perProfile.getAsInt() > maxPendingPods) {
+        throw new IllegalArgumentException(MAX_PENDING_PODS_PER_PROFILE + " ("
+            + perProfile.getAsInt() + ") must be less than or equal to "
+            + K8S.KUBERNETES_MAX_PENDING_PODS().key() + " (" + maxPendingPods + ")");
+      }
+      settings.setMaxPendingPodsPerProfile(perProfile.getAsInt());
+    }
+    maxExecutors(conf).ifPresent(settings::setMaxExecutors);
     // spark.dynamicAllocation.maxExecutors is not sent: Spark bounds the executors it asks for
     // at once itself, while the service's max_executors caps the ids an application may ever
     // use, which would starve a long dynamic-allocation application after its first bursts.
@@ -51,6 +78,55 @@ public final class SparkAllocationSettings {
     policy(conf).ifPresent(settings::setPolicy);
     gangSize(conf, settings).ifPresent(settings::setMinExecutorsAtOnce);
     return settings.build();
+  }
+
+  /**
+   * {@link #ALLOCATION_MAXIMUM} as the service's lifetime cap on executor ids: Spark takes the
+   * next id for every pod it tries to create and refuses (logs and creates nothing more) once
+   * that id reaches the maximum, so executor ids 1 to maximum - 1 are the ones it ever uses.
+   * A maximum of 1 lets Spark create no executor at all, which the service cannot express (and
+   * no job completes with): refused. Above the service's own cap
+   * ({@code limits.max_executors_per_application}) Start refuses it.
+   */
+  private static OptionalLong maxExecutors(SparkConf conf) {
+    OptionalInt maximum = spark41PositiveInt(conf, ALLOCATION_MAXIMUM);
+    if (maximum.isEmpty() || maximum.getAsInt() == Integer.MAX_VALUE) {
+      // Unset, or Spark's default given explicitly: no limit, so the service's own.
+      return OptionalLong.empty();
+    }
+    if (maximum.getAsInt() == 1) {
+      throw new IllegalArgumentException(ALLOCATION_MAXIMUM + "=1 lets Spark create no executor"
+          + " (it uses the executor ids below the maximum); set it to at least 2");
+    }
+    return OptionalLong.of(maximum.getAsInt() - 1L);
+  }
+
+  /**
+   * A Spark 4.1 integer key when the user set it: through Spark's own entry (its check) when
+   * the running Spark has one, else by name with the same rule (a positive integer).
+   */
+  @SuppressWarnings("unchecked")
+  private static OptionalInt spark41PositiveInt(SparkConf conf, String key) {
+    if (!conf.contains(key)) {
+      return OptionalInt.empty();
+    }
+    // Spark's entries register themselves when their Config object initializes (K8S has).
+    ConfigEntry<Object> entry = (ConfigEntry<Object>) ConfigEntry.findEntry(key);
+    if (entry != null) {
+      return OptionalInt.of(intValue(conf, entry));
+    }
+    String value = conf.get(key).trim();
+    int parsed;
+    try {
+      parsed = Integer.parseInt(value);
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(key + ": expected a positive integer, got \"" + value
+          + "\"", e);
+    }
+    if (parsed <= 0) {
+      throw new IllegalArgumentException(key + ": expected a positive integer, got " + parsed);
+    }
+    return OptionalInt.of(parsed);
   }
 
   /** The plugin's own key choosing the service's allocation policy (not one of Spark's). */
@@ -163,6 +239,14 @@ public final class SparkAllocationSettings {
   /** Spark's allocation batch delay in milliseconds (the period of Spark's own allocator). */
   public static long batchDelayMs(SparkConf conf) {
     return longValue(conf, K8S.KUBERNETES_ALLOCATION_BATCH_DELAY());
+  }
+
+  /**
+   * How long Spark's allocator waits for the driver pod to be Ready before its first executor,
+   * in seconds (the unit of Spark's entry).
+   */
+  public static long driverReadinessTimeoutSeconds(SparkConf conf) {
+    return longValue(conf, K8S.KUBERNETES_ALLOCATION_DRIVER_READINESS_TIMEOUT());
   }
 
   /** The entry's value as Spark reads it (the user's, else Spark's default), checked by Spark. */

@@ -63,6 +63,17 @@ class ServicePodsAllocatorTest {
           .withNewSpec().addNewContainer().withName("driver").withImage("spark:4")
           .endContainer().endSpec()
           .build()).create();
+      // Spark's wait for the driver pod to be Ready: none for a Ready pod (the simulated
+      // kubelet runs it), and its timeout ends it without an error (a pod that never comes).
+      long began = System.nanoTime();
+      ServicePodsAllocator.awaitReady(k8s, "default", "the-driver", 30);
+      long waitedMs = (System.nanoTime() - began) / 1_000_000;
+      assertTrue(waitedMs < 10_000, "a Ready driver pod is waited for: " + waitedMs + " ms");
+      began = System.nanoTime();
+      ServicePodsAllocator.awaitReady(k8s, "default", "no-such-driver", 1);
+      waitedMs = (System.nanoTime() - began) / 1_000_000;
+      assertTrue(waitedMs >= 900 && waitedMs < 10_000, waitedMs + " ms");
+
       ServicePodsAllocator withDriver = construct(conf, k8s);
       ServicePodsAllocator withoutDriver =
           construct(conf.clone().remove("spark.kubernetes.driver.pod.name"), k8s);

@@ -50,6 +50,13 @@ class SparkAllocationSettingsTest {
   }
 
   @Test
+  void theDriverReadinessTimeoutIsInSecondsAsSparkReadsIt() {
+    assertEquals(1, SparkAllocationSettings.driverReadinessTimeoutSeconds(new SparkConf(false)));
+    assertEquals(120, SparkAllocationSettings.driverReadinessTimeoutSeconds(new SparkConf(false)
+        .set("spark.kubernetes.allocation.driver.readinessTimeout", "2min")));
+  }
+
+  @Test
   void thePolicyIsThePluginsOwnKeyAndUnsetByDefault() {
     assertFalse(SparkAllocationSettings.fromConf(new SparkConf(false), "e").hasPolicy());
     SparkConf adaptive = new SparkConf(false)
@@ -84,6 +91,86 @@ class SparkAllocationSettingsTest {
         .set("spark.dynamicAllocation.enabled", "true")
         .set("spark.dynamicAllocation.maxExecutors", "4");
     assertFalse(SparkAllocationSettings.fromConf(conf, "e").hasMaxExecutors());
+  }
+
+  private static boolean spark41OrLater() {
+    return org.apache.spark.package$.MODULE$.SPARK_VERSION().compareTo("4.1") >= 0;
+  }
+
+  /** Whether the running Spark's Config has the entry (4.1's keys are absent from 4.0). */
+  private static boolean sparkHasEntry(String key) {
+    return org.apache.spark.internal.config.ConfigEntry.findEntry(key) != null;
+  }
+
+  @Test
+  void spark41sKeysAreReadThroughSparksEntryWhereItHasOne() {
+    // 4.0.1 has no entry for them: they are read by name there.
+    assertEquals(spark41OrLater(), sparkHasEntry("spark.kubernetes.allocation.maxPendingPodsPerRp"));
+    assertEquals(spark41OrLater(), sparkHasEntry("spark.kubernetes.allocation.maximum"));
+  }
+
+  @Test
+  void thePerProfilePendingCapIsSentOnEveryVersion() {
+    SparkConf conf = new SparkConf(false)
+        .set("spark.kubernetes.allocation.maxPendingPods", "8")
+        .set("spark.kubernetes.allocation.maxPendingPodsPerRp", "3");
+    AllocationSettings s = SparkAllocationSettings.fromConf(conf, "e");
+    assertEquals(3, s.getMaxPendingPodsPerProfile());
+    assertEquals(8, s.getMaxPendingPods());
+    // Without a global cap (Spark's "no limit" default) any per-profile cap passes.
+    assertEquals(5, SparkAllocationSettings.fromConf(new SparkConf(false)
+        .set("spark.kubernetes.allocation.maxPendingPodsPerRp", "5"), "e")
+        .getMaxPendingPodsPerProfile());
+    // Equal to the global cap passes Spark's check.
+    assertEquals(8, SparkAllocationSettings.fromConf(conf.clone()
+        .set("spark.kubernetes.allocation.maxPendingPodsPerRp", "8"), "e")
+        .getMaxPendingPodsPerProfile());
+  }
+
+  @Test
+  void aPerProfilePendingCapAboveTheGlobalOneIsRefusedNamingBoth() {
+    SparkConf conf = new SparkConf(false)
+        .set("spark.kubernetes.allocation.maxPendingPods", "4")
+        .set("spark.kubernetes.allocation.maxPendingPodsPerRp", "5");
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> SparkAllocationSettings.fromConf(conf, "e"));
+    assertTrue(e.getMessage().contains("spark.kubernetes.allocation.maxPendingPodsPerRp (5)")
+        && e.getMessage().contains("spark.kubernetes.allocation.maxPendingPods (4)"),
+        e.getMessage());
+    // Spark skips its check for its own "no limit" value.
+    assertEquals(Integer.MAX_VALUE, SparkAllocationSettings.fromConf(conf.clone()
+        .set("spark.kubernetes.allocation.maxPendingPodsPerRp", "2147483647"), "e")
+        .getMaxPendingPodsPerProfile());
+  }
+
+  @Test
+  void theAllocationMaximumIsTheLifetimeCapOfExecutorIdsBelowIt() {
+    // Spark creates executor ids 1 .. maximum - 1 and then no more.
+    SparkConf conf = new SparkConf(false).set("spark.kubernetes.allocation.maximum", "5");
+    assertEquals(4, SparkAllocationSettings.fromConf(conf, "e").getMaxExecutors());
+    assertEquals(1, SparkAllocationSettings.fromConf(new SparkConf(false)
+        .set("spark.kubernetes.allocation.maximum", "2"), "e").getMaxExecutors());
+    // Spark's "no limit" default given explicitly leaves the service's own cap.
+    assertFalse(SparkAllocationSettings.fromConf(new SparkConf(false)
+        .set("spark.kubernetes.allocation.maximum", "2147483647"), "e").hasMaxExecutors());
+    IllegalArgumentException none = assertThrows(IllegalArgumentException.class,
+        () -> SparkAllocationSettings.fromConf(new SparkConf(false)
+            .set("spark.kubernetes.allocation.maximum", "1"), "e"));
+    assertTrue(none.getMessage().startsWith("spark.kubernetes.allocation.maximum=1"),
+        none.getMessage());
+  }
+
+  @Test
+  void spark41sKeysNameThemselvesWhenInvalidOnEveryVersion() {
+    for (String key : new String[] {
+        "spark.kubernetes.allocation.maxPendingPodsPerRp", "spark.kubernetes.allocation.maximum"}) {
+      for (String bad : new String[] {"0", "-3", "many"}) {
+        SparkConf conf = new SparkConf(false).set(key, bad);
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+            () -> SparkAllocationSettings.fromConf(conf, "e"), key + "=" + bad);
+        assertTrue(e.getMessage().contains(key), e.getMessage());
+      }
+    }
   }
 
   @Test
