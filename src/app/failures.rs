@@ -104,6 +104,18 @@ impl Failures {
         let Some((http_code, reason, message)) = create_failure_cause(err) else {
             return;
         };
+        self.record_create_failure(profile, http_code, reason, message, at);
+    }
+
+    /// One more failed create of `profile`, counted in a row and in all.
+    fn record_create_failure(
+        &mut self,
+        profile: ResourceProfileId,
+        http_code: Option<u16>,
+        reason: String,
+        message: String,
+        at: Timestamp,
+    ) {
         let (consecutive, total) = self
             .creates
             .get(&profile)
@@ -200,26 +212,15 @@ impl Failures {
         if !stuck.deleted {
             return;
         }
-        let consecutive = self
-            .creates
-            .get(&stuck.profile)
-            .map_or(0, |last| last.consecutive)
-            .saturating_add(1);
+        // A pod that never started counts as a failed create, for the backoff and for the
+        // driver's failure count (`total`).
         let detail = message.map_or_else(String::new, |m| format!(": {m}"));
-        self.creates.insert(
-            stuck.profile,
-            CreateFailure {
-                http_code: None,
-                reason: STUCK.into(),
-                message: format!(
-                    "pod {} deleted: {reason} for longer than stuck_pending_timeout_ms ({} ms){detail}",
-                    stuck.pod_name,
-                    timeout.as_millis()
-                ),
-                at,
-                consecutive,
-            },
+        let message = format!(
+            "pod {} deleted: {reason} for longer than stuck_pending_timeout_ms ({} ms){detail}",
+            stuck.pod_name,
+            timeout.as_millis()
         );
+        self.record_create_failure(stuck.profile, None, STUCK.into(), message, at);
     }
 
     /// The executor's pod is gone: a waiting problem goes with it, a failure stays.

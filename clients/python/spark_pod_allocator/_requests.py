@@ -6,19 +6,9 @@ from typing import Iterable, Mapping, Optional
 
 from spark_pod_allocator.v1 import allocator_pb2 as pb
 
-SETTING_FIELDS = (
-    "batch_size",
-    "batch_delay_ms",
-    "executor_timeout_ms",
-    "executor_idle_timeout_ms",
-    "max_pending_pods",
-    "max_pending_pods_per_profile",
-    "max_executors",
-    "delete_on_termination",
-    "executor_container_name",
-    "check_all_containers",
-    "policy",
-)
+# The proto's own field names: a setting added to the API is accepted as soon as the
+# stubs are regenerated.
+SETTING_FIELDS = tuple(field.name for field in pb.AllocationSettings.DESCRIPTOR.fields)
 
 
 def start(

@@ -42,6 +42,18 @@ def test_the_package_is_self_contained_and_typed():
     assert spark_pod_allocator.__version__
 
 
+def test_every_setting_of_the_api_is_accepted_and_an_unknown_one_is_refused():
+    from spark_pod_allocator import _requests
+
+    settings = {"stuck_pending_timeout_ms": 30_000, "min_executors_at_once": 4, "batch_size": 2}
+    request = _requests.start("app-1", "ns", TEMPLATE, "", "", settings, None)
+    assert request.settings.stuck_pending_timeout_ms == 30_000
+    assert request.settings.min_executors_at_once == 4
+    assert request.settings.batch_size == 2
+    with pytest.raises(ValueError, match="batch_sise"):
+        _requests.start("app-1", "ns", TEMPLATE, "", "", {"batch_sise": 2}, None)
+
+
 def test_errors_have_a_class_per_code_and_keep_code_and_details(service):
     with AllocatorClient(service) as client:
         with pytest.raises(NotFound) as err:

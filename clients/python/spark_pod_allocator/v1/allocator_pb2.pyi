@@ -49,7 +49,7 @@ EXECUTOR_POD_STATE_TERMINATING: ExecutorPodState
 EXECUTOR_POD_STATE_UNKNOWN: ExecutorPodState
 
 class AllocationSettings(_message.Message):
-    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers", "policy")
+    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers", "policy", "stuck_pending_timeout_ms", "min_executors_at_once")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,8 @@ class AllocationSettings(_message.Message):
     EXECUTOR_CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
     CHECK_ALL_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    STUCK_PENDING_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_EXECUTORS_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     batch_delay_ms: int
     executor_timeout_ms: int
@@ -72,7 +74,9 @@ class AllocationSettings(_message.Message):
     executor_container_name: str
     check_all_containers: bool
     policy: AllocationPolicy
-    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ..., policy: _Optional[_Union[AllocationPolicy, str]] = ...) -> None: ...
+    stuck_pending_timeout_ms: int
+    min_executors_at_once: int
+    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ..., policy: _Optional[_Union[AllocationPolicy, str]] = ..., stuck_pending_timeout_ms: _Optional[int] = ..., min_executors_at_once: _Optional[int] = ...) -> None: ...
 
 class StartRequest(_message.Message):
     __slots__ = ("application_id", "namespace", "driver_pod_name", "executor_pod_template", "pod_name_prefix", "settings", "resource_profile_templates")
@@ -198,20 +202,22 @@ class ProfileStatus(_message.Message):
     def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ..., last_create_failure: _Optional[_Union[CreateFailure, _Mapping]] = ..., backoff_until_ms: _Optional[int] = ...) -> None: ...
 
 class CreateFailure(_message.Message):
-    __slots__ = ("http_code", "code", "reason", "message", "time_ms", "consecutive_failures")
+    __slots__ = ("http_code", "code", "reason", "message", "time_ms", "consecutive_failures", "total_failures")
     HTTP_CODE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FAILURES_FIELD_NUMBER: _ClassVar[int]
     http_code: int
     code: str
     reason: str
     message: str
     time_ms: int
     consecutive_failures: int
-    def __init__(self, http_code: _Optional[int] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., time_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ...) -> None: ...
+    total_failures: int
+    def __init__(self, http_code: _Optional[int] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., time_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., total_failures: _Optional[int] = ...) -> None: ...
 
 class ExecutorFailure(_message.Message):
     __slots__ = ("executor_id", "resource_profile_id", "pod_name", "state", "exit_code", "reason", "message", "time_ms")
