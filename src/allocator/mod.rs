@@ -59,6 +59,7 @@ pub mod pod_builder;
 pub mod pod_policy;
 pub mod settings;
 pub mod snapshot;
+pub mod start_blocker;
 pub mod state;
 pub mod stuck;
 mod tracked;
@@ -70,8 +71,9 @@ pub use id_block::IdBlocks;
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
 pub use settings::{AllocationPolicy, AllocationSettings, SettingsError};
 pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
+pub use start_blocker::StartBlocker;
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
-pub use stuck::{StartBlocker, StuckExecutor};
+pub use stuck::StuckExecutor;
 pub use types::{ExecutorId, ResourceProfileId, Timestamp};
 
 #[cfg(test)]

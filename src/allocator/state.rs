@@ -1,7 +1,7 @@
 //! Pod → executor state, checked in Spark's order.
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 
-use super::stuck::{StartBlocker, start_blocker};
+use super::start_blocker::{StartBlocker, start_blocker};
 use super::types::{
     EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, ExecutorId, RESOURCE_PROFILE_ID_LABEL,
     ResourceProfileId, Timestamp,

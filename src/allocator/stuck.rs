@@ -2,7 +2,7 @@
 //! pod hold its pending slot until the creation or idle timeout; here, past
 //! `stuck_pending_timeout_ms`:
 //! - a pod whose container waits for an image or its configuration
-//!   ([`DELETED_WAITING_REASONS`]) is deleted, its slot freed, and reported;
+//!   ([`super::start_blocker::DELETED_WAITING_REASONS`]) is deleted, its slot freed, and reported;
 //! - an unschedulable pod is reported but kept (the cluster may free room), and its profile
 //!   creates no more pods while its oldest pending pod is unschedulable past the timeout.
 //!
@@ -13,103 +13,10 @@
 //! the wait again (a stuck pod is acted on at most one timeout late).
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
-
 use super::snapshot::SnapshotBatch;
+use super::start_blocker::StartBlocker;
 use super::state::ExecutorState;
 use super::types::{ExecutorId, ResourceProfileId, Timestamp};
-
-/// Container waiting reasons that no retry of the kubelet fixes: the pod is deleted once
-/// stuck past the timeout.
-pub const DELETED_WAITING_REASONS: &[&str] = &[
-    "ImagePullBackOff",
-    "ErrImagePull",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-];
-
-/// The reason of the PodScheduled condition when no node fits the pod.
-pub const UNSCHEDULABLE: &str = "Unschedulable";
-
-/// Why a Pending executor pod does not start, as the pod shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartBlocker {
-    /// A container (init containers included) waits for one of [`DELETED_WAITING_REASONS`].
-    ContainerWaiting {
-        reason: String,
-        message: Option<String>,
-    },
-    /// PodScheduled is False with reason Unschedulable.
-    Unschedulable { message: Option<String> },
-}
-
-impl StartBlocker {
-    /// The reason as Kubernetes gives it (`ImagePullBackOff`, …, `Unschedulable`).
-    pub fn reason(&self) -> &str {
-        match self {
-            Self::ContainerWaiting { reason, .. } => reason,
-            Self::Unschedulable { .. } => UNSCHEDULABLE,
-        }
-    }
-
-    /// Kubernetes' message, if it gave one.
-    pub fn message(&self) -> Option<&str> {
-        match self {
-            Self::ContainerWaiting { message, .. } | Self::Unschedulable { message } => {
-                message.as_deref()
-            }
-        }
-    }
-
-    /// Whether a pod stuck so is deleted past the timeout (else only reported).
-    pub fn deletes_pod(&self) -> bool {
-        matches!(self, Self::ContainerWaiting { .. })
-    }
-
-    fn same_kind(&self, other: &Self) -> bool {
-        self.deletes_pod() == other.deletes_pod()
-    }
-}
-
-/// What keeps a Pending pod from starting, if anything (a waiting container first: a pod
-/// that has containers waiting was scheduled).
-pub fn start_blocker(pod: &Pod) -> Option<StartBlocker> {
-    if let Some((reason, message)) =
-        container_waiting_for(pod, |r| DELETED_WAITING_REASONS.contains(&r))
-    {
-        return Some(StartBlocker::ContainerWaiting { reason, message });
-    }
-    pod.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| {
-            c.type_ == "PodScheduled"
-                && c.status == "False"
-                && c.reason.as_deref() == Some(UNSCHEDULABLE)
-        })
-        .map(|c| StartBlocker::Unschedulable {
-            message: c.message.clone(),
-        })
-}
-
-/// The first container (init containers included) waiting for a reason `matches`:
-/// (reason, message).
-pub fn container_waiting_for(
-    pod: &Pod,
-    matches: impl Fn(&str) -> bool,
-) -> Option<(String, Option<String>)> {
-    let status = pod.status.as_ref()?;
-    status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten())
-        .filter_map(|cs| cs.state.as_ref()?.waiting.as_ref())
-        .find(|w| w.reason.as_deref().is_some_and(&matches))
-        .map(|w| (w.reason.clone().unwrap_or_default(), w.message.clone()))
-}
 
 /// A pending executor stuck past the timeout, reported by the round that found it so
 /// (once per executor).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::allocator::stuck::{DELETED_WAITING_REASONS, container_waiting_for};
+use crate::allocator::start_blocker::{DELETED_WAITING_REASONS, container_waiting_for};
 use crate::allocator::{
     ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, StartBlocker, StuckExecutor,
     Timestamp,

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::*;
-use crate::allocator::stuck::{StartBlocker, start_blocker};
+use crate::allocator::start_blocker::{StartBlocker, start_blocker};
 
 fn waiting(id: u64, profile: i32, reason: &str) -> ExecutorPod {
     ExecutorPod {
