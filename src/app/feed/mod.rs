@@ -5,7 +5,7 @@
 //!
 //! The feed holds the application's one executor state: the engine's [`SnapshotStore`]
 //! (what a round polls, and what GetStatus counts) and, per executor pod, only what the
-//! store does not keep of it ([`PodFacts`]: its phase and resourceVersion). Each pod event
+//! store does not keep of it (`PodFacts`: its phase and resourceVersion). Each pod event
 //! goes in once, through the feed, so the streams and the status never disagree: a status
 //! read after an event counts what the event showed. A change carries the
 //! JSON of the pod its watch event brought, and a full state (a new stream, one resuming
