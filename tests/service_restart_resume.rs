@@ -12,7 +12,7 @@ use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator_sim::SimCluster;
 
 use test_kit::grpc::{batched_start_request, start_scaled};
-use test_kit::process::serve_against;
+use test_kit::process::{connect_serving, serve_against, serve_at};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
 use test_kit::sim::manual_cluster;
@@ -79,8 +79,11 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
     );
 
     // A new service, and no call from the driver: the scale-up completes.
-    let (_second, mut client) = serve_against(BIN, &kubeconfig, &Default::default()).await;
+    let (_second, address) = serve_at(BIN, &kubeconfig, &Default::default()).await;
     until("6 executors", async || executor_ids(&sim).await.len() == 6).await;
+    // Connected only now: the scale-up took a batch delay (5 s), as long as a connection
+    // that has made no authenticated call is kept open.
+    let mut client = connect_serving(&address).await;
     let ids = executor_ids(&sim).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
     // The new ids start above the reserved block: none of the block is used again, even

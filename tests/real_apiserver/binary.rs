@@ -11,7 +11,7 @@ use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 
 use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::{batched_start_request, start_scaled};
-use test_kit::process::serve_against;
+use test_kit::process::{connect_serving, serve_against, serve_at};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
 use test_kit::wait::until;
@@ -75,12 +75,14 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
         "record {recorded}, created {at_kill:?}"
     );
 
-    let (_second, mut client) =
-        serve_against(BIN, &kubeconfig, &c.service_options().registrations).await;
+    let (_second, address) = serve_at(BIN, &kubeconfig, &c.service_options().registrations).await;
     until("6 executors", || async {
         executor_ids(&c).await.len() == 6
     })
     .await;
+    // Connected only now: the scale-up took a batch delay (5 s), as long as a connection
+    // that has made no authenticated call is kept open.
+    let mut client = connect_serving(&address).await;
     let ids = executor_ids(&c).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
     // The new ids start above the reserved block: none of it is used again.

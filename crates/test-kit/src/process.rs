@@ -132,6 +132,19 @@ pub async fn serve_against(
     kubeconfig: &Path,
     registrations: &RegistrationSettings,
 ) -> (Child, ExecutorAllocatorClient<Channel>) {
+    let (child, address) = serve_at(bin, kubeconfig, registrations).await;
+    (child, connect_serving(&address).await)
+}
+
+/// As [`serve_against`], but returns the gRPC address instead of a client: for a test that
+/// makes its first call only after a wait. A connection on which no call has authenticated
+/// is closed once idle for `grpc.unauthenticated_idle_timeout_ms` (5 s), so a client made
+/// before such a wait may find its connection gone.
+pub async fn serve_at(
+    bin: &str,
+    kubeconfig: &Path,
+    registrations: &RegistrationSettings,
+) -> (Child, String) {
     let mut command = service_command(
         bin,
         &["--log-format", "json", "serve", "--listen", "127.0.0.1:0"],
@@ -154,5 +167,5 @@ pub async fn serve_against(
             eprintln!("service: {line}");
         }
     });
-    (child, connect_serving(&address).await)
+    (child, address)
 }
