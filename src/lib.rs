@@ -8,6 +8,7 @@
 //! - [`app`]: one actor per application, joining the engine to Kubernetes.
 //! - [`auth`]: who calls (TokenReview) and what they may do (SubjectAccessReview, ownership).
 //! - [`grpc`]: the tonic service; validates requests at the edge.
+//! - [`ha`]: which replica owns which shard of namespaces (Kubernetes Leases).
 //! - [`lifecycle`]: readiness (initialization handles) and the drain signal.
 //! - [`runtime`]: the composition root ([`runtime::Builder`] wires every part once) and
 //!   a running service's lifecycle, with its gRPC server in process.
@@ -25,6 +26,7 @@ pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod grpc;
+pub mod ha;
 pub mod k8s;
 pub mod lifecycle;
 pub mod metrics;

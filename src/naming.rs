@@ -169,12 +169,17 @@ pub fn truncate_label(label: &str, max: usize) -> &str {
 /// hex digits of 32-bit FNV-1a over the UTF-8 bytes), for names derived from an
 /// application id that must stay distinct and stable across service restarts.
 pub fn stable_hash(value: &str) -> String {
+    format!("{:08x}", stable_hash_u32(value))
+}
+
+/// The number behind [`stable_hash`]: 32-bit FNV-1a over the UTF-8 bytes, the same on
+/// every replica and version (it places a namespace in its HA shard).
+pub fn stable_hash_u32(value: &str) -> u32 {
     const OFFSET_BASIS: u32 = 0x811c_9dc5;
     const PRIME: u32 = 0x0100_0193;
-    let hash = value.bytes().fold(OFFSET_BASIS, |hash, byte| {
+    value.bytes().fold(OFFSET_BASIS, |hash, byte| {
         (hash ^ u32::from(byte)).wrapping_mul(PRIME)
-    });
-    format!("{hash:08x}")
+    })
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod client;
 pub mod config_map;
 pub mod executor_pods;
 pub mod id_record;
+pub mod leases;
 pub mod placement;
 pub mod rate_limit;
 pub mod registrations;

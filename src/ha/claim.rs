@@ -1,0 +1,354 @@
+//! One replica's claim on one shard's Lease, as pure decisions over what it last read and
+//! a monotonic `now`: what to write next, and until when it may act as the owner.
+//!
+//! Expiry is judged on this replica's own clock, from when it last saw the Lease change
+//! (its resourceVersion), never from the `renewTime` another host wrote: clocks of different
+//! hosts may disagree, the rate at which they run may not. An owner acts only until
+//! `renew_deadline` after it *sent* its last successful write, and `renew_deadline` is
+//! shorter than the lease, so it has stopped before any other replica, which waits a whole
+//! lease after it *saw* that write, may take the shard over.
+use std::time::{Duration, Instant};
+
+/// How long a Lease lasts, how long an owner goes on without renewing, and how often a
+/// replica tries (`ha.lease_duration`, `ha.renew_deadline`, `ha.retry_period`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    pub lease: Duration,
+    pub renew_deadline: Duration,
+    pub retry: Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LeaseTiming {
+    /// The error names the setting: an owner must stop before its Lease can expire for
+    /// anyone else, and must try more than once before it stops.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let named = |key: &str, why: String| Err((format!("ha.{key}"), why));
+        if self.lease.as_secs() < 1 || self.lease.subsec_nanos() != 0 {
+            return named(
+                "lease_duration",
+                "must be a whole number of seconds, at least 1 (the Lease's leaseDurationSeconds)"
+                    .into(),
+            );
+        }
+        if self.renew_deadline >= self.lease {
+            return named(
+                "renew_deadline",
+                format!(
+                    "must be shorter than ha.lease_duration ({} ms), so an owner stops before its \
+                     Lease can expire for another replica",
+                    self.lease.as_millis()
+                ),
+            );
+        }
+        if self.retry.is_zero() || self.retry >= self.renew_deadline {
+            return named(
+                "retry_period",
+                format!(
+                    "must be above 0 and shorter than ha.renew_deadline ({} ms), so an owner tries \
+                     to renew more than once before it stops",
+                    self.renew_deadline.as_millis()
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A shard's Lease as read from the API server: what the claim decides from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    /// `spec.holderIdentity`; `None` or empty: released, free to take.
+    pub holder: Option<String>,
+    /// `spec.leaseDurationSeconds` as the holder wrote it.
+    pub duration: Duration,
+    /// `spec.leaseTransitions`: how many times the shard changed hands, the owner's epoch.
+    pub transitions: i32,
+    /// `metadata.resourceVersion`: the precondition of the next write.
+    pub resource_version: String,
+}
+
+/// What the claim writes next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// No Lease yet: create it, held by this replica at epoch 0.
+    Create,
+    /// Replace the Lease read at `resource_version`, held by this replica at `epoch`;
+    /// `acquired`: it changes hands (a new `acquireTime`).
+    Replace {
+        resource_version: String,
+        epoch: i32,
+        acquired: bool,
+    },
+}
+
+/// What the claim does now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Send this write; report its outcome with [`ShardClaim::written`] or
+    /// [`ShardClaim::refused`].
+    Write(Write),
+    /// Another replica holds it: read again later.
+    HeldBy { holder: String },
+    /// Nothing read yet: read the Lease first ([`ShardClaim::read`]).
+    Read,
+}
+
+/// This replica's right to act on a shard: the epoch its writes carry and the instant it
+/// must stop by if it has not renewed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    pub epoch: i32,
+    pub valid_until: Instant,
+}
+
+impl Ownership {
+    /// True while the owner may still write.
+    pub fn is_valid(&self, now: Instant) -> bool {
+        now < self.valid_until
+    }
+}
+
+/// One replica's claim on one shard.
+#[derive(Debug, Clone)]
+pub struct ShardClaim {
+    identity: String,
+    timing: LeaseTiming,
+    /// The Lease as last read (`Some(None)`: read, and there is none), and when this replica
+    /// saw it change.
+    observed: Option<(Option<LeaseView>, Instant)>,
+    held: Option<Ownership>,
+}
+
+impl ShardClaim {
+    pub fn new(identity: impl Into<String>, timing: LeaseTiming) -> Self {
+        Self {
+            identity: identity.into(),
+            timing,
+            observed: None,
+            held: None,
+        }
+    }
+
+    /// The identity written as the holder.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Takes in the Lease as read at `now` (`None`: it does not exist).
+    pub fn read(&mut self, lease: Option<LeaseView>, now: Instant) {
+        let changed = match &self.observed {
+            Some((seen, _)) => {
+                seen.as_ref().map(|l| &l.resource_version)
+                    != lease.as_ref().map(|l| &l.resource_version)
+            }
+            None => true,
+        };
+        if lease.as_ref().and_then(|l| l.holder.as_deref()) != Some(self.identity.as_str()) {
+            // Someone else holds or released it: this replica is not the owner, whatever
+            // it believed.
+            self.held = None;
+        }
+        let seen_at = match &self.observed {
+            Some((_, at)) if !changed => *at,
+            _ => now,
+        };
+        self.observed = Some((lease, seen_at));
+    }
+
+    /// What to do at `now`, from what was last read.
+    pub fn step(&self, now: Instant) -> Step {
+        let Some((lease, seen_at)) = &self.observed else {
+            return Step::Read;
+        };
+        let Some(lease) = lease else {
+            return Step::Write(Write::Create);
+        };
+        match lease.holder.as_deref().filter(|h| !h.is_empty()) {
+            Some(holder) if holder == self.identity => Step::Write(Write::Replace {
+                resource_version: lease.resource_version.clone(),
+                epoch: lease.transitions,
+                acquired: false,
+            }),
+            Some(holder) if now < *seen_at + lease.duration => Step::HeldBy {
+                holder: holder.to_string(),
+            },
+            _ => Step::Write(Write::Replace {
+                resource_version: lease.resource_version.clone(),
+                epoch: lease.transitions.saturating_add(1),
+                acquired: true,
+            }),
+        }
+    }
+
+    /// The write sent at `sent_at` landed; the Lease is now `lease`. This replica owns the
+    /// shard until `sent_at + renew_deadline` unless it renews again.
+    pub fn written(&mut self, lease: LeaseView, sent_at: Instant, now: Instant) {
+        let epoch = lease.transitions;
+        self.read(Some(lease), now);
+        self.held = Some(Ownership {
+            epoch,
+            valid_until: sent_at + self.timing.renew_deadline,
+        });
+    }
+
+    /// The write was refused: a 409 (someone else wrote the Lease since it was read) or a
+    /// 404 (it was deleted). This replica stops acting at once and reads again.
+    pub fn refused(&mut self) {
+        self.held = None;
+        self.observed = None;
+    }
+
+    /// The ownership at `now`, if this replica still may act on the shard.
+    pub fn ownership(&self, now: Instant) -> Option<Ownership> {
+        self.held.filter(|held| held.is_valid(now))
+    }
+
+    /// Forgets the ownership (after a release was sent, or on shutdown).
+    pub fn step_down(&mut self) {
+        self.held = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing() -> LeaseTiming {
+        LeaseTiming::default()
+    }
+
+    fn lease(holder: Option<&str>, transitions: i32, rv: &str) -> LeaseView {
+        LeaseView {
+            holder: holder.map(str::to_string),
+            duration: Duration::from_secs(15),
+            transitions,
+            resource_version: rv.to_string(),
+        }
+    }
+
+    #[test]
+    fn no_lease_is_created_and_the_creator_owns_it_until_its_renew_deadline() {
+        let t0 = Instant::now();
+        let mut claim = ShardClaim::new("a", timing());
+        assert_eq!(claim.step(t0), Step::Read);
+        claim.read(None, t0);
+        assert_eq!(claim.step(t0), Step::Write(Write::Create));
+        claim.written(lease(Some("a"), 0, "1"), t0, t0 + Duration::from_millis(30));
+        let owned = claim.ownership(t0 + Duration::from_secs(9)).unwrap();
+        assert_eq!(owned.epoch, 0);
+        assert_eq!(claim.ownership(t0 + Duration::from_secs(10)), None);
+        assert_eq!(
+            claim.step(t0 + Duration::from_secs(2)),
+            Step::Write(Write::Replace {
+                resource_version: "1".into(),
+                epoch: 0,
+                acquired: false
+            })
+        );
+    }
+
+    #[test]
+    fn another_holder_is_waited_for_a_whole_lease_from_when_its_last_change_was_seen() {
+        let t0 = Instant::now();
+        let mut claim = ShardClaim::new("b", timing());
+        claim.read(Some(lease(Some("a"), 3, "7")), t0);
+        let held_by_a = Step::HeldBy { holder: "a".into() };
+        assert_eq!(claim.step(t0 + Duration::from_secs(14)), held_by_a);
+        // `a` renewed at t0 + 10 s: the wait starts again from then.
+        claim.read(Some(lease(Some("a"), 3, "8")), t0 + Duration::from_secs(10));
+        assert_eq!(claim.step(t0 + Duration::from_secs(24)), held_by_a);
+        // The same version read again does not restart the wait.
+        claim.read(Some(lease(Some("a"), 3, "8")), t0 + Duration::from_secs(20));
+        assert_eq!(
+            claim.step(t0 + Duration::from_secs(25)),
+            Step::Write(Write::Replace {
+                resource_version: "8".into(),
+                epoch: 4,
+                acquired: true
+            })
+        );
+    }
+
+    #[test]
+    fn a_released_lease_is_taken_at_once_with_the_next_epoch() {
+        let t0 = Instant::now();
+        for released in [None, Some("")] {
+            let mut claim = ShardClaim::new("b", timing());
+            claim.read(Some(lease(released, 5, "9")), t0);
+            assert_eq!(
+                claim.step(t0),
+                Step::Write(Write::Replace {
+                    resource_version: "9".into(),
+                    epoch: 6,
+                    acquired: true
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn an_owner_stops_at_a_refused_write_or_when_it_reads_another_holder() {
+        let t0 = Instant::now();
+        let mut claim = ShardClaim::new("a", timing());
+        claim.read(None, t0);
+        claim.written(lease(Some("a"), 0, "1"), t0, t0);
+        assert!(claim.ownership(t0).is_some());
+        claim.refused();
+        assert_eq!(claim.ownership(t0), None);
+        assert_eq!(claim.step(t0), Step::Read);
+
+        claim.read(Some(lease(Some("a"), 0, "1")), t0);
+        claim.written(lease(Some("a"), 0, "2"), t0, t0);
+        claim.read(Some(lease(Some("b"), 1, "3")), t0 + Duration::from_secs(1));
+        assert_eq!(claim.ownership(t0 + Duration::from_secs(1)), None);
+    }
+
+    #[test]
+    fn the_renew_deadline_bounds_ownership_from_when_the_write_was_sent() {
+        let t0 = Instant::now();
+        let mut claim = ShardClaim::new("a", timing());
+        claim.read(None, t0);
+        // The create took 4 s to answer: the owner still stops 10 s after sending it.
+        claim.written(lease(Some("a"), 0, "1"), t0, t0 + Duration::from_secs(4));
+        assert!(claim.ownership(t0 + Duration::from_millis(9_999)).is_some());
+        assert!(claim.ownership(t0 + Duration::from_secs(10)).is_none());
+    }
+
+    #[test]
+    fn settings_that_would_let_two_owners_overlap_are_refused_by_name() {
+        assert_eq!(timing().check(), Ok(()));
+        let bad = |t: LeaseTiming| t.check().unwrap_err().0;
+        let base = timing();
+        assert_eq!(
+            bad(LeaseTiming {
+                renew_deadline: Duration::from_secs(15),
+                ..base
+            }),
+            "ha.renew_deadline"
+        );
+        assert_eq!(
+            bad(LeaseTiming {
+                retry: Duration::from_secs(10),
+                ..base
+            }),
+            "ha.retry_period"
+        );
+        assert_eq!(
+            bad(LeaseTiming {
+                lease: Duration::from_millis(15_500),
+                ..base
+            }),
+            "ha.lease_duration"
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! The shards' Leases (`coordination.k8s.io/v1`) in the lease namespace: reading, creating
+//! and renewing them for a [`ShardClaim`], every write under a resourceVersion
+//! precondition (a create is refused with 409 if the Lease exists), so two replicas never
+//! both believe a write of theirs made them the owner.
+use std::time::Instant;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::RequestPolicy;
+use crate::ha::claim::{LeaseTiming, LeaseView, Ownership, ShardClaim, Step, Write};
+use crate::ha::shards::Shard;
+
+/// Label of every shard Lease the service writes (`kubectl get lease -l …`).
+pub const SHARD_LEASE_LABEL: &str = "spark-pod-allocator/shard";
+
+/// What one turn of a [`ShardLeaseKeeper`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Turn {
+    /// It holds the shard (created, renewed or took over the Lease).
+    Holds(Ownership),
+    /// Another replica holds it.
+    HeldBy(String),
+    /// Its write was refused (409, 404): someone else wrote the Lease first.
+    Refused,
+    /// The API server did not answer as it should; the ownership lapses by itself.
+    Failed(String),
+}
+
+/// Keeps one shard's Lease for this replica.
+pub struct ShardLeaseKeeper {
+    api: Api<Lease>,
+    shard: Shard,
+    name: String,
+    claim: ShardClaim,
+    timing: LeaseTiming,
+    policy: RequestPolicy,
+    /// The Lease as last read or written: a write keeps what it does not change
+    /// (`acquireTime`, others' labels).
+    last_seen: Option<Lease>,
+    /// The Lease as this replica last wrote it: the next renewal needs no read first.
+    just_written: bool,
+}
+
+impl ShardLeaseKeeper {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        shard: Shard,
+        identity: &str,
+        timing: LeaseTiming,
+        policy: RequestPolicy,
+    ) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            shard,
+            name: shard.lease_name(),
+            claim: ShardClaim::new(identity, timing),
+            timing,
+            policy,
+            last_seen: None,
+            just_written: false,
+        }
+    }
+
+    /// The ownership at `now`, if this replica may still act on the shard.
+    pub fn ownership(&self, now: Instant) -> Option<Ownership> {
+        self.claim.ownership(now)
+    }
+
+    /// One turn at `now`: read the Lease unless this replica wrote it last and still owns
+    /// the shard (one that lapsed, a paused process woken up, reads first and so never
+    /// writes over a newer holder), then create, renew or take it over when the claim says.
+    pub async fn turn(&mut self, now: Instant) -> Turn {
+        if !(self.just_written && self.claim.ownership(now).is_some()) {
+            match self.read().await {
+                Ok(lease) => {
+                    self.claim.read(lease.as_ref().and_then(view), now);
+                    self.last_seen = lease;
+                }
+                Err(err) => return Turn::Failed(err.to_string()),
+            }
+        }
+        self.just_written = false;
+        let write = match self.claim.step(now) {
+            Step::Write(write) => write,
+            Step::HeldBy { holder } => return Turn::HeldBy(holder),
+            Step::Read => return Turn::Failed("the Lease was not read".into()),
+        };
+        let sent_at = now;
+        let lease = self.lease_to_write(&write);
+        let post = PostParams::default();
+        let result = match &write {
+            Write::Create => {
+                let api = &self.api;
+                self.policy.run(|_| api.create(&post, &lease)).await
+            }
+            Write::Replace { .. } => {
+                let (api, name) = (&self.api, self.name.as_str());
+                self.policy.run(|_| api.replace(name, &post, &lease)).await
+            }
+        };
+        match result {
+            Ok(written) => match view(&written) {
+                Some(view) => {
+                    self.claim.written(view, sent_at, Instant::now());
+                    self.last_seen = Some(written);
+                    self.just_written = true;
+                    match self.claim.ownership(Instant::now()) {
+                        Some(ownership) => Turn::Holds(ownership),
+                        None => Turn::Failed("the renewal answered after its deadline".into()),
+                    }
+                }
+                None => {
+                    self.claim.refused();
+                    Turn::Failed("the API server returned a Lease without a resourceVersion".into())
+                }
+            },
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+                self.claim.refused();
+                Turn::Refused
+            }
+            Err(err) => Turn::Failed(err.to_string()),
+        }
+    }
+
+    /// Gives the shard up at once (on shutdown), so another replica takes it without
+    /// waiting for the Lease to expire: the holder is cleared under the precondition of
+    /// the version this replica saw last; if anyone wrote since, there is nothing to give.
+    pub async fn release(&mut self) -> Result<(), kube::Error> {
+        let holds = self.claim.ownership(Instant::now()).is_some();
+        self.claim.step_down();
+        let Some(mut lease) = self.last_seen.take().filter(|_| holds) else {
+            return Ok(());
+        };
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+        }
+        let (api, name, post) = (&self.api, self.name.as_str(), PostParams::default());
+        match self.policy.run(|_| api.replace(name, &post, &lease)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn read(&self) -> Result<Option<Lease>, kube::Error> {
+        let (api, name) = (&self.api, self.name.as_str());
+        self.policy.run(|_| api.get_opt(name)).await
+    }
+
+    fn lease_to_write(&self, write: &Write) -> Lease {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let (mut lease, epoch, acquired) = match write {
+            Write::Create => (Lease::default(), 0, true),
+            Write::Replace {
+                resource_version,
+                epoch,
+                acquired,
+            } => {
+                let mut lease = self.last_seen.clone().unwrap_or_default();
+                lease.metadata.resource_version = Some(resource_version.clone());
+                (lease, *epoch, *acquired)
+            }
+        };
+        lease.metadata.name = Some(self.name.clone());
+        lease
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(SHARD_LEASE_LABEL.to_string(), self.shard.to_string());
+        let spec = lease.spec.get_or_insert_default();
+        spec.holder_identity = Some(self.claim.identity().to_string());
+        spec.lease_duration_seconds = i32::try_from(self.timing.lease.as_secs()).ok();
+        spec.lease_transitions = Some(epoch);
+        if acquired {
+            spec.acquire_time = Some(now.clone());
+        }
+        spec.renew_time = Some(now);
+        lease
+    }
+}
+
+/// What the claim needs of a Lease; `None` without a resourceVersion (not from an API server).
+fn view(lease: &Lease) -> Option<LeaseView> {
+    let spec = lease.spec.clone().unwrap_or_default();
+    Some(LeaseView {
+        holder: spec.holder_identity,
+        duration: std::time::Duration::from_secs(
+            u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
+        ),
+        transitions: spec.lease_transitions.unwrap_or(0),
+        resource_version: lease.metadata.resource_version.clone()?,
+    })
+}
+
+/// Runs `keeper` until `cancel`, a turn every retry period, publishing the ownership (and
+/// `None` as soon as it lapses, even while a request hangs). Writers still check
+/// [`Ownership::is_valid`] right before each write: the published value may be a moment old.
+pub fn spawn_keeper(
+    mut keeper: ShardLeaseKeeper,
+    cancel: CancellationToken,
+) -> (
+    watch::Receiver<Option<Ownership>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = watch::channel(None);
+    let task = tokio::spawn(async move {
+        let retry = keeper.timing.retry;
+        loop {
+            let started = tokio::time::Instant::now();
+            let turn = tokio::select! {
+                turn = keeper.turn(started.into_std()) => turn,
+                () = lapse(&tx) => continue,
+                () = cancel.cancelled() => break,
+            };
+            match &turn {
+                Turn::Holds(ownership) => {
+                    tx.send_if_modified(|held| {
+                        let changed = held.map(|h| h.epoch) != Some(ownership.epoch);
+                        *held = Some(*ownership);
+                        changed
+                    });
+                }
+                Turn::HeldBy(_) | Turn::Refused => {
+                    tx.send_if_modified(|held| held.take().is_some());
+                }
+                Turn::Failed(why) => {
+                    tracing::warn!(shard = %keeper.shard, error = %why, "cannot renew or read the shard's Lease");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(started + retry) => {}
+                () = lapse(&tx) => {}
+                () = cancel.cancelled() => break,
+            }
+        }
+        tx.send_replace(None);
+        if let Err(err) = keeper.release().await {
+            tracing::warn!(shard = %keeper.shard, error = %err, "cannot release the shard's Lease; it expires by itself");
+        }
+    });
+    (rx, task)
+}
+
+/// Resolves when the published ownership lapses (publishing `None`); never without one.
+async fn lapse(tx: &watch::Sender<Option<Ownership>>) {
+    let Some(held) = *tx.borrow() else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep_until(held.valid_until.into()).await;
+    tx.send_replace(None);
+}

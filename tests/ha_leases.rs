@@ -1,0 +1,139 @@
+//! Shard Leases against the simulator's `coordination.k8s.io/v1` (real HTTP, the real
+//! resourceVersion semantics): one owner at a time, takeover only after a whole lease with
+//! no renewal seen, a stale write refused, a release handing over at once. Time is the
+//! test's: each turn is given its instant.
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use spark_pod_allocator::ha::claim::LeaseTiming;
+use spark_pod_allocator::ha::shards::Shard;
+use spark_pod_allocator::k8s::RequestPolicy;
+use spark_pod_allocator::k8s::leases::{ShardLeaseKeeper, Turn};
+
+const NAMESPACE: &str = "default";
+
+fn keeper(client: &kube::Client, identity: &str) -> ShardLeaseKeeper {
+    ShardLeaseKeeper::new(
+        client.clone(),
+        NAMESPACE,
+        Shard(0),
+        identity,
+        LeaseTiming::default(),
+        RequestPolicy::default(),
+    )
+}
+
+async fn lease(client: &kube::Client) -> Lease {
+    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .get(&Shard(0).lease_name())
+        .await
+        .expect("the shard's Lease exists")
+}
+
+fn holds(turn: &Turn) -> Option<i32> {
+    match turn {
+        Turn::Holds(ownership) => Some(ownership.epoch),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn one_owner_at_a_time_and_a_takeover_only_after_a_whole_lease_unrenewed() {
+    let sim = test_kit::sim::manual_cluster().await;
+    let client = sim.try_client().expect("client");
+    let (mut a, mut b) = (keeper(&client, "replica-a"), keeper(&client, "replica-b"));
+    let t0 = Instant::now();
+
+    assert_eq!(
+        holds(&a.turn(t0).await),
+        Some(0),
+        "the first replica creates it"
+    );
+    assert_eq!(b.turn(t0).await, Turn::HeldBy("replica-a".into()));
+    let written = lease(&client).await;
+    let spec = written.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("replica-a"));
+    assert_eq!(spec.lease_duration_seconds, Some(15));
+    assert_eq!(spec.lease_transitions, Some(0));
+
+    // `a` renews every 2 s: `b` never takes over, however long it waits.
+    for second in (2..40).step_by(2) {
+        let now = t0 + Duration::from_secs(second);
+        assert_eq!(holds(&a.turn(now).await), Some(0), "renewal at {second} s");
+        assert_eq!(b.turn(now).await, Turn::HeldBy("replica-a".into()));
+    }
+
+    // `a` stops renewing at 38 s: it may act until 48 s, `b` takes over only after 15 s
+    // with no change seen (from its read at 38 s), with the next epoch.
+    assert!(a.ownership(t0 + Duration::from_millis(47_999)).is_some());
+    assert!(a.ownership(t0 + Duration::from_secs(48)).is_none());
+    assert_eq!(
+        b.turn(t0 + Duration::from_secs(52)).await,
+        Turn::HeldBy("replica-a".into())
+    );
+    assert_eq!(holds(&b.turn(t0 + Duration::from_secs(53)).await), Some(1));
+    assert_eq!(
+        lease(&client).await.spec.and_then(|s| s.holder_identity),
+        Some("replica-b".into())
+    );
+
+    // `a` wakes up and reads: it sees `b` and does not write.
+    let before = lease(&client).await.metadata.resource_version;
+    assert_eq!(
+        a.turn(t0 + Duration::from_secs(54)).await,
+        Turn::HeldBy("replica-b".into())
+    );
+    assert_eq!(lease(&client).await.metadata.resource_version, before);
+}
+
+#[tokio::test]
+async fn a_write_from_a_stale_read_is_refused_and_the_writer_steps_down() {
+    let sim = test_kit::sim::manual_cluster().await;
+    let client = sim.try_client().expect("client");
+    let mut a = keeper(&client, "replica-a");
+    let t0 = Instant::now();
+    assert_eq!(holds(&a.turn(t0).await), Some(0));
+
+    // Someone else writes the Lease behind `a`'s back (another replica that took it, or an
+    // operator): `a`'s renewal, based on the version it wrote, is refused with 409.
+    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
+        .patch(
+            &Shard(0).lease_name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": "replica-c", "leaseTransitions": 1}})),
+        )
+        .await
+        .expect("patch");
+    assert_eq!(a.turn(t0 + Duration::from_secs(2)).await, Turn::Refused);
+    assert!(a.ownership(t0 + Duration::from_secs(2)).is_none());
+    // Its next turn reads again and finds the new holder.
+    assert_eq!(
+        a.turn(t0 + Duration::from_secs(4)).await,
+        Turn::HeldBy("replica-c".into())
+    );
+}
+
+#[tokio::test]
+async fn a_released_shard_is_taken_over_at_once() {
+    let sim = test_kit::sim::manual_cluster().await;
+    let client = sim.try_client().expect("client");
+    let (mut a, mut b) = (keeper(&client, "replica-a"), keeper(&client, "replica-b"));
+    let t0 = Instant::now();
+    assert_eq!(holds(&a.turn(t0).await), Some(0));
+    assert_eq!(b.turn(t0).await, Turn::HeldBy("replica-a".into()));
+
+    a.release().await.expect("release");
+    assert!(a.ownership(t0).is_none());
+    let released = lease(&client).await;
+    let spec = released.spec.expect("spec");
+    assert_eq!(spec.holder_identity, None);
+    assert!(
+        spec.acquire_time.is_some(),
+        "a release keeps the Lease's history"
+    );
+
+    assert_eq!(holds(&b.turn(t0 + Duration::from_secs(1)).await), Some(1));
+}
