@@ -79,6 +79,8 @@ pub struct Settings {
     pub registrations: crate::k8s::RegistrationSettings,
     /// Per-tenant limits: applications per identity and namespace, streams per identity.
     pub tenants: crate::app::TenantLimits,
+    /// This replica's identity, the shards and their Leases.
+    pub ha: crate::ha::HaSettings,
     /// `default_executor_pod_template` as parsed and checked once by [`Settings::load`].
     #[serde(skip)]
     loaded_template: Option<k8s_openapi::api::core::v1::Pod>,
@@ -194,6 +196,7 @@ impl Default for Settings {
             grpc: Default::default(),
             registrations: Default::default(),
             tenants: Default::default(),
+            ha: Default::default(),
             loaded_template: None,
         }
     }
@@ -236,9 +239,16 @@ impl Settings {
                 .collect(),
         };
         // The downward API's namespace, when `registrations.namespace` is not set.
-        let pod_namespace = match &env {
-            Some(vars) => vars.get("POD_NAMESPACE").cloned(),
-            None => std::env::var("POD_NAMESPACE").ok(),
+        let downward = |name: &str| match &env {
+            Some(vars) => vars.get(name).cloned(),
+            None => std::env::var(name).ok(),
+        };
+        let pod_namespace = downward("POD_NAMESPACE");
+        let pod_name = downward("POD_NAME");
+        // A test's environment stands in for the host's too.
+        let host_name = match &env {
+            Some(vars) => vars.get("HOSTNAME").cloned(),
+            None => crate::ha::settings::host_name(),
         };
         let environment = config::Environment::with_prefix(ENV_PREFIX)
             .prefix_separator(ENV_SEPARATOR)
@@ -265,6 +275,7 @@ impl Settings {
                 .map(|ns| ns.trim().to_string())
                 .filter(|ns| !ns.is_empty());
         }
+        settings.ha.resolve_identity(pod_name, host_name);
         settings.validate()?;
         settings.loaded_template = settings.read_template()?;
         Ok(settings)
@@ -355,6 +366,12 @@ impl Settings {
         if let Err((key, reason)) = self.tenants.check() {
             return Err(ConfigError::Invalid {
                 key: format!("tenants.{key}"),
+                reason,
+            });
+        }
+        if let Err((key, reason)) = self.ha.check() {
+            return Err(ConfigError::Invalid {
+                key: format!("ha.{key}"),
                 reason,
             });
         }
@@ -502,6 +519,43 @@ mod tests {
             DEFAULT_EXECUTOR_CONTAINER
         );
         assert_eq!(s.allocation, AllocationSettings::default());
+    }
+
+    #[test]
+    fn the_replica_identity_is_the_pods_name_unless_set_and_ha_values_are_checked() {
+        let s =
+            Settings::load_with_env(None, env(&[("POD_NAME", "spa-0"), ("HOSTNAME", "host-1")]))
+                .unwrap();
+        assert_eq!(s.ha.identity(), "spa-0");
+        assert_eq!(s.ha.shards, 1);
+        let s = Settings::load_with_env(None, env(&[("HOSTNAME", "host-1")])).unwrap();
+        assert_eq!(s.ha.identity(), "host-1");
+        let s = Settings::load_with_env(
+            None,
+            env(&[
+                ("POD_NAME", "spa-0"),
+                ("SPARK_POD_ALLOCATOR__HA__IDENTITY", "replica-a"),
+                ("SPARK_POD_ALLOCATOR__HA__SHARDS", "8"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((s.ha.identity(), s.ha.shards), ("replica-a", 8));
+        for (name, value, key) in [
+            ("SPARK_POD_ALLOCATOR__HA__SHARDS", "0", "ha.shards"),
+            (
+                "SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS",
+                "20000",
+                "ha.renew_deadline_ms",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS",
+                "2500",
+                "ha.lease_duration_ms",
+            ),
+        ] {
+            let err = Settings::load_with_env(None, env(&[(name, value)])).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
     }
 
     #[test]

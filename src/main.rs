@@ -363,6 +363,7 @@ fn service_options(settings: &Settings) -> ServiceOptions {
         pod_policy: settings.pod_policy.clone(),
         registrations: settings.registrations.clone(),
         tenants: settings.tenants.clone(),
+        ha: settings.ha.clone(),
         ..ServiceOptions::default()
     }
 }
@@ -411,6 +412,7 @@ mod tests {
             default.executor_stream_buffer
         );
         assert_eq!(from_config.tenants, default.tenants);
+        assert_eq!(from_config.ha.shards, default.ha.shards);
         assert_eq!(from_config.limits, default.limits);
     }
 

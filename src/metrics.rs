@@ -144,6 +144,9 @@ struct Inner {
     exported: std::sync::Mutex<HashMap<String, BTreeSet<i32>>>,
     tenant_refusals: Family<LimitLabels, Counter>,
     watch_streams: Gauge,
+    shards_owned: Gauge,
+    shard_acquisitions: Counter,
+    writes_fenced: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -303,6 +306,24 @@ impl Metrics {
             "WatchExecutors streams open (tenants.max_watch_streams)",
             watch_streams.clone(),
         );
+        let shards_owned = Gauge::default();
+        registry.register(
+            "shards_owned",
+            "Shards (ha.shards) whose Lease this replica holds now",
+            shards_owned.clone(),
+        );
+        let shard_acquisitions = Counter::default();
+        registry.register(
+            "shard_acquisitions",
+            "Times this replica took a shard (its Lease changed hands to it, or it was created)",
+            shard_acquisitions.clone(),
+        );
+        let writes_fenced = Counter::default();
+        registry.register(
+            "writes_fenced",
+            "Writes not sent because this replica no longer owned the application's shard",
+            writes_fenced.clone(),
+        );
         registry.register(
             "build",
             "The service's version",
@@ -337,6 +358,9 @@ impl Metrics {
                 exported: std::sync::Mutex::new(HashMap::new()),
                 tenant_refusals,
                 watch_streams,
+                shards_owned,
+                shard_acquisitions,
+                writes_fenced,
             }),
         }
     }
@@ -361,6 +385,23 @@ impl Metrics {
     /// Executor pods the API server accepted.
     pub fn pods_created(&self, count: u64) {
         self.inner.pods_created.inc_by(count);
+    }
+
+    /// How many shards this replica holds now.
+    pub fn set_shards_owned(&self, shards: usize) {
+        self.inner
+            .shards_owned
+            .set(i64::try_from(shards).unwrap_or(i64::MAX));
+    }
+
+    /// This replica took a shard.
+    pub fn shard_acquired(&self) {
+        self.inner.shard_acquisitions.inc();
+    }
+
+    /// A write refused by its fence (the shard is not this replica's any more).
+    pub fn write_fenced(&self) {
+        self.inner.writes_fenced.inc();
     }
 
     /// An executor-id record written (a block of ids reserved).

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -21,7 +22,9 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::app::{Applications, KubernetesParts, ServiceContext, ServiceOptions};
 use crate::grpc::{self, ServeError, ServeSettings};
-use crate::k8s::{ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore};
+use crate::k8s::{
+    ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore, leases,
+};
 use crate::lifecycle::{self, Drain, Initialize};
 use crate::metrics::Metrics;
 use crate::time::Clock;
@@ -90,6 +93,16 @@ impl Builder {
             .with_metrics(metrics.clone());
         let pods = ExecutorPodClient::new(api.clone(), options.create_concurrency);
         let registrations = RegistrationStore::new(api, &options.registrations);
+        let lease_namespace = (options.ha.lease_namespace.clone())
+            .unwrap_or_else(|| options.registrations.namespace().to_string());
+        let release = CancellationToken::new();
+        let (ownerships, keepers) = leases::spawn_keepers(
+            &client,
+            &lease_namespace,
+            &options.ha,
+            &release,
+            &initialize,
+        );
         let watches = PodWatches::new(
             client,
             Arc::clone(&clock),
@@ -108,10 +121,14 @@ impl Builder {
             pods,
             registrations,
             watches,
+            ownerships,
         };
+        let applications = Applications::new(ctx, kubernetes);
+        applications.spawn_shard_supervisor();
         Core {
-            applications: Applications::new(ctx, kubernetes),
+            applications,
             initialize,
+            keepers: ShardKeepers { release, keepers },
         }
     }
 
@@ -126,6 +143,24 @@ impl Builder {
 pub struct Core {
     applications: Applications,
     initialize: Initialize,
+    keepers: ShardKeepers,
+}
+
+/// The shard Lease keepers of a service: released (handed to another replica at once)
+/// when the service has stopped its actors; a service dropped without that lets its
+/// Leases expire.
+struct ShardKeepers {
+    release: CancellationToken,
+    keepers: Vec<JoinHandle<()>>,
+}
+
+impl ShardKeepers {
+    async fn release(self) {
+        self.release.cancel();
+        for keeper in self.keepers {
+            let _ = keeper.await;
+        }
+    }
 }
 
 impl Core {
@@ -175,6 +210,7 @@ async fn run(
     let Core {
         applications,
         initialize,
+        keepers,
     } = core;
     settings.ready = initialize.into_ready();
     let announced = {
@@ -186,8 +222,10 @@ async fn run(
     };
     let served = grpc::serve(settings, applications.clone(), listener, health, shutdown).await;
     announced.abort();
-    // Every call has ended: stop the actors, leaving their pods for a restarted service.
+    // Every call has ended: stop the actors, leaving their pods for a restarted service,
+    // then hand the shards over.
     applications.shutdown().await;
+    keepers.release().await;
     served
 }
 

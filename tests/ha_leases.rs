@@ -98,22 +98,39 @@ async fn a_write_from_a_stale_read_is_refused_and_the_writer_steps_down() {
     assert_eq!(holds(&a.turn(t0).await), Some(0));
 
     // Someone else writes the Lease behind `a`'s back (another replica that took it, or an
-    // operator): `a`'s renewal, based on the version it wrote, is refused with 409.
-    Api::<Lease>::namespaced(client.clone(), NAMESPACE)
-        .patch(
-            &Shard(0).lease_name(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"holderIdentity": "replica-c", "leaseTransitions": 1}})),
-        )
-        .await
-        .expect("patch");
-    assert_eq!(a.turn(t0 + Duration::from_secs(2)).await, Turn::Refused);
-    assert!(a.ownership(t0 + Duration::from_secs(2)).is_none());
-    // Its next turn reads again and finds the new holder.
+    // operator): `a`'s renewal, based on the version it wrote, is refused with 409, and the
+    // same turn reads again and finds the new holder; nothing of `a`'s lands.
+    let api = Api::<Lease>::namespaced(client.clone(), NAMESPACE);
+    api.patch(
+        &Shard(0).lease_name(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"holderIdentity": "replica-c", "leaseTransitions": 1}})),
+    )
+    .await
+    .expect("patch");
+    let before = lease(&client).await.metadata.resource_version;
     assert_eq!(
-        a.turn(t0 + Duration::from_secs(4)).await,
+        a.turn(t0 + Duration::from_secs(2)).await,
         Turn::HeldBy("replica-c".into())
     );
+    assert!(a.ownership(t0 + Duration::from_secs(2)).is_none());
+    assert_eq!(lease(&client).await.metadata.resource_version, before);
+}
+
+#[tokio::test]
+async fn a_process_of_the_same_identity_keeps_the_shard_through_a_conflict() {
+    let sim = test_kit::sim::manual_cluster().await;
+    let client = sim.try_client().expect("client");
+    let mut a = keeper(&client, "replica-a");
+    let t0 = Instant::now();
+    assert_eq!(holds(&a.turn(t0).await), Some(0));
+    // A restarted process of the same identity renews it first.
+    let mut restarted = keeper(&client, "replica-a");
+    assert_eq!(holds(&restarted.turn(t0).await), Some(0));
+    // The old one's renewal conflicts, reads again, and renews at the same epoch.
+    assert_eq!(holds(&a.turn(t0 + Duration::from_secs(2)).await), Some(0));
+    let spec = lease(&client).await.spec.expect("spec");
+    assert_eq!(spec.lease_transitions, Some(0), "it never changed hands");
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use crate::allocator::{
     AllocationSettings, AllocatorStatus, ExecutorId, ExecutorPodsSnapshot, ResourceProfileId,
     Timestamp,
 };
+use crate::ha::{Fence, Ownerships, ShardState, shards::Shard};
 use crate::k8s::{
     ExecutorPodClient, IdRecord, PodWatches, RegistrationSettings, RegistrationStore, RequestPolicy,
 };
@@ -146,6 +147,8 @@ pub struct ServiceOptions {
     /// Applications per identity and namespace, WatchExecutors streams per identity and
     /// in all, and each stream's unread bytes (`tenants`).
     pub tenants: TenantLimits,
+    /// This replica's identity, the shards and the Leases' timing (`ha`).
+    pub ha: crate::ha::HaSettings,
 }
 
 impl Default for ServiceOptions {
@@ -165,6 +168,7 @@ impl Default for ServiceOptions {
             pod_policy: crate::allocator::pod_policy::PodPolicy::default(),
             registrations: RegistrationSettings::default(),
             tenants: TenantLimits::default(),
+            ha: crate::ha::HaSettings::default(),
         }
     }
 }
@@ -187,6 +191,8 @@ pub(crate) struct KubernetesParts {
     pub registrations: RegistrationStore,
     /// The shared pod watches per namespace.
     pub watches: PodWatches,
+    /// The shards this replica holds: it acts only on their applications.
+    pub ownerships: Ownerships,
 }
 
 /// The registry of running applications.
@@ -214,6 +220,11 @@ struct Registry {
     generations: AtomicU64,
     /// Applications per identity and namespace, streams per identity (`tenants`).
     tenants: Tenants,
+    /// The shards this replica holds.
+    ownerships: Ownerships,
+    /// Per shard, the epoch whose registrations have been resumed here (held while a
+    /// shard is resumed, so two resumes of one shard never run together).
+    resumed: tokio::sync::Mutex<HashMap<Shard, i32>>,
 }
 
 /// A registered application; `actor` is `None` after a Stop whose deletes failed
@@ -231,6 +242,8 @@ struct Entry {
     owner: Option<String>,
     /// Counts it against its namespace's and owner's application caps while registered.
     _tenant: ApplicationSlot,
+    /// Its shard, held at the epoch it was started under: every write of it passes this.
+    fence: Fence,
 }
 
 /// Where a registered application runs and whom it belongs to, for authorization.
@@ -247,6 +260,7 @@ impl Applications {
             pods,
             registrations,
             watches,
+            ownerships,
         } = kubernetes;
         let tenants = Tenants::new(ctx.options.tenants.clone(), ctx.metrics.clone());
         Self {
@@ -261,6 +275,8 @@ impl Applications {
                 shutting_down: AtomicBool::new(false),
                 generations: AtomicU64::new(0),
                 tenants,
+                ownerships,
+                resumed: tokio::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -274,13 +290,53 @@ impl Applications {
     /// `registrations_refused_total`, and creates nothing. Returns the applications
     /// resumed; one that cannot be resumed is logged (and its registration deleted when
     /// its driver pod is gone or ended). Without the signing key nothing is resumed.
+    ///
+    /// Only the applications of the shards this replica holds are resumed (after every
+    /// shard keeper's first turn); a shard taken later is resumed when it is taken.
     pub async fn resume_registered(&self) -> Result<Vec<AppId>, AppError> {
+        let ownerships = &self.inner.ownerships;
+        ownerships.settled(self.ownership_wait()).await;
+        let owned: Vec<(Shard, i32)> = ownerships
+            .map()
+            .shards()
+            .filter_map(|shard| match ownerships.state(shard) {
+                ShardState::Owned(owned) => Some((shard, owned.epoch)),
+                _ => None,
+            })
+            .collect();
+        self.resume_shards(&owned).await
+    }
+
+    /// Resumes the registrations of `shards` (each held at its epoch) not resumed at that
+    /// epoch yet.
+    async fn resume_shards(&self, shards: &[(Shard, i32)]) -> Result<Vec<AppId>, AppError> {
+        let mut resumed_epochs = self.inner.resumed.lock().await;
+        let due: BTreeMap<Shard, i32> = shards
+            .iter()
+            .copied()
+            .filter(|(shard, epoch)| resumed_epochs.get(shard) != Some(epoch))
+            .collect();
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
         let store = &self.inner.registrations;
         let key = store
             .signing_key()
             .await
             .map_err(|err| AppError::Unavailable(err.to_string()))?;
-        let stored = store.list().await?;
+        let ownerships = &self.inner.ownerships;
+        let stored: Vec<_> = store
+            .list()
+            .await?
+            .into_iter()
+            .filter(|found| {
+                found
+                    .namespace_label
+                    .as_deref()
+                    .is_some_and(|ns| due.contains_key(&ownerships.shard_of(ns)))
+            })
+            .collect();
+        resumed_epochs.extend(due);
         let allowed = &self.inner.ctx.options.allowed_namespaces;
         let mut resumed = Vec::new();
         for found in stored {
@@ -344,6 +400,112 @@ impl Applications {
         Ok(resumed)
     }
 
+    /// How long a call waits for a shard keeper's first turn (at start-up) before it is
+    /// answered UNAVAILABLE.
+    fn ownership_wait(&self) -> Duration {
+        self.inner.ctx.options.ha.timing().renew_deadline
+    }
+
+    /// The fence of `namespace`'s applications: UNAVAILABLE, naming the shard and its
+    /// holder, when this replica does not own the shard now.
+    pub(crate) async fn fence(&self, namespace: &str) -> Result<Fence, AppError> {
+        self.inner
+            .ownerships
+            .fence(
+                namespace,
+                self.ownership_wait(),
+                self.inner.ctx.options.ha.timing().retry,
+            )
+            .await
+            .map_err(|err| AppError::Unavailable(err.to_string()))
+    }
+
+    /// Acts on every change of this replica's shards from their first known state on:
+    /// a shard taken is resumed from its registrations, a shard lost (or taken again at a
+    /// new epoch: another replica may have acted in between) is let go first. Runs until
+    /// the registry is dropped.
+    pub(crate) fn spawn_shard_supervisor(&self) {
+        for (shard, mut changes) in self.inner.ownerships.receivers() {
+            let registry = Arc::downgrade(&self.inner);
+            tokio::spawn(async move {
+                // The first state is start-up's: `resume_registered` resumes it.
+                if changes
+                    .wait_for(|state| *state != ShardState::Unknown)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                changes.borrow_and_update();
+                if let Some(inner) = registry.upgrade() {
+                    Applications { inner }.count_owned_shards();
+                }
+                while changes.changed().await.is_ok() {
+                    let state = changes.borrow_and_update().clone();
+                    let Some(inner) = registry.upgrade() else {
+                        return;
+                    };
+                    let applications = Applications { inner };
+                    applications.count_owned_shards();
+                    match state {
+                        ShardState::Owned(owned) => {
+                            applications.inner.ctx.metrics.shard_acquired();
+                            applications.let_go(shard, Some(owned.epoch)).await;
+                            if let Err(err) =
+                                applications.resume_shards(&[(shard, owned.epoch)]).await
+                            {
+                                tracing::warn!(%shard, error = %err, "cannot resume the shard's registrations");
+                                applications.inner.resumed.lock().await.remove(&shard);
+                            }
+                        }
+                        _ => applications.let_go(shard, None).await,
+                    }
+                }
+            });
+        }
+    }
+
+    fn count_owned_shards(&self) {
+        let ownerships = &self.inner.ownerships;
+        let owned = ownerships
+            .map()
+            .shards()
+            .filter(|shard| matches!(ownerships.state(*shard), ShardState::Owned(_)))
+            .count();
+        self.inner.ctx.metrics.set_shards_owned(owned);
+    }
+
+    /// Stops the actors of `shard`'s applications that run under another epoch than
+    /// `keep` (all of them when `None`) WITHOUT deleting anything: the shard's new owner
+    /// resumes them from their registrations.
+    async fn let_go(&self, shard: Shard, keep: Option<i32>) {
+        let _shared = self.inner.lifecycle.read().await;
+        let stale: Vec<(AppId, Entry)> = {
+            let mut apps = self.apps();
+            let ids: Vec<AppId> = apps
+                .iter()
+                .filter(|(_, e)| e.fence.shard() == shard && Some(e.fence.epoch()) != keep)
+                .map(|(id, _)| id.clone())
+                .collect();
+            let taken = ids
+                .into_iter()
+                .filter_map(|id| apps.remove(&id).map(|entry| (id, entry)))
+                .collect();
+            self.inner.ctx.metrics.set_active_applications(apps.len());
+            taken
+        };
+        if keep.is_none() {
+            self.inner.resumed.lock().await.remove(&shard);
+        }
+        for (app, entry) in stale {
+            if let Some(actor) = entry.actor {
+                actor.stop().await;
+            }
+            tracing::warn!(%app, namespace = %entry.namespace, %shard,
+                "application let go: this replica no longer owns its shard");
+        }
+    }
+
     /// Sets targets per profile (profiles left out keep theirs).
     pub async fn set_total_expected(
         &self,
@@ -393,16 +555,18 @@ impl Applications {
         let Some((namespace, actor, id_record)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
+        let fence = self.fence(&namespace).await?;
         if let Some(actor) = actor {
             // The actor ends first, so no create of it can follow the delete.
             actor.stop().await;
         }
-        let pods = self.inner.pods.for_application(&namespace, app.as_str());
+        let pods = (self.inner.pods)
+            .for_application(&namespace, app.as_str())
+            .fenced(fence.clone());
         let deleted = match pods.delete_all(&namespace, app.as_str()).await {
             // The records go only once no pod holds an id.
-            Ok(deleted) => match self
-                .inner
-                .registrations
+            Ok(deleted) => match (self.inner.registrations)
+                .fenced(fence)
                 .delete(&namespace, app.as_str())
                 .await
             {

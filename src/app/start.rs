@@ -19,6 +19,7 @@ use crate::allocator::{
     AllocationSettings, Allocator, DriverOwner, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
     SnapshotStore, executor_pod_from,
 };
+use crate::ha::Fence;
 use crate::k8s::IdRecord;
 use crate::k8s::executor_pods::highest_executor_id;
 use crate::k8s::placement;
@@ -68,6 +69,8 @@ impl Applications {
         // Templates are checked even when the application already runs: a repeated Start
         // with a template that could never make a pod is refused, not answered `resumed`.
         let builder = self.pod_builder(&req)?;
+        // Only the owner of the namespace's shard acts on its applications.
+        let fence = self.fence(&req.namespace).await?;
         if let Some(actor) = self.running(&req)? {
             return self.start_again(&req, &actor).await;
         }
@@ -80,7 +83,7 @@ impl Applications {
         // Labelled before the subscription: every listing sent to the application is then
         // answered after the label is on, so none reports a live driver pod gone.
         if let Some(driver) = &driver {
-            self.follow_driver(&req.namespace, driver).await?;
+            self.follow_driver(&req.namespace, driver, &fence).await?;
         }
         // Subscribe before listing so no event between the LIST and the actor is lost.
         let subscription = self.inner.watches.subscribe_with_driver(
@@ -94,9 +97,9 @@ impl Applications {
             last_executor_id: found.last_executor_id(),
         };
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
-        let parts = self.actor_parts(&req, builder, driver, &found, generation);
+        let parts = self.actor_parts(&req, builder, driver, &found, generation, &fence);
         let handle = ActorHandle::spawn(parts, subscription);
-        self.register(&req, handle, found.id_record, generation, slot);
+        self.register(&req, handle, found.id_record, generation, slot, fence);
         Ok(started)
     }
 
@@ -198,6 +201,7 @@ impl Applications {
         driver: Option<Driver>,
         found: &Found,
         generation: u64,
+        fence: &Fence,
     ) -> ActorParts {
         let options = &self.inner.ctx.options;
         let rules = req.settings.state_rules();
@@ -249,15 +253,13 @@ impl Applications {
             feed,
         };
         let kubernetes = Kubernetes {
-            pods: self
-                .inner
-                .pods
-                .for_application(&req.namespace, req.app_id.as_str()),
+            pods: (self.inner.pods)
+                .for_application(&req.namespace, req.app_id.as_str())
+                .fenced(fence.clone()),
             id_record: found.id_record.clone(),
-            registrations: self
-                .inner
-                .registrations
-                .for_application(&req.namespace, req.app_id.as_str()),
+            registrations: (self.inner.registrations)
+                .for_application(&req.namespace, req.app_id.as_str())
+                .fenced(fence.clone()),
         };
         ActorParts { app, kubernetes }
     }
@@ -270,6 +272,7 @@ impl Applications {
         id_record: IdRecord,
         generation: u64,
         slot: ApplicationSlot,
+        fence: Fence,
     ) {
         let mut apps = self.apps();
         apps.insert(
@@ -282,6 +285,7 @@ impl Applications {
                 generation,
                 owner: req.owner.clone(),
                 _tenant: slot,
+                fence,
             },
         );
         self.inner.ctx.metrics.set_active_applications(apps.len());
@@ -330,7 +334,7 @@ impl Applications {
                 }
                 registry.ctx.metrics.set_active_applications(apps.len());
                 // A restarted service must not resume it.
-                let registrations = registry.registrations.clone();
+                let registrations = registry.registrations.fenced(entry.fence.clone());
                 tokio::spawn(async move {
                     let _ = registrations.delete(&entry.namespace, app.as_str()).await;
                 });
@@ -390,11 +394,17 @@ impl Applications {
     /// unfollowed: the same right (`patch pods`) writes the executor id record on that pod
     /// before every create, so such an application could never create an executor, and an
     /// unfollowed one would keep its executors after its driver is gone.
-    async fn follow_driver(&self, namespace: &str, driver: &Driver) -> Result<(), AppError> {
+    async fn follow_driver(
+        &self,
+        namespace: &str,
+        driver: &Driver,
+        fence: &Fence,
+    ) -> Result<(), AppError> {
         if driver.labelled {
             return Ok(());
         }
-        match placement::follow_driver(self.inner.pods.api(), namespace, &driver.name).await {
+        let api = self.inner.pods.api().fenced(fence.clone());
+        match placement::follow_driver(&api, namespace, &driver.name).await {
             Ok(()) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 Err(AppError::no_driver_pod(&driver.name, namespace))

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 /// How long a Lease lasts, how long an owner goes on without renewing, and how often a
-/// replica tries (`ha.lease_duration`, `ha.renew_deadline`, `ha.retry_period`).
+/// replica tries (`ha.lease_duration_ms`, `ha.renew_deadline_ms`, `ha.retry_period_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTiming {
     pub lease: Duration,
@@ -35,16 +35,16 @@ impl LeaseTiming {
         let named = |key: &str, why: String| Err((format!("ha.{key}"), why));
         if self.lease.as_secs() < 1 || self.lease.subsec_nanos() != 0 {
             return named(
-                "lease_duration",
+                "lease_duration_ms",
                 "must be a whole number of seconds, at least 1 (the Lease's leaseDurationSeconds)"
                     .into(),
             );
         }
         if self.renew_deadline >= self.lease {
             return named(
-                "renew_deadline",
+                "renew_deadline_ms",
                 format!(
-                    "must be shorter than ha.lease_duration ({} ms), so an owner stops before its \
+                    "must be shorter than ha.lease_duration_ms ({} ms), so an owner stops before its \
                      Lease can expire for another replica",
                     self.lease.as_millis()
                 ),
@@ -52,9 +52,9 @@ impl LeaseTiming {
         }
         if self.retry.is_zero() || self.retry >= self.renew_deadline {
             return named(
-                "retry_period",
+                "retry_period_ms",
                 format!(
-                    "must be above 0 and shorter than ha.renew_deadline ({} ms), so an owner tries \
+                    "must be above 0 and shorter than ha.renew_deadline_ms ({} ms), so an owner tries \
                      to renew more than once before it stops",
                     self.renew_deadline.as_millis()
                 ),
@@ -334,21 +334,21 @@ mod tests {
                 renew_deadline: Duration::from_secs(15),
                 ..base
             }),
-            "ha.renew_deadline"
+            "ha.renew_deadline_ms"
         );
         assert_eq!(
             bad(LeaseTiming {
                 retry: Duration::from_secs(10),
                 ..base
             }),
-            "ha.retry_period"
+            "ha.retry_period_ms"
         );
         assert_eq!(
             bad(LeaseTiming {
                 lease: Duration::from_millis(15_500),
                 ..base
             }),
-            "ha.lease_duration"
+            "ha.lease_duration_ms"
         );
     }
 }

@@ -1,5 +1,11 @@
 //! Several replicas, one owner per shard: a namespace belongs to one of `ha.shards` shards
 //! ([`shards`]), and a replica acts on a shard's applications only while it holds that
-//! shard's Lease ([`claim`]: the pure decisions; `k8s::leases`: the requests).
+//! shard's Lease ([`claim`]: the pure decisions; `k8s::leases`: the requests;
+//! [`ownership`]: what is held now, and the fence every write passes).
 pub mod claim;
+pub mod ownership;
+pub mod settings;
 pub mod shards;
+
+pub use ownership::{Fence, NotOwner, OwnerEpoch, Ownerships, ShardState};
+pub use settings::HaSettings;

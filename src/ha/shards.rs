@@ -42,6 +42,16 @@ impl ShardMap {
         Ok(Self { shards })
     }
 
+    /// One shard: plain leader election.
+    pub fn single() -> Self {
+        Self { shards: 1 }
+    }
+
+    /// How many shards there are.
+    pub fn count(&self) -> u32 {
+        self.shards
+    }
+
     /// The shard of `namespace`.
     pub fn shard_of(&self, namespace: &str) -> Shard {
         Shard(stable_hash_u32(namespace) % self.shards)

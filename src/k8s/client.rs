@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::rate_limit::{RateLimiter, Share};
 use super::request::RequestPolicy;
+use crate::ha::{Fence, NotOwner};
 use crate::metrics::Metrics;
 
 /// The service's Kubernetes client: shared by all applications, each request in one
@@ -24,6 +25,9 @@ pub struct ApiClient {
     metrics: Metrics,
     /// Whose share of the rate limit this client's requests take.
     share: Share,
+    /// What every mutating request passes right before it is sent (the application's
+    /// shard still held at its epoch); `None`: the service's own requests.
+    fence: Option<Fence>,
 }
 
 /// A namespaced object the service reads and writes.
@@ -54,6 +58,7 @@ impl ApiClient {
             policy: RequestPolicy::default(),
             metrics: Metrics::default(),
             share: Share::service(),
+            fence: None,
         }
     }
 
@@ -63,6 +68,16 @@ impl ApiClient {
     pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
         Self {
             share: Share::new(namespace, app_id),
+            ..self.clone()
+        }
+    }
+
+    /// The same client, each mutating request sent only while `fence` passes (checked
+    /// after the rate-limit wait, right before the request goes out); one it refuses fails
+    /// with [`not_owner`] and is not retried.
+    pub fn fenced(&self, fence: Fence) -> Self {
+        Self {
+            fence: Some(fence),
             ..self.clone()
         }
     }
@@ -102,11 +117,29 @@ impl ApiClient {
         Api::all(self.client.clone())
     }
 
-    /// A slot of the shared rate limiter, in this client's share; the wait is recorded.
-    pub(super) async fn acquire(&self) {
+    /// A slot of the shared rate limiter, in this client's share (the wait is recorded),
+    /// then the fence: the error when this replica may not write for the application.
+    pub(super) async fn acquire(&self) -> Result<(), kube::Error> {
         let started = std::time::Instant::now();
         self.limiter.acquire(&self.share).await;
         self.metrics.rate_limit_waited(started.elapsed());
+        self.check_fence()
+    }
+
+    /// The epoch of the owner its writes are fenced for (`None`: not fenced).
+    pub(super) fn owner_epoch(&self) -> Option<crate::ha::OwnerEpoch> {
+        self.fence.as_ref().map(Fence::owner_epoch)
+    }
+
+    /// The fence alone (a request sent without a rate-limit slot, or before a batch).
+    pub(super) fn check_fence(&self) -> Result<(), kube::Error> {
+        match &self.fence {
+            Some(fence) => fence.check().map_err(|err| {
+                self.metrics.write_fenced();
+                kube::Error::Service(Box::new(err))
+            }),
+            None => Ok(()),
+        }
     }
 
     /// `K` named `name`, or `None` when it does not exist.
@@ -131,7 +164,7 @@ impl ApiClient {
             .run(|unknown_outcome| {
                 let api = &api;
                 async move {
-                    self.acquire().await;
+                    self.acquire().await?;
                     match api.create(&PostParams::default(), object).await {
                         Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
                         other => other.map(drop),
@@ -151,7 +184,7 @@ impl ApiClient {
         let api = self.namespaced::<K>(namespace);
         self.policy
             .run(|_| async {
-                self.acquire().await;
+                self.acquire().await?;
                 api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                     .map(drop)
@@ -169,7 +202,7 @@ impl ApiClient {
         let answer = self
             .policy
             .run(|_| async {
-                self.acquire().await;
+                self.acquire().await?;
                 api.delete(name, &DeleteParams::default()).await
             })
             .await;
@@ -178,6 +211,15 @@ impl ApiClient {
             Err(err) if is_status(&err, 404) => Ok(()),
             Err(err) => Err(err),
         }
+    }
+}
+
+/// Whether `err` is a write this replica did not send because it does not own the
+/// application's shard.
+pub fn not_owner(err: &kube::Error) -> Option<&NotOwner> {
+    match err {
+        kube::Error::Service(inner) => inner.downcast_ref::<NotOwner>(),
+        _ => None,
     }
 }
 

@@ -61,6 +61,14 @@ impl ExecutorPodClient {
         }
     }
 
+    /// The same client, its writes sent only while `fence` passes ([`ApiClient::fenced`]).
+    pub fn fenced(&self, fence: crate::ha::Fence) -> Self {
+        Self {
+            api: self.api.fenced(fence),
+            ..self.clone()
+        }
+    }
+
     /// The client its requests go through (the application's id record is written
     /// through the same one, in the same share of the rate limit).
     pub fn api(&self) -> &ApiClient {
@@ -93,7 +101,9 @@ impl ExecutorPodClient {
                     tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
-                        () = self.api.acquire() => {}
+                        acquired = self.api.acquire() => if let Err(err) = acquired {
+                            return (id, Err(CreateError::Kubernetes(err)));
+                        }
                     }
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
@@ -111,7 +121,7 @@ impl ExecutorPodClient {
                                     if cancel.is_cancelled() {
                                         return Err(stopping());
                                     }
-                                    self.api.acquire().await;
+                                    self.api.acquire().await?;
                                 }
                                 match api.create(&PostParams::default(), pod).await {
                                     // An earlier attempt with no answer did create it.
@@ -197,7 +207,7 @@ impl ExecutorPodClient {
             .api
             .policy()
             .run(|_| async {
-                self.api.acquire().await;
+                self.api.acquire().await?;
                 api.delete_collection(&DeleteParams::default(), lp).await
             })
             .await;

@@ -8,10 +8,13 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 
-use super::client::ApiClient;
-use super::config_map::{self, FirstTry, MANAGED_BY, managed_labels};
+use kube::api::ObjectMeta;
+
+use super::client::{ApiClient, is_status};
+use super::config_map::{MANAGED_BY, managed_labels};
 use super::describe_error;
 use crate::allocator::ExecutorId;
+use crate::ha::OwnerEpoch;
 use crate::naming::{sanitize_prefix, stable_hash};
 
 /// Annotation on the driver pod holding the highest executor id the service has handed
@@ -65,33 +68,145 @@ impl IdRecord {
     }
 
     /// Records `id` as the application's highest executor id (before executors with ids
-    /// up to it are created): one merge PATCH; for a ConfigMap not there yet, a create
-    /// instead (and the PATCH again if another create won the race).
+    /// up to it are created): a read, then a compare-and-set on the object's
+    /// resourceVersion that never lowers the recorded id and carries the owner's epoch
+    /// ([`OWNER_EPOCH_ANNOTATION`]); for a ConfigMap not there yet, a create instead.
     ///
-    /// A blind merge PATCH, not a read-modify-write with resourceVersion: one actor is the
-    /// only writer of an application's record and only ever raises it, so there is no
-    /// concurrent update to detect, and a round costs one request instead of two.
+    /// Several replicas may believe for a moment that they own an application (a paused
+    /// one that woke up): a record written since it was read is read again (a driver pod's
+    /// status changes its resourceVersion too), and a record a newer owner of the shard
+    /// wrote refuses the write ([`Superseded`]), so a deposed owner never hands out ids
+    /// the new one may use.
     pub async fn write(
         &self,
         api: &ApiClient,
         namespace: &str,
         id: ExecutorId,
     ) -> Result<(), kube::Error> {
-        let value = id.to_string();
-        let result = match self {
-            Self::DriverPod(driver) => {
-                let patch = serde_json::json!({"metadata": {"annotations": {LAST_EXECUTOR_ID_ANNOTATION: value}}});
-                api.merge_patch::<Pod>(namespace, driver, &patch).await
+        let mut result = Err(conflict_exhausted());
+        for _ in 0..WRITE_ATTEMPTS {
+            result = self.write_once(api, namespace, id).await;
+            match &result {
+                Err(err) if is_status(err, 409) => continue,
+                _ => break,
             }
-            Self::ConfigMap { name, app_id } => {
-                let data = BTreeMap::from([(LAST_EXECUTOR_ID_KEY.to_string(), value)]);
-                let labels = managed_labels(app_id);
-                config_map::write(api, namespace, name, labels, data, FirstTry::Patch).await
-            }
-        };
+        }
         result.inspect_err(|err| {
             tracing::warn!(namespace, record = %self, error = %describe_error(err), "recording the last executor id failed");
         })
+    }
+
+    async fn write_once(
+        &self,
+        api: &ApiClient,
+        namespace: &str,
+        id: ExecutorId,
+    ) -> Result<(), kube::Error> {
+        let mine = api.owner_epoch();
+        let current = self.current(api, namespace).await?;
+        if let (Some(current), Some(mine)) = (&current, mine)
+            && let Some(theirs) = current.epoch
+            && theirs.supersedes(&mine)
+        {
+            return Err(kube::Error::Service(Box::new(Superseded {
+                record: self.to_string(),
+                theirs,
+                mine,
+            })));
+        }
+        let recorded = current.as_ref().and_then(|c| c.last_id).unwrap_or(0);
+        let value = id.0.max(recorded).to_string();
+        let mut annotations = serde_json::Map::new();
+        if let Some(mine) = mine {
+            annotations.insert(OWNER_EPOCH_ANNOTATION.into(), mine.to_string().into());
+        }
+        match (self, current) {
+            (Self::DriverPod(driver), Some(current)) => {
+                annotations.insert(LAST_EXECUTOR_ID_ANNOTATION.into(), value.into());
+                let patch = serde_json::json!({"metadata": {
+                    "resourceVersion": current.resource_version,
+                    "annotations": annotations,
+                }});
+                api.merge_patch::<Pod>(namespace, driver, &patch).await
+            }
+            (Self::ConfigMap { name, .. }, Some(current)) => {
+                let patch = serde_json::json!({
+                    "metadata": {
+                        "resourceVersion": current.resource_version,
+                        "annotations": annotations,
+                    },
+                    "data": {LAST_EXECUTOR_ID_KEY: value},
+                });
+                api.merge_patch::<ConfigMap>(namespace, name, &patch).await
+            }
+            (Self::ConfigMap { name, app_id }, None) => {
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        labels: Some(managed_labels(app_id)),
+                        annotations: Some(
+                            annotations
+                                .into_iter()
+                                .filter_map(|(k, v)| Some((k, v.as_str()?.to_string())))
+                                .collect(),
+                        ),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some(BTreeMap::from([(LAST_EXECUTOR_ID_KEY.to_string(), value)])),
+                    ..ConfigMap::default()
+                };
+                // A 409: another writer created it first; read it and try again.
+                api.create(namespace, &config_map).await
+            }
+            (Self::DriverPod(driver), None) => Err(kube::Error::Api(Box::new(
+                kube::core::Status::failure(&format!("pods \"{driver}\" not found"), "NotFound")
+                    .with_code(404),
+            ))),
+        }
+    }
+
+    /// The record's object as it is now: its resourceVersion, id and owner epoch; `None`
+    /// when it does not exist.
+    async fn current(
+        &self,
+        api: &ApiClient,
+        namespace: &str,
+    ) -> Result<Option<Current>, kube::Error> {
+        let (meta, last_id) = match self {
+            Self::DriverPod(driver) => match api.get_opt::<Pod>(namespace, driver).await? {
+                Some(pod) => {
+                    let value = pod
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(LAST_EXECUTOR_ID_ANNOTATION).cloned());
+                    (pod.metadata, value)
+                }
+                None => return Ok(None),
+            },
+            Self::ConfigMap { name, .. } => {
+                match api.get_opt::<ConfigMap>(namespace, name).await? {
+                    Some(cm) => {
+                        let value = cm
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get(LAST_EXECUTOR_ID_KEY).cloned());
+                        (cm.metadata, value)
+                    }
+                    None => return Ok(None),
+                }
+            }
+        };
+        let epoch = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(OWNER_EPOCH_ANNOTATION))
+            .and_then(|value| OwnerEpoch::parse(value));
+        Ok(Some(Current {
+            resource_version: meta.resource_version.unwrap_or_default(),
+            last_id: parse_recorded_id(last_id.as_deref(), self),
+            epoch,
+        }))
     }
 
     /// The id the record holds; `None` when there is none yet (no ConfigMap, no
@@ -136,6 +251,40 @@ impl fmt::Display for IdRecord {
             Self::ConfigMap { name, .. } => write!(f, "ConfigMap {name}"),
         }
     }
+}
+
+/// Reads and compare-and-sets of one record write before it gives up (each retry
+/// follows another writer's change).
+const WRITE_ATTEMPTS: usize = 4;
+
+/// Annotation on the record's object (driver pod or ConfigMap): the epoch of the owner
+/// that last wrote it ([`OwnerEpoch`]).
+pub const OWNER_EPOCH_ANNOTATION: &str = "spark-pod-allocator/owner-epoch";
+
+/// A record's object as read before its compare-and-set.
+struct Current {
+    resource_version: String,
+    last_id: Option<u64>,
+    epoch: Option<OwnerEpoch>,
+}
+
+/// The record was written by a newer owner of the application's shard: this replica is
+/// deposed and must not hand out ids.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{record} was written by a newer owner of the shard (epoch {theirs}; this replica's is \
+     {mine}): this replica no longer owns the application"
+)]
+pub struct Superseded {
+    pub record: String,
+    pub theirs: OwnerEpoch,
+    pub mine: OwnerEpoch,
+}
+
+fn conflict_exhausted() -> kube::Error {
+    kube::Error::Api(Box::new(
+        kube::core::Status::failure("the id record kept changing", "Conflict").with_code(409),
+    ))
 }
 
 /// A recorded last executor id; an unparseable one is ignored (and logged).

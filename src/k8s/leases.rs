@@ -8,12 +8,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::PostParams;
-use tokio::sync::watch;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::RequestPolicy;
+use crate::ha::ShardState;
 use crate::ha::claim::{LeaseTiming, LeaseView, Ownership, ShardClaim, Step, Write};
 use crate::ha::shards::Shard;
+use crate::lifecycle::{InitHandle, Initialize};
 
 /// Label of every shard Lease the service writes (`kubectl get lease -l …`).
 pub const SHARD_LEASE_LABEL: &str = "spark-pod-allocator/shard";
@@ -75,7 +79,18 @@ impl ShardLeaseKeeper {
     /// One turn at `now`: read the Lease unless this replica wrote it last and still owns
     /// the shard (one that lapsed, a paused process woken up, reads first and so never
     /// writes over a newer holder), then create, renew or take it over when the claim says.
+    ///
+    /// A write refused because the Lease changed since it was read is tried once more in
+    /// the same turn, on a fresh read: the change may have been this replica's own, a
+    /// restarted process of the same identity, which keeps the shard.
     pub async fn turn(&mut self, now: Instant) -> Turn {
+        match self.turn_once(now).await {
+            Turn::Refused => self.turn_once(Instant::now()).await,
+            turn => turn,
+        }
+    }
+
+    async fn turn_once(&mut self, now: Instant) -> Turn {
         if !(self.just_written && self.claim.ownership(now).is_some()) {
             match self.read().await {
                 Ok(lease) => {
@@ -198,18 +213,20 @@ fn view(lease: &Lease) -> Option<LeaseView> {
     })
 }
 
-/// Runs `keeper` until `cancel`, a turn every retry period, publishing the ownership (and
-/// `None` as soon as it lapses, even while a request hangs). Writers still check
-/// [`Ownership::is_valid`] right before each write: the published value may be a moment old.
+/// Runs `keeper` until `cancel`, a turn every retry period, publishing the shard's state
+/// (and [`ShardState::NotOwned`] as soon as an ownership lapses, even while a request
+/// hangs). Writers still check their [`crate::ha::Fence`] right before each write: the
+/// published value may be a moment old. On `cancel` the Lease is released.
 pub fn spawn_keeper(
     mut keeper: ShardLeaseKeeper,
     cancel: CancellationToken,
-) -> (
-    watch::Receiver<Option<Ownership>>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (tx, rx) = watch::channel(None);
+    first_turn: Option<InitHandle>,
+    poke: Arc<Notify>,
+) -> (watch::Receiver<ShardState>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(ShardState::Unknown);
     let task = tokio::spawn(async move {
+        // Readiness waits for the first turn: a call never finds the shard not known yet.
+        let mut first_turn = first_turn;
         let retry = keeper.timing.retry;
         loop {
             let started = tokio::time::Instant::now();
@@ -218,28 +235,46 @@ pub fn spawn_keeper(
                 () = lapse(&tx) => continue,
                 () = cancel.cancelled() => break,
             };
-            match &turn {
-                Turn::Holds(ownership) => {
-                    tx.send_if_modified(|held| {
-                        let changed = held.map(|h| h.epoch) != Some(ownership.epoch);
-                        *held = Some(*ownership);
-                        changed
-                    });
-                }
-                Turn::HeldBy(_) | Turn::Refused => {
-                    tx.send_if_modified(|held| held.take().is_some());
-                }
+            let next = match &turn {
+                Turn::Holds(ownership) => Some(ShardState::Owned(*ownership)),
+                Turn::HeldBy(holder) => Some(ShardState::NotOwned {
+                    holder: Some(holder.clone()),
+                    error: None,
+                }),
+                Turn::Refused => Some(ShardState::NotOwned {
+                    holder: None,
+                    error: None,
+                }),
                 Turn::Failed(why) => {
                     tracing::warn!(shard = %keeper.shard, error = %why, "cannot renew or read the shard's Lease");
+                    // An owner stays one until its deadline (`lapse` ends it).
+                    let owned = matches!(*tx.borrow(), ShardState::Owned(_));
+                    (!owned).then(|| ShardState::NotOwned {
+                        holder: None,
+                        error: Some(why.clone()),
+                    })
                 }
+            };
+            if let Some(next) = next {
+                publish(&tx, next, keeper.shard, keeper.claim.identity());
             }
+            drop(first_turn.take());
             tokio::select! {
                 () = tokio::time::sleep_until(started + retry) => {}
                 () = lapse(&tx) => {}
+                () = poke.notified() => {}
                 () = cancel.cancelled() => break,
             }
         }
-        tx.send_replace(None);
+        publish(
+            &tx,
+            ShardState::NotOwned {
+                holder: None,
+                error: None,
+            },
+            keeper.shard,
+            keeper.claim.identity(),
+        );
         if let Err(err) = keeper.release().await {
             tracing::warn!(shard = %keeper.shard, error = %err, "cannot release the shard's Lease; it expires by itself");
         }
@@ -247,11 +282,84 @@ pub fn spawn_keeper(
     (rx, task)
 }
 
-/// Resolves when the published ownership lapses (publishing `None`); never without one.
-async fn lapse(tx: &watch::Sender<Option<Ownership>>) {
-    let Some(held) = *tx.borrow() else {
+/// Publishes `next` when it changes what writers may do (an owner's renewal only moves
+/// its deadline: published without waking anyone), logging each change of hands.
+fn publish(tx: &watch::Sender<ShardState>, next: ShardState, shard: Shard, identity: &str) {
+    tx.send_if_modified(|state| {
+        let woke = match (&*state, &next) {
+            (ShardState::Owned(was), ShardState::Owned(now)) => was.epoch != now.epoch,
+            (ShardState::NotOwned { .. }, ShardState::NotOwned { .. }) => false,
+            (was, now) => was != now,
+        };
+        if woke {
+            match &next {
+                ShardState::Owned(owned) => {
+                    tracing::info!(%shard, identity, epoch = owned.epoch, "this replica owns the shard");
+                }
+                ShardState::NotOwned { holder, .. } if matches!(state, ShardState::Owned(_)) => {
+                    tracing::warn!(%shard, identity, holder = ?holder, "this replica no longer owns the shard; it stops acting on it");
+                }
+                _ => {}
+            }
+        }
+        *state = next;
+        woke
+    });
+}
+
+/// Resolves when a published ownership lapses (publishing [`ShardState::NotOwned`]);
+/// never without one.
+async fn lapse(tx: &watch::Sender<ShardState>) {
+    let owned = match &*tx.borrow() {
+        ShardState::Owned(held) => Some(*held),
+        _ => None,
+    };
+    let Some(held) = owned else {
         return std::future::pending().await;
     };
     tokio::time::sleep_until(held.valid_until.into()).await;
-    tx.send_replace(None);
+    tx.send_replace(ShardState::NotOwned {
+        holder: None,
+        error: Some("no renewal within ha.renew_deadline_ms".into()),
+    });
+    tracing::warn!("a shard's ownership lapsed: no renewal within ha.renew_deadline_ms");
+}
+
+/// The keepers of every shard of `settings` in `namespace`, each renewing over `client`
+/// with requests bounded by the retry period (a renewal never waits behind pod creates:
+/// it has its own client and no share of the rate limit); `cancel` releases them all.
+pub fn spawn_keepers(
+    client: &kube::Client,
+    namespace: &str,
+    settings: &crate::ha::HaSettings,
+    cancel: &CancellationToken,
+    initialize: &Initialize,
+) -> (crate::ha::Ownerships, Vec<tokio::task::JoinHandle<()>>) {
+    let timing = settings.timing();
+    let policy = RequestPolicy {
+        timeout: timing.retry.max(std::time::Duration::from_millis(500)),
+        attempts: 1,
+        ..RequestPolicy::default()
+    };
+    let map = match crate::ha::shards::ShardMap::new(settings.shards) {
+        Ok(map) => map,
+        // Checked with the configuration; a library caller's bad count is one shard.
+        Err(_) => crate::ha::shards::ShardMap::single(),
+    };
+    let identity = settings.identity();
+    let pokes: Vec<Arc<Notify>> = map.shards().map(|_| Arc::default()).collect();
+    let (states, tasks) = map
+        .shards()
+        .zip(&pokes)
+        .map(|(shard, poke)| {
+            let keeper =
+                ShardLeaseKeeper::new(client.clone(), namespace, shard, identity, timing, policy);
+            let first_turn = Some(initialize.add_handle());
+            spawn_keeper(keeper, cancel.child_token(), first_turn, Arc::clone(poke))
+        })
+        .unzip();
+    (
+        crate::ha::Ownerships::new(map, identity, states, pokes),
+        tasks,
+    )
 }

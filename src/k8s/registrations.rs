@@ -160,6 +160,14 @@ impl RegistrationStore {
         }
     }
 
+    /// The same store, its writes sent only while `fence` passes ([`ApiClient::fenced`]).
+    pub fn fenced(&self, fence: crate::ha::Fence) -> Self {
+        Self {
+            api: self.api.fenced(fence),
+            ..self.clone()
+        }
+    }
+
     /// The service's namespace, where registrations are kept.
     pub fn namespace(&self) -> &str {
         &self.namespace
@@ -223,7 +231,7 @@ impl RegistrationStore {
                 };
                 let created = policy
                     .run(|_| async {
-                        self.api.acquire().await;
+                        self.api.acquire().await?;
                         api.create(&PostParams::default(), &secret).await
                     })
                     .await;

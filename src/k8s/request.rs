@@ -80,7 +80,12 @@ pub fn is_transient(err: &kube::Error) -> bool {
 
 /// Whether the request may have taken effect although no answer said so.
 fn outcome_unknown(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Service(_) | kube::Error::HyperError(_))
+    match err {
+        // Refused here, never sent.
+        kube::Error::Service(inner) if inner.is::<crate::ha::NotOwner>() => false,
+        kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+        _ => false,
+    }
 }
 
 /// Whether `err` is an attempt given up after [`RequestPolicy::timeout`].

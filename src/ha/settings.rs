@@ -1,0 +1,169 @@
+//! The `ha` section of the configuration: who this replica is, where the shards' Leases
+//! are kept, how many shards there are and how long a Lease lasts.
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::claim::LeaseTiming;
+use super::shards::ShardMap;
+
+/// The `ha` section. Every replica of one installation must have the same `shards` and
+/// `lease_namespace`; each its own `identity`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HaSettings {
+    /// The holder name this replica writes into the Leases. Unset: `POD_NAME` (the chart
+    /// sets it from the downward API), else the host name. A restarted replica with the
+    /// same identity takes its shards back at once.
+    pub identity: Option<String>,
+    /// Namespace of the shards' Leases. Unset: the registrations' namespace (the service's
+    /// own, `POD_NAMESPACE`, else `default`).
+    pub lease_namespace: Option<String>,
+    /// How many shards the namespaces are spread over (1: plain leader election).
+    pub shards: u32,
+    /// `leaseDurationSeconds` of the Leases, in ms (a whole number of seconds).
+    pub lease_duration_ms: u64,
+    /// How long an owner acts without a successful renewal; shorter than the lease.
+    pub renew_deadline_ms: u64,
+    /// How often a replica renews or tries to acquire.
+    pub retry_period_ms: u64,
+}
+
+impl Default for HaSettings {
+    fn default() -> Self {
+        let timing = LeaseTiming::default();
+        Self {
+            identity: None,
+            lease_namespace: None,
+            shards: 1,
+            lease_duration_ms: millis(timing.lease),
+            renew_deadline_ms: millis(timing.renew_deadline),
+            retry_period_ms: millis(timing.retry),
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl HaSettings {
+    /// The three durations.
+    pub fn timing(&self) -> LeaseTiming {
+        LeaseTiming {
+            lease: Duration::from_millis(self.lease_duration_ms),
+            renew_deadline: Duration::from_millis(self.renew_deadline_ms),
+            retry: Duration::from_millis(self.retry_period_ms),
+        }
+    }
+
+    /// The identity in use: `identity`, else `pod_name`, else `host_name`, else a fixed
+    /// name (one replica alone still owns every shard).
+    pub fn resolve_identity(&mut self, pod_name: Option<String>, host_name: Option<String>) {
+        let given = |value: Option<String>| {
+            value
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        self.identity = given(self.identity.take())
+            .or_else(|| given(pod_name))
+            .or_else(|| given(host_name))
+            .or_else(|| Some("spark-pod-allocator".to_string()));
+    }
+
+    /// The identity written into the Leases.
+    pub fn identity(&self) -> &str {
+        self.identity.as_deref().unwrap_or("spark-pod-allocator")
+    }
+
+    /// The rule a value breaks, as (key under `ha.`, reason).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        if let Some(namespace) = &self.lease_namespace {
+            crate::naming::dns1123_label(namespace)
+                .map_err(|reason| ("lease_namespace".to_string(), reason))?;
+        }
+        if let Some(identity) = &self.identity
+            && (identity.is_empty() || identity.len() > 253)
+        {
+            return Err((
+                "identity".into(),
+                "must be 1 to 253 characters (a Lease's holderIdentity)".into(),
+            ));
+        }
+        ShardMap::new(self.shards).map_err(|(_, reason)| ("shards".to_string(), reason))?;
+        if self.lease_duration_ms % 1000 != 0 {
+            return Err((
+                "lease_duration_ms".into(),
+                "must be a whole number of seconds (the Lease's leaseDurationSeconds)".into(),
+            ));
+        }
+        self.timing()
+            .check()
+            .map_err(|(key, reason)| (key.trim_start_matches("ha.").to_string(), reason))
+    }
+}
+
+/// The host name, for [`HaSettings::resolve_identity`] (`HOSTNAME`, else the kernel's).
+pub fn host_name() -> Option<String> {
+    std::env::var("HOSTNAME").ok().or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|name| name.trim().to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_identity_is_the_one_set_else_the_pod_name_else_the_host_name() {
+        let mut set = HaSettings {
+            identity: Some("r-1".into()),
+            ..HaSettings::default()
+        };
+        set.resolve_identity(Some("pod".into()), Some("host".into()));
+        assert_eq!(set.identity(), "r-1");
+        let mut pod = HaSettings::default();
+        pod.resolve_identity(Some("pod".into()), Some("host".into()));
+        assert_eq!(pod.identity(), "pod");
+        let mut host = HaSettings::default();
+        host.resolve_identity(Some(" ".into()), Some("host".into()));
+        assert_eq!(host.identity(), "host");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert_eq!(HaSettings::default().check(), Ok(()));
+        let key = |s: HaSettings| s.check().unwrap_err().0;
+        let base = HaSettings::default();
+        assert_eq!(
+            key(HaSettings {
+                shards: 0,
+                ..base.clone()
+            }),
+            "shards"
+        );
+        assert_eq!(
+            key(HaSettings {
+                lease_duration_ms: 1500,
+                ..base.clone()
+            }),
+            "lease_duration_ms"
+        );
+        assert_eq!(
+            key(HaSettings {
+                renew_deadline_ms: 15_000,
+                ..base.clone()
+            }),
+            "renew_deadline_ms"
+        );
+        assert_eq!(
+            key(HaSettings {
+                lease_namespace: Some("Bad_NS".into()),
+                ..base
+            }),
+            "lease_namespace"
+        );
+    }
+}
