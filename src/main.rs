@@ -272,6 +272,7 @@ async fn serve(
         executor_pod_template: settings.default_template()?,
         limits: settings.limits.clone(),
     };
+    let user_agent = k8s::replica_user_agent(settings.ha.identity());
     // The simulated cluster, if any, lives as long as the service.
     let (client, sim) = if simulate {
         let cluster = SimCluster::start(settings.simulator.clone())
@@ -281,10 +282,11 @@ async fn serve(
         // As `k8s::connect`: the service's RequestPolicy retries, not kube's retry layer.
         let mut config = cluster.kube_config();
         config.default_retry = false;
-        let client = k8s::client(config).context("a client for the simulated cluster")?;
+        let client =
+            k8s::client_as(config, &user_agent).context("a client for the simulated cluster")?;
         (client, Some(cluster))
     } else {
-        let client = k8s::connect(&settings.kubernetes)
+        let client = k8s::connect_as(&settings.kubernetes, &user_agent)
             .await
             .context("connecting to Kubernetes")?;
         (client, None)
@@ -300,6 +302,16 @@ async fn serve(
     }
     let gate = Gate::from_settings(&settings.auth, client.clone());
     tracing::info!(mode = ?settings.auth.mode, "authentication");
+    tracing::info!(
+        identity = settings.ha.identity(),
+        shards = settings.ha.shards,
+        lease_namespace = settings
+            .ha
+            .lease_namespace
+            .as_deref()
+            .unwrap_or(settings.registrations.namespace()),
+        "replica: acting on the shards whose Lease it holds"
+    );
     let core = runtime::Builder::new(client, Arc::new(SystemClock))
         .with_options(service_options(&settings))
         .with_metrics(metrics.clone())

@@ -134,6 +134,15 @@ pub enum ConnectError {
 /// A client as configured: an explicit kubeconfig (and context), in-cluster, or inferred
 /// (`KUBECONFIG`, `~/.kube/config`, then in-cluster) when `in_cluster` is `auto`.
 pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, ConnectError> {
+    connect_as(settings, USER_AGENT).await
+}
+
+/// As [`connect`], every request sent with `user_agent` (one naming the replica:
+/// [`replica_user_agent`]).
+pub async fn connect_as(
+    settings: &KubernetesSettings,
+    user_agent: &str,
+) -> Result<kube::Client, ConnectError> {
     let options = kube::config::KubeConfigOptions {
         context: settings.context.clone(),
         ..Default::default()
@@ -161,7 +170,7 @@ pub async fn connect(settings: &KubernetesSettings) -> Result<kube::Client, Conn
     config.default_retry = false;
     // Later "not reachable" warnings and UNAVAILABLE answers name no address: this does.
     tracing::info!(url = %config.cluster_url, namespace = %config.default_namespace, "kubernetes API server");
-    Ok(client(config)?)
+    Ok(client_as(config, user_agent)?)
 }
 
 /// The User-Agent of every request the service sends to Kubernetes, so that an audit log
@@ -171,14 +180,25 @@ pub const USER_AGENT: &str = concat!("spark-pod-allocator/", env!("CARGO_PKG_VER
 /// The service's client of `config`: every request carries [`USER_AGENT`] (in place of
 /// any User-Agent the config names). Every client the service sends requests with is
 /// built here (`main`, the demo, the benchmarks and the test kit).
-pub fn client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+pub fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
+    client_as(config, USER_AGENT)
+}
+
+/// The User-Agent of replica `identity` (`ha.identity`): [`USER_AGENT`], then the
+/// identity, so that an audit log tells the replicas apart too.
+pub fn replica_user_agent(identity: &str) -> String {
+    format!("{USER_AGENT} ({identity})")
+}
+
+/// As [`client`], every request sent with `user_agent` (a header value; one that is not
+/// is replaced by [`USER_AGENT`]).
+pub fn client_as(mut config: kube::Config, user_agent: &str) -> Result<kube::Client, kube::Error> {
     config
         .headers
         .retain(|(name, _)| name != http::header::USER_AGENT);
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(USER_AGENT),
-    ));
+    let value = http::HeaderValue::from_str(user_agent)
+        .unwrap_or_else(|_| http::HeaderValue::from_static(USER_AGENT));
+    config.headers.push((http::header::USER_AGENT, value));
     kube::Client::try_from(config)
 }
 

@@ -145,6 +145,17 @@ pub async fn serve_at(
     kubeconfig: &Path,
     registrations: &RegistrationSettings,
 ) -> (Child, String) {
+    serve_with(bin, kubeconfig, registrations, &[]).await
+}
+
+/// As [`serve_at`], with more of the configuration in `env` (`SPARK_POD_ALLOCATOR__…`
+/// variables: a replica's `ha` settings).
+pub async fn serve_with(
+    bin: &str,
+    kubeconfig: &Path,
+    registrations: &RegistrationSettings,
+    env: &[(&str, &str)],
+) -> (Child, String) {
     let mut command = service_command(
         bin,
         &["--log-format", "json", "serve", "--listen", "127.0.0.1:0"],
@@ -157,6 +168,7 @@ pub async fn serve_at(
         "SPARK_POD_ALLOCATOR__REGISTRATIONS__KEY_SECRET",
         &registrations.key_secret,
     );
+    command.envs(env.iter().copied());
     let (child, mut lines) = spawn_logged(command);
     let serving = until_logged(&mut lines, "serving gRPC").await;
     let address = serving["address"].as_str().expect("address").to_string();

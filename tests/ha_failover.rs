@@ -1,0 +1,258 @@
+//! Two replicas of the service binary on one simulated cluster, sharing the applications
+//! through one shard Lease (`ha.shards = 1`, a 2 s lease): only the holder acts, a call
+//! for an application of a shard another replica holds answers UNAVAILABLE naming the
+//! holder, and when the holder is killed or paused past its lease the other takes over
+//! from the registration and finishes the scale-up. A paused owner woken up sends not a
+//! single write: the simulator counts every request by User-Agent, which names the
+//! replica.
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
+use spark_pod_allocator::k8s::{USER_AGENT, replica_user_agent};
+use spark_pod_allocator_sim::SimCluster;
+use test_kit::grpc::batched_start_request;
+use test_kit::process::{connect_serving, serve_with};
+use test_kit::requests::*;
+use test_kit::service::stored_registration;
+use test_kit::sim::manual_cluster;
+use test_kit::wait::until;
+use tokio::process::Child;
+use tonic::Code;
+
+const NS: &str = "default";
+const APP: &str = "app-ha";
+const LEASE: &str = "spark-pod-allocator-shard-0";
+
+const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
+
+/// A replica named `identity`: a 2 s lease, renewed every 250 ms, acted on for 1 s after
+/// each renewal.
+async fn replica(kubeconfig: &Path, identity: &str) -> (Child, String) {
+    serve_with(
+        BIN,
+        kubeconfig,
+        &Default::default(),
+        &[
+            ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity),
+            ("SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS", "2000"),
+            ("SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS", "1000"),
+            ("SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS", "250"),
+        ],
+    )
+    .await
+}
+
+async fn executor_ids(sim: &SimCluster) -> BTreeSet<u64> {
+    test_kit::sim::executor_ids(&sim.try_client().expect("client"), NS, APP).await
+}
+
+async fn holder(sim: &SimCluster) -> (Option<String>, Option<i32>) {
+    let leases: Api<Lease> = Api::namespaced(sim.try_client().expect("client"), NS);
+    match leases.get_opt(LEASE).await.expect("get the Lease") {
+        Some(lease) => {
+            let spec = lease.spec.unwrap_or_default();
+            (spec.holder_identity, spec.lease_transitions)
+        }
+        None => (None, None),
+    }
+}
+
+/// Writes (anything but get, list and watch) the replica `identity` has sent.
+fn writes_of(sim: &SimCluster, identity: &str) -> u64 {
+    let agent = replica_user_agent(identity);
+    sim.requests()
+        .iter()
+        .filter(|((by, verb, _), _)| {
+            *by == agent && !matches!(verb.as_str(), "get" | "list" | "watch")
+        })
+        .map(|(_, count)| count)
+        .sum()
+}
+
+async fn kubeconfig(sim: &SimCluster, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&path).expect("kubeconfig");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_the_lease() {
+    let sim = manual_cluster().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = kubeconfig(&sim, &dir).await;
+    let (mut a, address_a) = replica(&kubeconfig, "replica-a").await;
+    let mut client_a = connect_serving(&address_a).await;
+    let (_b, address_b) = replica(&kubeconfig, "replica-b").await;
+    let mut client_b = connect_serving(&address_b).await;
+    assert_eq!(holder(&sim).await, (Some("replica-a".into()), Some(0)));
+
+    // The replica that does not hold the shard does not act on it, and says who does.
+    let refused = client_b
+        .start(batched_start_request(APP, NS, 2, 1000))
+        .await
+        .expect_err("not the owner");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("held by replica-a"),
+        "{refused:?}"
+    );
+
+    client_a
+        .start(batched_start_request(APP, NS, 2, 1000))
+        .await
+        .expect("Start on the owner");
+    client_a
+        .set_total_expected(targets_request(APP, 8))
+        .await
+        .expect("SetTotalExpected");
+    until("the first batch", || async {
+        executor_ids(&sim).await.len() >= 2
+    })
+    .await;
+    let client = sim.try_client().expect("client");
+    until("the registration with the target", || async {
+        stored_registration(&client, NS, NS, APP)
+            .await
+            .is_some_and(|r| r.targets.get(&0) == Some(&8))
+    })
+    .await;
+    a.start_kill().expect("SIGKILL");
+    a.wait().await.expect("killed");
+    let at_kill = executor_ids(&sim).await;
+
+    // No driver call: the other replica takes the shard once the lease has passed and
+    // finishes the scale-up from the registration.
+    until("8 executors", || async {
+        executor_ids(&sim).await.len() == 8
+    })
+    .await;
+    assert_eq!(holder(&sim).await, (Some("replica-b".into()), Some(1)));
+    let ids = executor_ids(&sim).await;
+    assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
+    assert_eq!(ids.len(), 8, "no pod beyond the target: {ids:?}");
+    let status = client_b
+        .get_status(status_request(APP))
+        .await
+        .expect("the new owner answers")
+        .into_inner();
+    assert_eq!(status.profiles[0].target, 8);
+    let stopped = client_b
+        .stop(stop_request(APP))
+        .await
+        .expect("Stop")
+        .into_inner();
+    assert_eq!(stopped.deleted_pods, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
+    let sim = manual_cluster().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = kubeconfig(&sim, &dir).await;
+    let (a, address_a) = replica(&kubeconfig, "replica-a").await;
+    let mut client_a = connect_serving(&address_a).await;
+    let (_b, address_b) = replica(&kubeconfig, "replica-b").await;
+    let mut client_b = connect_serving(&address_b).await;
+
+    // Mid scale-up on `a`: it has more to create when it is paused.
+    client_a
+        .start(batched_start_request(APP, NS, 2, 1000))
+        .await
+        .expect("Start");
+    client_a
+        .set_total_expected(targets_request(APP, 6))
+        .await
+        .expect("SetTotalExpected");
+    until("the first batch", || async {
+        executor_ids(&sim).await.len() >= 2
+    })
+    .await;
+    let pid = a.id().expect("running").to_string();
+    signal("-STOP", &pid);
+    // What `a` reserved (a write of it still on the wire can only raise it).
+    let recorded = recorded_last_id(&sim).await;
+
+    until("replica-b holds the shard", || async {
+        holder(&sim).await.0.as_deref() == Some("replica-b")
+    })
+    .await;
+    // Counted once the lease has passed: a request `a` had on the wire when it was paused
+    // has arrived by now.
+    let writes_at_takeover = writes_of(&sim, "replica-a");
+    let at_pause = executor_ids(&sim).await;
+    until("6 executors, through replica-b", || async {
+        executor_ids(&sim).await.len() == 6
+    })
+    .await;
+    client_b
+        .set_total_expected(targets_request(APP, 8))
+        .await
+        .expect("the new owner takes calls");
+    until("8 executors", || async {
+        executor_ids(&sim).await.len() == 8
+    })
+    .await;
+
+    signal("-CONT", &pid);
+    // Woken, `a` finds its ownership lapsed and lets the application go.
+    until("replica-a let the application go", || {
+        let mut client = client_a.clone();
+        async move {
+            client
+                .get_status(status_request(APP))
+                .await
+                .is_err_and(|status| status.code() == Code::NotFound)
+        }
+    })
+    .await;
+    let refused = client_a
+        .set_total_expected(targets_request(APP, 9))
+        .await
+        .expect_err("not the owner");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    assert_eq!(
+        writes_of(&sim, "replica-a"),
+        writes_at_takeover,
+        "the deposed owner wrote: {:?}",
+        sim.requests()
+    );
+    let ids = executor_ids(&sim).await;
+    assert_eq!(ids.len(), 8, "no pod beyond the target: {ids:?}");
+    // The new owner's ids are above the block the old one reserved: none used twice.
+    let new: BTreeSet<u64> = ids.difference(&at_pause).copied().collect();
+    assert!(
+        new.iter().all(|id| *id > recorded),
+        "{new:?} above {recorded}"
+    );
+    assert!(
+        sim.requests()
+            .keys()
+            .any(|(agent, _, _)| agent.starts_with(USER_AGENT)),
+        "the replicas name themselves"
+    );
+}
+
+/// The highest executor id the application's record holds (its ConfigMap: no driver pod).
+async fn recorded_last_id(sim: &SimCluster) -> u64 {
+    let config_maps: Api<ConfigMap> = Api::namespaced(sim.try_client().expect("client"), NS);
+    let stored = config_maps
+        .get(&IdRecord::config_map_name(APP))
+        .await
+        .expect("the id record's ConfigMap");
+    stored.data.as_ref().expect("data")[LAST_EXECUTOR_ID_KEY]
+        .parse()
+        .expect("a number")
+}
+
+fn signal(which: &str, pid: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, pid])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {which} {pid}");
+}
