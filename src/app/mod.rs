@@ -369,6 +369,11 @@ impl Applications {
                 }
             };
             let (app, namespace) = (req.app_id.clone(), req.namespace.clone());
+            // One that runs here already (its shard kept through a lapse at the same epoch)
+            // is newer than its registration.
+            if matches!(self.entry(&app), Some((_, Some(_), _))) {
+                continue;
+            }
             match self.start_admitted(req, false, Admission::Resumed).await {
                 Ok(_) => {}
                 Err(AppError::FailedPrecondition(reason)) => {
@@ -421,9 +426,9 @@ impl Applications {
     }
 
     /// Acts on every change of this replica's shards from their first known state on:
-    /// a shard taken is resumed from its registrations, a shard lost (or taken again at a
-    /// new epoch: another replica may have acted in between) is let go first. Runs until
-    /// the registry is dropped.
+    /// a shard taken is resumed from its registrations; a shard another replica holds, or
+    /// one taken again at a new epoch (another replica may have acted in between), is let
+    /// go first. Runs until the registry is dropped.
     pub(crate) fn spawn_shard_supervisor(&self) {
         for (shard, mut changes) in self.inner.ownerships.receivers() {
             let registry = Arc::downgrade(&self.inner);
@@ -458,7 +463,15 @@ impl Applications {
                                 applications.inner.resumed.lock().await.remove(&shard);
                             }
                         }
-                        _ => applications.let_go(shard, None).await,
+                        // Another replica holds it: it resumes the applications.
+                        ShardState::NotOwned {
+                            holder: Some(_), ..
+                        } => applications.let_go(shard, None).await,
+                        // Lapsed, or the Lease cannot be read: the actors stay, their writes
+                        // refused by their fences, and go on if the shard is renewed at the
+                        // same epoch (no one else held it in between); they are let go as
+                        // soon as another holder is seen.
+                        _ => {}
                     }
                 }
             });

@@ -288,7 +288,10 @@ fn publish(tx: &watch::Sender<ShardState>, next: ShardState, shard: Shard, ident
     tx.send_if_modified(|state| {
         let woke = match (&*state, &next) {
             (ShardState::Owned(was), ShardState::Owned(now)) => was.epoch != now.epoch,
-            (ShardState::NotOwned { .. }, ShardState::NotOwned { .. }) => false,
+            // Only a new holder matters to the writers (an error's words do not).
+            (ShardState::NotOwned { holder: was, .. }, ShardState::NotOwned { holder: now, .. }) => {
+                was != now
+            }
             (was, now) => was != now,
         };
         if woke {
@@ -337,7 +340,11 @@ pub fn spawn_keepers(
 ) -> (crate::ha::Ownerships, Vec<tokio::task::JoinHandle<()>>) {
     let timing = settings.timing();
     let policy = RequestPolicy {
-        timeout: timing.retry.max(std::time::Duration::from_millis(500)),
+        // Long enough for a loaded API server, short enough to try twice before the
+        // renew deadline (a hung request never holds an ownership: `lapse` ends it).
+        timeout: (timing.renew_deadline / 2)
+            .max(timing.retry)
+            .max(std::time::Duration::from_millis(500)),
         attempts: 1,
         ..RequestPolicy::default()
     };

@@ -85,6 +85,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $config "registrations" (dict
   "namespace" .Release.Namespace
   "key_secret" (include "spa.registrationKeySecretName" .)) -}}
+{{- $h := .Values.ha -}}
+{{- $_ := set $config "ha" (dict
+  "lease_namespace" .Release.Namespace
+  "shards" (int $h.shards)
+  "lease_duration_ms" (int $h.leaseDurationMs)
+  "renew_deadline_ms" (int $h.renewDeadlineMs)
+  "retry_period_ms" (int $h.retryPeriodMs)) -}}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $config "tls" (dict
   "cert_file" "/etc/spark-pod-allocator-tls/tls.crt"
@@ -265,3 +272,14 @@ app.kubernetes.io/component: metrics
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The names of the shards' Leases (spark-pod-allocator-shard-<n>), as a list.
+*/}}
+{{- define "spa.shardLeaseNames" -}}
+{{- $names := list -}}
+{{- range $n := until (int .Values.ha.shards) -}}
+{{- $names = append $names (printf "spark-pod-allocator-shard-%d" $n) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end }}
