@@ -6,5 +6,6 @@ mod allocation;
 mod binary;
 mod conformance;
 mod faults;
+mod ha;
 mod pod_security;
 mod websocket;

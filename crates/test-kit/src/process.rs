@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use spark_pod_allocator::ha::HaSettings;
 use spark_pod_allocator::k8s::RegistrationSettings;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::runtime::wait_until_serving;
@@ -149,7 +150,9 @@ pub async fn serve_at(
 }
 
 /// As [`serve_at`], with more of the configuration in `env` (`SPARK_POD_ALLOCATOR__…`
-/// variables: a replica's `ha` settings).
+/// variables: a replica's `ha` settings). Unless `env` names another, the process has
+/// the replica identity of an in-process service ([`HaSettings`]' default): on a cluster
+/// the tests share, every service of a test that names no replicas is the same replica.
 pub async fn serve_with(
     bin: &str,
     kubeconfig: &Path,
@@ -167,6 +170,10 @@ pub async fn serve_with(
     command.env(
         "SPARK_POD_ALLOCATOR__REGISTRATIONS__KEY_SECRET",
         &registrations.key_secret,
+    );
+    command.env(
+        "SPARK_POD_ALLOCATOR__HA__IDENTITY",
+        HaSettings::default().identity(),
     );
     command.envs(env.iter().copied());
     let (child, mut lines) = spawn_logged(command);
