@@ -91,7 +91,7 @@ impl HaSettings {
             ));
         }
         ShardMap::new(self.shards).map_err(|(_, reason)| ("shards".to_string(), reason))?;
-        if self.lease_duration_ms % 1000 != 0 {
+        if !self.lease_duration_ms.is_multiple_of(1000) {
             return Err((
                 "lease_duration_ms".into(),
                 "must be a whole number of seconds (the Lease's leaseDurationSeconds)".into(),
