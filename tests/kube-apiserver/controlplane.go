@@ -75,6 +75,9 @@ func runComponent(args []string) (bool, error) {
 
 // runKwok is kwok's own main (sigs.k8s.io/kwok/cmd/kwok) with its arguments given.
 func runKwok(args []string) error {
+	// The Kubernetes packages linked in register flags on pflag's global set (--version among
+	// them, which clashes with cobra's); kwok's command knows none of them.
+	pflag.CommandLine = pflag.NewFlagSet(kwokCommand, pflag.ExitOnError)
 	flagset := pflag.NewFlagSet("global", pflag.ContinueOnError)
 	flagset.ParseErrorsAllowlist.UnknownFlags = true
 	flagset.Usage = func() {}
@@ -226,10 +229,18 @@ func registerNode(ctx context.Context, client *kubernetes.Clientset, name string
 		},
 		Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
 	}
-	_, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	created, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}
+	if err != nil {
+		return err
+	}
+	// The API server taints a new node not-ready; the node-lifecycle controller lifts the taint
+	// once the node is Ready. That controller does not run here (it would also evict the pods of
+	// nodes whose kubelet lease kwok does not renew), so the node starts untainted.
+	created.Spec.Taints = nil
+	_, err = client.CoreV1().Nodes().Update(ctx, created, metav1.UpdateOptions{})
 	return err
 }
 
