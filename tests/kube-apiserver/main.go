@@ -12,6 +12,9 @@
 // POST /compact compacts etcd at its current revision, POST /etcd/stop?seconds=N stops etcd
 // and starts it again after N seconds. SIGTERM or SIGINT shuts both servers down cleanly, and
 // so does the end of stdin with --exit-with-stdin.
+//
+// With --control-plane it also runs a kube-scheduler, a kube-controller-manager and kwok with
+// --kwok-nodes fake nodes (controlplane.go), and is ready when they act.
 package main
 
 import (
@@ -37,6 +40,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -53,7 +57,15 @@ var tokenUsers = []struct{ name, groups string }{
 	{"admin", "system:masters"},
 	{"alice", ""},
 	{"bob", ""},
+	{schedulerUser, ""},
+	{controllerManagerUser, ""},
 }
+
+// The users the bootstrap RBAC policy binds to the scheduler's and controller-manager's roles.
+const (
+	schedulerUser         = "system:kube-scheduler"
+	controllerManagerUser = "system:kube-controller-manager"
+)
 
 // auditPolicy logs the requests of every client but the API server's own loopback client;
 // pod and configmap writes carry their request body.
@@ -83,6 +95,13 @@ type state struct {
 }
 
 func main() {
+	if ran, err := runComponent(os.Args[1:]); ran {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "test-apiserver:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "test-apiserver:", err)
 		os.Exit(1)
@@ -95,6 +114,10 @@ func run() error {
 	verbosity := flag.Int("v", 0, "kube-apiserver log verbosity")
 	ephemeral := flag.Bool("ephemeral", false, "remove --dir on exit (for a server that is never restarted)")
 	exitWithStdin := flag.Bool("exit-with-stdin", false, "shut down (as on SIGTERM) when stdin closes, so a test's server never outlives the test process")
+	var cpOpts controlPlaneOptions
+	flag.BoolVar(&cpOpts.enabled, "control-plane", false, "also run kube-scheduler, kube-controller-manager and kwok (fake nodes and kubelets)")
+	flag.IntVar(&cpOpts.nodes, "kwok-nodes", 2, "how many nodes kwok fakes (with --control-plane)")
+	flag.DurationVar(&cpOpts.runningDelay, "kwok-running-delay", 0, "how long a pod bound to a kwok node stays Pending before Running, unless its annotation says otherwise")
 	flag.Parse()
 	if *dir == "" {
 		return errors.New("--dir is required")
@@ -143,14 +166,32 @@ func run() error {
 
 	apiURL := fmt.Sprintf("https://127.0.0.1:%d", st.APIPort)
 	stopped := make(chan struct{})
+	controlPlaneUp := make(chan *controlPlane, 1)
 	go func() {
-		if waitReady(apiURL, abs, st.Tokens["admin"], stopped) {
-			fmt.Printf("ready %s\n", apiURL)
+		if !waitReady(apiURL, abs, st.Tokens["admin"], stopped) {
+			return
 		}
+		if cpOpts.enabled {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() { <-stopped; cancel() }()
+			cp, err := startControlPlane(ctx, abs, cpOpts)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "test-apiserver: control plane:", err)
+				_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+				return
+			}
+			controlPlaneUp <- cp
+		}
+		fmt.Printf("ready %s\n", apiURL)
 	}()
 	// The command returns when its signal context ends (SIGTERM/SIGINT) or it fails to start.
 	err = <-done
 	close(stopped)
+	select {
+	case cp := <-controlPlaneUp:
+		cp.stop()
+	default:
+	}
 	return err
 }
 
@@ -164,7 +205,7 @@ func loadOrCreateState(dir string, port int) (*state, error) {
 		if port != 0 && port != st.APIPort {
 			return nil, fmt.Errorf("%s was made for port %d, not %d", path, st.APIPort, port)
 		}
-		return &st, nil
+		return &st, addTokens(path, &st)
 	}
 	ports, err := freePorts(4)
 	if err != nil {
@@ -174,18 +215,26 @@ func loadOrCreateState(dir string, port int) (*state, error) {
 	if port != 0 {
 		st.APIPort = port
 	}
+	return &st, addTokens(path, &st)
+}
+
+// addTokens gives every user without a token one, and saves the state.
+func addTokens(path string, st *state) error {
 	for _, u := range tokenUsers {
+		if st.Tokens[u.name] != "" {
+			continue
+		}
 		b := make([]byte, 24)
 		if _, err := rand.Read(b); err != nil {
-			return nil, err
+			return err
 		}
 		st.Tokens[u.name] = hex.EncodeToString(b)
 	}
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &st, os.WriteFile(path, data, 0o600)
+	return os.WriteFile(path, data, 0o600)
 }
 
 // freePorts asks the kernel for distinct free loopback ports, all held until all are chosen.
@@ -240,6 +289,20 @@ func writeFixtures(dir string, st *state) error {
 	if err := os.WriteFile(filepath.Join(dir, "audit-policy.yaml"), []byte(auditPolicy), 0o600); err != nil {
 		return err
 	}
+	for _, user := range []string{schedulerUser, controllerManagerUser} {
+		if err := writeKubeconfig(componentKubeconfig(dir, user), dir, st.APIPort, user, st.Tokens[user]); err != nil {
+			return err
+		}
+	}
+	return writeKubeconfig(filepath.Join(dir, "kubeconfig"), dir, st.APIPort, "admin", st.Tokens["admin"])
+}
+
+// componentKubeconfig is where a control-plane component's kubeconfig is.
+func componentKubeconfig(dir, user string) string {
+	return filepath.Join(dir, "kubeconfig-"+strings.TrimPrefix(user, "system:"))
+}
+
+func writeKubeconfig(path, dir string, port int, user, token string) error {
 	kubeconfig := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -248,18 +311,18 @@ clusters:
     server: https://127.0.0.1:%d
     certificate-authority: %s
 users:
-- name: admin
+- name: %[3]s
   user:
-    token: %s
+    token: %[4]s
 contexts:
-- name: admin
+- name: %[3]s
   context:
     cluster: test-apiserver
-    user: admin
+    user: %[3]s
     namespace: default
-current-context: admin
-`, st.APIPort, filepath.Join(dir, "ca.crt"), st.Tokens["admin"])
-	return os.WriteFile(filepath.Join(dir, "kubeconfig"), []byte(kubeconfig), 0o600)
+current-context: %[3]s
+`, port, filepath.Join(dir, "ca.crt"), user, token)
+	return os.WriteFile(path, []byte(kubeconfig), 0o600)
 }
 
 // writeCertificates makes a CA and a serving certificate for 127.0.0.1 and localhost.

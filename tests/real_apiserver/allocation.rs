@@ -73,14 +73,7 @@ fn service(c: &impl Cluster, clock: &ManualClock) -> Service {
 }
 
 async fn wait_state(s: &Service, app: &str, exec: u64, wanted: fn(&ExecutorState) -> bool) {
-    until(&format!("{app} executor {exec} state"), || async {
-        let snapshot = s.apps.snapshot(&id(app)).await.expect("snapshot");
-        snapshot
-            .executors
-            .get(&ExecutorId(exec))
-            .is_some_and(|e| wanted(&e.state))
-    })
-    .await;
+    test_kit::service::wait_executor(&s.apps, app, exec, |e| wanted(&e.state)).await
 }
 
 async fn advance_round(s: &Service, app: &str, by: Duration) {

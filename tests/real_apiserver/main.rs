@@ -5,6 +5,7 @@
 mod allocation;
 mod binary;
 mod conformance;
+mod control_plane;
 mod faults;
 mod ha;
 mod pod_security;

@@ -24,6 +24,22 @@ pub const BINARY_VAR: &str = "TEST_APISERVER_BIN";
 /// a loaded two-core machine: a hang guard, not a timing assertion.
 const START_GUARD: Duration = Duration::from_secs(180);
 
+/// The test API server's flag that also runs kube-scheduler, kube-controller-manager and kwok
+/// (fake nodes whose pods go Running), for the tests that need what a cluster does by itself:
+/// scheduling, garbage collection, namespaces and their `default` ServiceAccount.
+pub const CONTROL_PLANE: &str = "--control-plane";
+
+/// The pod label that picks a pod's fate on a kwok node: `exit` (Running, then Failed with
+/// the exit code of [`KWOK_EXIT_CODE`], 1 by default) or `image-pull-backoff` (Pending, its
+/// containers waiting). Without it a pod goes Running.
+pub const KWOK_OUTCOME: &str = "spark-pod-allocator.test/kwok-outcome";
+
+/// The pod annotation with the exit code of a pod whose [`KWOK_OUTCOME`] is `exit`.
+pub const KWOK_EXIT_CODE: &str = "spark-pod-allocator.test/kwok-exit-code";
+
+/// The pod annotation with how long a pod stays Pending on a kwok node (e.g. `2s`).
+pub const KWOK_RUNNING_DELAY: &str = "spark-pod-allocator.test/kwok-running-delay";
+
 /// The built binary, or `None` (with the reason printed) when tests should skip the real server.
 pub fn binary() -> Option<PathBuf> {
     match std::env::var_os(BINARY_VAR) {
@@ -59,6 +75,8 @@ pub struct RealApiServer {
     /// Removed on drop unless the server was started on a directory the caller keeps.
     _tempdir: Option<tempfile::TempDir>,
     ephemeral: bool,
+    /// Arguments of the test API server itself (e.g. [`CONTROL_PLANE`]).
+    server_args: Vec<String>,
     /// Arguments passed on to kube-apiserver.
     extra_args: Vec<String>,
     /// The process and its stdin, held open: the server shuts down when stdin closes (the
@@ -80,6 +98,17 @@ impl RealApiServer {
     /// An `ephemeral` server removes its directory itself when it exits: for one that is
     /// never dropped (shared by a test binary) and never restarted.
     pub fn start_with(binary: &Path, extra_args: &[&str], ephemeral: bool) -> Self {
+        Self::start_configured(binary, &[], extra_args, ephemeral)
+    }
+
+    /// [`Self::start_with`] with arguments for the test API server itself before those for
+    /// kube-apiserver (e.g. [`CONTROL_PLANE`]).
+    pub fn start_configured(
+        binary: &Path,
+        server_args: &[&str],
+        extra_args: &[&str],
+        ephemeral: bool,
+    ) -> Self {
         let tempdir = tempfile::Builder::new()
             .prefix("test-apiserver-")
             .tempdir()
@@ -90,6 +119,7 @@ impl RealApiServer {
             dir,
             _tempdir: Some(tempdir),
             ephemeral,
+            server_args: server_args.iter().map(|a| a.to_string()).collect(),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             process: Mutex::new(None),
             restarts: Default::default(),
@@ -111,6 +141,7 @@ impl RealApiServer {
             .arg(&self.dir)
             .arg("--exit-with-stdin")
             .args(self.ephemeral.then_some("--ephemeral"))
+            .args(&self.server_args)
             .arg("--")
             .args(&self.extra_args)
             .stdin(Stdio::piped())
@@ -283,8 +314,9 @@ async fn client_from_kubeconfig(path: &Path) -> Client {
     Client::try_from(config).expect("client")
 }
 
-/// Creates `namespace` with its `default` service account (no controller manager runs to make
-/// it, and the ServiceAccount admission plugin refuses pods without it).
+/// Creates `namespace` with its `default` service account (without [`CONTROL_PLANE`] no
+/// controller manager runs to make it, and the ServiceAccount admission plugin refuses pods
+/// without it).
 pub async fn create_namespace(admin: &Client, namespace: &str) {
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))

@@ -106,6 +106,9 @@ struct Shared {
 
 static SHARED: OnceCell<Arc<Shared>> = OnceCell::const_new();
 
+/// The test binary's shared server with a scheduler, a controller-manager and kwok nodes.
+static SHARED_CONTROL_PLANE: OnceCell<Arc<Shared>> = OnceCell::const_new();
+
 /// A real API server's scenario: namespaces `<scenario>-a` and `<scenario>-b`.
 pub struct RealBackend {
     shared: Arc<Shared>,
@@ -121,7 +124,22 @@ impl RealBackend {
     pub async fn start(scenario: &str) -> Option<Self> {
         let binary = apiserver::binary()?;
         let shared = SHARED
-            .get_or_init(|| async move { Arc::new(Shared::start(&binary, &[], true).await) })
+            .get_or_init(|| async move { Arc::new(Shared::start(&binary, &[], &[], true).await) })
+            .await
+            .clone();
+        Some(Self::on(shared, scenario).await)
+    }
+
+    /// [`Self::start`] on the test binary's shared server that also runs a kube-scheduler, a
+    /// kube-controller-manager and kwok ([`apiserver::CONTROL_PLANE`]): pods get scheduled
+    /// onto kwok's nodes and go Running there, and the garbage collector follows
+    /// ownerReferences. The scenarios there must not play scheduler or kubelet themselves.
+    pub async fn with_control_plane(scenario: &str) -> Option<Self> {
+        let binary = apiserver::binary()?;
+        let shared = SHARED_CONTROL_PLANE
+            .get_or_init(|| async move {
+                Arc::new(Shared::start(&binary, &[apiserver::CONTROL_PLANE], &[], true).await)
+            })
             .await
             .clone();
         Some(Self::on(shared, scenario).await)
@@ -131,7 +149,7 @@ impl RealBackend {
     /// started with `extra_args` for kube-apiserver.
     pub async fn start_own(scenario: &str, extra_args: &[&str]) -> Option<Self> {
         let binary = apiserver::binary()?;
-        let shared = Arc::new(Shared::start(&binary, extra_args, false).await);
+        let shared = Arc::new(Shared::start(&binary, &[], extra_args, false).await);
         Some(Self::on(shared, scenario).await)
     }
 
@@ -171,12 +189,19 @@ impl RealBackend {
 }
 
 impl Shared {
-    async fn start(binary: &std::path::Path, extra_args: &[&str], ephemeral: bool) -> Self {
+    async fn start(
+        binary: &std::path::Path,
+        server_args: &[&str],
+        extra_args: &[&str],
+        ephemeral: bool,
+    ) -> Self {
         let binary = binary.to_path_buf();
-        let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        let owned = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).collect() };
+        let (server_args, extra_args) = (owned(server_args), owned(extra_args));
         let server = tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = extra_args.iter().map(String::as_str).collect();
-            RealApiServer::start_with(&binary, &args, ephemeral)
+            let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+            let extra_args: Vec<&str> = extra_args.iter().map(String::as_str).collect();
+            RealApiServer::start_configured(&binary, &server_args, &extra_args, ephemeral)
         })
         .await
         .expect("the test API server starts");

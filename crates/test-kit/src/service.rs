@@ -9,7 +9,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use serde_json::json;
-use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
+use spark_pod_allocator::allocator::{
+    AllocationSettings, ExecutorId, ExecutorPod, ResourceProfileId,
+};
 use spark_pod_allocator::app::registration::Registration;
 use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceOptions, StartApplication, Started,
@@ -145,6 +147,23 @@ pub async fn snapshot_ids(apps: &Applications, app: &str) -> BTreeSet<u64> {
 pub async fn wait_seen(apps: &Applications, app: &str, ids: BTreeSet<u64>) {
     until(&format!("{app} sees {ids:?}"), async || {
         snapshot_ids(apps, app).await == ids
+    })
+    .await;
+}
+
+/// Waits until the actor's snapshot shows executor `exec` of `app` as `wanted` says.
+pub async fn wait_executor(
+    apps: &Applications,
+    app: &str,
+    exec: u64,
+    wanted: impl Fn(&ExecutorPod) -> bool,
+) {
+    until(&format!("{app} executor {exec} state"), async || {
+        let snapshot = apps.snapshot(&id(app)).await.expect("snapshot");
+        snapshot
+            .executors
+            .get(&ExecutorId(exec))
+            .is_some_and(&wanted)
     })
     .await;
 }
