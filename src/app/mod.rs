@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 use crate::allocator::{
     AllocationSettings, AllocatorStatus, ExecutorId, ExecutorPodsSnapshot, ResourceProfileId,
@@ -79,6 +79,9 @@ pub struct StartApplication {
     /// The identity that starts it (the authenticated user name); `None` when the service
     /// authenticates nobody. Kept in its registration, so a resumed application keeps it.
     pub owner: Option<String>,
+    /// Per-executor claim templates (`executor_claim_templates`), for the executors whose
+    /// pods mount them.
+    pub claims: Vec<PersistentVolumeClaim>,
 }
 
 /// Where an application's pods go: its namespace and driver pod (the one owner its

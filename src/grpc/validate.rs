@@ -99,6 +99,12 @@ pub fn start(
         policy,
         &placement,
     )?;
+    let claims = templates::claim_templates(
+        &req.executor_claim_templates,
+        &app_id,
+        &defaults.limits,
+        policy,
+    )?;
 
     Ok(StartApplication {
         app_id,
@@ -108,6 +114,7 @@ pub fn start(
         pod_name_prefix,
         settings,
         owner: None,
+        claims,
     })
 }
 
@@ -159,6 +166,10 @@ fn requested_over(
         policy: requested_policy,
         min_executors_at_once,
         stuck_pending_timeout_ms,
+        driver_owns_claims,
+        reuse_claims,
+        wait_to_reuse_claims,
+        max_claims,
     } = requested;
     let millis = |ms: &u64| Duration::from_millis(*ms);
     if let Some(v) = policy(*requested_policy)? {
@@ -198,6 +209,10 @@ fn requested_over(
         &mut settings.stuck_pending_timeout,
         stuck_pending_timeout_ms.as_ref().map(millis),
     );
+    set(&mut settings.driver_owns_claims, *driver_owns_claims);
+    set(&mut settings.reuse_claims, *reuse_claims);
+    set(&mut settings.wait_to_reuse_claims, *wait_to_reuse_claims);
+    set(&mut settings.max_claims, max_claims.map(Some));
     Ok(())
 }
 

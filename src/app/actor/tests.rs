@@ -91,6 +91,7 @@ impl Driven {
             pod_name_prefix: None,
             settings: settings.clone(),
             owner: None,
+            claims: Vec::new(),
         };
         let forgotten = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&forgotten);
