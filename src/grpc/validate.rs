@@ -520,6 +520,10 @@ mod tests {
             policy: Some(proto::AllocationPolicy::Adaptive as i32),
             min_executors_at_once: Some(4),
             stuck_pending_timeout_ms: Some(30_000),
+            driver_owns_claims: Some(false),
+            reuse_claims: Some(false),
+            wait_to_reuse_claims: Some(true),
+            max_claims: Some(8),
         };
         let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
         assert_eq!(
@@ -538,6 +542,10 @@ mod tests {
                 check_all_containers: true,
                 policy: AllocationPolicy::Adaptive,
                 stuck_pending_timeout: Duration::from_secs(30),
+                driver_owns_claims: false,
+                reuse_claims: false,
+                wait_to_reuse_claims: true,
+                max_claims: Some(8),
             }
         );
         let unset = settings(
