@@ -95,14 +95,22 @@ pub struct WaitForClaim {
     pub claims: usize,
 }
 
-/// The claims of one application: as last listed, and those given to requests whose pods
-/// no snapshot showed yet.
+/// How often the application's claims are listed again while reuse reads them: a claim
+/// deleted by someone else is forgotten within this (the ones the service creates are
+/// known at once).
+pub const RELIST_MS: i64 = 60_000;
+
+/// The claims of one application: those listed and those created since, and those given
+/// to requests whose pods no snapshot showed yet.
 #[derive(Debug, Clone, Default)]
 pub struct ExecutorClaims {
     rules: ClaimRules,
-    listed: Vec<ListedClaim>,
+    /// The application's claims by name, in the order they became known.
+    known: Vec<ListedClaim>,
     /// Claim names given (reused or created) to requests not yet seen, by executor.
     given: BTreeMap<ExecutorId, Vec<String>>,
+    /// When the last listing was asked for (none yet: the first round asks).
+    listing_asked: Option<Timestamp>,
 }
 
 impl ExecutorClaims {
@@ -113,14 +121,31 @@ impl ExecutorClaims {
         }
     }
 
-    /// Whether the application's claims need listing (only reuse reads them).
-    pub fn wants_listing(&self) -> bool {
-        self.rules.reuse
+    /// Whether to list the application's claims at `now` (only reuse reads them): at the
+    /// first round (claims of before a restart), then every [`RELIST_MS`]. Marks it asked.
+    pub fn listing_due(&mut self, now: Timestamp) -> bool {
+        let due = self.rules.reuse
+            && self
+                .listing_asked
+                .is_none_or(|asked| now.millis_since(asked) >= RELIST_MS);
+        if due {
+            self.listing_asked = Some(now);
+        }
+        due
     }
 
-    /// The application's claims as a fresh listing shows them.
+    /// The application's claims as the listing last asked for shows them; the claims
+    /// created since it was asked, which it may miss, are kept.
     pub fn listed(&mut self, claims: Vec<ListedClaim>) {
-        self.listed = claims;
+        let asked = self.listing_asked.unwrap_or(Timestamp(i64::MIN));
+        let names: BTreeSet<String> = claims.iter().map(|c| c.name.clone()).collect();
+        let newer = self
+            .known
+            .drain(..)
+            .filter(|c| !names.contains(&c.name) && c.created_at.is_some_and(|at| at >= asked));
+        let mut known = claims;
+        known.extend(newer);
+        self.known = known;
     }
 
     /// Forgets what was given to executors that are no longer requests unseen (their pods
@@ -131,17 +156,17 @@ impl ExecutorClaims {
 
     /// The application's claims: listed, or given since.
     pub fn count(&self) -> usize {
-        let names: BTreeSet<&str> = (self.listed.iter().map(|c| c.name.as_str()))
+        let names: BTreeSet<&str> = (self.known.iter().map(|c| c.name.as_str()))
             .chain(self.given.values().flatten().map(String::as_str))
             .collect();
         names.len()
     }
 
-    /// Listed claims free for a new executor: none of `mounted` (the claims the
+    /// Known claims free for a new executor: none of `mounted` (the claims the
     /// application's pods mount), none given to a request unseen, old enough at `now`.
     pub fn free(&self, mounted: &BTreeSet<String>, now: Timestamp) -> Vec<&ListedClaim> {
         let given: BTreeSet<&str> = self.given.values().flatten().map(String::as_str).collect();
-        self.listed
+        self.known
             .iter()
             .filter(|c| !mounted.contains(&c.name) && !given.contains(c.name.as_str()))
             .filter(|c| {
@@ -193,6 +218,14 @@ impl ExecutorClaims {
                     given.push(reused.name);
                 }
                 _ => {
+                    if self.rules.reuse && !self.known.iter().any(|c| c.name == name) {
+                        self.known.push(ListedClaim {
+                            name: name.clone(),
+                            storage_class: class,
+                            size,
+                            created_at: Some(now),
+                        });
+                    }
                     given.push(name);
                     to_create.push(claim);
                 }

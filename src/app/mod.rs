@@ -558,6 +558,10 @@ impl Applications {
         let Some((namespace, actor, id_record)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
+        let delete_claims = self
+            .apps()
+            .get(app)
+            .is_some_and(|e| e.first_start.stop_deletes_claims());
         let fence = self.fence(&namespace).await?;
         if let Some(actor) = actor {
             // The actor ends first, so no create of it can follow the delete.
@@ -567,6 +571,18 @@ impl Applications {
             .for_application(&namespace, app.as_str())
             .fenced(fence.clone());
         let deleted = match pods.delete_all(&namespace, app.as_str()).await {
+            // Claims the driver does not own go with the application, as Spark's clean-up
+            // deletes them (a driver-owned one goes with the driver pod).
+            Ok(deleted) if delete_claims => pods
+                .delete_claims(&namespace, app.as_str())
+                .await
+                .map(|claims| {
+                    tracing::info!(%app, claims, "executor claims deleted");
+                    deleted
+                }),
+            other => other,
+        };
+        let deleted = match deleted {
             // The records go only once no pod holds an id.
             Ok(deleted) => match (self.inner.registrations)
                 .fenced(fence)
