@@ -455,7 +455,12 @@ impl PodPolicy {
         if !self.enforce {
             return Ok(());
         }
-        if claim.metadata.owner_references.as_ref().is_some_and(|o| !o.is_empty()) {
+        if claim
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| !o.is_empty())
+        {
             return violation(
                 "metadata.ownerReferences",
                 "the service sets a claim's owner (the driver pod or the executor's pod)",

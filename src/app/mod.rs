@@ -573,13 +573,14 @@ impl Applications {
         let deleted = match pods.delete_all(&namespace, app.as_str()).await {
             // Claims the driver does not own go with the application, as Spark's clean-up
             // deletes them (a driver-owned one goes with the driver pod).
-            Ok(deleted) if delete_claims => pods
-                .delete_claims(&namespace, app.as_str())
-                .await
-                .map(|claims| {
-                    tracing::info!(%app, claims, "executor claims deleted");
-                    deleted
-                }),
+            Ok(deleted) if delete_claims => {
+                pods.delete_claims(&namespace, app.as_str())
+                    .await
+                    .map(|claims| {
+                        tracing::info!(%app, claims, "executor claims deleted");
+                        deleted
+                    })
+            }
             other => other,
         };
         let deleted = match deleted {

@@ -247,7 +247,10 @@ pub fn claim_templates(
             )
         })?;
         if !names.insert(name.clone()) {
-            return Err(invalid(field, format!("metadata.name: {name:?} is given twice")));
+            return Err(invalid(
+                field,
+                format!("metadata.name: {name:?} is given twice"),
+            ));
         }
         policy
             .check_claim(&claim)

@@ -357,6 +357,51 @@ mod tests {
     }
 
     #[test]
+    fn claim_templates_are_parsed_checked_and_refused_naming_their_entry() {
+        const CLAIM: &str = "metadata:\n  name: spark-app-1-exec-{{EXECUTOR_ID}}-pvc-0\nspec:\n  storageClassName: gp3\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 10Gi\n";
+        let with = |claims: &[&str]| proto::StartRequest {
+            executor_claim_templates: claims.iter().map(|c| c.to_string()).collect(),
+            ..start_req()
+        };
+        let started = start(with(&[CLAIM]), &StartDefaults::default()).unwrap();
+        assert_eq!(
+            started.claims[0].metadata.name.as_deref(),
+            Some("spark-app-1-exec-{{EXECUTOR_ID}}-pvc-0")
+        );
+        let refused =
+            |claims: &[&str]| field_of(start(with(claims), &StartDefaults::default()).unwrap_err());
+        let (field, reason) = refused(&[CLAIM, "spec: {}"]);
+        assert_eq!(field, "executor_claim_templates[1]");
+        assert!(reason.contains("metadata.name"), "{reason}");
+        let (field, reason) = refused(&[CLAIM, CLAIM]);
+        assert_eq!(field, "executor_claim_templates[1]");
+        assert!(reason.contains("twice"), "{reason}");
+        let (field, reason) = refused(&["metadata:\n  name: Bad_Name\n"]);
+        assert_eq!(field, "executor_claim_templates[0]");
+        assert!(reason.contains("Bad_Name"), "{reason}");
+        let (field, reason) = refused(&["[1, 2]"]);
+        assert_eq!(field, "executor_claim_templates[0]");
+        assert!(reason.contains("PersistentVolumeClaim"), "{reason}");
+        let huge = CLAIM.replace("10Gi", "5Ti");
+        let (field, reason) = refused(&[&huge]);
+        assert_eq!(field, "executor_claim_templates[0]");
+        assert!(reason.contains("max_claim_size"), "{reason}");
+    }
+
+    #[test]
+    fn max_claims_must_be_positive() {
+        let req = proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                max_claims: Some(0),
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "settings.max_claims");
+    }
+
+    #[test]
     fn application_id_follows_the_label_value_rule() {
         for ok in ["a", "spark-1234.x_y", "A9", &"a".repeat(63)] {
             assert!(application_id(ok).is_ok(), "{ok}");

@@ -61,9 +61,9 @@ impl ExecutorPodClient {
             })
             .await;
         match answer {
-            Ok(either) => Ok(either
-                .left()
-                .map_or(0, |list| u32::try_from(list.items.len()).unwrap_or(u32::MAX))),
+            Ok(either) => Ok(either.left().map_or(0, |list| {
+                u32::try_from(list.items.len()).unwrap_or(u32::MAX)
+            })),
             Err(err) => {
                 tracing::warn!(namespace, app_id, error = %describe_error(&err), "executor claim delete failed");
                 Err(err)

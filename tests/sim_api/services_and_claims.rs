@@ -58,10 +58,7 @@ async fn services_and_claims_support_what_a_spark_driver_does() {
         .unwrap();
     // Bound at once, as by a provisioner with immediate binding.
     let uid = bound.metadata.uid.clone().unwrap();
-    assert_eq!(
-        bound.spec.unwrap().volume_name,
-        Some(format!("pvc-{uid}"))
-    );
+    assert_eq!(bound.spec.unwrap().volume_name, Some(format!("pvc-{uid}")));
     let status = bound.status.unwrap();
     assert_eq!(status.phase.as_deref(), Some("Bound"));
     assert_eq!(status.access_modes, Some(vec!["ReadWriteOnce".to_string()]));

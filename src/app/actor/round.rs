@@ -101,8 +101,12 @@ impl ApplicationActor {
     /// not sent, their ids given back, as Spark's loop stops there.
     fn build_pods(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) -> Vec<ExecutorCreate> {
         let now = self.clock.now();
-        let unseen: BTreeSet<ExecutorId> =
-            self.engine.allocator.newly_created().map(|(id, _)| id).collect();
+        let unseen: BTreeSet<ExecutorId> = self
+            .engine
+            .allocator
+            .newly_created()
+            .map(|(id, _)| id)
+            .collect();
         self.engine.claims.keep_requests(|id| unseen.contains(&id));
         let mounted = self.feed.mounted_claims();
         let claims_owned_by_pod = !self.engine.builder.claims_owned_by_driver();
@@ -122,7 +126,11 @@ impl ApplicationActor {
                 }
             };
             let wanted = self.engine.builder.claims(id, &pod);
-            match self.engine.claims.assign(id, &mut pod, wanted, &mounted, now) {
+            match self
+                .engine
+                .claims
+                .assign(id, &mut pod, wanted, &mounted, now)
+            {
                 Ok(claims) => {
                     self.requests.requested(id, profile);
                     pods.push(ExecutorCreate {
@@ -133,7 +141,10 @@ impl ApplicationActor {
                     });
                 }
                 Err(wait) => {
-                    tracing::info!(claims = wait.claims, "waiting to reuse one of the application's claims");
+                    tracing::info!(
+                        claims = wait.claims,
+                        "waiting to reuse one of the application's claims"
+                    );
                     held.push(id);
                 }
             }
