@@ -141,9 +141,18 @@ impl ExecutorClaims {
         let names: BTreeSet<String> = claims.iter().map(|c| c.name.clone()).collect();
         let newer = self
             .known
-            .drain(..)
+            .iter()
+            .cloned()
             .filter(|c| !names.contains(&c.name) && c.created_at.is_some_and(|at| at >= asked));
+        // A claim this service created keeps the time it was created by the service's
+        // clock (the age a claim must reach is then free of the API server's clock skew).
         let mut known = claims;
+        for claim in &mut known {
+            if let Some(ours) = self.known.iter().find(|c| c.name == claim.name) {
+                claim.created_at = ours.created_at.or(claim.created_at);
+            }
+        }
+        let newer: Vec<ListedClaim> = newer.collect();
         known.extend(newer);
         self.known = known;
     }
