@@ -161,7 +161,8 @@ impl ExecutorPodClient {
                         .await;
                     let result = match result {
                         Ok(created) if claims_owned_by_pod && !claims.is_empty() => {
-                            self.create_pod_claims(namespace, &pod, created, claims).await
+                            self.create_pod_claims(namespace, id, &pod, created, claims)
+                                .await
                         }
                         other => other.map(drop),
                     };
@@ -182,6 +183,7 @@ impl ExecutorPodClient {
     async fn create_pod_claims(
         &self,
         namespace: &str,
+        id: ExecutorId,
         pod: &Pod,
         created: Option<Pod>,
         claims: Vec<PersistentVolumeClaim>,
@@ -196,9 +198,11 @@ impl ExecutorPodClient {
             claim.metadata.owner_references =
                 Some(vec![crate::allocator::pod_builder::pod_owner(&name, &uid)]);
             if let Err(err) = self.create_claim(namespace, &claim).await {
-                if let Err(delete) = self.api.delete::<Pod>(namespace, &name).await {
-                    tracing::warn!(namespace, pod = %name, error = %describe_error(&delete), "deleting the pod whose claim failed failed");
-                }
+                // By label, as every executor delete (logged by it when it fails).
+                let app_id = labels(pod).get(APP_ID_LABEL).cloned().unwrap_or_default();
+                let _ = self
+                    .delete_executors(namespace, &app_id, &[id], false)
+                    .await;
                 return Err(err);
             }
         }
