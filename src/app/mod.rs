@@ -350,9 +350,16 @@ impl Applications {
                     driver_pod_name: req.driver_pod_name.clone(),
                 };
                 let policy = &self.inner.ctx.options.pod_policy;
-                match templates::policy_violation(policy, &placement, &req.templates) {
-                    Some((profile, violation)) => Err(Refusal::PodPolicy(format!(
+                if let Some((profile, violation)) =
+                    templates::policy_violation(policy, &placement, &req.templates)
+                {
+                    return Err(Refusal::PodPolicy(format!(
                         "resource profile {profile}: {violation}"
+                    )));
+                }
+                match templates::claim_violation(policy, &req.claims) {
+                    Some((index, violation)) => Err(Refusal::PodPolicy(format!(
+                        "executor_claim_templates[{index}]: {violation}"
                     ))),
                     None => Ok((registration, req)),
                 }

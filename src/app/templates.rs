@@ -166,6 +166,16 @@ pub fn policy_violation(
         .find_map(|(profile, template)| policy.check(template, at).err().map(|v| (*profile, v)))
 }
 
+/// The first claim template of `claims` that breaks `policy`, with its index and the rule
+/// (a resumed registration's claims: the policy may have been tightened since).
+pub fn claim_violation(
+    policy: &PodPolicy,
+    claims: &[PersistentVolumeClaim],
+) -> Option<(usize, PolicyViolation)> {
+    (claims.iter().enumerate())
+        .find_map(|(index, claim)| policy.check_claim(claim).err().map(|v| (index, v)))
+}
+
 /// The executor pod builder of a Start (or a resumed registration), at most
 /// `max_profiles` profiles, every template checked as its pods will be built: every
 /// container has an image, every label is valid once the placeholders are substituted.
