@@ -279,7 +279,13 @@ mod tests {
                 ..AllocationSettings::default()
             },
             owner: Some("system:serviceaccount:ns:driver".into()),
-            claims: Vec::new(),
+            claims: vec![
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "app-1-exec-{{EXECUTOR_ID}}-pvc-0"},
+                    "spec": {"resources": {"requests": {"storage": "10Gi"}}}
+                }))
+                .unwrap(),
+            ],
         };
         let mut registration = Registration::of_start(&req);
         registration.targets.insert(0, 4);
@@ -291,6 +297,7 @@ mod tests {
         assert_eq!(again.settings, req.settings);
         assert_eq!(again.templates, req.templates);
         assert_eq!(again.owner, req.owner);
+        assert_eq!(again.claims, req.claims);
         assert_eq!(back.targets(), BTreeMap::from([(ResourceProfileId(0), 4)]));
         assert_eq!(back.registered(), BTreeSet::from([ExecutorId(2)]));
     }
