@@ -139,11 +139,6 @@ impl ExecutorClaims {
     pub fn listed(&mut self, claims: Vec<ListedClaim>) {
         let asked = self.listing_asked.unwrap_or(Timestamp(i64::MIN));
         let names: BTreeSet<String> = claims.iter().map(|c| c.name.clone()).collect();
-        let newer = self
-            .known
-            .iter()
-            .cloned()
-            .filter(|c| !names.contains(&c.name) && c.created_at.is_some_and(|at| at >= asked));
         // A claim this service created keeps the time it was created by the service's
         // clock (the age a claim must reach is then free of the API server's clock skew).
         let mut known = claims;
@@ -152,7 +147,12 @@ impl ExecutorClaims {
                 claim.created_at = ours.created_at.or(claim.created_at);
             }
         }
-        let newer: Vec<ListedClaim> = newer.collect();
+        let newer: Vec<ListedClaim> = self
+            .known
+            .iter()
+            .filter(|c| !names.contains(&c.name) && c.created_at.is_some_and(|at| at >= asked))
+            .cloned()
+            .collect();
         known.extend(newer);
         self.known = known;
     }

@@ -493,8 +493,8 @@ impl FirstStart {
     /// Whether Stop deletes the application's claims: it has claim templates and its
     /// claims are not the driver pod's (those go with it).
     pub(super) fn stop_deletes_claims(&self) -> bool {
-        !self.claims.is_empty()
-            && !(self.settings.driver_owns_claims && self.driver_pod_name.is_some())
+        let driver_owned = self.settings.driver_owns_claims && self.driver_pod_name.is_some();
+        !self.claims.is_empty() && !driver_owned
     }
 
     /// The first field (as the API names it) a repeated Start would change, if any.
