@@ -109,6 +109,8 @@ pub struct ExecutorClaims {
     known: Vec<ListedClaim>,
     /// Claim names given (reused or created) to requests not yet seen, by executor.
     given: BTreeMap<ExecutorId, Vec<String>>,
+    /// Of those, the claims created for them (known before the cluster has them).
+    created: BTreeMap<ExecutorId, Vec<String>>,
     /// When the last listing was asked for (none yet: the first round asks).
     listing_asked: Option<Timestamp>,
 }
@@ -161,6 +163,16 @@ impl ExecutorClaims {
     /// show in the executor state, which says what they mount, or their create failed).
     pub fn keep_requests(&mut self, unseen: impl Fn(ExecutorId) -> bool) {
         self.given.retain(|id, _| unseen(*id));
+        self.created.retain(|id, _| unseen(*id));
+    }
+
+    /// Executor `id`'s create failed: the claims created for it may not exist, so they are
+    /// no longer known (a listing finds those that do), and what it was given is free again.
+    pub fn create_failed(&mut self, id: ExecutorId) {
+        self.given.remove(&id);
+        if let Some(created) = self.created.remove(&id) {
+            self.known.retain(|c| !created.contains(&c.name));
+        }
     }
 
     /// The application's claims: listed, or given since.
@@ -211,6 +223,7 @@ impl ExecutorClaims {
             }
         }
         let mut given = Vec::new();
+        let mut created = Vec::new();
         let mut to_create = Vec::new();
         for claim in wanted {
             let Some(name) = claim.metadata.name.clone() else {
@@ -234,6 +247,7 @@ impl ExecutorClaims {
                             size,
                             created_at: Some(now),
                         });
+                        created.push(name.clone());
                     }
                     given.push(name);
                     to_create.push(claim);
@@ -241,6 +255,9 @@ impl ExecutorClaims {
             }
         }
         self.given.insert(id, given);
+        if !created.is_empty() {
+            self.created.insert(id, created);
+        }
         Ok(to_create)
     }
 }

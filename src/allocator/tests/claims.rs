@@ -267,3 +267,23 @@ fn quantities_parse_as_kubernetes_writes_them() {
     assert_eq!(quantity_bytes("Gi"), None);
     assert!(quantity_bytes("10Gi") > quantity_bytes("10G"));
 }
+
+#[test]
+fn a_failed_create_forgets_the_claims_created_for_it() {
+    let b = builder(vec![claim_template("gp3", "10Gi")], true);
+    let mut claims = ExecutorClaims::new(rules(None));
+    let (mut pod, wanted) = executor(&b, 1);
+    claims
+        .assign(ExecutorId(1), &mut pod, wanted, &BTreeSet::new(), secs(0))
+        .unwrap();
+    assert_eq!(claims.count(), 1);
+    // Its claim may never have been made: no later executor is given it.
+    claims.create_failed(ExecutorId(1));
+    assert_eq!(claims.count(), 0);
+    let (mut pod, wanted) = executor(&b, 2);
+    let created = claims
+        .assign(ExecutorId(2), &mut pod, wanted, &BTreeSet::new(), secs(60))
+        .unwrap();
+    assert_eq!(claim_names(&pod), ["spark-1-exec-2-pvc-0"]);
+    assert_eq!(created.len(), 1);
+}

@@ -101,14 +101,16 @@ impl ApplicationActor {
     /// not sent, their ids given back, as Spark's loop stops there.
     fn build_pods(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) -> Vec<ExecutorCreate> {
         let now = self.clock.now();
-        let unseen: BTreeSet<ExecutorId> = self
-            .engine
-            .allocator
-            .newly_created()
-            .map(|(id, _)| id)
-            .collect();
-        self.engine.claims.keep_requests(|id| unseen.contains(&id));
-        let mounted = self.feed.mounted_claims();
+        // Only an application with claim templates reads its pods' claims.
+        let mounted = if self.engine.builder.claim_templates().is_empty() {
+            BTreeSet::new()
+        } else {
+            let unseen: BTreeSet<ExecutorId> = (self.engine.allocator.newly_created())
+                .map(|(id, _)| id)
+                .collect();
+            self.engine.claims.keep_requests(|id| unseen.contains(&id));
+            self.feed.mounted_claims()
+        };
         let claims_owned_by_pod = !self.engine.builder.claims_owned_by_driver();
         let mut pods = Vec::with_capacity(creates.len());
         let mut held = Vec::new();
@@ -278,6 +280,7 @@ impl ApplicationActor {
             }
             if let Err(err) = result {
                 self.requests.forget(id);
+                self.engine.claims.create_failed(id);
                 if matches!(err, CreateError::Cancelled | CreateError::IdNotRecorded(_)) {
                     not_sent.push(id);
                 } else {
