@@ -425,6 +425,44 @@ class SparkOnServiceIT {
         + ", the profile's executors are " + profileExecutors);
   }
 
+  /**
+   * Spark's on-demand claims: the plugin sends the claims Spark's builder returns, the service
+   * creates one per executor (bound by the simulator), each executor pod mounts its own, and
+   * without a driver pod each claim is owned by its executor's pod.
+   */
+  @Test
+  void aJobWithOnDemandClaimsGetsOneClaimPerExecutor() throws Exception {
+    String pvc = "spark.kubernetes.executor.volumes.persistentVolumeClaim.data.";
+    JavaSparkContext sc = start(conf("it-pvc")
+        .set("spark.executor.instances", "2")
+        .set(pvc + "options.claimName", "OnDemand")
+        .set(pvc + "options.storageClass", "standard")
+        .set(pvc + "options.sizeLimit", "1Gi")
+        .set(pvc + "mount.path", "/data")
+        .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s"));
+    String appId = sc.sc().applicationId();
+    await("2 registered executors", Duration.ofSeconds(120),
+        () -> registeredExecutors(sc).size() == 2);
+    assertEquals(500_000_500_000L, sumOneToAMillion(sc, 0).getKey());
+    List<Pod> pods = executorPods(appId);
+    assertEquals(Set.of("it-pvc-exec-1", "it-pvc-exec-2"), names(pods));
+    for (Pod pod : pods) {
+      String name = pod.getMetadata().getName();
+      String claimName = pod.getSpec().getVolumes().stream()
+          .filter(v -> v.getPersistentVolumeClaim() != null)
+          .map(v -> v.getPersistentVolumeClaim().getClaimName())
+          .findFirst().orElse("");
+      assertEquals(name + "-pvc-0", claimName);
+      io.fabric8.kubernetes.api.model.PersistentVolumeClaim claim =
+          k8s.persistentVolumeClaims().inNamespace("default").withName(claimName).get();
+      assertEquals("Bound", claim.getStatus().getPhase());
+      assertEquals("standard", claim.getSpec().getStorageClassName());
+      assertEquals(appId, claim.getMetadata().getLabels().get("spark-app-selector"));
+      assertEquals(name, claim.getMetadata().getOwnerReferences().get(0).getName());
+    }
+  }
+
   @Test
   void aKilledExecutorIsReplacedByANewIdAndTheJobCompletes() throws Exception {
     JavaSparkContext sc = start(conf("it-kill")
