@@ -277,3 +277,38 @@ async fn a_claim_over_the_size_cap_is_refused_naming_its_entry() {
     assert_invalid(&status, "executor_claim_templates[1]");
     assert!(status.message().contains("max_claim_size"), "{status:?}");
 }
+
+#[tokio::test]
+async fn an_application_without_claim_templates_sends_no_claim_request() {
+    let h = harness().await;
+    let app = "app-plain";
+    create_driver(&h, "drv-plain").await;
+    h.client
+        .clone()
+        .start(proto::StartRequest {
+            driver_pod_name: "drv-plain".into(),
+            ..start_request(app, NS)
+        })
+        .await
+        .expect("Start");
+    h.set_total(app, 2).await;
+    until("two executors", async || h.pods(NS, app).await.len() == 2).await;
+    for _ in 0..3 {
+        h.clock.advance(Duration::from_secs(61));
+        h.status(app).await.expect("GetStatus");
+    }
+    h.client
+        .clone()
+        .stop(proto::StopRequest {
+            application_id: app.into(),
+        })
+        .await
+        .expect("Stop");
+    let claim_requests: Vec<_> = h
+        .sim
+        .requests()
+        .into_keys()
+        .filter(|(_, _, resource)| resource == "persistentvolumeclaims")
+        .collect();
+    assert!(claim_requests.is_empty(), "{claim_requests:?}");
+}

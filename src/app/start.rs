@@ -233,8 +233,13 @@ impl Applications {
         let feed = Feed::new(Feed::base_at(now.0), store, &found.pods, &rules)
             .with_buffer(options.executor_stream_buffer)
             .with_buffer_bytes(options.tenants.watch_stream_buffer_bytes);
-        // Reuse reads only claims that outlive their executor: the driver pod's.
-        let claim_rules = ClaimRules::of(&req.settings, builder.claims_owned_by_driver());
+        // Reuse reads only claims that outlive their executor: the driver pod's. An
+        // application without claim templates has none to read (nor to list).
+        let claim_rules = if builder.claim_templates().is_empty() {
+            ClaimRules::default()
+        } else {
+            ClaimRules::of(&req.settings, builder.claims_owned_by_driver())
+        };
         let claims = ExecutorClaims::new(claim_rules);
         let engine = Engine {
             allocator,
