@@ -114,6 +114,7 @@ fn bench_validation() {
             ..Default::default()
         }),
         resource_profile_templates: HashMap::from([(1, template_json.clone())]),
+        executor_claim_templates: Vec::new(),
     };
     let defaults = StartDefaults::default();
     // What the edge does with a Start once it is authorized.

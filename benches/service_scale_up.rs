@@ -40,6 +40,7 @@ async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
             ..AllocationSettings::default()
         },
         owner: None,
+        claims: Vec::new(),
     })
     .await
     .expect("start");

@@ -36,6 +36,7 @@ fn request() -> StartApplication {
             ..AllocationSettings::default()
         },
         owner: None,
+        claims: Vec::new(),
     }
 }
 

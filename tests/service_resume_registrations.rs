@@ -38,6 +38,7 @@ fn request(app: &str, driver: Option<&str>) -> StartApplication {
             ..AllocationSettings::default()
         },
         owner: None,
+        claims: Vec::new(),
     }
 }
 

@@ -15,6 +15,7 @@
 //! - [`engine`]: `Allocator`, one per application: its allocation state and its rounds,
 //!   each returning a `RoundPlan`.
 //! - [`pod_builder`]: `ExecutorPodBuilder` (template → executor pod).
+//! - [`claims`]: per-executor PersistentVolumeClaims: reuse of a free claim, waiting for one.
 //! - [`stuck`]: beyond Spark, pending pods that will not start (`StartBlocker`): deleted
 //!   or reported past `stuck_pending_timeout_ms`.
 //!
@@ -53,6 +54,7 @@
 //!   seen by a window fed by `creates_answered` instead of `batch_size` per round.
 
 pub mod adaptive;
+pub mod claims;
 pub mod engine;
 pub mod id_block;
 pub mod pod_builder;
@@ -66,6 +68,7 @@ mod tracked;
 pub mod types;
 
 pub use adaptive::{CreateOutcomes, CreateRefusal, CreateWindow};
+pub use claims::{ClaimRules, ExecutorClaims, ListedClaim, WaitForClaim};
 pub use engine::{Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan};
 pub use id_block::IdBlocks;
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};

@@ -7,10 +7,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec,
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaim, Pod, PodSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
+use super::claims::mounted_claims;
 use super::state::DEFAULT_EXECUTOR_CONTAINER;
 use super::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ExecutorId,
@@ -73,6 +74,11 @@ pub struct ExecutorPodBuilder {
     lossy_prefix: bool,
     /// The most templates (resource profiles) it takes.
     profile_limit: usize,
+    /// Per-executor claim templates (Start's `executor_claim_templates`), for every profile
+    /// whose pods mount them.
+    claims: Vec<PersistentVolumeClaim>,
+    /// Claims are owned by the driver pod (when there is one), else by their executor's pod.
+    driver_owns_claims: bool,
 }
 
 impl ExecutorPodBuilder {
@@ -99,6 +105,8 @@ impl ExecutorPodBuilder {
             id_hash: None,
             lossy_prefix: false,
             profile_limit: usize::MAX,
+            claims: Vec::new(),
+            driver_owns_claims: true,
         })
     }
     /// The builder of an application: an explicit `pod_name_prefix` is used as given
@@ -132,6 +140,74 @@ impl ExecutorPodBuilder {
     pub fn with_profile_limit(mut self, limit: usize) -> Self {
         self.profile_limit = limit;
         self
+    }
+    /// The same builder making `claims` for the executors whose pods mount them, owned by
+    /// the driver pod when `driver_owns` (and there is one).
+    pub fn with_claims(mut self, claims: Vec<PersistentVolumeClaim>, driver_owns: bool) -> Self {
+        self.claims = claims;
+        self.driver_owns_claims = driver_owns;
+        self
+    }
+    /// The claim templates, as given.
+    pub fn claim_templates(&self) -> &[PersistentVolumeClaim] {
+        &self.claims
+    }
+    /// Whether the claims it makes carry the driver pod as their owner (else the caller
+    /// makes the executor's pod their owner once it exists).
+    pub fn claims_owned_by_driver(&self) -> bool {
+        self.driver_owns_claims && self.driver.is_some()
+    }
+    /// The claims of executor `id` whose `pod` (as [`Self::build`] made it) mounts them:
+    /// each claim template whose name, substituted like the pod's claim names, a volume of
+    /// the pod names. Labelled with the application and `spark-role=executor` (what Stop
+    /// and the reuse listing select), owned by the driver pod when
+    /// [`Self::claims_owned_by_driver`], and clean create bodies otherwise.
+    pub fn claims(&self, id: ExecutorId, pod: &Pod) -> Vec<PersistentVolumeClaim> {
+        if self.claims.is_empty() {
+            return Vec::new();
+        }
+        let mounted: std::collections::BTreeSet<&str> = mounted_claims(pod).collect();
+        let owner = self
+            .driver
+            .as_ref()
+            .filter(|_| self.driver_owns_claims)
+            .map(driver_reference);
+        let id_text = id.to_string();
+        let substitute = |text: &mut String| substitute(text, &self.app_id, &id_text);
+        let mut claims = Vec::new();
+        for template in &self.claims {
+            let mut claim = template.clone();
+            let meta = &mut claim.metadata;
+            let Some(name) = meta.name.as_mut() else {
+                continue;
+            };
+            substitute(name);
+            if !mounted.contains(name.as_str()) {
+                continue;
+            }
+            for value in meta.labels.iter_mut().flatten().map(|(_, v)| v) {
+                substitute(value);
+            }
+            for value in meta.annotations.iter_mut().flatten().map(|(_, v)| v) {
+                substitute(value);
+            }
+            meta.generate_name = None;
+            meta.namespace = None;
+            meta.uid = None;
+            meta.resource_version = None;
+            meta.creation_timestamp = None;
+            meta.deletion_timestamp = None;
+            meta.deletion_grace_period_seconds = None;
+            meta.managed_fields = None;
+            meta.finalizers = None;
+            meta.owner_references = owner.clone().map(|o| vec![o]);
+            let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+            labels.insert(APP_ID_LABEL.into(), self.app_id.clone());
+            labels.insert(ROLE_LABEL.into(), EXECUTOR_ROLE.into());
+            claim.status = None;
+            claims.push(claim);
+        }
+        claims
     }
     /// Whether the profile has a template.
     pub fn has_profile(&self, profile: ResourceProfileId) -> bool {
@@ -295,14 +371,7 @@ impl ExecutorPodBuilder {
             let owners = meta.owner_references.get_or_insert_with(Vec::new);
             // Only one controller is allowed: the driver pod.
             owners.retain(|o| o.controller != Some(true));
-            owners.push(OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: driver.name.clone(),
-                uid: driver.uid.clone(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            });
+            owners.push(driver_reference(driver));
         }
         pod.status = None;
 
@@ -344,18 +413,29 @@ impl ExecutorPodBuilder {
     }
 }
 
+/// The driver pod as the controller owner of an executor's pod or claims.
+fn driver_reference(driver: &DriverOwner) -> OwnerReference {
+    pod_owner(&driver.name, &driver.uid)
+}
+
+/// Pod `name` (`uid`) as the controller owner of an object.
+pub fn pod_owner(name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: name.to_string(),
+        uid: uid.to_string(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
 /// Replaces the placeholders where Spark does (its `Utils.substituteAppNExecIds`): label and
 /// annotation values, the env values and args of every container and init container, and
 /// the claim names of PersistentVolumeClaim volumes.
 fn substitute_ids(pod: &mut Pod, app_id: &str, id: ExecutorId) {
     let id = id.to_string();
-    let substitute = |text: &mut String| {
-        if text.contains("{{") {
-            *text = text
-                .replace(APP_ID_PLACEHOLDER, app_id)
-                .replace(EXECUTOR_ID_PLACEHOLDER, &id);
-        }
-    };
+    let substitute = |text: &mut String| substitute(text, app_id, &id);
     let meta = &mut pod.metadata;
     for value in meta.labels.iter_mut().flatten().map(|(_, v)| v) {
         substitute(value);
@@ -391,6 +471,15 @@ fn substitute_ids(pod: &mut Pod, app_id: &str, id: ExecutorId) {
         .filter_map(|v| v.persistent_volume_claim.as_mut());
     for claim in claims {
         substitute(&mut claim.claim_name);
+    }
+}
+
+/// `{{APP_ID}}` and `{{EXECUTOR_ID}}` in `text` replaced by `app_id` and `id`.
+pub fn substitute(text: &mut String, app_id: &str, id: &str) {
+    if text.contains("{{") {
+        *text = text
+            .replace(APP_ID_PLACEHOLDER, app_id)
+            .replace(EXECUTOR_ID_PLACEHOLDER, id);
     }
 }
 

@@ -54,8 +54,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerPort, Lifecycle, LifecycleHandler, Pod, PodSecurityContext, PodSpec, Probe,
-    SecurityContext,
+    ContainerPort, Lifecycle, LifecycleHandler, PersistentVolumeClaim, Pod, PodSecurityContext,
+    PodSpec, Probe, SecurityContext,
 };
 use serde::Deserialize;
 
@@ -91,6 +91,37 @@ pub struct PodPolicy {
     /// Schedulers executor pods may ask for (`spec.schedulerName`; unset, the cluster's
     /// default scheduler, is always accepted); default [`DEFAULT_SCHEDULER_NAMES`].
     pub scheduler_names: Vec<String>,
+    /// Storage classes a per-executor claim may ask for (`spec.storageClassName`; `"*"`
+    /// is any, an unset class is the cluster's default and always accepted); default
+    /// `["*"]`: the namespace's quotas per storage class govern claims.
+    pub allowed_storage_classes: Vec<String>,
+    /// The largest storage request a per-executor claim may make
+    /// (`spec.resources.requests.storage`); default [`DEFAULT_MAX_CLAIM_SIZE`].
+    pub max_claim_size: ClaimSize,
+}
+
+/// The size cap of a per-executor claim unless configured otherwise: large enough for any
+/// executor's shuffle disk, small enough that a typo (`100Ti`) is refused.
+pub const DEFAULT_MAX_CLAIM_SIZE: &str = "1Ti";
+
+/// A storage size as configured (a Kubernetes quantity such as `500Gi`), with its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ClaimSize {
+    pub text: String,
+    pub bytes: u128,
+}
+
+impl TryFrom<String> for ClaimSize {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        match super::claims::quantity_bytes(&text) {
+            Some(bytes) => Ok(Self { text, bytes }),
+            None => Err(format!(
+                "expected a storage quantity such as `500Gi`, got {text:?}"
+            )),
+        }
+    }
 }
 
 /// The schedulers a template may name unless configured otherwise: Kubernetes' own and
@@ -204,6 +235,11 @@ impl Default for PodPolicy {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            allowed_storage_classes: vec!["*".to_string()],
+            max_claim_size: ClaimSize {
+                text: DEFAULT_MAX_CLAIM_SIZE.to_string(),
+                bytes: 1 << 40,
+            },
         }
     }
 }
@@ -410,6 +446,58 @@ impl PodPolicy {
             }
         }
         Ok(())
+    }
+
+    /// A per-executor claim template: its storage class among `allowed_storage_classes`,
+    /// a storage request that parses and is at most `max_claim_size`, no owner of its own
+    /// (the service sets the owner). Paths are the claim's.
+    pub fn check_claim(&self, claim: &PersistentVolumeClaim) -> Result<(), PolicyViolation> {
+        if !self.enforce {
+            return Ok(());
+        }
+        if claim
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| !o.is_empty())
+        {
+            return violation(
+                "metadata.ownerReferences",
+                "the service sets a claim's owner (the driver pod or the executor's pod)",
+            );
+        }
+        let spec = claim.spec.as_ref();
+        if let Some(class) = spec.and_then(|s| s.storage_class_name.as_deref()) {
+            let allowed = &self.allowed_storage_classes;
+            if !allowed.iter().any(|a| a == "*" || a == class) {
+                return violation(
+                    "spec.storageClassName",
+                    format!(
+                        "storage class {class:?} is not allowed (allowed: {allowed:?}; \
+                         pod_policy.allowed_storage_classes)"
+                    ),
+                );
+            }
+        }
+        let requested = spec
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"));
+        let path = "spec.resources.requests.storage";
+        let Some(requested) = requested else {
+            return violation(path, "required: a claim must request its storage size");
+        };
+        match super::claims::quantity_bytes(&requested.0) {
+            None => violation(path, format!("{:?} is not a quantity", requested.0)),
+            Some(bytes) if bytes > self.max_claim_size.bytes => violation(
+                path,
+                format!(
+                    "{} is more than {} (pod_policy.max_claim_size)",
+                    requested.0, self.max_claim_size.text
+                ),
+            ),
+            Some(_) => Ok(()),
+        }
     }
 
     /// The first rule `pod` breaks: metadata, then the Pod Security controls in the page's

@@ -68,6 +68,19 @@ pub struct AllocationSettings {
     /// 2 min; > 0). See [`super::stuck`].
     #[serde(rename = "stuck_pending_timeout_ms", with = "millis")]
     pub stuck_pending_timeout: Duration,
+    /// spark.kubernetes.driver.ownPersistentVolumeClaim (default true, as Spark >= 3.4):
+    /// executor claims are owned by the driver pod (when there is one), else by their pod.
+    pub driver_owns_claims: bool,
+    /// spark.kubernetes.driver.reusePersistentVolumeClaim (default true, as Spark >= 3.4):
+    /// a new executor mounts a free claim of the application (see [`super::claims`]).
+    pub reuse_claims: bool,
+    /// spark.kubernetes.driver.waitToReusePersistentVolumeClaim (default false): no new
+    /// executor while the claims are at `max_claims` and none is free.
+    pub wait_to_reuse_claims: bool,
+    /// The claim count `wait_to_reuse_claims` waits at (Spark: dynamic allocation's
+    /// maxExecutors, else executor.instances); unset: never waits (> 0 when set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_claims: Option<u32>,
 }
 
 /// How many executors one round may request.
@@ -111,6 +124,10 @@ impl Default for AllocationSettings {
             check_all_containers: false,
             policy: AllocationPolicy::Spark,
             stuck_pending_timeout: Duration::from_secs(120),
+            driver_owns_claims: true,
+            reuse_claims: true,
+            wait_to_reuse_claims: false,
+            max_claims: None,
         }
     }
 }
@@ -160,6 +177,10 @@ impl AllocationSettings {
             check_all_containers,
             policy,
             stuck_pending_timeout,
+            driver_owns_claims,
+            reuse_claims,
+            wait_to_reuse_claims,
+            max_claims,
         } = self;
         [
             (*batch_size != other.batch_size, "batch_size"),
@@ -202,6 +223,16 @@ impl AllocationSettings {
                 *stuck_pending_timeout != other.stuck_pending_timeout,
                 "stuck_pending_timeout_ms",
             ),
+            (
+                *driver_owns_claims != other.driver_owns_claims,
+                "driver_owns_claims",
+            ),
+            (*reuse_claims != other.reuse_claims, "reuse_claims"),
+            (
+                *wait_to_reuse_claims != other.wait_to_reuse_claims,
+                "wait_to_reuse_claims",
+            ),
+            (*max_claims != other.max_claims, "max_claims"),
         ]
         .into_iter()
         .find_map(|(differs, name)| differs.then_some(name))
@@ -274,6 +305,9 @@ impl AllocationSettings {
         }
         if self.stuck_pending_timeout.as_millis() > MAX_DURATION_MS {
             return invalid("stuck_pending_timeout_ms", "is too large".into());
+        }
+        if self.max_claims == Some(0) {
+            return invalid("max_claims", "must be greater than 0 when set".into());
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 use crate::allocator::{
     AllocationSettings, AllocatorStatus, ExecutorId, ExecutorPodsSnapshot, ResourceProfileId,
@@ -79,6 +79,9 @@ pub struct StartApplication {
     /// The identity that starts it (the authenticated user name); `None` when the service
     /// authenticates nobody. Kept in its registration, so a resumed application keeps it.
     pub owner: Option<String>,
+    /// Per-executor claim templates (`executor_claim_templates`), for the executors whose
+    /// pods mount them.
+    pub claims: Vec<PersistentVolumeClaim>,
 }
 
 /// Where an application's pods go: its namespace and driver pod (the one owner its
@@ -347,9 +350,16 @@ impl Applications {
                     driver_pod_name: req.driver_pod_name.clone(),
                 };
                 let policy = &self.inner.ctx.options.pod_policy;
-                match templates::policy_violation(policy, &placement, &req.templates) {
-                    Some((profile, violation)) => Err(Refusal::PodPolicy(format!(
+                if let Some((profile, violation)) =
+                    templates::policy_violation(policy, &placement, &req.templates)
+                {
+                    return Err(Refusal::PodPolicy(format!(
                         "resource profile {profile}: {violation}"
+                    )));
+                }
+                match templates::claim_violation(policy, &req.claims) {
+                    Some((index, violation)) => Err(Refusal::PodPolicy(format!(
+                        "executor_claim_templates[{index}]: {violation}"
                     ))),
                     None => Ok((registration, req)),
                 }
@@ -568,6 +578,10 @@ impl Applications {
         let Some((namespace, actor, id_record)) = self.entry(app) else {
             return Err(AppError::NotFound(app.to_string()));
         };
+        let delete_claims = self
+            .apps()
+            .get(app)
+            .is_some_and(|e| e.first_start.stop_deletes_claims());
         let fence = self.fence(&namespace).await?;
         if let Some(actor) = actor {
             // The actor ends first, so no create of it can follow the delete.
@@ -577,6 +591,19 @@ impl Applications {
             .for_application(&namespace, app.as_str())
             .fenced(fence.clone());
         let deleted = match pods.delete_all(&namespace, app.as_str()).await {
+            // Claims the driver does not own go with the application, as Spark's clean-up
+            // deletes them (a driver-owned one goes with the driver pod).
+            Ok(deleted) if delete_claims => {
+                pods.delete_claims(&namespace, app.as_str())
+                    .await
+                    .map(|claims| {
+                        tracing::info!(%app, claims, "executor claims deleted");
+                        deleted
+                    })
+            }
+            other => other,
+        };
+        let deleted = match deleted {
             // The records go only once no pod holds an id.
             Ok(deleted) => match (self.inner.registrations)
                 .fenced(fence)

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use base64::Engine as _;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use ring::hmac;
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,9 @@ pub struct Registration {
     /// The identity that started the application (absent: started unauthenticated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// Per-executor claim templates (absent: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<PersistentVolumeClaim>,
 }
 
 /// Settings as any version wrote them: a key this version does not know (a setting a
@@ -90,6 +93,7 @@ impl Registration {
             targets: BTreeMap::new(),
             registered: BTreeSet::new(),
             owner: req.owner.clone(),
+            claims: req.claims.clone(),
         }
     }
 
@@ -110,6 +114,7 @@ impl Registration {
             pod_name_prefix: self.pod_name_prefix.clone(),
             settings,
             owner: self.owner.clone(),
+            claims: self.claims.clone(),
         })
     }
 
@@ -274,6 +279,13 @@ mod tests {
                 ..AllocationSettings::default()
             },
             owner: Some("system:serviceaccount:ns:driver".into()),
+            claims: vec![
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "app-1-exec-{{EXECUTOR_ID}}-pvc-0"},
+                    "spec": {"resources": {"requests": {"storage": "10Gi"}}}
+                }))
+                .unwrap(),
+            ],
         };
         let mut registration = Registration::of_start(&req);
         registration.targets.insert(0, 4);
@@ -285,6 +297,7 @@ mod tests {
         assert_eq!(again.settings, req.settings);
         assert_eq!(again.templates, req.templates);
         assert_eq!(again.owner, req.owner);
+        assert_eq!(again.claims, req.claims);
         assert_eq!(back.targets(), BTreeMap::from([(ResourceProfileId(0), 4)]));
         assert_eq!(back.registered(), BTreeSet::from([ExecutorId(2)]));
     }
@@ -299,6 +312,7 @@ mod tests {
             pod_name_prefix: None,
             settings: AllocationSettings::default(),
             owner: None,
+            claims: Vec::new(),
         };
         let mut registration = Registration::of_start(&req);
         registration.settings.batch_size = 0;
@@ -354,7 +368,7 @@ mod tests {
         let again = serde_json::to_string(&registration).unwrap();
         let with_policy = written.replace(
             r#""check_all_containers":true}"#,
-            r#""check_all_containers":true,"policy":"spark","stuck_pending_timeout_ms":120000}"#,
+            r#""check_all_containers":true,"policy":"spark","stuck_pending_timeout_ms":120000,"driver_owns_claims":true,"reuse_claims":true,"wait_to_reuse_claims":false}"#,
         );
         assert_eq!(again, with_policy);
     }
@@ -368,6 +382,7 @@ mod tests {
             pod_name_prefix: None,
             settings: AllocationSettings::default(),
             owner: Some("alice".into()),
+            claims: Vec::new(),
         };
         let registration = Registration::of_start(&req);
         let (json, signature) = registration.seal(key).unwrap();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 use super::actor::{
     self, ActorHandle, ActorParts, ApplicationParts, DriverLife, Engine, Kubernetes,
@@ -16,8 +16,8 @@ use super::templates;
 use super::tenants::{Admission, ApplicationSlot};
 use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
 use crate::allocator::{
-    AllocationSettings, Allocator, DriverOwner, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
-    SnapshotStore, executor_pod_from,
+    AllocationSettings, Allocator, ClaimRules, DriverOwner, ExecutorClaims, ExecutorPodBuilder,
+    IdBlocks, ResourceProfileId, SnapshotStore, executor_pod_from,
 };
 use crate::ha::Fence;
 use crate::k8s::IdRecord;
@@ -233,11 +233,20 @@ impl Applications {
         let feed = Feed::new(Feed::base_at(now.0), store, &found.pods, &rules)
             .with_buffer(options.executor_stream_buffer)
             .with_buffer_bytes(options.tenants.watch_stream_buffer_bytes);
+        // Reuse reads only claims that outlive their executor: the driver pod's. An
+        // application without claim templates has none to read (nor to list).
+        let claim_rules = if builder.claim_templates().is_empty() {
+            ClaimRules::default()
+        } else {
+            ClaimRules::of(&req.settings, builder.claims_owned_by_driver())
+        };
+        let claims = ExecutorClaims::new(claim_rules);
         let engine = Engine {
             allocator,
             builder,
             rules,
             id_blocks: IdBlocks::new(found.recorded),
+            claims,
         };
         let app = ApplicationParts {
             app_id: req.app_id.to_string(),
@@ -473,6 +482,7 @@ pub(super) struct FirstStart {
     driver_pod_name: Option<String>,
     pod_name_prefix: Option<String>,
     settings: AllocationSettings,
+    claims: Vec<PersistentVolumeClaim>,
 }
 
 impl FirstStart {
@@ -481,7 +491,15 @@ impl FirstStart {
             driver_pod_name: req.driver_pod_name.clone(),
             pod_name_prefix: req.pod_name_prefix.clone(),
             settings: req.settings.clone(),
+            claims: req.claims.clone(),
         }
+    }
+
+    /// Whether Stop deletes the application's claims: it has claim templates and its
+    /// claims are not the driver pod's (those go with it).
+    pub(super) fn stop_deletes_claims(&self) -> bool {
+        let driver_owned = self.settings.driver_owns_claims && self.driver_pod_name.is_some();
+        !self.claims.is_empty() && !driver_owned
     }
 
     /// The first field (as the API names it) a repeated Start would change, if any.
@@ -491,6 +509,9 @@ impl FirstStart {
         }
         if self.pod_name_prefix != req.pod_name_prefix {
             return Some("pod_name_prefix".into());
+        }
+        if self.claims != req.claims {
+            return Some("executor_claim_templates".into());
         }
         self.settings
             .first_difference(&req.settings)

@@ -10,14 +10,16 @@
 //! policy; the application holds SetTotalExpected's and a resumed registration's to it
 //! (it knows where their pods go), and builds with them. Parsing and the policy check are
 //! CPU-bound: their callers run them on the blocking pool.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 use super::limits::RequestLimits;
-use super::{AppError, Placement, StartApplication};
+use super::{AppError, AppId, Placement, StartApplication};
+use crate::allocator::pod_builder::substitute;
 use crate::allocator::pod_policy::{PodPolicy, PolicyViolation, TemplateUse};
 use crate::allocator::{ExecutorPodBuilder, ResourceProfileId, TemplateError};
+use crate::naming::dns1123_subdomain;
 
 /// The request field a profile's template came in: profile 0's is Start's
 /// `executor_pod_template`, any other's `resource_profile_templates[N]`.
@@ -164,6 +166,16 @@ pub fn policy_violation(
         .find_map(|(profile, template)| policy.check(template, at).err().map(|v| (*profile, v)))
 }
 
+/// The first claim template of `claims` that breaks `policy`, with its index and the rule
+/// (a resumed registration's claims: the policy may have been tightened since).
+pub fn claim_violation(
+    policy: &PodPolicy,
+    claims: &[PersistentVolumeClaim],
+) -> Option<(usize, PolicyViolation)> {
+    (claims.iter().enumerate())
+        .find_map(|(index, claim)| policy.check_claim(claim).err().map(|v| (index, v)))
+}
+
 /// The executor pod builder of a Start (or a resumed registration), at most
 /// `max_profiles` profiles, every template checked as its pods will be built: every
 /// container has an image, every label is valid once the placeholders are substituted.
@@ -179,7 +191,8 @@ pub fn builder(
         &req.settings.executor_container_name,
     )
     .map_err(template_error)?
-    .with_profile_limit(max_profiles);
+    .with_profile_limit(max_profiles)
+    .with_claims(req.claims.clone(), req.settings.driver_owns_claims);
     builder.check().map_err(template_error)?;
     Ok(builder)
 }
@@ -213,6 +226,57 @@ pub fn template_error(err: TemplateError) -> AppError {
 /// magnitude faster than reading it as YAML); anything else is YAML. CPU-bound: call it
 /// off the async runtime.
 pub fn parse(field: &str, text: &str, limits: &RequestLimits) -> Result<Pod, AppError> {
+    parse_object(field, text, limits, "Pod")
+}
+
+/// Start's `executor_claim_templates`, each parsed (under the template limits) and checked:
+/// a name that, once the placeholders are substituted with the longest executor id, is a
+/// DNS-1123 subdomain, no two alike, and held to `policy` (storage class, size cap). Errors
+/// name `executor_claim_templates[i]`.
+pub fn claim_templates(
+    texts: &[String],
+    app_id: &AppId,
+    limits: &RequestLimits,
+    policy: &PodPolicy,
+) -> Result<Vec<PersistentVolumeClaim>, AppError> {
+    let mut names = BTreeSet::new();
+    let mut claims = Vec::with_capacity(texts.len());
+    for (index, text) in texts.iter().enumerate() {
+        let field = format!("executor_claim_templates[{index}]");
+        let claim: PersistentVolumeClaim =
+            parse_object(&field, text, limits, "PersistentVolumeClaim")?;
+        let Some(name) = claim.metadata.name.clone().filter(|n| !n.is_empty()) else {
+            return Err(invalid(field, "metadata.name: required"));
+        };
+        let mut widest = name.clone();
+        substitute(&mut widest, app_id.as_str(), &u64::MAX.to_string());
+        dns1123_subdomain(&widest).map_err(|reason| {
+            invalid(
+                &field,
+                format!("metadata.name: {name:?} once substituted ({widest:?}): {reason}"),
+            )
+        })?;
+        if !names.insert(name.clone()) {
+            return Err(invalid(
+                field,
+                format!("metadata.name: {name:?} is given twice"),
+            ));
+        }
+        policy
+            .check_claim(&claim)
+            .map_err(|violation| invalid(&field, violation.to_string()))?;
+        claims.push(claim);
+    }
+    Ok(claims)
+}
+
+/// An object of `kind` from YAML or JSON (see [`parse`]).
+fn parse_object<T: serde::de::DeserializeOwned>(
+    field: &str,
+    text: &str,
+    limits: &RequestLimits,
+    kind: &str,
+) -> Result<T, AppError> {
     if text.len() > limits.max_template_bytes {
         return Err(invalid(
             field,
@@ -234,22 +298,22 @@ pub fn parse(field: &str, text: &str, limits: &RequestLimits) -> Result<Pod, App
         ));
     }
     if text.trim_start().starts_with('{') {
-        return serde_json::from_str::<Pod>(text).map_err(|e| {
+        return serde_json::from_str::<T>(text).map_err(|e| {
             let what = match e.classify() {
-                serde_json::error::Category::Data => "not a Pod",
-                _ => "not valid JSON",
+                serde_json::error::Category::Data => format!("not a {kind}"),
+                _ => "not valid JSON".to_string(),
             };
             invalid(field, format!("{what}: {e}"))
         });
     }
-    serde_yaml::from_str::<Pod>(text).map_err(|pod_error| {
+    serde_yaml::from_str::<T>(text).map_err(|pod_error| {
         // Parsed once more only to say what is wrong: not YAML at all, or not a Pod.
         let message = match serde_yaml::from_str::<serde_yaml::Value>(text) {
             Err(e) => format!("not valid YAML or JSON: {}", yaml_error(&e)),
             Ok(value) if !value.is_mapping() => {
-                "not a Pod: expected a YAML or JSON object".to_string()
+                format!("not a {kind}: expected a YAML or JSON object")
             }
-            Ok(_) => format!("not a Pod: {}", yaml_error(&pod_error)),
+            Ok(_) => format!("not a {kind}: {}", yaml_error(&pod_error)),
         };
         invalid(field, message)
     })

@@ -116,6 +116,7 @@ pub async fn start_app(
         pod_name_prefix: None,
         settings,
         owner: None,
+        claims: Vec::new(),
     })
     .await?;
     Ok(app)

@@ -265,6 +265,7 @@ async fn measure(
         pod_name_prefix: None,
         settings: case.settings(batch_delay),
         owner: None,
+        claims: Vec::new(),
     })
     .await?;
     let n = args.executors;

@@ -99,6 +99,12 @@ pub fn start(
         policy,
         &placement,
     )?;
+    let claims = templates::claim_templates(
+        &req.executor_claim_templates,
+        &app_id,
+        &defaults.limits,
+        policy,
+    )?;
 
     Ok(StartApplication {
         app_id,
@@ -108,6 +114,7 @@ pub fn start(
         pod_name_prefix,
         settings,
         owner: None,
+        claims,
     })
 }
 
@@ -159,6 +166,10 @@ fn requested_over(
         policy: requested_policy,
         min_executors_at_once,
         stuck_pending_timeout_ms,
+        driver_owns_claims,
+        reuse_claims,
+        wait_to_reuse_claims,
+        max_claims,
     } = requested;
     let millis = |ms: &u64| Duration::from_millis(*ms);
     if let Some(v) = policy(*requested_policy)? {
@@ -198,6 +209,10 @@ fn requested_over(
         &mut settings.stuck_pending_timeout,
         stuck_pending_timeout_ms.as_ref().map(millis),
     );
+    set(&mut settings.driver_owns_claims, *driver_owns_claims);
+    set(&mut settings.reuse_claims, *reuse_claims);
+    set(&mut settings.wait_to_reuse_claims, *wait_to_reuse_claims);
+    set(&mut settings.max_claims, max_claims.map(Some));
     Ok(())
 }
 
@@ -339,6 +354,51 @@ mod tests {
             executor_pod_template: TEMPLATE.into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn claim_templates_are_parsed_checked_and_refused_naming_their_entry() {
+        const CLAIM: &str = "metadata:\n  name: spark-app-1-exec-{{EXECUTOR_ID}}-pvc-0\nspec:\n  storageClassName: gp3\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 10Gi\n";
+        let with = |claims: &[&str]| proto::StartRequest {
+            executor_claim_templates: claims.iter().map(|c| c.to_string()).collect(),
+            ..start_req()
+        };
+        let started = start(with(&[CLAIM]), &StartDefaults::default()).unwrap();
+        assert_eq!(
+            started.claims[0].metadata.name.as_deref(),
+            Some("spark-app-1-exec-{{EXECUTOR_ID}}-pvc-0")
+        );
+        let refused =
+            |claims: &[&str]| field_of(start(with(claims), &StartDefaults::default()).unwrap_err());
+        let (field, reason) = refused(&[CLAIM, "spec: {}"]);
+        assert_eq!(field, "executor_claim_templates[1]");
+        assert!(reason.contains("metadata.name"), "{reason}");
+        let (field, reason) = refused(&[CLAIM, CLAIM]);
+        assert_eq!(field, "executor_claim_templates[1]");
+        assert!(reason.contains("twice"), "{reason}");
+        let (field, reason) = refused(&["metadata:\n  name: Bad_Name\n"]);
+        assert_eq!(field, "executor_claim_templates[0]");
+        assert!(reason.contains("Bad_Name"), "{reason}");
+        let (field, reason) = refused(&["[1, 2]"]);
+        assert_eq!(field, "executor_claim_templates[0]");
+        assert!(reason.contains("PersistentVolumeClaim"), "{reason}");
+        let huge = CLAIM.replace("10Gi", "5Ti");
+        let (field, reason) = refused(&[&huge]);
+        assert_eq!(field, "executor_claim_templates[0]");
+        assert!(reason.contains("max_claim_size"), "{reason}");
+    }
+
+    #[test]
+    fn max_claims_must_be_positive() {
+        let req = proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                max_claims: Some(0),
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "settings.max_claims");
     }
 
     #[test]
@@ -505,6 +565,10 @@ mod tests {
             policy: Some(proto::AllocationPolicy::Adaptive as i32),
             min_executors_at_once: Some(4),
             stuck_pending_timeout_ms: Some(30_000),
+            driver_owns_claims: Some(false),
+            reuse_claims: Some(false),
+            wait_to_reuse_claims: Some(true),
+            max_claims: Some(8),
         };
         let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
         assert_eq!(
@@ -523,6 +587,10 @@ mod tests {
                 check_all_containers: true,
                 policy: AllocationPolicy::Adaptive,
                 stuck_pending_timeout: Duration::from_secs(30),
+                driver_owns_claims: false,
+                reuse_claims: false,
+                wait_to_reuse_claims: true,
+                max_claims: Some(8),
             }
         );
         let unset = settings(

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
@@ -30,6 +30,19 @@ pub enum CreateError {
     /// The application stopped before the create was sent.
     #[error("not sent: the application is stopping")]
     Cancelled,
+}
+
+/// One executor to create: its pod and the claims created with it.
+#[derive(Debug, Clone)]
+pub struct ExecutorCreate {
+    pub id: ExecutorId,
+    pub pod: Pod,
+    /// Claims the pod mounts that do not exist yet.
+    pub claims: Vec<PersistentVolumeClaim>,
+    /// The claims are owned by the pod: created just after it (its uid exists only then),
+    /// the pod deleted again when one cannot be. Otherwise (owned by the driver pod) they
+    /// are created before it, so the pod never waits for them.
+    pub claims_owned_by_pod: bool,
 }
 
 /// Ids per collection delete, so the label selector stays well under URL limits.
@@ -90,14 +103,20 @@ impl ExecutorPodClient {
     pub async fn create_all(
         &self,
         namespace: &str,
-        pods: Vec<(ExecutorId, Pod)>,
+        creates: Vec<ExecutorCreate>,
         cancel: &CancellationToken,
     ) -> Vec<(ExecutorId, Result<(), CreateError>)> {
         let api = self.pods(namespace);
-        futures::stream::iter(pods)
-            .map(|(id, pod)| {
+        futures::stream::iter(creates)
+            .map(|create| {
                 let api = api.clone();
                 async move {
+                    let ExecutorCreate {
+                        id,
+                        pod,
+                        claims,
+                        claims_owned_by_pod,
+                    } = create;
                     tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
@@ -107,6 +126,13 @@ impl ExecutorPodClient {
                     }
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
+                    }
+                    if !claims_owned_by_pod {
+                        for claim in &claims {
+                            if let Err(err) = self.create_claim(namespace, claim).await {
+                                return (id, Err(CreateError::Kubernetes(err)));
+                            }
+                        }
                     }
                     let mut first = true;
                     let result = self
@@ -125,12 +151,21 @@ impl ExecutorPodClient {
                                 }
                                 match api.create(&PostParams::default(), pod).await {
                                     // An earlier attempt with no answer did create it.
-                                    Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
-                                    other => other.map(drop),
+                                    Err(err) if unknown_outcome && is_status(&err, 409) => {
+                                        Ok(None)
+                                    }
+                                    other => other.map(Some),
                                 }
                             }
                         })
                         .await;
+                    let result = match result {
+                        Ok(created) if claims_owned_by_pod && !claims.is_empty() => {
+                            self.create_pod_claims(namespace, id, &pod, created, claims)
+                                .await
+                        }
+                        other => other.map(drop),
+                    };
                     if let Err(err) = &result {
                         tracing::debug!(executor = id.0, namespace, error = %describe_error(err), "executor pod create failed");
                     }
@@ -140,6 +175,38 @@ impl ExecutorPodClient {
             .buffer_unordered(self.create_concurrency)
             .collect()
             .await
+    }
+
+    /// Creates `claims` owned by `pod`, just created (`created`, or `None` when an earlier
+    /// attempt created it: then it is read back for its uid). When one fails the pod is
+    /// deleted again, so that no pod waits for a claim that will not come.
+    async fn create_pod_claims(
+        &self,
+        namespace: &str,
+        id: ExecutorId,
+        pod: &Pod,
+        created: Option<Pod>,
+        claims: Vec<PersistentVolumeClaim>,
+    ) -> Result<(), kube::Error> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let created = match created {
+            Some(created) => Some(created),
+            None => self.api.get_opt::<Pod>(namespace, &name).await?,
+        };
+        let uid = created.and_then(|p| p.metadata.uid).unwrap_or_default();
+        for mut claim in claims {
+            claim.metadata.owner_references =
+                Some(vec![crate::allocator::pod_builder::pod_owner(&name, &uid)]);
+            if let Err(err) = self.create_claim(namespace, &claim).await {
+                // By label, as every executor delete (logged by it when it fails).
+                let app_id = labels(pod).get(APP_ID_LABEL).cloned().unwrap_or_default();
+                let _ = self
+                    .delete_executors(namespace, &app_id, &[id], false)
+                    .await;
+                return Err(err);
+            }
+        }
+        Ok(())
     }
 
     /// Deletes the application's executors `ids` with collection deletes by label; with
@@ -293,7 +360,8 @@ fn stopping() -> kube::Error {
     kube::Error::Service("not retried: the application is stopping".into())
 }
 
-fn app_selector(app_id: &str) -> String {
+/// The label selector of the application's executor pods and claims.
+pub(super) fn app_selector(app_id: &str) -> String {
     format!("{APP_ID_LABEL}={app_id},{ROLE_LABEL}={EXECUTOR_ROLE}")
 }
 

@@ -7,6 +7,7 @@
 //! and building the client from [`KubernetesSettings`] ([`connect`]).
 pub mod client;
 pub mod config_map;
+pub mod executor_claims;
 pub mod executor_pods;
 pub mod id_record;
 pub mod leases;
@@ -17,7 +18,7 @@ pub mod request;
 pub mod watch;
 
 pub use client::ApiClient;
-pub use executor_pods::{CreateError, ExecutorPodClient};
+pub use executor_pods::{CreateError, ExecutorCreate, ExecutorPodClient};
 pub use id_record::IdRecord;
 pub use rate_limit::RateLimiter;
 pub use registrations::{RegistrationSettings, RegistrationStore};

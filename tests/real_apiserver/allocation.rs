@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use spark_pod_allocator::allocator::{ExecutorId, ExecutorState, ResourceProfileId};
 use spark_pod_allocator::app::{AppError, Applications, ManualClock};
@@ -58,6 +58,7 @@ contract!(
     the_driver_pod_owns_the_executors,
     a_deleted_driver_pod_without_spark_labels_stops_its_application,
     a_restarted_service_resumes_without_reusing_ids,
+    an_executors_claim_is_created_with_it_and_reused_by_its_replacement,
 );
 
 struct Service {
@@ -436,4 +437,99 @@ async fn a_restarted_service_resumes_without_reusing_ids(c: &impl Cluster) {
         BTreeSet::from([1, 2, 3, 4, 6, 7, 8])
     );
     assert_eq!(restarted.apps.stop(&id(app)).await.expect("stop"), 7);
+}
+
+/// Spark's `OnDemand` claims: the executor's claim is created, named, labelled and owned by
+/// the driver pod as Spark does, the pod mounts it, and a lost executor's replacement mounts
+/// it again instead of creating one (the real server without a volume controller leaves
+/// claims Pending, which does not matter to either). Stop leaves driver-owned claims to the
+/// driver pod.
+async fn an_executors_claim_is_created_with_it_and_reused_by_its_replacement(c: &impl Cluster) {
+    let s = service(c, &ManualClock::starting_now());
+    let app = "app-pvc";
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.admin_client(), c.namespace());
+    let mut driver = template();
+    driver.metadata.name = Some("driver-pvc".into());
+    let driver = pods
+        .create(&PostParams::default(), &driver)
+        .await
+        .expect("driver pod");
+    let mut req = request(app, c.namespace());
+    req.driver_pod_name = Some("driver-pvc".into());
+    let claim_name = "{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0";
+    let mut pod = template();
+    pod.spec.as_mut().expect("spec").volumes = Some(vec![
+        serde_json::from_value(serde_json::json!({
+            "name": "spark-local-dir-1", "persistentVolumeClaim": {"claimName": claim_name}
+        }))
+        .expect("volume"),
+    ]);
+    req.templates = BTreeMap::from([(P0, pod)]);
+    req.claims = vec![
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": claim_name},
+            "spec": {"storageClassName": "standard", "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .expect("claim"),
+    ];
+    start(&s.apps, req).await;
+    set_targets_and_round(&s, app, targets(1)).await;
+    let claim = claims
+        .get("app-pvc-exec-1-pvc-0")
+        .await
+        .expect("executor 1's claim");
+    let labels = claim.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels["spark-app-selector"], app);
+    assert_eq!(labels["spark-role"], "executor");
+    let owners = claim.metadata.owner_references.expect("owner references");
+    assert_eq!(owners[0].name, "driver-pvc");
+    assert_eq!(Some(&owners[0].uid), driver.metadata.uid.as_ref());
+    let mounted = |pod: Pod| -> String {
+        pod.spec.and_then(|s| s.volumes).unwrap_or_default()[0]
+            .persistent_volume_claim
+            .as_ref()
+            .map(|c| c.claim_name.clone())
+            .unwrap_or_default()
+    };
+    let pod = pods.get("app-pvc-exec-1").await.expect("executor 1");
+    assert_eq!(mounted(pod), "app-pvc-exec-1-pvc-0");
+    set_running(c, app, 1).await;
+    wait_state(&s, app, 1, |st| *st == ExecutorState::Running).await;
+    // The executor runs a while: a claim younger than a batch delay is never reused.
+    advance_round(&s, app, BATCH_DELAY * 2).await;
+    delete_now(c, app, 1).await;
+    until("the deletion seen", || async {
+        let snapshot = s.apps.snapshot(&id(app)).await.expect("snapshot");
+        snapshot
+            .executors
+            .get(&ExecutorId(1))
+            .is_none_or(|e| e.state == ExecutorState::Deleted)
+    })
+    .await;
+    advance_round(&s, app, BATCH_DELAY).await;
+    assert_eq!(cluster_ids(c, app).await, BTreeSet::from([2]));
+    let pod = pods.get("app-pvc-exec-2").await.expect("executor 2");
+    assert_eq!(mounted(pod), "app-pvc-exec-1-pvc-0");
+    let names: Vec<String> = claims
+        .list(&Default::default())
+        .await
+        .expect("claims")
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(names, ["app-pvc-exec-1-pvc-0"]);
+    s.apps.stop(&id(app)).await.expect("stop");
+    assert_eq!(
+        claims
+            .list(&Default::default())
+            .await
+            .expect("claims")
+            .items
+            .len(),
+        1,
+        "the driver pod owns its claims"
+    );
 }

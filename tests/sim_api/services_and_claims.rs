@@ -56,7 +56,13 @@ async fn services_and_claims_support_what_a_spark_driver_does() {
         .create(&pp, &claim("spark-1-exec-1-pvc-0", "spark-1"))
         .await
         .unwrap();
-    assert_eq!(bound.status.unwrap().phase.as_deref(), Some("Pending"));
+    // Bound at once, as by a provisioner with immediate binding.
+    let uid = bound.metadata.uid.clone().unwrap();
+    assert_eq!(bound.spec.unwrap().volume_name, Some(format!("pvc-{uid}")));
+    let status = bound.status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Bound"));
+    assert_eq!(status.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
+    assert_eq!(status.capacity.unwrap()["storage"].0, "1Gi");
     claims
         .create(&pp, &claim("spark-2-exec-1-pvc-0", "spark-2"))
         .await

@@ -349,16 +349,34 @@ pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &s
             obj["status"] = json!({"phase": "Active"});
         }
         Kind::Service => default_service(obj, uid),
-        Kind::PersistentVolumeClaim => {
-            let spec = &mut obj["spec"];
-            if let Some(s) = spec.as_object_mut() {
-                s.entry("volumeMode").or_insert(json!("Filesystem"));
-            }
-            obj["status"] = json!({"phase": "Pending"});
-        }
+        Kind::PersistentVolumeClaim => bind_claim(obj, uid),
         Kind::Secret => default_secret(obj),
         Kind::ConfigMap | Kind::Lease => {}
     }
+}
+
+/// A claim bound at once, as a dynamic provisioner with `volumeBindingMode: Immediate`
+/// leaves it: a volume `pvc-<uid>` named in its spec, its status Bound with the access
+/// modes and the capacity it asked for (no PersistentVolume object is made).
+fn bind_claim(obj: &mut Value, uid: &str) {
+    let volume = format!("pvc-{uid}");
+    let spec = &mut obj["spec"];
+    let Some(s) = spec.as_object_mut() else {
+        return;
+    };
+    s.entry("volumeMode").or_insert(json!("Filesystem"));
+    s.entry("volumeName").or_insert(json!(volume));
+    let modes = s.get("accessModes").cloned().unwrap_or(json!([]));
+    let storage = s
+        .get("resources")
+        .and_then(|r| r.get("requests"))
+        .and_then(|r| r.get("storage"))
+        .cloned();
+    let mut status = json!({"phase": "Bound", "accessModes": modes});
+    if let Some(storage) = storage {
+        status["capacity"] = json!({"storage": storage});
+    }
+    obj["status"] = status;
 }
 
 /// A Secret's defaults as the real registry fills them: `type: Opaque`, and `stringData`

@@ -117,6 +117,7 @@ pub fn start_application(app: &str, namespace: &str) -> StartApplication {
             ..AllocationSettings::default()
         },
         owner: None,
+        claims: Vec::new(),
     }
 }
 

@@ -57,10 +57,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "check_all_containers" $a.checkAllContainers
   "policy" $a.policy
   "stuck_pending_timeout_ms" $a.stuckPendingTimeoutMs
+  "driver_owns_claims" $a.driverOwnsClaims
+  "reuse_claims" $a.reuseClaims
+  "wait_to_reuse_claims" $a.waitToReuseClaims
 -}}
 {{- if not (kindIs "invalid" $a.maxPendingPods) }}{{ $_ := set $allocation "max_pending_pods" $a.maxPendingPods }}{{ end -}}
 {{- if not (kindIs "invalid" $a.maxPendingPodsPerProfile) }}{{ $_ := set $allocation "max_pending_pods_per_profile" $a.maxPendingPodsPerProfile }}{{ end -}}
 {{- if not (kindIs "invalid" $a.maxExecutors) }}{{ $_ := set $allocation "max_executors" $a.maxExecutors }}{{ end -}}
+{{- if not (kindIs "invalid" $a.maxClaims) }}{{ $_ := set $allocation "max_claims" $a.maxClaims }}{{ end -}}
 {{- $config := dict
   "listen" (printf "0.0.0.0:%d" (int .Values.service.port))
   "resync_interval_ms" .Values.resyncIntervalMs
@@ -110,7 +114,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "allow_node_name" $p.allowNodeName
   "allowed_service_accounts" $p.allowedServiceAccounts
   "allowed_finalizers" $p.allowedFinalizers
-  "scheduler_names" $p.schedulerNames) -}}
+  "scheduler_names" $p.schedulerNames
+  "allowed_storage_classes" $p.allowedStorageClasses
+  "max_claim_size" $p.maxClaimSize) -}}
 {{- $t := .Values.tenants -}}
 {{- $_ := set $config "tenants" (dict
   "max_applications_per_identity" $t.maxApplicationsPerIdentity

@@ -926,3 +926,56 @@ fn an_owner_needs_a_driver_and_a_default_template_no_namespace() {
         .unwrap_err();
     assert_eq!(err.path, "metadata.namespace");
 }
+
+fn claim(value: Value) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    serde_json::from_value(value).expect("test claim")
+}
+
+#[test]
+fn claims_are_held_to_the_allowed_storage_classes_and_the_size_cap() {
+    let sized = |class: &str, size: &str| {
+        claim(json!({"metadata": {"name": "c"},
+            "spec": {"storageClassName": class, "resources": {"requests": {"storage": size}}}}))
+    };
+    let default = PodPolicy::default();
+    assert_eq!(default.check_claim(&sized("gp3", "1Ti")), Ok(()));
+    let too_big = default.check_claim(&sized("gp3", "1025Gi")).unwrap_err();
+    assert_eq!(too_big.path, "spec.resources.requests.storage");
+    assert!(
+        too_big.reason.contains("pod_policy.max_claim_size"),
+        "{too_big}"
+    );
+    let unset = default
+        .check_claim(&claim(json!({"metadata": {"name": "c"}, "spec": {}})))
+        .unwrap_err();
+    assert_eq!(unset.path, "spec.resources.requests.storage");
+    let owned = claim(json!({"metadata": {"name": "c", "ownerReferences": [
+        {"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": "u"}]}}));
+    assert_eq!(
+        default.check_claim(&owned).unwrap_err().path,
+        "metadata.ownerReferences"
+    );
+
+    let policy: PodPolicy = serde_json::from_value(json!({
+        "allowed_storage_classes": ["gp3"], "max_claim_size": "100Gi"
+    }))
+    .unwrap();
+    assert_eq!(policy.check_claim(&sized("gp3", "100Gi")), Ok(()));
+    let class = policy.check_claim(&sized("io2", "10Gi")).unwrap_err();
+    assert_eq!(class.path, "spec.storageClassName");
+    assert!(
+        class.reason.contains("pod_policy.allowed_storage_classes"),
+        "{class}"
+    );
+    // No class: the cluster's default class, always accepted.
+    let no_class = claim(json!({"metadata": {"name": "c"},
+        "spec": {"resources": {"requests": {"storage": "1Gi"}}}}));
+    assert_eq!(policy.check_claim(&no_class), Ok(()));
+    assert!(serde_json::from_value::<PodPolicy>(json!({"max_claim_size": "lots"})).is_err());
+    // Not enforced: anything goes.
+    let off = PodPolicy {
+        enforce: false,
+        ..policy
+    };
+    assert_eq!(off.check_claim(&sized("io2", "100Ti")), Ok(()));
+}

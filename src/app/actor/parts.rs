@@ -2,7 +2,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::allocator::{Allocator, ExecutorPodBuilder, IdBlocks, StateRules};
+use crate::allocator::{Allocator, ExecutorClaims, ExecutorPodBuilder, IdBlocks, StateRules};
 use crate::app::feed::Feed;
 use crate::app::registration::Registration;
 use crate::k8s::{ExecutorPodClient, IdRecord, RegistrationStore};
@@ -28,6 +28,8 @@ pub(crate) struct Engine {
     pub rules: StateRules,
     /// The ids the id record covers, reserved in blocks.
     pub id_blocks: IdBlocks,
+    /// The application's per-executor claims (what reuse reads).
+    pub claims: ExecutorClaims,
 }
 
 /// What Start hands a new actor: what the actor computes with, and what its worker sends

@@ -1,6 +1,6 @@
 //! A round: the engine's plan turned into work for the worker, and the results of that
 //! work taken back into the engine state.
-use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeSet;
 
 use super::phase::Phase;
 use super::serve::ApplicationActor;
@@ -10,7 +10,7 @@ use crate::allocator::{
     RoundPlan,
 };
 use crate::app::failures::create_failure_cause;
-use crate::k8s::CreateError;
+use crate::k8s::{CreateError, ExecutorCreate};
 
 impl ApplicationActor {
     /// One round if the store is due: the engine's plan, then the worker sends its deletes,
@@ -91,33 +91,75 @@ impl ApplicationActor {
             with_creates: false,
             registration: std::mem::take(&mut self.registration.dirty)
                 .then(|| self.registration.current.clone()),
+            list_claims: self.engine.claims.listing_due(self.clock.now()),
         }
     }
 
-    /// The executor pods of the round's creates; one that cannot be built is forgotten.
-    fn build_pods(
-        &mut self,
-        creates: Vec<(ExecutorId, ResourceProfileId)>,
-    ) -> Vec<(ExecutorId, Pod)> {
-        let mut pods: Vec<(ExecutorId, Pod)> = Vec::with_capacity(creates.len());
+    /// The executor pods of the round's creates, with their claims (a free claim reused
+    /// where it may be); one that cannot be built is forgotten. When an executor must wait
+    /// for a claim to come free (`wait_to_reuse_claims`), it and the creates after it are
+    /// not sent, their ids given back, as Spark's loop stops there.
+    fn build_pods(&mut self, creates: Vec<(ExecutorId, ResourceProfileId)>) -> Vec<ExecutorCreate> {
+        let now = self.clock.now();
+        // Only an application with claim templates reads its pods' claims.
+        let mounted = if self.engine.builder.claim_templates().is_empty() {
+            BTreeSet::new()
+        } else {
+            let unseen: BTreeSet<ExecutorId> = (self.engine.allocator.newly_created())
+                .map(|(id, _)| id)
+                .collect();
+            self.engine.claims.keep_requests(|id| unseen.contains(&id));
+            self.feed.mounted_claims()
+        };
+        let claims_owned_by_pod = !self.engine.builder.claims_owned_by_driver();
+        let mut pods = Vec::with_capacity(creates.len());
+        let mut held = Vec::new();
         for (id, profile) in creates {
-            match self.engine.builder.build(id, profile) {
-                Ok(pod) => {
-                    self.requests.requested(id, profile);
-                    pods.push((id, pod));
-                }
+            if !held.is_empty() {
+                held.push(id);
+                continue;
+            }
+            let mut pod = match self.engine.builder.build(id, profile) {
+                Ok(pod) => pod,
                 Err(err) => {
                     tracing::error!(executor = id.0, error = %err, "cannot build executor pod");
                     self.engine.allocator.create_failed(id);
+                    continue;
+                }
+            };
+            let wanted = self.engine.builder.claims(id, &pod);
+            match self
+                .engine
+                .claims
+                .assign(id, &mut pod, wanted, &mounted, now)
+            {
+                Ok(claims) => {
+                    self.requests.requested(id, profile);
+                    pods.push(ExecutorCreate {
+                        id,
+                        pod,
+                        claims,
+                        claims_owned_by_pod,
+                    });
+                }
+                Err(wait) => {
+                    tracing::info!(
+                        claims = wait.claims,
+                        "waiting to reuse one of the application's claims"
+                    );
+                    held.push(id);
                 }
             }
+        }
+        if !held.is_empty() {
+            self.engine.allocator.creates_not_sent(&held);
         }
         pods
     }
 
     /// Hands a round's requests to the worker: the upkeep first, the creates once the id
     /// record they need is written. A round with nothing to send is counted at once.
-    fn send_round(&mut self, upkeep: UpkeepWork, creates: Vec<(ExecutorId, Pod)>) {
+    fn send_round(&mut self, upkeep: UpkeepWork, creates: Vec<ExecutorCreate>) {
         if upkeep.is_empty() {
             if creates.is_empty() {
                 self.rounds += 1;
@@ -130,7 +172,7 @@ impl ApplicationActor {
             return;
         }
         if !creates.is_empty() && upkeep.record.is_some() {
-            self.outbox.awaiting_record = creates.iter().map(|(id, _)| *id).collect();
+            self.outbox.awaiting_record = creates.iter().map(|c| c.id).collect();
         }
         let upkeep = UpkeepWork {
             with_creates: !creates.is_empty(),
@@ -157,6 +199,9 @@ impl ApplicationActor {
         }
         if upkeep.registration_failed {
             self.registration.dirty = true;
+        }
+        if let Some(claims) = upkeep.claims {
+            self.engine.claims.listed(claims);
         }
         // A round with creates is counted once they are answered.
         if !upkeep.with_creates {
@@ -235,6 +280,7 @@ impl ApplicationActor {
             }
             if let Err(err) = result {
                 self.requests.forget(id);
+                self.engine.claims.create_failed(id);
                 if matches!(err, CreateError::Cancelled | CreateError::IdNotRecorded(_)) {
                     not_sent.push(id);
                 } else {

@@ -91,6 +91,7 @@ impl Driven {
             pod_name_prefix: None,
             settings: settings.clone(),
             owner: None,
+            claims: Vec::new(),
         };
         let forgotten = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&forgotten);
@@ -102,6 +103,7 @@ impl Driven {
                 builder,
                 rules: rules.clone(),
                 id_blocks: IdBlocks::new(0),
+                claims: Default::default(),
             },
             clock: Arc::new(clock.clone()),
             driver,
@@ -214,7 +216,7 @@ impl Driven {
                 creates,
             } => {
                 assert!(upkeep.with_creates, "{upkeep:?}");
-                let ids = creates.iter().map(|(id, _)| id.0).collect();
+                let ids = creates.iter().map(|c| c.id.0).collect();
                 (ids, upkeep.record.map(|id| id.0))
             }
             other => panic!("not a round with creates: {other:?}"),

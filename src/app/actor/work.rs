@@ -6,16 +6,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::parts::{ApplicationParts, Kubernetes};
-use crate::allocator::ExecutorId;
+use crate::allocator::{ExecutorId, ListedClaim};
 use crate::app::feed::{FULL_STATE_PAGE_SIZE, ListedPod};
 use crate::app::registration::Registration;
-use crate::k8s::{CreateError, ExecutorPodClient, IdRecord, RegistrationStore};
+use crate::k8s::{CreateError, ExecutorCreate, ExecutorPodClient, IdRecord, RegistrationStore};
 use crate::metrics::DeleteReason;
 
 /// What the actor asks its worker to do.
@@ -25,7 +24,7 @@ pub(super) enum Work {
     /// upkeep's id record is written (none is sent with an id the record does not cover).
     Round {
         upkeep: Option<Box<UpkeepWork>>,
-        creates: Vec<(ExecutorId, Pod)>,
+        creates: Vec<ExecutorCreate>,
     },
     /// Delete every executor pod of the application (its driver ended).
     CleanUp,
@@ -68,6 +67,8 @@ pub(super) struct UpkeepWork {
     pub with_creates: bool,
     /// The application's registration to write, when it changed.
     pub registration: Option<Registration>,
+    /// List the application's executor claims (for reuse by the next round's creates).
+    pub list_claims: bool,
 }
 
 impl UpkeepWork {
@@ -77,6 +78,7 @@ impl UpkeepWork {
             && self.finished.is_empty()
             && self.record.is_none()
             && self.registration.is_none()
+            && !self.list_claims
     }
 }
 
@@ -91,6 +93,8 @@ pub(super) struct UpkeepDone {
     pub with_creates: bool,
     /// Writing the registration failed (the next round writes it again).
     pub registration_failed: bool,
+    /// The application's executor claims, when listed (none: not asked, or it failed).
+    pub claims: Option<Vec<ListedClaim>>,
 }
 
 /// The results of creates not sent because the id record covering them failed.
@@ -213,7 +217,7 @@ impl Worker {
     }
 
     /// A round's upkeep, then its creates once the id record they need is written.
-    fn round(this: &Arc<Self>, upkeep: Option<Box<UpkeepWork>>, creates: Vec<(ExecutorId, Pod)>) {
+    fn round(this: &Arc<Self>, upkeep: Option<Box<UpkeepWork>>, creates: Vec<ExecutorCreate>) {
         let Some(upkeep) = upkeep else {
             Self::create(this, creates, None);
             return;
@@ -264,7 +268,7 @@ impl Worker {
     /// the actor gives the ids back before any later round can hand out others.
     fn create(
         this: &Arc<Self>,
-        creates: Vec<(ExecutorId, Pod)>,
+        creates: Vec<ExecutorCreate>,
         recorded: Option<oneshot::Receiver<bool>>,
     ) {
         let worker = Arc::clone(this);
@@ -290,7 +294,7 @@ impl Worker {
                 };
                 let results = match recorded {
                     Ok(()) => pods.create_all(namespace, creates, cancel).await,
-                    Err(message) => not_recorded(creates.iter().map(|(id, _)| *id), &message),
+                    Err(message) => not_recorded(creates.iter().map(|c| c.id), &message),
                 };
                 let _ = done.send(WorkDone::Created(results));
             }
@@ -399,6 +403,13 @@ async fn send_upkeep(
             }
         }
     }
+    let claims = if upkeep.list_claims {
+        // Logged by the client; the next round lists again.
+        (pods.list_claims(namespace, app_id).await.ok())
+            .map(|claims| claims.iter().filter_map(ListedClaim::of).collect())
+    } else {
+        None
+    };
     let recorded = match upkeep.record {
         None => Ok(None),
         Some(highest) => id_record
@@ -415,6 +426,7 @@ async fn send_upkeep(
         finished_failed,
         with_creates: upkeep.with_creates,
         registration_failed: false,
+        claims,
     };
     (outcome, recorded)
 }

@@ -15,11 +15,12 @@
 //! is sent: from the moment the LIST is wanted, the feed keeps the JSON of every pod that
 //! changes; a pod the LIST shows at a version the feed has not seen yet (the LIST ran
 //! ahead of the watch) waits for its watch event.
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::allocator::claims::mounted_claims;
 use crate::allocator::types::{EXECUTOR_ID_LABEL, RESOURCE_PROFILE_ID_LABEL, ROLE_LABEL};
 use crate::allocator::{
     ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, SnapshotStore, StateRules,
@@ -60,6 +61,8 @@ struct PodFacts {
     id: ExecutorId,
     phase: Phase,
     resource_version: Option<Box<str>>,
+    /// The claims its volumes mount (a claim stays in use until its pod is gone).
+    claims: Box<[Box<str>]>,
 }
 
 impl PodFacts {
@@ -68,6 +71,7 @@ impl PodFacts {
             id,
             phase: Phase::of(pod.status.as_ref().and_then(|s| s.phase.as_deref())),
             resource_version: pod.metadata.resource_version.as_deref().map(Box::from),
+            claims: mounted_claims(pod).map(Box::from).collect(),
         }
     }
 }
@@ -135,6 +139,14 @@ impl Feed {
     pub fn with_buffer_bytes(mut self, bytes: usize) -> Self {
         self.buffer_bytes = bytes.max(1);
         self
+    }
+
+    /// The claims the application's executor pods mount (every pod still in the cluster,
+    /// finished or terminating ones too: their volumes may still be attached).
+    pub fn mounted_claims(&self) -> BTreeSet<String> {
+        (self.pods.values())
+            .flat_map(|facts| facts.claims.iter().map(|c| c.to_string()))
+            .collect()
     }
 
     /// The number of the last change.

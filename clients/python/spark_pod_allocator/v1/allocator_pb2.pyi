@@ -49,7 +49,7 @@ EXECUTOR_POD_STATE_TERMINATING: ExecutorPodState
 EXECUTOR_POD_STATE_UNKNOWN: ExecutorPodState
 
 class AllocationSettings(_message.Message):
-    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers", "policy", "stuck_pending_timeout_ms", "min_executors_at_once")
+    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers", "policy", "stuck_pending_timeout_ms", "min_executors_at_once", "driver_owns_claims", "reuse_claims", "wait_to_reuse_claims", "max_claims")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,10 @@ class AllocationSettings(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     STUCK_PENDING_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_EXECUTORS_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_OWNS_CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    REUSE_CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TO_REUSE_CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     batch_delay_ms: int
     executor_timeout_ms: int
@@ -76,10 +80,14 @@ class AllocationSettings(_message.Message):
     policy: AllocationPolicy
     stuck_pending_timeout_ms: int
     min_executors_at_once: int
-    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ..., policy: _Optional[_Union[AllocationPolicy, str]] = ..., stuck_pending_timeout_ms: _Optional[int] = ..., min_executors_at_once: _Optional[int] = ...) -> None: ...
+    driver_owns_claims: bool
+    reuse_claims: bool
+    wait_to_reuse_claims: bool
+    max_claims: int
+    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ..., policy: _Optional[_Union[AllocationPolicy, str]] = ..., stuck_pending_timeout_ms: _Optional[int] = ..., min_executors_at_once: _Optional[int] = ..., driver_owns_claims: _Optional[bool] = ..., reuse_claims: _Optional[bool] = ..., wait_to_reuse_claims: _Optional[bool] = ..., max_claims: _Optional[int] = ...) -> None: ...
 
 class StartRequest(_message.Message):
-    __slots__ = ("application_id", "namespace", "driver_pod_name", "executor_pod_template", "pod_name_prefix", "settings", "resource_profile_templates")
+    __slots__ = ("application_id", "namespace", "driver_pod_name", "executor_pod_template", "pod_name_prefix", "settings", "resource_profile_templates", "executor_claim_templates")
     class ResourceProfileTemplatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +102,7 @@ class StartRequest(_message.Message):
     POD_NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_PROFILE_TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_CLAIM_TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     application_id: str
     namespace: str
     driver_pod_name: str
@@ -101,7 +110,8 @@ class StartRequest(_message.Message):
     pod_name_prefix: str
     settings: AllocationSettings
     resource_profile_templates: _containers.ScalarMap[int, str]
-    def __init__(self, application_id: _Optional[str] = ..., namespace: _Optional[str] = ..., driver_pod_name: _Optional[str] = ..., executor_pod_template: _Optional[str] = ..., pod_name_prefix: _Optional[str] = ..., settings: _Optional[_Union[AllocationSettings, _Mapping]] = ..., resource_profile_templates: _Optional[_Mapping[int, str]] = ...) -> None: ...
+    executor_claim_templates: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, application_id: _Optional[str] = ..., namespace: _Optional[str] = ..., driver_pod_name: _Optional[str] = ..., executor_pod_template: _Optional[str] = ..., pod_name_prefix: _Optional[str] = ..., settings: _Optional[_Union[AllocationSettings, _Mapping]] = ..., resource_profile_templates: _Optional[_Mapping[int, str]] = ..., executor_claim_templates: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartResponse(_message.Message):
     __slots__ = ("resumed", "last_executor_id")

@@ -111,7 +111,8 @@ class ExecutorAllocatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stop(self, request, context):
-        """Deletes every executor pod of the application and forgets it.
+        """Deletes every executor pod of the application (and its executors' claims unless the
+        driver pod owns them: those go with it) and forgets it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -169,6 +169,7 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
         .setApplicationId(appId)
         .setNamespace(namespace)
         .setExecutorPodTemplate(json)
+        .addAllExecutorClaimTemplates(template.claimJsons())
         .setPodNamePrefix(template.podNamePrefix())
         .setSettings(settings);
     if (driverPod.isDefined()) {

@@ -77,7 +77,30 @@ public final class SparkAllocationSettings {
     settings.setExecutorContainerName(executorContainerName);
     policy(conf).ifPresent(settings::setPolicy);
     gangSize(conf, settings).ifPresent(settings::setMinExecutorsAtOnce);
+    claims(conf, settings);
     return settings.build();
+  }
+
+  /**
+   * Per-executor claims as Spark's allocator handles them: owned by the driver
+   * ({@code spark.kubernetes.driver.ownPersistentVolumeClaim}), reused
+   * ({@code reusePersistentVolumeClaim}), and creation held at Spark's maximum while none is
+   * free ({@code waitToReusePersistentVolumeClaim}): {@code spark.dynamicAllocation.maxExecutors}
+   * with dynamic allocation, else {@code spark.executor.instances}, as Spark counts it.
+   */
+  private static void claims(SparkConf conf, AllocationSettings.Builder settings) {
+    settings.setDriverOwnsClaims(boolValue(conf, K8S.KUBERNETES_DRIVER_OWN_PVC()));
+    settings.setReuseClaims(boolValue(conf, K8S.KUBERNETES_DRIVER_REUSE_PVC()));
+    boolean wait = boolValue(conf, K8S.KUBERNETES_DRIVER_WAIT_TO_REUSE_PVC());
+    settings.setWaitToReuseClaims(wait);
+    if (wait) {
+      int max = boolValue(conf, CORE.DYN_ALLOCATION_ENABLED())
+          ? intValue(conf, CORE.DYN_ALLOCATION_MAX_EXECUTORS())
+          : intOrDefault(conf, "spark.executor.instances", 2);
+      if (max > 0) {
+        settings.setMaxClaims(max);
+      }
+    }
   }
 
   /**

@@ -140,7 +140,7 @@ class ExecutorPodTemplatesTest {
   }
 
   @Test
-  void perExecutorClaimsAreRefusedWithTheReason() {
+  void perExecutorClaimsGoWithTheTemplateAsSparksBuilderMakesThem() throws SparkException {
     SparkConf conf = conf()
         .set("spark.kubernetes.executor.volumes.persistentVolumeClaim.data.options.claimName",
             "OnDemand")
@@ -149,9 +149,31 @@ class ExecutorPodTemplatesTest {
         .set("spark.kubernetes.executor.volumes.persistentVolumeClaim.data.options.sizeLimit",
             "1Gi")
         .set("spark.kubernetes.executor.volumes.persistentVolumeClaim.data.mount.path", "/data");
-    SparkException e = assertThrows(SparkException.class, () -> templates(conf).build(APP,
-        Option.empty(),
-        org.apache.spark.resource.ResourceProfile$.MODULE$.getOrCreateDefaultProfile(conf)));
-    assertTrue(e.getMessage().contains("PersistentVolumeClaim"), e.getMessage());
+    ExecutorPodTemplates.Template template = templates(conf).build(APP, Option.empty(),
+        org.apache.spark.resource.ResourceProfile$.MODULE$.getOrCreateDefaultProfile(conf));
+    assertEquals(1, template.claimJsons().size());
+    // What the service receives: the claim's JSON, named with the placeholder id.
+    io.fabric8.kubernetes.api.model.PersistentVolumeClaim claim = Serialization.unmarshal(
+        template.claimJsons().get(0), io.fabric8.kubernetes.api.model.PersistentVolumeClaim.class);
+    String name = claim.getMetadata().getName();
+    assertEquals("sum-test-exec-{{EXECUTOR_ID}}-pvc-0", name);
+    assertEquals("standard", claim.getSpec().getStorageClassName());
+    assertEquals("1Gi",
+        claim.getSpec().getResources().getRequests().get("storage").toString());
+    assertEquals(APP, claim.getMetadata().getLabels().get("spark-app-selector"));
+    // The pod mounts it by that name, which the service substitutes in both.
+    Pod pod = Serialization.unmarshal(template.json(), Pod.class);
+    assertTrue(pod.getSpec().getVolumes().stream().anyMatch(v ->
+        v.getPersistentVolumeClaim() != null
+            && name.equals(v.getPersistentVolumeClaim().getClaimName())),
+        template.json());
+  }
+
+  @Test
+  void aTemplateWithoutClaimsSendsNone() throws SparkException {
+    SparkConf conf = conf();
+    ExecutorPodTemplates.Template template = templates(conf).build(APP, Option.empty(),
+        org.apache.spark.resource.ResourceProfile$.MODULE$.getOrCreateDefaultProfile(conf));
+    assertTrue(template.claimJsons().isEmpty());
   }
 }

@@ -18,6 +18,12 @@ final class SimulatorProcessRuntime {
     return Path.of(System.getProperty(REPO_PROPERTY, "../..")).toAbsolutePath().normalize();
   }
 
+  /**
+   * A pod that only runs (a process sleeping), standing for the driver pod of a driver that
+   * runs in the test's JVM.
+   */
+  static final String DRIVER_PLACEHOLDER_IMAGE = "spark-pod-allocator/driver-placeholder:it";
+
   static String config(int grpcPort, int apiPort, String image, Path work) {
     return "listen = " + toml("127.0.0.1:" + grpcPort) + "\n\n"
         + simulatorConfig(apiPort, image, work);
@@ -44,6 +50,10 @@ final class SimulatorProcessRuntime {
             + toml(System.getProperty("java.class.path")) + " },",
         "  { name = \"JAVA_HOME\", value = " + toml(System.getProperty("java.home")) + " },",
         "]",
+        "",
+        "[[simulator.kubelet.process_images]]",
+        "image = " + toml(DRIVER_PLACEHOLDER_IMAGE),
+        "command = [\"sleep\", \"600\"]",
         "");
   }
 

@@ -233,4 +233,30 @@ class SparkAllocationSettingsTest {
     dynamic.set("spark.dynamicAllocation.minExecutors", "0");
     assertFalse(SparkAllocationSettings.fromConf(dynamic, "e").hasMinExecutorsAtOnce());
   }
+
+  @Test
+  void sparksClaimKeysMapWithSparksDefaults() {
+    AllocationSettings byDefault = SparkAllocationSettings.fromConf(new SparkConf(false), "e");
+    assertTrue(byDefault.getDriverOwnsClaims());
+    assertTrue(byDefault.getReuseClaims());
+    assertFalse(byDefault.getWaitToReuseClaims());
+    assertFalse(byDefault.hasMaxClaims());
+    SparkConf waiting = new SparkConf(false)
+        .set("spark.kubernetes.driver.ownPersistentVolumeClaim", "true")
+        .set("spark.kubernetes.driver.reusePersistentVolumeClaim", "true")
+        .set("spark.kubernetes.driver.waitToReusePersistentVolumeClaim", "true")
+        .set("spark.executor.instances", "5");
+    AllocationSettings fixed = SparkAllocationSettings.fromConf(waiting, "e");
+    assertTrue(fixed.getWaitToReuseClaims());
+    assertEquals(5, fixed.getMaxClaims());
+    waiting.set("spark.dynamicAllocation.enabled", "true")
+        .set("spark.dynamicAllocation.maxExecutors", "12");
+    assertEquals(12, SparkAllocationSettings.fromConf(waiting, "e").getMaxClaims());
+    SparkConf notOwned = new SparkConf(false)
+        .set("spark.kubernetes.driver.ownPersistentVolumeClaim", "false")
+        .set("spark.kubernetes.driver.reusePersistentVolumeClaim", "false");
+    AllocationSettings off = SparkAllocationSettings.fromConf(notOwned, "e");
+    assertFalse(off.getDriverOwnsClaims());
+    assertFalse(off.getReuseClaims());
+  }
 }

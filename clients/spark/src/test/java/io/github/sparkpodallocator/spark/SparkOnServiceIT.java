@@ -425,6 +425,101 @@ class SparkOnServiceIT {
         + ", the profile's executors are " + profileExecutors);
   }
 
+  /**
+   * Spark's on-demand claims: the plugin sends the claims Spark's builder returns, the service
+   * creates one per executor (bound by the simulator), each executor pod mounts its own, and
+   * without a driver pod each claim is owned by its executor's pod.
+   */
+  @Test
+  void aJobWithOnDemandClaimsGetsOneClaimPerExecutor() throws Exception {
+    String pvc = "spark.kubernetes.executor.volumes.persistentVolumeClaim.data.";
+    JavaSparkContext sc = start(conf("it-pvc")
+        .set("spark.executor.instances", "2")
+        .set(pvc + "options.claimName", "OnDemand")
+        .set(pvc + "options.storageClass", "standard")
+        .set(pvc + "options.sizeLimit", "1Gi")
+        .set(pvc + "mount.path", "/data")
+        .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s"));
+    String appId = sc.sc().applicationId();
+    await("2 registered executors", Duration.ofSeconds(120),
+        () -> registeredExecutors(sc).size() == 2);
+    assertEquals(500_000_500_000L, sumOneToAMillion(sc, 0).getKey());
+    List<Pod> pods = executorPods(appId);
+    assertEquals(Set.of("it-pvc-exec-1", "it-pvc-exec-2"), names(pods));
+    for (Pod pod : pods) {
+      String name = pod.getMetadata().getName();
+      String claimName = pod.getSpec().getVolumes().stream()
+          .filter(v -> v.getPersistentVolumeClaim() != null)
+          .map(v -> v.getPersistentVolumeClaim().getClaimName())
+          .findFirst().orElse("");
+      assertEquals(name + "-pvc-0", claimName);
+      io.fabric8.kubernetes.api.model.PersistentVolumeClaim claim =
+          k8s.persistentVolumeClaims().inNamespace("default").withName(claimName).get();
+      assertEquals("Bound", claim.getStatus().getPhase());
+      assertEquals("standard", claim.getSpec().getStorageClassName());
+      assertEquals(appId, claim.getMetadata().getLabels().get("spark-app-selector"));
+      assertEquals(name, claim.getMetadata().getOwnerReferences().get(0).getName());
+    }
+  }
+
+  /**
+   * With a driver pod (here a placeholder that only runs: the driver runs in the test's JVM),
+   * the claims are the driver pod's, and a killed executor's replacement mounts
+   * the lost executor's claim instead of a new one, as Spark's reusePersistentVolumeClaim does.
+   */
+  @Test
+  void aKilledExecutorsClaimIsMountedByItsReplacement() throws Exception {
+    Pod driver = new io.fabric8.kubernetes.api.model.PodBuilder()
+        .withNewMetadata().withName("it-reuse-driver").endMetadata()
+        .withNewSpec()
+        .addNewContainer().withName("driver")
+        .withImage(SimulatorProcessRuntime.DRIVER_PLACEHOLDER_IMAGE).endContainer()
+        .endSpec()
+        .build();
+    k8s.pods().inNamespace("default").resource(driver).create();
+    String pvc = "spark.kubernetes.executor.volumes.persistentVolumeClaim.data.";
+    JavaSparkContext sc = start(conf("it-reuse")
+        .set("spark.kubernetes.driver.pod.name", "it-reuse-driver")
+        .set("spark.executor.instances", "2")
+        .set(pvc + "options.claimName", "OnDemand")
+        .set(pvc + "options.storageClass", "standard")
+        .set(pvc + "options.sizeLimit", "1Gi")
+        .set(pvc + "mount.path", "/data")
+        .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s"));
+    String appId = sc.sc().applicationId();
+    await("2 registered executors", Duration.ofSeconds(120),
+        () -> registeredExecutors(sc).size() == 2);
+    io.fabric8.kubernetes.api.model.PersistentVolumeClaim claim = k8s.persistentVolumeClaims()
+        .inNamespace("default").withName("it-reuse-exec-1-pvc-0").get();
+    assertEquals("it-reuse-driver", claim.getMetadata().getOwnerReferences().get(0).getName());
+
+    JavaRDD<Integer> slices =
+        sc.parallelize(IntStream.range(0, 8).boxed().collect(Collectors.toList()), 8);
+    JavaFutureAction<List<Long>> job = slices.map(i -> {
+      Thread.sleep(1_500);
+      return LongStream.rangeClosed(i * 125_000L + 1, (i + 1) * 125_000L).sum();
+    }).collectAsync();
+    Thread.sleep(1_000); // the first tasks are running on both executors
+    k8s.pods().inNamespace("default").withName("it-reuse-exec-1").delete();
+
+    List<Long> parts = job.get(3, TimeUnit.MINUTES);
+    assertEquals(500_000_500_000L, parts.stream().mapToLong(Long::longValue).sum());
+    await("the replacement executor 3 registered", Duration.ofSeconds(120),
+        () -> registeredExecutors(sc).equals(Set.of("2", "3")));
+    Pod replacement = k8s.pods().inNamespace("default").withName("it-reuse-exec-3").get();
+    String mounted = replacement.getSpec().getVolumes().stream()
+        .filter(v -> v.getPersistentVolumeClaim() != null)
+        .map(v -> v.getPersistentVolumeClaim().getClaimName())
+        .findFirst().orElse("");
+    assertEquals("it-reuse-exec-1-pvc-0", mounted);
+    assertEquals(null, k8s.persistentVolumeClaims().inNamespace("default")
+        .withName("it-reuse-exec-3-pvc-0").get());
+    assertEquals(2, k8s.persistentVolumeClaims().inNamespace("default")
+        .withLabel("spark-app-selector", appId).list().getItems().size());
+  }
+
   @Test
   void aKilledExecutorIsReplacedByANewIdAndTheJobCompletes() throws Exception {
     JavaSparkContext sc = start(conf("it-kill")

@@ -1,0 +1,314 @@
+//! Per-executor PersistentVolumeClaims (Spark's `OnDemand` claims) over real gRPC against
+//! the simulated cluster, which binds claims as a provisioner would, on the manual clock:
+//! an executor gets its claim (named and labelled as Spark does, owned by the driver pod),
+//! a killed executor's claim is mounted by its replacement, waiting to reuse holds
+//! creation at the maximum, and pod-owned claims go on Stop.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use spark_pod_allocator::proto;
+use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
+use test_kit::wait::until;
+
+const NS: &str = "default";
+
+const POD_TEMPLATE: &str = r#"{"spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4",
+  "volumeMounts": [{"name": "spark-local-dir-1", "mountPath": "/data"}]}],
+  "volumes": [{"name": "spark-local-dir-1",
+    "persistentVolumeClaim": {"claimName": "{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0"}}]}}"#;
+
+fn claim_template(size: &str) -> String {
+    numbered_claim_template(0, size)
+}
+
+fn numbered_claim_template(index: u32, size: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": format!("{{{{APP_ID}}}}-exec-{{{{EXECUTOR_ID}}}}-pvc-{index}")},
+        "spec": {"storageClassName": "gp3", "accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": size}}}
+    })
+    .to_string()
+}
+
+async fn harness() -> Harness {
+    Harness::start_with(quiet_cluster(), Default::default()).await
+}
+
+fn pods_api(h: &Harness) -> Api<Pod> {
+    Api::namespaced(h.sim.try_client().expect("sim client"), NS)
+}
+
+fn claims_api(h: &Harness) -> Api<PersistentVolumeClaim> {
+    Api::namespaced(h.sim.try_client().expect("sim client"), NS)
+}
+
+/// A driver pod, as spark-submit makes it; returns its uid.
+async fn create_driver(h: &Harness, name: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"spark-role": "driver"}},
+        "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": "spark:4"}]}
+    }))
+    .unwrap();
+    let created = pods_api(h)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("driver pod");
+    created.metadata.uid.expect("uid")
+}
+
+async fn start(h: &Harness, app: &str, driver: &str, settings: proto::AllocationSettings) {
+    h.client
+        .clone()
+        .start(proto::StartRequest {
+            executor_pod_template: POD_TEMPLATE.into(),
+            executor_claim_templates: vec![claim_template("10Gi")],
+            driver_pod_name: driver.into(),
+            settings: Some(settings),
+            ..start_request(app, NS)
+        })
+        .await
+        .expect("Start");
+}
+
+/// The application's executor pods by name, sorted, with the claim each mounts.
+async fn pods_and_claims(h: &Harness, app: &str) -> Vec<(String, String)> {
+    let mut pods: Vec<(String, String)> = h
+        .pods(NS, app)
+        .await
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let claim = p.spec.and_then(|s| s.volumes).unwrap_or_default()[0]
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.clone())
+                .unwrap_or_default();
+            (p.metadata.name.unwrap_or_default(), claim)
+        })
+        .collect();
+    pods.sort();
+    pods
+}
+
+async fn claim_names(h: &Harness) -> Vec<String> {
+    let mut names: Vec<String> = claims_api(h)
+        .list(&Default::default())
+        .await
+        .expect("list claims")
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Moves the clock a batch delay at a time until `check` holds.
+async fn rounds_until(h: &Harness, what: &str, mut check: impl AsyncFnMut() -> bool) {
+    until(what, async || {
+        if check().await {
+            return true;
+        }
+        h.clock.advance(Duration::from_secs(1));
+        false
+    })
+    .await;
+}
+
+fn pair(pod: &str, claim: &str) -> (String, String) {
+    (pod.to_string(), claim.to_string())
+}
+
+#[tokio::test]
+async fn an_executor_gets_its_claim_bound_labelled_and_owned_by_the_driver() {
+    let h = harness().await;
+    let app = "app-claim";
+    let driver_uid = create_driver(&h, "drv-claim").await;
+    start(&h, app, "drv-claim", proto::AllocationSettings::default()).await;
+    h.set_total(app, 1).await;
+    until("executor 1 and its claim", async || {
+        pods_and_claims(&h, app).await == [pair("app-claim-exec-1", "app-claim-exec-1-pvc-0")]
+    })
+    .await;
+    let claim = claims_api(&h)
+        .get("app-claim-exec-1-pvc-0")
+        .await
+        .expect("the executor's claim");
+    let labels = claim.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels["spark-app-selector"], app);
+    assert_eq!(labels["spark-role"], "executor");
+    let owner = &claim.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Pod", "drv-claim")
+    );
+    assert_eq!(owner.uid, driver_uid);
+    let spec = claim.spec.unwrap();
+    assert_eq!(spec.storage_class_name.as_deref(), Some("gp3"));
+    assert_eq!(claim.status.unwrap().phase.as_deref(), Some("Bound"));
+}
+
+#[tokio::test]
+async fn a_killed_executors_claim_is_mounted_by_its_replacement() {
+    let h = harness().await;
+    let app = "app-reuse";
+    create_driver(&h, "drv-reuse").await;
+    start(&h, app, "drv-reuse", proto::AllocationSettings::default()).await;
+    h.set_total(app, 2).await;
+    until("two executors with their claims", async || {
+        pods_and_claims(&h, app).await.len() == 2
+    })
+    .await;
+    assert_eq!(
+        claim_names(&h).await,
+        ["app-reuse-exec-1-pvc-0", "app-reuse-exec-2-pvc-0"]
+    );
+    // The executors run a while: a claim younger than a batch delay is never reused (its
+    // pod may be about to show).
+    h.clock.advance(Duration::from_secs(5));
+    pods_api(&h)
+        .delete("app-reuse-exec-1", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("kill executor 1");
+    rounds_until(&h, "a replacement for executor 1", async || {
+        pods_and_claims(&h, app).await.len() == 2
+    })
+    .await;
+    // The replacement (executor 3) mounts executor 1's claim; no claim was created for it.
+    assert_eq!(
+        pods_and_claims(&h, app).await,
+        [
+            pair("app-reuse-exec-2", "app-reuse-exec-2-pvc-0"),
+            pair("app-reuse-exec-3", "app-reuse-exec-1-pvc-0"),
+        ]
+    );
+    assert_eq!(
+        claim_names(&h).await,
+        ["app-reuse-exec-1-pvc-0", "app-reuse-exec-2-pvc-0"]
+    );
+}
+
+#[tokio::test]
+async fn waiting_to_reuse_holds_creation_at_the_maximum_until_a_claim_is_free() {
+    let h = harness().await;
+    let app = "app-wait";
+    create_driver(&h, "drv-wait").await;
+    let settings = proto::AllocationSettings {
+        wait_to_reuse_claims: Some(true),
+        max_claims: Some(1),
+        ..Default::default()
+    };
+    start(&h, app, "drv-wait", settings).await;
+    h.set_total(app, 2).await;
+    until("executor 1", async || {
+        pods_and_claims(&h, app).await == [pair("app-wait-exec-1", "app-wait-exec-1-pvc-0")]
+    })
+    .await;
+    // Rounds pass: the second executor waits for a claim, none is created.
+    for _ in 0..5 {
+        h.clock.advance(Duration::from_secs(1));
+        let status = h.status(app).await.expect("GetStatus");
+        assert_eq!(status.profiles[0].target, 2);
+    }
+    assert_eq!(pods_and_claims(&h, app).await.len(), 1);
+    assert_eq!(claim_names(&h).await, ["app-wait-exec-1-pvc-0"]);
+    pods_api(&h)
+        .delete("app-wait-exec-1", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("kill executor 1");
+    rounds_until(&h, "an executor on executor 1's claim", async || {
+        pods_and_claims(&h, app).await.len() == 1
+            && pods_and_claims(&h, app).await[0].0 != "app-wait-exec-1"
+    })
+    .await;
+    let pods = pods_and_claims(&h, app).await;
+    assert_eq!(pods[0].1, "app-wait-exec-1-pvc-0");
+    assert_eq!(claim_names(&h).await, ["app-wait-exec-1-pvc-0"]);
+}
+
+#[tokio::test]
+async fn without_a_driver_claims_are_owned_by_their_pod_and_stop_deletes_them() {
+    let h = harness().await;
+    let app = "app-own";
+    start(&h, app, "", proto::AllocationSettings::default()).await;
+    h.set_total(app, 1).await;
+    until("executor 1 and its claim", async || {
+        pods_and_claims(&h, app).await.len() == 1 && claim_names(&h).await.len() == 1
+    })
+    .await;
+    let pod = pods_api(&h).get("app-own-exec-1").await.expect("pod");
+    let claim = claims_api(&h)
+        .get("app-own-exec-1-pvc-0")
+        .await
+        .expect("claim");
+    let owner = &claim.metadata.owner_references.unwrap()[0];
+    assert_eq!(owner.name, "app-own-exec-1");
+    assert_eq!(Some(owner.uid.clone()), pod.metadata.uid);
+    h.client
+        .clone()
+        .stop(proto::StopRequest {
+            application_id: app.into(),
+        })
+        .await
+        .expect("Stop");
+    assert!(claim_names(&h).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_claim_over_the_size_cap_is_refused_naming_its_entry() {
+    let h = harness().await;
+    let status = h
+        .client
+        .clone()
+        .start(proto::StartRequest {
+            executor_pod_template: POD_TEMPLATE.into(),
+            executor_claim_templates: vec![
+                claim_template("10Gi"),
+                numbered_claim_template(1, "2Ti"),
+            ],
+            ..start_request("app-big", NS)
+        })
+        .await
+        .unwrap_err();
+    assert_invalid(&status, "executor_claim_templates[1]");
+    assert!(status.message().contains("max_claim_size"), "{status:?}");
+}
+
+#[tokio::test]
+async fn an_application_without_claim_templates_sends_no_claim_request() {
+    let h = harness().await;
+    let app = "app-plain";
+    create_driver(&h, "drv-plain").await;
+    h.client
+        .clone()
+        .start(proto::StartRequest {
+            driver_pod_name: "drv-plain".into(),
+            ..start_request(app, NS)
+        })
+        .await
+        .expect("Start");
+    h.set_total(app, 2).await;
+    until("two executors", async || h.pods(NS, app).await.len() == 2).await;
+    for _ in 0..3 {
+        h.clock.advance(Duration::from_secs(61));
+        h.status(app).await.expect("GetStatus");
+    }
+    h.client
+        .clone()
+        .stop(proto::StopRequest {
+            application_id: app.into(),
+        })
+        .await
+        .expect("Stop");
+    let claim_requests: Vec<_> = h
+        .sim
+        .requests()
+        .into_keys()
+        .filter(|(_, _, resource)| resource == "persistentvolumeclaims")
+        .collect();
+    assert!(claim_requests.is_empty(), "{claim_requests:?}");
+}
