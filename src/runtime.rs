@@ -20,7 +20,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::app::{Applications, KubernetesParts, ServiceContext, ServiceOptions};
+use crate::app::{Applications, KubernetesParts, ServiceContext, ServiceOptions, ShardKeepers};
 use crate::grpc::{self, ServeError, ServeSettings};
 use crate::k8s::{
     ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore, leases,
@@ -125,10 +125,10 @@ impl Builder {
         };
         let applications = Applications::new(ctx, kubernetes);
         applications.spawn_shard_supervisor();
+        applications.hold_shard_keepers(ShardKeepers::new(release, keepers));
         Core {
             applications,
             initialize,
-            keepers: ShardKeepers { release, keepers },
         }
     }
 
@@ -143,24 +143,6 @@ impl Builder {
 pub struct Core {
     applications: Applications,
     initialize: Initialize,
-    keepers: ShardKeepers,
-}
-
-/// The shard Lease keepers of a service: released (handed to another replica at once)
-/// when the service has stopped its actors; a service dropped without that lets its
-/// Leases expire.
-struct ShardKeepers {
-    release: CancellationToken,
-    keepers: Vec<JoinHandle<()>>,
-}
-
-impl ShardKeepers {
-    async fn release(self) {
-        self.release.cancel();
-        for keeper in self.keepers {
-            let _ = keeper.await;
-        }
-    }
 }
 
 impl Core {
@@ -210,7 +192,6 @@ async fn run(
     let Core {
         applications,
         initialize,
-        keepers,
     } = core;
     settings.ready = initialize.into_ready();
     let announced = {
@@ -223,9 +204,8 @@ async fn run(
     let served = grpc::serve(settings, applications.clone(), listener, health, shutdown).await;
     announced.abort();
     // Every call has ended: stop the actors, leaving their pods for a restarted service,
-    // then hand the shards over.
+    // and hand the shards over.
     applications.shutdown().await;
-    keepers.release().await;
     served
 }
 

@@ -228,6 +228,37 @@ struct Registry {
     /// Per shard, the epoch whose registrations have been resumed here (held while a
     /// shard is resumed, so two resumes of one shard never run together).
     resumed: tokio::sync::Mutex<HashMap<Shard, i32>>,
+    /// The keepers of this replica's shard Leases: released by [`Applications::shutdown`],
+    /// and stopped with the registry (its Leases then expire).
+    keepers: Mutex<Option<ShardKeepers>>,
+}
+
+/// The shard Lease keepers of a service. Released (handed to another replica at once)
+/// once the service has stopped its actors; dropped, they stop renewing and release.
+pub struct ShardKeepers {
+    release: tokio_util::sync::DropGuard,
+    keepers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ShardKeepers {
+    /// The keepers `tasks`, which stop and release when `release` is cancelled.
+    pub fn new(
+        release: tokio_util::sync::CancellationToken,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+    ) -> Self {
+        Self {
+            release: release.drop_guard(),
+            keepers: tasks,
+        }
+    }
+
+    async fn release(self) {
+        let Self { release, keepers } = self;
+        drop(release);
+        for keeper in keepers {
+            let _ = keeper.await;
+        }
+    }
 }
 
 /// A registered application; `actor` is `None` after a Stop whose deletes failed
@@ -280,8 +311,14 @@ impl Applications {
                 tenants,
                 ownerships,
                 resumed: tokio::sync::Mutex::new(HashMap::new()),
+                keepers: Mutex::new(None),
             }),
         }
+    }
+
+    /// Keeps `keepers` for as long as the registry lives (the composition root's).
+    pub(crate) fn hold_shard_keepers(&self, keepers: ShardKeepers) {
+        *lock_registry(&self.inner.keepers) = Some(keepers);
     }
 
     /// Resumes every application whose registration a previous service kept in its own
@@ -724,8 +761,9 @@ impl Applications {
         self.inner.watches.watched_namespaces()
     }
 
-    /// Stops every actor WITHOUT deleting pods (a restarted service resumes them); later
-    /// calls answer [`AppError::ShuttingDown`].
+    /// Stops every actor WITHOUT deleting pods (a restarted service resumes them), then
+    /// releases the shards' Leases so another replica takes them at once; later calls
+    /// answer [`AppError::ShuttingDown`].
     pub async fn shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
         let _exclusive = self.inner.lifecycle.write().await;
@@ -736,6 +774,10 @@ impl Applications {
                 actor.stop().await;
             }
             tracing::info!(%app, "application left running for a later resume");
+        }
+        let keepers = lock_registry(&self.inner.keepers).take();
+        if let Some(keepers) = keepers {
+            keepers.release().await;
         }
     }
 

@@ -22,6 +22,10 @@ use crate::lifecycle::{InitHandle, Initialize};
 /// Label of every shard Lease the service writes (`kubectl get lease -l …`).
 pub const SHARD_LEASE_LABEL: &str = "spark-pod-allocator/shard";
 
+/// Fresh reads and writes after a refused one within a turn: each follows another
+/// writer's change, which a process of the same identity may make again.
+const SAME_IDENTITY_RETRIES: usize = 3;
+
 /// What one turn of a [`ShardLeaseKeeper`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Turn {
@@ -84,10 +88,14 @@ impl ShardLeaseKeeper {
     /// the same turn, on a fresh read: the change may have been this replica's own, a
     /// restarted process of the same identity, which keeps the shard.
     pub async fn turn(&mut self, now: Instant) -> Turn {
-        match self.turn_once(now).await {
-            Turn::Refused => self.turn_once(Instant::now()).await,
-            turn => turn,
+        let mut turn = self.turn_once(now).await;
+        for _ in 0..SAME_IDENTITY_RETRIES {
+            if turn != Turn::Refused {
+                break;
+            }
+            turn = self.turn_once(Instant::now()).await;
         }
+        turn
     }
 
     async fn turn_once(&mut self, now: Instant) -> Turn {
