@@ -19,6 +19,7 @@ def start(
     pod_name_prefix: str,
     settings: Optional[Mapping[str, object]],
     resource_profile_templates: Optional[Mapping[int, str]],
+    executor_claim_templates: Optional[Iterable[str]] = None,
 ) -> pb.StartRequest:
     unknown = set(settings or {}) - set(SETTING_FIELDS)
     if unknown:
@@ -31,6 +32,7 @@ def start(
         pod_name_prefix=pod_name_prefix,
         settings=pb.AllocationSettings(**dict(settings or {})),  # type: ignore[arg-type]
         resource_profile_templates=dict(resource_profile_templates or {}),
+        executor_claim_templates=list(executor_claim_templates or []),
     )
 
 

@@ -54,6 +54,7 @@ class AsyncAllocatorClient(ClientBase[grpc.aio.Channel]):
         pod_name_prefix: str = "",
         settings: Optional[Mapping[str, object]] = None,
         resource_profile_templates: Optional[Mapping[int, str]] = None,
+        executor_claim_templates: Optional[Iterable[str]] = None,
     ) -> pb.StartResponse:
         """See :meth:`spark_pod_allocator.AllocatorClient.start`."""
         request = _requests.start(
@@ -64,6 +65,7 @@ class AsyncAllocatorClient(ClientBase[grpc.aio.Channel]):
             pod_name_prefix,
             settings,
             resource_profile_templates,
+            executor_claim_templates,
         )
         return await self._call("Start", request)
 

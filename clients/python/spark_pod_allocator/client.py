@@ -59,8 +59,13 @@ class AllocatorClient(ClientBase[grpc.Channel]):
         pod_name_prefix: str = "",
         settings: Optional[Mapping[str, object]] = None,
         resource_profile_templates: Optional[Mapping[int, str]] = None,
+        executor_claim_templates: Optional[Iterable[str]] = None,
     ) -> pb.StartResponse:
         """Starts (or resumes) allocation; ``settings`` keys are AllocationSettings fields.
+
+        ``executor_claim_templates`` are PersistentVolumeClaims (YAML or JSON) made for each
+        executor, as Spark's ``OnDemand`` claims (``{{EXECUTOR_ID}}`` substituted); the pod
+        template mounts them by name.
 
         A repeated Start of a running application must repeat the first one (templates,
         effective settings, driver pod, prefix), else FAILED_PRECONDITION names the field;
@@ -74,6 +79,7 @@ class AllocatorClient(ClientBase[grpc.Channel]):
             pod_name_prefix,
             settings,
             resource_profile_templates,
+            executor_claim_templates,
         )
         return self._call("Start", request)
 

@@ -159,3 +159,45 @@ def test_watch_executors_streams_the_state_then_changes_and_ends_on_stop(service
         # Deletes may still come; then the iteration ends by itself.
         rest = list(resumed)
         assert all(e.kind != kinds.EXECUTOR_EVENT_KIND_SNAPSHOT for e in rest)
+
+
+def _claim(size):
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "py-claims-exec-{{EXECUTOR_ID}}-pvc-0"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": size}},
+            },
+        }
+    )
+
+
+def test_executor_claim_templates_are_sent_and_checked(service):
+    with AllocatorClient(service) as client:
+        # Beyond the service's pod_policy.max_claim_size (1Ti): refused, naming the field.
+        with pytest.raises(AllocatorError) as err:
+            client.start(
+                "py-claims",
+                "default",
+                executor_pod_template=TEMPLATE,
+                executor_claim_templates=[_claim("2Ti")],
+            )
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "executor_claim_templates[0]" in err.value.details
+
+        started = client.start(
+            "py-claims",
+            "default",
+            executor_pod_template=TEMPLATE,
+            executor_claim_templates=[_claim("10Gi")],
+        )
+        assert started.resumed is False
+        # A repeated Start must repeat the claims too.
+        with pytest.raises(AllocatorError) as err:
+            client.start("py-claims", "default", executor_pod_template=TEMPLATE)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "executor_claim_templates" in err.value.details
+        assert client.stop("py-claims") == 0
