@@ -16,7 +16,7 @@ use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::k8s::{USER_AGENT, replica_user_agent};
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::batched_start_request;
-use test_kit::process::{connect_serving, serve_with};
+use test_kit::process::{connect_serving, pause, serve_with, wake};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
 use test_kit::sim::manual_cluster;
@@ -172,8 +172,7 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
         executor_ids(&sim).await.len() >= 2
     })
     .await;
-    let pid = a.id().expect("running").to_string();
-    signal("-STOP", &pid);
+    pause(&a);
     // What `a` reserved (a write of it still on the wire can only raise it).
     let recorded = recorded_last_id(&sim).await;
 
@@ -198,7 +197,7 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
     })
     .await;
 
-    signal("-CONT", &pid);
+    wake(&a);
     // Woken, `a` finds its ownership lapsed and lets the application go.
     until("replica-a let the application go", || {
         let mut client = client_a.clone();
@@ -247,12 +246,4 @@ async fn recorded_last_id(sim: &SimCluster) -> u64 {
     stored.data.as_ref().expect("data")[LAST_EXECUTOR_ID_KEY]
         .parse()
         .expect("a number")
-}
-
-fn signal(which: &str, pid: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, pid])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {which} {pid}");
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use spark_pod_allocator::k8s::replica_user_agent;
 use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::batched_start_request;
-use test_kit::process::{connect_serving, serve_with};
+use test_kit::process::{connect_serving, pause, serve_with, wake};
 use test_kit::requests::*;
 use test_kit::wait::until;
 use tokio::process::Child;
@@ -89,8 +89,7 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
         !writes_of(&c, "replica-a").is_empty(),
         "the owner's writes are in the log"
     );
-    let pid = a.id().expect("running").to_string();
-    signal("-STOP", &pid);
+    pause(&a);
 
     until("replica-b holds the shard", || async {
         holder(&c).await.as_deref() == Some("replica-b")
@@ -111,7 +110,7 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
     })
     .await;
 
-    signal("-CONT", &pid);
+    wake(&a);
     until("replica-a let the application go", || {
         let mut client = client_a.clone();
         async move {
@@ -137,12 +136,4 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
         .into_inner();
     assert_eq!(stopped.deleted_pods, 8);
     c.finish().await;
-}
-
-fn signal(which: &str, pid: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, pid])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {which} {pid}");
 }

@@ -117,12 +117,26 @@ pub async fn exit_status(child: &mut Child) -> std::process::ExitStatus {
 
 /// Sends SIGTERM to the process, as an orchestrator stopping it does.
 pub fn terminate(child: &Child) {
+    signal(child, "-TERM");
+}
+
+/// Pauses the process (SIGSTOP), as a frozen VM or a long stop-the-world pause does.
+pub fn pause(child: &Child) {
+    signal(child, "-STOP");
+}
+
+/// Wakes a paused process (SIGCONT).
+pub fn wake(child: &Child) {
+    signal(child, "-CONT");
+}
+
+fn signal(child: &Child, which: &str) {
     let pid = child.id().expect("running").to_string();
     let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
+        .args([which, &pid])
         .status()
         .expect("kill");
-    assert!(status.success());
+    assert!(status.success(), "kill {which} {pid}");
 }
 
 /// Starts the service binary `bin` (`serve`, JSON logs, a free loopback port) against the
