@@ -191,14 +191,7 @@ impl ExecutorPodBuilder {
             for value in meta.annotations.iter_mut().flatten().map(|(_, v)| v) {
                 substitute(value);
             }
-            meta.generate_name = None;
-            meta.namespace = None;
-            meta.uid = None;
-            meta.resource_version = None;
-            meta.creation_timestamp = None;
-            meta.deletion_timestamp = None;
-            meta.deletion_grace_period_seconds = None;
-            meta.managed_fields = None;
+            clear_server_fields(meta);
             meta.finalizers = None;
             meta.owner_references = owner.clone().map(|o| vec![o]);
             let labels = meta.labels.get_or_insert_with(BTreeMap::new);
@@ -348,15 +341,7 @@ impl ExecutorPodBuilder {
         // Metadata: a clean create body.
         let meta = &mut pod.metadata;
         meta.name = Some(name.clone());
-        meta.generate_name = None;
-        // The create request's URL decides the namespace (a different one would be refused).
-        meta.namespace = None;
-        meta.uid = None;
-        meta.resource_version = None;
-        meta.creation_timestamp = None;
-        meta.deletion_timestamp = None;
-        meta.deletion_grace_period_seconds = None;
-        meta.managed_fields = None;
+        clear_server_fields(meta);
         // Spark's labels are the service's: a template's values (Spark's own pod carries
         // them, with `{{EXECUTOR_ID}}`) are overwritten.
         let labels = meta.labels.get_or_insert_with(BTreeMap::new);
@@ -501,4 +486,18 @@ fn set_env(env: &mut Vec<EnvVar>, name: &str, value: Option<String>, field_path:
         Some(existing) => *existing = var,
         None => env.push(var),
     }
+}
+
+/// Clears what the API server sets, or what a create body must not carry, from a template's
+/// metadata: a clean create body. The create request's URL decides the namespace (a
+/// different one would be refused).
+fn clear_server_fields(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    meta.generate_name = None;
+    meta.namespace = None;
+    meta.uid = None;
+    meta.resource_version = None;
+    meta.creation_timestamp = None;
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.managed_fields = None;
 }
