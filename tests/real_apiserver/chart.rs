@@ -76,7 +76,8 @@ impl Helm {
             .expect("helm runs");
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        eprintln!("$ helm {}\n{stdout}{stderr}", args.join(" "));
+        // Only the command and its stderr: stdout has the release's NOTES and Secrets.
+        eprintln!("$ helm {}\n{stderr}", args.join(" "));
         assert!(
             output.status.success(),
             "helm {args:?} failed:\n{stdout}{stderr}"
@@ -648,6 +649,7 @@ async fn the_chart_installs_runs_tests_upgrades_and_uninstalls_without_leftovers
     let tested = helm
         .run_quietly(&["test", RELEASE, "-n", &namespace, "--timeout", "60s"])
         .await;
+    eprintln!("{tested}");
     let phases: Vec<&str> = tested
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Phase:"))
