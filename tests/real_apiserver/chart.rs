@@ -28,13 +28,6 @@ use test_kit::wait::{eventually, until};
 
 use crate::control_plane::{GARBAGE_COLLECTOR, SCHEDULER};
 
-/// The release's name: its objects carry `app.kubernetes.io/instance: installed` (other tests
-/// of the shared server use the chart's RBAC as release `spa`).
-const RELEASE: &str = "installed";
-
-/// The label every object of the release carries (the chart's labels and selector labels).
-const RELEASE_SELECTOR: &str = "app.kubernetes.io/instance=installed";
-
 /// The service account helm runs as.
 const INSTALLER: &str = "chart-installer";
 
@@ -99,9 +92,9 @@ impl Helm {
 
     /// The release's objects (`helm get manifest`) or its hooks (`helm get hooks`), as helm
     /// stored them.
-    async fn get(&self, what: &str, namespace: &str) -> Vec<Value> {
+    async fn get(&self, what: &str, release: &str, namespace: &str) -> Vec<Value> {
         let stdout = self
-            .run_quietly(&["get", what, RELEASE, "-n", namespace])
+            .run_quietly(&["get", what, release, "-n", namespace])
             .await;
         documents(&stdout)
     }
@@ -414,76 +407,397 @@ async fn deployment_pods(
         .collect()
 }
 
+/// The pods of a Deployment: name → (uid, node, phase, IP).
+type Pods = BTreeMap<String, (String, String, String, String)>;
+
+/// A release of the chart, installed by the installer ([`installer_kubeconfig`]) into a
+/// scenario's first namespace (which enforces Pod Security `restricted`), its drivers'
+/// namespace the second.
+struct Release<'a> {
+    c: &'a RealBackend,
+    admin: Client,
+    helm: Helm,
+    name: &'static str,
+    namespace: String,
+    drivers: String,
+    installer: String,
+    /// helm's value flags, the same for the install and the upgrade.
+    values: Vec<String>,
+    /// What `helm get manifest` and `helm get hooks` list, once installed.
+    objects: Vec<Rendered>,
+    hooks: Vec<Rendered>,
+    _dir: tempfile::TempDir,
+}
+
+impl<'a> Release<'a> {
+    /// Prepares the namespaces and the installer; `values` maps the drivers' namespace to
+    /// helm's value flags.
+    async fn prepare(
+        c: &'a RealBackend,
+        name: &'static str,
+        values: impl FnOnce(&str) -> Vec<String>,
+    ) -> Self {
+        let admin = c.admin_client();
+        let namespace = c.namespace().to_string();
+        let drivers = c.other_namespace().to_string();
+        // The release's namespace enforces the `restricted` Pod Security level the chart
+        // claims (pods refused otherwise) and audits and warns at it (the Deployment's pod
+        // template is checked too: a violation is an audit annotation and a warning helm
+        // prints).
+        let levels = json!({"metadata": {"labels": {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/audit": "restricted",
+            "pod-security.kubernetes.io/warn": "restricted",
+        }}});
+        Api::<Namespace>::all(admin.clone())
+            .patch(&namespace, &PatchParams::default(), &Patch::Merge(&levels))
+            .await
+            .expect("label the release's namespace");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let helm = Helm::new(installer_kubeconfig(c, dir.path()).await);
+        Self {
+            c,
+            admin,
+            helm,
+            name,
+            installer: format!("system:serviceaccount:{namespace}:{INSTALLER}"),
+            values: values(&drivers),
+            namespace,
+            drivers,
+            objects: Vec::new(),
+            hooks: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    /// The label every object of the release carries (the chart's labels and selector
+    /// labels).
+    fn selector(&self) -> String {
+        format!("app.kubernetes.io/instance={}", self.name)
+    }
+
+    /// `helm install` or `helm upgrade` with the release's values, waiting for it to be
+    /// ready; helm must print no warning.
+    async fn deploy(&self, verb: &str) {
+        let chart = chart();
+        let chart = chart.to_str().expect("a UTF-8 path");
+        let mut args = vec![
+            verb,
+            self.name,
+            chart,
+            "-n",
+            &self.namespace,
+            "--wait",
+            "--timeout",
+            "60s",
+        ];
+        args.extend(self.values.iter().map(String::as_str));
+        self.helm.run_quietly(&args).await;
+    }
+
+    /// Installs the release and reads back what it rendered.
+    async fn install(&mut self) {
+        self.deploy("install").await;
+        let manifest = self.helm.get("manifest", self.name, &self.namespace).await;
+        let hooks = self.helm.get("hooks", self.name, &self.namespace).await;
+        self.objects = resolve_all(&self.admin, &manifest, &self.namespace).await;
+        self.hooks = resolve_all(&self.admin, &hooks, &self.namespace).await;
+        eprintln!(
+            "{}'s objects: {}; hooks: {}",
+            self.name,
+            self.objects
+                .iter()
+                .map(|o| o.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.hooks
+                .iter()
+                .map(|o| o.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+    }
+
+    fn of_kind<'r>(&'r self, kind: &'r str) -> impl Iterator<Item = &'r Rendered> + 'r {
+        self.objects
+            .iter()
+            .filter(move |o| o.kind.resource.kind == kind)
+    }
+
+    /// Every rendered object was admitted and is there; helm was refused nothing, the
+    /// Roles, ClusterRoles and bindings passed RBAC's escalation checks (the installer is no
+    /// cluster admin), and no Pod Security violation was audited.
+    async fn assert_admitted(&self) {
+        for object in &self.objects {
+            assert!(
+                object.get(&self.admin).await.is_some(),
+                "{object} is missing"
+            );
+        }
+        let events = self.c.server().audit_events();
+        let refused: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["user"]["username"] == self.installer.as_str())
+            .filter(|e| e["responseStatus"]["code"] == 403)
+            .collect();
+        assert!(refused.is_empty(), "the installer was refused: {refused:?}");
+        for object in self
+            .objects
+            .iter()
+            .filter(|o| o.kind.resource.group == "rbac.authorization.k8s.io")
+        {
+            let created = audited(
+                &events,
+                &self.installer,
+                "create",
+                &object.kind.resource.plural,
+                &object.name,
+            );
+            assert!(
+                created.iter().any(|e| e["responseStatus"]["code"] == 201),
+                "{object} was created by the installer: {created:?}"
+            );
+        }
+        let violations: Vec<&Value> = events
+            .iter()
+            .filter(|e| {
+                let ns = &e["objectRef"]["namespace"];
+                (ns == self.namespace.as_str() || ns == self.drivers.as_str())
+                    && e["annotations"].as_object().is_some_and(|a| {
+                        a.keys()
+                            .any(|k| k.starts_with("pod-security.kubernetes.io/audit-violations"))
+                    })
+            })
+            .collect();
+        assert!(
+            violations.is_empty(),
+            "Pod Security violations: {violations:?}"
+        );
+    }
+
+    /// The Deployment is Available, its pods scheduled by the real scheduler onto kwok
+    /// nodes and Running; each Service's EndpointSlices list exactly those pods, ready, on
+    /// the Service's named ports (its selector and target ports match the pods); a
+    /// PodDisruptionBudget, if rendered, counts them. Returns the pods.
+    async fn assert_running(&self) -> Pods {
+        let deployment = self.of_kind("Deployment").next().expect("a Deployment");
+        let deployments: Api<Deployment> = Api::namespaced(self.admin.clone(), &self.namespace);
+        let deployment = deployments.get(&deployment.name).await.expect("Deployment");
+        let replicas = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .unwrap_or(1);
+        assert!(replicas >= 1, "the service runs");
+        let status = deployment.status.clone().unwrap_or_default();
+        assert_eq!(status.available_replicas, Some(replicas), "{status:?}");
+        assert!(
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Available" && c.status == "True"),
+            "{status:?}"
+        );
+        let pods = deployment_pods(&self.admin, &self.namespace, &deployment).await;
+        assert_eq!(pods.len(), replicas as usize, "{pods:?}");
+        let events = self.c.server().audit_events();
+        for (name, (_, node, phase, _)) in &pods {
+            assert!(node.starts_with("kwok-node-"), "{name} is on {node:?}");
+            assert_eq!(phase, "Running", "{name}");
+            assert!(
+                !audited(&events, SCHEDULER, "create", "pods/binding", name).is_empty(),
+                "the scheduler bound {name}"
+            );
+        }
+        let slices: Api<EndpointSlice> = Api::namespaced(self.admin.clone(), &self.namespace);
+        let pod_ips: BTreeSet<String> = pods.values().map(|(_, _, _, ip)| ip.clone()).collect();
+        for service in self.of_kind("Service") {
+            let spec = service.get(&self.admin).await.expect("Service")["spec"].clone();
+            let port_names: BTreeSet<String> = spec["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["name"].as_str().map(str::to_string))
+                .collect();
+            let selector = format!("kubernetes.io/service-name={}", service.name);
+            until(
+                &format!("{service}'s EndpointSlices list its pods"),
+                async || {
+                    let Ok(list) = slices.list(&ListParams::default().labels(&selector)).await
+                    else {
+                        return false;
+                    };
+                    let ready: BTreeSet<String> = list
+                        .items
+                        .iter()
+                        .flat_map(|s| s.endpoints.iter())
+                        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                        .flat_map(|e| e.addresses.iter().cloned())
+                        .collect();
+                    let ports: BTreeSet<String> = list
+                        .items
+                        .iter()
+                        .flat_map(|s| s.ports.iter().flatten())
+                        .filter(|p| p.port.is_some())
+                        .filter_map(|p| p.name.clone())
+                        .collect();
+                    ready == pod_ips && ports == port_names
+                },
+            )
+            .await;
+        }
+        for budget in self.of_kind("PodDisruptionBudget") {
+            until(
+                &format!("{budget} counts the Deployment's pods"),
+                async || {
+                    budget.get(&self.admin).await.is_some_and(|b| {
+                        b["status"]["expectedPods"].as_i64() == Some(i64::from(replicas))
+                    })
+                },
+            )
+            .await;
+        }
+        pods
+    }
+
+    /// `helm test`: the test pod is admitted, bound by the scheduler, completed by kwok
+    /// (no container runs), and deleted by its hook-delete-policy.
+    async fn assert_tested(&self) {
+        let (tested, _) = self
+            .helm
+            .run(&["test", self.name, "-n", &self.namespace, "--timeout", "60s"])
+            .await;
+        eprintln!("{tested}");
+        let phases: Vec<&str> = tested
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("Phase:"))
+            .map(str::trim)
+            .collect();
+        assert!(
+            !phases.is_empty() && phases.iter().all(|p| *p == "Succeeded"),
+            "helm test: {tested}"
+        );
+        let events = self.c.server().audit_events();
+        let pods: Vec<&Rendered> = self
+            .hooks
+            .iter()
+            .filter(|h| h.kind.resource.kind == "Pod")
+            .collect();
+        assert!(!pods.is_empty(), "the chart has a test pod");
+        for hook in pods {
+            assert!(
+                !audited(&events, SCHEDULER, "create", "pods/binding", &hook.name).is_empty(),
+                "the scheduler bound {hook}"
+            );
+            until(&format!("{hook} deleted after it succeeded"), async || {
+                hook.get(&self.admin).await.is_none()
+            })
+            .await;
+        }
+    }
+
+    /// `helm uninstall --wait`; the garbage collector deletes what the controllers made
+    /// (the ReplicaSet and its `pods`: the audit log's deletes by `generic-garbage-collector`,
+    /// and EndpointSlices). Then nothing of the release is left: no object of the manifest
+    /// or of the hooks, no object with the release's label of any kind the chart renders or
+    /// its controllers make (ReplicaSet, Pod, EndpointSlice), in any namespace or
+    /// cluster-wide, no EndpointSlice of its Services, and none of helm's release records.
+    async fn uninstall_leaving_nothing(&self, pods: &Pods) {
+        let admin = &self.admin;
+        let selector = self.selector();
+        let mut kinds: BTreeMap<String, Kind> = BTreeMap::new();
+        for object in self.objects.iter().chain(&self.hooks) {
+            kinds.insert(object.kind.resource.plural.clone(), object.kind.clone());
+        }
+        for (api_version, kind) in [
+            ("apps/v1", "ReplicaSet"),
+            ("v1", "Pod"),
+            ("discovery.k8s.io/v1", "EndpointSlice"),
+        ] {
+            let kind = Kind::of(admin, api_version, kind).await;
+            kinds.insert(kind.resource.plural.clone(), kind);
+        }
+        // Each of those kinds has objects with the release's label now (the controllers copy
+        // it from the Deployment's pod template and the Service), so that none left after
+        // the uninstall means something.
+        for (plural, kind) in &kinds {
+            assert!(
+                !kind.labelled(admin, &selector).await.is_empty(),
+                "no {plural} with {selector} before the uninstall"
+            );
+        }
+        let replica_sets = kinds["replicasets"].labelled(admin, &selector).await;
+        self.helm
+            .run_quietly(&[
+                "uninstall",
+                self.name,
+                "-n",
+                &self.namespace,
+                "--wait",
+                "--timeout",
+                "60s",
+            ])
+            .await;
+        let secrets = Kind::of(admin, "v1", "Secret").await;
+        let slices = &kinds["endpointslices"];
+        let records = format!("owner=helm,name={}", self.name);
+        eventually("nothing of the release is left", async || {
+            let mut left = Vec::new();
+            for object in self.objects.iter().chain(&self.hooks) {
+                if object.get(admin).await.is_some() {
+                    left.push(object.to_string());
+                }
+            }
+            for kind in kinds.values() {
+                left.extend(kind.labelled(admin, &selector).await);
+            }
+            for service in self.of_kind("Service") {
+                let by_service = format!("kubernetes.io/service-name={}", service.name);
+                left.extend(slices.labelled(admin, &by_service).await);
+            }
+            // helm's own record of the release (a Secret per revision).
+            left.extend(secrets.labelled(admin, &records).await);
+            left.is_empty().then_some(())
+        })
+        .await;
+        let events = self.c.server().audit_events();
+        for pod in pods.keys() {
+            assert!(
+                !audited(&events, GARBAGE_COLLECTOR, "delete", "pods", pod).is_empty(),
+                "the garbage collector deleted {pod}"
+            );
+        }
+        for replica_set in &replica_sets {
+            let name = replica_set.rsplit('/').next().unwrap_or("");
+            assert!(
+                !audited(&events, GARBAGE_COLLECTOR, "delete", "replicasets", name).is_empty(),
+                "the garbage collector deleted {replica_set}"
+            );
+        }
+    }
+}
+
+/// The chart's defaults, plus the one value without a default: the namespaces drivers run in
+/// (a Role and the CA's ConfigMap go there). TLS stays on, with the generated certificate.
 #[tokio::test]
 async fn the_chart_installs_runs_tests_upgrades_and_uninstalls_without_leftovers() {
     let Some(c) = RealBackend::with_control_plane("chart").await else {
         return;
     };
     let began = Instant::now();
-    let admin = c.admin_client();
-    let namespace = c.namespace().to_string();
-    let drivers = c.other_namespace().to_string();
-
-    // The release's namespace enforces the `restricted` Pod Security level the chart claims
-    // (pods refused otherwise) and audits and warns at it (the Deployment's pod template is
-    // checked too: a violation is an audit annotation and a warning helm prints).
-    let namespaces: Api<Namespace> = Api::all(admin.clone());
-    let levels = json!({"metadata": {"labels": {
-        "pod-security.kubernetes.io/enforce": "restricted",
-        "pod-security.kubernetes.io/audit": "restricted",
-        "pod-security.kubernetes.io/warn": "restricted",
-    }}});
-    namespaces
-        .patch(&namespace, &PatchParams::default(), &Patch::Merge(&levels))
-        .await
-        .expect("label the release's namespace");
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let helm = Helm::new(installer_kubeconfig(&c, dir.path()).await);
-    let installer = format!("system:serviceaccount:{namespace}:{INSTALLER}");
-    let chart = chart();
-    let chart = chart.to_str().expect("a UTF-8 path");
-    // The chart's defaults, plus the one value without a default: the namespaces drivers run
-    // in (a Role and the CA's ConfigMap go there). TLS stays on (a generated certificate).
-    let allowed_namespaces = format!("allowedNamespaces={{{drivers}}}");
-    let values = ["--set", allowed_namespaces.as_str()];
-    let install = [
-        &[
-            "install",
-            RELEASE,
-            chart,
-            "-n",
-            &namespace,
-            "--wait",
-            "--timeout",
-            "60s",
-        ][..],
-        &values[..],
-    ]
-    .concat();
-    helm.run_quietly(&install).await;
+    let mut release = Release::prepare(&c, "installed", |drivers| {
+        vec!["--set".into(), format!("allowedNamespaces={{{drivers}}}")]
+    })
+    .await;
+    release.install().await;
     let installed_at = began.elapsed();
-
-    // Every rendered object was admitted and is there.
-    let manifest = helm.get("manifest", &namespace).await;
-    let hooks = helm.get("hooks", &namespace).await;
-    let objects = resolve_all(&admin, &manifest, &namespace).await;
-    let hook_objects = resolve_all(&admin, &hooks, &namespace).await;
-    for object in &objects {
-        assert!(object.get(&admin).await.is_some(), "{object} is missing");
-    }
-    let kinds: BTreeSet<String> = objects
+    release.assert_admitted().await;
+    let kinds: BTreeSet<&str> = release
+        .objects
         .iter()
-        .map(|o| o.kind.resource.kind.clone())
+        .map(|o| o.kind.resource.kind.as_str())
         .collect();
-    eprintln!(
-        "the release's objects: {}",
-        objects
-            .iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
     for kind in [
         "ServiceAccount",
         "Secret",
@@ -502,292 +816,72 @@ async fn the_chart_installs_runs_tests_upgrades_and_uninstalls_without_leftovers
         );
     }
     assert!(
-        objects.iter().any(
-            |o| o.kind.resource.kind == "ConfigMap" && o.namespace.as_deref() == Some(&drivers)
-        ),
+        release
+            .of_kind("ConfigMap")
+            .any(|o| o.namespace.as_deref() == Some(release.drivers.as_str())),
         "the CA's ConfigMap is published in the drivers' namespace"
     );
-    assert!(
-        hooks
-            .iter()
-            .any(|h| h["kind"] == "Pod" && h["metadata"]["annotations"]["helm.sh/hook"] == "test"),
-        "the chart has a test pod: {hooks:?}"
-    );
-
-    // Admission and RBAC: helm was refused nothing, its Roles and bindings passed the
-    // escalation checks (it is no cluster admin), and no Pod Security violation was audited.
-    let events = c.server().audit_events();
-    let refused: Vec<&Value> = events
-        .iter()
-        .filter(|e| e["user"]["username"] == installer.as_str())
-        .filter(|e| e["responseStatus"]["code"] == 403)
-        .collect();
-    assert!(refused.is_empty(), "the installer was refused: {refused:?}");
-    for object in objects
-        .iter()
-        .filter(|o| o.kind.resource.group == "rbac.authorization.k8s.io")
-    {
-        let created = audited(
-            &events,
-            &installer,
-            "create",
-            &object.kind.resource.plural,
-            &object.name,
-        );
-        assert!(
-            created.iter().any(|e| e["responseStatus"]["code"] == 201),
-            "{object} was created by the installer: {created:?}"
-        );
-    }
-    let violations: Vec<&Value> = events
-        .iter()
-        .filter(|e| {
-            let ns = &e["objectRef"]["namespace"];
-            (ns == namespace.as_str() || ns == drivers.as_str())
-                && e["annotations"].as_object().is_some_and(|a| {
-                    a.keys()
-                        .any(|k| k.starts_with("pod-security.kubernetes.io/audit-violations"))
-                })
-        })
-        .collect();
-    assert!(
-        violations.is_empty(),
-        "Pod Security violations: {violations:?}"
-    );
-
-    // The Deployment is Available, its pods scheduled by the real scheduler onto kwok nodes.
-    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &namespace);
-    let deployment_name = &objects
-        .iter()
-        .find(|o| o.kind.resource.kind == "Deployment")
-        .expect("a Deployment")
-        .name;
-    let deployment = deployments.get(deployment_name).await.expect("Deployment");
-    let replicas = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.replicas)
-        .unwrap_or(1);
-    assert!(replicas >= 1, "the defaults run the service");
-    let status = deployment.status.clone().unwrap_or_default();
-    assert_eq!(status.available_replicas, Some(replicas), "{status:?}");
-    assert!(
-        status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "Available" && c.status == "True"),
-        "{status:?}"
-    );
-    let pods = deployment_pods(&admin, &namespace, &deployment).await;
-    assert_eq!(pods.len(), replicas as usize, "{pods:?}");
-    for (name, (_, node, phase, _)) in &pods {
-        assert!(node.starts_with("kwok-node-"), "{name} is on {node:?}");
-        assert_eq!(phase, "Running", "{name}");
-        assert!(
-            !audited(&events, SCHEDULER, "create", "pods/binding", name).is_empty(),
-            "the scheduler bound {name}"
-        );
-    }
-
-    // Each Service's EndpointSlices list the pods it selects, ready, on its ports: the
-    // selector and the named target port match the pods.
-    let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), &namespace);
-    let pod_ips: BTreeSet<String> = pods.values().map(|(_, _, _, ip)| ip.clone()).collect();
-    for service in objects.iter().filter(|o| o.kind.resource.kind == "Service") {
-        let spec = service.get(&admin).await.expect("Service")["spec"].clone();
-        let port_names: BTreeSet<String> = spec["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p["name"].as_str().map(str::to_string))
-            .collect();
-        let selector = format!("kubernetes.io/service-name={}", service.name);
-        until(
-            &format!("{service}'s EndpointSlices list its pods"),
-            async || {
-                let Ok(list) = slices.list(&ListParams::default().labels(&selector)).await else {
-                    return false;
-                };
-                let ready: BTreeSet<String> = list
-                    .items
-                    .iter()
-                    .flat_map(|s| s.endpoints.iter())
-                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-                    .flat_map(|e| e.addresses.iter().cloned())
-                    .collect();
-                let ports: BTreeSet<String> = list
-                    .items
-                    .iter()
-                    .flat_map(|s| s.ports.iter().flatten())
-                    .filter(|p| p.port.is_some())
-                    .filter_map(|p| p.name.clone())
-                    .collect();
-                ready == pod_ips && ports == port_names
-            },
-        )
-        .await;
-    }
-    // A PodDisruptionBudget, if the chart renders one, is acted on by the disruption controller.
-    for budget in objects
-        .iter()
-        .filter(|o| o.kind.resource.kind == "PodDisruptionBudget")
-    {
-        until(
-            &format!("{budget} counts the Deployment's pods"),
-            async || {
-                budget.get(&admin).await.is_some_and(|b| {
-                    b["status"]["expectedPods"].as_i64() == Some(i64::from(replicas))
-                })
-            },
-        )
-        .await;
-    }
-
-    // `helm test`: the test pod is admitted under `restricted`, scheduled, completed by kwok,
-    // and deleted by its hook-delete-policy.
-    let tested = helm
-        .run_quietly(&["test", RELEASE, "-n", &namespace, "--timeout", "60s"])
-        .await;
-    eprintln!("{tested}");
-    let phases: Vec<&str> = tested
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Phase:"))
-        .map(str::trim)
-        .collect();
-    assert!(
-        !phases.is_empty() && phases.iter().all(|p| *p == "Succeeded"),
-        "helm test: {tested}"
-    );
-    let events = c.server().audit_events();
-    for hook in hook_objects
-        .iter()
-        .filter(|h| h.kind.resource.kind == "Pod")
-    {
-        assert!(
-            !audited(&events, SCHEDULER, "create", "pods/binding", &hook.name).is_empty(),
-            "the scheduler bound {hook}"
-        );
-        until(&format!("{hook} deleted after it succeeded"), async || {
-            hook.get(&admin).await.is_none()
-        })
-        .await;
-    }
+    let pods = release.assert_running().await;
+    release.assert_tested().await;
     let tested_at = began.elapsed();
 
     // `helm upgrade` with the same values keeps the generated certificate and the
-    // registrations' key (the chart's `lookup`), and restarts no pod (the configuration's
-    // checksum is unchanged).
-    let secret_names: Vec<String> = objects
-        .iter()
-        .filter(|o| o.kind.resource.kind == "Secret")
-        .map(|o| o.name.clone())
-        .collect();
-    let before = secret_data(&admin, &namespace, &secret_names).await;
-    let upgrade = [
-        &[
-            "upgrade",
-            RELEASE,
-            chart,
-            "-n",
-            &namespace,
-            "--wait",
-            "--timeout",
-            "60s",
-        ][..],
-        &values[..],
-    ]
-    .concat();
-    helm.run_quietly(&upgrade).await;
+    // registrations' key (the chart's `lookup`s, against a real cluster), and replaces no
+    // pod (the configuration's checksum is unchanged).
+    let admin = c.admin_client();
+    let secrets: Vec<String> = release.of_kind("Secret").map(|o| o.name.clone()).collect();
+    let before = secret_data(&admin, &release.namespace, &secrets).await;
+    release.deploy("upgrade").await;
     assert_eq!(
-        secret_data(&admin, &namespace, &secret_names).await,
+        secret_data(&admin, &release.namespace, &secrets).await,
         before,
         "an upgrade with the same values changed a Secret"
     );
-    let uids = |pods: &BTreeMap<String, (String, String, String, String)>| -> BTreeSet<String> {
-        pods.values().map(|(uid, ..)| uid.clone()).collect()
-    };
-    let deployment = deployments.get(deployment_name).await.expect("Deployment");
+    let uids =
+        |pods: &Pods| -> BTreeSet<String> { pods.values().map(|(uid, ..)| uid.clone()).collect() };
     assert_eq!(
-        uids(&deployment_pods(&admin, &namespace, &deployment).await),
+        uids(&release.assert_running().await),
         uids(&pods),
         "the upgrade replaced a pod"
     );
     let upgraded_at = began.elapsed();
 
-    // `helm uninstall`; the garbage collector removes what the controllers made (ReplicaSets,
-    // their pods, EndpointSlices). Nothing of the release is left: no rendered or hook
-    // object, no object of those kinds (or of the controllers') with the release's label in
-    // any namespace, and none of helm's release records.
-    let replica_sets = Kind::of(&admin, "apps/v1", "ReplicaSet").await;
-    let made: Vec<String> = replica_sets.labelled(&admin, RELEASE_SELECTOR).await;
-    assert!(!made.is_empty(), "the Deployment made a ReplicaSet");
-    helm.run_quietly(&[
-        "uninstall",
-        RELEASE,
-        "-n",
-        &namespace,
-        "--wait",
-        "--timeout",
-        "60s",
-    ])
-    .await;
-    let mut kinds: BTreeMap<String, Kind> = BTreeMap::new();
-    for object in objects.iter().chain(&hook_objects) {
-        kinds.insert(object.kind.resource.plural.clone(), object.kind.clone());
-    }
-    for (api_version, kind) in [
-        ("apps/v1", "ReplicaSet"),
-        ("v1", "Pod"),
-        ("discovery.k8s.io/v1", "EndpointSlice"),
-    ] {
-        let kind = Kind::of(&admin, api_version, kind).await;
-        kinds.insert(kind.resource.plural.clone(), kind);
-    }
-    let secrets = Kind::of(&admin, "v1", "Secret").await;
-    let slices_kind = Kind::of(&admin, "discovery.k8s.io/v1", "EndpointSlice").await;
-    let left = eventually("nothing of the release is left", async || {
-        let mut left = Vec::new();
-        for object in objects.iter().chain(&hook_objects) {
-            if object.get(&admin).await.is_some() {
-                left.push(object.to_string());
-            }
-        }
-        for kind in kinds.values() {
-            left.extend(kind.labelled(&admin, RELEASE_SELECTOR).await);
-        }
-        // The EndpointSlices of each Service, by the label their controller gives them.
-        for service in objects.iter().filter(|o| o.kind.resource.kind == "Service") {
-            let selector = format!("kubernetes.io/service-name={}", service.name);
-            left.extend(slices_kind.labelled(&admin, &selector).await);
-        }
-        // helm's own record of the release (a Secret per revision).
-        left.extend(
-            secrets
-                .labelled(&admin, &format!("owner=helm,name={RELEASE}"))
-                .await,
-        );
-        if left.is_empty() { Some(left) } else { None }
-    })
-    .await;
-    assert!(left.is_empty());
-    let events = c.server().audit_events();
-    for pod in pods.keys() {
-        assert!(
-            !audited(&events, GARBAGE_COLLECTOR, "delete", "pods", pod).is_empty(),
-            "the garbage collector deleted {pod}"
-        );
-    }
-    for replica_set in &made {
-        let name = replica_set.rsplit('/').next().unwrap_or("");
-        assert!(
-            !audited(&events, GARBAGE_COLLECTOR, "delete", "replicasets", name).is_empty(),
-            "the garbage collector deleted {replica_set}"
-        );
-    }
+    release.uninstall_leaving_nothing(&pods).await;
     eprintln!(
         "chart on the control plane: installed at {installed_at:?}, tested at {tested_at:?}, \
          upgraded at {upgraded_at:?}, uninstalled and gone at {:?}",
         began.elapsed()
     );
+}
+
+/// `ci/full-values.yaml` (every value set) through the same install, test and uninstall:
+/// the API server validates every field the chart can render. Changed for this cluster: the
+/// drivers' namespace is the scenario's (for `allowedNamespaces` and the dashboard's
+/// ConfigMap), and the ServiceMonitor and PrometheusRule are off (no prometheus-operator
+/// CRDs here; `helm/ci.sh` checks them against their schemas).
+#[tokio::test]
+async fn every_value_set_is_admitted_and_uninstalled_without_leftovers() {
+    let Some(c) = RealBackend::with_control_plane("chart-values").await else {
+        return;
+    };
+    let full_values = chart().join("ci/full-values.yaml");
+    let full_values = full_values.to_str().expect("a UTF-8 path").to_string();
+    let mut release = Release::prepare(&c, "every-value", |drivers| {
+        let mut values = vec!["-f".to_string(), full_values];
+        for set in [
+            format!("allowedNamespaces={{{drivers}}}"),
+            format!("metrics.dashboard.namespace={drivers}"),
+            "metrics.serviceMonitor.enabled=false".into(),
+            "metrics.prometheusRule.enabled=false".into(),
+        ] {
+            values.extend(["--set".to_string(), set]);
+        }
+        values
+    })
+    .await;
+    release.install().await;
+    release.assert_admitted().await;
+    let pods = release.assert_running().await;
+    release.assert_tested().await;
+    release.uninstall_leaving_nothing(&pods).await;
 }
