@@ -6,7 +6,8 @@
 //! its Deployment's pods run on kwok nodes; `helm test` runs the chart's test pod (completed
 //! by kwok's `helm.sh/hook: test` stage: no container runs); `helm upgrade` keeps the
 //! generated Secrets; `helm uninstall` and the garbage collector leave nothing of the
-//! release behind.
+//! release behind. Once with the chart's defaults, once with every value set
+//! (`ci/full-values.yaml`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -50,8 +51,10 @@ impl Helm {
         }
     }
 
-    /// Runs helm with `args`; panics with its output when it fails. Returns stdout and stderr.
-    async fn run(&self, args: &[&str]) -> (String, String) {
+    /// Runs helm with `args`; panics with its output when it fails or prints anything on
+    /// stderr: the API server's warnings (an unknown or duplicated field, a Pod Security
+    /// `warn` violation, a deprecated API) reach helm's stderr. Returns stdout.
+    async fn run(&self, args: &[&str]) -> String {
         let home = self.home.path();
         let mut command = tokio::process::Command::new(helm());
         command
@@ -75,14 +78,6 @@ impl Helm {
             output.status.success(),
             "helm {args:?} failed:\n{stdout}{stderr}"
         );
-        (stdout, stderr)
-    }
-
-    /// [`Self::run`] for a command that must print no warning: the API server's warnings
-    /// (an unknown or duplicated field, a Pod Security `warn` violation, a deprecated API)
-    /// reach helm's stderr.
-    async fn run_quietly(&self, args: &[&str]) -> String {
-        let (stdout, stderr) = self.run(args).await;
         assert!(
             stderr.trim().is_empty(),
             "helm {args:?} printed warnings:\n{stderr}"
@@ -93,9 +88,7 @@ impl Helm {
     /// The release's objects (`helm get manifest`) or its hooks (`helm get hooks`), as helm
     /// stored them.
     async fn get(&self, what: &str, release: &str, namespace: &str) -> Vec<Value> {
-        let stdout = self
-            .run_quietly(&["get", what, release, "-n", namespace])
-            .await;
+        let stdout = self.run(&["get", what, release, "-n", namespace]).await;
         documents(&stdout)
     }
 }
@@ -492,7 +485,7 @@ impl<'a> Release<'a> {
             "60s",
         ];
         args.extend(self.values.iter().map(String::as_str));
-        self.helm.run_quietly(&args).await;
+        self.helm.run(&args).await;
     }
 
     /// Installs the release and reads back what it rendered.
@@ -664,7 +657,7 @@ impl<'a> Release<'a> {
     /// `helm test`: the test pod is admitted, bound by the scheduler, completed by kwok
     /// (no container runs), and deleted by its hook-delete-policy.
     async fn assert_tested(&self) {
-        let (tested, _) = self
+        let tested = self
             .helm
             .run(&["test", self.name, "-n", &self.namespace, "--timeout", "60s"])
             .await;
@@ -729,7 +722,7 @@ impl<'a> Release<'a> {
         }
         let replica_sets = kinds["replicasets"].labelled(admin, &selector).await;
         self.helm
-            .run_quietly(&[
+            .run(&[
                 "uninstall",
                 self.name,
                 "-n",
