@@ -573,31 +573,39 @@ impl<'a> Release<'a> {
     /// the Service's named ports (its selector and target ports match the pods); a
     /// PodDisruptionBudget, if rendered, counts them. Returns the pods.
     async fn assert_running(&self) -> Pods {
-        let deployment = self.of_kind("Deployment").next().expect("a Deployment");
+        let name = &self
+            .of_kind("Deployment")
+            .next()
+            .expect("a Deployment")
+            .name;
         let deployments: Api<Deployment> = Api::namespaced(self.admin.clone(), &self.namespace);
-        let deployment = deployments.get(&deployment.name).await.expect("Deployment");
-        let replicas = deployment
-            .spec
-            .as_ref()
-            .and_then(|s| s.replicas)
-            .unwrap_or(1);
-        assert!(replicas >= 1, "the service runs");
-        let status = deployment.status.clone().unwrap_or_default();
-        assert_eq!(status.available_replicas, Some(replicas), "{status:?}");
-        assert!(
-            status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Available" && c.status == "True"),
-            "{status:?}"
-        );
-        let pods = deployment_pods(&self.admin, &self.namespace, &deployment).await;
-        assert_eq!(pods.len(), replicas as usize, "{pods:?}");
+        // Polled: helm's `--wait` may accept fewer ready pods than replicas (a rolling
+        // update's maxUnavailable).
+        let (deployment, replicas, pods) = eventually(
+            &format!("Deployment {name} Available with all its pods Running"),
+            async || {
+                let deployment = deployments.get(name).await.ok()?;
+                let replicas = deployment.spec.as_ref().and_then(|s| s.replicas)?;
+                let status = deployment.status.clone().unwrap_or_default();
+                let available = status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Available" && c.status == "True");
+                let pods = deployment_pods(&self.admin, &self.namespace, &deployment).await;
+                let running = pods.values().all(|(_, _, phase, _)| phase == "Running");
+                (available
+                    && status.available_replicas == Some(replicas)
+                    && pods.len() == replicas as usize
+                    && running)
+                    .then_some((deployment, replicas, pods))
+            },
+        )
+        .await;
+        assert!(replicas >= 1, "the service runs: {deployment:?}");
         let events = self.c.server().audit_events();
-        for (name, (_, node, phase, _)) in &pods {
+        for (name, (_, node, _, _)) in &pods {
             assert!(node.starts_with("kwok-node-"), "{name} is on {node:?}");
-            assert_eq!(phase, "Running", "{name}");
             assert!(
                 !audited(&events, SCHEDULER, "create", "pods/binding", name).is_empty(),
                 "the scheduler bound {name}"
