@@ -223,6 +223,8 @@ expect_refusal "scrapes the pod twice" --set metrics.enabled=true --set 'allowed
 expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}' \
   "${scraper[@]}"
 expect_refusal scraperNamespaceSelector --set metrics.enabled=true --set 'allowedNamespaces={spark-a}'
+expect_refusal "POD_NAME is set by the chart" --set 'allowedNamespaces={spark}' \
+  --set-json 'extraEnv=[{"name":"POD_NAME","value":"x"}]'
 expect_refusal interval --set metrics.podMonitor.interval=30 --set 'allowedNamespaces={spark}'
 expect_refusal "must not exceed its interval" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
   --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.interval=1m \

@@ -46,8 +46,13 @@ const (
 )
 
 // The controllers the tests rely on: ownerReference garbage collection, namespace deletion and
-// the default ServiceAccount (with the tokens the controllers' own accounts need).
-const controllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller"
+// the default ServiceAccount (with the tokens the controllers' own accounts need); for the
+// Helm chart installed for real, what makes its objects real: Deployments get ReplicaSets and
+// those their pods, a Service its EndpointSlices, a PodDisruptionBudget its status, and the
+// aggregated ClusterRoles (admin, edit, view) their rules, so that a namespace admin can be
+// given `admin` as in any cluster.
+const controllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller," +
+	"deployment-controller,replicaset-controller,endpointslice-controller,disruption-controller,clusterrole-aggregation-controller"
 
 // The label of the nodes kwok manages, as in kwok's own documentation.
 const kwokNodeLabel = "type=kwok"
@@ -289,14 +294,16 @@ const (
 )
 
 // kwokConfig is kwok's configuration: its own node-initialize and pod-delete stages, a
-// pod-ready stage with a delay, and the failures a kubelet reports: a container that exits
-// with a code (outcome "exit") and an image that cannot be pulled (outcome "image-pull-backoff").
+// pod-ready stage with a delay, the failures a kubelet reports: a container that exits
+// with a code (outcome "exit") and an image that cannot be pulled (outcome "image-pull-backoff"),
+// and the success of a `helm test` pod.
 func kwokConfig(runningDelay time.Duration) string {
 	stages := []string{
 		nodefast.DefaultNodeInit,
 		strings.ReplaceAll(strings.ReplaceAll(podReadyStage, "DELAY_MS", fmt.Sprint(runningDelay.Milliseconds())), "OUTCOME", outcomeLabel),
 		strings.NewReplacer("OUTCOME", outcomeLabel, "EXIT_DELAY", exitDelayAnnotation, "EXIT_CODE", exitCodeAnnotation).Replace(podExitStage),
 		strings.ReplaceAll(podImagePullBackOffStage, "OUTCOME", outcomeLabel),
+		podHelmTestStage,
 		podfast.DefaultPodDelete,
 	}
 	return strings.ReplaceAll(strings.Join(stages, "\n---\n"), "RUNNING_DELAY", runningDelayAnnotation)
@@ -466,4 +473,56 @@ spec:
       hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
       phase: Pending
       startTime: {{ $now | Quote }}
+`
+
+// podHelmTestStage completes a Running `helm test` pod (annotation helm.sh/hook: test, or its
+// older spelling test-success): every container terminated with exit code 0, phase Succeeded,
+// as a kubelet reports a test that passed. kwok runs no container, so the test's own check
+// (the chart's grpc_health_probe) is not made; what is exercised is the pod's admission, the
+// hook's flow (helm creates the pod, waits for its phase, deletes it by its delete policy) and
+// its cleanup.
+const podHelmTestStage = `apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-helm-test-succeeded
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.metadata.annotations["helm.sh/hook"]'
+      operator: 'In'
+      values: ['test', 'test-success']
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        reason: PodCompleted
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        reason: PodCompleted
+        type: ContainersReady
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            reason: Completed
+            finishedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
 `

@@ -19,10 +19,11 @@ use test_kit::wait::until;
 
 /// The user the garbage collector acts as (the controller-manager runs each controller with
 /// its own service account, as a kubeadm cluster does).
-const GARBAGE_COLLECTOR: &str = "system:serviceaccount:kube-system:generic-garbage-collector";
+pub(crate) const GARBAGE_COLLECTOR: &str =
+    "system:serviceaccount:kube-system:generic-garbage-collector";
 
 /// The user the scheduler acts as.
-const SCHEDULER: &str = "system:kube-scheduler";
+pub(crate) const SCHEDULER: &str = "system:kube-scheduler";
 
 fn service(c: &RealBackend) -> Applications {
     applications(

@@ -1,9 +1,11 @@
 //! The tests that need a real kube-apiserver (tests/kube-apiserver, named by
 //! `TEST_APISERVER_BIN`; without it they print why and return), in one test binary: the
-//! service's contract against the simulator and the real server, real faults, and the
-//! simulator's conformance to the real server. See docs/real-apiserver.md.
+//! service's contract against the simulator and the real server, real faults, the
+//! simulator's conformance to the real server, and the Helm chart installed for real. See
+//! docs/real-apiserver.md.
 mod allocation;
 mod binary;
+mod chart;
 mod conformance;
 mod control_plane;
 mod faults;

@@ -326,6 +326,30 @@ fn dns_label(s: &str) -> String {
     label.trim_matches('-').to_string()
 }
 
+/// The workspace root, two levels above this crate.
+fn workspace_root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// The helm binary: `TEST_HELM`, or `.tools/bin/helm` (built by `helm/ci.sh`, which `.ci/run`
+/// runs before the real-server tests).
+pub fn helm() -> PathBuf {
+    let helm = std::env::var_os("TEST_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".tools/bin/helm"));
+    assert!(
+        helm.is_file(),
+        "{} is missing: bash helm/ci.sh builds it (or set TEST_HELM)",
+        helm.display()
+    );
+    helm
+}
+
+/// The Helm chart's directory (`helm/spark-pod-allocator`).
+pub fn chart() -> PathBuf {
+    workspace_root().join("helm/spark-pod-allocator")
+}
+
 /// The Helm chart's RBAC objects and key Secret, rendered by helm for [`RELEASE_NAMESPACE`].
 pub struct ChartRbac {
     documents: Vec<Value>,
@@ -340,19 +364,9 @@ impl ChartRbac {
     /// `helm template` of the chart with its default values, but for any namespace
     /// (`rbac.clusterWide`: each scenario makes a namespace of its own).
     pub fn render() -> Self {
-        // The workspace root, two levels above this crate.
-        let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
-        let helm = std::env::var_os("TEST_HELM")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root.join(".tools/bin/helm"));
-        assert!(
-            helm.is_file(),
-            "{} is missing: bash helm/ci.sh builds it (or set TEST_HELM)",
-            helm.display()
-        );
-        let output = std::process::Command::new(&helm)
+        let output = std::process::Command::new(helm())
             .args(["template", "spa"])
-            .arg(root.join("helm/spark-pod-allocator"))
+            .arg(chart())
             .args(["--namespace", RELEASE_NAMESPACE])
             .args(["--set", "rbac.clusterWide=true"])
             .output()

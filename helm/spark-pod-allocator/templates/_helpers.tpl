@@ -279,6 +279,17 @@ app.kubernetes.io/component: metrics
 {{- end -}}
 {{- end -}}
 
+{{- /* Fails on an extraEnv entry the chart sets itself: the container would list the name
+  twice (the API server warns; server-side apply keeps one of them). Included by the
+  Deployment. */ -}}
+{{- define "spa.envChecks" -}}
+{{- range .Values.extraEnv -}}
+{{- if has .name (list "SPARK_POD_ALLOCATOR__LISTEN" "POD_NAME") -}}
+{{- fail (printf "extraEnv: %s is set by the chart (SPARK_POD_ALLOCATOR__LISTEN from service.port, POD_NAME from the pod's name); set service.port instead, or leave it" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 The names of the shards' Leases (spark-pod-allocator-shard-<n>), as a list.
 */}}
