@@ -12,6 +12,11 @@ cache="${SPARK_POD_ALLOCATOR_CACHE:-$HOME/.cache/spark-pod-allocator}"
 key=$(cd "$src" && cat go.mod go.sum ./*.go | sha256sum)
 key=${key%% *}
 binary="$cache/test-apiserver/$key/test-apiserver"
+mkdir -p "$cache/test-apiserver"
+# One build at a time on this machine: a second caller (another checkout, a test run beside CI)
+# waits for the first and then finds the binary, instead of writing the same output file.
+exec 9>"$cache/test-apiserver/.lock"
+flock 9
 if [ ! -x "$binary" ]; then
   echo "building the test API server (tests/kube-apiserver, key ${key:0:12}); a cold build takes a long time" >&2
   start=$(date +%s)
@@ -23,11 +28,10 @@ if [ ! -x "$binary" ]; then
   )
   mv "$binary.partial" "$binary"
   echo "built in $(( $(date +%s) - start )) s" >&2
-  # Older builds of other source versions are not needed any more.
-  for old in "$cache"/test-apiserver/*; do
-    if [ "$old" != "$cache/test-apiserver/$key" ]; then
-      rm -rf "$old"
-    fi
-  done
 fi
+# Binaries of other source versions not used for two days go (each is about 264 MB); a
+# recent one stays, since checkouts of other branches on this machine may still use it.
+touch "$binary" "$cache/test-apiserver/$key"
+find "$cache/test-apiserver" -mindepth 1 -maxdepth 1 -type d ! -name "$key" \
+  ! -newermt '-2 days' -exec rm -rf {} +
 printf '%s\n' "$binary"
