@@ -91,7 +91,7 @@ abstract class SparkScenarios {
     ServiceProcess serve(Path dir, int grpcPort) throws Exception;
 
     @Override
-    void close() throws Exception;
+    void close();
   }
 
   @AfterEach
