@@ -55,7 +55,8 @@ fn exit_code(pod: &Pod) -> Option<i32> {
 async fn pods_bound_to_the_process_node_run_as_processes_and_report_as_a_kubelet_does() {
     let Some(bin) = binary() else { return };
     // No kwok node: every pod here can only go to the process node.
-    let server = RealApiServer::start_configured(&bin, &[CONTROL_PLANE, "--kwok-nodes", "0"], &[], false);
+    let server =
+        RealApiServer::start_configured(&bin, &[CONTROL_PLANE, "--kwok-nodes", "0"], &[], false);
     let admin = server.admin_client().await;
     let work = tempfile::tempdir().expect("work dir");
     let settings = KubeletSettings {
@@ -173,8 +174,10 @@ async fn pods_bound_to_the_process_node_run_as_processes_and_report_as_a_kubelet
     let mut writer = pod("writes", "echo kept > /data/file");
     let mut spec = writer.spec.take().unwrap_or_default();
     spec.volumes = Some(vec![
-        serde_json::from_value(json!({"name": "d", "persistentVolumeClaim": {"claimName": "data"}}))
-            .expect("volume"),
+        serde_json::from_value(
+            json!({"name": "d", "persistentVolumeClaim": {"claimName": "data"}}),
+        )
+        .expect("volume"),
     ]);
     if let Some(c) = spec.containers.first_mut() {
         c.volume_mounts = Some(vec![
@@ -186,15 +189,14 @@ async fn pods_bound_to_the_process_node_run_as_processes_and_report_as_a_kubelet
         .await
         .expect("create");
     until("the writing pod Succeeded", async || {
-        pods.get("writes").await.is_ok_and(|p| phase(&p) == "Succeeded")
+        pods.get("writes")
+            .await
+            .is_ok_and(|p| phase(&p) == "Succeeded")
     })
     .await;
     let claim = claims.get("data").await.expect("claim");
     let volume_name = claim.spec.and_then(|s| s.volume_name).expect("bound claim");
-    assert_eq!(
-        claim.status.and_then(|s| s.phase).as_deref(),
-        Some("Bound")
-    );
+    assert_eq!(claim.status.and_then(|s| s.phase).as_deref(), Some("Bound"));
     let volume = Api::<PersistentVolume>::all(admin.clone())
         .get(&volume_name)
         .await

@@ -625,7 +625,13 @@ fn host_ip(pod: &Value) -> String {
     format!("192.168.{}.{}", node / 250, node % 250 + 1)
 }
 
-pub(crate) fn started(cur: &Value, outcome: &Outcome, ip: &str, host: &str, containerd: &str) -> Value {
+pub(crate) fn started(
+    cur: &Value,
+    outcome: &Outcome,
+    ip: &str,
+    host: &str,
+    containerd: &str,
+) -> Value {
     let now = now_rfc3339();
     let mut next = cur.clone();
     let ready = matches!(outcome, Outcome::Running);

@@ -7,19 +7,17 @@
 //! `spec.nodeName=<node>`, one of the claims (for the node's provisioner), GETs of the
 //! ConfigMaps a pod needs, `pods/status` writes. See `docs/process-runtime.md`.
 
-use std::collections::{BinaryHeap, HashMap};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use nix::sys::signal::Signal;
 use rand::Rng;
 use serde_json::{Value, json};
@@ -188,10 +186,9 @@ async fn register(client: &kube::Client, name: &str) -> Result<(), kube::Error> 
         )
         .await?;
     let now = jiff::Timestamp::now().to_string();
-    let capacity = json!({"cpu": "32", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"});
-    let condition = |kind: &str, status: &str, reason: &str| {
-        json!({"type": kind, "status": status, "reason": reason, "lastHeartbeatTime": now, "lastTransitionTime": now})
-    };
+    let capacity =
+        json!({"cpu": "32", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"});
+    let condition = |kind: &str, status: &str, reason: &str| json!({"type": kind, "status": status, "reason": reason, "lastHeartbeatTime": now, "lastTransitionTime": now});
     nodes
         .patch_status(
             name,
@@ -473,7 +470,12 @@ impl ProcessNode {
         let running = self.runtime.is_running(&exited.uid);
         let key = exited.key.clone();
         self.write_status(&key, &exited.uid, |cur| {
-            Some(container_exited(cur, exited.container, exited.code, !running))
+            Some(container_exited(
+                cur,
+                exited.container,
+                exited.code,
+                !running,
+            ))
         })
         .await;
         if running {
@@ -589,8 +591,7 @@ async fn provision_claim(
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
             ]}]}}
         }
-    }))
-    ?;
+    }))?;
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     match volumes.create(&PostParams::default(), &pv).await {
         Ok(_) => {}

@@ -33,7 +33,8 @@ impl ConfigMaps for Store {
 
 impl ConfigMaps for HashMap<Key, std::sync::Arc<Value>> {
     fn config_map(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Value>> {
-        self.get(&(namespace.to_string(), name.to_string())).cloned()
+        self.get(&(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 }
 
@@ -706,11 +707,11 @@ fn prepare_container(
                 let optional = key_ref.get("optional").and_then(Value::as_bool) == Some(true);
                 let found = store.config_map(&ns, &cm).and_then(|s| {
                     s.pointer(&format!(
-                            "/data/{}",
-                            key.replace('~', "~0").replace('/', "~1")
-                        ))
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
+                        "/data/{}",
+                        key.replace('~', "~0").replace('/', "~1")
+                    ))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
                 });
                 match found {
                     Some(v) => Some(v),
