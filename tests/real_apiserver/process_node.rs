@@ -171,7 +171,9 @@ async fn pods_bound_to_the_process_node_run_as_processes_and_report_as_a_kubelet
         )
         .await
         .expect("create claim");
-    let mut writer = pod("writes", "echo kept > /data/file");
+    // The mount path reaches the process through its environment, rewritten to the volume's
+    // directory (a literal path inside a shell script is not).
+    let mut writer = pod("writes", r#"echo kept > "$DATA/file""#);
     let mut spec = writer.spec.take().unwrap_or_default();
     spec.volumes = Some(vec![
         serde_json::from_value(
@@ -180,6 +182,9 @@ async fn pods_bound_to_the_process_node_run_as_processes_and_report_as_a_kubelet
         .expect("volume"),
     ]);
     if let Some(c) = spec.containers.first_mut() {
+        c.env
+            .get_or_insert_with(Vec::new)
+            .push(serde_json::from_value(json!({"name": "DATA", "value": "/data"})).expect("env"));
         c.volume_mounts = Some(vec![
             serde_json::from_value(json!({"name": "d", "mountPath": "/data"})).expect("mount"),
         ]);
