@@ -164,11 +164,17 @@ fn str_at(v: &Value, pointer: &str) -> String {
 /// lift it), and reports it Ready with room for many pods.
 async fn register(client: &kube::Client, name: &str) -> Result<(), kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
+    // Go's names, as a kubelet reports them.
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
     let body: Node = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {
             "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": std::env::consts::ARCH,
+            "kubernetes.io/arch": arch,
             "spark-pod-allocator.test/process-node": "true"
         }},
     }))
@@ -203,7 +209,7 @@ async fn register(client: &kube::Client, name: &str) -> Result<(), kube::Error> 
                     condition("PIDPressure", "False", "KubeletHasSufficientPID"),
                 ],
                 "nodeInfo": {
-                    "architecture": std::env::consts::ARCH, "operatingSystem": "linux",
+                    "architecture": arch, "operatingSystem": "linux",
                     "kubeletVersion": "spark-pod-allocator-process-node", "kubeProxyVersion": "",
                     "containerRuntimeVersion": "local-process://1", "osImage": "", "kernelVersion": "",
                     "machineID": "", "systemUUID": "", "bootID": ""

@@ -395,7 +395,10 @@ abstract class SparkScenarios {
       return LongStream.rangeClosed(i * 125_000L + 1, (i + 1) * 125_000L).sum();
     }).collectAsync();
     Thread.sleep(1_000); // the first tasks are running on both executors
-    k8s.pods().inNamespace("default").withName("it-reuse-exec-1").delete();
+    // Killed: removed at once (grace 0), so its claim is free when the replacement is created.
+    // A graceful delete would leave the pod Terminating while its JVM shuts down, and a claim
+    // still mounted by a pod is not reused (on the real control plane that window is wide).
+    k8s.pods().inNamespace("default").withName("it-reuse-exec-1").withGracePeriod(0).delete();
 
     List<Long> parts = job.get(3, TimeUnit.MINUTES);
     assertEquals(500_000_500_000L, parts.stream().mapToLong(Long::longValue).sum());
