@@ -84,6 +84,14 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         kubeconfig: PathBuf,
     },
+    /// A test node for a real API server: registers a Node and runs the pods bound to it as
+    /// local processes (the configuration's `simulator.kubelet.process_images`, `work_dir`),
+    /// writing their status back as a kubelet does (docs/process-runtime.md).
+    ProcessNode {
+        /// The Node's name (pods select it with `kubernetes.io/hostname`).
+        #[arg(long, default_value = "process-node")]
+        node: String,
+    },
     /// The simulated cluster, the service and a scripted driver, in one process.
     Demo,
     /// Measure a scenario against a simulated cluster in this process (see docs/benchmarks.md).
@@ -141,6 +149,7 @@ fn main() -> ExitCode {
             Command::Simulate { listen, kubeconfig } => {
                 simulate(settings, listen, &kubeconfig).await
             }
+            Command::ProcessNode { node } => process_node(settings, &node).await,
             Command::Demo => demo::run().await.map(|_| ()),
             Command::Bench { scenario } => bench::run(scenario).await,
         }
@@ -393,6 +402,18 @@ async fn simulate(
     sim::run_until(sim_settings, Some(kubeconfig), stop)
         .await
         .context("simulated cluster")
+}
+
+/// `process-node`: the Kubernetes connection of `serve` (`kubernetes.*`), the process
+/// runtime of `simulator.kubelet`.
+async fn process_node(settings: Settings, node: &str) -> anyhow::Result<()> {
+    let stop = shutdown_signal()?;
+    let client = k8s::connect_as(&settings.kubernetes, "spark-pod-allocator-process-node")
+        .await
+        .context("connecting to Kubernetes")?;
+    sim::run_process_node(client, &settings.simulator.kubelet, node, stop)
+        .await
+        .context("process node")
 }
 
 #[cfg(test)]

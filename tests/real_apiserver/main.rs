@@ -11,4 +11,5 @@ mod control_plane;
 mod faults;
 mod ha;
 mod pod_security;
+mod process_node;
 mod websocket;

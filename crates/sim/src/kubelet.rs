@@ -589,7 +589,7 @@ impl Kubelet {
     }
 }
 
-enum Outcome {
+pub(crate) enum Outcome {
     Running,
     Failed(i32),
     PullError(String),
@@ -600,7 +600,7 @@ enum Outcome {
 }
 
 /// How soon the process runtime tries again to start a pod waiting for a ConfigMap.
-const START_RETRY: Duration = Duration::from_millis(500);
+pub(crate) const START_RETRY: Duration = Duration::from_millis(500);
 
 fn str_at(v: &Value, pointer: &str) -> String {
     v.pointer(pointer)
@@ -625,7 +625,13 @@ fn host_ip(pod: &Value) -> String {
     format!("192.168.{}.{}", node / 250, node % 250 + 1)
 }
 
-fn started(cur: &Value, outcome: &Outcome, ip: &str, host: &str, containerd: &str) -> Value {
+pub(crate) fn started(
+    cur: &Value,
+    outcome: &Outcome,
+    ip: &str,
+    host: &str,
+    containerd: &str,
+) -> Value {
     let now = now_rfc3339();
     let mut next = cur.clone();
     let ready = matches!(outcome, Outcome::Running);
@@ -688,7 +694,7 @@ fn started(cur: &Value, outcome: &Outcome, ip: &str, host: &str, containerd: &st
 
 /// The pod after container `index` ended with `code`; with `all_done`, its phase too
 /// (Succeeded when every container exited 0, else Failed: no restarts).
-fn container_exited(cur: &Value, index: usize, code: i32, all_done: bool) -> Value {
+pub(crate) fn container_exited(cur: &Value, index: usize, code: i32, all_done: bool) -> Value {
     let now = now_rfc3339();
     let mut next = cur.clone();
     if let Some(s) = next

@@ -3,6 +3,7 @@
 //! a garbage collector and fault injection. See `docs/simulator.md`.
 
 mod kubelet;
+mod node;
 mod objects;
 mod process;
 mod protobuf;
@@ -23,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use kubelet::node_name;
+pub use node::{NodeError, PROCESS_NODE_PROVISIONER, run_process_node};
 pub use settings::{
     AccessSettings, FaultSettings, ImageEnv, KubeletMode, KubeletRuntime, KubeletSettings,
     ProcessImage, SimGrant, SimSettings, SimToken,

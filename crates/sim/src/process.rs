@@ -17,6 +17,27 @@ use tokio::task::JoinSet;
 use super::settings::{KubeletSettings, ProcessImage};
 use super::store::{Kind, Store};
 
+/// Where the runtime reads the ConfigMaps a pod needs (volumes, `envFrom`,
+/// `configMapKeyRef`): the simulator's store, or what a process node fetched from a real
+/// API server before the start.
+pub(crate) trait ConfigMaps {
+    /// The ConfigMap `namespace/name`, when it exists.
+    fn config_map(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Value>>;
+}
+
+impl ConfigMaps for Store {
+    fn config_map(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Value>> {
+        self.get(Kind::ConfigMap, namespace, name).map(|s| s.value)
+    }
+}
+
+impl ConfigMaps for HashMap<Key, std::sync::Arc<Value>> {
+    fn config_map(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Value>> {
+        self.get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+}
+
 /// The IP every process-run pod reports and gets through the downward API.
 pub(crate) const POD_IP: &str = "127.0.0.1";
 
@@ -200,7 +221,7 @@ impl ProcessRuntime {
         &mut self,
         key: &Key,
         pod: &Value,
-        store: &Store,
+        store: &dyn ConfigMaps,
     ) -> Result<bool, StartFailure> {
         let uid = str_at(pod, "/metadata/uid");
         if self.started.contains(&uid) {
@@ -324,6 +345,34 @@ fn group_has_live_process(pgid: i32) -> bool {
     })
 }
 
+/// The ConfigMaps the pod's start reads (volumes, `envFrom`, `configMapKeyRef`), each once.
+pub(crate) fn config_maps_needed(pod: &Value) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut add = |name: String| {
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+    };
+    let list = |v: &Value, pointer: &str| {
+        v.pointer(pointer)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for v in list(pod, "/spec/volumes") {
+        add(str_at(&v, "/configMap/name"));
+    }
+    for c in list(pod, "/spec/containers") {
+        for from in list(&c, "/envFrom") {
+            add(str_at(&from, "/configMapRef/name"));
+        }
+        for e in list(&c, "/env") {
+            add(str_at(&e, "/valueFrom/configMapKeyRef/name"));
+        }
+    }
+    names
+}
+
 /// The name of a pod's directory under its namespace's: `NAME-UID`, the name cut to 200
 /// bytes so the whole stays within a file name's 255 (pod names may have 253).
 pub(crate) fn pod_dir_name(name: &str, uid: &str) -> String {
@@ -357,7 +406,7 @@ fn prepare_volumes(
     pod: &Value,
     dir: &Path,
     ns: &str,
-    store: &Store,
+    store: &dyn ConfigMaps,
 ) -> Result<HashMap<String, PathBuf>, Problem> {
     let mut out = HashMap::new();
     let volumes = pod
@@ -377,10 +426,9 @@ fn prepare_volumes(
         if let Some(cm) = v.get("configMap") {
             let cm_name = str_at(cm, "/name");
             let optional = cm.get("optional").and_then(Value::as_bool) == Some(true);
-            match store.get(Kind::ConfigMap, ns, &cm_name) {
+            match store.config_map(ns, &cm_name) {
                 Some(stored) => {
                     let data = stored
-                        .value
                         .get("data")
                         .and_then(Value::as_object)
                         .cloned()
@@ -553,7 +601,7 @@ fn prepare_container(
     entry: &ProcessImage,
     dir: &Path,
     volumes: &HashMap<String, PathBuf>,
-    store: &Store,
+    store: &dyn ConfigMaps,
 ) -> Result<(tokio::process::Command, String), Problem> {
     let ns = str_at(pod, "/metadata/namespace");
     let cname = str_at(c, "/name");
@@ -612,10 +660,9 @@ fn prepare_container(
         let prefix = str_at(from, "/prefix");
         if let Some(cm) = from.get("configMapRef") {
             let name = str_at(cm, "/name");
-            match store.get(Kind::ConfigMap, &ns, &name) {
+            match store.config_map(&ns, &name) {
                 Some(stored) => {
                     for (k, v) in stored
-                        .value
                         .get("data")
                         .and_then(Value::as_object)
                         .into_iter()
@@ -658,14 +705,13 @@ fn prepare_container(
                 let cm = str_at(key_ref, "/name");
                 let key = str_at(key_ref, "/key");
                 let optional = key_ref.get("optional").and_then(Value::as_bool) == Some(true);
-                let found = store.get(Kind::ConfigMap, &ns, &cm).and_then(|s| {
-                    s.value
-                        .pointer(&format!(
-                            "/data/{}",
-                            key.replace('~', "~0").replace('/', "~1")
-                        ))
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
+                let found = store.config_map(&ns, &cm).and_then(|s| {
+                    s.pointer(&format!(
+                        "/data/{}",
+                        key.replace('~', "~0").replace('/', "~1")
+                    ))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
                 });
                 match found {
                     Some(v) => Some(v),

@@ -56,6 +56,14 @@ final class ServiceProcess implements AutoCloseable {
    */
   static ServiceProcess start(Path dir, Map<String, String> env, int port, String... args)
       throws IOException, InterruptedException {
+    ServiceProcess service = launch(dir, env, args);
+    service.awaitPort(port, Duration.ofSeconds(60));
+    return service;
+  }
+
+  /** Starts {@code binary args...} with {@code env} added, in {@code dir}, without waiting. */
+  static ServiceProcess launch(Path dir, Map<String, String> env, String... args)
+      throws IOException {
     List<String> command = new ArrayList<>();
     command.add(binary().toString());
     command.addAll(List.of(args));
@@ -67,9 +75,12 @@ final class ServiceProcess implements AutoCloseable {
         .redirectOutput(log.toFile());
     builder.environment().putAll(env);
     Process process = builder.start();
-    ServiceProcess service = new ServiceProcess(process, log, String.join(" ", command));
-    service.awaitPort(port, Duration.ofSeconds(60));
-    return service;
+    return new ServiceProcess(process, log, String.join(" ", command));
+  }
+
+  /** Whether the process still runs. */
+  boolean isAlive() {
+    return process.isAlive();
   }
 
   private void awaitPort(int port, Duration timeout) throws IOException, InterruptedException {
