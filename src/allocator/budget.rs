@@ -256,11 +256,11 @@ pub fn room(limits: &BudgetLimits, claims: &[BudgetClaim], who: usize) -> Room {
             let free = limit.saturating_sub(used);
             let mine = amounts[who].1;
             let grant = share.min(mine.saturating_add(free));
-            let executors = if unit == 0 {
-                u64::MAX
-            } else {
-                grant.saturating_sub(mine) / unit
-            };
+            // A resource the application's executors do not ask for never bounds it.
+            let executors = grant
+                .saturating_sub(mine)
+                .checked_div(unit)
+                .unwrap_or(u64::MAX);
             if best.is_none_or(|b| executors < b.executors) {
                 best = Some(Room {
                     executors,

@@ -391,6 +391,19 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_weight_must_be_positive() {
+        let req = proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                budget_weight: Some(0),
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "settings.budget_weight");
+    }
+
+    #[test]
     fn max_claims_must_be_positive() {
         let req = proto::StartRequest {
             settings: Some(proto::AllocationSettings {

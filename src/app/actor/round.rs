@@ -54,11 +54,12 @@ impl ApplicationActor {
         });
         let held: u64 = plan.held.values().map(|h| u64::from(*h)).sum();
         membership.report(claim(&plan.usage), held, bound.as_ref());
-        if held > 0 && self.held_by.is_none() {
-            if let Some(by) = &bound {
-                tracing::info!(held, budget = %by.budget, resource = by.resource.name(), used = by.used,
-                    limit = by.limit, share = by.share, "executors held by a budget");
-            }
+        if held > 0
+            && self.held_by.is_none()
+            && let Some(by) = &bound
+        {
+            tracing::info!(held, budget = %by.budget, resource = by.resource.name(), used = by.used,
+                limit = by.limit, share = by.share, "executors held by a budget");
         }
         self.held_by = bound.filter(|_| held > 0);
         plan
