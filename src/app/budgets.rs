@@ -347,25 +347,27 @@ impl Ledger {
 
     fn usage(&self) -> Vec<BudgetUsage> {
         (self.policy.budgets.iter())
-            .map(|budget| {
-                let members = self.members.values().filter(|m| self.matches(budget, m));
-                let mut usage = BudgetUsage {
-                    name: budget.name.clone(),
-                    executors: 0,
-                    max_executors: budget.limits.max_executors,
-                    held: 0,
-                    applications: 0,
-                };
-                for m in members {
-                    usage.executors = usage.executors.saturating_add(m.claim.using);
-                    usage.applications += 1;
-                    if m.held_by.as_deref() == Some(budget.name.as_str()) {
-                        usage.held = usage.held.saturating_add(m.held);
-                    }
-                }
-                usage
-            })
+            .map(|budget| self.usage_of(budget))
             .collect()
+    }
+
+    fn usage_of(&self, budget: &Budget) -> BudgetUsage {
+        let members = self.members.values().filter(|m| self.matches(budget, m));
+        let mut usage = BudgetUsage {
+            name: budget.name.clone(),
+            executors: 0,
+            max_executors: budget.limits.max_executors,
+            held: 0,
+            applications: 0,
+        };
+        for m in members {
+            usage.executors = usage.executors.saturating_add(m.claim.using);
+            usage.applications += 1;
+            if m.held_by.as_deref() == Some(budget.name.as_str()) {
+                usage.held = usage.held.saturating_add(m.held);
+            }
+        }
+        usage
     }
 }
 
@@ -460,11 +462,24 @@ impl Budgets {
         }
     }
 
+    /// Every budget's gauges.
     fn export(&self, ledger: &Ledger) {
         for usage in ledger.usage() {
             self.inner
                 .metrics
                 .set_budget(&usage.name, usage.executors, usage.held);
+        }
+    }
+
+    /// The gauges of the budgets `member` falls under (a round changes no other's).
+    fn export_of(&self, ledger: &Ledger, member: &Member) {
+        for budget in &ledger.policy.budgets {
+            if ledger.matches(budget, member) {
+                let usage = ledger.usage_of(budget);
+                self.inner
+                    .metrics
+                    .set_budget(&usage.name, usage.executors, usage.held);
+            }
         }
     }
 }
@@ -525,15 +540,26 @@ impl BudgetMembership {
         member.claim = claim;
         member.held = held;
         member.held_by = held_by.filter(|_| held > 0).map(|h| h.budget.clone());
-        self.budgets.export(&ledger);
+        if let Some(member) = ledger.members.get(&self.key) {
+            self.budgets.export_of(&ledger, member);
+        }
+    }
+
+    /// New targets adding up to `wanted` executors: the ledger counts them at once, so the
+    /// others' rounds divide with this demand before this application's next round.
+    pub fn wanting(&self, wanted: u64) {
+        let mut ledger = self.budgets.ledger();
+        if let Some(member) = ledger.members.get_mut(&self.key) {
+            member.claim.wanted = wanted.max(member.claim.using);
+        }
     }
 }
 
 impl Drop for BudgetMembership {
     fn drop(&mut self) {
         let mut ledger = self.budgets.ledger();
-        if ledger.members.remove(&self.key).is_some() {
-            self.budgets.export(&ledger);
+        if let Some(member) = ledger.members.remove(&self.key) {
+            self.budgets.export_of(&ledger, &member);
         }
     }
 }

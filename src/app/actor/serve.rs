@@ -345,6 +345,8 @@ impl ApplicationActor {
         // Only new targets call a round early (a repeated Start registers templates only).
         if !targets.is_empty() {
             let idle = engine.allocator.set_targets(targets);
+            let wanted = engine.allocator.targets().values().map(|t| u64::from(*t));
+            self.budget.wanting(wanted.sum());
             self.schedule.targets_changed(self.feed.store_mut(), idle);
         }
         self.update_registration();
