@@ -327,3 +327,74 @@ async fn a_budget_changed_in_the_configuration_file_takes_effect_without_a_resta
     until_sample(&metrics, used, 10.0).await;
     until_sample(&metrics, held, 0.0).await;
 }
+
+/// A driver pod in `team-a` in queue `gold`, with a budget weight annotation if given.
+async fn create_driver(h: &Harness, name: &str, weight: Option<&str>) {
+    use kube::api::{Api, PostParams};
+    let mut metadata = serde_json::json!({"name": name, "labels": {"queue": "gold"}});
+    if let Some(weight) = weight {
+        metadata["annotations"] = serde_json::json!({ budgets::WEIGHT_ANNOTATION: weight });
+    }
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+        "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": "spark:4"}]}
+    }))
+    .expect("pod");
+    let api: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(h.sim.try_client().expect("sim client"), NAMESPACE);
+    api.create(&PostParams::default(), &pod)
+        .await
+        .expect("driver pod");
+}
+
+#[tokio::test]
+async fn a_queue_budget_follows_the_driver_label_and_weight_and_an_ended_driver_frees_its_share() {
+    let mut gold = namespace_budget(NAMESPACE, 8);
+    gold.namespace = None;
+    gold.queue = Some("gold".into());
+    let policy =
+        BudgetPolicy::check(&[gold], Some("queue"), budgets::DEFAULT_MAX_WEIGHT).expect("budget");
+    let options = ServiceOptions {
+        budgets: policy,
+        ..ServiceOptions::default()
+    };
+    let h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await;
+    create_driver(&h, "driver-a", Some("3")).await;
+    create_driver(&h, "driver-b", None).await;
+    for (app, driver) in [("app-a", "driver-a"), ("app-b", "driver-b")] {
+        let mut request = start_request(app, NAMESPACE);
+        request.driver_pod_name = driver.into();
+        request.settings = Some(proto::AllocationSettings {
+            batch_size: Some(2),
+            ..Default::default()
+        });
+        h.client.clone().start(request).await.expect("Start");
+    }
+    for app in ["app-a", "app-b"] {
+        h.set_total(app, 8).await;
+    }
+    // Weights 3:1 of 8.
+    rounds_until(&h, &["app-a", "app-b"], &[6, 2]).await;
+    let status = h.status("app-b").await.expect("GetStatus");
+    let held_by = profile0(&status).held_by.clone().expect("held_by");
+    assert_eq!((held_by.budget.as_str(), held_by.share), ("queue/gold", 2));
+
+    // a's driver ends: its executors are deleted, and b gets the whole budget before a
+    // is forgotten.
+    use kube::api::{Api, Patch, PatchParams};
+    let api: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(h.sim.try_client().expect("sim client"), NAMESPACE);
+    api.patch_status(
+        "driver-a",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({"status": {"phase": "Failed"}})),
+    )
+    .await
+    .expect("driver phase");
+    until("a's executors deleted", async || {
+        pod_count(&h, "app-a").await == 0
+    })
+    .await;
+    rounds_until(&h, &["app-b"], &[8]).await;
+    assert!(h.status("app-a").await.is_ok(), "a is still known (grace)");
+}

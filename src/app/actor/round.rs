@@ -269,7 +269,11 @@ impl ApplicationActor {
         self.outbox.cleanup = false;
         match result {
             Ok(deleted) => {
-                tracing::info!(deleted, "executor pods deleted after the driver ended")
+                tracing::info!(deleted, "executor pods deleted after the driver ended");
+                // Its executors are gone: the others under its budgets need not wait for
+                // the application to be forgotten.
+                self.budget.report(BudgetClaim::default(), 0, None);
+                self.held_by = None;
             }
             Err(_) => {
                 // Logged with the reason by the worker.
