@@ -6,6 +6,7 @@ mod kubelet;
 mod objects;
 mod process;
 mod protobuf;
+mod quota;
 pub mod selector;
 mod server;
 mod settings;
