@@ -90,6 +90,9 @@ pub struct Settings {
     pub budgets_max_weight: u32,
     /// How often the configuration file is read again for changed budgets (ms).
     pub budgets_reload_interval_ms: u64,
+    /// Each namespace's ResourceQuotas (pods, requests.cpu, requests.memory) are watched
+    /// and divided as budgets (needs list and watch on resourcequotas).
+    pub budgets_follow_quotas: bool,
     /// `default_executor_pod_template` as parsed and checked once by [`Settings::load`].
     #[serde(skip)]
     loaded_template: Option<k8s_openapi::api::core::v1::Pod>,
@@ -210,6 +213,7 @@ impl Default for Settings {
             budgets_queue_label: None,
             budgets_max_weight: crate::app::budgets::DEFAULT_MAX_WEIGHT,
             budgets_reload_interval_ms: 10_000,
+            budgets_follow_quotas: true,
             loaded_template: None,
         }
     }
@@ -464,6 +468,10 @@ impl Settings {
             self.budgets_queue_label.as_deref(),
             self.budgets_max_weight,
         )
+        .map(|policy| crate::app::BudgetPolicy {
+            follow_quotas: self.budgets_follow_quotas,
+            ..policy
+        })
         .map_err(|(key, reason)| ConfigError::Invalid { key, reason })
     }
 }

@@ -398,3 +398,65 @@ async fn a_queue_budget_follows_the_driver_label_and_weight_and_an_ended_driver_
     rounds_until(&h, &["app-b"], &[8]).await;
     assert!(h.status("app-a").await.is_ok(), "a is still known (grace)");
 }
+
+#[tokio::test]
+async fn a_quota_of_20_pods_is_divided_10_10_with_no_create_refused() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use kube::api::{Api, PostParams};
+    // No budget configured: the namespace's ResourceQuota is the budget.
+    let h = Harness::start_with_options(
+        quiet_cluster(),
+        ServeSettings::default(),
+        ServiceOptions::default(),
+    )
+    .await;
+    let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "compute"},
+        "spec": {"hard": {"pods": "20"}}
+    }))
+    .expect("quota");
+    let quotas: Api<ResourceQuota> =
+        Api::namespaced(h.sim.try_client().expect("sim client"), NAMESPACE);
+    quotas
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("quota created");
+    let apps = ["app-a", "app-b"];
+    for app in apps {
+        start(&h, app, 10, None).await;
+    }
+    until("the quota seen by the service", async || {
+        h.applications.budgets().quotas(NAMESPACE).len() == 1
+    })
+    .await;
+    for app in apps {
+        h.set_total(app, 20).await;
+    }
+    rounds_until(&h, &apps, &[10, 10]).await;
+    for app in apps {
+        let status = h.status(app).await.expect("GetStatus");
+        let profile = profile0(&status);
+        assert!(
+            profile.last_create_failure.is_none(),
+            "{app}: {:?}",
+            profile.last_create_failure
+        );
+        assert_eq!(profile.held, 10, "{app}");
+        // The limit shown is what the quota leaves the service's applications, estimated
+        // from the executors each had seen at its last round (it errs low, never high).
+        let held_by = profile.held_by.as_ref().expect("held_by");
+        assert_eq!(
+            (held_by.budget.as_str(), held_by.resource.as_str()),
+            ("quota/team-a/compute", "executors")
+        );
+        assert!(held_by.limit <= 20 && held_by.share <= 10, "{held_by:?}");
+    }
+    // What the quota counts agrees.
+    let used = quotas
+        .get("compute")
+        .await
+        .expect("quota")
+        .status
+        .expect("status");
+    assert_eq!(used.used.expect("used")["pods"].0, "20");
+}

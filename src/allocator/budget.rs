@@ -171,6 +171,83 @@ pub fn fair_shares(capacity: u64, claims: &[(u32, u64)]) -> Vec<u64> {
     shares
 }
 
+/// A namespace's ResourceQuota as its status shows it, for the resources a budget counts
+/// (`pods`; `requests.cpu` or `cpu` in millicores; `requests.memory` or `memory` in
+/// bytes); `None` where the quota does not limit it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QuotaState {
+    pub name: String,
+    pub hard_pods: Option<u64>,
+    pub hard_cpu_millis: Option<u64>,
+    pub hard_memory_bytes: Option<u64>,
+    pub used_pods: u64,
+    pub used_cpu_millis: u64,
+    pub used_memory_bytes: u64,
+}
+
+impl QuotaState {
+    /// The quota of `status` (`hard`, `used`: resource name → quantity text); `None` when
+    /// it limits none of the resources counted here (or its status is not known yet).
+    pub fn of<'a>(
+        name: &str,
+        hard: impl Iterator<Item = (&'a str, &'a str)>,
+        used: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> Option<Self> {
+        let mut quota = Self {
+            name: name.to_string(),
+            ..Self::default()
+        };
+        for (key, value) in hard {
+            match key {
+                "pods" => quota.hard_pods = Some(memory_bytes(value)),
+                "requests.cpu" | "cpu" => quota.hard_cpu_millis = parse_cpu_millis(value),
+                "requests.memory" | "memory" => quota.hard_memory_bytes = Some(memory_bytes(value)),
+                _ => {}
+            }
+        }
+        for (key, value) in used {
+            match key {
+                "pods" => quota.used_pods = memory_bytes(value),
+                "requests.cpu" | "cpu" => quota.used_cpu_millis = cpu_millis(value),
+                "requests.memory" | "memory" => quota.used_memory_bytes = memory_bytes(value),
+                _ => {}
+            }
+        }
+        (quota.hard_pods.is_some()
+            || quota.hard_cpu_millis.is_some()
+            || quota.hard_memory_bytes.is_some())
+        .then_some(quota)
+    }
+
+    /// The quota as a budget over the service's applications of its namespace, whose
+    /// `claims` are those: what the quota leaves them is its hard limit less what others
+    /// use (its `used` less the applications' executors already seen, which it counts;
+    /// executors asked for and not yet seen count as others too until they are seen, so
+    /// the estimate errs on the side of creating less).
+    pub fn as_limits(&self, claims: &[BudgetClaim]) -> BudgetLimits {
+        let seen: u64 = claims.iter().map(|c| c.seen).sum();
+        let seen_cpu: u64 = (claims.iter())
+            .map(|c| c.seen.saturating_mul(c.cost.cpu_millis))
+            .sum();
+        let seen_memory: u64 = (claims.iter())
+            .map(|c| c.seen.saturating_mul(c.cost.memory_bytes))
+            .sum();
+        let left = |hard: u64, used: u64, ours: u64| hard.saturating_sub(used.saturating_sub(ours));
+        BudgetLimits {
+            max_executors: self
+                .hard_pods
+                .map_or(u64::MAX, |hard| left(hard, self.used_pods, seen)),
+            max_pending: None,
+            max_cpu_millis: self
+                .hard_cpu_millis
+                .map(|hard| left(hard, self.used_cpu_millis, seen_cpu)),
+            max_memory_bytes: self
+                .hard_memory_bytes
+                .map(|hard| left(hard, self.used_memory_bytes, seen_memory)),
+        }
+    }
+}
+
 /// One application's claim on a budget, in executors (a round's counts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BudgetClaim {
@@ -182,6 +259,8 @@ pub struct BudgetClaim {
     pub using: u64,
     /// Of those, not running (pending, requested and not seen).
     pub pending: u64,
+    /// Of `using`, those whose pods have been seen (a ResourceQuota counts them).
+    pub seen: u64,
     /// What one of its executors costs.
     pub cost: ExecutorCost,
 }
@@ -383,6 +462,7 @@ mod tests {
             wanted,
             using,
             pending: 0,
+            seen: using,
             cost: ExecutorCost::default(),
         }
     }

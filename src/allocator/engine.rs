@@ -53,6 +53,8 @@ pub struct AllocationUse {
     pub using: u64,
     /// Of those, not running.
     pub pending: u64,
+    /// Of those, the pods seen (running or pending; not the requests not yet seen).
+    pub seen: u64,
 }
 
 /// Counts of one resource profile, for status reports.
@@ -278,6 +280,9 @@ impl Allocator {
                 .sum(),
             using: totals.running + totals.not_running,
             pending: totals.not_running,
+            seen: (tallies.iter())
+                .map(|t| t.running + t.unknown_pending + t.known_pending)
+                .sum(),
         };
         let budget_room = room(&usage);
         // Gangs are not held by an unschedulable pod: a gang scheduler places none of an

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Deserialize;
 
-use crate::allocator::budget::{self, BudgetClaim, BudgetLimits, BudgetResource};
+use crate::allocator::budget::{self, BudgetClaim, BudgetLimits, BudgetResource, QuotaState};
 use crate::metrics::Metrics;
 
 /// The driver-pod annotation giving an application's weight when its Start settings give
@@ -104,6 +104,9 @@ pub struct BudgetPolicy {
     /// The largest weight an application may ask for (`budgets_max_weight`); a larger one
     /// counts as this.
     pub max_weight: u32,
+    /// Each namespace's ResourceQuotas are divided as budgets too
+    /// (`budgets_follow_quotas`; read at start-up only).
+    pub follow_quotas: bool,
 }
 
 /// The default of `budgets_max_weight`.
@@ -116,6 +119,7 @@ impl Default for BudgetPolicy {
             budgets: Vec::new(),
             queue_label: None,
             max_weight: DEFAULT_MAX_WEIGHT,
+            follow_quotas: true,
         }
     }
 }
@@ -235,6 +239,7 @@ impl BudgetPolicy {
             budgets,
             queue_label: queue_label.map(str::to_string),
             max_weight,
+            follow_quotas: true,
         })
     }
 }
@@ -281,6 +286,8 @@ type MemberKey = (String, String, u64);
 
 struct Ledger {
     policy: BudgetPolicy,
+    /// Each namespace's ResourceQuotas, as its watch last showed them.
+    quotas: BTreeMap<String, Vec<QuotaState>>,
     members: BTreeMap<MemberKey, Member>,
     joined: u64,
 }
@@ -330,16 +337,27 @@ impl Ledger {
             }
             let room = budget::room(&budget.limits, &claims, who);
             if best.1.is_none() || room.executors < best.0 {
-                best = (
-                    room.executors,
-                    Some(HeldBy {
-                        budget: budget.name.clone(),
-                        resource: room.bound.resource,
-                        used: room.bound.used,
-                        limit: room.bound.limit,
-                        share: room.bound.share,
-                    }),
-                );
+                best = (room.executors, Some(held_by(&budget.name, &room)));
+            }
+        }
+        // The namespace's ResourceQuotas, divided as budgets over its applications: no
+        // create is sent that a quota would refuse, and what it leaves is shared fairly.
+        for quota in self.quotas.get(&member.namespace).into_iter().flatten() {
+            let mut claims = Vec::new();
+            let mut who = 0;
+            for (k, m) in &self.members {
+                if m.namespace == member.namespace {
+                    if k == key {
+                        who = claims.len();
+                    }
+                    claims.push(m.claim);
+                }
+            }
+            let limits = quota.as_limits(&claims);
+            let room = budget::room(&limits, &claims, who);
+            if best.1.is_none() || room.executors < best.0 {
+                let name = format!("quota/{}/{}", member.namespace, quota.name);
+                best = (room.executors, Some(held_by(&name, &room)));
             }
         }
         best
@@ -371,6 +389,29 @@ impl Ledger {
     }
 }
 
+fn held_by(budget: &str, room: &budget::Room) -> HeldBy {
+    HeldBy {
+        budget: budget.to_string(),
+        resource: room.bound.resource,
+        used: room.bound.used,
+        limit: room.bound.limit,
+        share: room.bound.share,
+    }
+}
+
+impl crate::k8s::watch::QuotaSink for Budgets {
+    /// `namespace`'s ResourceQuotas now: its applications' next rounds divide what they
+    /// leave.
+    fn quotas(&self, namespace: &str, quotas: Vec<QuotaState>) {
+        let mut ledger = self.ledger();
+        if quotas.is_empty() {
+            ledger.quotas.remove(namespace);
+        } else {
+            ledger.quotas.insert(namespace.to_string(), quotas);
+        }
+    }
+}
+
 impl Budgets {
     /// A ledger of `policy`'s budgets, exporting into `metrics`.
     pub fn new(policy: BudgetPolicy, metrics: Metrics) -> Self {
@@ -379,6 +420,7 @@ impl Budgets {
                 ledger: Mutex::new(Ledger {
                     policy,
                     members: BTreeMap::new(),
+                    quotas: BTreeMap::new(),
                     joined: 0,
                 }),
                 metrics,
@@ -399,7 +441,11 @@ impl Budgets {
             .iter()
             .map(|b| b.name.clone())
             .collect();
-        ledger.policy = policy;
+        let follow_quotas = ledger.policy.follow_quotas;
+        ledger.policy = BudgetPolicy {
+            follow_quotas,
+            ..policy
+        };
         for gone in before
             .iter()
             .filter(|name| !ledger.policy.budgets.iter().any(|b| &b.name == *name))
@@ -415,6 +461,16 @@ impl Budgets {
     /// The budgets in force.
     pub fn policy(&self) -> BudgetPolicy {
         self.ledger().policy.clone()
+    }
+
+    /// The ResourceQuotas of `namespace` as its watch last showed them (observability,
+    /// tests).
+    pub fn quotas(&self, namespace: &str) -> Vec<QuotaState> {
+        self.ledger()
+            .quotas
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// What each budget holds now, in the configuration's order.

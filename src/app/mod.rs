@@ -309,6 +309,9 @@ impl Applications {
         } = kubernetes;
         let tenants = Tenants::new(ctx.options.tenants.clone(), ctx.metrics.clone());
         let budgets = Budgets::new(ctx.options.budgets.clone(), ctx.metrics.clone());
+        if ctx.options.budgets.follow_quotas {
+            watches.follow_quotas(Arc::new(budgets.clone()));
+        }
         Self {
             inner: Arc::new(Registry {
                 ctx,

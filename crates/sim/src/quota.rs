@@ -95,7 +95,7 @@ fn hard_of(quota: &Value) -> Vec<(String, Resource, u64)> {
 
 fn format(r: Resource, units: u64) -> String {
     match r {
-        Resource::Cpu if units % 1000 == 0 => (units / 1000).to_string(),
+        Resource::Cpu if units.is_multiple_of(1000) => (units / 1000).to_string(),
         Resource::Cpu => format!("{units}m"),
         _ => units.to_string(),
     }

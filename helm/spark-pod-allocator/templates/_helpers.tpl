@@ -133,6 +133,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if $b.queueLabel }}{{ $_ := set $config "budgets_queue_label" $b.queueLabel }}{{ end -}}
 {{- $_ := set $config "budgets_max_weight" (int $b.maxWeight) -}}
 {{- $_ := set $config "budgets_reload_interval_ms" (int $b.reloadIntervalMs) -}}
+{{- $_ := set $config "budgets_follow_quotas" $b.followQuotas -}}
 {{- $t := .Values.tenants -}}
 {{- $_ := set $config "tenants" (dict
   "max_applications_per_identity" $t.maxApplicationsPerIdentity

@@ -74,6 +74,7 @@ impl Tenancy {
             wanted: u.wanted,
             using: u.using,
             pending: u.pending,
+            seen: u.seen,
             cost: Default::default(),
         };
         let batch = snapshot(&app.pods);
@@ -192,7 +193,8 @@ fn held_executors_are_reported_per_profile_lowest_profile_first() {
             AllocationUse {
                 wanted: 10,
                 using: 0,
-                pending: 0
+                pending: 0,
+                seen: 0,
             }
         );
         7

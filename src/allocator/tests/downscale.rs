@@ -80,7 +80,8 @@ fn takes_only_the_excess_oldest_first() {
             usage: AllocationUse {
                 wanted: 2,
                 using: 2,
-                pending: 2
+                pending: 2,
+                seen: 2,
             },
             ..RoundPlan::default()
         }

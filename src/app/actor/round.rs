@@ -43,6 +43,7 @@ impl ApplicationActor {
             wanted: usage.wanted,
             using: usage.using,
             pending: usage.pending,
+            seen: usage.seen,
             cost,
         };
         let membership = &self.budget;
