@@ -529,6 +529,35 @@ mod tests {
     }
 
     #[test]
+    fn a_quota_leaves_its_hard_limit_less_what_others_use() {
+        let quota = QuotaState::of(
+            "compute",
+            [("pods", "20"), ("requests.cpu", "10"), ("services", "5")].into_iter(),
+            [("pods", "14"), ("requests.cpu", "3500m")].into_iter(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                quota.hard_pods,
+                quota.hard_cpu_millis,
+                quota.hard_memory_bytes
+            ),
+            (Some(20), Some(10_000), None)
+        );
+        // 10 of the 14 pods are the applications' (seen); 4 are others'.
+        let mut a = claim(20, 6);
+        a.cost.cpu_millis = 250;
+        let mut b = claim(20, 4);
+        b.cost.cpu_millis = 250;
+        let limits = quota.as_limits(&[a, b]);
+        assert_eq!(limits.max_executors, 16);
+        assert_eq!(limits.max_cpu_millis, Some(10_000 - 1000));
+        assert_eq!(room(&limits, &[a, b], 1).executors, 4);
+        // A quota limiting nothing counted here is none.
+        assert!(QuotaState::of("x", [("services", "5")].into_iter(), std::iter::empty()).is_none());
+    }
+
+    #[test]
     fn the_cost_of_a_pod_is_what_the_quota_counts() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "spec": {
