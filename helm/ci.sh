@@ -229,6 +229,9 @@ expect_refusal interval --set metrics.podMonitor.interval=30 --set 'allowedNames
 expect_refusal "must not exceed its interval" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
   --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.interval=1m \
   --set metrics.serviceMonitor.scrapeTimeout=1m30s "${scraper[@]}"
+expect_refusal maxExecutors --set 'budgets.items[0].namespace=spark' --set 'budgets.items[0].maxExecutors=0' --set 'allowedNamespaces={spark}'
+expect_refusal oneOf --set 'budgets.items[0].namespace=spark' --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
+expect_refusal reloadIntervalMs --set budgets.reloadIntervalMs=10 --set 'allowedNamespaces={spark}'
 expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}' --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2

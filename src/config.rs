@@ -81,6 +81,18 @@ pub struct Settings {
     pub tenants: crate::app::TenantLimits,
     /// This replica's identity, the shards and their Leases.
     pub ha: crate::ha::HaSettings,
+    /// Budgets the applications of a namespace or queue share (fair division, see
+    /// docs/service.md); reloaded from the file while the service runs.
+    pub budgets: Vec<crate::app::budgets::BudgetEntry>,
+    /// The driver-pod label whose value names an application's queue (`queue` budgets).
+    pub budgets_queue_label: Option<String>,
+    /// The largest `budget_weight` an application may have (a larger one counts as this).
+    pub budgets_max_weight: u32,
+    /// How often the configuration file is read again for changed budgets (ms).
+    pub budgets_reload_interval_ms: u64,
+    /// Each namespace's ResourceQuotas (pods, requests.cpu, requests.memory) are watched
+    /// and divided as budgets (needs list and watch on resourcequotas).
+    pub budgets_follow_quotas: bool,
     /// `default_executor_pod_template` as parsed and checked once by [`Settings::load`].
     #[serde(skip)]
     loaded_template: Option<k8s_openapi::api::core::v1::Pod>,
@@ -197,6 +209,11 @@ impl Default for Settings {
             registrations: Default::default(),
             tenants: Default::default(),
             ha: Default::default(),
+            budgets: Vec::new(),
+            budgets_queue_label: None,
+            budgets_max_weight: crate::app::budgets::DEFAULT_MAX_WEIGHT,
+            budgets_reload_interval_ms: 10_000,
+            budgets_follow_quotas: true,
             loaded_template: None,
         }
     }
@@ -375,6 +392,10 @@ impl Settings {
                 reason,
             });
         }
+        self.budget_policy()?;
+        if self.budgets_reload_interval_ms < 100 {
+            return Err(invalid("budgets_reload_interval_ms", "must be ≥ 100"));
+        }
         tracing_filter_check(&self.log.filter)?;
         if let Err((key, reason)) = self.auth.validate() {
             return Err(ConfigError::Invalid { key, reason });
@@ -438,6 +459,68 @@ impl Settings {
     /// The full-resync period.
     pub fn resync_interval(&self) -> Duration {
         Duration::from_millis(self.resync_interval_ms)
+    }
+
+    /// The budgets, checked (an error names the key, e.g. `budgets[2].max_cpu`).
+    pub fn budget_policy(&self) -> Result<crate::app::BudgetPolicy, ConfigError> {
+        crate::app::BudgetPolicy::check(
+            &self.budgets,
+            self.budgets_queue_label.as_deref(),
+            self.budgets_max_weight,
+        )
+        .map(|policy| crate::app::BudgetPolicy {
+            follow_quotas: self.budgets_follow_quotas,
+            ..policy
+        })
+        .map_err(|(key, reason)| ConfigError::Invalid { key, reason })
+    }
+}
+
+/// Reads the configuration file `path` again every `interval` and, when its text changed,
+/// puts its budgets in force in `budgets` (the only settings taken while the service runs;
+/// the others need a restart). A file that does not load (a bad value, a half-written
+/// file) is refused with a log line naming the key, and the budgets in force stay; it is
+/// tried again when it changes. Ends when the returned handle is dropped.
+pub fn watch_budgets(
+    path: PathBuf,
+    interval: Duration,
+    budgets: crate::app::Budgets,
+) -> BudgetReloader {
+    // What is in force now: the file as it is when the watch begins.
+    let mut seen = std::fs::read(&path).ok();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let now = std::fs::read(&path).ok();
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match Settings::load(Some(&path)).and_then(|settings| settings.budget_policy()) {
+                Ok(policy) => {
+                    if policy != budgets.policy() {
+                        tracing::info!(file = %path.display(), budgets = policy.budgets.len(),
+                            "configuration file changed: budgets reloaded (other settings need a restart)");
+                        budgets.replace(policy);
+                    }
+                }
+                Err(error) => tracing::error!(file = %path.display(), %error,
+                    "configuration file changed but is refused; the budgets in force stay"),
+            }
+        }
+    });
+    BudgetReloader(task)
+}
+
+/// The task of [`watch_budgets`]; dropping it stops the task.
+pub struct BudgetReloader(tokio::task::JoinHandle<()>);
+
+impl Drop for BudgetReloader {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -1079,5 +1162,71 @@ mod tests {
             Settings::load_with_env(Some(f.path()), env(&[])),
             Err(ConfigError::UnknownFormat(_))
         ));
+    }
+
+    #[test]
+    fn budgets_load_from_the_file_and_a_bad_one_is_refused_naming_its_key() {
+        let f = file(
+            "yaml",
+            "budgets_queue_label: queue\nbudgets:\n- namespace: team-a\n  max_executors: 30\n  max_pending: 10\n  max_cpu: 64\n  max_memory: 256Gi\n- queue: gold\n  name: gold\n  max_executors: 100\n  max_cpu: \"500m\"\n",
+        );
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        let policy = s.budget_policy().unwrap();
+        assert_eq!(policy.queue_label.as_deref(), Some("queue"));
+        assert_eq!(policy.budgets[0].name, "namespace/team-a");
+        let limits = policy.budgets[0].limits;
+        assert_eq!(limits.max_executors, 30);
+        assert_eq!(limits.max_pending, Some(10));
+        assert_eq!(limits.max_cpu_millis, Some(64_000));
+        assert_eq!(limits.max_memory_bytes, Some(256 << 30));
+        assert_eq!(policy.budgets[1].limits.max_cpu_millis, Some(500));
+        let f = file(
+            "toml",
+            "[[budgets]]\nnamespace = \"a\"\nmax_executors = 1\n[[budgets]]\nnamespace = \"b\"\nmax_executors = 1\nmax_cpu = \"many\"\n",
+        );
+        let err = Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "budgets[1].max_cpu"),
+            "{err}"
+        );
+        let f = file("toml", "[[budgets]]\nqueue = \"gold\"\nmax_executors = 1\n");
+        let err = Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("budgets[0].queue"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_changed_file_replaces_the_budgets_and_a_bad_one_leaves_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let write = |max: &str| {
+            std::fs::write(
+                &path,
+                format!("[[budgets]]\nnamespace = \"team\"\nmax_executors = {max}\n"),
+            )
+            .unwrap()
+        };
+        write("30");
+        let settings = Settings::load_with_env(Some(&path), env(&[])).unwrap();
+        let budgets = crate::app::Budgets::new(
+            settings.budget_policy().unwrap(),
+            crate::metrics::Metrics::new(),
+        );
+        let _reloader = watch_budgets(path.clone(), Duration::from_millis(20), budgets.clone());
+        let max = |b: &crate::app::Budgets| b.policy().budgets[0].limits.max_executors;
+        write("40");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while max(&budgets) != 40 {
+            assert!(std::time::Instant::now() < deadline, "not reloaded");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A bad file is refused; the next good one is taken.
+        write("0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(max(&budgets), 40);
+        write("50");
+        while max(&budgets) != 50 {
+            assert!(std::time::Instant::now() < deadline, "not reloaded");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }

@@ -15,7 +15,7 @@ use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
-use spark_pod_allocator::{bench, k8s, runtime};
+use spark_pod_allocator::{bench, config, k8s, runtime};
 use spark_pod_allocator_sim::{self as sim, SimCluster};
 
 mod demo;
@@ -145,7 +145,9 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve { simulate, listen } => serve(settings, simulate, listen).await,
+            Command::Serve { simulate, listen } => {
+                serve(settings, cli.config.clone(), simulate, listen).await
+            }
             Command::Simulate { listen, kubeconfig } => {
                 simulate(settings, listen, &kubeconfig).await
             }
@@ -267,6 +269,7 @@ impl StopSignals {
 
 async fn serve(
     settings: Settings,
+    config_file: Option<PathBuf>,
     simulate: bool,
     listen: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
@@ -325,6 +328,13 @@ async fn serve(
         .with_options(service_options(&settings))
         .with_metrics(metrics.clone())
         .build();
+    // Budgets follow the configuration file while the service runs.
+    let _budget_reloader = config_file.map(|path| {
+        let interval = Duration::from_millis(settings.budgets_reload_interval_ms);
+        tracing::info!(file = %path.display(), interval_ms = settings.budgets_reload_interval_ms,
+            budgets = settings.budgets.len(), "budgets reloaded from the configuration file when it changes");
+        config::watch_budgets(path, interval, core.applications().budgets().clone())
+    });
     // Applications a previous service ran go on before the first call is taken.
     match core.applications().resume_registered().await {
         Ok(resumed) if !resumed.is_empty() => {
@@ -385,6 +395,8 @@ fn service_options(settings: &Settings) -> ServiceOptions {
         registrations: settings.registrations.clone(),
         tenants: settings.tenants.clone(),
         ha: settings.ha.clone(),
+        // Checked by `Settings::load`.
+        budgets: settings.budget_policy().unwrap_or_default(),
         ..ServiceOptions::default()
     }
 }

@@ -85,6 +85,11 @@ struct LimitLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProfileLabels {
     application: String,
     profile: String,
@@ -147,6 +152,8 @@ struct Inner {
     shards_owned: Gauge,
     shard_acquisitions: Counter,
     writes_fenced: Counter,
+    budget_executors: Family<BudgetLabels, Gauge>,
+    executors_held: Family<BudgetLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -324,6 +331,18 @@ impl Metrics {
             "Writes not sent because this replica no longer owned the application's shard",
             writes_fenced.clone(),
         );
+        let budget_executors = Family::<BudgetLabels, Gauge>::default();
+        registry.register(
+            "budget_executors",
+            "Executors (running, pending, requested) the applications under a budget have, by budget",
+            budget_executors.clone(),
+        );
+        let executors_held = Family::<BudgetLabels, Gauge>::default();
+        registry.register(
+            "executors_held",
+            "Executors the applications' targets lack that a budget holds back (beyond their fair share or what it has free), by budget",
+            executors_held.clone(),
+        );
         registry.register(
             "build",
             "The service's version",
@@ -361,6 +380,8 @@ impl Metrics {
                 shards_owned,
                 shard_acquisitions,
                 writes_fenced,
+                budget_executors,
+                executors_held,
             }),
         }
     }
@@ -392,6 +413,31 @@ impl Metrics {
         self.inner
             .shards_owned
             .set(i64::try_from(shards).unwrap_or(i64::MAX));
+    }
+
+    /// A budget's executors and the executors it holds back now.
+    pub fn set_budget(&self, budget: &str, executors: u64, held: u64) {
+        let labels = BudgetLabels {
+            budget: budget.to_string(),
+        };
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.inner
+            .budget_executors
+            .get_or_create(&labels)
+            .set(gauge(executors));
+        self.inner
+            .executors_held
+            .get_or_create(&labels)
+            .set(gauge(held));
+    }
+
+    /// A budget no longer configured: its series go.
+    pub fn forget_budget(&self, budget: &str) {
+        let labels = BudgetLabels {
+            budget: budget.to_string(),
+        };
+        self.inner.budget_executors.remove(&labels);
+        self.inner.executors_held.remove(&labels);
     }
 
     /// This replica took a shard.

@@ -321,6 +321,7 @@ async fn everyday_kubectl_commands_work() {
             "namespaces",
             "persistentvolumeclaims",
             "pods",
+            "resourcequotas",
             "secrets",
             "services"
         ]

@@ -37,6 +37,24 @@ pub struct RoundPlan {
     /// Pending executors stuck past `stuck_pending_timeout_ms`, reported once each; those
     /// `deleted` are in `deletes` (see [`super::stuck`]).
     pub stuck: Vec<StuckExecutor>,
+    /// Executors per profile the targets lack that a budget's room kept from being asked
+    /// for (see [`Allocator::round_within`]); profiles with none are left out.
+    pub held: BTreeMap<ResourceProfileId, u32>,
+    /// The application's use after this round's creates (what it reports to its budgets).
+    pub usage: AllocationUse,
+}
+
+/// An application's executors as a budget counts them, over the profiles with a target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocationUse {
+    /// Per profile the larger of its target and what it has.
+    pub wanted: u64,
+    /// Running, pending, and requested not yet seen (not those deleted).
+    pub using: u64,
+    /// Of those, not running.
+    pub pending: u64,
+    /// Of those, the pods seen (running or pending; not the requests not yet seen).
+    pub seen: u64,
 }
 
 /// Counts of one resource profile, for status reports.
@@ -46,6 +64,8 @@ pub struct ProfileCounts {
     pub running: u32,
     pub pending: u32,
     pub newly_created: u32,
+    /// Executors the target lacks that a budget holds back (as of the last round).
+    pub held: u32,
 }
 
 /// A report of an application's allocation state.
@@ -147,6 +167,8 @@ pub struct Allocator {
     round_cap: u64,
     /// The ADAPTIVE policy's window (kept, unused, under SPARK).
     window: CreateWindow,
+    /// Executors per profile a budget held back in the last round.
+    held: BTreeMap<ResourceProfileId, u32>,
 }
 
 /// The create rate the ADAPTIVE window assumes until [`Allocator::set_create_rate`] tells
@@ -176,6 +198,7 @@ impl Allocator {
             outstanding: false,
             round_cap: u64::MAX,
             window,
+            held: BTreeMap::new(),
         }
     }
 
@@ -227,6 +250,21 @@ impl Allocator {
     /// One allocation round: take in the batch, count, downscale, ask for the gangs, then
     /// for more within the caps. Each step below is a method named after what it does.
     pub fn round(&mut self, batch: SnapshotBatch, now: Timestamp) -> RoundPlan {
+        self.round_within(batch, now, &mut |_| u64::MAX)
+    }
+
+    /// [`Self::round`] under budgets: once the round has counted (after its downscale),
+    /// `room` is told the application's use and answers how many more executors it may ask
+    /// for in all ([`super::budget::room`] over its budgets; `u64::MAX`: no budget). The
+    /// gangs and the profiles' asks stay within it, in profile order; what the targets
+    /// lack beyond it is `held` (reported per profile). Nothing already asked for is taken
+    /// back: budgets admit, they never delete.
+    pub fn round_within(
+        &mut self,
+        batch: SnapshotBatch,
+        now: Timestamp,
+        room: &mut dyn FnMut(&AllocationUse) -> u64,
+    ) -> RoundPlan {
         let mut plan = RoundPlan::default();
         self.forget_seen_requests(&batch);
         self.promote_registered_requests();
@@ -236,13 +274,58 @@ impl Allocator {
         let mut tallies = self.tallies();
         self.downscale(&mut tallies, now, &mut plan);
         let totals = Totals::of(&tallies);
+        let usage = AllocationUse {
+            wanted: (tallies.iter())
+                .map(|t| u64::from(t.target).max(t.count()))
+                .sum(),
+            using: totals.running + totals.not_running,
+            pending: totals.not_running,
+            seen: (tallies.iter())
+                .map(|t| t.running + t.unknown_pending + t.known_pending)
+                .sum(),
+        };
+        let budget_room = room(&usage);
         // Gangs are not held by an unschedulable pod: a gang scheduler places none of an
         // incomplete gang, so its first members wait unschedulable until all are asked for.
-        self.allocate_gangs(&tallies, totals.not_running, now, &mut plan);
+        self.allocate_gangs(&tallies, totals.not_running, budget_room, now, &mut plan);
         let askers = self.askers(&tallies, &held);
-        self.allocate(&tallies, askers, totals.not_running, now, &mut plan);
+        let left = budget_room.saturating_sub(plan.creates.len() as u64);
+        self.allocate(&tallies, askers, totals.not_running, left, now, &mut plan);
+        self.hold_beyond(&tallies, budget_room, &mut plan);
+        let created = plan.creates.len() as u64;
+        plan.usage = AllocationUse {
+            using: usage.using + created,
+            pending: usage.pending + created,
+            ..usage
+        };
         self.publish(totals, &mut plan);
         plan
+    }
+
+    /// What the targets lack beyond the budget's room after this round's asks, per profile
+    /// in profile order (the room goes to the lower profiles first, as the asks do).
+    fn hold_beyond(&mut self, tallies: &[Tally], budget_room: u64, plan: &mut RoundPlan) {
+        self.held.clear();
+        if budget_room == u64::MAX {
+            return;
+        }
+        let mut planned: BTreeMap<ResourceProfileId, u64> = BTreeMap::new();
+        for (_, profile) in &plan.creates {
+            *planned.entry(*profile).or_default() += 1;
+        }
+        let mut left = budget_room.saturating_sub(plan.creates.len() as u64);
+        for tally in tallies {
+            let planned = planned.get(&tally.profile).copied().unwrap_or(0);
+            let lacking = u64::from(tally.target).saturating_sub(tally.count() + planned);
+            // A gang that did not fit is held whole (it takes no part of the room).
+            let gang_held = planned == 0 && self.gang_lacking(tally) > left;
+            let fits = if gang_held { 0 } else { lacking.min(left) };
+            left -= fits;
+            if lacking > fits {
+                self.held.insert(tally.profile, saturate(lacking - fits));
+            }
+        }
+        plan.held = self.held.clone();
     }
 
     /// Everything seen in a snapshot is no longer "newly created".
@@ -458,10 +541,13 @@ impl Allocator {
     /// at once, whatever the batch size, the policy and requests not yet seen, in profile
     /// order within the pending caps and the round's cap. A gang scheduler places none of
     /// a gang until all of it exists, so batches would only make it wait.
+    /// Under a budget a gang is asked for only when all of it fits the budget's room
+    /// (`budget_room`): part of a gang would only wait.
     fn allocate_gangs(
         &mut self,
         tallies: &[Tally],
         not_running: u64,
+        budget_room: u64,
         now: Timestamp,
         plan: &mut RoundPlan,
     ) {
@@ -469,10 +555,14 @@ impl Allocator {
             return;
         }
         let mut remaining = self.room_in_application(not_running).min(self.round_cap);
+        let mut budget_left = budget_room;
         for tally in tallies {
-            let wanted = (self.gang_lacking(tally))
-                .min(self.room_in_profile(tally))
-                .min(remaining);
+            let lacking = self.gang_lacking(tally);
+            if lacking > budget_left {
+                continue;
+            }
+            budget_left -= lacking;
+            let wanted = lacking.min(self.room_in_profile(tally)).min(remaining);
             if wanted == 0 {
                 continue;
             }
@@ -509,19 +599,21 @@ impl Allocator {
             .collect()
     }
 
-    /// Allocates within the pending caps and what the round has left after the gangs,
-    /// splitting the free slots over the askers.
+    /// Allocates within the pending caps, what the round has left after the gangs and the
+    /// budget's room left (`budget_left`), splitting the free slots over the askers.
     fn allocate(
         &mut self,
         tallies: &[Tally],
         askers: Vec<(usize, u64)>,
         not_running: u64,
+        budget_left: u64,
         now: Timestamp,
         plan: &mut RoundPlan,
     ) {
         let planned = plan.creates.len() as u64;
         let mut remaining = (self.room_in_application(not_running.saturating_add(planned)))
-            .min(self.round_cap.saturating_sub(planned));
+            .min(self.round_cap.saturating_sub(planned))
+            .min(budget_left);
         let per_round = if self.settings.policy == AllocationPolicy::Adaptive {
             let unseen = self.newly_created.len() as u64;
             remaining = remaining.min(self.window.size().saturating_sub(unseen));
@@ -785,7 +877,13 @@ impl Allocator {
     }
 
     /// The status with `profiles` counted.
-    fn status_of(&self, profiles: BTreeMap<ResourceProfileId, ProfileCounts>) -> AllocatorStatus {
+    fn status_of(
+        &self,
+        mut profiles: BTreeMap<ResourceProfileId, ProfileCounts>,
+    ) -> AllocatorStatus {
+        for (profile, held) in &self.held {
+            profiles.entry(*profile).or_default().held = *held;
+        }
         AllocatorStatus {
             profiles,
             deleted: self.deleted.keys().copied().collect(),

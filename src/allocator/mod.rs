@@ -16,6 +16,8 @@
 //!   each returning a `RoundPlan`.
 //! - [`pod_builder`]: `ExecutorPodBuilder` (template → executor pod).
 //! - [`claims`]: per-executor PersistentVolumeClaims: reuse of a free claim, waiting for one.
+//! - [`budget`]: beyond Spark, budgets shared by applications: weighted max-min fair
+//!   division and the room one application has (`Allocator::round_within` stays in it).
 //! - [`stuck`]: beyond Spark, pending pods that will not start (`StartBlocker`): deleted
 //!   or reported past `stuck_pending_timeout_ms`.
 //!
@@ -54,6 +56,7 @@
 //!   seen by a window fed by `creates_answered` instead of `batch_size` per round.
 
 pub mod adaptive;
+pub mod budget;
 pub mod claims;
 pub mod engine;
 pub mod id_block;
@@ -68,8 +71,11 @@ mod tracked;
 pub mod types;
 
 pub use adaptive::{CreateOutcomes, CreateRefusal, CreateWindow};
+pub use budget::{BudgetClaim, BudgetLimits, BudgetResource, ExecutorCost};
 pub use claims::{ClaimRules, ExecutorClaims, ListedClaim, WaitForClaim};
-pub use engine::{Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan};
+pub use engine::{
+    AllocationUse, Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan,
+};
 pub use id_block::IdBlocks;
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};
 pub use settings::{AllocationPolicy, AllocationSettings, SettingsError};

@@ -81,6 +81,11 @@ pub struct AllocationSettings {
     /// maxExecutors, else executor.instances); unset: never waits (> 0 when set).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_claims: Option<u32>,
+    /// Beyond Spark: the application's weight in the fair division of the budgets it falls
+    /// under (> 0; unset: the driver pod's annotation `spark-pod-allocator/budget-weight`,
+    /// else 1; at most the service's `budgets_max_weight`). See [`super::budget`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_weight: Option<u32>,
 }
 
 /// How many executors one round may request.
@@ -128,6 +133,7 @@ impl Default for AllocationSettings {
             reuse_claims: true,
             wait_to_reuse_claims: false,
             max_claims: None,
+            budget_weight: None,
         }
     }
 }
@@ -181,6 +187,7 @@ impl AllocationSettings {
             reuse_claims,
             wait_to_reuse_claims,
             max_claims,
+            budget_weight,
         } = self;
         [
             (*batch_size != other.batch_size, "batch_size"),
@@ -233,6 +240,7 @@ impl AllocationSettings {
                 "wait_to_reuse_claims",
             ),
             (*max_claims != other.max_claims, "max_claims"),
+            (*budget_weight != other.budget_weight, "budget_weight"),
         ]
         .into_iter()
         .find_map(|(differs, name)| differs.then_some(name))
@@ -308,6 +316,9 @@ impl AllocationSettings {
         }
         if self.max_claims == Some(0) {
             return invalid("max_claims", "must be greater than 0 when set".into());
+        }
+        if self.budget_weight == Some(0) {
+            return invalid("budget_weight", "must be greater than 0 when set".into());
         }
         Ok(())
     }

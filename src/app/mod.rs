@@ -24,6 +24,7 @@ use registration::Refusal;
 use start::FirstStart;
 
 mod actor;
+pub mod budgets;
 pub mod error;
 pub mod failures;
 pub mod feed;
@@ -36,6 +37,7 @@ pub mod tenants;
 pub use crate::time::{Clock, ManualClock, SystemClock};
 pub use actor::DriverReport;
 use actor::{ActorHandle, ActorReport};
+pub use budgets::{BudgetPolicy, Budgets, HeldBy};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
@@ -105,6 +107,9 @@ pub struct ApplicationStatus {
     pub backoff_until: Option<Timestamp>,
     /// Executors that failed (the last 100) or cannot start, ascending by id.
     pub failed_executors: Vec<ExecutorFailure>,
+    /// Why the profiles' `held` executors are held (the budget that bounds the
+    /// application), as of the last round; `None` when none is held.
+    pub held_by: Option<HeldBy>,
 }
 
 /// What Start reports.
@@ -152,6 +157,9 @@ pub struct ServiceOptions {
     pub tenants: TenantLimits,
     /// This replica's identity, the shards and the Leases' timing (`ha`).
     pub ha: crate::ha::HaSettings,
+    /// The budgets the applications share, as the service starts (`budgets`; a reload of
+    /// the configuration file replaces them through [`Applications::budgets`]).
+    pub budgets: BudgetPolicy,
 }
 
 impl Default for ServiceOptions {
@@ -172,6 +180,7 @@ impl Default for ServiceOptions {
             registrations: RegistrationSettings::default(),
             tenants: TenantLimits::default(),
             ha: crate::ha::HaSettings::default(),
+            budgets: BudgetPolicy::default(),
         }
     }
 }
@@ -223,6 +232,8 @@ struct Registry {
     generations: AtomicU64,
     /// Applications per identity and namespace, streams per identity (`tenants`).
     tenants: Tenants,
+    /// The budgets' ledger: every application's claim on the budgets it falls under.
+    budgets: Budgets,
     /// The shards this replica holds.
     ownerships: Ownerships,
     /// Per shard, the epoch whose registrations have been resumed here (held while a
@@ -297,6 +308,10 @@ impl Applications {
             ownerships,
         } = kubernetes;
         let tenants = Tenants::new(ctx.options.tenants.clone(), ctx.metrics.clone());
+        let budgets = Budgets::new(ctx.options.budgets.clone(), ctx.metrics.clone());
+        if ctx.options.budgets.follow_quotas {
+            watches.follow_quotas(Arc::new(budgets.clone()));
+        }
         Self {
             inner: Arc::new(Registry {
                 ctx,
@@ -309,6 +324,7 @@ impl Applications {
                 shutting_down: AtomicBool::new(false),
                 generations: AtomicU64::new(0),
                 tenants,
+                budgets,
                 ownerships,
                 resumed: tokio::sync::Mutex::new(HashMap::new()),
                 keepers: Mutex::new(None),
@@ -693,6 +709,7 @@ impl Applications {
             create_failures: report.create_failures,
             backoff_until: report.backoff_until,
             failed_executors: report.failed_executors,
+            held_by: report.held_by,
         })
     }
 
@@ -722,6 +739,11 @@ impl Applications {
         let actor = self.actor(app)?;
         let slot = self.inner.tenants.admit_stream(identity)?;
         Ok(actor.watch_executors(since).await?.holding(slot))
+    }
+
+    /// The budgets' ledger: what each budget holds, and where a reload puts new budgets.
+    pub fn budgets(&self) -> &Budgets {
+        &self.inner.budgets
     }
 
     /// The per-tenant limits and what they count now.

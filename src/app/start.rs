@@ -248,8 +248,20 @@ impl Applications {
             id_blocks: IdBlocks::new(found.recorded),
             claims,
         };
+        let budget = self.inner.budgets.join(
+            &req.namespace,
+            req.app_id.as_str(),
+            driver
+                .as_ref()
+                .map(|d| d.labels.clone())
+                .unwrap_or_default(),
+            (req.settings.budget_weight)
+                .or(driver.as_ref().and_then(|d| d.weight))
+                .unwrap_or(1),
+        );
         let app = ApplicationParts {
             app_id: req.app_id.to_string(),
+            budget,
             namespace: req.namespace.clone(),
             engine,
             clock: Arc::clone(&self.inner.ctx.clock),
@@ -387,8 +399,20 @@ impl Applications {
                 None
             }
         };
+        let weight = (pod.metadata.annotations.as_ref())
+            .and_then(|a| a.get(super::budgets::WEIGHT_ANNOTATION))
+            .and_then(|w| match w.trim().parse::<u32>() {
+                Ok(weight) if weight > 0 => Some(weight),
+                _ => {
+                    tracing::warn!(driver = %name, annotation = super::budgets::WEIGHT_ANNOTATION, value = %w,
+                        "not a weight (a whole number > 0); the application's weight is 1");
+                    None
+                }
+            });
         Ok(Some(Driver {
             name: name.clone(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            weight,
             owner,
             labelled,
         }))
@@ -541,6 +565,10 @@ impl Found {
 /// The application's driver pod as Start found it.
 struct Driver {
     name: String,
+    /// Its labels (a queue budget reads its queue from them).
+    labels: BTreeMap<String, String>,
+    /// Its budget weight annotation, when it gives a valid one.
+    weight: Option<u32>,
     /// The executors' controller owner (none when the pod has no uid).
     owner: Option<DriverOwner>,
     /// It carries [`FOLLOWED_DRIVER_LABEL`] already.

@@ -132,6 +132,13 @@ fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus {
     let status = app.allocation;
     let mut create_failures = app.create_failures;
     let backoff_until_ms = app.backoff_until.map_or(0, |t| t.0);
+    let held_by = app.held_by.map(|by| proto::BudgetHold {
+        budget: by.budget,
+        resource: by.resource.name().into(),
+        used: by.used,
+        limit: by.limit,
+        share: by.share,
+    });
     proto::ApplicationStatus {
         failed_executors: app
             .failed_executors
@@ -170,6 +177,8 @@ fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus {
                 running: c.running,
                 pending: c.pending,
                 newly_created: c.newly_created,
+                held: c.held,
+                held_by: held_by.clone().filter(|_| c.held > 0),
                 backoff_until_ms: create_failures
                     .get(&profile)
                     .filter(|f| f.consecutive > 0)

@@ -170,6 +170,7 @@ fn requested_over(
         reuse_claims,
         wait_to_reuse_claims,
         max_claims,
+        budget_weight,
     } = requested;
     let millis = |ms: &u64| Duration::from_millis(*ms);
     if let Some(v) = policy(*requested_policy)? {
@@ -213,6 +214,7 @@ fn requested_over(
     set(&mut settings.reuse_claims, *reuse_claims);
     set(&mut settings.wait_to_reuse_claims, *wait_to_reuse_claims);
     set(&mut settings.max_claims, max_claims.map(Some));
+    set(&mut settings.budget_weight, budget_weight.map(Some));
     Ok(())
 }
 
@@ -386,6 +388,19 @@ mod tests {
         let (field, reason) = refused(&[&huge]);
         assert_eq!(field, "executor_claim_templates[0]");
         assert!(reason.contains("max_claim_size"), "{reason}");
+    }
+
+    #[test]
+    fn a_budget_weight_must_be_positive() {
+        let req = proto::StartRequest {
+            settings: Some(proto::AllocationSettings {
+                budget_weight: Some(0),
+                ..Default::default()
+            }),
+            ..start_req()
+        };
+        let (field, _) = field_of(start(req, &StartDefaults::default()).unwrap_err());
+        assert_eq!(field, "settings.budget_weight");
     }
 
     #[test]
@@ -569,6 +584,7 @@ mod tests {
             reuse_claims: Some(false),
             wait_to_reuse_claims: Some(true),
             max_claims: Some(8),
+            budget_weight: Some(3),
         };
         let merged = settings(Some(&requested), &StartDefaults::default()).unwrap();
         assert_eq!(
@@ -591,6 +607,7 @@ mod tests {
                 reuse_claims: false,
                 wait_to_reuse_claims: true,
                 max_claims: Some(8),
+                budget_weight: Some(3),
             }
         );
         let unset = settings(

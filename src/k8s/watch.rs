@@ -21,13 +21,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::describe_error;
+use crate::allocator::budget::QuotaState;
 use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
 use crate::lifecycle::{InitHandle, InitJoiner};
 use crate::metrics::Metrics;
@@ -78,9 +79,32 @@ struct Inner {
     metrics: Metrics,
     /// Where the probe and each namespace watch take the readiness handle they release.
     readiness: InitJoiner,
+    /// Where the namespaces' ResourceQuotas go; none: they are not watched.
+    quota_sink: Mutex<Option<Arc<dyn QuotaSink>>>,
 }
 
 type Subscribers = Arc<Mutex<HashMap<String, Subscriber>>>;
+
+/// Where the ResourceQuotas of the namespaces watched go, each time one changes (the
+/// budgets' ledger): the namespace and every quota it has that limits pods, CPU or memory
+/// requests, as their status shows them.
+pub trait QuotaSink: Send + Sync {
+    fn quotas(&self, namespace: &str, quotas: Vec<QuotaState>);
+}
+
+/// A ResourceQuota's status as a budget counts it (`None`: it limits nothing counted, or
+/// its status is not known yet).
+fn quota_state(quota: &ResourceQuota) -> Option<QuotaState> {
+    let name = quota.metadata.name.as_deref()?;
+    let status = quota.status.as_ref()?;
+    let hard = status.hard.as_ref()?;
+    let used = status.used.clone().unwrap_or_default();
+    QuotaState::of(
+        name,
+        hard.iter().map(|(k, v)| (k.as_str(), v.0.as_str())),
+        used.iter().map(|(k, v)| (k.as_str(), v.0.as_str())),
+    )
+}
 
 /// resourceVersions by pod name (one per executor pod followed: boxed, not `String`s).
 type Versions = HashMap<Box<str>, Box<str>>;
@@ -190,8 +214,15 @@ impl PodWatches {
                 synced: AtomicBool::new(false),
                 metrics,
                 readiness,
+                quota_sink: Mutex::new(None),
             }),
         }
+    }
+
+    /// Watches each namespace's ResourceQuotas too (beside its pods, in the same task),
+    /// into `sink`, from the next namespace watch started on.
+    pub fn follow_quotas(&self, sink: Arc<dyn QuotaSink>) {
+        *lock(&self.inner.quota_sink) = Some(sink);
     }
 
     /// True once a watch has completed its initial listing, or the API server answered
@@ -347,8 +378,23 @@ async fn run_watch(
             .map(move |event| (selection, event))
             .boxed()
     };
-    let mut stream =
-        futures::stream::select(watch(Selection::Executors), watch(Selection::Drivers));
+    let pods = futures::stream::select(watch(Selection::Executors), watch(Selection::Drivers))
+        .map(Watched::Pods);
+    // The namespace's ResourceQuotas, when the budgets follow them: in the same task, so a
+    // quota's state and the pods' reach the ledger in the order the API server sent them.
+    let sink = lock(&inner.quota_sink).clone();
+    let quota_events = match &sink {
+        Some(_) => {
+            let quotas: Api<ResourceQuota> = Api::namespaced(api.clone().into_client(), &namespace);
+            watcher(quotas, watcher::Config::default())
+                .default_backoff()
+                .map(Watched::Quotas)
+                .boxed()
+        }
+        None => futures::stream::pending().boxed(),
+    };
+    let mut stream = futures::stream::select(pods, quota_events);
+    let mut quotas = QuotaWatch::default();
     let mut executors_relisting: Option<Listing> = None;
     let mut drivers_relisting: Option<Listing> = None;
     // Synced once both selections completed their first listing.
@@ -365,8 +411,15 @@ async fn run_watch(
                 continue;
             }
         };
-        let Some((selection, event)) = event else {
-            break;
+        let (selection, event) = match event {
+            None => break,
+            Some(Watched::Pods(pair)) => pair,
+            Some(Watched::Quotas(event)) => {
+                if let Some(sink) = &sink {
+                    quotas.take(event, sink.as_ref(), &namespace, &inner);
+                }
+                continue;
+            }
         };
         let relisting = match selection {
             Selection::Executors => &mut executors_relisting,
@@ -409,6 +462,69 @@ async fn run_watch(
                 tracing::warn!(%namespace, ?selection, error = %err, "pod watch failed; retrying with backoff");
             }
         }
+    }
+}
+
+/// What a namespace's watch task hears: its pods (by selection) or its ResourceQuotas.
+/// Not boxed: each item is moved once out of the stream, as the pod events were before,
+/// and boxing the pods' would cost an allocation per pod event.
+#[allow(clippy::large_enum_variant)]
+enum Watched {
+    Pods((Selection, Result<watcher::Event<Pod>, watcher::Error>)),
+    Quotas(Result<watcher::Event<ResourceQuota>, watcher::Error>),
+}
+
+/// A namespace's ResourceQuotas as the watch has them.
+#[derive(Default)]
+struct QuotaWatch {
+    current: std::collections::BTreeMap<String, QuotaState>,
+    /// A relist under way (Init … InitDone).
+    relisting: Option<std::collections::BTreeMap<String, QuotaState>>,
+}
+
+impl QuotaWatch {
+    /// Takes in one event; the quotas go to `sink` whenever they changed.
+    fn take(
+        &mut self,
+        event: Result<watcher::Event<ResourceQuota>, watcher::Error>,
+        sink: &dyn QuotaSink,
+        namespace: &str,
+        inner: &Inner,
+    ) {
+        let name = |q: &ResourceQuota| q.metadata.name.clone().unwrap_or_default();
+        match event {
+            Ok(watcher::Event::Apply(quota)) => match quota_state(&quota) {
+                Some(state) => {
+                    self.current.insert(name(&quota), state);
+                }
+                None => {
+                    self.current.remove(&name(&quota));
+                }
+            },
+            Ok(watcher::Event::Delete(quota)) => {
+                self.current.remove(&name(&quota));
+            }
+            Ok(watcher::Event::Init) => {
+                self.relisting = Some(Default::default());
+                return;
+            }
+            Ok(watcher::Event::InitApply(quota)) => {
+                if let (Some(listing), Some(state)) = (self.relisting.as_mut(), quota_state(&quota))
+                {
+                    listing.insert(name(&quota), state);
+                }
+                return;
+            }
+            Ok(watcher::Event::InitDone) => {
+                self.current = self.relisting.take().unwrap_or_default();
+            }
+            Err(err) => {
+                inner.metrics.watch_failed(watch_error_code(&err));
+                tracing::warn!(%namespace, error = %err, "resourcequota watch failed; retrying with backoff");
+                return;
+            }
+        }
+        sink.quotas(namespace, self.current.values().cloned().collect());
     }
 }
 

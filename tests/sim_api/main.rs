@@ -15,6 +15,7 @@ use test_kit::sim::*;
 mod config_maps_and_leases;
 mod objects;
 mod pods;
+mod quotas;
 mod selectors;
 mod services_and_claims;
 mod watches;

@@ -7,6 +7,7 @@ mod node;
 mod objects;
 mod process;
 mod protobuf;
+mod quota;
 pub mod selector;
 mod server;
 mod settings;

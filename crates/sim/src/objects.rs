@@ -48,6 +48,7 @@ pub fn check_schema(kind: Kind, obj: &Value) -> Result<(), ApiError> {
         }
         Kind::Lease => serde_json::from_value::<Lease>(obj.clone()).map(drop),
         Kind::Secret => serde_json::from_value::<v1::Secret>(obj.clone()).map(drop),
+        Kind::ResourceQuota => serde_json::from_value::<v1::ResourceQuota>(obj.clone()).map(drop),
     };
     result.map_err(|e| {
         ApiError::bad_request(format!(
@@ -351,7 +352,7 @@ pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &s
         Kind::Service => default_service(obj, uid),
         Kind::PersistentVolumeClaim => bind_claim(obj, uid),
         Kind::Secret => default_secret(obj),
-        Kind::ConfigMap | Kind::Lease => {}
+        Kind::ConfigMap | Kind::Lease | Kind::ResourceQuota => {}
     }
 }
 

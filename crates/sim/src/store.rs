@@ -29,11 +29,14 @@ pub enum Kind {
     Lease,
     /// core/v1 secrets (stored only: no pod mounts them).
     Secret,
+    /// core/v1 resourcequotas: pods, requests.cpu and requests.memory enforced at pod
+    /// creation, `status` kept as the resourcequota controller keeps it (see `quota`).
+    ResourceQuota,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::ConfigMap,
@@ -41,6 +44,7 @@ impl Kind {
         Kind::PersistentVolumeClaim,
         Kind::Lease,
         Kind::Secret,
+        Kind::ResourceQuota,
     ];
 
     fn index(self) -> usize {
@@ -56,6 +60,7 @@ impl Kind {
             Kind::PersistentVolumeClaim => "persistentvolumeclaims",
             Kind::Lease => "leases",
             Kind::Secret => "secrets",
+            Kind::ResourceQuota => "resourcequotas",
         }
     }
     /// The `kind` of one object.
@@ -68,6 +73,7 @@ impl Kind {
             Kind::PersistentVolumeClaim => "PersistentVolumeClaim",
             Kind::Lease => "Lease",
             Kind::Secret => "Secret",
+            Kind::ResourceQuota => "ResourceQuota",
         }
     }
     /// The API group (`""` for core).
@@ -96,6 +102,7 @@ impl Kind {
             Kind::ConfigMap => &["cm"],
             Kind::Service => &["svc"],
             Kind::PersistentVolumeClaim => &["pvc"],
+            Kind::ResourceQuota => &["quota"],
             Kind::Lease | Kind::Secret => &[],
         }
     }
@@ -370,9 +377,27 @@ impl Store {
             }
             name = name_for();
         }
-        let value = fill(&name);
+        let mut value = fill(&name);
+        match kind {
+            Kind::Pod => {
+                let quotas: Vec<&Value> = Self::in_namespace(&g, Kind::ResourceQuota, ns)
+                    .map(|s| &*s.value)
+                    .collect();
+                if !quotas.is_empty() {
+                    let used = Self::pod_usage(&g, ns);
+                    crate::quota::admit(&name, &value, &quotas, used)?;
+                }
+            }
+            Kind::ResourceQuota => {
+                value = crate::quota::with_status(value, Self::pod_usage(&g, ns))
+            }
+            _ => {}
+        }
         let stored = self.commit(&mut g, kind, ns, EventType::Added, value, None);
         g.objects[kind.index()].insert((ns.to_string(), name), stored.clone());
+        if kind == Kind::Pod {
+            self.refresh_quotas(&mut g, ns);
+        }
         Ok(stored)
     }
 
@@ -443,6 +468,9 @@ impl Store {
         let Some(mut value) = change(&current.value)? else {
             return Ok(current);
         };
+        if kind == Kind::ResourceQuota {
+            value = crate::quota::with_status(value, Self::pod_usage(&g, ns));
+        }
         // Compare ignoring the version the client sent: a no-op change keeps the version.
         if let (Some(meta), Some(rv)) = (
             value.get_mut("metadata").and_then(Value::as_object_mut),
@@ -455,7 +483,55 @@ impl Store {
         }
         let stored = self.commit(&mut g, kind, ns, EventType::Modified, value, Some(current));
         g.objects[kind.index()].insert(key, stored.clone());
+        if kind == Kind::Pod {
+            self.refresh_quotas(&mut g, ns);
+        }
         Ok(stored)
+    }
+
+    /// The objects of `kind` in `ns`.
+    fn in_namespace<'a>(g: &'a Inner, kind: Kind, ns: &str) -> impl Iterator<Item = &'a Stored> {
+        let ns = ns.to_string();
+        g.objects[kind.index()]
+            .range((ns.clone(), String::new())..)
+            .take_while(move |((n, _), _)| *n == ns)
+            .map(|(_, s)| s)
+    }
+
+    /// What the pods of `ns` count against its quotas.
+    fn pod_usage(g: &Inner, ns: &str) -> [u64; 3] {
+        crate::quota::usage(Self::in_namespace(g, Kind::Pod, ns).map(|s| &*s.value))
+    }
+
+    /// The resourcequota controller's work, done at once after a pod of `ns` changed: each
+    /// quota's `status.used` follows the namespace's pods (a MODIFIED event when it moves).
+    fn refresh_quotas(&self, g: &mut Inner, ns: &str) {
+        let quotas: Vec<Stored> = Self::in_namespace(g, Kind::ResourceQuota, ns)
+            .cloned()
+            .collect();
+        if quotas.is_empty() {
+            return;
+        }
+        let used = Self::pod_usage(g, ns);
+        for quota in quotas {
+            let value = crate::quota::with_status((*quota.value).clone(), used);
+            if value == *quota.value {
+                continue;
+            }
+            let Some(name) = value.pointer("/metadata/name").and_then(Value::as_str) else {
+                continue;
+            };
+            let key = (ns.to_string(), name.to_string());
+            let stored = self.commit(
+                g,
+                Kind::ResourceQuota,
+                ns,
+                EventType::Modified,
+                value,
+                Some(quota),
+            );
+            g.objects[Kind::ResourceQuota.index()].insert(key, stored);
+        }
     }
 
     /// Deletes one object as `decide` says. Returns its last state and whether it is gone.
@@ -499,6 +575,9 @@ impl Store {
                 g.objects[kind.index()].remove(&key);
                 let last = (*previous.value).clone();
                 let stored = self.commit(g, kind, ns, EventType::Deleted, last, Some(previous));
+                if kind == Kind::Pod {
+                    self.refresh_quotas(g, ns);
+                }
                 Ok((stored, true))
             }
         }

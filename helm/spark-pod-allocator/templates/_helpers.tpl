@@ -117,6 +117,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "scheduler_names" $p.schedulerNames
   "allowed_storage_classes" $p.allowedStorageClasses
   "max_claim_size" $p.maxClaimSize) -}}
+{{- $b := .Values.budgets -}}
+{{- $budgets := list -}}
+{{- range $b.items }}
+{{- $entry := dict "max_executors" (int .maxExecutors) -}}
+{{- if .name }}{{ $_ := set $entry "name" .name }}{{ end -}}
+{{- if .namespace }}{{ $_ := set $entry "namespace" .namespace }}{{ end -}}
+{{- if .queue }}{{ $_ := set $entry "queue" .queue }}{{ end -}}
+{{- if not (kindIs "invalid" .maxPending) }}{{ $_ := set $entry "max_pending" (int .maxPending) }}{{ end -}}
+{{- if not (kindIs "invalid" .maxCpu) }}{{ $_ := set $entry "max_cpu" (toString .maxCpu) }}{{ end -}}
+{{- if not (kindIs "invalid" .maxMemory) }}{{ $_ := set $entry "max_memory" (toString .maxMemory) }}{{ end -}}
+{{- $budgets = append $budgets $entry -}}
+{{- end -}}
+{{- $_ := set $config "budgets" $budgets -}}
+{{- if $b.queueLabel }}{{ $_ := set $config "budgets_queue_label" $b.queueLabel }}{{ end -}}
+{{- $_ := set $config "budgets_max_weight" (int $b.maxWeight) -}}
+{{- $_ := set $config "budgets_reload_interval_ms" (int $b.reloadIntervalMs) -}}
+{{- $_ := set $config "budgets_follow_quotas" $b.followQuotas -}}
 {{- $t := .Values.tenants -}}
 {{- $_ := set $config "tenants" (dict
   "max_applications_per_identity" $t.maxApplicationsPerIdentity

@@ -76,6 +76,13 @@ fn takes_only_the_excess_oldest_first() {
         plan,
         RoundPlan {
             outstanding: true,
+            // What a budget counts: the 2 pending pods not deleted.
+            usage: AllocationUse {
+                wanted: 2,
+                using: 2,
+                pending: 2,
+                seen: 2,
+            },
             ..RoundPlan::default()
         }
     );

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::*;
 
 mod adaptive;
+mod budgets;
 mod claims;
 mod deleted_set;
 mod downscale;

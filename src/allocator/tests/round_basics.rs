@@ -188,7 +188,8 @@ fn status_reports_each_profile() {
             target: 3,
             running: 1,
             pending: 1,
-            newly_created: 1
+            newly_created: 1,
+            held: 0,
         }
     );
     assert_eq!(
@@ -197,7 +198,8 @@ fn status_reports_each_profile() {
             target: 1,
             running: 0,
             pending: 0,
-            newly_created: 1
+            newly_created: 1,
+            held: 0,
         }
     );
     assert_eq!(status.last_executor_id, 4);

@@ -42,6 +42,8 @@ pub(crate) struct ActorReport {
     pub backoff_until: Option<Timestamp>,
     /// Executors that failed or cannot start.
     pub failed_executors: Vec<ExecutorFailure>,
+    /// The budget that held executors back in the last round, when it held any.
+    pub held_by: Option<crate::app::budgets::HeldBy>,
 }
 
 /// The driver pod of an application, as its actor follows it.

@@ -43,6 +43,8 @@ pub(crate) struct ActorParts {
 /// application lives.
 pub(crate) struct ApplicationParts {
     pub app_id: String,
+    /// Its place in the budgets' ledger (it leaves when the actor ends).
+    pub budget: crate::app::budgets::BudgetMembership,
     pub namespace: String,
     pub engine: Engine,
     pub clock: Arc<dyn Clock>,

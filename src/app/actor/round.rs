@@ -5,9 +5,10 @@ use std::collections::BTreeSet;
 use super::phase::Phase;
 use super::serve::ApplicationActor;
 use super::work::{CreateResults, UpkeepDone, UpkeepWork, Work, not_recorded};
+use crate::allocator::budget::{self, BudgetClaim, ExecutorCost};
 use crate::allocator::{
-    CreateOutcomes, CreateRefusal, DeleteRequest, ExecutorId, ExecutorState, ResourceProfileId,
-    RoundPlan,
+    AllocationUse, CreateOutcomes, CreateRefusal, DeleteRequest, ExecutorId, ExecutorState,
+    ResourceProfileId, RoundPlan, SnapshotBatch, Timestamp,
 };
 use crate::app::failures::create_failure_cause;
 use crate::k8s::{CreateError, ExecutorCreate};
@@ -20,12 +21,49 @@ impl ApplicationActor {
         let Some(batch) = self.feed.store_mut().poll(now) else {
             return;
         };
-        let plan = self.engine.allocator.round(batch, now);
+        let plan = self.round_within_budgets(batch, now);
         self.export_counts();
         self.note_plan(&plan);
         let upkeep = self.upkeep(plan.deletes, &plan.creates, plan.still_wanted);
         let pods = self.build_pods(plan.creates);
         self.send_round(upkeep, pods);
+    }
+
+    /// The engine's round within the room the application's budgets leave it: asked of
+    /// the ledger once the round has counted, reported back with what the round asked for.
+    fn round_within_budgets(&mut self, batch: SnapshotBatch, now: Timestamp) -> RoundPlan {
+        let engine = &mut self.engine;
+        // An executor costs the budget what the largest of the profiles asked for costs.
+        let cost = (engine.allocator.targets().keys())
+            .filter_map(|profile| engine.builder.template(*profile))
+            .map(budget::executor_cost)
+            .fold(ExecutorCost::default(), ExecutorCost::max);
+        let claim = |usage: &AllocationUse| BudgetClaim {
+            weight: 1,
+            wanted: usage.wanted,
+            using: usage.using,
+            pending: usage.pending,
+            seen: usage.seen,
+            cost,
+        };
+        let membership = &self.budget;
+        let mut bound = None;
+        let plan = engine.allocator.round_within(batch, now, &mut |usage| {
+            let grant = membership.room(claim(usage));
+            bound = grant.bound;
+            grant.room
+        });
+        let held: u64 = plan.held.values().map(|h| u64::from(*h)).sum();
+        membership.report(claim(&plan.usage), held, bound.as_ref());
+        if held > 0
+            && self.held_by.is_none()
+            && let Some(by) = &bound
+        {
+            tracing::info!(held, budget = %by.budget, resource = by.resource.name(), used = by.used,
+                limit = by.limit, share = by.share, "executors held by a budget");
+        }
+        self.held_by = bound.filter(|_| held > 0);
+        plan
     }
 
     /// Logs what the plan gave up on; timed-out requests are no longer timed. Stuck
@@ -232,7 +270,11 @@ impl ApplicationActor {
         self.outbox.cleanup = false;
         match result {
             Ok(deleted) => {
-                tracing::info!(deleted, "executor pods deleted after the driver ended")
+                tracing::info!(deleted, "executor pods deleted after the driver ended");
+                // Its executors are gone: the others under its budgets need not wait for
+                // the application to be forgotten.
+                self.budget.report(BudgetClaim::default(), 0, None);
+                self.held_by = None;
             }
             Err(_) => {
                 // Logged with the reason by the worker.

@@ -12,6 +12,7 @@ use super::requests::RequestTimes;
 use super::schedule::Scheduler;
 use super::work::{Outbox, Work, WorkDone};
 use crate::allocator::{ExecutorId, ResourceProfileId};
+use crate::app::budgets::{BudgetMembership, HeldBy};
 use crate::app::error::AppError;
 use crate::app::failures::Failures;
 use crate::app::feed::Feed;
@@ -24,6 +25,10 @@ use crate::time::Clock;
 /// its work in flight. Only its own task touches it.
 pub(crate) struct ApplicationActor {
     pub(super) app_id: String,
+    /// Its place in the budgets' ledger; dropped with the actor, which leaves it.
+    pub(super) budget: BudgetMembership,
+    /// The budget that held executors back in the last round, when it held any.
+    pub(super) held_by: Option<HeldBy>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) engine: Engine,
     /// The driver's life and the application's phase.
@@ -67,6 +72,7 @@ impl ApplicationActor {
     pub(super) fn new(app: ApplicationParts, metrics: Metrics, outbox: Outbox) -> Self {
         let ApplicationParts {
             app_id,
+            budget,
             namespace: _,
             engine,
             clock,
@@ -77,6 +83,8 @@ impl ApplicationActor {
         } = app;
         Self {
             app_id,
+            budget,
+            held_by: None,
             clock,
             engine,
             life: Life::new(driver, forget),
@@ -276,6 +284,7 @@ impl ApplicationActor {
             create_failures: self.failures.creates().clone(),
             backoff_until: self.schedule.backoff_until(now),
             failed_executors: self.failures.executors(),
+            held_by: self.held_by.clone(),
         }
     }
 
@@ -336,6 +345,8 @@ impl ApplicationActor {
         // Only new targets call a round early (a repeated Start registers templates only).
         if !targets.is_empty() {
             let idle = engine.allocator.set_targets(targets);
+            let wanted = engine.allocator.targets().values().map(|t| u64::from(*t));
+            self.budget.wanting(wanted.sum());
             self.schedule.targets_changed(self.feed.store_mut(), idle);
         }
         self.update_registration();

@@ -49,7 +49,7 @@ EXECUTOR_POD_STATE_TERMINATING: ExecutorPodState
 EXECUTOR_POD_STATE_UNKNOWN: ExecutorPodState
 
 class AllocationSettings(_message.Message):
-    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers", "policy", "stuck_pending_timeout_ms", "min_executors_at_once", "driver_owns_claims", "reuse_claims", "wait_to_reuse_claims", "max_claims")
+    __slots__ = ("batch_size", "batch_delay_ms", "executor_timeout_ms", "executor_idle_timeout_ms", "max_pending_pods", "max_pending_pods_per_profile", "max_executors", "delete_on_termination", "executor_container_name", "check_all_containers", "policy", "stuck_pending_timeout_ms", "min_executors_at_once", "driver_owns_claims", "reuse_claims", "wait_to_reuse_claims", "max_claims", "budget_weight")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class AllocationSettings(_message.Message):
     REUSE_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     WAIT_TO_REUSE_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     MAX_CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     batch_delay_ms: int
     executor_timeout_ms: int
@@ -84,7 +85,8 @@ class AllocationSettings(_message.Message):
     reuse_claims: bool
     wait_to_reuse_claims: bool
     max_claims: int
-    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ..., policy: _Optional[_Union[AllocationPolicy, str]] = ..., stuck_pending_timeout_ms: _Optional[int] = ..., min_executors_at_once: _Optional[int] = ..., driver_owns_claims: _Optional[bool] = ..., reuse_claims: _Optional[bool] = ..., wait_to_reuse_claims: _Optional[bool] = ..., max_claims: _Optional[int] = ...) -> None: ...
+    budget_weight: int
+    def __init__(self, batch_size: _Optional[int] = ..., batch_delay_ms: _Optional[int] = ..., executor_timeout_ms: _Optional[int] = ..., executor_idle_timeout_ms: _Optional[int] = ..., max_pending_pods: _Optional[int] = ..., max_pending_pods_per_profile: _Optional[int] = ..., max_executors: _Optional[int] = ..., delete_on_termination: _Optional[bool] = ..., executor_container_name: _Optional[str] = ..., check_all_containers: _Optional[bool] = ..., policy: _Optional[_Union[AllocationPolicy, str]] = ..., stuck_pending_timeout_ms: _Optional[int] = ..., min_executors_at_once: _Optional[int] = ..., driver_owns_claims: _Optional[bool] = ..., reuse_claims: _Optional[bool] = ..., wait_to_reuse_claims: _Optional[bool] = ..., max_claims: _Optional[int] = ..., budget_weight: _Optional[int] = ...) -> None: ...
 
 class StartRequest(_message.Message):
     __slots__ = ("application_id", "namespace", "driver_pod_name", "executor_pod_template", "pod_name_prefix", "settings", "resource_profile_templates", "executor_claim_templates")
@@ -194,7 +196,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, application_id: _Optional[str] = ...) -> None: ...
 
 class ProfileStatus(_message.Message):
-    __slots__ = ("resource_profile_id", "target", "running", "pending", "newly_created", "last_create_failure", "backoff_until_ms")
+    __slots__ = ("resource_profile_id", "target", "running", "pending", "newly_created", "last_create_failure", "backoff_until_ms", "held", "held_by")
     RESOURCE_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +204,8 @@ class ProfileStatus(_message.Message):
     NEWLY_CREATED_FIELD_NUMBER: _ClassVar[int]
     LAST_CREATE_FAILURE_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HELD_BY_FIELD_NUMBER: _ClassVar[int]
     resource_profile_id: int
     target: int
     running: int
@@ -209,7 +213,23 @@ class ProfileStatus(_message.Message):
     newly_created: int
     last_create_failure: CreateFailure
     backoff_until_ms: int
-    def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ..., last_create_failure: _Optional[_Union[CreateFailure, _Mapping]] = ..., backoff_until_ms: _Optional[int] = ...) -> None: ...
+    held: int
+    held_by: BudgetHold
+    def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ..., last_create_failure: _Optional[_Union[CreateFailure, _Mapping]] = ..., backoff_until_ms: _Optional[int] = ..., held: _Optional[int] = ..., held_by: _Optional[_Union[BudgetHold, _Mapping]] = ...) -> None: ...
+
+class BudgetHold(_message.Message):
+    __slots__ = ("budget", "resource", "used", "limit", "share")
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    budget: str
+    resource: str
+    used: int
+    limit: int
+    share: int
+    def __init__(self, budget: _Optional[str] = ..., resource: _Optional[str] = ..., used: _Optional[int] = ..., limit: _Optional[int] = ..., share: _Optional[int] = ...) -> None: ...
 
 class CreateFailure(_message.Message):
     __slots__ = ("http_code", "code", "reason", "message", "time_ms", "consecutive_failures", "total_failures")

@@ -663,6 +663,7 @@ async fn admin(
                 "persistentvolumeclaims": sh.store.count(Kind::PersistentVolumeClaim, None),
                 "leases": sh.store.count(Kind::Lease, None),
                 "secrets": sh.store.count(Kind::Secret, None),
+                "resourcequotas": sh.store.count(Kind::ResourceQuota, None),
                 "namespaces": sh.store.count(Kind::Namespace, None),
             }),
         )),

@@ -1,0 +1,583 @@
+//! Budgets shared by applications: the pure arithmetic of fair division (issue 24).
+//!
+//! A budget caps what the applications under it (a namespace's, or a queue's) may have at
+//! once: executors, and optionally pending executors, CPU and memory requests. When their
+//! demand adds up to more, each application gets a weighted max-min fair share
+//! ([`fair_shares`]), and [`room`] says how many more executors one application may ask
+//! for now: up to its share, and never beyond what the budget has free. Nothing is ever
+//! taken back (admission, not preemption): an application above its share keeps its
+//! executors and creates no more until it is below it.
+//!
+//! Everything here is a function of the numbers given: the owner of a budget's
+//! accounting (`app::budgets`) keeps each application's last claim and asks this module.
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::claims::quantity_bytes;
+
+/// What a budget allows at once over its applications (units: executors, millicores,
+/// bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BudgetLimits {
+    pub max_executors: u64,
+    pub max_pending: Option<u64>,
+    pub max_cpu_millis: Option<u64>,
+    pub max_memory_bytes: Option<u64>,
+}
+
+/// What one executor of an application costs a budget: the CPU and memory requests of its
+/// pod, as the API server's quota counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExecutorCost {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+impl ExecutorCost {
+    /// The larger of each (an application with profiles of several shapes is counted at
+    /// its largest, so it never goes over).
+    pub fn max(self, other: Self) -> Self {
+        Self {
+            cpu_millis: self.cpu_millis.max(other.cpu_millis),
+            memory_bytes: self.memory_bytes.max(other.memory_bytes),
+        }
+    }
+}
+
+/// The requests of one pod, as the quota counts them: the sum over its containers, or the
+/// largest init container's if larger, plus the pod's overhead. A container that sets a
+/// limit and no request requests its limit (the API server defaults it so).
+pub fn executor_cost(pod: &Pod) -> ExecutorCost {
+    let Some(spec) = &pod.spec else {
+        return ExecutorCost::default();
+    };
+    let sum = spec
+        .containers
+        .iter()
+        .fold(ExecutorCost::default(), |acc, c| {
+            let one = container_requests(c);
+            ExecutorCost {
+                cpu_millis: acc.cpu_millis.saturating_add(one.cpu_millis),
+                memory_bytes: acc.memory_bytes.saturating_add(one.memory_bytes),
+            }
+        });
+    let init = (spec.init_containers.iter().flatten())
+        .map(container_requests)
+        .fold(ExecutorCost::default(), ExecutorCost::max);
+    let mut cost = sum.max(init);
+    if let Some(overhead) = &spec.overhead {
+        cost.cpu_millis = cost
+            .cpu_millis
+            .saturating_add(overhead.get("cpu").map_or(0, |q| cpu_millis(&q.0)));
+        cost.memory_bytes = cost
+            .memory_bytes
+            .saturating_add(overhead.get("memory").map_or(0, |q| memory_bytes(&q.0)));
+    }
+    cost
+}
+
+fn container_requests(container: &Container) -> ExecutorCost {
+    let Some(resources) = &container.resources else {
+        return ExecutorCost::default();
+    };
+    let get = |name: &str| {
+        resources
+            .requests
+            .as_ref()
+            .and_then(|r| r.get(name))
+            .or_else(|| resources.limits.as_ref().and_then(|l| l.get(name)))
+    };
+    ExecutorCost {
+        cpu_millis: get("cpu").map_or(0, |q| cpu_millis(&q.0)),
+        memory_bytes: get("memory").map_or(0, |q| memory_bytes(&q.0)),
+    }
+}
+
+/// A CPU quantity (`2`, `500m`, `1.5`) in millicores, rounded up; 0 when it does not parse.
+pub fn cpu_millis(text: &str) -> u64 {
+    parse_cpu_millis(text).unwrap_or(0)
+}
+
+/// A CPU quantity in millicores, rounded up; `None` when it does not parse or fit.
+pub fn parse_cpu_millis(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let millis = match text.strip_suffix('m') {
+        Some(m) => quantity_bytes(m)?,
+        // `quantity_bytes` rounds up a fraction of a unit; scale first.
+        None => quantity_bytes(&format!("{text}e3")).or_else(|| {
+            let units = quantity_bytes(text)?;
+            units.checked_mul(1000)
+        })?,
+    };
+    u64::try_from(millis).ok()
+}
+
+/// A memory quantity (`4Gi`, `512M`) in bytes; 0 when it does not parse.
+pub fn memory_bytes(text: &str) -> u64 {
+    quantity_bytes(text)
+        .and_then(|b| u64::try_from(b).ok())
+        .unwrap_or(0)
+}
+
+/// Weighted max-min fair division of `capacity` units among demands `(weight, demand)`
+/// (weights ≥ 1), in the order given. Water-filling: an application asking no more than
+/// its weighted part of what is left gets all it asks, and what it leaves is divided
+/// again among the others; once every remaining one asks more, each gets
+/// `floor(left × weight / Σ weights)`, and the units those floors leave over (fewer than
+/// the applications) go one each to the largest fractional parts, ties to the earlier in
+/// the order given (the ledger orders by namespace, then application id, so the same
+/// application gets the extra unit every round). So 30 over three equal demands of 30 is
+/// 10/10/10; over weights 2:1:1 it is 15/8/7. A share never exceeds its demand, and the
+/// shares add up to `min(capacity, Σ demands)`.
+pub fn fair_shares(capacity: u64, claims: &[(u32, u64)]) -> Vec<u64> {
+    let mut shares = vec![0u64; claims.len()];
+    let mut open: Vec<usize> = (0..claims.len()).filter(|i| claims[*i].1 > 0).collect();
+    let mut left = capacity;
+    loop {
+        if open.is_empty() || left == 0 {
+            return shares;
+        }
+        let weights: u128 = open.iter().map(|i| u128::from(claims[*i].0.max(1))).sum();
+        // Those asking no more than their part of what is left get all they ask.
+        let (satisfied, rest): (Vec<usize>, Vec<usize>) = open.iter().partition(|i| {
+            let (weight, demand) = claims[**i];
+            u128::from(demand) * weights <= u128::from(left) * u128::from(weight.max(1))
+        });
+        if satisfied.is_empty() {
+            break;
+        }
+        for i in satisfied {
+            shares[i] = claims[i].1;
+            left -= claims[i].1;
+        }
+        open = rest;
+    }
+    let weights: u128 = open.iter().map(|i| u128::from(claims[*i].0.max(1))).sum();
+    let mut fractions = Vec::with_capacity(open.len());
+    let mut given = 0u64;
+    for (position, i) in open.iter().enumerate() {
+        let part = u128::from(left) * u128::from(claims[*i].0.max(1));
+        let whole = u64::try_from(part / weights).unwrap_or(u64::MAX);
+        shares[*i] = whole;
+        given += whole;
+        fractions.push((part % weights, position, *i));
+    }
+    fractions.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (_, _, i) in fractions
+        .into_iter()
+        .take(usize::try_from(left - given).unwrap_or(0))
+    {
+        shares[i] += 1;
+    }
+    shares
+}
+
+/// A namespace's ResourceQuota as its status shows it, for the resources a budget counts
+/// (`pods`; `requests.cpu` or `cpu` in millicores; `requests.memory` or `memory` in
+/// bytes); `None` where the quota does not limit it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QuotaState {
+    pub name: String,
+    pub hard_pods: Option<u64>,
+    pub hard_cpu_millis: Option<u64>,
+    pub hard_memory_bytes: Option<u64>,
+    pub used_pods: u64,
+    pub used_cpu_millis: u64,
+    pub used_memory_bytes: u64,
+}
+
+impl QuotaState {
+    /// The quota of `status` (`hard`, `used`: resource name → quantity text); `None` when
+    /// it limits none of the resources counted here (or its status is not known yet).
+    pub fn of<'a>(
+        name: &str,
+        hard: impl Iterator<Item = (&'a str, &'a str)>,
+        used: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> Option<Self> {
+        let mut quota = Self {
+            name: name.to_string(),
+            ..Self::default()
+        };
+        for (key, value) in hard {
+            match key {
+                "pods" => quota.hard_pods = Some(memory_bytes(value)),
+                "requests.cpu" | "cpu" => quota.hard_cpu_millis = parse_cpu_millis(value),
+                "requests.memory" | "memory" => quota.hard_memory_bytes = Some(memory_bytes(value)),
+                _ => {}
+            }
+        }
+        for (key, value) in used {
+            match key {
+                "pods" => quota.used_pods = memory_bytes(value),
+                "requests.cpu" | "cpu" => quota.used_cpu_millis = cpu_millis(value),
+                "requests.memory" | "memory" => quota.used_memory_bytes = memory_bytes(value),
+                _ => {}
+            }
+        }
+        (quota.hard_pods.is_some()
+            || quota.hard_cpu_millis.is_some()
+            || quota.hard_memory_bytes.is_some())
+        .then_some(quota)
+    }
+
+    /// The quota as a budget over the service's applications of its namespace, whose
+    /// `claims` are those: what the quota leaves them is its hard limit less what others
+    /// use (its `used` less the applications' executors already seen, which it counts;
+    /// executors asked for and not yet seen count as others too until they are seen, so
+    /// the estimate errs on the side of creating less).
+    pub fn as_limits(&self, claims: &[BudgetClaim]) -> BudgetLimits {
+        let seen: u64 = claims.iter().map(|c| c.seen).sum();
+        let seen_cpu: u64 = (claims.iter())
+            .map(|c| c.seen.saturating_mul(c.cost.cpu_millis))
+            .sum();
+        let seen_memory: u64 = (claims.iter())
+            .map(|c| c.seen.saturating_mul(c.cost.memory_bytes))
+            .sum();
+        let left = |hard: u64, used: u64, ours: u64| hard.saturating_sub(used.saturating_sub(ours));
+        BudgetLimits {
+            max_executors: self
+                .hard_pods
+                .map_or(u64::MAX, |hard| left(hard, self.used_pods, seen)),
+            max_pending: None,
+            max_cpu_millis: self
+                .hard_cpu_millis
+                .map(|hard| left(hard, self.used_cpu_millis, seen_cpu)),
+            max_memory_bytes: self
+                .hard_memory_bytes
+                .map(|hard| left(hard, self.used_memory_bytes, seen_memory)),
+        }
+    }
+}
+
+/// One application's claim on a budget, in executors (a round's counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BudgetClaim {
+    /// Its weight (≥ 1).
+    pub weight: u32,
+    /// Executors it wants: per profile the larger of its target and what it has.
+    pub wanted: u64,
+    /// Executors it has or asked for (running, pending, requested and not seen).
+    pub using: u64,
+    /// Of those, not running (pending, requested and not seen).
+    pub pending: u64,
+    /// Of `using`, those whose pods have been seen (a ResourceQuota counts them).
+    pub seen: u64,
+    /// What one of its executors costs.
+    pub cost: ExecutorCost,
+}
+
+impl BudgetClaim {
+    /// What its targets still lack.
+    pub fn lacking(&self) -> u64 {
+        self.wanted.saturating_sub(self.using)
+    }
+}
+
+/// A resource of a budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BudgetResource {
+    Executors,
+    Pending,
+    Cpu,
+    Memory,
+}
+
+impl BudgetResource {
+    /// Its name in the configuration's and GetStatus's words.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Executors => "executors",
+            Self::Pending => "pending",
+            Self::Cpu => "cpu",
+            Self::Memory => "memory",
+        }
+    }
+}
+
+/// How many more executors one application may ask for under one budget, and which of the
+/// budget's resources bounds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// More executors it may ask for now.
+    pub executors: u64,
+    /// The resource that bounds it most (in that resource's unit: executors, millicores,
+    /// bytes), with the budget's use, limit and the application's share of it.
+    pub bound: Bound,
+}
+
+/// The resource of a budget that bounds an application's room, in its unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub resource: BudgetResource,
+    /// What the budget's applications use of it now.
+    pub used: u64,
+    pub limit: u64,
+    /// The application's fair share of it.
+    pub share: u64,
+}
+
+/// The room of `claims[who]` under `limits`, with every application of the budget's claim
+/// in `claims` (the order decides ties, see [`fair_shares`]). Per resource: its fair share
+/// of the limit, bounded by what it uses plus what the budget has free (what the others
+/// use is never taken back), in executors at its own cost; the room is the smallest.
+pub fn room(limits: &BudgetLimits, claims: &[BudgetClaim], who: usize) -> Room {
+    let mut best: Option<Room> = None;
+    let mut consider =
+        |resource: BudgetResource, limit: u64, per: fn(&BudgetClaim) -> (u64, u64), unit: u64| {
+            // (demand, use) of each claim in the resource's unit.
+            let amounts: Vec<(u64, u64)> = claims.iter().map(per).collect();
+            let demands: Vec<(u32, u64)> = claims
+                .iter()
+                .zip(&amounts)
+                .map(|(c, (demand, _))| (c.weight, *demand))
+                .collect();
+            let share = fair_shares(limit, &demands)[who];
+            let used: u64 = amounts.iter().map(|(_, u)| *u).fold(0, u64::saturating_add);
+            let free = limit.saturating_sub(used);
+            let mine = amounts[who].1;
+            let grant = share.min(mine.saturating_add(free));
+            // A resource the application's executors do not ask for never bounds it.
+            let executors = grant
+                .saturating_sub(mine)
+                .checked_div(unit)
+                .unwrap_or(u64::MAX);
+            if best.is_none_or(|b| executors < b.executors) {
+                best = Some(Room {
+                    executors,
+                    bound: Bound {
+                        resource,
+                        used,
+                        limit,
+                        share,
+                    },
+                });
+            }
+        };
+    consider(
+        BudgetResource::Executors,
+        limits.max_executors,
+        |c| (c.wanted.max(c.using), c.using),
+        1,
+    );
+    if let Some(limit) = limits.max_pending {
+        consider(
+            BudgetResource::Pending,
+            limit,
+            |c| (c.pending.saturating_add(c.lacking()), c.pending),
+            1,
+        );
+    }
+    let cost = claims[who].cost;
+    if let Some(limit) = limits.max_cpu_millis {
+        consider(
+            BudgetResource::Cpu,
+            limit,
+            |c| {
+                let each = c.cost.cpu_millis;
+                (
+                    c.wanted.max(c.using).saturating_mul(each),
+                    c.using.saturating_mul(each),
+                )
+            },
+            cost.cpu_millis,
+        );
+    }
+    if let Some(limit) = limits.max_memory_bytes {
+        consider(
+            BudgetResource::Memory,
+            limit,
+            |c| {
+                let each = c.cost.memory_bytes;
+                (
+                    c.wanted.max(c.using).saturating_mul(each),
+                    c.using.saturating_mul(each),
+                )
+            },
+            cost.memory_bytes,
+        );
+    }
+    // `consider` ran at least once (executors).
+    best.unwrap_or(Room {
+        executors: 0,
+        bound: Bound {
+            resource: BudgetResource::Executors,
+            used: 0,
+            limit: limits.max_executors,
+            share: 0,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_demands_over_capacity_share_it_equally() {
+        assert_eq!(fair_shares(30, &[(1, 30), (1, 30), (1, 30)]), [10, 10, 10]);
+        assert_eq!(fair_shares(30, &[(1, 30), (1, 30)]), [15, 15]);
+        assert_eq!(fair_shares(31, &[(1, 30), (1, 30), (1, 30)]), [11, 10, 10]);
+    }
+
+    #[test]
+    fn weights_divide_in_proportion_and_the_extra_unit_goes_to_the_first_of_a_tie() {
+        assert_eq!(fair_shares(30, &[(2, 30), (1, 30), (1, 30)]), [15, 8, 7]);
+        assert_eq!(fair_shares(30, &[(1, 30), (1, 30), (2, 30)]), [8, 7, 15]);
+        // The largest fraction first: 10 × 3/7 = 4.29, 10 × 4/7 = 5.71.
+        assert_eq!(fair_shares(10, &[(3, 10), (4, 10)]), [4, 6]);
+    }
+
+    #[test]
+    fn a_small_demand_is_met_and_what_it_leaves_goes_to_the_others() {
+        assert_eq!(fair_shares(30, &[(1, 4), (1, 30), (1, 30)]), [4, 13, 13]);
+        assert_eq!(fair_shares(30, &[(1, 4), (1, 12), (1, 30)]), [4, 12, 14]);
+        assert_eq!(fair_shares(30, &[(1, 0), (1, 30)]), [0, 30]);
+        assert_eq!(fair_shares(100, &[(1, 10), (5, 20)]), [10, 20]);
+        assert_eq!(fair_shares(0, &[(1, 10)]), [0]);
+    }
+
+    #[test]
+    fn shares_add_up_and_never_exceed_demands() {
+        let cases: &[(u64, &[(u32, u64)])] = &[
+            (17, &[(1, 5), (3, 9), (2, 40), (1, 1)]),
+            (1000, &[(7, 999), (1, 3), (100, 2000)]),
+            (5, &[(1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1, 1), (1, 1)]),
+        ];
+        for (capacity, claims) in cases {
+            let shares = fair_shares(*capacity, claims);
+            let total: u64 = claims.iter().map(|c| c.1).sum();
+            assert_eq!(
+                shares.iter().sum::<u64>(),
+                (*capacity).min(total),
+                "{claims:?}"
+            );
+            for (share, (_, demand)) in shares.iter().zip(claims.iter()) {
+                assert!(share <= demand, "{shares:?} {claims:?}");
+            }
+        }
+    }
+
+    fn claim(wanted: u64, using: u64) -> BudgetClaim {
+        BudgetClaim {
+            weight: 1,
+            wanted,
+            using,
+            pending: 0,
+            seen: using,
+            cost: ExecutorCost::default(),
+        }
+    }
+
+    fn limits(max_executors: u64) -> BudgetLimits {
+        BudgetLimits {
+            max_executors,
+            ..BudgetLimits::default()
+        }
+    }
+
+    #[test]
+    fn room_is_the_share_less_the_use_bounded_by_what_is_free() {
+        let claims = [claim(30, 0), claim(30, 0), claim(30, 0)];
+        assert_eq!(room(&limits(30), &claims, 0).executors, 10);
+        // One took 25 before the others asked: it keeps them (no preemption), and the
+        // others get only what is free.
+        let claims = [claim(30, 25), claim(30, 0), claim(30, 0)];
+        assert_eq!(room(&limits(30), &claims, 0).executors, 0);
+        assert_eq!(room(&limits(30), &claims, 1).executors, 5);
+        let bound = room(&limits(30), &claims, 1).bound;
+        assert_eq!(
+            (bound.resource, bound.used, bound.limit, bound.share),
+            (BudgetResource::Executors, 25, 30, 10)
+        );
+    }
+
+    #[test]
+    fn one_application_ending_lets_the_others_reach_the_new_share() {
+        let claims = [claim(30, 10), claim(30, 10)];
+        assert_eq!(room(&limits(30), &claims, 0).executors, 5);
+        assert_eq!(room(&limits(30), &claims, 1).executors, 5);
+    }
+
+    #[test]
+    fn pending_cpu_and_memory_bound_the_room_at_the_application_cost() {
+        let cost = ExecutorCost {
+            cpu_millis: 2000,
+            memory_bytes: 4 << 30,
+        };
+        let mut a = claim(30, 0);
+        a.cost = cost;
+        let mut b = a;
+        b.using = 4;
+        b.pending = 4;
+        let budget = BudgetLimits {
+            max_executors: 100,
+            max_pending: Some(10),
+            max_cpu_millis: Some(40_000),
+            max_memory_bytes: Some(64 << 30),
+        };
+        // Pending: shares of 10 over demands 30 and 30 (4 + 26) are 5/5; b has 4 → 1.
+        let r = room(&budget, &[a, b], 1);
+        assert_eq!(r.executors, 1);
+        assert_eq!(r.bound.resource, BudgetResource::Pending);
+        // Memory: 64 GiB is 16 executors of 4 GiB, 8 each; a has none, and 16 − 4 are free.
+        let budget = BudgetLimits {
+            max_pending: None,
+            ..budget
+        };
+        let r = room(&budget, &[a, b], 0);
+        assert_eq!((r.executors, r.bound.resource), (8, BudgetResource::Memory));
+        assert_eq!(r.bound.share, 32 << 30);
+    }
+
+    #[test]
+    fn a_quota_leaves_its_hard_limit_less_what_others_use() {
+        let quota = QuotaState::of(
+            "compute",
+            [("pods", "20"), ("requests.cpu", "10"), ("services", "5")].into_iter(),
+            [("pods", "14"), ("requests.cpu", "3500m")].into_iter(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                quota.hard_pods,
+                quota.hard_cpu_millis,
+                quota.hard_memory_bytes
+            ),
+            (Some(20), Some(10_000), None)
+        );
+        // 10 of the 14 pods are the applications' (seen); 4 are others'.
+        let mut a = claim(20, 6);
+        a.cost.cpu_millis = 250;
+        let mut b = claim(20, 4);
+        b.cost.cpu_millis = 250;
+        let limits = quota.as_limits(&[a, b]);
+        assert_eq!(limits.max_executors, 16);
+        assert_eq!(limits.max_cpu_millis, Some(10_000 - 1000));
+        assert_eq!(room(&limits, &[a, b], 1).executors, 4);
+        // A quota limiting nothing counted here is none.
+        assert!(QuotaState::of("x", [("services", "5")].into_iter(), std::iter::empty()).is_none());
+    }
+
+    #[test]
+    fn the_cost_of_a_pod_is_what_the_quota_counts() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}},
+                    {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "512Mi"}}}
+                ],
+                "initContainers": [
+                    {"name": "i", "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}}
+                ],
+                "overhead": {"cpu": "250m"}
+            }
+        }))
+        .unwrap();
+        let cost = executor_cost(&pod);
+        assert_eq!(cost.cpu_millis, 4250);
+        assert_eq!(cost.memory_bytes, (2 << 30) + (512 << 20));
+        assert_eq!(parse_cpu_millis("0.5"), Some(500));
+        assert_eq!(parse_cpu_millis("2"), Some(2000));
+        assert_eq!(parse_cpu_millis("100m"), Some(100));
+        assert_eq!(parse_cpu_millis("x"), None);
+    }
+}
