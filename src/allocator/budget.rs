@@ -1,4 +1,4 @@
-//! Budgets shared by applications: the pure arithmetic of fair division (issue 24).
+//! Budgets shared by applications: the pure arithmetic of fair division.
 //!
 //! A budget caps what the applications under it (a namespace's, or a queue's) may have at
 //! once: executors, and optionally pending executors, CPU and memory requests. When their

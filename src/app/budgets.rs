@@ -1,4 +1,4 @@
-//! Budgets shared by applications (`budgets` in the configuration, issue 24): the one
+//! Budgets shared by applications (`budgets` in the configuration): the one
 //! owner of their accounting, the [`Budgets`] ledger.
 //!
 //! Each application is its own actor, but a budget spans applications, so one small
