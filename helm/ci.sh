@@ -106,6 +106,7 @@ render cluster-wide --set rbac.clusterWide=true
 render cert-manager --set 'allowedNamespaces={spark}' --set tls.certManager.enabled=true \
   --set tls.certManager.issuerRef.name=spark-ca
 # Every safe default turned off: plaintext, no separate health listener, no NetworkPolicy.
+render one-replica --set 'allowedNamespaces={spark}' --set replicaCount=1
 render opted-out --set 'allowedNamespaces={spark}' --set tls.enabled=false --set health.port=null \
   --set networkPolicy.enabled=false --set-json 'auth.audiences=[]'
 render no-auth --set 'allowedNamespaces={spark}' --set auth.mode=none \
@@ -196,7 +197,9 @@ expect_refusal() {
 expect_refusal batchSize --set allocation.batchSize=-5
 expect_refusal batchDelayMs --set allocation.batchDelayMs=100
 expect_refusal maxPendingPods --set allocation.maxPendingPods=0
-expect_refusal replicaCount --set replicaCount=2
+expect_refusal replicaCount --set replicaCount=16
+expect_refusal "minAvailable must be below replicaCount" --set replicaCount=2 --set podDisruptionBudget.minAvailable=2 \
+  --set 'allowedNamespaces={spark}'
 expect_refusal requestAttempts --set kubernetes.requestAttempts=9
 expect_refusal pullPolicy --set image.pullPolicy=Sometimes
 expect_refusal allowedNamespaces --set 'allowedNamespaces={Bad_NS}'
@@ -395,6 +398,52 @@ if checked == 0:
 print(f"{checked} rendered PrometheusRules and dashboards match the chart's files")
 PY
 
+step "replicas: a PodDisruptionBudget and spreading with more than one, POD_IP for forwarding, the NetworkPolicy letting replicas reach each other"
+.venv-validate/bin/python - "$out" <<'PY'
+import os
+import sys
+
+import yaml
+
+out = sys.argv[1]
+problems = []
+for name in sorted(os.listdir(out)):
+    if not name.endswith(".yaml"):
+        continue
+    docs = [d for d in yaml.safe_load_all(open(os.path.join(out, name))) if d]
+    deployment = next((d for d in docs if d["kind"] == "Deployment"), None)
+    if deployment is None:
+        continue
+    replicas = deployment["spec"]["replicas"]
+    pod = deployment["spec"]["template"]["spec"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    if replicas > 1:
+        if len(budgets) != 1 or budgets[0]["spec"]["selector"]["matchLabels"] != selector:
+            problems.append(f"{name}: {replicas} replicas without a PodDisruptionBudget selecting them")
+        if not pod.get("topologySpreadConstraints"):
+            problems.append(f"{name}: {replicas} replicas not spread")
+    elif budgets:
+        problems.append(f"{name}: a PodDisruptionBudget for {replicas} replica(s) (it could only block drains)")
+    if deployment["spec"]["strategy"].get("rollingUpdate", {}).get("maxUnavailable") != 0:
+        problems.append(f"{name}: a rolling update may take a replica down before its successor is ready")
+    env = {e["name"]: e for e in pod["containers"][0].get("env", [])}
+    if env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "status.podIP":
+        problems.append(f"{name}: no POD_IP from the downward API (ha.advertise_address)")
+    for policy in (d for d in docs if d["kind"] == "NetworkPolicy"):
+        peers = [{"podSelector": {"matchLabels": selector}}]
+        grpc = [{"port": "grpc", "protocol": "TCP"}]
+        if not any(rule.get("ports") == grpc and all(p in rule.get("from", []) for p in peers)
+                   for rule in policy["spec"]["ingress"]):
+            problems.append(f"{name}: the NetworkPolicy keeps the replicas' forwards out")
+        if not any(rule.get("ports") == grpc and rule.get("to") == peers
+                   for rule in policy["spec"]["egress"]):
+            problems.append(f"{name}: the NetworkPolicy keeps the replicas from forwarding")
+if problems:
+    sys.exit("\n".join(problems))
+print("replicas, budgets, spreading, POD_IP and the peers' NetworkPolicy rules as expected")
+PY
+
 step "the service starts with the configuration each rendering gives it"
 # The binary reads the rendered ConfigMap (its pod template at a local path) and serves a
 # simulated cluster: a key the service does not know, or a value it refuses, fails here.
@@ -465,6 +514,16 @@ for name in os.listdir(out):
                         check=True, stderr=subprocess.DEVNULL)
                 config["tls"]["cert_file"] = cert
                 config["tls"]["key_file"] = key
+                # The replicas verify each other with the published CA, else the Secret's.
+                if config.get("ha", {}).get("peer_ca_file"):
+                    published = [d for d in docs if d["kind"] == "ConfigMap"
+                                 and "ca.crt" in (d.get("data") or {})]
+                    peer_ca = os.path.join(directory, "peer-ca.crt")
+                    if published:
+                        open(peer_ca, "w").write(published[0]["data"]["ca.crt"])
+                    else:
+                        open(peer_ca, "wb").write(open(cert, "rb").read())
+                    config["ha"]["peer_ca_file"] = peer_ca
             if "executor-pod-template.yaml" in data:
                 template = os.path.join(directory, "executor-pod-template.yaml")
                 open(template, "w").write(data["executor-pod-template.yaml"])

@@ -403,6 +403,21 @@ impl Settings {
         if let Err((key, reason)) = self.tls.validate() {
             return Err(ConfigError::Invalid { key, reason });
         }
+        match (&self.ha.peer_ca_file, self.tls.enabled()) {
+            (Some(_), false) => {
+                return Err(invalid(
+                    "ha.peer_ca_file",
+                    "only with tls.cert_file and tls.key_file (the replicas' forwards are plaintext without them)",
+                ));
+            }
+            (None, true) if self.ha.advertise_address.is_some() => {
+                return Err(invalid(
+                    "ha.peer_ca_file",
+                    "required with tls and ha.advertise_address: the replicas forward calls to each other over TLS",
+                ));
+            }
+            _ => {}
+        }
         if let Err(reason) = self.simulator.validate() {
             return Err(ConfigError::Invalid {
                 key: "simulator".to_string(),
@@ -977,6 +992,17 @@ mod tests {
                 "SPARK_POD_ALLOCATOR__ALLOCATION__BATCH_SIZE",
                 "0",
                 "allocation.batch_size",
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__HA__ADVERTISE_ADDRESS",
+                "nowhere",
+                "ha.advertise_address",
+            ),
+            // Without TLS the replicas' forwards are plaintext: a CA would mislead.
+            (
+                "SPARK_POD_ALLOCATOR__HA__PEER_CA_FILE",
+                "/etc/ca.crt",
+                "ha.peer_ca_file",
             ),
         ] {
             let err = Settings::load_with_env(None, env(&[(key, value)]))

@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use spark_pod_allocator::app::{ServiceOptions, SystemClock};
 use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
+use spark_pod_allocator::grpc::forward::{Forwarder, PeerSettings};
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
 use spark_pod_allocator::{bench, config, k8s, runtime};
@@ -285,6 +286,13 @@ async fn serve(
         limits: settings.limits.clone(),
     };
     let user_agent = k8s::replica_user_agent(settings.ha.identity());
+    // Bound first: the address the replica advertises in its Leases is the one it serves.
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address}"))?;
+    let bound = listener.local_addr().unwrap_or(address);
+    let mut settings = settings;
+    let peers = peer_settings(&mut settings, bound)?;
     // The simulated cluster, if any, lives as long as the service.
     let (client, sim) = if simulate {
         let cluster = SimCluster::start(settings.simulator.clone())
@@ -348,14 +356,17 @@ async fn serve(
             tracing::warn!(error = %err, "cannot read the registrations of applications to resume (or their signing key); they resume on their driver's next Start")
         }
     }
-    let listener = TcpListener::bind(address)
-        .await
-        .with_context(|| format!("cannot listen on {address}"))?;
-    tracing::info!(address = %listener.local_addr().unwrap_or(address), tls = settings.tls.enabled(), "serving gRPC");
+    tracing::info!(address = %bound, tls = settings.tls.enabled(), "serving gRPC");
+    let forwarder = Forwarder::new(
+        core.applications().ownerships().clone(),
+        peers,
+        metrics.clone(),
+    );
     let serve_settings = ServeSettings {
         defaults,
         metrics,
         gate,
+        forwarder,
         tls: settings.tls.clone(),
         limits: settings.grpc.clone(),
         health_listen: settings.health.listen,
@@ -377,6 +388,32 @@ async fn serve(
         None => tracing::info!("stopped; executor pods left in place"),
     }
     Ok(())
+}
+
+/// Where this replica is reached by the others (`ha.advertise_address`, else `POD_IP` and
+/// the port it is bound to, else that address unless a wildcard), and how it reaches them.
+/// With TLS and no `ha.peer_ca_file` it advertises nothing: its applications' calls that
+/// reach another replica are answered UNAVAILABLE there, naming it.
+fn peer_settings(settings: &mut Settings, bound: SocketAddr) -> anyhow::Result<PeerSettings> {
+    let ha = &mut settings.ha;
+    ha.resolve_advertise_address(std::env::var("POD_IP").ok(), bound);
+    let ca_pem = match &ha.peer_ca_file {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("cannot read ha.peer_ca_file {}", path.display()))?,
+        ),
+        None => None,
+    };
+    if settings.tls.enabled() && ca_pem.is_none() && ha.advertise_address.take().is_some() {
+        tracing::warn!(
+            "tls is on without ha.peer_ca_file: the other replicas cannot forward calls here"
+        );
+    }
+    tracing::info!(advertise_address = ?ha.advertise_address, "where the other replicas forward this replica's applications' calls");
+    Ok(PeerSettings {
+        ca_pem,
+        server_name: ha.peer_server_name.clone(),
+    })
 }
 
 /// The application layer's options, from the configuration.

@@ -49,6 +49,12 @@ struct RpcLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ForwardLabels {
+    method: String,
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
     method: String,
 }
@@ -152,6 +158,7 @@ struct Inner {
     shards_owned: Gauge,
     shard_acquisitions: Counter,
     writes_fenced: Counter,
+    forwards: Family<ForwardLabels, Counter>,
     budget_executors: Family<BudgetLabels, Gauge>,
     executors_held: Family<BudgetLabels, Gauge>,
 }
@@ -331,6 +338,12 @@ impl Metrics {
             "Writes not sent because this replica no longer owned the application's shard",
             writes_fenced.clone(),
         );
+        let forwards = Family::<ForwardLabels, Counter>::default();
+        registry.register(
+            "forwards",
+            "Calls forwarded to the replica owning their application's shard, by method and outcome (the owner's code, or unreachable)",
+            forwards.clone(),
+        );
         let budget_executors = Family::<BudgetLabels, Gauge>::default();
         registry.register(
             "budget_executors",
@@ -380,10 +393,23 @@ impl Metrics {
                 shards_owned,
                 shard_acquisitions,
                 writes_fenced,
+                forwards,
                 budget_executors,
                 executors_held,
             }),
         }
+    }
+
+    /// One call forwarded to its owner: `outcome` is the owner's code as the gRPC spec
+    /// spells it, or `unreachable`.
+    pub fn forwarded(&self, method: &'static str, outcome: &'static str) {
+        self.inner
+            .forwards
+            .get_or_create(&ForwardLabels {
+                method: method.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// One answered gRPC call; `method` is the call's path (`/package.Service/Method`), `code`

@@ -1,8 +1,9 @@
 //! Two replicas of the service binary on one simulated cluster, sharing the applications
 //! through one shard Lease (`ha.shards = 1`, a 2 s lease): only the holder acts, a call
-//! for an application of a shard another replica holds answers UNAVAILABLE naming the
-//! holder, and when the holder is killed or paused past its lease the other takes over
-//! from the registration and finishes the scale-up. A paused owner woken up sends not a
+//! that reaches the other replica is forwarded to the holder (at the address in its
+//! Lease), one while the holder is gone and its lease not passed answers UNAVAILABLE with
+//! a retry hint, and when the holder is killed or paused past its lease the other takes
+//! over from the registration and finishes the scale-up. A paused owner woken up sends not a
 //! single write: the simulator counts every request by User-Agent, which names the
 //! replica.
 use std::collections::BTreeSet;
@@ -11,6 +12,8 @@ use std::path::Path;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
+use spark_pod_allocator::grpc::error::RETRY_PUSHBACK_METADATA;
+use spark_pod_allocator::grpc::forward::ANSWERED_BY_METADATA;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::k8s::{USER_AGENT, replica_user_agent};
@@ -91,25 +94,22 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
     let mut client_b = connect_serving(&address_b).await;
     assert_eq!(holder(&sim).await, (Some("replica-a".into()), Some(0)));
 
-    // The replica that does not hold the shard does not act on it, and says who does.
-    let refused = client_b
+    // The replica that does not hold the shard forwards the driver's calls to the one
+    // that does, and acts on nothing itself.
+    let started = client_b
         .start(batched_start_request(APP, NS, 2, 1000))
         .await
-        .expect_err("not the owner");
-    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
-    assert!(
-        refused.message().contains("held by replica-a"),
-        "{refused:?}"
-    );
-
-    client_a
-        .start(batched_start_request(APP, NS, 2, 1000))
-        .await
-        .expect("Start on the owner");
-    client_a
+        .expect("Start through replica-b");
+    assert_eq!(answered_by(started.metadata()), Some("replica-a"));
+    let scaled = client_b
         .set_total_expected(targets_request(APP, 8))
         .await
-        .expect("SetTotalExpected");
+        .expect("SetTotalExpected through replica-b");
+    assert_eq!(answered_by(scaled.metadata()), Some("replica-a"));
+    client_a
+        .get_status(status_request(APP))
+        .await
+        .expect("the owner runs it");
     until("the first batch", || async {
         executor_ids(&sim).await.len() >= 2
     })
@@ -121,9 +121,24 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
             .is_some_and(|r| r.targets.get(&0) == Some(&8))
     })
     .await;
+    assert_eq!(writes_of(&sim, "replica-b"), 0, "{:?}", sim.requests());
     a.start_kill().expect("SIGKILL");
     a.wait().await.expect("killed");
     let at_kill = executor_ids(&sim).await;
+    // Until its lease has passed, the shard's holder is gone: calls are answered
+    // UNAVAILABLE with a retry hint.
+    let unavailable = client_b
+        .get_status(status_request(APP))
+        .await
+        .expect_err("the owner is gone, its lease not yet passed");
+    assert_eq!(unavailable.code(), Code::Unavailable, "{unavailable:?}");
+    assert!(
+        unavailable
+            .metadata()
+            .get(RETRY_PUSHBACK_METADATA)
+            .is_some(),
+        "{unavailable:?}"
+    );
 
     // No driver call: the other replica takes the shard once the lease has passed and
     // finishes the scale-up from the registration.
@@ -138,9 +153,13 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
     let status = client_b
         .get_status(status_request(APP))
         .await
-        .expect("the new owner answers")
-        .into_inner();
-    assert_eq!(status.profiles[0].target, 8);
+        .expect("the new owner answers");
+    assert_eq!(
+        answered_by(status.metadata()),
+        None,
+        "answered by replica-b itself"
+    );
+    assert_eq!(status.into_inner().profiles[0].target, 8);
     let stopped = client_b
         .stop(stop_request(APP))
         .await
@@ -198,22 +217,26 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
     .await;
 
     wake(&a);
-    // Woken, `a` finds its ownership lapsed and lets the application go.
+    // Woken, `a` finds its ownership lapsed, lets the application go and forwards its
+    // calls to the new owner.
     until("replica-a let the application go", || {
         let mut client = client_a.clone();
         async move {
             client
                 .get_status(status_request(APP))
                 .await
-                .is_err_and(|status| status.code() == Code::NotFound)
+                .is_ok_and(|status| answered_by(status.metadata()) == Some("replica-b"))
         }
     })
     .await;
-    let refused = client_a
+    client_a
         .set_total_expected(targets_request(APP, 9))
         .await
-        .expect_err("not the owner");
-    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+        .expect("forwarded to the new owner");
+    until("9 executors", || async {
+        executor_ids(&sim).await.len() == 9
+    })
+    .await;
     assert_eq!(
         writes_of(&sim, "replica-a"),
         writes_at_takeover,
@@ -221,7 +244,7 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
         sim.requests()
     );
     let ids = executor_ids(&sim).await;
-    assert_eq!(ids.len(), 8, "no pod beyond the target: {ids:?}");
+    assert_eq!(ids.len(), 9, "no pod beyond the target: {ids:?}");
     // The new owner's ids are above the block the old one reserved: none used twice.
     let new: BTreeSet<u64> = ids.difference(&at_pause).copied().collect();
     assert!(
@@ -234,6 +257,13 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
             .any(|(agent, _, _)| agent.starts_with(USER_AGENT)),
         "the replicas name themselves"
     );
+}
+
+/// The replica that answered a call forwarded to it (`None`: the one called answered).
+fn answered_by(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    metadata
+        .get(ANSWERED_BY_METADATA)
+        .and_then(|value| value.to_str().ok())
 }
 
 /// The highest executor id the application's record holds (its ConfigMap: no driver pod).

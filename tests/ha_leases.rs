@@ -11,7 +11,7 @@ use serde_json::json;
 use spark_pod_allocator::ha::claim::LeaseTiming;
 use spark_pod_allocator::ha::shards::Shard;
 use spark_pod_allocator::k8s::RequestPolicy;
-use spark_pod_allocator::k8s::leases::{ShardLeaseKeeper, Turn};
+use spark_pod_allocator::k8s::leases::{ADDRESS_ANNOTATION, ShardLeaseKeeper, Turn};
 
 const NAMESPACE: &str = "default";
 
@@ -24,6 +24,20 @@ fn keeper(client: &kube::Client, identity: &str) -> ShardLeaseKeeper {
         LeaseTiming::default(),
         RequestPolicy::default(),
     )
+    .advertising(Some(address_of(identity)))
+}
+
+/// Where the replica `identity` says it serves.
+fn address_of(identity: &str) -> String {
+    format!("{identity}.replicas.test:50051")
+}
+
+/// The turn of a replica that finds `holder` holding the shard, serving at its address.
+fn held_by(holder: &str) -> Turn {
+    Turn::HeldBy {
+        holder: holder.into(),
+        address: Some(address_of(holder)),
+    }
 }
 
 async fn lease(client: &kube::Client) -> Lease {
@@ -52,8 +66,17 @@ async fn one_owner_at_a_time_and_a_takeover_only_after_a_whole_lease_unrenewed()
         Some(0),
         "the first replica creates it"
     );
-    assert_eq!(b.turn(t0).await, Turn::HeldBy("replica-a".into()));
+    assert_eq!(b.turn(t0).await, held_by("replica-a"));
     let written = lease(&client).await;
+    assert_eq!(
+        written
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ADDRESS_ANNOTATION)),
+        Some(&address_of("replica-a")),
+        "the holder's address is in its Lease"
+    );
     let spec = written.spec.expect("spec");
     assert_eq!(spec.holder_identity.as_deref(), Some("replica-a"));
     assert_eq!(spec.lease_duration_seconds, Some(15));
@@ -63,7 +86,7 @@ async fn one_owner_at_a_time_and_a_takeover_only_after_a_whole_lease_unrenewed()
     for second in (2..40).step_by(2) {
         let now = t0 + Duration::from_secs(second);
         assert_eq!(holds(&a.turn(now).await), Some(0), "renewal at {second} s");
-        assert_eq!(b.turn(now).await, Turn::HeldBy("replica-a".into()));
+        assert_eq!(b.turn(now).await, held_by("replica-a"));
     }
 
     // `a` stops renewing at 38 s: it may act until 48 s, `b` takes over only after 15 s
@@ -72,7 +95,7 @@ async fn one_owner_at_a_time_and_a_takeover_only_after_a_whole_lease_unrenewed()
     assert!(a.ownership(t0 + Duration::from_secs(48)).is_none());
     assert_eq!(
         b.turn(t0 + Duration::from_secs(52)).await,
-        Turn::HeldBy("replica-a".into())
+        held_by("replica-a")
     );
     assert_eq!(holds(&b.turn(t0 + Duration::from_secs(53)).await), Some(1));
     assert_eq!(
@@ -84,7 +107,7 @@ async fn one_owner_at_a_time_and_a_takeover_only_after_a_whole_lease_unrenewed()
     let before = lease(&client).await.metadata.resource_version;
     assert_eq!(
         a.turn(t0 + Duration::from_secs(54)).await,
-        Turn::HeldBy("replica-b".into())
+        held_by("replica-b")
     );
     assert_eq!(lease(&client).await.metadata.resource_version, before);
 }
@@ -109,9 +132,13 @@ async fn a_write_from_a_stale_read_is_refused_and_the_writer_steps_down() {
     .await
     .expect("patch");
     let before = lease(&client).await.metadata.resource_version;
+    // The address left in the Lease is replica-a's: not believed for replica-c.
     assert_eq!(
         a.turn(t0 + Duration::from_secs(2)).await,
-        Turn::HeldBy("replica-c".into())
+        Turn::HeldBy {
+            holder: "replica-c".into(),
+            address: None
+        }
     );
     assert!(a.ownership(t0 + Duration::from_secs(2)).is_none());
     assert_eq!(lease(&client).await.metadata.resource_version, before);
@@ -140,7 +167,7 @@ async fn a_released_shard_is_taken_over_at_once() {
     let (mut a, mut b) = (keeper(&client, "replica-a"), keeper(&client, "replica-b"));
     let t0 = Instant::now();
     assert_eq!(holds(&a.turn(t0).await), Some(0));
-    assert_eq!(b.turn(t0).await, Turn::HeldBy("replica-a".into()));
+    assert_eq!(b.turn(t0).await, held_by("replica-a"));
 
     a.release().await.expect("release");
     assert!(a.ownership(t0).is_none());

@@ -823,6 +823,11 @@ impl Applications {
         }
     }
 
+    /// The shards this replica holds, as its keepers publish them.
+    pub fn ownerships(&self) -> &Ownerships {
+        &self.inner.ownerships
+    }
+
     /// The namespace and owner of a registered application (`None`: no such application).
     pub fn ownership(&self, app: &AppId) -> Option<Ownership> {
         self.apps().get(app).map(|e| Ownership {

@@ -4,8 +4,28 @@ use tonic::{Code, Status};
 
 use crate::app::AppError;
 
+/// Trailer of an UNAVAILABLE answer: when to try again, in ms (gRPC's retry pushback).
+pub const RETRY_PUSHBACK_METADATA: &str = "grpc-retry-pushback-ms";
+
+/// The retry hint of an UNAVAILABLE answer of this service's own (a shard changing hands, a
+/// replica shutting down): a second, well within a failover's lease.
+pub fn retry_pushback() -> tonic::metadata::MetadataValue<tonic::metadata::Ascii> {
+    tonic::metadata::MetadataValue::from_static("1000")
+}
+
 /// The status a driver sees for `err`; Kubernetes failures keep the API server's message.
 pub fn to_status(err: AppError) -> Status {
+    let retry_hint = matches!(err, AppError::Unavailable(_) | AppError::ShuttingDown);
+    let mut status = status_of(err);
+    if retry_hint {
+        status
+            .metadata_mut()
+            .insert(RETRY_PUSHBACK_METADATA, retry_pushback());
+    }
+    status
+}
+
+fn status_of(err: AppError) -> Status {
     match err {
         AppError::NotFound(_) => Status::not_found(err.to_string()),
         AppError::AlreadyExists { .. } => Status::already_exists(err.to_string()),

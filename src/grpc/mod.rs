@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -17,10 +17,12 @@ use crate::app::{
 use crate::auth::{Access, Caller, Gate};
 use crate::proto;
 use crate::proto::executor_allocator_server::ExecutorAllocator;
+use forward::{Forwarder, Route};
 
 pub mod codec;
 pub mod connections;
 pub mod error;
+pub mod forward;
 pub mod limits;
 pub mod observe;
 pub mod server;
@@ -39,7 +41,24 @@ pub struct AllocatorService {
     gate: Gate,
     /// Requests whose templates are being parsed, at most `limits.template_parsers`.
     parsers: Arc<tokio::sync::Semaphore>,
+    /// Where calls for other replicas' applications go.
+    forwarder: Forwarder,
 }
+
+/// Why a call failed: this replica's own error (mapped to a status in one place), or the
+/// answer of the replica it was forwarded to (passed on as it came).
+enum CallError {
+    Here(AppError),
+    Owner(Status),
+}
+
+impl From<AppError> for CallError {
+    fn from(err: AppError) -> Self {
+        Self::Here(err)
+    }
+}
+
+type CallResult<T> = Result<Response<T>, CallError>;
 
 impl AllocatorService {
     /// A service answering for `applications`, filling unset Start fields from `defaults`,
@@ -51,6 +70,50 @@ impl AllocatorService {
             defaults: Arc::new(defaults),
             gate: Gate::open(),
             parsers: Arc::new(tokio::sync::Semaphore::new(parsers)),
+            forwarder: Forwarder::off(),
+        }
+    }
+
+    /// Forwards calls for applications another replica owns through `forwarder`.
+    pub fn with_forwarder(mut self, forwarder: Forwarder) -> Self {
+        self.forwarder = forwarder;
+        self
+    }
+
+    /// The owner's answer when another replica runs `app` (`None`: answer here).
+    async fn forwarded<M, R, F, Fut>(
+        &self,
+        method: &'static str,
+        app: &AppId,
+        metadata: &tonic::metadata::MetadataMap,
+        message: &M,
+        call: F,
+    ) -> Option<CallResult<R>>
+    where
+        M: Clone,
+        F: Fn(forward::PeerClient, Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let here = self.applications.ownership(app).is_some();
+        match self
+            .forwarder
+            .route_application(app.as_str(), here, metadata)
+        {
+            Route::Here => None,
+            Route::Unowned(why) => Some(Err(CallError::Owner(forward::unavailable(&why)))),
+            Route::Peers { peers, unowned } => Some(
+                self.forwarder
+                    .unary(
+                        method,
+                        app.as_str(),
+                        (peers, unowned),
+                        metadata,
+                        message.clone(),
+                        call,
+                    )
+                    .await
+                    .map_err(CallError::Owner),
+            ),
         }
     }
 
@@ -262,16 +325,27 @@ fn executor_pod(view: &ExecutorView) -> proto::ExecutorPod {
     }
 }
 
-/// Runs one call inside its span and turns its error into a status (logged once here).
+/// Runs one call inside its span and turns its error into a status (logged once here;
+/// an owner's answer to a forward was logged by the owner).
 async fn answer<T>(
     method: &'static str,
     application_id: &str,
-    call: impl Future<Output = Result<T, AppError>>,
+    call: impl Future<Output = CallResult<T>>,
 ) -> Result<Response<T>, Status> {
     let span = rpc_span(method, application_id);
     match call.instrument(span.clone()).await {
-        Ok(reply) => Ok(Response::new(reply)),
-        Err(err) => Err(span.in_scope(|| error::failed_call(err))),
+        Ok(reply) => Ok(reply),
+        Err(CallError::Here(err)) => Err(span.in_scope(|| error::failed_call(err))),
+        Err(CallError::Owner(status)) => {
+            span.in_scope(|| {
+                tracing::debug!(
+                    code = error::code_name(status.code()),
+                    detail = status.message(),
+                    "answered by the owner"
+                )
+            });
+            Err(status)
+        }
     }
 }
 
@@ -290,27 +364,44 @@ impl ExecutorAllocator for AllocatorService {
         let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
         let app_id = req.application_id.clone();
+        let span = rpc_span("WatchExecutors", &app_id);
         let response = answer("WatchExecutors", &app_id, async {
             let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&req.application_id)?;
+            let forwarded = self
+                .forwarded("WatchExecutors", &app, &metadata, &req, |mut owner, r| async move {
+                    owner.watch_executors(r).await
+                })
+                .await;
+            if let Some(owner) = forwarded {
+                let mut events = owner?.into_inner();
+                tracing::debug!(since = req.since, "executor event stream opened on the owner");
+                let span = span.clone();
+                let stream = async_stream::stream! {
+                    while let Some(event) = events.next().await {
+                        yield event;
+                    }
+                    span.in_scope(|| tracing::debug!("forwarded executor event stream ended"));
+                };
+                return Ok(Response::new(Box::pin(stream) as ExecutorEventStream));
+            }
             self.authorize(&caller, &app, Access::Read).await?;
-            let events = self
+            let mut events = self
                 .applications
                 .watch_executors(&app, req.since, caller.user.as_deref())
                 .await?;
             tracing::debug!(since = req.since, "executor event stream opened");
-            Ok(events)
+            let span = span.clone();
+            let stream = async_stream::stream! {
+                while let Some(event) = events.next().await {
+                    yield Ok(executor_event(event));
+                }
+                span.in_scope(|| tracing::debug!("executor event stream ended: the application's actor ended"));
+            };
+            Ok(Response::new(Box::pin(stream) as ExecutorEventStream))
         })
         .await?;
-        let span = rpc_span("WatchExecutors", &app_id);
-        let mut events = response.into_inner();
-        let stream = async_stream::stream! {
-            while let Some(event) = events.next().await {
-                yield Ok(executor_event(event));
-            }
-            span.in_scope(|| tracing::debug!("executor event stream ended: the application's actor ended"));
-        };
-        Ok(Response::new(Box::pin(stream)))
+        Ok(response)
     }
 
     async fn start(
@@ -337,6 +428,23 @@ impl ExecutorAllocator for AllocatorService {
                     .authorize_driver_pod(&caller, namespace, pod)
                     .await?;
             }
+            // The namespace's shard owner parses the templates and starts it.
+            if let Route::Peers { peers, unowned } =
+                self.forwarder.route_namespace(namespace, &metadata)
+            {
+                return self
+                    .forwarder
+                    .unary(
+                        "Start",
+                        &app_id,
+                        (peers, unowned),
+                        &metadata,
+                        req,
+                        |mut owner, r| async move { owner.start(r).await },
+                    )
+                    .await
+                    .map_err(CallError::Owner);
+            }
             let mut start = self
                 .off_runtime(move |defaults, policy| validate::start(req, target, defaults, policy))
                 .await?;
@@ -354,10 +462,10 @@ impl ExecutorAllocator for AllocatorService {
                 last_executor_id = started.last_executor_id,
                 "started"
             );
-            Ok(proto::StartResponse {
+            Ok(Response::new(proto::StartResponse {
                 resumed: started.resumed,
                 last_executor_id: wire_id(started.last_executor_id),
-            })
+            }))
         })
         .await
     }
@@ -372,6 +480,18 @@ impl ExecutorAllocator for AllocatorService {
         answer("SetTotalExpected", &app_id, async {
             let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&req.application_id)?;
+            let forwarded = self
+                .forwarded(
+                    "SetTotalExpected",
+                    &app,
+                    &metadata,
+                    &req,
+                    |mut owner, r| async move { owner.set_total_expected(r).await },
+                )
+                .await;
+            if let Some(owner) = forwarded {
+                return owner;
+            }
             self.authorize(&caller, &app, Access::Change).await?;
             // The application layer holds the templates to the policy where its pods go.
             let expected = if req.resource_profile_templates.is_empty() {
@@ -383,7 +503,7 @@ impl ExecutorAllocator for AllocatorService {
             self.applications
                 .set_total_expected_with_templates(&app, expected.templates, expected.targets)
                 .await?;
-            Ok(proto::SetTotalExpectedResponse {})
+            Ok(Response::new(proto::SetTotalExpectedResponse {}))
         })
         .await
     }
@@ -397,10 +517,23 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = req.application_id.clone();
         answer("IsDeleted", &app_id, async {
             let caller = self.caller(&metadata, peer).await?;
+            let message = req.clone();
             let (app, id) = validate::is_deleted(req)?;
+            let forwarded = self
+                .forwarded(
+                    "IsDeleted",
+                    &app,
+                    &metadata,
+                    &message,
+                    |mut owner, r| async move { owner.is_deleted(r).await },
+                )
+                .await;
+            if let Some(owner) = forwarded {
+                return owner;
+            }
             self.authorize(&caller, &app, Access::Read).await?;
             let deleted = self.applications.is_deleted(&app, id).await?;
-            Ok(proto::IsDeletedResponse { deleted })
+            Ok(Response::new(proto::IsDeletedResponse { deleted }))
         })
         .await
     }
@@ -414,10 +547,23 @@ impl ExecutorAllocator for AllocatorService {
         let app_id = req.application_id.clone();
         answer("UpdateRegisteredExecutors", &app_id, async {
             let caller = self.caller(&metadata, peer).await?;
+            let message = req.clone();
             let (app, ids) = validate::update_registered(req)?;
+            let forwarded = self
+                .forwarded(
+                    "UpdateRegisteredExecutors",
+                    &app,
+                    &metadata,
+                    &message,
+                    |mut owner, r| async move { owner.update_registered_executors(r).await },
+                )
+                .await;
+            if let Some(owner) = forwarded {
+                return owner;
+            }
             self.authorize(&caller, &app, Access::Change).await?;
             self.applications.update_registered(&app, ids).await?;
-            Ok(proto::UpdateRegisteredExecutorsResponse {})
+            Ok(Response::new(proto::UpdateRegisteredExecutorsResponse {}))
         })
         .await
     }
@@ -428,14 +574,22 @@ impl ExecutorAllocator for AllocatorService {
     ) -> Result<Response<proto::StopResponse>, Status> {
         let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
-        let app_id = req.application_id;
+        let app_id = req.application_id.clone();
         answer("Stop", &app_id, async {
             let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&app_id)?;
+            let forwarded = self
+                .forwarded("Stop", &app, &metadata, &req, |mut owner, r| async move {
+                    owner.stop(r).await
+                })
+                .await;
+            if let Some(owner) = forwarded {
+                return owner;
+            }
             self.authorize(&caller, &app, Access::Change).await?;
             let deleted_pods = self.applications.stop(&app).await?;
             tracing::info!(deleted_pods, "stopped");
-            Ok(proto::StopResponse { deleted_pods })
+            Ok(Response::new(proto::StopResponse { deleted_pods }))
         })
         .await
     }
@@ -446,14 +600,26 @@ impl ExecutorAllocator for AllocatorService {
     ) -> Result<Response<proto::ApplicationStatus>, Status> {
         let peer = connections::peer_addr(&request);
         let (metadata, _, req) = request.into_parts();
-        let app_id = req.application_id;
+        let app_id = req.application_id.clone();
         answer("GetStatus", &app_id, async {
             let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&app_id)?;
+            let forwarded = self
+                .forwarded(
+                    "GetStatus",
+                    &app,
+                    &metadata,
+                    &req,
+                    |mut owner, r| async move { owner.get_status(r).await },
+                )
+                .await;
+            if let Some(owner) = forwarded {
+                return owner;
+            }
             self.authorize(&caller, &app, Access::Read).await?;
-            Ok(status_message(
+            Ok(Response::new(status_message(
                 self.applications.application_status(&app).await?,
-            ))
+            )))
         })
         .await
     }

@@ -44,6 +44,8 @@ pub struct ServeSettings {
     /// connections and their caps, e.g. for kubelet probes (`health.listen`; none by
     /// default). Bound by [`crate::runtime::Core::serve`].
     pub health_listen: Option<SocketAddr>,
+    /// Where calls for applications other replicas own are sent (off: answered here).
+    pub forwarder: super::forward::Forwarder,
 }
 
 impl Default for ServeSettings {
@@ -57,6 +59,7 @@ impl Default for ServeSettings {
             tls: TlsSettings::default(),
             limits: ServerLimits::default(),
             health_listen: None,
+            forwarder: super::forward::Forwarder::off(),
         }
     }
 }
@@ -101,7 +104,8 @@ pub async fn serve(
     set_health(&health, ServingStatus::NotServing).await;
     let readiness = tokio::spawn(report_when_ready(health.clone(), settings.ready.clone()));
     let service = AllocatorService::new(applications, settings.defaults.clone())
-        .with_gate(settings.gate.clone());
+        .with_gate(settings.gate.clone())
+        .with_forwarder(settings.forwarder.clone());
 
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = {

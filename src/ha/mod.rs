@@ -7,5 +7,5 @@ pub mod ownership;
 pub mod settings;
 pub mod shards;
 
-pub use ownership::{Fence, NotOwner, OwnerEpoch, Ownerships, ShardState};
+pub use ownership::{Fence, NotOwner, OwnerEpoch, Ownerships, Peer, ShardOwner, ShardState};
 pub use settings::HaSettings;

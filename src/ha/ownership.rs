@@ -17,12 +17,44 @@ pub enum ShardState {
     Unknown,
     /// This replica holds it, with this epoch, until `valid_until` unless it renews.
     Owned(Ownership),
-    /// Another replica holds it (`holder`), or this one could not read or win its Lease
-    /// (`error`: why, when a request failed).
+    /// Another replica holds it (`holder`, reachable at `address` when it advertises
+    /// one), or this one could not read or win its Lease (`error`: why, when a request
+    /// failed).
     NotOwned {
         holder: Option<String>,
+        address: Option<String>,
         error: Option<String>,
     },
+}
+
+impl ShardState {
+    /// Not owned, by nobody known.
+    pub fn not_owned() -> Self {
+        Self::NotOwned {
+            holder: None,
+            address: None,
+            error: None,
+        }
+    }
+}
+
+/// Another replica that holds a shard now, and where it serves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub identity: String,
+    pub address: String,
+}
+
+/// Who acts on a shard's applications now, as this replica sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardOwner {
+    /// This replica.
+    Here,
+    /// Another replica, reachable at its advertised address.
+    Peer(Peer),
+    /// Nobody known to be reachable: the shard is changing hands, its keeper has not
+    /// finished a first turn, or its holder advertises no address (`holder`).
+    Unknown { holder: Option<String> },
 }
 
 /// This replica's shards: the map every replica shares and each shard's published state.
@@ -88,10 +120,21 @@ impl Ownerships {
     pub fn state(&self, shard: Shard) -> ShardState {
         match self.receiver(shard) {
             Some(rx) => rx.borrow().clone(),
-            None => ShardState::NotOwned {
-                holder: None,
-                error: None,
-            },
+            None => ShardState::not_owned(),
+        }
+    }
+
+    /// Who acts on `shard` now.
+    pub fn owner(&self, shard: Shard) -> ShardOwner {
+        match self.state(shard) {
+            ShardState::Owned(owned) if owned.is_valid(Instant::now()) => ShardOwner::Here,
+            ShardState::NotOwned {
+                holder: Some(identity),
+                address: Some(address),
+                ..
+            } if identity != *self.identity => ShardOwner::Peer(Peer { identity, address }),
+            ShardState::NotOwned { holder, .. } => ShardOwner::Unknown { holder },
+            _ => ShardOwner::Unknown { holder: None },
         }
     }
 
@@ -152,7 +195,7 @@ impl Ownerships {
                 epoch: owned.epoch,
                 state: rx,
             }),
-            ShardState::NotOwned { holder, error } => Err(not_owner(holder, error)),
+            ShardState::NotOwned { holder, error, .. } => Err(not_owner(holder, error)),
             _ => Err(not_owner(None, None)),
         }
     }
@@ -201,7 +244,7 @@ impl Fence {
             {
                 Ok(())
             }
-            ShardState::NotOwned { holder, error } => Err(NotOwner {
+            ShardState::NotOwned { holder, error, .. } => Err(NotOwner {
                 shard: self.shard,
                 holder: holder.clone(),
                 error: error.clone(),
@@ -306,6 +349,7 @@ mod tests {
         assert!(fence.check().is_err());
         tx.send_replace(ShardState::NotOwned {
             holder: Some("b".into()),
+            address: None,
             error: None,
         });
         let err = fence.check().unwrap_err();

@@ -22,6 +22,14 @@ use crate::lifecycle::{InitHandle, Initialize};
 /// Label of every shard Lease the service writes (`kubectl get lease -l …`).
 pub const SHARD_LEASE_LABEL: &str = "spark-pod-allocator/shard";
 
+/// Annotation of a shard Lease: where its holder serves gRPC (`ha.advertise_address`), so
+/// the other replicas forward its applications' calls there.
+pub const ADDRESS_ANNOTATION: &str = "spark-pod-allocator/address";
+
+/// Annotation of a shard Lease: whose address [`ADDRESS_ANNOTATION`] is. An address is
+/// believed only for that holder (a Lease written by anyone else may keep an old one).
+pub const ADDRESS_HOLDER_ANNOTATION: &str = "spark-pod-allocator/address-holder";
+
 /// Fresh reads and writes after a refused one within a turn: each follows another
 /// writer's change, which a process of the same identity may make again.
 const SAME_IDENTITY_RETRIES: usize = 3;
@@ -31,8 +39,11 @@ const SAME_IDENTITY_RETRIES: usize = 3;
 pub enum Turn {
     /// It holds the shard (created, renewed or took over the Lease).
     Holds(Ownership),
-    /// Another replica holds it.
-    HeldBy(String),
+    /// Another replica holds it, serving at the address it advertises (if any).
+    HeldBy {
+        holder: String,
+        address: Option<String>,
+    },
     /// Its write was refused (409, 404): someone else wrote the Lease first.
     Refused,
     /// The API server did not answer as it should; the ownership lapses by itself.
@@ -52,6 +63,8 @@ pub struct ShardLeaseKeeper {
     last_seen: Option<Lease>,
     /// The Lease as this replica last wrote it: the next renewal needs no read first.
     just_written: bool,
+    /// Where this replica serves, written into the Lease while it holds it.
+    address: Option<String>,
 }
 
 impl ShardLeaseKeeper {
@@ -72,7 +85,14 @@ impl ShardLeaseKeeper {
             policy,
             last_seen: None,
             just_written: false,
+            address: None,
         }
+    }
+
+    /// Writes `address` (where this replica serves gRPC) into the Lease while it holds it.
+    pub fn advertising(mut self, address: Option<String>) -> Self {
+        self.address = address;
+        self
     }
 
     /// The ownership at `now`, if this replica may still act on the shard.
@@ -111,7 +131,17 @@ impl ShardLeaseKeeper {
         self.just_written = false;
         let write = match self.claim.step(now) {
             Step::Write(write) => write,
-            Step::HeldBy { holder } => return Turn::HeldBy(holder),
+            Step::HeldBy { holder } => {
+                let annotations = self
+                    .last_seen
+                    .as_ref()
+                    .and_then(|lease| lease.metadata.annotations.as_ref());
+                let address = annotations
+                    .filter(|a| a.get(ADDRESS_HOLDER_ANNOTATION) == Some(&holder))
+                    .and_then(|a| a.get(ADDRESS_ANNOTATION))
+                    .cloned();
+                return Turn::HeldBy { holder, address };
+            }
             Step::Read => return Turn::Failed("the Lease was not read".into()),
         };
         let sent_at = now;
@@ -196,6 +226,21 @@ impl ShardLeaseKeeper {
             .labels
             .get_or_insert_default()
             .insert(SHARD_LEASE_LABEL.to_string(), self.shard.to_string());
+        // The previous holder's address goes with its hold.
+        let annotations = lease.metadata.annotations.get_or_insert_default();
+        match &self.address {
+            Some(address) => {
+                annotations.insert(ADDRESS_ANNOTATION.to_string(), address.clone());
+                annotations.insert(
+                    ADDRESS_HOLDER_ANNOTATION.to_string(),
+                    self.claim.identity().to_string(),
+                );
+            }
+            None => {
+                annotations.remove(ADDRESS_ANNOTATION);
+                annotations.remove(ADDRESS_HOLDER_ANNOTATION);
+            }
+        }
         let spec = lease.spec.get_or_insert_default();
         spec.holder_identity = Some(self.claim.identity().to_string());
         spec.lease_duration_seconds = i32::try_from(self.timing.lease.as_secs()).ok();
@@ -245,20 +290,19 @@ pub fn spawn_keeper(
             };
             let next = match &turn {
                 Turn::Holds(ownership) => Some(ShardState::Owned(*ownership)),
-                Turn::HeldBy(holder) => Some(ShardState::NotOwned {
+                Turn::HeldBy { holder, address } => Some(ShardState::NotOwned {
                     holder: Some(holder.clone()),
+                    address: address.clone(),
                     error: None,
                 }),
-                Turn::Refused => Some(ShardState::NotOwned {
-                    holder: None,
-                    error: None,
-                }),
+                Turn::Refused => Some(ShardState::not_owned()),
                 Turn::Failed(why) => {
                     tracing::warn!(shard = %keeper.shard, error = %why, "cannot renew or read the shard's Lease");
                     // An owner stays one until its deadline (`lapse` ends it).
                     let owned = matches!(*tx.borrow(), ShardState::Owned(_));
                     (!owned).then(|| ShardState::NotOwned {
                         holder: None,
+                        address: None,
                         error: Some(why.clone()),
                     })
                 }
@@ -276,10 +320,7 @@ pub fn spawn_keeper(
         }
         publish(
             &tx,
-            ShardState::NotOwned {
-                holder: None,
-                error: None,
-            },
+            ShardState::not_owned(),
             keeper.shard,
             keeper.claim.identity(),
         );
@@ -296,7 +337,8 @@ fn publish(tx: &watch::Sender<ShardState>, next: ShardState, shard: Shard, ident
     tx.send_if_modified(|state| {
         let woke = match (&*state, &next) {
             (ShardState::Owned(was), ShardState::Owned(now)) => was.epoch != now.epoch,
-            // Only a new holder matters to the writers (an error's words do not).
+            // Only a new holder matters to the writers (an error's words do not); its
+            // address is published without waking anyone.
             (ShardState::NotOwned { holder: was, .. }, ShardState::NotOwned { holder: now, .. }) => {
                 was != now
             }
@@ -331,6 +373,7 @@ async fn lapse(tx: &watch::Sender<ShardState>) {
     tokio::time::sleep_until(held.valid_until.into()).await;
     tx.send_replace(ShardState::NotOwned {
         holder: None,
+        address: None,
         error: Some("no renewal within ha.renew_deadline_ms".into()),
     });
     tracing::warn!("a shard's ownership lapsed: no renewal within ha.renew_deadline_ms");
@@ -368,7 +411,8 @@ pub fn spawn_keepers(
         .zip(&pokes)
         .map(|(shard, poke)| {
             let keeper =
-                ShardLeaseKeeper::new(client.clone(), namespace, shard, identity, timing, policy);
+                ShardLeaseKeeper::new(client.clone(), namespace, shard, identity, timing, policy)
+                    .advertising(settings.advertise_address.clone());
             let first_turn = Some(initialize.add_handle());
             spawn_keeper(keeper, cancel.child_token(), first_turn, Arc::clone(poke))
         })

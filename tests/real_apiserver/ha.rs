@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::Value;
+use spark_pod_allocator::grpc::forward::ANSWERED_BY_METADATA;
 use spark_pod_allocator::k8s::replica_user_agent;
 use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::batched_start_request;
@@ -14,7 +15,6 @@ use test_kit::process::{connect_serving, pause, serve_with, wake};
 use test_kit::requests::*;
 use test_kit::wait::until;
 use tokio::process::Child;
-use tonic::Code;
 
 const APP: &str = "app-ha";
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
@@ -111,13 +111,19 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
     .await;
 
     wake(&a);
+    // Woken, `a` lets the application go and forwards its calls to the new owner.
     until("replica-a let the application go", || {
         let mut client = client_a.clone();
         async move {
             client
                 .get_status(status_request(APP))
                 .await
-                .is_err_and(|status| status.code() == Code::NotFound)
+                .is_ok_and(|status| {
+                    status
+                        .metadata()
+                        .get(ANSWERED_BY_METADATA)
+                        .is_some_and(|by| by.to_str().ok() == Some("replica-b"))
+                })
         }
     })
     .await;

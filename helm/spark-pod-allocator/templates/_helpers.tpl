@@ -90,12 +90,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "namespace" .Release.Namespace
   "key_secret" (include "spa.registrationKeySecretName" .)) -}}
 {{- $h := .Values.ha -}}
-{{- $_ := set $config "ha" (dict
+{{- $ha := dict
   "lease_namespace" .Release.Namespace
   "shards" (int $h.shards)
   "lease_duration_ms" (int $h.leaseDurationMs)
   "renew_deadline_ms" (int $h.renewDeadlineMs)
-  "retry_period_ms" (int $h.retryPeriodMs)) -}}
+  "retry_period_ms" (int $h.retryPeriodMs) -}}
+{{- if include "spa.peerCa" . }}
+{{- $_ := set $ha "peer_ca_file" "/etc/spark-pod-allocator-peer-ca/ca.crt" -}}
+{{- $_ := set $ha "peer_server_name" (index (include "spa.tlsDnsNames" . | fromYamlArray) 2) -}}
+{{- end -}}
+{{- $_ := set $config "ha" $ha -}}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $config "tls" (dict
   "cert_file" "/etc/spark-pod-allocator-tls/tls.crt"
@@ -190,6 +195,19 @@ grpc:
 {{- end -}}
 
 {{- /* Whether the chart generates the certificate (no cert-manager, no Secret of yours). */ -}}
+{{- /* "true" when the replicas reach each other over TLS (tls.enabled): they verify each
+  other with the CA the chart publishes (generated, or tls.caCertificate), else with the
+  ca.crt of the certificate's Secret (cert-manager's CA and Vault issuers write it). */ -}}
+{{- define "spa.peerCa" -}}
+{{- if .Values.tls.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "spa.replicaChecks" -}}
+{{- if and .Values.podDisruptionBudget.enabled (gt (int .Values.replicaCount) 1) (ge (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicaCount)) -}}
+{{- fail "podDisruptionBudget.minAvailable must be below replicaCount, or no node could ever be drained" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "spa.tlsGenerated" -}}
 {{- if and .Values.tls.enabled (not .Values.tls.certManager.enabled) (not .Values.tls.secretName) -}}true{{- end -}}
 {{- end -}}
@@ -301,8 +319,8 @@ app.kubernetes.io/component: metrics
   Deployment. */ -}}
 {{- define "spa.envChecks" -}}
 {{- range .Values.extraEnv -}}
-{{- if has .name (list "SPARK_POD_ALLOCATOR__LISTEN" "POD_NAME") -}}
-{{- fail (printf "extraEnv: %s is set by the chart (SPARK_POD_ALLOCATOR__LISTEN from service.port, POD_NAME from the pod's name); set service.port instead, or leave it" .name) -}}
+{{- if has .name (list "SPARK_POD_ALLOCATOR__LISTEN" "POD_NAME" "POD_IP") -}}
+{{- fail (printf "extraEnv: %s is set by the chart (SPARK_POD_ALLOCATOR__LISTEN from service.port, POD_NAME and POD_IP from the pod); set service.port instead, or leave it" .name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

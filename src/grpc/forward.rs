@@ -1,0 +1,409 @@
+//! Calls for an application whose shard another replica owns are forwarded to that replica,
+//! so a driver needs one address (the Service) whichever replica its connection reaches.
+//!
+//! The owner is the holder of the shard's Lease, reached at the address it writes there
+//! (`ha.advertise_address`). Start names its namespace, so its shard is known; the other
+//! calls name only the application, so they go to the replica that answered for it last,
+//! else to each other owner in turn until one knows it (NOT_FOUND from every owner is the
+//! answer; with one shard, there is one). A forward carries the caller's own credentials
+//! (its `authorization` metadata), which the owner verifies again: no replica takes
+//! another's word for who is calling. A forwarded call is never forwarded again.
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Request, Status};
+
+use super::error::{RETRY_PUSHBACK_METADATA, code_name, retry_pushback};
+use crate::ha::{Ownerships, Peer, ShardOwner};
+use crate::metrics::Metrics;
+use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
+
+/// A client of another replica.
+pub type PeerClient = ExecutorAllocatorClient<Channel>;
+
+/// Metadata of a forwarded call: the identity of the replica it came through.
+pub const FORWARDED_BY_METADATA: &str = "x-spark-pod-allocator-forwarded-by";
+
+/// The caller's metadata a forward carries: its credentials and its request id.
+const FORWARDED_METADATA: [&str; 2] = ["authorization", super::server::REQUEST_ID_METADATA];
+
+/// Applications whose last owner is remembered; past it the memory starts afresh (it only
+/// saves asking the owners in turn).
+const ROUTES_CAPACITY: usize = 10_000;
+
+/// Deadline of a forwarded unary call, and of connecting to a peer.
+const UNARY_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How the replicas reach each other.
+#[derive(Debug, Clone, Default)]
+pub struct PeerSettings {
+    /// PEM CA of the peers' certificates: forwards go over TLS (`ha.peer_ca_file`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// The name the peers' certificates are verified for (`ha.peer_server_name`).
+    pub server_name: Option<String>,
+}
+
+/// Where a call is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Here: this replica owns the application, or nobody else can.
+    Here,
+    /// By the first of these replicas that knows the application; `unowned` names a shard
+    /// nobody reachable owns now (the application may be there).
+    Peers {
+        peers: Vec<Peer>,
+        unowned: Option<String>,
+    },
+    /// Nobody reachable owns the shard the application may be in: UNAVAILABLE, retry.
+    Unowned(String),
+}
+
+/// The forwarding side of one replica; [`Forwarder::off`] answers everything here.
+#[derive(Clone, Default)]
+pub struct Forwarder {
+    inner: Option<Arc<Inner>>,
+}
+
+struct Inner {
+    ownerships: Ownerships,
+    peers: PeerSettings,
+    metrics: Metrics,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Per application, the replica that answered for it last.
+    routes: Mutex<HashMap<String, Peer>>,
+}
+
+impl std::fmt::Debug for Forwarder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarder")
+            .field("on", &self.inner.is_some())
+            .finish()
+    }
+}
+
+impl Forwarder {
+    /// No forwarding: every call is answered by this replica.
+    pub fn off() -> Self {
+        Self::default()
+    }
+
+    /// Forwards to the owners `ownerships` knows, as `peers` says to reach them.
+    pub fn new(ownerships: Ownerships, peers: PeerSettings, metrics: Metrics) -> Self {
+        Self {
+            inner: Some(Arc::new(Inner {
+                ownerships,
+                peers,
+                metrics,
+                channels: Mutex::new(HashMap::new()),
+                routes: Mutex::new(HashMap::new()),
+            })),
+        }
+    }
+
+    /// The route of a Start for `namespace`: its shard's owner. A shard nobody reachable
+    /// owns is answered here (the fence then says why, UNAVAILABLE).
+    pub fn route_namespace(&self, namespace: &str, metadata: &MetadataMap) -> Route {
+        let Some(inner) = self.inner.as_ref().filter(|_| !is_forwarded(metadata)) else {
+            return Route::Here;
+        };
+        let shard = inner.ownerships.shard_of(namespace);
+        match inner.ownerships.owner(shard) {
+            ShardOwner::Peer(peer) => Route::Peers {
+                peers: vec![peer],
+                unowned: None,
+            },
+            ShardOwner::Here | ShardOwner::Unknown { .. } => Route::Here,
+        }
+    }
+
+    /// The route of a call for `app`, which this replica runs when `here`.
+    pub fn route_application(&self, app: &str, here: bool, metadata: &MetadataMap) -> Route {
+        let Some(inner) = self
+            .inner
+            .as_ref()
+            .filter(|_| !here && !is_forwarded(metadata))
+        else {
+            return Route::Here;
+        };
+        let ownerships = &inner.ownerships;
+        let mut peers: Vec<Peer> = lock(&inner.routes).get(app).cloned().into_iter().collect();
+        let mut unowned = None;
+        for shard in ownerships.map().shards() {
+            match ownerships.owner(shard) {
+                ShardOwner::Here => {}
+                ShardOwner::Peer(peer) => {
+                    if !peers.contains(&peer) {
+                        peers.push(peer);
+                    }
+                }
+                ShardOwner::Unknown { holder } => {
+                    unowned.get_or_insert_with(|| unowned_message(&shard.lease_name(), holder));
+                }
+            }
+        }
+        match (peers.is_empty(), unowned) {
+            (true, None) => Route::Here,
+            (true, Some(why)) => Route::Unowned(why),
+            (false, unowned) => Route::Peers { peers, unowned },
+        }
+    }
+
+    /// Sends `message` to the first of `peers` that knows `app` (through `call`), and
+    /// returns its answer. NOT_FOUND from every peer is NOT_FOUND, unless a peer could not
+    /// be reached or a shard has no owner now (`unowned`): then UNAVAILABLE, retry.
+    pub async fn unary<M, R, F, Fut>(
+        &self,
+        method: &'static str,
+        app: &str,
+        route: (Vec<Peer>, Option<String>),
+        metadata: &MetadataMap,
+        message: M,
+        call: F,
+    ) -> Result<tonic::Response<R>, Status>
+    where
+        M: Clone,
+        F: Fn(PeerClient, Request<M>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        self.forward(
+            method,
+            app,
+            route,
+            metadata,
+            message,
+            call,
+            Some(UNARY_TIMEOUT),
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn forward<M, R, F, Fut>(
+        &self,
+        method: &'static str,
+        app: &str,
+        route: (Vec<Peer>, Option<String>),
+        metadata: &MetadataMap,
+        message: M,
+        call: F,
+        timeout: Option<Duration>,
+    ) -> Result<tonic::Response<R>, Status>
+    where
+        M: Clone,
+        F: Fn(PeerClient, Request<M>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let Some(inner) = &self.inner else {
+            return Err(Status::internal("forwarding is off"));
+        };
+        let (peers, mut unowned) = route;
+        let mut not_found = None;
+        for peer in peers {
+            let client = match inner.client(&peer.address) {
+                Ok(client) => client,
+                Err(why) => {
+                    inner.metrics.forwarded(method, "UNAVAILABLE");
+                    unowned.get_or_insert(why);
+                    continue;
+                }
+            };
+            let mut request = inner.request(metadata, message.clone());
+            if let Some(timeout) = timeout {
+                request.set_timeout(timeout);
+            }
+            match call(client, request).await {
+                Ok(reply) => {
+                    inner.metrics.forwarded(method, "OK");
+                    inner.remember(app, &peer);
+                    let mut reply = reply;
+                    if let Ok(identity) = MetadataValue::try_from(peer.identity.as_str()) {
+                        reply.metadata_mut().insert(ANSWERED_BY_METADATA, identity);
+                    }
+                    return Ok(reply);
+                }
+                Err(status) => {
+                    let outcome = inner.outcome(method, &peer, &status);
+                    match outcome {
+                        Outcome::Answer => return Err(answered_by(status, &peer)),
+                        Outcome::NotHere => {
+                            inner.forget(app, &peer);
+                            not_found.get_or_insert(status);
+                        }
+                        Outcome::Unreachable(why) => {
+                            inner.forget(app, &peer);
+                            unowned.get_or_insert(why);
+                        }
+                    }
+                }
+            }
+        }
+        match (unowned, not_found) {
+            (Some(why), _) => Err(unavailable(&why)),
+            (None, Some(status)) => Err(status),
+            (None, None) => Err(Status::internal("no replica to forward to")),
+        }
+    }
+
+    /// Opens `app`'s event stream on the first of `peers` that knows it (as
+    /// [`Forwarder::unary`]). The stream ends when the owner's does: after a failover the
+    /// caller watches again from its last sequence.
+    pub async fn stream<M, R, F, Fut>(
+        &self,
+        method: &'static str,
+        app: &str,
+        route: (Vec<Peer>, Option<String>),
+        metadata: &MetadataMap,
+        message: M,
+        call: F,
+    ) -> Result<tonic::Response<tonic::Streaming<R>>, Status>
+    where
+        M: Clone,
+        F: Fn(PeerClient, Request<M>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<tonic::Streaming<R>>, Status>>,
+    {
+        // The stream's head answers like a unary call; it has no deadline of its own.
+        self.forward(method, app, route, metadata, message, call, None)
+            .await
+    }
+}
+
+/// Whether the call came from another replica.
+pub fn is_forwarded(metadata: &MetadataMap) -> bool {
+    metadata.contains_key(FORWARDED_BY_METADATA)
+}
+
+/// What a peer's answer means for the forward.
+enum Outcome {
+    /// The owner's answer: the caller gets it.
+    Answer,
+    /// The peer does not run the application: ask the next.
+    NotHere,
+    /// The peer could not be reached, or no longer owns the shard: the next, else retry.
+    Unreachable(String),
+}
+
+impl Inner {
+    fn client(&self, address: &str) -> Result<ExecutorAllocatorClient<Channel>, String> {
+        let mut channels = lock(&self.channels);
+        if let Some(channel) = channels.get(address) {
+            return Ok(ExecutorAllocatorClient::new(channel.clone()));
+        }
+        let channel = self.connect(address)?;
+        channels.insert(address.to_string(), channel.clone());
+        Ok(ExecutorAllocatorClient::new(channel))
+    }
+
+    fn connect(&self, address: &str) -> Result<Channel, String> {
+        let scheme = if self.peers.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|err| format!("the peer address {address} is not usable: {err}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let endpoint = match &self.peers.ca_pem {
+            Some(ca) => {
+                let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                if let Some(name) = &self.peers.server_name {
+                    tls = tls.domain_name(name.clone());
+                }
+                endpoint
+                    .tls_config(tls)
+                    .map_err(|err| format!("TLS to the peer {address}: {err}"))?
+            }
+            None => endpoint,
+        };
+        Ok(endpoint.connect_lazy())
+    }
+
+    fn request<M>(&self, metadata: &MetadataMap, message: M) -> Request<M> {
+        let mut request = Request::new(message);
+        let forwarded = request.metadata_mut();
+        for key in FORWARDED_METADATA {
+            if let Some(value) = metadata.get(key) {
+                forwarded.insert(key, value.clone());
+            }
+        }
+        if let Ok(identity) = MetadataValue::try_from(self.ownerships.identity()) {
+            forwarded.insert(FORWARDED_BY_METADATA, identity);
+        }
+        request
+    }
+
+    /// Counts `status` from `peer` (by its code: the owner's, or the transport's when the
+    /// peer could not be reached) and says what it means.
+    fn outcome(&self, method: &'static str, peer: &Peer, status: &Status) -> Outcome {
+        self.metrics.forwarded(method, code_name(status.code()));
+        match status.code() {
+            Code::NotFound => Outcome::NotHere,
+            // The peer's own UNAVAILABLE (it lost the shard, or is shutting down) or the
+            // transport's (it is gone): either way, someone else may answer soon.
+            Code::Unavailable => Outcome::Unreachable(format!(
+                "the replica {} ({}) that held the shard did not answer: {}",
+                peer.identity,
+                peer.address,
+                status.message()
+            )),
+            _ => Outcome::Answer,
+        }
+    }
+
+    fn remember(&self, app: &str, peer: &Peer) {
+        let mut routes = lock(&self.routes);
+        if routes.len() >= ROUTES_CAPACITY && !routes.contains_key(app) {
+            routes.clear();
+        }
+        routes.insert(app.to_string(), peer.clone());
+    }
+
+    fn forget(&self, app: &str, peer: &Peer) {
+        let mut routes = lock(&self.routes);
+        if routes.get(app) == Some(peer) {
+            routes.remove(app);
+        }
+    }
+}
+
+/// Metadata naming the replica that answered a forwarded call.
+pub const ANSWERED_BY_METADATA: &str = "x-spark-pod-allocator-answered-by";
+
+/// The owner's answer, marked with who gave it.
+fn answered_by(mut status: Status, peer: &Peer) -> Status {
+    if let Ok(identity) = MetadataValue::try_from(peer.identity.as_str()) {
+        status.metadata_mut().insert(ANSWERED_BY_METADATA, identity);
+    }
+    status
+}
+
+/// UNAVAILABLE with the retry hint: the shard is changing hands.
+pub fn unavailable(why: &str) -> Status {
+    let mut status = Status::unavailable(format!(
+        "{why}; the application's shard is changing hands, retry shortly"
+    ));
+    status
+        .metadata_mut()
+        .insert(RETRY_PUSHBACK_METADATA, retry_pushback());
+    status
+}
+
+fn unowned_message(lease: &str, holder: Option<String>) -> String {
+    match holder {
+        Some(holder) => format!(
+            "the shard of Lease {lease} is held by {holder}, which advertises no address (ha.advertise_address)"
+        ),
+        None => format!("no replica holds the shard of Lease {lease} now"),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,273 @@
+//! Two replicas in one process on one simulated cluster (one shard Lease, real HTTP/2
+//! between them), callers authenticated by the simulator's TokenReview: every call that
+//! reaches the replica not holding the shard is answered by the holder, as the holder would
+//! answer it directly. The caller's own token travels with the forward and is checked
+//! again by the owner, so the forwarding replica lends no one its rights; a forward is
+//! never forwarded again.
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use spark_pod_allocator::allocator::Timestamp;
+use spark_pod_allocator::app::{ManualClock, ServiceOptions};
+use spark_pod_allocator::auth::{AuthMode, AuthSettings, Gate};
+use spark_pod_allocator::grpc::ServeSettings;
+use spark_pod_allocator::grpc::forward::{
+    ANSWERED_BY_METADATA, FORWARDED_BY_METADATA, Forwarder, PeerSettings,
+};
+use spark_pod_allocator::ha::HaSettings;
+use spark_pod_allocator::k8s;
+use spark_pod_allocator::metrics::Metrics;
+use spark_pod_allocator::proto;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime::{Builder, Service};
+use spark_pod_allocator_sim::{SimCluster, SimGrant, SimSettings, SimToken};
+use test_kit::grpc::{quiet_cluster, start_request, until_event};
+use test_kit::requests::*;
+use test_kit::wait::until;
+use tokio::net::TcpListener;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request};
+
+const AUDIENCE: &str = "spark-pod-allocator";
+const ALICE: &str = "system:serviceaccount:team-a:alice";
+const MALLORY: &str = "system:serviceaccount:team-a:mallory";
+const NS: &str = "team-a";
+const APP: &str = "app-forwarded";
+
+fn token(token: &str, username: &str) -> SimToken {
+    SimToken {
+        token: token.into(),
+        username: username.into(),
+        uid: format!("uid-{token}"),
+        groups: vec!["system:serviceaccounts".into()],
+        audiences: vec![AUDIENCE.into()],
+    }
+}
+
+/// alice and mallory may create, delete and list pods in team-a; eve may do nothing.
+fn cluster() -> SimSettings {
+    let mut settings = quiet_cluster();
+    settings.access.tokens = vec![
+        token("alice-token", ALICE),
+        token("mallory-token", MALLORY),
+        token("eve-token", "eve"),
+    ];
+    settings.access.grants = vec![SimGrant {
+        users: vec![ALICE.into(), MALLORY.into()],
+        groups: Vec::new(),
+        namespaces: vec![NS.into()],
+        verbs: vec!["create".into(), "delete".into(), "list".into()],
+        resources: vec!["pods".into()],
+        names: Vec::new(),
+    }];
+    settings
+}
+
+/// A replica named `identity`, wired as `main` wires one: it advertises the address it is
+/// bound to, forwards through its shard ownerships and reviews every caller.
+async fn replica(sim: &SimCluster, clock: &ManualClock, identity: &str) -> (Service, Metrics) {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let options = ServiceOptions {
+        ha: HaSettings {
+            identity: Some(identity.into()),
+            advertise_address: Some(address.to_string()),
+            lease_duration_ms: 2000,
+            renew_deadline_ms: 1000,
+            retry_period_ms: 250,
+            ..HaSettings::default()
+        },
+        ..ServiceOptions::default()
+    };
+    let client = || k8s::client(sim.kube_config()).expect("the service's client");
+    let auth = AuthSettings {
+        mode: AuthMode::Kubernetes,
+        audiences: vec![AUDIENCE.into()],
+        ..AuthSettings::default()
+    };
+    let metrics = Metrics::new();
+    let core = Builder::new(client(), Arc::new(clock.clone()))
+        .with_options(options)
+        .with_metrics(metrics.clone())
+        .build();
+    let forwarder = Forwarder::new(
+        core.applications().ownerships().clone(),
+        PeerSettings::default(),
+        metrics.clone(),
+    );
+    let settings = ServeSettings {
+        gate: Gate::kubernetes(&auth, client()),
+        forwarder,
+        metrics: metrics.clone(),
+        ..ServeSettings::default()
+    };
+    (core.serve(settings, listener).expect("serves"), metrics)
+}
+
+async fn client_of(service: &Service) -> ExecutorAllocatorClient<Channel> {
+    let channel = Endpoint::from_shared(format!("http://{}", service.address()))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    ExecutorAllocatorClient::new(channel)
+}
+
+/// `message` with `authorization: Bearer <token>`.
+fn as_caller<T>(token: &str, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("metadata value"),
+    );
+    request
+}
+
+fn answered_by(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    metadata
+        .get(ANSWERED_BY_METADATA)
+        .and_then(|value| value.to_str().ok())
+}
+
+async fn holder(sim: &SimCluster) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(sim.try_client().expect("client"), "default");
+    let lease = leases
+        .get_opt("spark-pod-allocator-shard-0")
+        .await
+        .expect("get the Lease")?;
+    lease.spec?.holder_identity
+}
+
+#[track_caller]
+fn assert_code(status: &tonic::Status, code: Code, words: &[&str]) {
+    assert_eq!(status.code(), code, "{status:?}");
+    for word in words {
+        assert!(status.message().contains(word), "{word:?} in {status:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_through_the_replica_without_the_shard_is_answered_by_its_holder() {
+    let sim = SimCluster::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+    let (a, _) = replica(&sim, &clock, "replica-a").await;
+    until("replica-a holds the shard", || async {
+        holder(&sim).await.as_deref() == Some("replica-a")
+    })
+    .await;
+    let (b, b_metrics) = replica(&sim, &clock, "replica-b").await;
+    let mut via_b = client_of(&b).await;
+
+    let started = via_b
+        .start(as_caller("alice-token", start_request(APP, NS)))
+        .await
+        .expect("Start through replica-b");
+    assert_eq!(answered_by(started.metadata()), Some("replica-a"));
+    assert!(a.applications().ownership(&app_id()).is_some());
+    assert!(
+        b.applications().ownership(&app_id()).is_none(),
+        "replica-b runs nothing"
+    );
+    let scaled = via_b
+        .set_total_expected(as_caller("alice-token", targets_request(APP, 3)))
+        .await
+        .expect("SetTotalExpected through replica-b");
+    assert_eq!(answered_by(scaled.metadata()), Some("replica-a"));
+    let status = via_b
+        .get_status(as_caller("alice-token", status_request(APP)))
+        .await
+        .expect("GetStatus through replica-b")
+        .into_inner();
+    assert_eq!(status.profiles[0].target, 3);
+    let deleted = via_b
+        .is_deleted(as_caller("alice-token", is_deleted_request(APP, "1")))
+        .await
+        .expect("IsDeleted through replica-b");
+    assert!(!deleted.into_inner().deleted);
+    via_b
+        .update_registered_executors(as_caller(
+            "alice-token",
+            proto::UpdateRegisteredExecutorsRequest {
+                application_id: APP.into(),
+                executor_ids: vec!["1".into()],
+            },
+        ))
+        .await
+        .expect("UpdateRegisteredExecutors through replica-b");
+    let mut events = via_b
+        .watch_executors(as_caller("alice-token", watch_request(APP, 0)))
+        .await
+        .expect("WatchExecutors through replica-b")
+        .into_inner();
+    until_event(&mut events, "the owner's first full state", |event| {
+        event.kind == proto::ExecutorEventKind::Synced as i32
+    })
+    .await;
+
+    // The forwarding replica lends no one its rights: the owner checks each caller.
+    let hijack = via_b
+        .set_total_expected(as_caller("mallory-token", targets_request(APP, 0)))
+        .await
+        .expect_err("mallory does not own alice's application");
+    assert_code(&hijack, Code::PermissionDenied, &[]);
+    assert_eq!(answered_by(hijack.metadata()), Some("replica-a"));
+    let nobody = via_b
+        .get_status(as_caller("eve-token", status_request(APP)))
+        .await
+        .expect_err("eve may do nothing");
+    assert_code(&nobody, Code::PermissionDenied, &[]);
+    let eve_start = via_b
+        .start(as_caller("eve-token", start_request("app-eve", NS)))
+        .await
+        .expect_err("eve may not create pods in team-a");
+    assert_code(&eve_start, Code::PermissionDenied, &["team-a"]);
+    assert_eq!(
+        answered_by(eve_start.metadata()),
+        None,
+        "refused where it arrived"
+    );
+    let forged = via_b
+        .get_status(as_caller("forged-token", status_request(APP)))
+        .await
+        .expect_err("no such token");
+    assert_code(&forged, Code::Unauthenticated, &[]);
+    assert_eq!(answered_by(forged.metadata()), None, "never forwarded");
+
+    // NOT_FOUND from the owner for an application no one runs.
+    let unknown = via_b
+        .get_status(as_caller("alice-token", status_request("app-nowhere")))
+        .await
+        .expect_err("no such application");
+    assert_code(&unknown, Code::NotFound, &["app-nowhere"]);
+
+    // A call marked as forwarded is answered where it arrives: one hop, never a loop.
+    let mut marked = as_caller("alice-token", status_request(APP));
+    marked.metadata_mut().insert(
+        FORWARDED_BY_METADATA,
+        "replica-x".parse().expect("metadata"),
+    );
+    let refused = via_b.get_status(marked).await.expect_err("not run here");
+    assert_code(&refused, Code::NotFound, &[APP]);
+
+    let stopped = via_b
+        .stop(as_caller("alice-token", stop_request(APP)))
+        .await
+        .expect("Stop through replica-b");
+    assert_eq!(answered_by(stopped.metadata()), Some("replica-a"));
+    assert!(a.applications().ownership(&app_id()).is_none());
+    let forwards = b_metrics.encode();
+    assert!(
+        forwards.contains("spark_pod_allocator_forwards_total{method=\"Start\",outcome=\"OK\"} 1"),
+        "{forwards}"
+    );
+    drop(events);
+    b.shutdown().await.expect("replica-b stops");
+    a.shutdown().await.expect("replica-a stops");
+}
+
+fn app_id() -> spark_pod_allocator::app::AppId {
+    spark_pod_allocator::app::AppId::parse(APP).expect("application id")
+}
