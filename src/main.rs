@@ -395,25 +395,20 @@ async fn serve(
 /// With TLS and no `ha.peer_ca_file` it advertises nothing: its applications' calls that
 /// reach another replica are answered UNAVAILABLE there, naming it.
 fn peer_settings(settings: &mut Settings, bound: SocketAddr) -> anyhow::Result<PeerSettings> {
-    let ha = &mut settings.ha;
-    ha.resolve_advertise_address(std::env::var("POD_IP").ok(), bound);
-    let ca_pem = match &ha.peer_ca_file {
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("cannot read ha.peer_ca_file {}", path.display()))?,
-        ),
-        None => None,
-    };
-    if settings.tls.enabled() && ca_pem.is_none() && ha.advertise_address.take().is_some() {
+    settings
+        .ha
+        .resolve_advertise_address(std::env::var("POD_IP").ok(), bound);
+    let peers = PeerSettings::load(&settings.ha).map_err(anyhow::Error::msg)?;
+    if settings.tls.enabled()
+        && peers.ca_pem.is_none()
+        && settings.ha.advertise_address.take().is_some()
+    {
         tracing::warn!(
             "tls is on without ha.peer_ca_file: the other replicas cannot forward calls here"
         );
     }
-    tracing::info!(advertise_address = ?ha.advertise_address, "where the other replicas forward this replica's applications' calls");
-    Ok(PeerSettings {
-        ca_pem,
-        server_name: ha.peer_server_name.clone(),
-    })
+    tracing::info!(advertise_address = ?settings.ha.advertise_address, "where the other replicas forward this replica's applications' calls");
+    Ok(peers)
 }
 
 /// The application layer's options, from the configuration.

@@ -3,29 +3,28 @@
 //! reaches the replica not holding the shard is answered by the holder, as the holder would
 //! answer it directly. The caller's own token travels with the forward and is checked
 //! again by the owner, so the forwarding replica lends no one its rights; a forward is
-//! never forwarded again.
-use std::sync::Arc;
+//! never forwarded again. With TLS, a replica forwards only to a peer whose certificate
+//! its `ha.peer_ca_file` verifies.
+use std::path::PathBuf;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use spark_pod_allocator::allocator::Timestamp;
 use spark_pod_allocator::app::{ManualClock, ServiceOptions};
-use spark_pod_allocator::auth::{AuthMode, AuthSettings, Gate};
+use spark_pod_allocator::auth::{AuthMode, AuthSettings};
 use spark_pod_allocator::grpc::ServeSettings;
-use spark_pod_allocator::grpc::forward::{
-    ANSWERED_BY_METADATA, FORWARDED_BY_METADATA, Forwarder, PeerSettings,
-};
+use spark_pod_allocator::grpc::forward::{ANSWERED_BY_METADATA, FORWARDED_BY_METADATA};
+use spark_pod_allocator::grpc::tls::TlsSettings;
 use spark_pod_allocator::ha::HaSettings;
-use spark_pod_allocator::k8s;
 use spark_pod_allocator::metrics::Metrics;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
-use spark_pod_allocator::runtime::{Builder, Service};
+use spark_pod_allocator::runtime::Service;
 use spark_pod_allocator_sim::{SimCluster, SimGrant, SimSettings, SimToken};
 use test_kit::grpc::{quiet_cluster, start_request, until_event};
 use test_kit::requests::*;
+use test_kit::tls::{certificate, tls_channel};
 use test_kit::wait::until;
-use tokio::net::TcpListener;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
 
@@ -64,45 +63,54 @@ fn cluster() -> SimSettings {
     settings
 }
 
-/// A replica named `identity`, wired as `main` wires one: it advertises the address it is
-/// bound to, forwards through its shard ownerships and reviews every caller.
-async fn replica(sim: &SimCluster, clock: &ManualClock, identity: &str) -> (Service, Metrics) {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-    let address = listener.local_addr().expect("address");
+/// The TLS of a replica: its certificate and key, and the CA it verifies its peers with.
+struct ReplicaTls {
+    cert: PathBuf,
+    key: PathBuf,
+    peer_ca: PathBuf,
+}
+
+/// A replica named `identity` (a 2 s lease), started as the test kit starts every service:
+/// it advertises the address it is bound to, forwards through its shard ownerships and
+/// reviews every caller.
+async fn replica(
+    sim: &SimCluster,
+    clock: &ManualClock,
+    identity: &str,
+    tls: Option<&ReplicaTls>,
+) -> (Service, Metrics) {
+    let mut ha = HaSettings {
+        identity: Some(identity.into()),
+        lease_duration_ms: 2000,
+        renew_deadline_ms: 1000,
+        retry_period_ms: 250,
+        ..HaSettings::default()
+    };
+    let metrics = Metrics::new();
+    let mut settings = ServeSettings {
+        metrics: metrics.clone(),
+        ..ServeSettings::default()
+    };
+    if let Some(tls) = tls {
+        settings.tls = TlsSettings {
+            cert_file: Some(tls.cert.clone()),
+            key_file: Some(tls.key.clone()),
+            ..TlsSettings::default()
+        };
+        ha.peer_ca_file = Some(tls.peer_ca.clone());
+        ha.peer_server_name = Some("localhost".into());
+    }
     let options = ServiceOptions {
-        ha: HaSettings {
-            identity: Some(identity.into()),
-            advertise_address: Some(address.to_string()),
-            lease_duration_ms: 2000,
-            renew_deadline_ms: 1000,
-            retry_period_ms: 250,
-            ..HaSettings::default()
-        },
+        ha,
         ..ServiceOptions::default()
     };
-    let client = || k8s::client(sim.kube_config()).expect("the service's client");
     let auth = AuthSettings {
         mode: AuthMode::Kubernetes,
         audiences: vec![AUDIENCE.into()],
         ..AuthSettings::default()
     };
-    let metrics = Metrics::new();
-    let core = Builder::new(client(), Arc::new(clock.clone()))
-        .with_options(options)
-        .with_metrics(metrics.clone())
-        .build();
-    let forwarder = Forwarder::new(
-        core.applications().ownerships().clone(),
-        PeerSettings::default(),
-        metrics.clone(),
-    );
-    let settings = ServeSettings {
-        gate: Gate::kubernetes(&auth, client()),
-        forwarder,
-        metrics: metrics.clone(),
-        ..ServeSettings::default()
-    };
-    (core.serve(settings, listener).expect("serves"), metrics)
+    let service = test_kit::grpc::serve(sim, clock, settings, options, Some(&auth)).await;
+    (service, metrics)
 }
 
 async fn client_of(service: &Service) -> ExecutorAllocatorClient<Channel> {
@@ -153,12 +161,12 @@ async fn every_call_through_the_replica_without_the_shard_is_answered_by_its_hol
         .await
         .expect("simulated cluster");
     let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-    let (a, _) = replica(&sim, &clock, "replica-a").await;
+    let (a, _) = replica(&sim, &clock, "replica-a", None).await;
     until("replica-a holds the shard", || async {
         holder(&sim).await.as_deref() == Some("replica-a")
     })
     .await;
-    let (b, b_metrics) = replica(&sim, &clock, "replica-b").await;
+    let (b, b_metrics) = replica(&sim, &clock, "replica-b", None).await;
     let mut via_b = client_of(&b).await;
 
     let started = via_b
@@ -266,6 +274,60 @@ async fn every_call_through_the_replica_without_the_shard_is_answered_by_its_hol
     drop(events);
     b.shutdown().await.expect("replica-b stops");
     a.shutdown().await.expect("replica-a stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_go_over_tls_only_to_a_peer_whose_certificate_the_replica_trusts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, cert, key) = certificate(dir.path(), "replicas");
+    let (other_ca, _, _) = certificate(dir.path(), "other");
+    let sim = SimCluster::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+    let trusting = |peer_ca: &PathBuf| ReplicaTls {
+        cert: cert.clone(),
+        key: key.clone(),
+        peer_ca: peer_ca.clone(),
+    };
+    let (a, _) = replica(&sim, &clock, "replica-a", Some(&trusting(&ca))).await;
+    until("replica-a holds the shard", || async {
+        holder(&sim).await.as_deref() == Some("replica-a")
+    })
+    .await;
+    let (b, _) = replica(&sim, &clock, "replica-b", Some(&trusting(&ca))).await;
+    // `c` trusts another CA: it cannot verify replica-a, so it sends it no caller's token.
+    let (c, c_metrics) = replica(&sim, &clock, "replica-c", Some(&trusting(&other_ca))).await;
+    let connect = |service: &Service| {
+        let address = service.address();
+        let ca = ca.clone();
+        async move {
+            ExecutorAllocatorClient::new(tls_channel(address, &ca).await.expect("TLS connect"))
+        }
+    };
+    let mut via_b = connect(&b).await;
+    let mut via_c = connect(&c).await;
+
+    let started = via_b
+        .start(as_caller("alice-token", start_request(APP, NS)))
+        .await
+        .expect("Start through replica-b, over TLS to replica-a");
+    assert_eq!(answered_by(started.metadata()), Some("replica-a"));
+    let refused = via_c
+        .get_status(as_caller("alice-token", status_request(APP)))
+        .await
+        .expect_err("replica-c cannot verify replica-a");
+    assert_code(&refused, Code::Unavailable, &["replica-a"]);
+    assert!(
+        c_metrics.encode().contains(
+            "spark_pod_allocator_forwards_total{method=\"GetStatus\",outcome=\"UNAVAILABLE\"} 1"
+        ),
+        "{}",
+        c_metrics.encode()
+    );
+    for service in [c, b, a] {
+        service.shutdown().await.expect("the replica stops");
+    }
 }
 
 fn app_id() -> spark_pod_allocator::app::AppId {

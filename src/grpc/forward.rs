@@ -48,6 +48,23 @@ pub struct PeerSettings {
     pub server_name: Option<String>,
 }
 
+impl PeerSettings {
+    /// The peer settings of `ha`: its CA read from `ha.peer_ca_file`, if set.
+    pub fn load(ha: &crate::ha::HaSettings) -> Result<Self, String> {
+        let ca_pem =
+            match &ha.peer_ca_file {
+                Some(path) => Some(std::fs::read(path).map_err(|err| {
+                    format!("cannot read ha.peer_ca_file {}: {err}", path.display())
+                })?),
+                None => None,
+            };
+        Ok(Self {
+            ca_pem,
+            server_name: ha.peer_server_name.clone(),
+        })
+    }
+}
+
 /// Where a call is answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {

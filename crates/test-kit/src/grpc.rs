@@ -13,6 +13,7 @@ use spark_pod_allocator::allocator::Timestamp;
 use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions};
 use spark_pod_allocator::auth::{AuthSettings, Gate};
 use spark_pod_allocator::grpc::ServeSettings;
+use spark_pod_allocator::grpc::forward::{Forwarder, PeerSettings};
 use spark_pod_allocator::k8s;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
@@ -253,13 +254,15 @@ pub fn assert_invalid(status: &tonic::Status, field: &str) {
 }
 
 /// Starts a service on `sim`'s cluster with time from `clock` and its gRPC server on
-/// 127.0.0.1:0, built as `main` builds it ([`Builder`]); with `auth`, callers are
+/// 127.0.0.1:0, built as `main` builds it ([`Builder`]): it advertises the address it is
+/// bound to (unless `options.ha` names one) and forwards calls for applications of shards
+/// other replicas hold (`options.ha`'s peer settings); with `auth`, callers are
 /// authenticated and authorized by the simulator's reviews.
 pub async fn serve(
     sim: &SimCluster,
     clock: &ManualClock,
     mut serve_settings: ServeSettings,
-    options: ServiceOptions,
+    mut options: ServiceOptions,
     auth: Option<&AuthSettings>,
 ) -> Service {
     // The service's own client, as `main` builds it (its User-Agent).
@@ -268,9 +271,19 @@ pub async fn serve(
         serve_settings.gate = Gate::kubernetes(auth, client());
     }
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
-    Builder::new(client(), Arc::new(clock.clone()))
+    let bound = listener.local_addr().expect("bound address");
+    options.ha.resolve_advertise_address(None, bound);
+    let peers = PeerSettings::load(&options.ha).expect("ha.peer_ca_file");
+    let core = Builder::new(client(), Arc::new(clock.clone()))
         .with_options(options)
-        .start(serve_settings, listener)
+        .with_metrics(serve_settings.metrics.clone())
+        .build();
+    serve_settings.forwarder = Forwarder::new(
+        core.applications().ownerships().clone(),
+        peers,
+        serve_settings.metrics.clone(),
+    );
+    core.serve(serve_settings, listener)
         .expect("service starts")
 }
 

@@ -10,6 +10,7 @@
 //! - [`requests`]: the gRPC requests the tests send most, built one way;
 //! - [`service`]: the service core in process (`Applications`, a `ManualClock`), the Start
 //!   fixture of the allocation scenarios and the waits on its rounds and snapshot;
+//! - [`tls`]: a test CA and a certificate it signed for `localhost` and 127.0.0.1;
 //! - [`wait`]: the one polling helper (a condition, a bound, never a fixed sleep);
 //! - [`process`]: the service binary as a process, read through its JSON log;
 //! - [`apiserver`], [`cluster`]: a real kube-apiserver and the backends of the contract
@@ -23,4 +24,5 @@ pub mod process;
 pub mod requests;
 pub mod service;
 pub mod sim;
+pub mod tls;
 pub mod wait;
