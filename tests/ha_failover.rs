@@ -18,7 +18,7 @@ use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::k8s::{USER_AGENT, replica_user_agent};
 use spark_pod_allocator_sim::SimCluster;
-use test_kit::grpc::batched_start_request;
+use test_kit::grpc::{batched_start_request, until_event};
 use test_kit::process::{connect_serving, pause, serve_with, wake};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
@@ -110,6 +110,12 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
         .get_status(status_request(APP))
         .await
         .expect("the owner runs it");
+    let mut events = client_b
+        .watch_executors(watch_request(APP, 0))
+        .await
+        .expect("WatchExecutors through replica-b")
+        .into_inner();
+    until_event(&mut events, "the owner's full state", synced).await;
     until("the first batch", || async {
         executor_ids(&sim).await.len() >= 2
     })
@@ -147,6 +153,9 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
     })
     .await;
     assert_eq!(holder(&sim).await, (Some("replica-b".into()), Some(1)));
+    // The forwarded stream outlived its owner: replica-b watched again where the
+    // application is now (itself), and the caller reads a fresh full state.
+    until_event(&mut events, "a full state from the new owner", synced).await;
     let ids = executor_ids(&sim).await;
     assert!(at_kill.is_subset(&ids), "{at_kill:?} ⊄ {ids:?}");
     assert_eq!(ids.len(), 8, "no pod beyond the target: {ids:?}");
@@ -257,6 +266,10 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
             .any(|(agent, _, _)| agent.starts_with(USER_AGENT)),
         "the replicas name themselves"
     );
+}
+
+fn synced(event: &spark_pod_allocator::proto::ExecutorEvent) -> bool {
+    event.kind == spark_pod_allocator::proto::ExecutorEventKind::Synced as i32
 }
 
 /// The replica that answered a call forwarded to it (`None`: the one called answered).

@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::{Stream, StreamExt as _};
+use futures::Stream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -177,6 +177,121 @@ impl AllocatorService {
         })
         .await
         .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
+    }
+}
+
+/// One open stream of an application's events: its actor's here, or its owner's.
+enum Events {
+    Here(crate::app::ExecutorEvents),
+    Owner(tonic::Streaming<proto::ExecutorEvent>),
+}
+
+/// What a WatchExecutors stream needs to be opened again elsewhere.
+struct Watch {
+    caller: Caller,
+    app: AppId,
+    metadata: tonic::metadata::MetadataMap,
+    since: u64,
+}
+
+/// How long a forwarded stream whose owner went away is tried again (wherever its
+/// application is then) before the caller gets the error: a failover, with room.
+const REWATCH_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+const REWATCH_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl AllocatorService {
+    /// The application's events from `since`: from its actor if this replica runs it,
+    /// else from its owner's stream.
+    async fn open_events(
+        &self,
+        caller: &Caller,
+        app: &AppId,
+        metadata: &tonic::metadata::MetadataMap,
+        since: u64,
+    ) -> Result<Events, CallError> {
+        let message = proto::WatchExecutorsRequest {
+            application_id: app.to_string(),
+            since,
+        };
+        let forwarded = self
+            .forwarded(
+                "WatchExecutors",
+                app,
+                metadata,
+                &message,
+                |mut owner, r| async move { owner.watch_executors(r).await },
+            )
+            .await;
+        if let Some(owner) = forwarded {
+            return Ok(Events::Owner(owner?.into_inner()));
+        }
+        self.authorize(caller, app, Access::Read).await?;
+        let events = self
+            .applications
+            .watch_executors(app, since, caller.user.as_deref())
+            .await?;
+        Ok(Events::Here(events))
+    }
+
+    /// The stream a caller reads. A forwarded stream whose owner goes away (killed,
+    /// partitioned) is opened again from its last event, wherever the application is then
+    /// (another replica, or this one after taking the shard): the caller reads on, with a
+    /// fresh full state if the new owner cannot resume from that event.
+    fn follow(&self, first: Events, mut watch: Watch, span: tracing::Span) -> ExecutorEventStream {
+        let service = self.clone();
+        Box::pin(async_stream::stream! {
+            let mut events = first;
+            loop {
+                let failed = match &mut events {
+                    Events::Here(local) => {
+                        // An application this replica runs: its stream ends with its actor.
+                        while let Some(event) = local.next().await {
+                            yield Ok(executor_event(event));
+                        }
+                        span.in_scope(|| tracing::debug!("executor event stream ended: the application's actor ended"));
+                        break;
+                    }
+                    Events::Owner(remote) => match remote.message().await {
+                        Ok(Some(event)) => {
+                            watch.since = event.sequence;
+                            yield Ok(event);
+                            continue;
+                        }
+                        Ok(None) => {
+                            span.in_scope(|| tracing::debug!("executor event stream ended by the owner"));
+                            break;
+                        }
+                        Err(status) => status,
+                    },
+                };
+                span.in_scope(|| tracing::info!(code = error::code_name(failed.code()), detail = failed.message(),
+                    since = watch.since, "the owner's event stream broke; watching again where the application is"));
+                match service.rewatch(&watch).await {
+                    Some(next) => events = next,
+                    None => {
+                        yield Err(failed);
+                        break;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Opens `watch` again, trying for up to [`REWATCH_WINDOW`].
+    async fn rewatch(&self, watch: &Watch) -> Option<Events> {
+        let deadline = tokio::time::Instant::now() + REWATCH_WINDOW;
+        loop {
+            match self
+                .open_events(&watch.caller, &watch.app, &watch.metadata, watch.since)
+                .await
+            {
+                Ok(events) => return Some(events),
+                Err(_) if tokio::time::Instant::now() + REWATCH_PAUSE < deadline => {
+                    tokio::time::sleep(REWATCH_PAUSE).await;
+                }
+                Err(_) => return None,
+            }
+        }
     }
 }
 
@@ -368,37 +483,17 @@ impl ExecutorAllocator for AllocatorService {
         let response = answer("WatchExecutors", &app_id, async {
             let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&req.application_id)?;
-            let forwarded = self
-                .forwarded("WatchExecutors", &app, &metadata, &req, |mut owner, r| async move {
-                    owner.watch_executors(r).await
-                })
-                .await;
-            if let Some(owner) = forwarded {
-                let mut events = owner?.into_inner();
-                tracing::debug!(since = req.since, "executor event stream opened on the owner");
-                let span = span.clone();
-                let stream = async_stream::stream! {
-                    while let Some(event) = events.next().await {
-                        yield event;
-                    }
-                    span.in_scope(|| tracing::debug!("forwarded executor event stream ended"));
-                };
-                return Ok(Response::new(Box::pin(stream) as ExecutorEventStream));
-            }
-            self.authorize(&caller, &app, Access::Read).await?;
-            let mut events = self
-                .applications
-                .watch_executors(&app, req.since, caller.user.as_deref())
+            let first = self
+                .open_events(&caller, &app, &metadata, req.since)
                 .await?;
             tracing::debug!(since = req.since, "executor event stream opened");
-            let span = span.clone();
-            let stream = async_stream::stream! {
-                while let Some(event) = events.next().await {
-                    yield Ok(executor_event(event));
-                }
-                span.in_scope(|| tracing::debug!("executor event stream ended: the application's actor ended"));
+            let watch = Watch {
+                caller,
+                app,
+                metadata,
+                since: req.since,
             };
-            Ok(Response::new(Box::pin(stream) as ExecutorEventStream))
+            Ok(Response::new(self.follow(first, watch, span.clone())))
         })
         .await?;
         Ok(response)
