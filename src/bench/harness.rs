@@ -17,7 +17,7 @@ use crate::runtime::Builder;
 /// when dropped).
 pub struct SimProcess {
     child: tokio::process::Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     /// A client of its API server.
     pub client: kube::Client,
 }
@@ -71,11 +71,12 @@ impl SimProcess {
                 break client;
             }
         };
-        Ok(Self {
-            child,
-            _dir: dir,
-            client,
-        })
+        Ok(Self { child, dir, client })
+    }
+
+    /// Its kubeconfig, for services in processes of their own.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
     }
 
     /// The service core (applications, shared watches, rate limit) against this cluster.

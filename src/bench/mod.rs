@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 
+pub mod failover;
 pub mod fairness;
 pub mod harness;
 pub mod many_apps;
@@ -55,6 +56,23 @@ pub enum Scenario {
         /// `tenants.watch_stream_buffer_bytes`.
         #[arg(long, default_value_t = crate::app::tenants::STREAM_BUFFER_BYTES)]
         buffer_bytes: usize,
+    },
+    /// Two replicas: forwarding's cost (IsDeleted through the non-owner against the owner),
+    /// and the time from the owner's kill, and from its Lease's expiry, to the other
+    /// replica's first create.
+    Failover {
+        /// `ha.lease_duration_ms` (whole seconds).
+        #[arg(long, default_value_t = 15_000)]
+        lease_ms: u64,
+        #[arg(long, default_value_t = 10_000)]
+        renew_deadline_ms: u64,
+        #[arg(long, default_value_t = 2_000)]
+        retry_ms: u64,
+        /// IsDeleted calls through each replica.
+        #[arg(long, default_value_t = 1_000)]
+        calls: u32,
+        #[arg(long, default_value_t = 200)]
+        executors: u32,
     },
     /// GetStatus latency under a burst of SetTotalExpected over many applications, then
     /// every application stopped at once.
@@ -108,6 +126,22 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<()> {
                 streams,
                 churn,
                 buffer_bytes,
+            })
+            .await
+        }
+        Scenario::Failover {
+            lease_ms,
+            renew_deadline_ms,
+            retry_ms,
+            calls,
+            executors,
+        } => {
+            failover::run(&failover::FailoverBench {
+                lease_ms,
+                renew_deadline_ms,
+                retry_ms,
+                calls: calls.max(1),
+                executors: executors.max(30),
             })
             .await
         }

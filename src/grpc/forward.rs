@@ -39,6 +39,9 @@ const ROUTES_CAPACITY: usize = 10_000;
 const UNARY_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long routing waits for shard keepers' first turns (a replica just started).
+pub const FIRST_TURN_WAIT: Duration = Duration::from_secs(10);
+
 /// How the replicas reach each other.
 #[derive(Debug, Clone, Default)]
 pub struct PeerSettings {
@@ -123,7 +126,8 @@ impl Forwarder {
     }
 
     /// The route of a Start for `namespace`: its shard's owner. A shard nobody reachable
-    /// owns is answered here (the fence then says why, UNAVAILABLE).
+    /// owns (or not known yet) is answered here: the fence waits for its keeper's first
+    /// turn, then says why, UNAVAILABLE.
     pub fn route_namespace(&self, namespace: &str, metadata: &MetadataMap) -> Route {
         let Some(inner) = self.inner.as_ref().filter(|_| !is_forwarded(metadata)) else {
             return Route::Here;
@@ -138,8 +142,9 @@ impl Forwarder {
         }
     }
 
-    /// The route of a call for `app`, which this replica runs when `here`.
-    pub fn route_application(&self, app: &str, here: bool, metadata: &MetadataMap) -> Route {
+    /// The route of a call for `app`, which this replica runs when `here`. Waits (at most
+    /// [`FIRST_TURN_WAIT`]) for shard keepers that have not finished a first turn.
+    pub async fn route_application(&self, app: &str, here: bool, metadata: &MetadataMap) -> Route {
         let Some(inner) = self
             .inner
             .as_ref()
@@ -148,6 +153,7 @@ impl Forwarder {
             return Route::Here;
         };
         let ownerships = &inner.ownerships;
+        ownerships.settled(FIRST_TURN_WAIT).await;
         let mut peers: Vec<Peer> = lock(&inner.routes).get(app).cloned().into_iter().collect();
         let mut unowned = None;
         for shard in ownerships.map().shards() {

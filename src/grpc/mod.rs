@@ -98,6 +98,7 @@ impl AllocatorService {
         match self
             .forwarder
             .route_application(app.as_str(), here, metadata)
+            .await
         {
             Route::Here => None,
             Route::Unowned(why) => Some(Err(CallError::Owner(forward::unavailable(&why)))),

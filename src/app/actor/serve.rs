@@ -10,7 +10,7 @@ use super::parts::{ApplicationParts, Engine};
 use super::phase::{Life, Phase};
 use super::requests::RequestTimes;
 use super::schedule::Scheduler;
-use super::work::{Outbox, Work, WorkDone};
+use super::work::{Outbox, UpkeepWork, Work, WorkDone};
 use crate::allocator::{ExecutorId, ResourceProfileId};
 use crate::app::budgets::{BudgetMembership, HeldBy};
 use crate::app::error::AppError;
@@ -65,6 +65,9 @@ pub(super) struct RegistrationState {
     pub current: Registration,
     /// It changed since it was last written (the next round writes it).
     pub dirty: bool,
+    /// The actor is ending and has sent its last write of it (see
+    /// [`ApplicationActor::write_last_registration`]).
+    pub last_sent: bool,
 }
 
 impl ApplicationActor {
@@ -92,6 +95,7 @@ impl ApplicationActor {
             outbox,
             backlog: Backlog::default(),
             registration: RegistrationState {
+                last_sent: false,
                 current: registration,
                 dirty: true,
             },
@@ -123,6 +127,7 @@ impl ApplicationActor {
             if let Phase::Ending { .. } = self.life.phase {
                 // No create may land after Stop's DELETE: unsent ones are skipped, those in
                 // flight awaited (every request has a deadline, so this ends).
+                self.write_last_registration();
                 if !self.outbox.in_flight() {
                     break;
                 }
@@ -170,6 +175,32 @@ impl ApplicationActor {
     fn stop(&mut self) {
         self.outbox.cancel_creates();
         self.life.end(false);
+    }
+
+    /// An actor stopped (not forgotten: its driver did not end) writes what its
+    /// registration lacks (a target or registered
+    /// executors the driver sent since the last round) once, as soon as no upkeep is in
+    /// flight: whoever resumes the application next (this service restarted, or the
+    /// replica taking its shard) starts from what the driver last said. A write its fence
+    /// refuses (the shard already gone) is not tried again.
+    fn write_last_registration(&mut self) {
+        let left_for_later = matches!(self.life.phase, Phase::Ending { forget: false });
+        if !left_for_later
+            || self.registration.last_sent
+            || !self.registration.dirty
+            || self.outbox.upkeep
+        {
+            return;
+        }
+        self.registration.last_sent = true;
+        self.registration.dirty = false;
+        self.outbox.send(Work::Round {
+            upkeep: Some(Box::new(UpkeepWork {
+                registration: Some(self.registration.current.clone()),
+                ..UpkeepWork::default()
+            })),
+            creates: Vec::new(),
+        });
     }
 
     /// A wake-up the scheduler asked for: a round while running; after the driver ended,

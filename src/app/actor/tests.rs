@@ -1,6 +1,6 @@
 //! The actor through its channels, as its worker and the watches see it: commands and pod
 //! events in, work requests out, their results back, with a manual clock and no Kubernetes.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -411,6 +411,45 @@ async fn stop_skips_unsent_creates_and_waits_for_the_work_in_flight() {
         !actor.forgotten.load(Ordering::SeqCst),
         "a stopped application is not forgotten"
     );
+}
+
+#[tokio::test]
+async fn a_stopped_actor_writes_what_the_driver_said_since_its_last_round() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    // Registered executors go into the registration with the next round, which has not
+    // come yet when the actor is stopped (a replica shutting down, handing its shard over).
+    actor
+        .handle
+        .update_registered(BTreeSet::from([ExecutorId(7)]))
+        .await
+        .expect("registered");
+    actor.no_work().await;
+    let handle = actor.handle.clone();
+    let stopped = tokio::spawn(async move { handle.stop().await });
+    match actor.next_work().await {
+        Work::Round {
+            upkeep: Some(upkeep),
+            creates,
+        } => {
+            assert!(creates.is_empty());
+            let registration = upkeep.registration.expect("the last registration");
+            assert_eq!(registration.registered, BTreeSet::from([7]));
+            assert!(upkeep.deletes.is_empty() && upkeep.record.is_none());
+        }
+        other => panic!("expected the registration's write, got {other:?}"),
+    }
+    actor.settle().await;
+    assert!(!stopped.is_finished(), "the write is awaited");
+    actor.answer(WorkDone::Upkeep(UpkeepDone {
+        registration_failed: true,
+        ..UpkeepDone::default()
+    }));
+    tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("a refused last write is not tried again: stopped within 5 s")
+        .expect("stop");
+    actor.no_work().await;
 }
 
 #[tokio::test]

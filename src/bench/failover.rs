@@ -1,0 +1,290 @@
+//! Failover and forwarding: two replicas of this binary (`serve`, one shard) on the
+//! simulated cluster (a child process), one application scaling up through the replica
+//! that does not own it. Measured in one run:
+//!
+//! - forwarding: IsDeleted through the non-owner (forwarded) against the owner directly,
+//!   the same number of calls, one at a time;
+//! - failover: the owner killed (SIGKILL) mid scale-up; the time from the kill, and from
+//!   its Lease's expiry (its last `renewTime` plus `leaseDurationSeconds`), to the other
+//!   replica's first create: the first executor above the ids the dead owner had
+//!   recorded, which only the new owner hands out. Goal: <= 5 s from the expiry.
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use tonic::transport::{Channel, Endpoint};
+
+use super::harness::{Latencies, SimProcess, ms, report};
+use crate::k8s::IdRecord;
+use crate::k8s::id_record::LAST_EXECUTOR_ID_KEY;
+use crate::proto;
+use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct FailoverBench {
+    /// `ha.lease_duration_ms` (whole seconds), `ha.renew_deadline_ms`, `ha.retry_period_ms`.
+    pub lease_ms: u64,
+    pub renew_deadline_ms: u64,
+    pub retry_ms: u64,
+    /// IsDeleted calls through each replica.
+    pub calls: u32,
+    /// The application's target.
+    pub executors: u32,
+}
+
+const NAMESPACE: &str = "default";
+const APP: &str = "bench-failover";
+const LEASE: &str = "spark-pod-allocator-shard-0";
+
+/// Runs the scenario and prints its figures.
+pub async fn run(bench: &FailoverBench) -> anyhow::Result<()> {
+    println!(
+        "failover: 2 replicas, lease {} ms, renew deadline {} ms, retry {} ms; {} executors",
+        bench.lease_ms, bench.renew_deadline_ms, bench.retry_ms, bench.executors
+    );
+    let sim = SimProcess::start(bench.executors + 100).await?;
+    let mut owner = Replica::start(&sim, bench, "replica-a").await?;
+    wait_for(
+        "replica-a to hold the shard",
+        Duration::from_secs(30),
+        || async { Ok(holder(&sim).await?.0.as_deref() == Some("replica-a")) },
+    )
+    .await?;
+    let other = Replica::start(&sim, bench, "replica-b").await?;
+    let mut via_other = other.client.clone();
+    let mut direct = owner.client.clone();
+    via_other
+        .start(proto::StartRequest {
+            application_id: APP.into(),
+            namespace: NAMESPACE.into(),
+            executor_pod_template: TEMPLATE.into(),
+            settings: Some(proto::AllocationSettings {
+                batch_size: Some(10),
+                batch_delay_ms: Some(1000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .context("Start through the non-owner")?;
+
+    // Forwarding: the same calls through either replica, alternating.
+    let (mut forwarded, mut owned) = (Vec::new(), Vec::new());
+    for i in 0..bench.calls {
+        let request = || proto::IsDeletedRequest {
+            application_id: APP.into(),
+            executor_id: (1 + i % 50).to_string(),
+        };
+        let began = Instant::now();
+        via_other.is_deleted(request()).await?;
+        forwarded.push(began.elapsed());
+        let began = Instant::now();
+        direct.is_deleted(request()).await?;
+        owned.push(began.elapsed());
+    }
+    let (forwarded, owned) = (Latencies::of(forwarded), Latencies::of(owned));
+    println!("  IsDeleted through the owner:     {owned}");
+    println!("  IsDeleted through the non-owner: {forwarded}");
+    println!(
+        "  forwarding costs {:.2}x at p50, {:.2}x at p99 (non-owner / owner, same run)",
+        ms(forwarded.p50) / ms(owned.p50).max(f64::MIN_POSITIVE),
+        ms(forwarded.p99) / ms(owned.p99).max(f64::MIN_POSITIVE)
+    );
+
+    via_other
+        .set_total_expected(proto::SetTotalExpectedRequest {
+            application_id: APP.into(),
+            executors_per_profile: [(0, bench.executors)].into(),
+            ..Default::default()
+        })
+        .await
+        .context("SetTotalExpected through the non-owner")?;
+    wait_for("the first batches", Duration::from_secs(60), || async {
+        Ok(executor_ids(&sim).await?.len() >= 20)
+    })
+    .await?;
+    owner.child.start_kill().context("SIGKILL")?;
+    let killed = Instant::now();
+    owner.child.wait().await?;
+    // What the dead owner left: the ids it recorded, its last renewal.
+    let recorded = recorded_last_id(&sim).await?;
+    let (_, renewed) = holder(&sim).await?;
+    let expiry_after_kill = renewed
+        .map(|renewed| {
+            let expiry = renewed + Duration::from_millis(bench.lease_ms);
+            expiry
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let expired_at = killed + expiry_after_kill;
+    let mut taken_over = None;
+    let first_create = loop {
+        if killed.elapsed() > Duration::from_secs(120) {
+            bail!("no create by the new owner within 120 s of the kill");
+        }
+        if taken_over.is_none() && holder(&sim).await?.0.as_deref() == Some("replica-b") {
+            taken_over = Some(killed.elapsed());
+        }
+        if executor_ids(&sim).await?.iter().any(|id| *id > recorded) {
+            break killed.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let from_expiry = (killed + first_create).saturating_duration_since(expired_at);
+    println!(
+        "  kill -> the Lease's expiry {:.0} ms, -> replica-b holds it {:.0} ms, -> its first create {:.0} ms",
+        ms(expiry_after_kill),
+        taken_over.map_or(f64::NAN, ms),
+        ms(first_create)
+    );
+    report(
+        "  the Lease's expiry -> the new owner's first create",
+        ms(from_expiry),
+        5000.0,
+        "ms",
+    );
+    drop(other);
+    sim.stop().await;
+    Ok(())
+}
+
+const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
+
+/// One replica: this binary's `serve` as a child process (killed when dropped).
+struct Replica {
+    child: tokio::process::Child,
+    client: ExecutorAllocatorClient<Channel>,
+}
+
+impl Replica {
+    async fn start(
+        sim: &SimProcess,
+        bench: &FailoverBench,
+        identity: &str,
+    ) -> anyhow::Result<Self> {
+        let address = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").context("free port")?;
+            listener.local_addr()?
+        };
+        let env = [
+            ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity.to_string()),
+            (
+                "SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS",
+                bench.lease_ms.to_string(),
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS",
+                bench.renew_deadline_ms.to_string(),
+            ),
+            (
+                "SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS",
+                bench.retry_ms.to_string(),
+            ),
+            ("SPARK_POD_ALLOCATOR__LOG__FILTER", "warn".to_string()),
+        ];
+        let child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["serve", "--listen", &address.to_string()])
+            .env(
+                "SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG",
+                sim.kubeconfig(),
+            )
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting a replica")?;
+        let channel = Endpoint::from_shared(format!("http://{address}"))?.connect_lazy();
+        // Until it listens, a health watch fails at once: ask again.
+        wait_for(
+            &format!("{identity} to serve"),
+            Duration::from_secs(60),
+            || {
+                let channel = channel.clone();
+                async move {
+                    let watch = crate::runtime::wait_until_serving(channel);
+                    Ok(tokio::time::timeout(Duration::from_secs(5), watch)
+                        .await
+                        .is_ok_and(|served| served.is_ok()))
+                }
+            },
+        )
+        .await?;
+        Ok(Self {
+            child,
+            client: ExecutorAllocatorClient::new(channel),
+        })
+    }
+}
+
+async fn wait_for<F, Fut>(what: &str, bound: Duration, done: F) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + bound;
+    while !done().await? {
+        if Instant::now() > deadline {
+            bail!("waited {} s for {what}", bound.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// The shard's holder and its last renewal (wall clock, as the holder wrote it).
+async fn holder(
+    sim: &SimProcess,
+) -> anyhow::Result<(Option<String>, Option<std::time::SystemTime>)> {
+    let leases: Api<Lease> = Api::namespaced(sim.client.clone(), NAMESPACE);
+    let Some(lease) = leases.get_opt(LEASE).await? else {
+        return Ok((None, None));
+    };
+    let spec = lease.spec.unwrap_or_default();
+    let renewed = spec.renew_time.and_then(|t| {
+        let nanos = t.0.as_nanosecond();
+        let nanos = u64::try_from(nanos).ok()?;
+        Some(std::time::UNIX_EPOCH + Duration::from_nanos(nanos))
+    });
+    Ok((spec.holder_identity, renewed))
+}
+
+async fn executor_ids(sim: &SimProcess) -> anyhow::Result<Vec<u64>> {
+    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NAMESPACE);
+    let listed = pods
+        .list(
+            &ListParams::default().labels(&format!("spark-app-selector={APP},spark-role=executor")),
+        )
+        .await?;
+    Ok(listed
+        .items
+        .iter()
+        .filter_map(|pod| {
+            pod.metadata
+                .labels
+                .as_ref()?
+                .get("spark-exec-id")?
+                .parse()
+                .ok()
+        })
+        .collect())
+}
+
+/// The highest id the application's record holds (its ConfigMap: no driver pod).
+async fn recorded_last_id(sim: &SimProcess) -> anyhow::Result<u64> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(sim.client.clone(), NAMESPACE);
+    let record = config_maps.get(&IdRecord::config_map_name(APP)).await?;
+    let recorded = record
+        .data
+        .as_ref()
+        .and_then(|data| data.get(LAST_EXECUTOR_ID_KEY))
+        .context("the id record has no last executor id")?;
+    Ok(recorded.parse()?)
+}
