@@ -333,7 +333,8 @@ async fn run_once(
                     counts[i] = targets[i];
                 }
             }
-            // Apps still arriving have no target yet: their zero demand is not counted.
+            // Sampled once every driver has asked (the arrivals come before the first
+            // sample); an application with no pod at all yet still counts, as 0.
             if let Some(j) = jain(&counts, &shares) {
                 fairness.push(j);
                 in_phase.push(j);
