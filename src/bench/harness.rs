@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::{AllocationSettings, ResourceProfileId};
 use crate::app::{AppId, Applications, ServiceOptions, StartApplication, SystemClock};
+use crate::metrics::Metrics;
 use crate::runtime::Builder;
 
 /// The simulated cluster, run by this binary's `simulate` in a child process (killed
@@ -81,8 +82,15 @@ impl SimProcess {
 
     /// The service core (applications, shared watches, rate limit) against this cluster.
     pub fn service(&self, options: ServiceOptions) -> Applications {
+        self.service_with_metrics(options, Metrics::default())
+    }
+
+    /// [`Self::service`] recording into `metrics`, for a scenario that reads the service's
+    /// counters (its refused creates).
+    pub fn service_with_metrics(&self, options: ServiceOptions, metrics: Metrics) -> Applications {
         Builder::new(self.client.clone(), Arc::new(SystemClock))
             .with_options(options)
+            .with_metrics(metrics)
             .build()
             .into_applications()
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 
+pub mod budgets;
 pub mod failover;
 pub mod fairness;
 pub mod harness;
@@ -73,6 +74,32 @@ pub enum Scenario {
         calls: u32,
         #[arg(long, default_value_t = 200)]
         executors: u32,
+    },
+    /// Applications with changing demand over a namespace budget, against the same demand
+    /// racing for a ResourceQuota of the same pods: Jain's fairness index over time, the
+    /// time for held demand to be admitted, and the creates refused 403/429.
+    Budgets {
+        #[arg(long, default_value_t = 20)]
+        applications: u32,
+        /// The namespace budget (and the quota's pods in the run without it).
+        #[arg(long, default_value_t = 200)]
+        max_executors: u32,
+        /// The largest target an application asks for.
+        #[arg(long, default_value_t = 40)]
+        max_target: u32,
+        #[arg(long, default_value_t = 8)]
+        phases: u32,
+        /// Seconds of each phase of constant demand.
+        #[arg(long, default_value_t = 8)]
+        phase_s: u64,
+        /// Milliseconds between two drivers' first targets.
+        #[arg(long, default_value_t = 100)]
+        arrival_ms: u64,
+        /// Milliseconds between two measurements.
+        #[arg(long, default_value_t = 250)]
+        sample_ms: u64,
+        #[arg(long, default_value_t = 24)]
+        seed: u64,
     },
     /// GetStatus latency under a burst of SetTotalExpected over many applications, then
     /// every application stopped at once.
@@ -142,6 +169,28 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<()> {
                 retry_ms,
                 calls: calls.max(1),
                 executors: executors.max(30),
+            })
+            .await
+        }
+        Scenario::Budgets {
+            applications,
+            max_executors,
+            max_target,
+            phases,
+            phase_s,
+            arrival_ms,
+            sample_ms,
+            seed,
+        } => {
+            budgets::run(&budgets::BudgetsBench {
+                applications: applications.max(1),
+                max_executors: max_executors.max(1),
+                max_target,
+                phases: phases.max(1),
+                phase: Duration::from_secs(phase_s.max(1)),
+                arrival: Duration::from_millis(arrival_ms),
+                sample: Duration::from_millis(sample_ms.max(10)),
+                seed,
             })
             .await
         }

@@ -50,9 +50,12 @@ const (
 // Helm chart installed for real, what makes its objects real: Deployments get ReplicaSets and
 // those their pods, a Service its EndpointSlices, a PodDisruptionBudget its status, and the
 // aggregated ClusterRoles (admin, edit, view) their rules, so that a namespace admin can be
-// given `admin` as in any cluster.
+// given `admin` as in any cluster. For the budgets' tests, the resourcequota controller:
+// a ResourceQuota gets its status (hard, used), without which the quota admission plugin
+// refuses every pod it counts.
 const controllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller," +
-	"deployment-controller,replicaset-controller,endpointslice-controller,disruption-controller,clusterrole-aggregation-controller"
+	"deployment-controller,replicaset-controller,endpointslice-controller,disruption-controller,clusterrole-aggregation-controller," +
+	"resourcequota-controller"
 
 // The label of the nodes kwok manages, as in kwok's own documentation.
 const kwokNodeLabel = "type=kwok"

@@ -5,6 +5,7 @@
 //! docs/real-apiserver.md.
 mod allocation;
 mod binary;
+mod budgets;
 mod chart;
 mod conformance;
 mod control_plane;
