@@ -139,14 +139,21 @@ def check_network_policy(case, docs, config):
     if sorted(spec.get("policyTypes", [])) != ["Egress", "Ingress"]:
         problem(case, f"policyTypes {spec.get('policyTypes')}")
     egress = spec.get("egress", [])
-    if len(egress) != 2:
-        problem(case, f"{len(egress)} egress rules, not 2 (API server, DNS)")
+    if len(egress) != 3:
+        problem(case, f"{len(egress)} egress rules, not 3 (API server, DNS, the other replicas)")
+    deployment = next((d for d in docs if d["kind"] == "Deployment"), None)
+    replicas = [{"podSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}}] \
+        if deployment else None
     for rule in egress:
         if not rule.get("to") or not rule.get("ports"):
             problem(case, f"an egress rule open to every destination or port: {rule}")
             continue
         ports = {(p.get("port"), p.get("protocol")) for p in rule["ports"]}
-        if all("ipBlock" in peer for peer in rule["to"]):
+        if rule["to"] == replicas:
+            # The other replicas' gRPC port only (forwarded calls).
+            if ports != {("grpc", "TCP")}:
+                problem(case, f"the replicas' rule admits {ports}")
+        elif all("ipBlock" in peer for peer in rule["to"]):
             if any(protocol != "TCP" for _, protocol in ports):
                 problem(case, f"the API server rule admits {ports}")
         elif ports != {(53, "UDP"), (53, "TCP")}:

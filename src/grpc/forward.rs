@@ -42,6 +42,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long routing waits for shard keepers' first turns (a replica just started).
 pub const FIRST_TURN_WAIT: Duration = Duration::from_secs(10);
 
+/// How long routing waits for a keeper's fresh turn when its last Lease request failed
+/// (the API server may be back); a call is answered UNAVAILABLE after it at worst.
+const LEASE_RETRY_WAIT: Duration = Duration::from_secs(2);
+
 /// How the replicas reach each other.
 #[derive(Debug, Clone, Default)]
 pub struct PeerSettings {
@@ -157,7 +161,7 @@ impl Forwarder {
         let mut peers: Vec<Peer> = lock(&inner.routes).get(app).cloned().into_iter().collect();
         let mut unowned = None;
         for shard in ownerships.map().shards() {
-            match ownerships.owner(shard) {
+            match ownerships.owner_now(shard, LEASE_RETRY_WAIT).await {
                 ShardOwner::Here => {}
                 ShardOwner::Peer(peer) => {
                     if !peers.contains(&peer) {

@@ -138,6 +138,24 @@ impl Ownerships {
         }
     }
 
+    /// Who acts on `shard`, after trying its Lease again at once (waiting at most `retry`)
+    /// when its keeper's last request failed: the API server may be back.
+    pub async fn owner_now(&self, shard: Shard, retry: Duration) -> ShardOwner {
+        let failed = matches!(
+            self.state(shard),
+            ShardState::NotOwned { error: Some(_), .. }
+        );
+        if failed
+            && let (Some(poke), Some(rx)) = (self.pokes.get(shard.0 as usize), self.receiver(shard))
+        {
+            let mut rx = rx.clone();
+            rx.borrow_and_update();
+            poke.notify_one();
+            let _ = tokio::time::timeout(retry, rx.changed()).await;
+        }
+        self.owner(shard)
+    }
+
     /// Every shard with its changes, for whoever acts on them.
     pub fn receivers(&self) -> Vec<(Shard, watch::Receiver<ShardState>)> {
         self.map

@@ -21,7 +21,10 @@ use test_kit::service::{
 };
 use test_kit::wait::until;
 
-/// Each scenario as two tests: `<scenario>::simulator` and `<scenario>::real_api_server`.
+/// Each scenario as three tests: `<scenario>::simulator`, `<scenario>::real_api_server`
+/// and `<scenario>::real_scheduler_and_controllers` (the real server with kube-scheduler
+/// and kube-controller-manager running beside it, no nodes: the scheduler marks each pod
+/// Unschedulable until the scenario binds it, the garbage collector acts).
 macro_rules! contract {
     ($($scenario:ident),* $(,)?) => {$(
         mod $scenario {
@@ -36,6 +39,19 @@ macro_rules! contract {
             async fn real_api_server() {
                 let Some(cluster) =
                     test_kit::cluster::RealBackend::start(stringify!($scenario)).await
+                else {
+                    return;
+                };
+                super::$scenario(&cluster).await;
+                test_kit::cluster::Cluster::finish(&cluster).await;
+            }
+
+            #[tokio::test]
+            async fn real_scheduler_and_controllers() {
+                let Some(cluster) = test_kit::cluster::RealBackend::with_controllers(
+                    &format!("{}-cp", stringify!($scenario)),
+                )
+                .await
                 else {
                     return;
                 };

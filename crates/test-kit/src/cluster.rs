@@ -109,6 +109,9 @@ static SHARED: OnceCell<Arc<Shared>> = OnceCell::const_new();
 /// The test binary's shared server with a scheduler, a controller-manager and kwok nodes.
 static SHARED_CONTROL_PLANE: OnceCell<Arc<Shared>> = OnceCell::const_new();
 
+/// The test binary's shared server with a scheduler and a controller-manager, no nodes.
+static SHARED_CONTROLLERS: OnceCell<Arc<Shared>> = OnceCell::const_new();
+
 /// A real API server's scenario: namespaces `<scenario>-a` and `<scenario>-b`.
 pub struct RealBackend {
     shared: Arc<Shared>,
@@ -139,6 +142,30 @@ impl RealBackend {
         let shared = SHARED_CONTROL_PLANE
             .get_or_init(|| async move {
                 Arc::new(Shared::start(&binary, &[apiserver::CONTROL_PLANE], &[], true).await)
+            })
+            .await
+            .clone();
+        Some(Self::on(shared, scenario).await)
+    }
+
+    /// [`Self::start`] on the test binary's shared server that runs a kube-scheduler and a
+    /// kube-controller-manager ([`apiserver::CONTROL_PLANE`]) but no nodes: the scheduler
+    /// finds nowhere to put a pod and marks it Unschedulable until the scenario binds it
+    /// (playing kubelet, as on the bare server), and the garbage collector, namespace and
+    /// service-account controllers act as in a cluster.
+    pub async fn with_controllers(scenario: &str) -> Option<Self> {
+        let binary = apiserver::binary()?;
+        let shared = SHARED_CONTROLLERS
+            .get_or_init(|| async move {
+                Arc::new(
+                    Shared::start(
+                        &binary,
+                        &[apiserver::CONTROL_PLANE, "--kwok-nodes", "0"],
+                        &[],
+                        true,
+                    )
+                    .await,
+                )
             })
             .await
             .clone();
