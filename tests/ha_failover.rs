@@ -77,17 +77,11 @@ fn writes_of(sim: &SimCluster, identity: &str) -> u64 {
         .sum()
 }
 
-async fn kubeconfig(sim: &SimCluster, dir: &tempfile::TempDir) -> std::path::PathBuf {
-    let path = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&path).expect("kubeconfig");
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_the_lease() {
     let sim = manual_cluster().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = kubeconfig(&sim, &dir).await;
+    let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
     let (mut a, address_a) = replica(&kubeconfig, "replica-a").await;
     let mut client_a = connect_serving(&address_a).await;
     let (_b, address_b) = replica(&kubeconfig, "replica-b").await;
@@ -181,7 +175,7 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
 async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
     let sim = manual_cluster().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = kubeconfig(&sim, &dir).await;
+    let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
     let (a, address_a) = replica(&kubeconfig, "replica-a").await;
     let mut client_a = connect_serving(&address_a).await;
     let (_b, address_b) = replica(&kubeconfig, "replica-b").await;

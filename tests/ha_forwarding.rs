@@ -25,8 +25,8 @@ use test_kit::grpc::{quiet_cluster, start_request, until_event};
 use test_kit::requests::*;
 use test_kit::tls::{certificate, tls_channel};
 use test_kit::wait::until;
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Request};
+use tonic::transport::Channel;
+use tonic::Code;
 
 const AUDIENCE: &str = "spark-pod-allocator";
 const ALICE: &str = "system:serviceaccount:team-a:alice";
@@ -114,22 +114,7 @@ async fn replica(
 }
 
 async fn client_of(service: &Service) -> ExecutorAllocatorClient<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{}", service.address()))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    ExecutorAllocatorClient::new(channel)
-}
-
-/// `message` with `authorization: Bearer <token>`.
-fn as_caller<T>(token: &str, message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("metadata value"),
-    );
-    request
+    test_kit::grpc::connect(service.address()).await.1
 }
 
 fn answered_by(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {

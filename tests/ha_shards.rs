@@ -83,12 +83,6 @@ async fn executors(sim: &SimCluster) -> BTreeMap<String, BTreeSet<u64>> {
     all
 }
 
-async fn kubeconfig(sim: &SimCluster, dir: &tempfile::TempDir) -> std::path::PathBuf {
-    let path = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&path).expect("kubeconfig");
-    path
-}
-
 /// Every application at `target` executors, none beyond it.
 async fn all_at(sim: &SimCluster, target: u32) {
     let target = usize::try_from(target).expect("a small target");
@@ -234,7 +228,7 @@ impl Drivers {
 async fn the_owner_of_every_shard_killed_mid_scale_up_its_applications_finish_on_the_others() {
     let sim = cluster().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = kubeconfig(&sim, &dir).await;
+    let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
     let (mut a, _) = replica(&kubeconfig, "replica-a").await;
     until("replica-a holds every shard", || async {
         holders(&sim)
@@ -282,7 +276,7 @@ async fn the_owner_of_every_shard_killed_mid_scale_up_its_applications_finish_on
 async fn a_rolling_restart_of_every_replica_under_load_loses_nothing() {
     let sim = cluster().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = kubeconfig(&sim, &dir).await;
+    let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
     let identities = ["replica-a", "replica-b", "replica-c"];
     let mut replicas = Vec::new();
     for identity in identities {

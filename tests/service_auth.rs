@@ -93,16 +93,6 @@ fn auth() -> AuthSettings {
     }
 }
 
-/// `message` sent with `authorization: Bearer <token>`.
-fn as_caller<T>(token: &str, message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("metadata value"),
-    );
-    request
-}
-
 /// alice starts `app` in team-a and asks for `n` executors.
 async fn alice_starts(h: &mut Harness, app: &str, n: u32) {
     h.client

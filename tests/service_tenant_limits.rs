@@ -66,14 +66,7 @@ fn with_limits(tenants: TenantLimits) -> ServiceOptions {
 
 /// `message` sent with `authorization: Bearer <name>-token`.
 fn as_caller<T>(name: &str, message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {name}-token")
-            .parse()
-            .expect("metadata value"),
-    );
-    request
+    test_kit::requests::as_caller(&format!("{name}-token"), message)
 }
 
 /// Asserts RESOURCE_EXHAUSTED whose message starts with the limit's configuration key.

@@ -36,7 +36,7 @@ const FORWARDED_METADATA: [&str; 2] = ["authorization", super::server::REQUEST_I
 const ROUTES_CAPACITY: usize = 10_000;
 
 /// Deadline of a forwarded unary call, and of connecting to a peer.
-const UNARY_TIMEOUT: Duration = Duration::from_secs(30);
+pub const UNARY_DEADLINE: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long routing waits for shard keepers' first turns (a replica just started).
@@ -70,6 +70,19 @@ impl PeerSettings {
             server_name: ha.peer_server_name.clone(),
         })
     }
+}
+
+/// One call to forward: which, for which application, to whom, with what deadline.
+pub struct Forward<'a> {
+    pub method: &'static str,
+    pub app: &'a str,
+    /// The replicas to ask in turn.
+    pub peers: Vec<Peer>,
+    /// A shard nobody reachable owns now (the application may be there).
+    pub unowned: Option<String>,
+    /// [`UNARY_DEADLINE`] for a unary call; none for a stream, which lasts as long as
+    /// the owner's.
+    pub deadline: Option<Duration>,
 }
 
 /// Where a call is answered.
@@ -180,14 +193,12 @@ impl Forwarder {
         }
     }
 
-    /// Sends `message` to the first of `peers` that knows `app` (through `call`), and
-    /// returns its answer. NOT_FOUND from every peer is NOT_FOUND, unless a peer could not
-    /// be reached or a shard has no owner now (`unowned`): then UNAVAILABLE, retry.
-    pub async fn unary<M, R, F, Fut>(
+    /// Sends `message` to the first of `forward.peers` that knows `forward.app` (through
+    /// `call`), and returns its answer. NOT_FOUND from every peer is NOT_FOUND, unless a
+    /// peer could not be reached or a shard has no owner now: then UNAVAILABLE, retry.
+    pub async fn send<M, R, F, Fut>(
         &self,
-        method: &'static str,
-        app: &str,
-        route: (Vec<Peer>, Option<String>),
+        forward: Forward<'_>,
         metadata: &MetadataMap,
         message: M,
         call: F,
@@ -197,38 +208,17 @@ impl Forwarder {
         F: Fn(PeerClient, Request<M>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
     {
-        self.forward(
+        let Forward {
             method,
             app,
-            route,
-            metadata,
-            message,
-            call,
-            Some(UNARY_TIMEOUT),
-        )
-        .await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn forward<M, R, F, Fut>(
-        &self,
-        method: &'static str,
-        app: &str,
-        route: (Vec<Peer>, Option<String>),
-        metadata: &MetadataMap,
-        message: M,
-        call: F,
-        timeout: Option<Duration>,
-    ) -> Result<tonic::Response<R>, Status>
-    where
-        M: Clone,
-        F: Fn(PeerClient, Request<M>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
-    {
+            peers,
+            unowned,
+            deadline,
+        } = forward;
         let Some(inner) = &self.inner else {
             return Err(Status::internal("forwarding is off"));
         };
-        let (peers, mut unowned) = route;
+        let mut unowned = unowned;
         let mut not_found = None;
         for peer in peers {
             let client = match inner.client(&peer.address) {
@@ -240,23 +230,25 @@ impl Forwarder {
                 }
             };
             let mut request = inner.request(metadata, message.clone());
-            if let Some(timeout) = timeout {
-                request.set_timeout(timeout);
+            if let Some(deadline) = deadline {
+                request.set_timeout(deadline);
             }
             match call(client, request).await {
                 Ok(reply) => {
                     inner.metrics.forwarded(method, "OK");
                     inner.remember(app, &peer);
                     let mut reply = reply;
-                    if let Ok(identity) = MetadataValue::try_from(peer.identity.as_str()) {
-                        reply.metadata_mut().insert(ANSWERED_BY_METADATA, identity);
-                    }
+                    mark_answered_by(reply.metadata_mut(), &peer);
                     return Ok(reply);
                 }
                 Err(status) => {
                     let outcome = inner.outcome(method, &peer, &status);
                     match outcome {
-                        Outcome::Answer => return Err(answered_by(status, &peer)),
+                        Outcome::Answer => {
+                            let mut status = status;
+                            mark_answered_by(status.metadata_mut(), &peer);
+                            return Err(status);
+                        }
                         Outcome::NotHere => {
                             inner.forget(app, &peer);
                             not_found.get_or_insert(status);
@@ -274,28 +266,6 @@ impl Forwarder {
             (None, Some(status)) => Err(status),
             (None, None) => Err(Status::internal("no replica to forward to")),
         }
-    }
-
-    /// Opens `app`'s event stream on the first of `peers` that knows it (as
-    /// [`Forwarder::unary`]). The stream ends when the owner's does: after a failover the
-    /// caller watches again from its last sequence.
-    pub async fn stream<M, R, F, Fut>(
-        &self,
-        method: &'static str,
-        app: &str,
-        route: (Vec<Peer>, Option<String>),
-        metadata: &MetadataMap,
-        message: M,
-        call: F,
-    ) -> Result<tonic::Response<tonic::Streaming<R>>, Status>
-    where
-        M: Clone,
-        F: Fn(PeerClient, Request<M>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<tonic::Streaming<R>>, Status>>,
-    {
-        // The stream's head answers like a unary call; it has no deadline of its own.
-        self.forward(method, app, route, metadata, message, call, None)
-            .await
     }
 }
 
@@ -401,12 +371,11 @@ impl Inner {
 /// Metadata naming the replica that answered a forwarded call.
 pub const ANSWERED_BY_METADATA: &str = "x-spark-pod-allocator-answered-by";
 
-/// The owner's answer, marked with who gave it.
-fn answered_by(mut status: Status, peer: &Peer) -> Status {
+/// Marks an owner's answer with who gave it.
+fn mark_answered_by(metadata: &mut MetadataMap, peer: &Peer) {
     if let Ok(identity) = MetadataValue::try_from(peer.identity.as_str()) {
-        status.metadata_mut().insert(ANSWERED_BY_METADATA, identity);
+        metadata.insert(ANSWERED_BY_METADATA, identity);
     }
-    status
 }
 
 /// UNAVAILABLE with the retry hint: the shard is changing hands.

@@ -80,13 +80,15 @@ impl AllocatorService {
         self
     }
 
-    /// The owner's answer when another replica runs `app` (`None`: answer here).
+    /// The owner's answer when another replica runs `app` (`None`: answer here), sent
+    /// with `deadline` (none for a stream).
     async fn forwarded<M, R, F, Fut>(
         &self,
         method: &'static str,
         app: &AppId,
         metadata: &tonic::metadata::MetadataMap,
         message: &M,
+        deadline: Option<std::time::Duration>,
         call: F,
     ) -> Option<CallResult<R>>
     where
@@ -102,19 +104,21 @@ impl AllocatorService {
         {
             Route::Here => None,
             Route::Unowned(why) => Some(Err(CallError::Owner(forward::unavailable(&why)))),
-            Route::Peers { peers, unowned } => Some(
-                self.forwarder
-                    .unary(
-                        method,
-                        app.as_str(),
-                        (peers, unowned),
-                        metadata,
-                        message.clone(),
-                        call,
-                    )
-                    .await
-                    .map_err(CallError::Owner),
-            ),
+            Route::Peers { peers, unowned } => {
+                let forward = forward::Forward {
+                    method,
+                    app: app.as_str(),
+                    peers,
+                    unowned,
+                    deadline,
+                };
+                Some(
+                    self.forwarder
+                        .send(forward, metadata, message.clone(), call)
+                        .await
+                        .map_err(CallError::Owner),
+                )
+            }
         }
     }
 
@@ -220,6 +224,7 @@ impl AllocatorService {
                 app,
                 metadata,
                 &message,
+                None,
                 |mut owner, r| async move { owner.watch_executors(r).await },
             )
             .await;
@@ -528,16 +533,18 @@ impl ExecutorAllocator for AllocatorService {
             if let Route::Peers { peers, unowned } =
                 self.forwarder.route_namespace(namespace, &metadata)
             {
+                let forward = forward::Forward {
+                    method: "Start",
+                    app: &app_id,
+                    peers,
+                    unowned,
+                    deadline: Some(forward::UNARY_DEADLINE),
+                };
                 return self
                     .forwarder
-                    .unary(
-                        "Start",
-                        &app_id,
-                        (peers, unowned),
-                        &metadata,
-                        req,
-                        |mut owner, r| async move { owner.start(r).await },
-                    )
+                    .send(forward, &metadata, req, |mut owner, r| async move {
+                        owner.start(r).await
+                    })
                     .await
                     .map_err(CallError::Owner);
             }
@@ -582,6 +589,7 @@ impl ExecutorAllocator for AllocatorService {
                     &app,
                     &metadata,
                     &req,
+                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.set_total_expected(r).await },
                 )
                 .await;
@@ -621,6 +629,7 @@ impl ExecutorAllocator for AllocatorService {
                     &app,
                     &metadata,
                     &message,
+                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.is_deleted(r).await },
                 )
                 .await;
@@ -651,6 +660,7 @@ impl ExecutorAllocator for AllocatorService {
                     &app,
                     &metadata,
                     &message,
+                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.update_registered_executors(r).await },
                 )
                 .await;
@@ -675,9 +685,14 @@ impl ExecutorAllocator for AllocatorService {
             let caller = self.caller(&metadata, peer).await?;
             let app = validate::application_id(&app_id)?;
             let forwarded = self
-                .forwarded("Stop", &app, &metadata, &req, |mut owner, r| async move {
-                    owner.stop(r).await
-                })
+                .forwarded(
+                    "Stop",
+                    &app,
+                    &metadata,
+                    &req,
+                    Some(forward::UNARY_DEADLINE),
+                    |mut owner, r| async move { owner.stop(r).await },
+                )
                 .await;
             if let Some(owner) = forwarded {
                 return owner;
@@ -706,6 +721,7 @@ impl ExecutorAllocator for AllocatorService {
                     &app,
                     &metadata,
                     &req,
+                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.get_status(r).await },
                 )
                 .await;

@@ -288,7 +288,7 @@ pub async fn serve(
 }
 
 /// A plaintext channel to the server at `address` and the allocator's client over it.
-async fn connect(address: SocketAddr) -> (Channel, ExecutorAllocatorClient<Channel>) {
+pub async fn connect(address: SocketAddr) -> (Channel, ExecutorAllocatorClient<Channel>) {
     let channel = Endpoint::from_shared(format!("http://{address}"))
         .expect("endpoint")
         .connect()

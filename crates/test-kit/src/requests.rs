@@ -58,3 +58,13 @@ pub fn stop_request(app: impl Into<String>) -> proto::StopRequest {
         application_id: app.into(),
     }
 }
+
+/// `message` sent with `authorization: Bearer <token>`.
+pub fn as_caller<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("metadata value"),
+    );
+    request
+}

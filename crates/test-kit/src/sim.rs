@@ -180,3 +180,10 @@ pub async fn next_within<S: futures::Stream + Unpin>(stream: &mut S) -> Option<S
         .await
         .expect("the stream yields within the bound")
 }
+
+/// Writes a kubeconfig of `sim` into `dir` (for the service binary) and returns its path.
+pub fn kubeconfig_in(sim: &SimCluster, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&path).expect("kubeconfig");
+    path
+}
