@@ -25,8 +25,8 @@ use test_kit::grpc::{quiet_cluster, start_request, until_event};
 use test_kit::requests::*;
 use test_kit::tls::{certificate, tls_channel};
 use test_kit::wait::until;
-use tonic::transport::Channel;
 use tonic::Code;
+use tonic::transport::Channel;
 
 const AUDIENCE: &str = "spark-pod-allocator";
 const ALICE: &str = "system:serviceaccount:team-a:alice";
