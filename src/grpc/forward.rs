@@ -35,6 +35,9 @@ const FORWARDED_METADATA: [&str; 2] = ["authorization", super::server::REQUEST_I
 /// saves asking the owners in turn).
 const ROUTES_CAPACITY: usize = 10_000;
 
+/// Peers' channels kept at once.
+const PEER_CHANNELS: usize = 64;
+
 /// Deadline of a forwarded unary call, and of connecting to a peer.
 pub const UNARY_DEADLINE: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -291,6 +294,11 @@ impl Inner {
             return Ok(ExecutorAllocatorClient::new(channel.clone()));
         }
         let channel = self.connect(address)?;
+        // Replicas come and go with new pod IPs: past a bound, the channels start afresh
+        // (each connects again on its next call).
+        if channels.len() >= PEER_CHANNELS {
+            channels.clear();
+        }
         channels.insert(address.to_string(), channel.clone());
         Ok(ExecutorAllocatorClient::new(channel))
     }
