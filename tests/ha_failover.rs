@@ -19,7 +19,7 @@ use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::k8s::{USER_AGENT, replica_user_agent};
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::{batched_start_request, until_event};
-use test_kit::process::{connect_serving, pause, serve_with, wake};
+use test_kit::process::{connect_serving, pause, serve_replica, wake};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
 use test_kit::sim::manual_cluster;
@@ -36,18 +36,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 /// A replica named `identity`: a 2 s lease, renewed every 250 ms, acted on for 1 s after
 /// each renewal.
 async fn replica(kubeconfig: &Path, identity: &str) -> (Child, String) {
-    serve_with(
-        BIN,
-        kubeconfig,
-        &Default::default(),
-        &[
-            ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity),
-            ("SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS", "2000"),
-            ("SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS", "1000"),
-            ("SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS", "250"),
-        ],
-    )
-    .await
+    serve_replica(BIN, kubeconfig, identity, &[]).await
 }
 
 async fn executor_ids(sim: &SimCluster) -> BTreeSet<u64> {

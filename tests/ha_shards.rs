@@ -16,7 +16,7 @@ use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::batched_start_request;
-use test_kit::process::{connect_serving, serve_with, terminate};
+use test_kit::process::{connect_serving, serve_replica, terminate};
 use test_kit::requests::*;
 use test_kit::wait::until;
 use tokio::process::Child;
@@ -29,17 +29,11 @@ const NAMESPACES: [&str; 5] = ["ns-1", "ns-2", "ns-3", "ns-4", "ns-5"];
 
 /// A replica named `identity` of an installation of four shards.
 async fn replica(kubeconfig: &Path, identity: &str) -> (Child, String) {
-    serve_with(
+    serve_replica(
         BIN,
         kubeconfig,
-        &Default::default(),
-        &[
-            ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity),
-            ("SPARK_POD_ALLOCATOR__HA__SHARDS", "4"),
-            ("SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS", "2000"),
-            ("SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS", "1000"),
-            ("SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS", "250"),
-        ],
+        identity,
+        &[("SPARK_POD_ALLOCATOR__HA__SHARDS", "4")],
     )
     .await
 }

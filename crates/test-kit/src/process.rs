@@ -120,6 +120,25 @@ pub fn terminate(child: &Child) {
     signal(child, "-TERM");
 }
 
+/// [`serve_with`] for a replica named `identity` with a short lease (2 s, renewed every
+/// 250 ms, acted on for 1 s after each renewal), as the failover tests run several, with
+/// `env` on top.
+pub async fn serve_replica(
+    bin: &str,
+    kubeconfig: &Path,
+    identity: &str,
+    env: &[(&str, &str)],
+) -> (Child, String) {
+    let mut all = vec![
+        ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity),
+        ("SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS", "2000"),
+        ("SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS", "1000"),
+        ("SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS", "250"),
+    ];
+    all.extend_from_slice(env);
+    serve_with(bin, kubeconfig, &Default::default(), &all).await
+}
+
 /// Pauses the process (SIGSTOP), as a frozen VM or a long stop-the-world pause does.
 pub fn pause(child: &Child) {
     signal(child, "-STOP");
