@@ -8,7 +8,6 @@
 //!   its Lease's expiry (its last `renewTime` plus `leaseDurationSeconds`), to the other
 //!   replica's first create: the first executor above the ids the dead owner had
 //!   recorded, which only the new owner hands out. Goal: <= 5 s from the expiry.
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -16,9 +15,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Api;
 use kube::api::ListParams;
-use tonic::transport::{Channel, Endpoint};
 
-use super::harness::{Latencies, SimProcess, ms, report};
+use super::harness::{Latencies, ServeProcess, SimProcess, ms, report, wait_for};
 use crate::k8s::IdRecord;
 use crate::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use crate::proto;
@@ -48,14 +46,14 @@ pub async fn run(bench: &FailoverBench) -> anyhow::Result<()> {
         bench.lease_ms, bench.renew_deadline_ms, bench.retry_ms, bench.executors
     );
     let sim = SimProcess::start(bench.executors + 100).await?;
-    let mut owner = Replica::start(&sim, bench, "replica-a").await?;
+    let mut owner = replica(&sim, bench, "replica-a").await?;
     wait_for(
         "replica-a to hold the shard",
         Duration::from_secs(30),
         || async { Ok(holder(&sim).await?.0.as_deref() == Some("replica-a")) },
     )
     .await?;
-    let other = Replica::start(&sim, bench, "replica-b").await?;
+    let other = replica(&sim, bench, "replica-b").await?;
     let mut via_other = other.client.clone();
     let mut direct = owner.client.clone();
     via_other
@@ -156,87 +154,28 @@ pub async fn run(bench: &FailoverBench) -> anyhow::Result<()> {
 
 const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: spark-kubernetes-executor\n    image: spark:4\n";
 
-/// One replica: this binary's `serve` as a child process (killed when dropped).
-struct Replica {
-    child: tokio::process::Child,
-    client: ExecutorAllocatorClient<Channel>,
-}
-
-impl Replica {
-    async fn start(
-        sim: &SimProcess,
-        bench: &FailoverBench,
-        identity: &str,
-    ) -> anyhow::Result<Self> {
-        let address = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").context("free port")?;
-            listener.local_addr()?
-        };
-        let env = [
-            ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity.to_string()),
-            (
-                "SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS",
-                bench.lease_ms.to_string(),
-            ),
-            (
-                "SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS",
-                bench.renew_deadline_ms.to_string(),
-            ),
-            (
-                "SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS",
-                bench.retry_ms.to_string(),
-            ),
-            ("SPARK_POD_ALLOCATOR__LOG__FILTER", "warn".to_string()),
-        ];
-        let child = tokio::process::Command::new(std::env::current_exe()?)
-            .args(["serve", "--listen", &address.to_string()])
-            .env(
-                "SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG",
-                sim.kubeconfig(),
-            )
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting a replica")?;
-        let channel = Endpoint::from_shared(format!("http://{address}"))?.connect_lazy();
-        // Until it listens, a health watch fails at once: ask again.
-        wait_for(
-            &format!("{identity} to serve"),
-            Duration::from_secs(60),
-            || {
-                let channel = channel.clone();
-                async move {
-                    let watch = crate::runtime::wait_until_serving(channel);
-                    Ok(tokio::time::timeout(Duration::from_secs(5), watch)
-                        .await
-                        .is_ok_and(|served| served.is_ok()))
-                }
-            },
-        )
-        .await?;
-        Ok(Self {
-            child,
-            client: ExecutorAllocatorClient::new(channel),
-        })
-    }
-}
-
-async fn wait_for<F, Fut>(what: &str, bound: Duration, done: F) -> anyhow::Result<()>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + bound;
-    while !done().await? {
-        if Instant::now() > deadline {
-            bail!("waited {} s for {what}", bound.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
+/// One replica: [`ServeProcess`] with short Leases and `identity`.
+async fn replica(
+    sim: &SimProcess,
+    bench: &FailoverBench,
+    identity: &str,
+) -> anyhow::Result<ServeProcess> {
+    let env = [
+        ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity.to_string()),
+        (
+            "SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS",
+            bench.lease_ms.to_string(),
+        ),
+        (
+            "SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS",
+            bench.renew_deadline_ms.to_string(),
+        ),
+        (
+            "SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS",
+            bench.retry_ms.to_string(),
+        ),
+    ];
+    ServeProcess::start(&sim.kubeconfig(), &env).await
 }
 
 /// The shard's holder and its last renewal (wall clock, as the holder wrote it).

@@ -1,17 +1,19 @@
 //! What the scenarios share: the simulated cluster as a child process, the service core
 //! against it, a template, latency summaries and this process's resident memory.
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::allocator::{AllocationSettings, ResourceProfileId};
 use crate::app::{AppId, Applications, ServiceOptions, StartApplication, SystemClock};
 use crate::metrics::Metrics;
+use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
 use crate::runtime::Builder;
 
 /// The simulated cluster, run by this binary's `simulate` in a child process (killed
@@ -101,6 +103,101 @@ impl SimProcess {
     }
 }
 
+/// This binary's `serve` in a child process (killed when dropped): loopback, no
+/// authentication, its kubeconfig and any other settings from the environment.
+pub struct ServeProcess {
+    pub child: tokio::process::Child,
+    pub client: ExecutorAllocatorClient<Channel>,
+}
+
+impl ServeProcess {
+    /// Starts it against `kubeconfig` with the `SPARK_POD_ALLOCATOR__…` settings in `env`
+    /// and waits until it serves.
+    pub async fn start(kubeconfig: &Path, env: &[(&str, String)]) -> anyhow::Result<Self> {
+        let address = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").context("free port")?;
+            listener.local_addr()?
+        };
+        let child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["serve", "--listen", &address.to_string()])
+            .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
+            .env("SPARK_POD_ALLOCATOR__LOG__FILTER", "warn")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting `serve`")?;
+        let channel = Endpoint::from_shared(format!("http://{address}"))?.connect_lazy();
+        // Until it listens, a health watch fails at once: ask again.
+        wait_for("`serve` to serve", Duration::from_secs(60), || {
+            let channel = channel.clone();
+            async move {
+                let watch = crate::runtime::wait_until_serving(channel);
+                Ok(tokio::time::timeout(Duration::from_secs(5), watch)
+                    .await
+                    .is_ok_and(|served| served.is_ok()))
+            }
+        })
+        .await?;
+        Ok(Self {
+            child,
+            client: ExecutorAllocatorClient::new(channel),
+        })
+    }
+
+    /// Its resident memory in bytes.
+    pub fn rss_bytes(&self) -> anyhow::Result<u64> {
+        let pid = self.child.id().context("`serve` has exited")?;
+        vm_rss(&format!("/proc/{pid}/status"))
+    }
+
+    /// Stops it as Kubernetes would (SIGTERM: its applications hand over, its Leases are
+    /// released), and kills it after `grace`.
+    pub async fn terminate(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            let _ = tokio::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Polls `done` every 20 ms until it says so, for at most `bound`.
+pub async fn wait_for<F, Fut>(what: &str, bound: Duration, done: F) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    wait_every(what, bound, Duration::from_millis(20), done).await
+}
+
+/// Polls `done` every `every` until it says so, for at most `bound`.
+pub async fn wait_every<F, Fut>(
+    what: &str,
+    bound: Duration,
+    every: Duration,
+    done: F,
+) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + bound;
+    while !done().await? {
+        if Instant::now() > deadline {
+            bail!("waited {} s for {what}", bound.as_secs());
+        }
+        tokio::time::sleep(every).await;
+    }
+    Ok(())
+}
+
 /// A small executor pod template.
 pub fn template() -> anyhow::Result<Pod> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -149,7 +246,12 @@ pub async fn running(apps: &Applications, app: &AppId) -> anyhow::Result<u32> {
 
 /// This process's resident memory in bytes (Linux `/proc/self/status`).
 pub fn rss_bytes() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").context("/proc/self/status")?;
+    vm_rss("/proc/self/status")
+}
+
+/// `VmRSS` of a `/proc/<pid>/status` file, in bytes.
+fn vm_rss(path: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(path).with_context(|| path.to_string())?;
     let kb = status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
@@ -160,7 +262,7 @@ pub fn rss_bytes() -> anyhow::Result<u64> {
                 .parse::<u64>()
                 .ok()
         })
-        .context("no VmRSS in /proc/self/status")?;
+        .with_context(|| format!("no VmRSS in {path}"))?;
     Ok(kb * 1024)
 }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::Subcommand;
 
+pub mod api_load;
 pub mod budgets;
+pub mod control_plane;
 pub mod failover;
 pub mod fairness;
 pub mod harness;
@@ -21,6 +23,14 @@ pub mod streams;
 pub enum Scenario {
     /// Time to N executors Running, per allocation policy, against N / QPS + pod start.
     ScaleUp(scale_up::Args),
+    /// On the real control plane (the test API server with a scheduler and kwok nodes):
+    /// time to N executors Running for the service, Spark's own allocator and a bare
+    /// client at the API server's limit, in the same run, with their requests.
+    ControlPlane(control_plane::Args),
+    /// On the real control plane: the requests of many applications through the service
+    /// against Spark drivers with their own allocator, during the scale-up and at steady
+    /// state.
+    ApiLoad(api_load::Args),
     /// Memory per executor at N Running executors over repeated resyncs (the simulator in a
     /// child process, so the memory measured is the service's alone).
     Memory {
@@ -116,6 +126,8 @@ pub enum Scenario {
 pub async fn run(scenario: Scenario) -> anyhow::Result<()> {
     match scenario {
         Scenario::ScaleUp(args) => scale_up::run(args).await,
+        Scenario::ControlPlane(args) => control_plane::run(args).await,
+        Scenario::ApiLoad(args) => api_load::run(args).await,
         Scenario::Memory {
             executors,
             resyncs,

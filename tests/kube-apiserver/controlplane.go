@@ -106,6 +106,7 @@ type controlPlaneOptions struct {
 	enabled      bool
 	nodes        int
 	runningDelay time.Duration
+	schedulerQPS float64
 }
 
 // controlPlane is the set of running component processes.
@@ -155,6 +156,13 @@ func startControlPlane(ctx context.Context, dir string, opts controlPlaneOptions
 			"--manage-nodes-with-label-selector=" + kwokNodeLabel,
 			"--node-lease-duration-seconds=0",
 		},
+	}
+	// Each bind is one request: at the default 50 QPS the scheduler, not the API server, bounds
+	// how fast pods start (the benchmarks lift it to measure the API server's own limit).
+	if opts.schedulerQPS > 0 {
+		components[0] = append(components[0],
+			fmt.Sprintf("--kube-api-qps=%g", opts.schedulerQPS),
+			fmt.Sprintf("--kube-api-burst=%d", int(2*opts.schedulerQPS)))
 	}
 	for _, args := range components {
 		if err := cp.spawn(self, dir, args); err != nil {

@@ -118,6 +118,7 @@ func run() error {
 	flag.BoolVar(&cpOpts.enabled, "control-plane", false, "also run kube-scheduler, kube-controller-manager and kwok (fake nodes and kubelets)")
 	flag.IntVar(&cpOpts.nodes, "kwok-nodes", 2, "how many nodes kwok fakes (with --control-plane)")
 	flag.DurationVar(&cpOpts.runningDelay, "kwok-running-delay", 0, "how long a pod bound to a kwok node stays Pending before Running, unless its annotation says otherwise")
+	flag.Float64Var(&cpOpts.schedulerQPS, "scheduler-qps", 0, "the kube-scheduler's client QPS (burst twice that); 0 keeps its default of 50, which bounds binds per second")
 	flag.Parse()
 	if *dir == "" {
 		return errors.New("--dir is required")

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A Spark driver with Spark's own executor allocator (OwnAllocatorDriver), for
+# `spark-pod-allocator bench control-plane` and `bench api-load`.
+#
+#   clients/spark/own-allocator-driver.sh --prepare
+#       resolves Spark's jars (Maven) and compiles the driver, once per Spark version
+#   clients/spark/own-allocator-driver.sh URL CA_FILE TOKEN NAMESPACE EXECUTORS APP
+#       runs one driver until its stdin closes
+#
+# SPARK_VERSION picks the Spark version (default 4.2.0); DRIVER_HEAP its heap (default 512m).
+set -euo pipefail
+cd "$(dirname "$0")"
+version=${SPARK_VERSION:-4.2.0}
+out="target/own-allocator-$version"
+
+prepare() {
+  mkdir -p "$out/classes"
+  mvn -B -ntp -q -Dstyle.color=never -Dspark.version="$version" dependency:build-classpath \
+    -Dmdep.includeScope=test -Dmdep.outputFile="$out/classpath"
+  mvn -B -ntp -q -Dstyle.color=never -Dspark.version="$version" help:evaluate \
+    -Dexpression=spark.java17.opens -Doutput="$out/jvm-options"
+  javac -nowarn -d "$out/classes" -cp "$(cat "$out/classpath")" \
+    src/test/java/io/github/sparkpodallocator/spark/OwnAllocatorDriver.java
+  touch "$out/ready"
+}
+
+if [ "${1:-}" = "--prepare" ]; then
+  prepare
+  exit 0
+fi
+if [ "$#" -ne 6 ]; then
+  echo "usage: $0 --prepare | URL CA_FILE TOKEN NAMESPACE EXECUTORS APP" >&2
+  exit 2
+fi
+[ -f "$out/ready" ] || prepare
+read -r -a opens < "$out/jvm-options"
+exec java "${opens[@]}" "-Xmx${DRIVER_HEAP:-512m}" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+  -cp "$out/classes:src/test/resources:$(cat "$out/classpath")" io.github.sparkpodallocator.spark.OwnAllocatorDriver "$@"
