@@ -33,6 +33,7 @@ if [ "$#" -ne 6 ]; then
   exit 2
 fi
 [ -f "$out/ready" ] || prepare
-read -r -a opens < "$out/jvm-options"
+# help:evaluate writes the options without a final newline, so read reports EOF.
+read -r -a opens < "$out/jvm-options" || [ "${#opens[@]}" -gt 0 ]
 exec java "${opens[@]}" "-Xmx${DRIVER_HEAP:-512m}" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
   -cp "$out/classes:src/test/resources:$(cat "$out/classpath")" io.github.sparkpodallocator.spark.OwnAllocatorDriver "$@"

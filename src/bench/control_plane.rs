@@ -378,12 +378,16 @@ async fn measure(
     let reached = reached?;
     let requests = requests?;
     let first = watch.first_seen().context("no pod seen")?;
+    let seconds = reached.saturating_duration_since(first).as_secs_f64();
+    // The scale-up only: the samples after N (the contender's teardown) are not plotted.
+    let mut samples = watch.samples(first);
+    samples.retain(|(at, _)| *at <= seconds);
     Ok(Outcome {
-        seconds: reached.saturating_duration_since(first).as_secs_f64(),
+        seconds,
         first_pod: first.saturating_duration_since(started).as_secs_f64(),
         requests,
         rss,
-        samples: watch.samples(first),
+        samples,
     })
 }
 

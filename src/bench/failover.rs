@@ -20,7 +20,6 @@ use super::harness::{Latencies, ServeProcess, SimProcess, ms, report, wait_for};
 use crate::k8s::IdRecord;
 use crate::k8s::id_record::LAST_EXECUTOR_ID_KEY;
 use crate::proto;
-use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
 
 /// What to run.
 #[derive(Debug, Clone)]

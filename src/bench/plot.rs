@@ -20,11 +20,13 @@ const TOP: i32 = 50;
 const BOTTOM: i32 = 70;
 /// Pixels per font pixel.
 const TEXT_SCALE: i32 = 2;
-const COLORS: [RGBColor; 4] = [
+const COLORS: [RGBColor; 6] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
 ];
 
 /// Writes `series` (x: seconds, y: executors Running) to `path` as a PNG.
