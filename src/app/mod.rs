@@ -526,6 +526,14 @@ impl Applications {
                                 applications.inner.resumed.lock().await.remove(&shard);
                             }
                         }
+                        // Handed to another replica: the actors stop while the fences
+                        // still pass (each writes its registration's last change), then
+                        // the keeper releases the Lease.
+                        ShardState::Draining(owned) => {
+                            applications.let_go(shard, None).await;
+                            applications.inner.ctx.metrics.shard_released();
+                            applications.inner.ownerships.drained(shard, owned.epoch);
+                        }
                         // Another replica holds it: it resumes the applications.
                         ShardState::NotOwned {
                             holder: Some(_), ..
@@ -546,7 +554,12 @@ impl Applications {
         let owned = ownerships
             .map()
             .shards()
-            .filter(|shard| matches!(ownerships.state(*shard), ShardState::Owned(_)))
+            .filter(|shard| {
+                matches!(
+                    ownerships.state(*shard),
+                    ShardState::Owned(_) | ShardState::Draining(_)
+                )
+            })
             .count();
         self.inner.ctx.metrics.set_shards_owned(owned);
     }
@@ -819,8 +832,39 @@ impl Applications {
         self.check_running()?;
         match self.entry(app) {
             Some((_, Some(actor), _)) => Ok(actor),
-            _ => Err(AppError::NotFound(app.to_string())),
+            _ => match self.resuming() {
+                Some(shard) => Err(AppError::Unavailable(format!(
+                    "this replica has just taken shard {shard} (its Lease {}) and is resuming \
+                     its applications",
+                    shard.lease_name()
+                ))),
+                None => Err(AppError::NotFound(app.to_string())),
+            },
         }
+    }
+
+    /// A shard this replica holds whose registrations are not resumed yet (its
+    /// applications are unknown here for a moment): a call for an application not found
+    /// is then UNAVAILABLE, retried, not NOT_FOUND. A shard taken from a graceful
+    /// handover or a rebalancing move is resumed within a moment.
+    fn resuming(&self) -> Option<Shard> {
+        let ownerships = &self.inner.ownerships;
+        let owned: Vec<(Shard, i32)> = ownerships
+            .map()
+            .shards()
+            .filter_map(|shard| match ownerships.state(shard) {
+                ShardState::Owned(owned) => Some((shard, owned.epoch)),
+                _ => None,
+            })
+            .collect();
+        let Ok(resumed) = self.inner.resumed.try_lock() else {
+            // A resume runs now.
+            return owned.first().map(|(shard, _)| *shard);
+        };
+        owned
+            .into_iter()
+            .find(|(shard, epoch)| resumed.get(shard) != Some(epoch))
+            .map(|(shard, _)| shard)
     }
 
     /// The shards this replica holds, as its keepers publish them.
