@@ -311,6 +311,13 @@ impl Fence {
         }
     }
 
+    /// True while the shard is held at the fence's epoch and not being handed over: an
+    /// application registered once its shard drains would escape the drain's sweep.
+    pub fn is_current(&self) -> bool {
+        matches!(&*self.state.borrow(),
+            ShardState::Owned(owned) if owned.epoch == self.epoch && owned.is_valid(Instant::now()))
+    }
+
     /// The shard it fences.
     pub fn shard(&self) -> Shard {
         self.shard
