@@ -894,28 +894,19 @@ impl Applications {
         }
     }
 
-    /// A shard this replica holds whose registrations are not resumed yet (its
-    /// applications are unknown here for a moment): a call for an application not found
-    /// is then UNAVAILABLE, retried, not NOT_FOUND. A shard taken from a graceful
-    /// handover or a rebalancing move is resumed within a moment.
+    /// A shard this replica holds while a resume of registrations runs (its applications
+    /// are unknown here for a moment): a call for an application not found is then
+    /// UNAVAILABLE, retried, not NOT_FOUND.
     fn resuming(&self) -> Option<Shard> {
+        // A resume holds the registry of resumed shards while it runs.
+        if self.inner.resumed.try_lock().is_ok() {
+            return None;
+        }
         let ownerships = &self.inner.ownerships;
-        let owned: Vec<(Shard, i32)> = ownerships
+        ownerships
             .map()
             .shards()
-            .filter_map(|shard| match ownerships.state(shard) {
-                ShardState::Owned(owned) => Some((shard, owned.epoch)),
-                _ => None,
-            })
-            .collect();
-        let Ok(resumed) = self.inner.resumed.try_lock() else {
-            // A resume runs now.
-            return owned.first().map(|(shard, _)| *shard);
-        };
-        owned
-            .into_iter()
-            .find(|(shard, epoch)| resumed.get(shard) != Some(epoch))
-            .map(|(shard, _)| shard)
+            .find(|shard| matches!(ownerships.state(*shard), ShardState::Owned(_)))
     }
 
     /// The shards this replica holds, as its keepers publish them.
