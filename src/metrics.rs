@@ -157,6 +157,7 @@ struct Inner {
     watch_streams: Gauge,
     shards_owned: Gauge,
     shard_acquisitions: Counter,
+    shards_released: Counter,
     writes_fenced: Counter,
     forwards: Family<ForwardLabels, Counter>,
     budget_executors: Family<BudgetLabels, Gauge>,
@@ -332,6 +333,12 @@ impl Metrics {
             "Times this replica took a shard (its Lease changed hands to it, or it was created)",
             shard_acquisitions.clone(),
         );
+        let shards_released = Counter::default();
+        registry.register(
+            "shards_released",
+            "Shards this replica drained and released for another replica to take (rebalancing)",
+            shards_released.clone(),
+        );
         let writes_fenced = Counter::default();
         registry.register(
             "writes_fenced",
@@ -392,6 +399,7 @@ impl Metrics {
                 watch_streams,
                 shards_owned,
                 shard_acquisitions,
+                shards_released,
                 writes_fenced,
                 forwards,
                 budget_executors,
@@ -469,6 +477,11 @@ impl Metrics {
     /// This replica took a shard.
     pub fn shard_acquired(&self) {
         self.inner.shard_acquisitions.inc();
+    }
+
+    /// A shard drained and released for another replica (rebalancing).
+    pub fn shard_released(&self) {
+        self.inner.shards_released.inc();
     }
 
     /// A write refused by its fence (the shard is not this replica's any more).

@@ -242,6 +242,8 @@ struct Registry {
     /// The keepers of this replica's shard Leases: released by [`Applications::shutdown`],
     /// and stopped with the registry (its Leases then expire).
     keepers: Mutex<Option<ShardKeepers>>,
+    /// The last shard drained for another replica, and when ([`Applications::not_here`]).
+    handed_over: Mutex<Option<(Shard, std::time::Instant)>>,
 }
 
 /// The shard Lease keepers of a service. Released (handed to another replica at once)
@@ -328,6 +330,7 @@ impl Applications {
                 ownerships,
                 resumed: tokio::sync::Mutex::new(HashMap::new()),
                 keepers: Mutex::new(None),
+                handed_over: Mutex::new(None),
             }),
         }
     }
@@ -526,6 +529,16 @@ impl Applications {
                                 applications.inner.resumed.lock().await.remove(&shard);
                             }
                         }
+                        // Handed to another replica: the actors stop while the fences
+                        // still pass (each writes its registration's last change), then
+                        // the keeper releases the Lease.
+                        ShardState::Draining(owned) => {
+                            applications.drain(shard).await;
+                            *lock_registry(&applications.inner.handed_over) =
+                                Some((shard, std::time::Instant::now()));
+                            applications.inner.ctx.metrics.shard_released();
+                            applications.inner.ownerships.drained(shard, owned.epoch);
+                        }
                         // Another replica holds it: it resumes the applications.
                         ShardState::NotOwned {
                             holder: Some(_), ..
@@ -546,7 +559,12 @@ impl Applications {
         let owned = ownerships
             .map()
             .shards()
-            .filter(|shard| matches!(ownerships.state(*shard), ShardState::Owned(_)))
+            .filter(|shard| {
+                matches!(
+                    ownerships.state(*shard),
+                    ShardState::Owned(_) | ShardState::Draining(_)
+                )
+            })
             .count();
         self.inner.ctx.metrics.set_shards_owned(owned);
     }
@@ -556,7 +574,41 @@ impl Applications {
     /// resumes them from their registrations.
     async fn let_go(&self, shard: Shard, keep: Option<i32>) {
         let _shared = self.inner.lifecycle.read().await;
-        let stale: Vec<(AppId, Entry)> = {
+        let stale = self.take_entries(shard, keep);
+        if keep.is_none() {
+            self.inner.resumed.lock().await.remove(&shard);
+        }
+        Self::stop_actors(shard, stale).await;
+    }
+
+    /// Lets go of `shard`'s applications to hand the shard to another replica. A resume
+    /// of it under way ends first (its Starts, finding the shard draining, fail), then,
+    /// exclusively, a Start or Stop under way (a Stop's deletes never race the new
+    /// owner's resume); none starts during the sweep, and one after it finds the shard
+    /// draining and answers UNAVAILABLE. The locks are taken in the order a resume takes
+    /// them (its registry of resumed shards, then the lifecycle).
+    async fn drain(&self, shard: Shard) {
+        let mut resumed = self.inner.resumed.lock().await;
+        let _exclusive = self.inner.lifecycle.write().await;
+        resumed.remove(&shard);
+        drop(resumed);
+        let stale = self.take_entries(shard, None);
+        Self::stop_actors(shard, stale).await;
+    }
+
+    async fn stop_actors(shard: Shard, stale: Vec<(AppId, Entry)>) {
+        for (app, entry) in stale {
+            if let Some(actor) = entry.actor {
+                actor.stop().await;
+            }
+            tracing::info!(%app, namespace = %entry.namespace, %shard,
+                "application let go: this replica no longer owns its shard");
+        }
+    }
+
+    /// Removes the entries of `shard`'s applications under another epoch than `keep`.
+    fn take_entries(&self, shard: Shard, keep: Option<i32>) -> Vec<(AppId, Entry)> {
+        {
             let mut apps = self.apps();
             let ids: Vec<AppId> = apps
                 .iter()
@@ -569,16 +621,6 @@ impl Applications {
                 .collect();
             self.inner.ctx.metrics.set_active_applications(apps.len());
             taken
-        };
-        if keep.is_none() {
-            self.inner.resumed.lock().await.remove(&shard);
-        }
-        for (app, entry) in stale {
-            if let Some(actor) = entry.actor {
-                actor.stop().await;
-            }
-            tracing::warn!(%app, namespace = %entry.namespace, %shard,
-                "application let go: this replica no longer owns its shard");
         }
     }
 
@@ -629,7 +671,7 @@ impl Applications {
         let _shared = self.inner.lifecycle.read().await;
         let _serial = self.lock_app(app).await;
         let Some((namespace, actor, id_record)) = self.entry(app) else {
-            return Err(AppError::NotFound(app.to_string()));
+            return Err(self.not_here(app));
         };
         let delete_claims = self
             .apps()
@@ -819,8 +861,52 @@ impl Applications {
         self.check_running()?;
         match self.entry(app) {
             Some((_, Some(actor), _)) => Ok(actor),
-            _ => Err(AppError::NotFound(app.to_string())),
+            _ => Err(self.not_here(app)),
         }
+    }
+
+    /// What a call for `app`, which does not run here, answers: NOT_FOUND, unless a shard
+    /// is changing hands through this replica (it is resuming one just taken, draining
+    /// one, or handed one over less than a lease ago, which the replica forwarding to it
+    /// may not have seen yet): then UNAVAILABLE, retried, since the application may be
+    /// that shard's and will answer from its new owner in a moment.
+    pub fn not_here(&self, app: &AppId) -> AppError {
+        let lease = self.inner.ctx.options.ha.timing().lease;
+        let handed_over = lock_registry(&self.inner.handed_over)
+            .filter(|(_, at)| at.elapsed() < lease)
+            .map(|(shard, _)| shard);
+        let draining =
+            self.inner.ownerships.map().shards().find(|shard| {
+                matches!(self.inner.ownerships.state(*shard), ShardState::Draining(_))
+            });
+        match (self.resuming(), draining.or(handed_over)) {
+            (Some(shard), _) => AppError::Unavailable(format!(
+                "this replica has just taken shard {shard} (its Lease {}) and is resuming \
+                 its applications",
+                shard.lease_name()
+            )),
+            (None, Some(shard)) => AppError::Unavailable(format!(
+                "shard {shard} (its Lease {}) is moving from this replica to another; \
+                 its applications answer from the new owner in a moment",
+                shard.lease_name()
+            )),
+            (None, None) => AppError::NotFound(app.to_string()),
+        }
+    }
+
+    /// A shard this replica holds while a resume of registrations runs (its applications
+    /// are unknown here for a moment): a call for an application not found is then
+    /// UNAVAILABLE, retried, not NOT_FOUND.
+    fn resuming(&self) -> Option<Shard> {
+        // A resume holds the registry of resumed shards while it runs.
+        if self.inner.resumed.try_lock().is_ok() {
+            return None;
+        }
+        let ownerships = &self.inner.ownerships;
+        ownerships
+            .map()
+            .shards()
+            .find(|shard| matches!(ownerships.state(*shard), ShardState::Owned(_)))
     }
 
     /// The shards this replica holds, as its keepers publish them.

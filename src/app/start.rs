@@ -99,7 +99,36 @@ impl Applications {
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed);
         let parts = self.actor_parts(&req, builder, driver, &found, generation, &fence);
         let handle = ActorHandle::spawn(parts, subscription);
-        self.register(&req, handle, found.id_record, generation, slot, fence);
+        self.register(
+            &req,
+            handle.clone(),
+            found.id_record,
+            generation,
+            slot,
+            fence.clone(),
+        );
+        // Registered after its shard began to drain (the drain's sweep may have passed):
+        // it goes with the shard, and the driver asks the new owner again.
+        if !fence.is_current() {
+            let removed = {
+                let mut apps = self.apps();
+                let ours = apps
+                    .get(&req.app_id)
+                    .is_some_and(|e| e.generation == generation);
+                let removed = if ours { apps.remove(&req.app_id) } else { None };
+                self.inner.ctx.metrics.set_active_applications(apps.len());
+                removed
+            };
+            if removed.is_some() {
+                handle.stop().await;
+            }
+            return Err(AppError::Unavailable(format!(
+                "shard {} (its Lease {}) is moving to another replica; start the \
+                 application again there",
+                fence.shard(),
+                fence.shard().lease_name()
+            )));
+        }
         Ok(started)
     }
 

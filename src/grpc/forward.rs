@@ -345,6 +345,21 @@ impl Inner {
     /// Counts `status` from `peer` (by its code: the owner's, or the transport's when the
     /// peer could not be reached) and says what it means.
     fn outcome(&self, method: &'static str, peer: &Peer, status: &Status) -> Outcome {
+        // A status read from the peer's trailers has no source; one with a source was made
+        // here from a failure of the transport: the stream reset or the connection closed
+        // under the call (a peer shutting down refuses the streams its GOAWAY did not
+        // take), a reply that could not be read, the deadline. Whatever its code
+        // (CANCELLED, INTERNAL, UNKNOWN), it is no answer of the owner's: passed on, the
+        // driver would take it for one and not retry.
+        if std::error::Error::source(status).is_some() {
+            self.metrics.forwarded(method, "UNAVAILABLE");
+            return Outcome::Unreachable(format!(
+                "the replica {} ({}) that held the shard gave no answer: {}",
+                peer.identity,
+                peer.address,
+                status.message()
+            ));
+        }
         self.metrics.forwarded(method, code_name(status.code()));
         match status.code() {
             Code::NotFound => Outcome::NotHere,
@@ -410,4 +425,114 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::net::TcpListener;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::ha::ShardState;
+    use crate::ha::shards::ShardMap;
+
+    /// A peer speaking HTTP/2 that answers every call as `answer` does.
+    async fn peer(answer: fn(h2::server::SendResponse<bytes::Bytes>)) -> Peer {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut connection) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((_request, respond))) = connection.accept().await {
+                        answer(respond);
+                    }
+                });
+            }
+        });
+        Peer {
+            identity: "replica-b".into(),
+            address,
+        }
+    }
+
+    async fn forward_to(
+        peer: Peer,
+    ) -> Result<tonic::Response<crate::proto::ApplicationStatus>, Status> {
+        let (_tx, rx) = watch::channel(ShardState::Unknown);
+        let ownerships = Ownerships::new(
+            ShardMap::new(1).expect("one shard"),
+            "replica-a",
+            vec![rx],
+            vec![Arc::default()],
+        );
+        let forwarder = Forwarder::new(ownerships, PeerSettings::default(), Metrics::new());
+        let forward = Forward {
+            method: "GetStatus",
+            app: "app-1",
+            peers: vec![peer],
+            unowned: None,
+            deadline: Some(Duration::from_secs(5)),
+        };
+        let message = crate::proto::GetStatusRequest {
+            application_id: "app-1".into(),
+        };
+        forwarder
+            .send(
+                forward,
+                &MetadataMap::new(),
+                message,
+                |mut client, request| async move { client.get_status(request).await },
+            )
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_call_the_peer_resets_unanswered_is_unavailable_with_the_retry_hint() {
+        // As a peer shutting down does to a stream its GOAWAY did not take.
+        let status =
+            forward_to(peer(|mut respond| respond.send_reset(h2::Reason::REFUSED_STREAM)).await)
+                .await
+                .expect_err("no answer");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(
+            status.metadata().get(RETRY_PUSHBACK_METADATA).is_some(),
+            "{status:?}"
+        );
+        let status =
+            forward_to(peer(|mut respond| respond.send_reset(h2::Reason::INTERNAL_ERROR)).await)
+                .await
+                .expect_err("no answer");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    }
+
+    #[tokio::test]
+    async fn an_error_the_owner_answers_is_passed_on_as_it_came() {
+        let owner = peer(|mut respond| {
+            let response = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "13")
+                .header("grpc-message", "the owner broke")
+                .body(())
+                .expect("response");
+            let _ = respond.send_response(response, true);
+        })
+        .await;
+        let status = forward_to(owner).await.expect_err("the owner's error");
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::Internal, "the owner broke")
+        );
+        assert_eq!(
+            status
+                .metadata()
+                .get(ANSWERED_BY_METADATA)
+                .and_then(|v| v.to_str().ok()),
+            Some("replica-b")
+        );
+    }
 }

@@ -154,7 +154,7 @@ impl AllocatorService {
             return Ok(());
         }
         let Some(ownership) = self.applications.ownership(app) else {
-            return Err(AppError::NotFound(app.to_string()));
+            return Err(self.applications.not_here(app));
         };
         self.gate
             .check_owner(caller, app, ownership.owner.as_deref())?;

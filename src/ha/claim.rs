@@ -75,6 +75,23 @@ pub struct LeaseView {
     pub transitions: i32,
     /// `metadata.resourceVersion`: the precondition of the next write.
     pub resource_version: String,
+    /// `spec.renewTime` as written (compared, never read as a time): a change of it, the
+    /// holder or the transitions is a write of a holder. A requester's write (an
+    /// annotation) changes none of them, so it never postpones a dead holder's expiry.
+    pub renewed: Option<String>,
+    /// Who asked for the shard (`spark-pod-allocator/requested-by`): a Lease released
+    /// with a request is the requester's alone for one lease.
+    pub requested_by: Option<String>,
+}
+
+impl LeaseView {
+    fn holders_write(&self) -> (Option<&str>, i32, Option<&str>) {
+        (
+            self.holder.as_deref().filter(|h| !h.is_empty()),
+            self.transitions,
+            self.renewed.as_deref(),
+        )
+    }
 }
 
 /// What the claim writes next.
@@ -101,6 +118,9 @@ pub enum Step {
     HeldBy { holder: String },
     /// Nothing read yet: read the Lease first ([`ShardClaim::read`]).
     Read,
+    /// Released for `requester`, which alone may take it until a lease has passed since
+    /// the release was seen (then anyone may: the requester may be gone).
+    Reserved { requester: String },
 }
 
 /// This replica's right to act on a shard: the epoch its writes carry and the instant it
@@ -148,8 +168,8 @@ impl ShardClaim {
     pub fn read(&mut self, lease: Option<LeaseView>, now: Instant) {
         let changed = match &self.observed {
             Some((seen, _)) => {
-                seen.as_ref().map(|l| &l.resource_version)
-                    != lease.as_ref().map(|l| &l.resource_version)
+                seen.as_ref().map(LeaseView::holders_write)
+                    != lease.as_ref().map(LeaseView::holders_write)
             }
             None => true,
         };
@@ -182,6 +202,16 @@ impl ShardClaim {
             Some(holder) if now < *seen_at + lease.duration => Step::HeldBy {
                 holder: holder.to_string(),
             },
+            None if now < *seen_at + lease.duration
+                && lease
+                    .requested_by
+                    .as_deref()
+                    .is_some_and(|r| !r.is_empty() && r != self.identity) =>
+            {
+                Step::Reserved {
+                    requester: lease.requested_by.clone().unwrap_or_default(),
+                }
+            }
             _ => Step::Write(Write::Replace {
                 resource_version: lease.resource_version.clone(),
                 epoch: lease.transitions.saturating_add(1),
@@ -233,6 +263,8 @@ mod tests {
             duration: Duration::from_secs(15),
             transitions,
             resource_version: rv.to_string(),
+            renewed: Some(format!("renewed at {rv}")),
+            requested_by: None,
         }
     }
 
@@ -322,6 +354,56 @@ mod tests {
         claim.written(lease(Some("a"), 0, "1"), t0, t0 + Duration::from_secs(4));
         assert!(claim.ownership(t0 + Duration::from_millis(9_999)).is_some());
         assert!(claim.ownership(t0 + Duration::from_secs(10)).is_none());
+    }
+
+    #[test]
+    fn a_lease_released_for_a_requester_is_its_alone_for_one_lease() {
+        let t0 = Instant::now();
+        let mut released = lease(None, 2, "9");
+        released.requested_by = Some("b".into());
+        let mut requester = ShardClaim::new("b", timing());
+        requester.read(Some(released.clone()), t0);
+        assert_eq!(
+            requester.step(t0),
+            Step::Write(Write::Replace {
+                resource_version: "9".into(),
+                epoch: 3,
+                acquired: true
+            })
+        );
+        // The old holder and any other replica wait, a whole lease at most.
+        for other in ["a", "c"] {
+            let mut claim = ShardClaim::new(other, timing());
+            claim.read(Some(released.clone()), t0);
+            let reserved = Step::Reserved {
+                requester: "b".into(),
+            };
+            assert_eq!(claim.step(t0 + Duration::from_secs(14)), reserved);
+            assert!(matches!(
+                claim.step(t0 + Duration::from_secs(15)),
+                Step::Write(Write::Replace { acquired: true, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_requesters_write_does_not_postpone_a_holders_expiry() {
+        let t0 = Instant::now();
+        let mut claim = ShardClaim::new("c", timing());
+        claim.read(Some(lease(Some("a"), 3, "7")), t0);
+        // b wrote its request at t0 + 10 s: a new resourceVersion, the same renewal.
+        let mut requested = lease(Some("a"), 3, "8");
+        requested.renewed = lease(Some("a"), 3, "7").renewed;
+        requested.requested_by = Some("b".into());
+        claim.read(Some(requested), t0 + Duration::from_secs(10));
+        assert!(matches!(
+            claim.step(t0 + Duration::from_secs(15)),
+            Step::Write(Write::Replace {
+                acquired: true,
+                epoch: 4,
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub enum ShardState {
     Unknown,
     /// This replica holds it, with this epoch, until `valid_until` unless it renews.
     Owned(Ownership),
+    /// This replica holds it still but is handing it to another (rebalancing): its
+    /// actors stop (their last writes pass the fences they have) and no new fence is
+    /// given; once they have stopped ([`Ownerships::drained`]) the Lease is released.
+    Draining(Ownership),
     /// Another replica holds it (`holder`, reachable at `address` when it advertises
     /// one), or this one could not read or win its Lease (`error`: why, when a request
     /// failed).
@@ -65,6 +69,9 @@ pub struct Ownerships {
     states: Arc<Vec<watch::Receiver<ShardState>>>,
     /// Per shard, wakes its keeper for a turn now (a call found the Lease unreachable).
     pokes: Arc<Vec<Arc<Notify>>>,
+    /// Per shard, the epoch whose actors have stopped for a drain: its keeper then
+    /// releases the Lease.
+    drained: Arc<Vec<watch::Sender<Option<i32>>>>,
 }
 
 /// A write refused here because this replica does not own the application's shard (any
@@ -93,12 +100,31 @@ impl Ownerships {
         states: Vec<watch::Receiver<ShardState>>,
         pokes: Vec<Arc<Notify>>,
     ) -> Self {
+        let drained = map.shards().map(|_| watch::Sender::new(None)).collect();
         Self {
             map,
             identity: identity.into(),
             states: Arc::new(states),
             pokes: Arc::new(pokes),
+            drained: Arc::new(drained),
         }
+    }
+
+    /// Says that the actors of `shard` held at `epoch` have stopped for its drain.
+    pub fn drained(&self, shard: Shard, epoch: i32) {
+        if let Some(tx) = usize::try_from(shard.0)
+            .ok()
+            .and_then(|n| self.drained.get(n))
+        {
+            tx.send_replace(Some(epoch));
+        }
+    }
+
+    /// Signals its drains through `drained` (`drained[n]` for shard `n`), which the
+    /// shards' keepers wait on before they release.
+    pub fn with_drains(mut self, drained: Vec<watch::Sender<Option<i32>>>) -> Self {
+        self.drained = Arc::new(drained);
+        self
     }
 
     /// This replica's name in the Leases.
@@ -128,6 +154,11 @@ impl Ownerships {
     pub fn owner(&self, shard: Shard) -> ShardOwner {
         match self.state(shard) {
             ShardState::Owned(owned) if owned.is_valid(Instant::now()) => ShardOwner::Here,
+            // Changing hands: its applications are stopping here, the next owner has not
+            // taken it yet.
+            ShardState::Draining(_) => ShardOwner::Unknown {
+                holder: Some(self.identity.to_string()),
+            },
             ShardState::NotOwned {
                 holder: Some(identity),
                 address: Some(address),
@@ -214,6 +245,10 @@ impl Ownerships {
                 state: rx,
             }),
             ShardState::NotOwned { holder, error, .. } => Err(not_owner(holder, error)),
+            ShardState::Draining(_) => Err(not_owner(
+                Some(self.identity.to_string()),
+                Some("the shard is being handed to another replica".into()),
+            )),
             _ => Err(not_owner(None, None)),
         }
     }
@@ -257,7 +292,8 @@ impl Fence {
     /// Ok while this replica still holds the shard at the fence's epoch.
     pub fn check(&self) -> Result<(), NotOwner> {
         match &*self.state.borrow() {
-            ShardState::Owned(owned)
+            // A draining shard's actors still write their last changes.
+            ShardState::Owned(owned) | ShardState::Draining(owned)
                 if owned.epoch == self.epoch && owned.is_valid(Instant::now()) =>
             {
                 Ok(())
@@ -273,6 +309,13 @@ impl Fence {
                 error: None,
             }),
         }
+    }
+
+    /// True while the shard is held at the fence's epoch and not being handed over: an
+    /// application registered once its shard drains would escape the drain's sweep.
+    pub fn is_current(&self) -> bool {
+        matches!(&*self.state.borrow(),
+            ShardState::Owned(owned) if owned.epoch == self.epoch && owned.is_valid(Instant::now()))
     }
 
     /// The shard it fences.

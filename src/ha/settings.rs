@@ -39,6 +39,10 @@ pub struct HaSettings {
     /// The name the peers' certificates are verified for (they are reached by pod IP, and
     /// a certificate names the Service). Unset: the host of the peer's address.
     pub peer_server_name: Option<String>,
+    /// Whether shards move between replicas when replicas join or leave (a drain
+    /// handshake through the Leases, `ha::rebalance`). Off: a replica keeps what it took
+    /// until it stops.
+    pub rebalance: bool,
 }
 
 impl Default for HaSettings {
@@ -54,6 +58,7 @@ impl Default for HaSettings {
             advertise_address: None,
             peer_ca_file: None,
             peer_server_name: None,
+            rebalance: true,
         }
     }
 }

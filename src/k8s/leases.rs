@@ -2,6 +2,7 @@
 //! and renewing them for a [`ShardClaim`], every write under a resourceVersion
 //! precondition (a create is refused with 409 if the Lease exists), so two replicas never
 //! both believe a write of theirs made them the owner.
+use std::sync::Mutex;
 use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -16,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::RequestPolicy;
 use crate::ha::ShardState;
 use crate::ha::claim::{LeaseTiming, LeaseView, Ownership, ShardClaim, Step, Write};
+use crate::ha::rebalance::{self, Answer, Seen};
 use crate::ha::shards::Shard;
 use crate::lifecycle::{InitHandle, Initialize};
 
@@ -29,6 +31,55 @@ pub const ADDRESS_ANNOTATION: &str = "spark-pod-allocator/address";
 /// Annotation of a shard Lease: whose address [`ADDRESS_ANNOTATION`] is. An address is
 /// believed only for that holder (a Lease written by anyone else may keep an old one).
 pub const ADDRESS_HOLDER_ANNOTATION: &str = "spark-pod-allocator/address-holder";
+
+/// Annotation of a shard Lease: the replica that asks for the shard (rebalancing, see
+/// [`crate::ha::rebalance`]). Written by the requester under the resourceVersion it read;
+/// kept by the holder's renewals and its release, cleared by the holder when the move is
+/// not due and by whoever acquires the Lease next.
+pub const REQUESTED_BY_ANNOTATION: &str = "spark-pod-allocator/requested-by";
+
+/// Every shard as this replica's keepers last saw it (`None`: not read yet, or its last
+/// request failed): what the rebalancing decisions are made from.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    shards: Arc<Mutex<Vec<Option<Seen>>>>,
+}
+
+impl Layout {
+    /// A layout of `shards` shards, none seen yet.
+    pub fn new(shards: u32) -> Self {
+        Self {
+            shards: Arc::new(Mutex::new(vec![None; shards as usize])),
+        }
+    }
+
+    fn set(&self, shard: Shard, seen: Option<Seen>) {
+        let mut shards = self.lock();
+        if let Some(entry) = shards.get_mut(shard.0 as usize) {
+            *entry = seen;
+        }
+    }
+
+    /// Every shard, when every one is known.
+    fn complete(&self) -> Option<Vec<Seen>> {
+        self.lock().iter().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Seen>>> {
+        match self.shards.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+/// A drain under way: the epoch whose actors are stopping, since when, and for whom.
+#[derive(Debug, Clone)]
+struct Drain {
+    epoch: i32,
+    since: Instant,
+    to: String,
+}
 
 /// Fresh reads and writes after a refused one within a turn: each follows another
 /// writer's change, which a process of the same identity may make again.
@@ -46,6 +97,8 @@ pub enum Turn {
     },
     /// Its write was refused (409, 404): someone else wrote the Lease first.
     Refused,
+    /// Released for `requester`, which alone may take it for now.
+    Reserved { requester: String },
     /// The API server did not answer as it should; the ownership lapses by itself.
     Failed(String),
 }
@@ -65,6 +118,13 @@ pub struct ShardLeaseKeeper {
     just_written: bool,
     /// Where this replica serves, written into the Lease while it holds it.
     address: Option<String>,
+    /// Every shard as this replica sees them, when it rebalances.
+    layout: Option<Layout>,
+    /// The epoch whose actors have stopped for a drain ([`crate::ha::Ownerships::drained`]).
+    drained: Option<watch::Receiver<Option<i32>>>,
+    draining: Option<Drain>,
+    /// The next renewal clears the request on the Lease (the move is not due).
+    withdraw: bool,
 }
 
 impl ShardLeaseKeeper {
@@ -86,7 +146,29 @@ impl ShardLeaseKeeper {
             last_seen: None,
             just_written: false,
             address: None,
+            layout: None,
+            drained: None,
+            draining: None,
+            withdraw: false,
         }
+    }
+
+    /// Takes part in rebalancing: asks for a shard when this replica holds too few of
+    /// `layout`, and drains and releases this one when asked and the move is due, once
+    /// `drained` says its actors have stopped.
+    pub fn rebalancing(
+        mut self,
+        layout: Layout,
+        drained: Option<watch::Receiver<Option<i32>>>,
+    ) -> Self {
+        self.layout = Some(layout);
+        self.drained = drained;
+        self
+    }
+
+    /// True while this replica drains the shard for another.
+    pub fn is_draining(&self) -> bool {
+        self.draining.is_some()
     }
 
     /// Writes `address` (where this replica serves gRPC) into the Lease while it holds it.
@@ -129,7 +211,27 @@ impl ShardLeaseKeeper {
             }
         }
         self.just_written = false;
-        let write = match self.claim.step(now) {
+        let step = self.claim.step(now);
+        let requested_by = self.requested_by();
+        let seen = match &step {
+            Step::Write(Write::Replace {
+                acquired: false, ..
+            }) => Some(Seen {
+                holder: Some(self.claim.identity().to_string()),
+                requested_by,
+            }),
+            Step::HeldBy { holder } => Some(Seen {
+                holder: Some(holder.clone()),
+                requested_by,
+            }),
+            Step::Write(_) | Step::Reserved { .. } => Some(Seen {
+                holder: None,
+                requested_by,
+            }),
+            Step::Read => None,
+        };
+        self.note(seen);
+        let write = match step {
             Step::Write(write) => write,
             Step::HeldBy { holder } => {
                 let annotations = self
@@ -140,10 +242,23 @@ impl ShardLeaseKeeper {
                     .filter(|a| a.get(ADDRESS_HOLDER_ANNOTATION) == Some(&holder))
                     .and_then(|a| a.get(ADDRESS_ANNOTATION))
                     .cloned();
+                if self.asks_for_it() {
+                    self.write_request().await;
+                }
                 return Turn::HeldBy { holder, address };
             }
+            Step::Reserved { requester } => return Turn::Reserved { requester },
             Step::Read => return Turn::Failed("the Lease was not read".into()),
         };
+        self.withdraw = false;
+        if let Write::Replace {
+            acquired: false,
+            epoch,
+            ..
+        } = &write
+        {
+            self.answer_request(*epoch, now);
+        }
         let sent_at = now;
         let lease = self.lease_to_write(&write);
         let post = PostParams::default();
@@ -160,6 +275,10 @@ impl ShardLeaseKeeper {
         match result {
             Ok(written) => match view(&written) {
                 Some(view) => {
+                    self.note(Some(Seen {
+                        holder: Some(self.claim.identity().to_string()),
+                        requested_by: view.requested_by.clone(),
+                    }));
                     self.claim.written(view, sent_at, Instant::now());
                     self.last_seen = Some(written);
                     self.just_written = true;
@@ -178,6 +297,129 @@ impl ShardLeaseKeeper {
                 Turn::Refused
             }
             Err(err) => Turn::Failed(err.to_string()),
+        }
+    }
+
+    /// Who asks for the shard, on the Lease as last seen.
+    fn requested_by(&self) -> Option<String> {
+        self.last_seen
+            .as_ref()
+            .and_then(|lease| lease.metadata.annotations.as_ref())
+            .and_then(|a| a.get(REQUESTED_BY_ANNOTATION))
+            .filter(|r| !r.is_empty())
+            .cloned()
+    }
+
+    /// Records what this turn saw of the shard for the rebalancing decisions.
+    fn note(&self, seen: Option<Seen>) {
+        if let Some(layout) = &self.layout {
+            layout.set(self.shard, seen);
+        }
+    }
+
+    /// True when this replica should ask for this shard now.
+    fn asks_for_it(&self) -> bool {
+        let Some(layout) = self.layout.as_ref().and_then(Layout::complete) else {
+            return false;
+        };
+        rebalance::request(self.claim.identity(), &layout) == Some(self.shard.0 as usize)
+    }
+
+    /// Writes this replica's request into the Lease read last (the holder's next renewal
+    /// sees it). Refused (409: the Lease changed since) is fine: the next turn decides
+    /// again from a fresh read.
+    async fn write_request(&mut self) {
+        let Some(mut lease) = self.last_seen.clone() else {
+            return;
+        };
+        let identity = self.claim.identity().to_string();
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(REQUESTED_BY_ANNOTATION.to_string(), identity.clone());
+        let (api, name, post) = (&self.api, self.name.as_str(), PostParams::default());
+        match self.policy.run(|_| api.replace(name, &post, &lease)).await {
+            Ok(written) => {
+                tracing::info!(shard = %self.shard, identity, "asked for the shard: this replica holds too few");
+                // Not a renewal: the holder's expiry is judged as before.
+                self.claim.read(view(&written), Instant::now());
+                self.last_seen = Some(written);
+                let holder = self.last_seen.as_ref().and_then(|l| l.spec.as_ref());
+                let holder = holder.and_then(|spec| spec.holder_identity.clone());
+                self.note(Some(Seen {
+                    holder,
+                    requested_by: Some(identity),
+                }));
+            }
+            Err(err) => {
+                tracing::debug!(shard = %self.shard, error = %err, "the request for the shard was not written");
+            }
+        }
+    }
+
+    /// The holder's answer to a request on its Lease, before it renews at `epoch`: start
+    /// a drain when the move is due, clear the request when it is not.
+    fn answer_request(&mut self, epoch: i32, now: Instant) {
+        if self.draining.is_some() {
+            return;
+        }
+        let Some(layout) = self.layout.as_ref().and_then(Layout::complete) else {
+            return;
+        };
+        match rebalance::answer(self.claim.identity(), self.shard.0 as usize, &layout) {
+            Some(Answer::Release { to }) => {
+                tracing::info!(shard = %self.shard, epoch, requester = %to,
+                    "draining the shard for another replica: this one holds more than its share");
+                self.draining = Some(Drain {
+                    epoch,
+                    since: now,
+                    to,
+                });
+            }
+            Some(Answer::Withdraw) => self.withdraw = true,
+            Some(Answer::Wait) | None => {}
+        }
+    }
+
+    /// After a turn: the drain ends with the shard lost, or, once the shard's actors have
+    /// stopped (or a lease has passed, their writes then refused by their fences), with the
+    /// Lease released for the requester. True when it was released.
+    async fn finish_drain(&mut self, turn: &Turn, tx: &watch::Sender<ShardState>) -> bool {
+        let Some(drain) = self.draining.clone() else {
+            return false;
+        };
+        let held = matches!(turn, Turn::Holds(owned) if owned.epoch == drain.epoch);
+        if !held {
+            self.draining = None;
+            return false;
+        }
+        // Marked seen: the wait for the next change is for a later ack.
+        let drained =
+            (self.drained.as_mut()).is_some_and(|rx| *rx.borrow_and_update() == Some(drain.epoch));
+        if !drained && Instant::now() < drain.since + self.timing.lease {
+            return false;
+        }
+        // The fences close before the release is sent.
+        publish(
+            tx,
+            ShardState::not_owned(),
+            self.shard,
+            self.claim.identity(),
+        );
+        self.draining = None;
+        match self.release().await {
+            Ok(()) => {
+                tracing::info!(shard = %self.shard, requester = %drain.to, drained,
+                    "released the shard for another replica");
+                self.note(Some(Seen::released_to(&drain.to)));
+                true
+            }
+            Err(err) => {
+                tracing::warn!(shard = %self.shard, error = %err, "cannot release the shard's Lease; it expires by itself");
+                self.note(None);
+                false
+            }
         }
     }
 
@@ -228,6 +470,10 @@ impl ShardLeaseKeeper {
             .insert(SHARD_LEASE_LABEL.to_string(), self.shard.to_string());
         // The previous holder's address goes with its hold.
         let annotations = lease.metadata.annotations.get_or_insert_default();
+        // A request is answered by this acquisition, or found not due.
+        if acquired || self.withdraw {
+            annotations.remove(REQUESTED_BY_ANNOTATION);
+        }
         match &self.address {
             Some(address) => {
                 annotations.insert(ADDRESS_ANNOTATION.to_string(), address.clone());
@@ -256,7 +502,12 @@ impl ShardLeaseKeeper {
 /// What the claim needs of a Lease; `None` without a resourceVersion (not from an API server).
 fn view(lease: &Lease) -> Option<LeaseView> {
     let spec = lease.spec.clone().unwrap_or_default();
+    let requested_by = (lease.metadata.annotations.as_ref())
+        .and_then(|a| a.get(REQUESTED_BY_ANNOTATION))
+        .cloned();
     Some(LeaseView {
+        renewed: spec.renew_time.as_ref().map(|t| t.0.to_string()),
+        requested_by,
         holder: spec.holder_identity,
         duration: std::time::Duration::from_secs(
             u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
@@ -289,7 +540,11 @@ pub fn spawn_keeper(
                 () = cancel.cancelled() => break,
             };
             let next = match &turn {
+                Turn::Holds(ownership) if keeper.is_draining() => {
+                    Some(ShardState::Draining(*ownership))
+                }
                 Turn::Holds(ownership) => Some(ShardState::Owned(*ownership)),
+                Turn::Reserved { .. } => Some(ShardState::not_owned()),
                 Turn::HeldBy { holder, address } => Some(ShardState::NotOwned {
                     holder: Some(holder.clone()),
                     address: address.clone(),
@@ -299,7 +554,8 @@ pub fn spawn_keeper(
                 Turn::Failed(why) => {
                     tracing::warn!(shard = %keeper.shard, error = %why, "cannot renew or read the shard's Lease");
                     // An owner stays one until its deadline (`lapse` ends it).
-                    let owned = matches!(*tx.borrow(), ShardState::Owned(_));
+                    let owned =
+                        matches!(*tx.borrow(), ShardState::Owned(_) | ShardState::Draining(_));
                     (!owned).then(|| ShardState::NotOwned {
                         holder: None,
                         address: None,
@@ -311,10 +567,14 @@ pub fn spawn_keeper(
                 publish(&tx, next, keeper.shard, keeper.claim.identity());
             }
             drop(first_turn.take());
+            keeper.finish_drain(&turn, &tx).await;
+            let draining = keeper.is_draining();
             tokio::select! {
                 () = tokio::time::sleep_until(started + retry) => {}
                 () = lapse(&tx) => {}
                 () = poke.notified() => {}
+                // The actors stopped: renew once more, then release.
+                () = changed(keeper.drained.as_mut().filter(|_| draining)) => {}
                 () = cancel.cancelled() => break,
             }
         }
@@ -336,7 +596,8 @@ pub fn spawn_keeper(
 fn publish(tx: &watch::Sender<ShardState>, next: ShardState, shard: Shard, identity: &str) {
     tx.send_if_modified(|state| {
         let woke = match (&*state, &next) {
-            (ShardState::Owned(was), ShardState::Owned(now)) => was.epoch != now.epoch,
+            (ShardState::Owned(was), ShardState::Owned(now))
+            | (ShardState::Draining(was), ShardState::Draining(now)) => was.epoch != now.epoch,
             // Only a new holder matters to the writers (an error's words do not); its
             // address is published without waking anyone.
             (ShardState::NotOwned { holder: was, .. }, ShardState::NotOwned { holder: now, .. }) => {
@@ -349,7 +610,10 @@ fn publish(tx: &watch::Sender<ShardState>, next: ShardState, shard: Shard, ident
                 ShardState::Owned(owned) => {
                     tracing::info!(%shard, identity, epoch = owned.epoch, "this replica owns the shard");
                 }
-                ShardState::NotOwned { holder, .. } if matches!(state, ShardState::Owned(_)) => {
+                ShardState::Draining(owned) => {
+                    tracing::info!(%shard, identity, epoch = owned.epoch, "this replica hands the shard over: its applications stop here");
+                }
+                ShardState::NotOwned { holder, .. } if matches!(state, ShardState::Owned(_) | ShardState::Draining(_)) => {
                     tracing::warn!(%shard, identity, holder = ?holder, "this replica no longer owns the shard; it stops acting on it");
                 }
                 _ => {}
@@ -364,7 +628,7 @@ fn publish(tx: &watch::Sender<ShardState>, next: ShardState, shard: Shard, ident
 /// never without one.
 async fn lapse(tx: &watch::Sender<ShardState>) {
     let owned = match &*tx.borrow() {
-        ShardState::Owned(held) => Some(*held),
+        ShardState::Owned(held) | ShardState::Draining(held) => Some(*held),
         _ => None,
     };
     let Some(held) = owned else {
@@ -377,6 +641,16 @@ async fn lapse(tx: &watch::Sender<ShardState>) {
         error: Some("no renewal within ha.renew_deadline_ms".into()),
     });
     tracing::warn!("a shard's ownership lapsed: no renewal within ha.renew_deadline_ms");
+}
+
+/// Resolves when `rx` changes; never without one (or once its sender is gone).
+async fn changed(rx: Option<&mut watch::Receiver<Option<i32>>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// The keepers of every shard of `settings` in `namespace`, each renewing over `client`
@@ -406,19 +680,25 @@ pub fn spawn_keepers(
     };
     let identity = settings.identity();
     let pokes: Vec<Arc<Notify>> = map.shards().map(|_| Arc::default()).collect();
+    let drains: Vec<watch::Sender<Option<i32>>> =
+        map.shards().map(|_| watch::Sender::new(None)).collect();
+    let layout = Layout::new(map.count());
     let (states, tasks) = map
         .shards()
-        .zip(&pokes)
-        .map(|(shard, poke)| {
-            let keeper =
+        .zip(pokes.iter().zip(&drains))
+        .map(|(shard, (poke, drained))| {
+            let mut keeper =
                 ShardLeaseKeeper::new(client.clone(), namespace, shard, identity, timing, policy)
                     .advertising(settings.advertise_address.clone());
+            if settings.rebalance {
+                keeper = keeper.rebalancing(layout.clone(), Some(drained.subscribe()));
+            }
             let first_turn = Some(initialize.add_handle());
             spawn_keeper(keeper, cancel.child_token(), first_turn, Arc::clone(poke))
         })
         .unzip();
     (
-        crate::ha::Ownerships::new(map, identity, states, pokes),
+        crate::ha::Ownerships::new(map, identity, states, pokes).with_drains(drains),
         tasks,
     )
 }

@@ -2,12 +2,18 @@
 //! rights only: the owner is paused (SIGSTOP) past its lease, the other takes the shard and
 //! finishes the scale-up, and the owner, woken up (SIGCONT), sends not one write. The
 //! proof is the API server's audit log: every request names its replica in its User-Agent.
+//! Then rebalancing: a second replica joining takes one of two shards by the drain
+//! handshake on the real Leases, within the chart's rights, and the old owner writes
+//! nothing of the moved shard's after it let it go.
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::Value;
 use spark_pod_allocator::grpc::forward::ANSWERED_BY_METADATA;
+use spark_pod_allocator::ha::shards::ShardMap;
+use spark_pod_allocator::k8s::leases::REQUESTED_BY_ANNOTATION;
 use spark_pod_allocator::k8s::replica_user_agent;
 use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::batched_start_request;
@@ -20,6 +26,16 @@ const APP: &str = "app-ha";
 const BIN: &str = env!("CARGO_BIN_EXE_spark-pod-allocator");
 
 async fn replica(c: &RealBackend, kubeconfig: &std::path::Path, identity: &str) -> (Child, String) {
+    replica_of(c, kubeconfig, identity, 1).await
+}
+
+async fn replica_of(
+    c: &RealBackend,
+    kubeconfig: &std::path::Path,
+    identity: &str,
+    shards: u32,
+) -> (Child, String) {
+    let shards = shards.to_string();
     serve_with(
         BIN,
         kubeconfig,
@@ -29,6 +45,7 @@ async fn replica(c: &RealBackend, kubeconfig: &std::path::Path, identity: &str) 
             ("SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS", "3000"),
             ("SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS", "2000"),
             ("SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS", "500"),
+            ("SPARK_POD_ALLOCATOR__HA__SHARDS", &shards),
         ],
     )
     .await
@@ -45,6 +62,46 @@ async fn holder(c: &RealBackend) -> Option<String> {
         .await
         .expect("get the Lease")
         .and_then(|lease| lease.spec?.holder_identity)
+}
+
+/// Per shard of `shards`, its Lease's holder and whether it carries a request.
+async fn leases(c: &RealBackend, shards: u32) -> Vec<(Option<String>, bool)> {
+    let api: Api<Lease> = Api::namespaced(c.admin_client(), c.service_namespace());
+    let mut all = Vec::new();
+    for shard in 0..shards {
+        let lease = api
+            .get_opt(&format!("spark-pod-allocator-shard-{shard}"))
+            .await
+            .expect("get the Lease");
+        let requested = (lease.as_ref())
+            .and_then(|l| l.metadata.annotations.as_ref())
+            .is_some_and(|a| a.contains_key(REQUESTED_BY_ANNOTATION));
+        let holder = (lease.and_then(|l| l.spec))
+            .and_then(|spec| spec.holder_identity)
+            .filter(|h| !h.is_empty());
+        all.push((holder, requested));
+    }
+    all
+}
+
+/// Sends `target` for `app` through `address` until it is answered (UNAVAILABLE is
+/// retried, as the driver's plugin does; anything else fails), within 30 s.
+async fn scale(address: &str, app: &str, target: u32) {
+    let client = connect_serving(address).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match client
+            .clone()
+            .set_total_expected(targets_request(app, target))
+            .await
+        {
+            Ok(_) => return,
+            Err(status) if status.code() == tonic::Code::Unavailable => {}
+            Err(status) => panic!("SetTotalExpected {app}: answered {status:?}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{app}: unanswered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The writes (anything but get, list and watch) of `identity` in the audit log.
@@ -141,5 +198,131 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
         .expect("Stop")
         .into_inner();
     assert_eq!(stopped.deleted_pods, 8);
+    c.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_joining_takes_a_shard_by_the_drain_handshake_and_the_old_owner_writes_none_of_it()
+ {
+    let Some(c) = RealBackend::start_own("ha-rebalance", &[]).await else {
+        return;
+    };
+    // One application in each of two namespaces, on shards 0 and 1.
+    let map = ShardMap::new(2).expect("2 shards");
+    let apps = [("app-a", c.namespace()), ("app-b", c.other_namespace())];
+    let shard_of = |ns: &str| map.shard_of(ns).0;
+    assert_ne!(
+        shard_of(apps[0].1),
+        shard_of(apps[1].1),
+        "the scenario's namespaces are on different shards"
+    );
+    let ids = |app: &'static str, ns: &str| {
+        let (client, ns) = (c.admin_client(), ns.to_string());
+        async move { test_kit::sim::executor_ids(&client, &ns, app).await }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    c.write_service_kubeconfig(&kubeconfig);
+
+    let (_a, address_a) = replica_of(&c, &kubeconfig, "replica-a", 2).await;
+    until("replica-a holds both shards", || async {
+        leases(&c, 2)
+            .await
+            .iter()
+            .all(|(h, _)| h.as_deref() == Some("replica-a"))
+    })
+    .await;
+    let mut client_a = connect_serving(&address_a).await;
+    for (app, ns) in apps {
+        client_a
+            .start(batched_start_request(app, ns, 2, 200))
+            .await
+            .expect("Start");
+        scale(&address_a, app, 3).await;
+    }
+    for (app, ns) in apps {
+        until(&format!("{app} at 3"), || async {
+            ids(app, ns).await.len() == 3
+        })
+        .await;
+    }
+    let before = [
+        ids(apps[0].0, apps[0].1).await,
+        ids(apps[1].0, apps[1].1).await,
+    ];
+
+    // b asks for a's lowest shard; a drains and releases it; b takes it.
+    let (_b, address_b) = replica_of(&c, &kubeconfig, "replica-b", 2).await;
+    until("one shard each, none asked for", || async {
+        let now = leases(&c, 2).await;
+        now == [
+            (Some("replica-b".into()), false),
+            (Some("replica-a".into()), false),
+        ]
+    })
+    .await;
+    let (moved, stayed) = if shard_of(apps[0].1) == 0 {
+        (apps[0], apps[1])
+    } else {
+        (apps[1], apps[0])
+    };
+    // a's writes in the moved shard's namespace, now that b holds it (a released it only
+    // once its actors had stopped).
+    let in_moved = |c: &RealBackend| {
+        writes_of(c, "replica-a")
+            .into_iter()
+            .filter(|e| e["objectRef"]["namespace"] == moved.1)
+            .count()
+    };
+    let at_release = in_moved(&c);
+    assert!(
+        at_release > 0,
+        "the old owner's writes there are in the log"
+    );
+
+    // Both go on: the moved one through a (forwarded to b), the other through b (to a).
+    scale(&address_a, moved.0, 5).await;
+    scale(&address_b, stayed.0, 5).await;
+    for (app, ns) in apps {
+        until(&format!("{app} at 5"), || async {
+            ids(app, ns).await.len() == 5
+        })
+        .await;
+    }
+    for ((app, ns), before) in apps.iter().zip(&before) {
+        let now = ids(app, ns).await;
+        let old_max = before.iter().max().copied().unwrap_or(0);
+        assert!(before.is_subset(&now), "{app}: {before:?} ⊄ {now:?}");
+        assert!(
+            now.difference(before).all(|id| *id > old_max),
+            "{app}: no id handed out twice: {now:?} after {before:?}"
+        );
+    }
+    let answered_by = client_a
+        .get_status(status_request(moved.0))
+        .await
+        .expect("GetStatus through a");
+    assert_eq!(
+        answered_by
+            .metadata()
+            .get(ANSWERED_BY_METADATA)
+            .and_then(|v| v.to_str().ok()),
+        Some("replica-b"),
+        "the moved application answers from its new owner"
+    );
+    assert_eq!(
+        in_moved(&c),
+        at_release,
+        "the old owner wrote in the moved shard's namespace after it let it go"
+    );
+    for (app, address) in [(moved.0, &address_b), (stayed.0, &address_a)] {
+        let stopped = connect_serving(address)
+            .await
+            .stop(stop_request(app))
+            .await
+            .expect("Stop")
+            .into_inner();
+        assert_eq!(stopped.deleted_pods, 5, "{app}");
+    }
     c.finish().await;
 }

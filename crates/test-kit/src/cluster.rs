@@ -389,13 +389,16 @@ pub struct ChartRbac {
 
 impl ChartRbac {
     /// `helm template` of the chart with its default values, but for any namespace
-    /// (`rbac.clusterWide`: each scenario makes a namespace of its own).
+    /// (`rbac.clusterWide`: each scenario makes a namespace of its own) and with two shards
+    /// (the Role grants the shards' Leases by name; the rebalancing scenario moves one of
+    /// two, the others use the first alone).
     pub fn render() -> Self {
         let output = std::process::Command::new(helm())
             .args(["template", "spa"])
             .arg(chart())
             .args(["--namespace", RELEASE_NAMESPACE])
             .args(["--set", "rbac.clusterWide=true"])
+            .args(["--set", "ha.shards=2"])
             .output()
             .expect("helm runs");
         assert!(
