@@ -40,8 +40,8 @@ pub struct Args {
     pub steady_s: u64,
     #[arg(long, default_value_t = 3)]
     pub runs: u32,
-    /// The Spark drivers' heap.
-    #[arg(long, default_value = "256m")]
+    /// The Spark drivers' heap (Spark refuses to start below about 470 MB).
+    #[arg(long, default_value = "512m")]
     pub driver_heap: String,
 }
 
@@ -181,7 +181,7 @@ async fn service_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::
             .await?;
         }
         let total = args.applications * args.executors_each;
-        wait_all(&watches, total, Duration::from_secs(900)).await?;
+        wait_all(&watches, total, Duration::from_secs(900), || Ok(())).await?;
         let seconds = started.elapsed().as_secs_f64();
         let up = scale_up.count(is_service)?.total;
         let steady = AuditWindow::open(&cluster.audit_log())?;
@@ -226,7 +226,18 @@ async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Re
             )?);
         }
         let total = args.spark_drivers * args.executors_each;
-        wait_all(&watches, total, Duration::from_secs(900)).await?;
+        wait_all(&watches, total, Duration::from_secs(900), || {
+            for driver in drivers.iter_mut() {
+                if let Some(status) = driver.try_wait()? {
+                    bail!(
+                        "a Spark driver exited ({status}) before its executors ran; its log is in {}",
+                        cluster.log_dir().display()
+                    );
+                }
+            }
+            Ok(())
+        })
+        .await?;
         let seconds = started.elapsed().as_secs_f64();
         let up = scale_up.count(is_spark)?.total;
         let steady = AuditWindow::open(&cluster.audit_log())?;
@@ -257,14 +268,21 @@ async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Re
     result
 }
 
-/// Waits until the watches together see `n` Running.
-async fn wait_all(watches: &[RunningWatch], n: u32, bound: Duration) -> anyhow::Result<()> {
+/// Waits until the watches together see `n` Running; `alive` fails the wait early (a
+/// contender that exited never gets there).
+async fn wait_all(
+    watches: &[RunningWatch],
+    n: u32,
+    bound: Duration,
+    mut alive: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + bound;
     loop {
         let running: u32 = watches.iter().map(RunningWatch::running).sum();
         if running >= n {
             return Ok(());
         }
+        alive()?;
         if Instant::now() > deadline {
             bail!("{running} of {n} Running after {} s", bound.as_secs());
         }

@@ -250,10 +250,7 @@ fn summarise(args: &Args, outcomes: &BTreeMap<usize, Vec<Outcome>>) -> anyhow::R
                     .zip(bare)
                     .map(|(o, b)| o.seconds / b.seconds.max(f64::MIN_POSITIVE)),
             );
-            line += &format!(
-                "; x bare {:.2} / {:.2} / {:.2}",
-                ratio.0, ratio.1, ratio.2
-            );
+            line += &format!("; x bare {:.2} / {:.2} / {:.2}", ratio.0, ratio.1, ratio.2);
         }
         if runs.iter().all(|o| o.rss.is_some()) {
             let per = spread(
@@ -581,7 +578,10 @@ impl ControlPlane {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", args.apiserver_bin.display()))?;
-        let stdout = child.stdout.take().context("the test API server's stdout")?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("the test API server's stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(Duration::from_secs(600), async {
             while let Some(line) = lines.next_line().await? {
@@ -621,6 +621,11 @@ impl ControlPlane {
         plane.write_contender_kubeconfig()?;
         plane.grant_contender().await?;
         Ok(plane)
+    }
+
+    /// Where the API server's and the Spark drivers' logs are.
+    pub fn log_dir(&self) -> &Path {
+        self.dir.path()
     }
 
     fn cluster_dir(&self) -> PathBuf {
@@ -690,13 +695,22 @@ impl ControlPlane {
         concurrency: u32,
     ) -> anyhow::Result<ServeProcess> {
         let mut env = vec![
-            ("SPARK_POD_ALLOCATOR__HA__IDENTITY", format!("{namespace}-0")),
+            (
+                "SPARK_POD_ALLOCATOR__HA__IDENTITY",
+                format!("{namespace}-0"),
+            ),
             ("SPARK_POD_ALLOCATOR__HA__LEASE_NAMESPACE", namespace.into()),
         ];
         if uncapped {
             env.extend([
-                ("SPARK_POD_ALLOCATOR__KUBERNETES__QPS", "1000000".to_string()),
-                ("SPARK_POD_ALLOCATOR__KUBERNETES__BURST", "1000000".to_string()),
+                (
+                    "SPARK_POD_ALLOCATOR__KUBERNETES__QPS",
+                    "1000000".to_string(),
+                ),
+                (
+                    "SPARK_POD_ALLOCATOR__KUBERNETES__BURST",
+                    "1000000".to_string(),
+                ),
                 (
                     "SPARK_POD_ALLOCATOR__KUBERNETES__CREATE_CONCURRENCY",
                     concurrency.to_string(),
@@ -836,9 +850,7 @@ impl RunningWatch {
                 .boxed();
             while let Some(event) = events.next().await {
                 let (pod, present) = match event {
-                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
-                        (pod, true)
-                    }
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => (pod, true),
                     Ok(watcher::Event::Delete(pod)) => (pod, false),
                     Ok(_) | Err(_) => continue,
                 };
@@ -1021,7 +1033,12 @@ mod tests {
             (Case::SparkOwn, spark),
         ] {
             assert!(case.sent(mine), "{case:?} sends as {mine}");
-            for other in [BARE_USER_AGENT, service.as_str(), spark, OBSERVER_USER_AGENT] {
+            for other in [
+                BARE_USER_AGENT,
+                service.as_str(),
+                spark,
+                OBSERVER_USER_AGENT,
+            ] {
                 if other != mine && !(is_service(other) && is_service(mine)) {
                     assert!(!case.sent(other), "{case:?} does not send as {other}");
                 }
@@ -1035,8 +1052,11 @@ mod tests {
     fn a_watch_counts_once_and_429s_are_counted() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");
-        std::fs::write(&path, "{\"auditID\":\"old\",\"userAgent\":\"a\",\"verb\":\"create\"}\n")
-            .unwrap();
+        std::fs::write(
+            &path,
+            "{\"auditID\":\"old\",\"userAgent\":\"a\",\"verb\":\"create\"}\n",
+        )
+        .unwrap();
         let window = AuditWindow::open(&path).unwrap();
         let lines = [
             r#"{"auditID":"1","stage":"ResponseStarted","userAgent":"a","verb":"watch","responseStatus":{"code":200}}"#,

@@ -162,7 +162,10 @@ impl ServeProcess {
                 .status()
                 .await;
         }
-        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
             let _ = self.child.kill().await;
         }
     }
