@@ -37,13 +37,22 @@ async fn start_reports_the_api_server_failure_and_succeeds_after_it_recovers() {
     // its mapping to RESOURCE_EXHAUSTED is covered by the unit tests of grpc::error.)
 
     // The failed Starts left nothing behind: the application is unknown, then starts fresh.
+    // While the service reads its registrations again after the outage it cannot tell yet
+    // and answers UNAVAILABLE (which clients retry); then NOT_FOUND.
     h.sim.set_faults(FaultSettings::default());
-    let unknown = h
-        .client
-        .get_status(status_request("spark-k8s"))
-        .await
-        .expect_err("not started");
-    assert_eq!(unknown.code(), Code::NotFound);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let unknown = loop {
+        let status = h
+            .client
+            .get_status(status_request("spark-k8s"))
+            .await
+            .expect_err("not started");
+        if status.code() != Code::Unavailable || std::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
     let started = h
         .client
         .start(start_request("spark-k8s", "team-a"))
