@@ -8,7 +8,7 @@
 //! lease without a renewal). Then three replicas: two joining at once end one shard apart,
 //! and when one of them leaves, the two left take its shards and end two and two.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -274,29 +274,7 @@ fn kept_and_not_reused(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_joining_at_once_then_one_leaving_the_shards_end_balanced_and_the_applications_go_on()
  {
-    let mut settings = test_kit::sim::manual_settings();
-    settings.namespaces = applications().into_iter().map(|(ns, _, _)| ns).collect();
-    let sim = test_kit::sim::start(settings).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
-
-    let (_a, address_a) = replica(&kubeconfig, "replica-a").await;
-    until("replica-a holds every shard", || async {
-        leases(&sim)
-            .await
-            .iter()
-            .all(|(h, _, _)| h.as_deref() == Some("replica-a"))
-    })
-    .await;
-    for (ns, app, _) in applications() {
-        send(&address_a, &format!("Start {app}"), |mut c| {
-            let request = batched_start_request(&app, &ns, 2, 200);
-            async move { c.start(request).await }
-        })
-        .await;
-        scale(&address_a, &app, 3).await;
-    }
-    all_at(&sim, 3).await;
+    let (sim, _dir, kubeconfig, _a, address_a) = every_application_at_3_on_replica_a().await;
     let before = executors(&sim).await;
 
     // Two join at once: their requests may race for one Lease; one move at a time still.
@@ -331,29 +309,7 @@ async fn two_replicas_joining_at_once_then_one_leaving_the_shards_end_balanced_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_replica_joining_takes_half_the_shards_one_at_a_time_and_the_applications_go_on() {
-    let mut settings = test_kit::sim::manual_settings();
-    settings.namespaces = applications().into_iter().map(|(ns, _, _)| ns).collect();
-    let sim = test_kit::sim::start(settings).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
-
-    let (_a, address_a) = replica(&kubeconfig, "replica-a").await;
-    until("replica-a holds every shard", || async {
-        leases(&sim)
-            .await
-            .iter()
-            .all(|(h, _, _)| h.as_deref() == Some("replica-a"))
-    })
-    .await;
-    for (ns, app, _) in applications() {
-        send(&address_a, &format!("Start {app}"), |mut c| {
-            let request = batched_start_request(&app, &ns, 2, 200);
-            async move { c.start(request).await }
-        })
-        .await;
-        scale(&address_a, &app, 3).await;
-    }
-    all_at(&sim, 3).await;
+    let (sim, _dir, kubeconfig, _a, address_a) = every_application_at_3_on_replica_a().await;
     let before = executors(&sim).await;
 
     let (_b, address_b) = replica(&kubeconfig, "replica-b").await;
@@ -426,4 +382,33 @@ async fn a_second_replica_joining_takes_half_the_shards_one_at_a_time_and_the_ap
     // Balanced layouts stay: no move since.
     let now = leases(&sim).await;
     assert_eq!(now.iter().map(|(_, _, t)| t).sum::<i32>(), 2, "{now:?}");
+}
+
+/// The cluster of these tests with replica-a holding every shard and every application
+/// started on it and Running 3 executors; the temporary directory holds the kubeconfig.
+async fn every_application_at_3_on_replica_a()
+-> (SimCluster, tempfile::TempDir, PathBuf, Child, String) {
+    let mut settings = test_kit::sim::manual_settings();
+    settings.namespaces = applications().into_iter().map(|(ns, _, _)| ns).collect();
+    let sim = test_kit::sim::start(settings).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
+    let (a, address_a) = replica(&kubeconfig, "replica-a").await;
+    until("replica-a holds every shard", || async {
+        leases(&sim)
+            .await
+            .iter()
+            .all(|(h, _, _)| h.as_deref() == Some("replica-a"))
+    })
+    .await;
+    for (ns, app, _) in applications() {
+        send(&address_a, &format!("Start {app}"), |mut c| {
+            let request = batched_start_request(&app, &ns, 2, 200);
+            async move { c.start(request).await }
+        })
+        .await;
+        scale(&address_a, &app, 3).await;
+    }
+    all_at(&sim, 3).await;
+    (sim, dir, kubeconfig, a, address_a)
 }

@@ -155,24 +155,86 @@ fn namespaces(side: &str, run: u32, count: u32) -> Vec<String> {
         .collect()
 }
 
-async fn service_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Result<Load> {
-    let namespaces = namespaces("svc", run, args.namespaces);
-    for namespace in &namespaces {
-        cluster.create_namespace(namespace).await?;
+/// One side's namespaces, each watched for its Running executors.
+struct Side {
+    namespaces: Vec<String>,
+    watches: Vec<RunningWatch>,
+}
+
+impl Side {
+    async fn open(
+        cluster: &ControlPlane,
+        side: &str,
+        run: u32,
+        count: u32,
+    ) -> anyhow::Result<Self> {
+        let namespaces = namespaces(side, run, count);
+        for namespace in &namespaces {
+            cluster.create_namespace(namespace).await?;
+        }
+        let watches = namespaces
+            .iter()
+            .map(|ns| RunningWatch::start(cluster.client.clone(), ns))
+            .collect();
+        Ok(Self {
+            namespaces,
+            watches,
+        })
     }
-    let watches: Vec<_> = namespaces
-        .iter()
-        .map(|ns| RunningWatch::start(cluster.client.clone(), ns))
-        .collect();
+
+    /// The namespace of the `k`-th application or driver (round robin).
+    fn namespace(&self, k: u32) -> &str {
+        &self.namespaces[k as usize % self.namespaces.len()]
+    }
+
+    /// Waits for `total` Running (`alive` fails the wait early), then counts the requests
+    /// `sent` matches: during the scale-up (since `scale_up` opened, at `started`) and per
+    /// minute over `steady_s` seconds after it, each divided by `per` (1, or the drivers).
+    #[allow(clippy::too_many_arguments)]
+    async fn measure(
+        &self,
+        cluster: &ControlPlane,
+        scale_up: AuditWindow,
+        started: Instant,
+        total: u32,
+        steady_s: u64,
+        per: u32,
+        sent: fn(&str) -> bool,
+        alive: impl FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<Load> {
+        wait_all(&self.watches, total, Duration::from_secs(900), alive).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        let up = scale_up.count(sent)?.total;
+        let steady = AuditWindow::open(&cluster.audit_log())?;
+        tokio::time::sleep(Duration::from_secs(steady_s)).await;
+        let steady = steady.count(sent)?.total;
+        let per = f64::from(per);
+        Ok(Load {
+            scale_up: up as f64 / per,
+            steady_per_minute: steady as f64 * 60.0 / steady_s as f64 / per,
+            seconds,
+        })
+    }
+
+    async fn close(self, cluster: &ControlPlane) -> anyhow::Result<()> {
+        drop(self.watches);
+        for namespace in &self.namespaces {
+            cluster.delete_namespace(namespace).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn service_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Result<Load> {
+    let side = Side::open(cluster, "svc", run, args.namespaces).await?;
     let scale_up = AuditWindow::open(&cluster.audit_log())?;
     let started = Instant::now();
-    let service = cluster.serve(&namespaces[0], false, 16).await?;
+    let service = cluster.serve(&side.namespaces[0], false, 16).await?;
     let result = async {
         for app in 0..args.applications {
-            let namespace = &namespaces[(app % args.namespaces) as usize];
             start_application(
                 &service,
-                namespace,
+                side.namespace(app),
                 &format!("load-{app}"),
                 args.executors_each,
                 10,
@@ -181,52 +243,41 @@ async fn service_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::
             .await?;
         }
         let total = args.applications * args.executors_each;
-        wait_all(&watches, total, Duration::from_secs(900), || Ok(())).await?;
-        let seconds = started.elapsed().as_secs_f64();
-        let up = scale_up.count(is_service)?.total;
-        let steady = AuditWindow::open(&cluster.audit_log())?;
-        tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
-        let steady = steady.count(is_service)?.total;
-        Ok::<_, anyhow::Error>(Load {
-            scale_up: up as f64,
-            steady_per_minute: steady as f64 * 60.0 / args.steady_s as f64,
-            seconds,
-        })
+        side.measure(
+            cluster,
+            scale_up,
+            started,
+            total,
+            args.steady_s,
+            1,
+            is_service,
+            || Ok(()),
+        )
+        .await
     }
     .await;
     service.terminate(Duration::from_secs(30)).await;
-    drop(watches);
-    for namespace in &namespaces {
-        cluster.delete_namespace(namespace).await?;
-    }
+    side.close(cluster).await?;
     result
 }
 
 async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Result<Load> {
-    let namespaces = namespaces("spark", run, args.namespaces);
-    for namespace in &namespaces {
-        cluster.create_namespace(namespace).await?;
-    }
-    let watches: Vec<_> = namespaces
-        .iter()
-        .map(|ns| RunningWatch::start(cluster.client.clone(), ns))
-        .collect();
+    let side = Side::open(cluster, "spark", run, args.namespaces).await?;
     let scale_up = AuditWindow::open(&cluster.audit_log())?;
     let started = Instant::now();
     let mut drivers = Vec::new();
     let result = async {
         for driver in 0..args.spark_drivers {
-            let namespace = &namespaces[(driver % args.namespaces) as usize];
             drivers.push(cluster.spark_driver(
                 &args.cluster.spark_driver,
-                namespace,
+                side.namespace(driver),
                 args.executors_each,
                 &format!("load-{driver}"),
                 &args.driver_heap,
             )?);
         }
         let total = args.spark_drivers * args.executors_each;
-        wait_all(&watches, total, Duration::from_secs(900), || {
+        let alive = || {
             for driver in drivers.iter_mut() {
                 if let Some(status) = driver.try_wait()? {
                     bail!(
@@ -236,20 +287,18 @@ async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Re
                 }
             }
             Ok(())
-        })
-        .await?;
-        let seconds = started.elapsed().as_secs_f64();
-        let up = scale_up.count(is_spark)?.total;
-        let steady = AuditWindow::open(&cluster.audit_log())?;
-        tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
-        let steady = steady.count(is_spark)?.total;
-        Ok::<_, anyhow::Error>(Load {
-            scale_up: up as f64 / f64::from(args.spark_drivers),
-            steady_per_minute: steady as f64 * 60.0
-                / args.steady_s as f64
-                / f64::from(args.spark_drivers),
-            seconds,
-        })
+        };
+        side.measure(
+            cluster,
+            scale_up,
+            started,
+            total,
+            args.steady_s,
+            args.spark_drivers,
+            is_spark,
+            alive,
+        )
+        .await
     }
     .await;
     for mut driver in drivers {
@@ -261,10 +310,7 @@ async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Re
             let _ = driver.kill().await;
         }
     }
-    drop(watches);
-    for namespace in &namespaces {
-        cluster.delete_namespace(namespace).await?;
-    }
+    side.close(cluster).await?;
     result
 }
 
