@@ -268,10 +268,11 @@ fn stuck_container(pod: &Pod) -> Option<(String, Option<String>)> {
 }
 
 /// A failed create's HTTP status (none when the API server did not answer), reason and
-/// message; none for a create that was not sent because the application stopped.
+/// message; none for a create that was not sent because the application stopped or an
+/// earlier create of its round was refused as overloaded.
 pub fn create_failure_cause(err: &CreateError) -> Option<(Option<u16>, String, String)> {
     Some(match err {
-        CreateError::Cancelled => return None,
+        CreateError::Cancelled | CreateError::Shed => return None,
         CreateError::IdNotRecorded(message) => (None, "IdNotRecorded".into(), message.clone()),
         CreateError::Kubernetes(kube::Error::Api(status)) => (
             Some(status.code),

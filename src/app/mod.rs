@@ -103,7 +103,8 @@ pub struct ApplicationStatus {
     pub driver: Option<DriverReport>,
     /// The last failed create per profile (with how many failed in a row).
     pub create_failures: BTreeMap<ResourceProfileId, CreateFailure>,
-    /// No round before this while backing off after failed create rounds.
+    /// No round before this while backing off after failed create rounds, or while the
+    /// API server's Retry-After lasts.
     pub backoff_until: Option<Timestamp>,
     /// Executors that failed (the last 100) or cannot start, ascending by id.
     pub failed_executors: Vec<ExecutorFailure>,
@@ -761,7 +762,7 @@ impl Applications {
     }
 
     /// When the application's next round may run (the batch delay's schedule, or later
-    /// while backing off after rounds whose creates all failed).
+    /// while backing off after rounds whose creates all failed or for a Retry-After).
     pub async fn next_round_at(&self, app: &AppId) -> Result<Timestamp, AppError> {
         Ok(self.report(app).await?.next_round_at)
     }

@@ -11,6 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{ApiClient, is_status};
+use super::request::{is_transient, outcome_unknown};
 use super::{describe_error, labels};
 use crate::allocator::ExecutorId;
 use crate::allocator::types::{
@@ -30,6 +31,10 @@ pub enum CreateError {
     /// The application stopped before the create was sent.
     #[error("not sent: the application is stopping")]
     Cancelled,
+    /// Not sent: the API server answered an earlier create of the same round as
+    /// overloaded (429, 5xx, no answer), so the rest of the round waits for a later one.
+    #[error("not sent: the API server refused an earlier create of this round as overloaded")]
+    Shed,
 }
 
 /// One executor to create: its pod and the claims created with it.
@@ -98,8 +103,12 @@ impl ExecutorPodClient {
     }
 
     /// Creates `pods` concurrently (up to the configured limit); one result per executor,
-    /// in completion order (the caller logs a summary of the failures). Once `cancel` fires, creates not yet sent are skipped
-    /// ([`CreateError::Cancelled`]); those already sent are awaited, so none lands later.
+    /// in completion order (the caller logs a summary of the failures). Once `cancel`
+    /// fires, creates not yet sent are skipped ([`CreateError::Cancelled`]); those already
+    /// sent are awaited, so none lands later. The first create the API server answers as
+    /// overloaded ends the round the same way ([`CreateError::Shed`]), and no refused
+    /// create of it is retried: a server shedding load is not sent the rest of a round,
+    /// which would only meet the same refusal (the caller waits for its Retry-After).
     pub async fn create_all(
         &self,
         namespace: &str,
@@ -107,9 +116,10 @@ impl ExecutorPodClient {
         cancel: &CancellationToken,
     ) -> Vec<(ExecutorId, Result<(), CreateError>)> {
         let api = self.pods(namespace);
+        let shed = CancellationToken::new();
         futures::stream::iter(creates)
             .map(|create| {
-                let api = api.clone();
+                let (api, shed) = (api.clone(), &shed);
                 async move {
                     let ExecutorCreate {
                         id,
@@ -120,12 +130,16 @@ impl ExecutorPodClient {
                     tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
+                        () = shed.cancelled() => return (id, Err(CreateError::Shed)),
                         acquired = self.api.acquire() => if let Err(err) = acquired {
                             return (id, Err(CreateError::Kubernetes(err)));
                         }
                     }
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
+                    }
+                    if shed.is_cancelled() {
+                        return (id, Err(CreateError::Shed));
                     }
                     if !claims_owned_by_pod {
                         for claim in &claims {
@@ -135,10 +149,18 @@ impl ExecutorPodClient {
                         }
                     }
                     let mut first = true;
+                    // A refusal is tried again only to learn whether an unanswered
+                    // attempt created the pod, once the server sheds load.
+                    let retry_refused = |err: &kube::Error| {
+                        if is_transient(err) {
+                            shed.cancel();
+                        }
+                        outcome_unknown(err)
+                    };
                     let result = self
                         .api
                         .policy()
-                        .run(|unknown_outcome| {
+                        .run_while(retry_refused, |unknown_outcome| {
                             let (api, pod) = (api.clone(), &pod);
                             let retry = !std::mem::take(&mut first);
                             async move {
@@ -159,6 +181,9 @@ impl ExecutorPodClient {
                             }
                         })
                         .await;
+                    if result.as_ref().is_err_and(is_transient) {
+                        shed.cancel();
+                    }
                     let result = match result {
                         Ok(created) if claims_owned_by_pod && !claims.is_empty() => {
                             self.create_pod_claims(namespace, id, &pod, created, claims)

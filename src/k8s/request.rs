@@ -38,7 +38,21 @@ impl RequestPolicy {
     /// becomes a `kube::Error::Service` holding [`RequestTimedOut`]). `attempt` receives
     /// whether an earlier attempt's outcome is unknown (it timed out or lost its
     /// connection), so it may have taken effect (a create's 409 then means it did).
-    pub async fn run<T, F, Fut>(&self, mut attempt: F) -> Result<T, kube::Error>
+    pub async fn run<T, F, Fut>(&self, attempt: F) -> Result<T, kube::Error>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        self.run_while(|_| true, attempt).await
+    }
+
+    /// [`Self::run`], except that a failed attempt is tried again only while `retry`
+    /// says so for its error (a round that stops on the first overload answer).
+    pub async fn run_while<T, F, Fut>(
+        &self,
+        retry: impl Fn(&kube::Error) -> bool,
+        mut attempt: F,
+    ) -> Result<T, kube::Error>
     where
         F: FnMut(bool) -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
@@ -59,7 +73,7 @@ impl RequestPolicy {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
             };
-            if tried >= attempts || !is_transient(&err) {
+            if tried >= attempts || !is_transient(&err) || !retry(&err) {
                 return Err(err);
             }
             unknown_outcome |= outcome_unknown(&err);
@@ -78,8 +92,23 @@ pub fn is_transient(err: &kube::Error) -> bool {
     }
 }
 
+/// How long the API server asked the client to wait (`details.retryAfterSeconds` of a
+/// 429 or 503 Status, as API Priority and Fairness and the max-in-flight filter send it
+/// beside the `Retry-After` header).
+pub fn retry_after(err: &kube::Error) -> Option<Duration> {
+    match err {
+        kube::Error::Api(status) if matches!(status.code, 429 | 503) => status
+            .details
+            .as_ref()
+            .map(|details| details.retry_after_seconds)
+            .filter(|seconds| *seconds > 0)
+            .map(|seconds| Duration::from_secs(u64::from(seconds))),
+        _ => None,
+    }
+}
+
 /// Whether the request may have taken effect although no answer said so.
-fn outcome_unknown(err: &kube::Error) -> bool {
+pub fn outcome_unknown(err: &kube::Error) -> bool {
     match err {
         // Refused here, never sent.
         kube::Error::Service(inner) if inner.is::<crate::ha::NotOwner>() => false,
@@ -130,6 +159,45 @@ mod tests {
             .await;
         assert!(result.is_err());
         assert_eq!(calls.load(Ordering::SeqCst), 1, "a 403 is not retried");
+    }
+
+    #[tokio::test]
+    async fn run_while_stops_retrying_when_told_and_retry_after_is_read_from_the_status() {
+        let policy = RequestPolicy {
+            timeout: Duration::from_secs(1),
+            attempts: 3,
+            retry_delay: Duration::from_millis(1),
+        };
+        let calls = AtomicU32::new(0);
+        let throttled = || {
+            let details = kube::core::response::StatusDetails {
+                name: String::new(),
+                group: String::new(),
+                kind: String::new(),
+                uid: String::new(),
+                causes: Vec::new(),
+                retry_after_seconds: 3,
+            };
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("slow down", "TooManyRequests")
+                    .with_code(429)
+                    .with_details(details),
+            ))
+        };
+        let result: Result<(), _> = policy
+            .run_while(
+                |_| false,
+                |_| async {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Err(throttled())
+                },
+            )
+            .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "no retry once told not to");
+        let err = result.unwrap_err();
+        assert_eq!(retry_after(&err), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(&api(429)), None, "no details: no wait asked");
+        assert_eq!(retry_after(&api(500)), None);
     }
 
     #[tokio::test]

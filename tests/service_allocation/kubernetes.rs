@@ -264,3 +264,79 @@ async fn connect_uses_the_configured_kubeconfig() {
     };
     assert!(err.to_string().contains("kubeconfig"), "{err}");
 }
+
+/// Creates sent to the API server so far (refused ones included), by every client.
+fn pod_creates_sent(sim: &SimCluster) -> u64 {
+    sim.requests()
+        .iter()
+        .filter(|((_, verb, resource), _)| verb == "create" && resource == "pods")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_create_refused_429_ends_its_round_and_the_next_waits_for_retry_after() {
+    let sim = manual_cluster().await;
+    let clock = ManualClock::starting_now();
+    // No client-side cap: only the API server's answers hold the creates back.
+    let options = ServiceOptions {
+        qps: 1_000_000,
+        burst: 1_000_000,
+        create_concurrency: 8,
+        ..ServiceOptions::default()
+    };
+    // Built as the service builds its client: kube's own retry layer off, so a 429 is
+    // answered to the service and not retried behind its back.
+    let mut config = sim.kube_config();
+    config.default_retry = false;
+    let client = spark_pod_allocator::k8s::client(config).expect("client");
+    let apps = test_kit::service::applications(client, &clock, options);
+    let app = "app-shed";
+    let mut req = request(app, NS);
+    req.settings.batch_size = 200;
+    req.settings.policy = AllocationPolicy::Adaptive;
+    start(&apps, req).await;
+    // The API server admits 20 writes a second and asks for 3 s beyond, as API Priority
+    // and Fairness sheds a flow.
+    sim.set_faults(FaultSettings {
+        max_writes_per_second: 20,
+        retry_after_seconds: 3,
+        ..FaultSettings::default()
+    });
+    test_kit::service::set_targets_and_round(&apps, app, targets(200)).await;
+
+    let sent = pod_creates_sent(&sim);
+    let accepted = cluster_ids(&sim, NS, app).await;
+    let refused = sent - accepted.len() as u64;
+    assert!(sim.writes_shed() >= 1, "the API server shed writes");
+    assert!(
+        !accepted.is_empty() && accepted.len() <= 25,
+        "about a second's worth admitted: {accepted:?}"
+    );
+    // Only the creates in flight when the first 429 came back were refused: none of the
+    // round was sent after it, and none refused was tried again.
+    assert!(
+        (1..=8).contains(&refused),
+        "{refused} creates refused of {sent} sent ({} accepted)",
+        accepted.len()
+    );
+    let status = apps.status(&id(app)).await.unwrap();
+    // Ids of creates never sent were given back; those refused stay spent.
+    assert_eq!(status.last_executor_id, sent, "{status:?}");
+    // No round before the Retry-After.
+    let retry_at = clock.now().plus(Duration::from_secs(3));
+    let reported = apps.application_status(&id(app)).await.unwrap();
+    assert_eq!(reported.backoff_until, Some(retry_at));
+    assert_eq!(apps.next_round_at(&id(app)).await.unwrap(), retry_at);
+
+    // The server admits everything again: once the wait is over, the next round creates
+    // the rest with new ids, none reusing one a refused create had.
+    sim.set_faults(FaultSettings::default());
+    test_kit::service::advance_round(&apps, &clock, app, Duration::from_secs(3)).await;
+    let ids = cluster_ids(&sim, NS, app).await;
+    assert_eq!(ids.len(), 200);
+    let refused_ids: BTreeSet<u64> = (1..=sent).filter(|i| !accepted.contains(i)).collect();
+    assert!(ids.is_disjoint(&refused_ids), "{refused_ids:?} reused");
+    assert_eq!(ids.last().copied(), Some(200 + refused));
+    apps.stop(&id(app)).await.unwrap();
+}

@@ -109,6 +109,8 @@ impl SimCluster {
             hold_lists: tokio::sync::watch::channel(false).0,
             held_lists: std::sync::atomic::AtomicUsize::new(0),
             requests: Mutex::new(std::collections::BTreeMap::new()),
+            write_tokens: Mutex::new((0.0, None)),
+            writes_shed: std::sync::atomic::AtomicU64::new(0),
             settings,
         });
         let mut namespaces = shared.settings.namespaces.clone();
@@ -212,6 +214,13 @@ impl SimCluster {
     /// The faults currently injected.
     pub fn faults(&self) -> FaultSettings {
         self.shared.faults()
+    }
+
+    /// Writes answered 429 so far for exceeding `faults.max_writes_per_second`.
+    pub fn writes_shed(&self) -> u64 {
+        self.shared
+            .writes_shed
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The API requests served so far, counted by (User-Agent, verb, resource), as

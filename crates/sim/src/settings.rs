@@ -245,6 +245,10 @@ pub struct FaultSettings {
     pub error_429_fraction: f64,
     /// `Retry-After` seconds sent with a 429.
     pub retry_after_seconds: u64,
+    /// Writes (POST, PUT, PATCH, DELETE of a resource) admitted per second, in bursts of
+    /// as many; those above are answered 429 with `Retry-After`, as API Priority and
+    /// Fairness sheds a flow beyond its share. 0 = no limit.
+    pub max_writes_per_second: u32,
     /// When set, every watch is closed by the server after this many seconds.
     pub watch_close_after_seconds: Option<u64>,
     /// Fraction (0..=1) of watch events silently not sent to a watcher.

@@ -289,13 +289,15 @@ impl ApplicationActor {
 
     /// The outcome of a round's creates: forget the failed ones (a later round asks again,
     /// with new ids for creates sent; the ids of creates not sent are given back). When
-    /// every create of the round failed (quota, invalid spec, outage, id record), the next
-    /// round waits 2, 4, 8, … batch delays (at most a minute) instead of asking again every
-    /// batch delay.
+    /// every create sent failed (quota, invalid spec, outage, id record), the next round
+    /// waits 2, 4, 8, … batch delays (at most a minute) instead of asking again every
+    /// batch delay; and never before the longest Retry-After the API server sent.
     pub(super) fn record_creates(&mut self, results: CreateResults) {
         let requested = results.len();
         let mut failed = 0usize;
+        let mut held = 0usize;
         let mut first_error = None;
+        let mut retry_after = None;
         let mut outcomes = CreateOutcomes::default();
         let mut not_sent = Vec::new();
         let now = self.clock.now();
@@ -317,18 +319,27 @@ impl ApplicationActor {
                                 .push(CreateRefusal::of_status(status, &message));
                         }
                     }
+                    if let CreateError::Kubernetes(err) = err {
+                        retry_after = retry_after.max(crate::k8s::request::retry_after(err));
+                    }
                     self.failures.create_failed(profile, err, now);
                 }
             }
             if let Err(err) = result {
                 self.requests.forget(id);
                 self.engine.claims.create_failed(id);
-                if matches!(err, CreateError::Cancelled | CreateError::IdNotRecorded(_)) {
+                let unsent = matches!(
+                    err,
+                    CreateError::Cancelled | CreateError::Shed | CreateError::IdNotRecorded(_)
+                );
+                if unsent {
                     not_sent.push(id);
                 } else {
                     self.engine.allocator.create_failed(id);
                 }
-                if !matches!(err, CreateError::Cancelled) {
+                if matches!(err, CreateError::Cancelled | CreateError::Shed) {
+                    held += 1;
+                } else {
                     failed += 1;
                     first_error.get_or_insert(err);
                 }
@@ -341,14 +352,22 @@ impl ApplicationActor {
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
             self.schedule.creates_went_through();
-        } else if failed < requested {
-            tracing::warn!(requested, failed, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
+        } else if failed + held < requested {
+            tracing::warn!(requested, failed, held, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
             self.schedule.creates_went_through();
         } else {
             let delay = allocator.settings().batch_delay;
             let backoff = self.schedule.creates_all_failed(delay, now);
             let backoff_ms = backoff.as_millis();
-            tracing::warn!(requested, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create failed; backing off");
+            tracing::warn!(requested, held, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create sent failed; backing off");
+        }
+        if let Some(wait) = retry_after {
+            self.schedule.wait_at_least(wait, now);
+            tracing::info!(
+                retry_after_ms = wait.as_millis(),
+                held,
+                "the API server asked to wait before the next creates"
+            );
         }
         self.rounds += 1;
     }

@@ -73,6 +73,13 @@ impl Scheduler {
         backoff
     }
 
+    /// The API server asked for `wait` before the next request (Retry-After): no round
+    /// before `now + wait` (at most [`MAX_CREATE_BACKOFF`]), whatever a backoff says.
+    pub fn wait_at_least(&mut self, wait: Duration, now: Timestamp) {
+        let until = now.plus(wait.min(MAX_CREATE_BACKOFF));
+        self.backoff_until = self.backoff_until.max(until);
+    }
+
     /// The end of the backoff under way at `now`, if any.
     pub fn backoff_until(&self, now: Timestamp) -> Option<Timestamp> {
         Some(self.backoff_until).filter(|until| *until > now)

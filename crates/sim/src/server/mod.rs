@@ -52,6 +52,10 @@ pub(crate) struct Shared {
     /// client names it (`GET /sim/requests`). Reviews count as `create` of their resource,
     /// discovery and health as `get` of their path.
     pub requests: Mutex<BTreeMap<(String, String, String), u64>>,
+    /// Writes admitted under `faults.max_writes_per_second`: (tokens left, when counted).
+    pub write_tokens: Mutex<(f64, Option<std::time::Instant>)>,
+    /// Writes answered 429 because they were above `faults.max_writes_per_second`.
+    pub writes_shed: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -302,6 +306,9 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         watch_path.is_some() || flag(&q, "watch"),
     );
     inject_request_faults(sh).await?;
+    if method != Method::GET {
+        shed_writes_above_rate(sh)?;
+    }
     let target = match (watch_path, target) {
         (None, target) => target,
         (Some(_), Target::Object { kind, ns, name }) if method == Method::GET => {
@@ -593,6 +600,33 @@ async fn inject_request_faults(sh: &Shared) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// Answers 429 (with Retry-After) a write above `faults.max_writes_per_second`: a token
+/// bucket holding a second's worth, refilled continuously.
+fn shed_writes_above_rate(sh: &Shared) -> Result<(), ApiError> {
+    let faults = sh.faults();
+    if faults.max_writes_per_second == 0 {
+        return Ok(());
+    }
+    let rate = f64::from(faults.max_writes_per_second);
+    let now = std::time::Instant::now();
+    let mut bucket = sh.write_tokens.lock().unwrap_or_else(|p| p.into_inner());
+    let (tokens, counted) = *bucket;
+    let tokens = match counted {
+        Some(at) => (tokens + now.duration_since(at).as_secs_f64() * rate).min(rate),
+        None => rate,
+    };
+    if tokens >= 1.0 {
+        *bucket = (tokens - 1.0, Some(now));
+        return Ok(());
+    }
+    *bucket = (tokens, Some(now));
+    sh.writes_shed
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Err(ApiError::too_many_requests(
+        faults.retry_after_seconds.max(1),
+    ))
 }
 
 /// Counts a request to a resource under its User-Agent, verb (as Kubernetes' audit log
