@@ -308,7 +308,10 @@ import sys
 import yaml
 
 out = sys.argv[1]
-builtin = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1", "policy/v1"}
+builtin = {
+    "v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1", "policy/v1",
+    "flowcontrol.apiserver.k8s.io/v1",
+}
 crds = {"monitoring.coreos.com/v1", "cert-manager.io/v1"}
 unknown = []
 for name in sorted(os.listdir(out)):

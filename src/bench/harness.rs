@@ -118,14 +118,32 @@ impl ServeProcess {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").context("free port")?;
             listener.local_addr()?
         };
+        // Its log (filter info) goes to the file `BENCH_SERVE_LOG` names, else nowhere.
+        let (filter, log) = match std::env::var_os("BENCH_SERVE_LOG") {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .with_context(|| format!("opening {}", Path::new(&path).display()))?;
+                ("info", Some(file))
+            }
+            None => ("warn", None),
+        };
+        let output = |log: &Option<std::fs::File>| -> anyhow::Result<Stdio> {
+            Ok(match log {
+                Some(file) => Stdio::from(file.try_clone()?),
+                None => Stdio::null(),
+            })
+        };
         let child = tokio::process::Command::new(std::env::current_exe()?)
             .args(["serve", "--listen", &address.to_string()])
             .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
-            .env("SPARK_POD_ALLOCATOR__LOG__FILTER", "warn")
+            .env("SPARK_POD_ALLOCATOR__LOG__FILTER", filter)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(output(&log)?)
+            .stderr(output(&log)?)
             .kill_on_drop(true)
             .spawn()
             .context("starting `serve`")?;

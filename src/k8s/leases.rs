@@ -654,8 +654,11 @@ async fn changed(rx: Option<&mut watch::Receiver<Option<i32>>>) {
 }
 
 /// The keepers of every shard of `settings` in `namespace`, each renewing over `client`
-/// with requests bounded by the retry period (a renewal never waits behind pod creates:
-/// it has its own client and no share of the rate limit); `cancel` releases them all.
+/// with requests bounded by the retry period; `cancel` releases them all. A renewal takes
+/// no share of the client-side rate limit, so it never waits behind pod creates here; at
+/// the API server it shares the creates' user, so API Priority and Fairness queues both
+/// in one flow unless a FlowSchema gives the Lease requests their own priority level (the
+/// chart's `ha.leaseFlowSchema`).
 pub fn spawn_keepers(
     client: &kube::Client,
     namespace: &str,

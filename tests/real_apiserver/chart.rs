@@ -258,6 +258,10 @@ async fn installer_kubeconfig(c: &RealBackend, dir: &Path) -> PathBuf {
             "metadata": {"name": cluster_role},
             "rules": [{"apiGroups": ["rbac.authorization.k8s.io"],
                        "resources": ["clusterroles", "clusterrolebindings"],
+                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                      // The FlowSchema of the service's Lease requests (ha.leaseFlowSchema).
+                      {"apiGroups": ["flowcontrol.apiserver.k8s.io"],
+                       "resources": ["flowschemas"],
                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}],
         }),
     )
@@ -288,6 +292,7 @@ async fn installer_kubeconfig(c: &RealBackend, dir: &Path) -> PathBuf {
         ("apps", "deployments", Some(release_namespace)),
         ("coordination.k8s.io", "leases", Some(release_namespace)),
         ("rbac.authorization.k8s.io", "clusterroles", None),
+        ("flowcontrol.apiserver.k8s.io", "flowschemas", None),
         ("authentication.k8s.io", "tokenreviews", None),
     ] {
         until(&format!("{user} may create {resource}"), async || {
@@ -550,6 +555,22 @@ impl<'a> Release<'a> {
                 created.iter().any(|e| e["responseStatus"]["code"] == 201),
                 "{object} was created by the installer: {created:?}"
             );
+        }
+        // API Priority and Fairness took the Lease requests' FlowSchema: its priority
+        // level exists (not Dangling).
+        for flow_schema in self.of_kind("FlowSchema") {
+            until(&format!("{flow_schema} is not dangling"), async || {
+                flow_schema.get(&self.admin).await.is_some_and(|fs| {
+                    fs["status"]["conditions"]
+                        .as_array()
+                        .is_some_and(|conditions| {
+                            conditions
+                                .iter()
+                                .any(|c| c["type"] == "Dangling" && c["status"] == "False")
+                        })
+                })
+            })
+            .await;
         }
         let violations: Vec<&Value> = events
             .iter()

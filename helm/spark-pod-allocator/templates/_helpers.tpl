@@ -95,7 +95,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "shards" (int $h.shards)
   "lease_duration_ms" (int $h.leaseDurationMs)
   "renew_deadline_ms" (int $h.renewDeadlineMs)
-  "retry_period_ms" (int $h.retryPeriodMs) -}}
+  "retry_period_ms" (int $h.retryPeriodMs)
+  "rebalance" $h.rebalance -}}
 {{- if include "spa.peerCa" . }}
 {{- $_ := set $ha "peer_ca_file" "/etc/spark-pod-allocator-peer-ca/ca.crt" -}}
 {{- $_ := set $ha "peer_server_name" (index (include "spa.tlsDnsNames" . | fromYamlArray) 2) -}}
