@@ -158,6 +158,10 @@ pub struct Allocator {
     /// Its pending executors that do not start, since when.
     stuck: StuckPods,
     last_executor_id: u64,
+    /// Ids of creates the API server refused (an answer, so no pod): spent, never handed
+    /// out again, but given back to the `max_executors` budget, which counts executors
+    /// that may exist. Not kept across a restart (the budget is then the stricter).
+    refused_ids: u64,
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
     /// Executors Running (not deleted), as of the last round.
@@ -193,6 +197,7 @@ impl Allocator {
             tracked: TrackedExecutors::default(),
             stuck: StuckPods::default(),
             last_executor_id,
+            refused_ids: 0,
             unknown_pending: 0,
             running: 0,
             outstanding: false,
@@ -658,7 +663,10 @@ impl Allocator {
         now: Timestamp,
         plan: &mut RoundPlan,
     ) {
-        let max = self.settings.max_executors.unwrap_or(u64::MAX);
+        let max = self
+            .settings
+            .max_executors
+            .map_or(u64::MAX, |max| max.saturating_add(self.refused_ids));
         for created in 0..wanted {
             let Some(next) = self.last_executor_id.checked_add(1).filter(|n| *n <= max) else {
                 let refused = u32::try_from(wanted - created).unwrap_or(u32::MAX);
@@ -747,6 +755,15 @@ impl Allocator {
                 }
             }
         }
+    }
+
+    /// A create the API server answered with a refusal (429, quota, invalid pod, …): no
+    /// pod has the id. Forgotten as a failed create, and its id no longer counts against
+    /// `max_executors`: a server shedding load must not use up an application's lifetime
+    /// budget, or the application would stop short of its target for good.
+    pub fn create_refused(&mut self, id: ExecutorId) {
+        self.create_failed(id);
+        self.refused_ids = self.refused_ids.saturating_add(1);
     }
 
     /// A create of the plan failed: forget the request so a later round asks again (new id).

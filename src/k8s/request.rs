@@ -92,20 +92,29 @@ pub fn is_transient(err: &kube::Error) -> bool {
     }
 }
 
-/// How long the API server asked the client to wait (`details.retryAfterSeconds` of a
-/// 429 or 503 Status, as API Priority and Fairness and the max-in-flight filter send it
-/// beside the `Retry-After` header).
+/// How long the API server asked the client to wait before sending more: a 429's or
+/// 503's `details.retryAfterSeconds`, as a `Status` carries it. API Priority and Fairness
+/// answers its 429 in plain text with only a `Retry-After` header, which kube keeps no
+/// trace of: such a 429 waits [`DEFAULT_RETRY_AFTER`], the header's usual value.
 pub fn retry_after(err: &kube::Error) -> Option<Duration> {
-    match err {
-        kube::Error::Api(status) if matches!(status.code, 429 | 503) => status
-            .details
-            .as_ref()
-            .map(|details| details.retry_after_seconds)
-            .filter(|seconds| *seconds > 0)
-            .map(|seconds| Duration::from_secs(u64::from(seconds))),
+    let kube::Error::Api(status) = err else {
+        return None;
+    };
+    let asked = status
+        .details
+        .as_ref()
+        .map(|details| details.retry_after_seconds)
+        .filter(|seconds| *seconds > 0)
+        .map(|seconds| Duration::from_secs(u64::from(seconds)));
+    match status.code {
+        429 => Some(asked.unwrap_or(DEFAULT_RETRY_AFTER)),
+        503 => asked,
         _ => None,
     }
 }
+
+/// The wait after a 429 that names none (see [`retry_after`]).
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Whether the request may have taken effect although no answer said so.
 pub fn outcome_unknown(err: &kube::Error) -> bool {
@@ -196,7 +205,11 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 1, "no retry once told not to");
         let err = result.unwrap_err();
         assert_eq!(retry_after(&err), Some(Duration::from_secs(3)));
-        assert_eq!(retry_after(&api(429)), None, "no details: no wait asked");
+        assert_eq!(
+            retry_after(&api(429)),
+            Some(DEFAULT_RETRY_AFTER),
+            "a 429 without details (APF's plain text) waits the usual second"
+        );
         assert_eq!(retry_after(&api(500)), None);
     }
 

@@ -595,6 +595,7 @@ impl PatchType {
                     ),
                     details: None,
                     retry_after: None,
+                    plain_text: false,
                 })?;
             }
         }

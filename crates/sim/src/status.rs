@@ -29,6 +29,8 @@ pub struct ApiError {
     pub details: Option<Value>,
     /// Seconds for a `Retry-After` header (429).
     pub retry_after: Option<u64>,
+    /// Sent as a plain-text body, not a `Status`: API Priority and Fairness rejects so.
+    pub plain_text: bool,
 }
 
 impl ApiError {
@@ -39,6 +41,7 @@ impl ApiError {
             message,
             details: None,
             retry_after: None,
+            plain_text: false,
         }
     }
 
@@ -205,6 +208,19 @@ impl ApiError {
         e
     }
 
+    /// 429 as API Priority and Fairness rejects a request it will not queue: a plain-text
+    /// body (no `Status`, so no `retryAfterSeconds`) and a `Retry-After` header.
+    pub fn flow_control_rejected(retry_after: u64) -> ApiError {
+        let mut e = ApiError::new(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.".into(),
+        );
+        e.retry_after = Some(retry_after);
+        e.plain_text = true;
+        e
+    }
+
     /// 500 as an injected internal error.
     pub fn internal(message: &str) -> ApiError {
         ApiError::new(
@@ -260,12 +276,14 @@ impl std::error::Error for ApiError {}
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = self.to_status().to_string();
+        let (body, content_type) = if self.plain_text {
+            (format!("{}\n", self.message), "text/plain; charset=utf-8")
+        } else {
+            (self.to_status().to_string(), "application/json")
+        };
         let mut resp = (code, body).into_response();
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

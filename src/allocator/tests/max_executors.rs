@@ -104,6 +104,24 @@ fn replacements_are_refused_once_the_cap_is_spent() {
 }
 
 #[test]
+fn creates_the_api_server_refused_give_their_ids_back_to_the_cap_but_not_for_reuse() {
+    let s = AllocationSettings {
+        max_executors: Some(3),
+        ..settings()
+    };
+    let mut a = allocator(s, &[(0, 3)]);
+    assert_eq!(a.round(snapshot(&[]), secs(0)).creates.len(), 3);
+    // Executor 2's create was refused (say 429): no pod has id 2. Executor 3's had no
+    // answer: its pod may exist, so its id stays counted.
+    a.create_refused(ExecutorId(2));
+    a.create_failed(ExecutorId(3));
+    let plan = a.round(snapshot(&[running(1, 0, 0)]), secs(1));
+    let ids: Vec<u64> = plan.creates.iter().map(|(id, _)| id.0).collect();
+    assert_eq!(ids, vec![4], "one more within the cap, a new id");
+    assert_eq!(plan.refused, BTreeMap::from([(rp(0), 1)]));
+}
+
+#[test]
 fn ids_run_out_at_u64_max_without_wrapping() {
     // A pod labelled with the largest id pushes the counter to its end: refuse, never wrap.
     let mut a = Allocator::new(settings(), 0);

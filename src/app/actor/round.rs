@@ -334,6 +334,8 @@ impl ApplicationActor {
                 );
                 if unsent {
                     not_sent.push(id);
+                } else if refused(&err) {
+                    self.engine.allocator.create_refused(id);
                 } else {
                     self.engine.allocator.create_failed(id);
                 }
@@ -391,4 +393,10 @@ impl ApplicationActor {
         handled.extend(finished.iter().map(|(id, _)| *id));
         finished
     }
+}
+
+/// Whether the API server answered the create with a refusal, so that no pod has its id
+/// (a 409 says a pod of that name exists; no answer says nothing).
+fn refused(err: &CreateError) -> bool {
+    matches!(err, CreateError::Kubernetes(kube::Error::Api(status)) if status.code != 409)
 }

@@ -602,8 +602,9 @@ async fn inject_request_faults(sh: &Shared) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Answers 429 (with Retry-After) a write above `faults.max_writes_per_second`: a token
-/// bucket holding a second's worth, refilled continuously.
+/// Answers 429 a write above `faults.max_writes_per_second`, as API Priority and Fairness
+/// does (plain text, `Retry-After`): a token bucket holding a second's worth, refilled
+/// continuously.
 fn shed_writes_above_rate(sh: &Shared) -> Result<(), ApiError> {
     let faults = sh.faults();
     if faults.max_writes_per_second == 0 {
@@ -624,7 +625,7 @@ fn shed_writes_above_rate(sh: &Shared) -> Result<(), ApiError> {
     *bucket = (tokens, Some(now));
     sh.writes_shed
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    Err(ApiError::too_many_requests(
+    Err(ApiError::flow_control_rejected(
         faults.retry_after_seconds.max(1),
     ))
 }
