@@ -158,9 +158,10 @@ pub struct Allocator {
     /// Its pending executors that do not start, since when.
     stuck: StuckPods,
     last_executor_id: u64,
-    /// Ids of creates the API server refused (an answer, so no pod): spent, never handed
-    /// out again, but given back to the `max_executors` budget, which counts executors
-    /// that may exist. Not kept across a restart (the budget is then the stricter).
+    /// Ids of creates the API server refused (an answer, so no pod) or never sent but
+    /// skipped: spent, never handed out again, but given back to the `max_executors`
+    /// budget, which counts executors that may exist. Not kept across a restart (the
+    /// budget is then the stricter).
     refused_ids: u64,
     /// Pending pods unknown to the driver, as of the last round.
     unknown_pending: u64,
@@ -790,6 +791,13 @@ impl Allocator {
         while self.last_executor_id > seen && unsent.contains(&ExecutorId(self.last_executor_id)) {
             self.last_executor_id -= 1;
         }
+        // Those that stay skipped (a later round handed out higher ids) made no pod either:
+        // they go back to the `max_executors` budget.
+        let skipped = unsent
+            .iter()
+            .filter(|id| id.0 <= self.last_executor_id)
+            .count() as u64;
+        self.refused_ids = self.refused_ids.saturating_add(skipped);
     }
 
     /// The pod of `id` is gone from the cluster (a DELETED watch event, or a full listing

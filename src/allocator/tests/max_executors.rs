@@ -122,6 +122,32 @@ fn creates_the_api_server_refused_give_their_ids_back_to_the_cap_but_not_for_reu
 }
 
 #[test]
+fn unsent_creates_below_a_later_round_s_ids_give_their_budget_back() {
+    let s = AllocationSettings {
+        max_executors: Some(4),
+        batch_size: 2,
+        ..settings()
+    };
+    let mut a = allocator(s, &[(0, 4)]);
+    // Two rounds in flight at once: ids 1-2, then 3-4 (the first two seen Pending).
+    assert_eq!(a.round(snapshot(&[]), secs(0)).creates.len(), 2);
+    let pending = |id| exec(id, 0, ExecutorState::Pending, 0);
+    assert_eq!(
+        a.round(snapshot(&[pending(1), pending(2)]), secs(1))
+            .creates
+            .len(),
+        2
+    );
+    // The first round's id 2 was not sent (its round shed): it stays skipped, as id 3 is
+    // out, but no pod has it, so one more fits under the cap, with a new id.
+    a.creates_not_sent(&[ExecutorId(2)]);
+    let plan = a.round(snapshot(&[pending(1), pending(3), pending(4)]), secs(2));
+    let ids: Vec<u64> = plan.creates.iter().map(|(id, _)| id.0).collect();
+    assert_eq!(ids, vec![5]);
+    assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+}
+
+#[test]
 fn ids_run_out_at_u64_max_without_wrapping() {
     // A pod labelled with the largest id pushes the counter to its end: refuse, never wrap.
     let mut a = Allocator::new(settings(), 0);
