@@ -578,12 +578,13 @@ pub fn spawn_keeper(
                 () = cancel.cancelled() => break,
             }
         }
-        publish(
-            &tx,
-            ShardState::not_owned(),
-            keeper.shard,
-            keeper.claim.identity(),
-        );
+        // A shutdown, not a lost Lease: no warning.
+        if matches!(
+            tx.send_replace(ShardState::not_owned()),
+            ShardState::Owned(_) | ShardState::Draining(_)
+        ) {
+            tracing::info!(shard = %keeper.shard, identity = keeper.claim.identity(), "shutting down: this replica releases the shard");
+        }
         if let Err(err) = keeper.release().await {
             tracing::warn!(shard = %keeper.shard, error = %err, "cannot release the shard's Lease; it expires by itself");
         }
