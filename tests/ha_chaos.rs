@@ -160,9 +160,14 @@ struct Run {
     /// Per application, every target sent (when it was sent), oldest first.
     targets: Mutex<BTreeMap<String, Vec<(Instant, u64)>>>,
     violations: Mutex<Vec<String>>,
-    /// The longest attempt answered or refused UNAVAILABLE, and the longest call.
+    /// The longest attempt to a replica not disturbed under it (answered or refused
+    /// UNAVAILABLE), and the longest call (attempts retried until answered).
     longest_attempt: Mutex<Duration>,
     longest_answer: Mutex<Duration>,
+    /// Attempts by outcome: what the run exercised.
+    calls: Mutex<BTreeMap<&'static str, u64>>,
+    /// Per application, the most executor pods seen at once.
+    most_live: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Run {
@@ -264,15 +269,33 @@ where
         };
         let took = started.elapsed();
         let disturbed = run.changes(i) != changes;
+        if !disturbed && took > FAILOVER {
+            eprintln!(
+                "seed {}: {what} through {}: an attempt took {took:?} ({:?})",
+                run.seed,
+                IDENTITIES[i],
+                outcome
+                    .as_ref()
+                    .map(|o| o.as_ref().map(|_| ()).map_err(|s| s.code()))
+            );
+        }
+        let kind = match &outcome {
+            _ if disturbed => "disturbed",
+            Ok(Ok(_)) => "answered",
+            Ok(Err(status)) if status.code() == Code::Unavailable => "unavailable",
+            Ok(Err(_)) => "other code",
+            Err(_) => "hung",
+        };
+        *run.calls.lock().expect("lock").entry(kind).or_default() += 1;
+        if !disturbed {
+            note_longest(&run.longest_attempt, took);
+        }
         match outcome {
             Ok(Ok(reply)) => {
-                note_longest(&run.longest_attempt, took);
                 note_longest(&run.longest_answer, first.elapsed());
                 return Some(reply.into_inner());
             }
-            Ok(Err(status)) if status.code() == Code::Unavailable => {
-                note_longest(&run.longest_attempt, took);
-            }
+            Ok(Err(status)) if status.code() == Code::Unavailable => {}
             _ if disturbed => {}
             Ok(Err(status)) => {
                 run.violation(format!(
@@ -376,6 +399,9 @@ async fn watch_bounds(run: Arc<Run>, sim: Arc<SimCluster>, stop: CancellationTok
     while !stop.is_cancelled() {
         for (app, live) in live_executors(&sim) {
             let bound = run.bound(&app);
+            let mut most = run.most_live.lock().expect("lock");
+            let most = most.entry(app.clone()).or_default();
+            *most = (*most).max(live);
             if live > bound {
                 run.violation(format!(
                     "{app}: {live} executor pods, beyond every target it may act on ({bound}; sent: {:?})",
@@ -449,6 +475,8 @@ async fn chaos(seed: u64) -> Vec<String> {
         violations: Mutex::new(Vec::new()),
         longest_attempt: Mutex::new(Duration::ZERO),
         longest_answer: Mutex::new(Duration::ZERO),
+        calls: Mutex::new(BTreeMap::new()),
+        most_live: Mutex::new(BTreeMap::new()),
     });
     for i in 0..IDENTITIES.len() {
         start_replica(&run, &kubeconfig, i).await;
@@ -569,16 +597,20 @@ async fn chaos(seed: u64) -> Vec<String> {
     let map = ShardMap::new(SHARDS).expect("4 shards");
     let names = namespaces();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    for wrong in test_kit::ha::writes_without_the_lease(&sim, &map, &IDENTITIES, &names) {
+    let judged = test_kit::ha::writes_without_the_lease(&sim, &map, &IDENTITIES, &names);
+    for wrong in judged.wrong {
         run.violation(format!("a write without the Lease: {wrong}"));
     }
     for reused in test_kit::ha::reused_executor_ids(&sim) {
         run.violation(format!("reused: {reused}"));
     }
     eprintln!(
-        "seed {seed}: {:?}, {} writes, longest attempt {:?}, longest call {:?}",
+        "seed {seed}: {:?}, {} writes of the replicas checked against the Leases, \
+         most executors seen {:?}, calls {:?}, longest attempt {:?}, longest call {:?}",
         begun.elapsed(),
-        sim.writes().len(),
+        judged.checked,
+        run.most_live.lock().expect("lock"),
+        run.calls.lock().expect("lock"),
         run.longest_attempt.lock().expect("lock"),
         run.longest_answer.lock().expect("lock"),
     );
@@ -601,4 +633,68 @@ async fn seeded_kills_pauses_and_api_faults_keep_every_invariant() {
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// The run's record checks can fail: a write from a replica the Lease does not name, and
+/// an executor id (and a pod name) created twice, are each reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_checks_report_a_write_without_the_lease_and_an_id_used_twice() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    use kube::Api;
+    use kube::api::{DeleteParams, PostParams};
+    use spark_pod_allocator::k8s::{client_as, replica_user_agent};
+
+    let ns = namespaces()[0].clone();
+    let mut settings = test_kit::sim::manual_settings();
+    settings.namespaces = vec![ns.clone()];
+    let sim = test_kit::sim::start(settings).await;
+    let map = ShardMap::new(SHARDS).expect("4 shards");
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": map.shard_of(&ns).lease_name()},
+        "spec": {"holderIdentity": "chaos-1"}
+    }))
+    .expect("a Lease");
+    Api::<Lease>::namespaced(
+        sim.try_client().expect("client"),
+        test_kit::ha::LEASE_NAMESPACE,
+    )
+    .create(&PostParams::default(), &lease)
+    .await
+    .expect("the Lease");
+    let as_replica = |identity: &str| {
+        client_as(sim.kube_config(), &replica_user_agent(identity)).expect("client")
+    };
+    // chaos-0, not the holder: a pod, deleted, created again under the same id.
+    let pods: Api<Pod> = Api::namespaced(as_replica("chaos-0"), &ns);
+    let pod = test_kit::sim::executor_pod("app-1-exec-1", 1);
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    pods.delete("app-1-exec-1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create again");
+    // chaos-1, the holder: its write is in order.
+    let config_map: ConfigMap = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "record"}
+    }))
+    .expect("a ConfigMap");
+    Api::<ConfigMap>::namespaced(as_replica("chaos-1"), &ns)
+        .create(&PostParams::default(), &config_map)
+        .await
+        .expect("the holder's write");
+
+    let judged = test_kit::ha::writes_without_the_lease(&sim, &map, &IDENTITIES, &[&ns]);
+    assert_eq!(judged.checked, 4, "{judged:?}");
+    assert_eq!(judged.wrong.len(), 3, "{judged:?}");
+    assert!(
+        judged.wrong.iter().all(|w| w.starts_with("chaos-0 sent")),
+        "{judged:?}"
+    );
+    let reused = test_kit::ha::reused_executor_ids(&sim);
+    assert_eq!(reused.len(), 2, "the id and the name: {reused:?}");
 }

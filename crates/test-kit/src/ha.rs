@@ -14,17 +14,26 @@ use spark_pod_allocator_sim::SimCluster;
 /// simulator).
 pub const LEASE_NAMESPACE: &str = "default";
 
+/// The writes [`writes_without_the_lease`] judged.
+#[derive(Debug, Default)]
+pub struct Judged {
+    /// Writes of the replicas for the namespaces (a check that saw none proves nothing).
+    pub checked: usize,
+    /// Those sent without the Lease, each as a line saying who wrote what under which
+    /// holder.
+    pub wrong: Vec<String>,
+}
+
 /// Each write a replica of `identities` sent for a namespace of `namespaces` (any resource
 /// but Leases) that arrived while its shard's Lease, as stored then, named another holder
-/// or none; each as a line saying who wrote what under which holder. Empty: every write
-/// came from the shard's holder of the moment. Panics if the simulator's history has
-/// dropped changes (give it a `history` large enough for the run).
+/// or none. None: every write came from the shard's holder of the moment. Panics if the
+/// simulator's history has dropped changes (give it a `history` large enough for the run).
 pub fn writes_without_the_lease(
     sim: &SimCluster,
     map: &ShardMap,
     identities: &[&str],
     namespaces: &[&str],
-) -> Vec<String> {
+) -> Judged {
     let history = sim.history();
     assert!(
         history.complete,
@@ -56,7 +65,7 @@ pub fn writes_without_the_lease(
         .iter()
         .map(|id| (replica_user_agent(id), *id))
         .collect();
-    let mut wrong = Vec::new();
+    let mut judged = Judged::default();
     for write in sim.writes() {
         let Some(identity) = agents.get(&write.agent) else {
             continue;
@@ -64,6 +73,7 @@ pub fn writes_without_the_lease(
         if write.resource.starts_with("leases") || !namespaces.contains(&write.namespace.as_str()) {
             continue;
         }
+        judged.checked += 1;
         let lease = map.shard_of(&write.namespace).lease_name();
         let holder = holders.get(&lease).and_then(|changes| {
             let before = changes.partition_point(|(rv, _)| *rv <= write.received_at);
@@ -72,13 +82,13 @@ pub fn writes_without_the_lease(
                 .map(|i| (changes[i].0, changes[i].1.clone()))
         });
         if holder.as_ref().and_then(|(_, h)| h.as_deref()) != Some(*identity) {
-            wrong.push(format!(
+            judged.wrong.push(format!(
                 "{identity} sent {} {} {:?} in {} at resourceVersion {} while {lease} named {:?}",
                 write.verb, write.resource, write.name, write.namespace, write.received_at, holder
             ));
         }
     }
-    wrong
+    judged
 }
 
 /// Each executor id (an application's `spark-exec-id` in a namespace) that named more than
