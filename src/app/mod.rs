@@ -600,7 +600,7 @@ impl Applications {
     async fn stop_actors(shard: Shard, stale: Vec<(AppId, Entry)>) {
         for (app, entry) in stale {
             if let Some(actor) = entry.actor {
-                actor.stop().await;
+                actor.stop_moving().await;
             }
             tracing::info!(%app, namespace = %entry.namespace, %shard,
                 "application let go: this replica no longer owns its shard");
@@ -836,7 +836,7 @@ impl Applications {
         self.inner.ctx.metrics.set_active_applications(0);
         for (app, entry) in entries {
             if let Some(actor) = entry.actor {
-                actor.stop().await;
+                actor.stop_moving().await;
             }
             tracing::info!(%app, "application left running for a later resume");
         }

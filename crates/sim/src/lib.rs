@@ -58,6 +58,49 @@ pub enum SimError {
     },
 }
 
+/// One write request as the API server received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimWrite {
+    /// Its User-Agent.
+    pub agent: String,
+    /// As an audit log names it: `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`, `subresource`.
+    pub verb: String,
+    /// The resource's plural (`pods`), with the subresource after a slash (`pods/binding`).
+    pub resource: String,
+    /// Its namespace (empty for a cluster-scoped one).
+    pub namespace: String,
+    /// The object's name (empty for a collection).
+    pub name: String,
+    /// The store's resourceVersion when it arrived: it was sent after every change up to
+    /// this one and before any later one.
+    pub received_at: u64,
+}
+
+/// The store's changes, as [`SimCluster::history`] returns them.
+#[derive(Clone, Debug)]
+pub struct SimHistory {
+    /// No change has been dropped from the history since the start.
+    pub complete: bool,
+    /// The changes, oldest first.
+    pub changes: Vec<SimChange>,
+}
+
+/// One change of one object.
+#[derive(Clone, Debug)]
+pub struct SimChange {
+    /// The resourceVersion it produced.
+    pub resource_version: u64,
+    /// The resource's plural (`pods`).
+    pub resource: &'static str,
+    /// The object's namespace (empty for a cluster-scoped one).
+    pub namespace: String,
+    /// `ADDED`, `MODIFIED` or `DELETED`, as a watch names it.
+    pub kind: &'static str,
+    /// The object after the change (for `DELETED`, its last state).
+    pub object: serde_json::Value,
+}
+
 /// A running simulated cluster; dropping it stops it.
 pub struct SimCluster {
     shared: Arc<Shared>,
@@ -111,6 +154,7 @@ impl SimCluster {
             requests: Mutex::new(std::collections::BTreeMap::new()),
             write_tokens: Mutex::new((0.0, None)),
             writes_shed: std::sync::atomic::AtomicU64::new(0),
+            writes: Mutex::new(Vec::new()),
             settings,
         });
         let mut namespaces = shared.settings.namespaces.clone();
@@ -231,6 +275,55 @@ impl SimCluster {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Every write request to a resource received so far (create, update, patch, delete,
+    /// subresource), in order of arrival, injected faults or not: with [`Self::history`],
+    /// which client wrote what under which state of the objects (the chaos test's proof that
+    /// no replica writes for a shard another holds).
+    pub fn writes(&self) -> Vec<SimWrite> {
+        self.shared
+            .writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The changes the store still keeps (the watch history, `history` of the settings), in
+    /// order; `complete` when none has been dropped yet, so they are every change since
+    /// the start.
+    pub fn history(&self) -> SimHistory {
+        let (changes, compacted) = self.shared.store.history();
+        SimHistory {
+            complete: compacted == 0,
+            changes: changes
+                .iter()
+                .map(|e| SimChange {
+                    resource_version: e.rv,
+                    resource: e.kind.plural(),
+                    namespace: e.namespace.clone(),
+                    kind: e.event_type.as_str(),
+                    object: (*e.object.value).clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The objects of `resource` (a plural: `pods`, `leases`) in `namespace` as stored now,
+    /// read in process: no injected fault, latency or count.
+    pub fn objects(&self, resource: &str, namespace: &str) -> Vec<serde_json::Value> {
+        let Some(kind) = store::Kind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.plural() == resource)
+        else {
+            return Vec::new();
+        };
+        let (objects, _, _) = self
+            .shared
+            .store
+            .list(kind, Some(namespace), None, 0, |_| true);
+        objects.iter().map(|o| (*o.value).clone()).collect()
     }
 
     /// Holds back the answers of LIST requests (not watches) until [`Self::release_list_responses`]:

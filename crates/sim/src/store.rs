@@ -282,6 +282,13 @@ impl Store {
         g.compacted = g.rv;
     }
 
+    /// The history kept now (oldest first) and the version below which it was dropped (0:
+    /// nothing dropped yet).
+    pub fn history(&self) -> (Vec<Arc<Event>>, u64) {
+        let g = self.lock();
+        (g.history.iter().cloned().collect(), g.compacted)
+    }
+
     /// A receiver of every future change (used by the kubelet).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.events.subscribe()

@@ -13,6 +13,8 @@
 //! - [`tls`]: a test CA and a certificate it signed for `localhost` and 127.0.0.1;
 //! - [`wait`]: the one polling helper (a condition, a bound, never a fixed sleep);
 //! - [`process`]: the service binary as a process, read through its JSON log;
+//! - [`ha`]: the simulator's records judged against the shard Leases (writes only from a
+//!   shard's holder, no executor id naming two pods);
 //! - [`apiserver`], [`cluster`]: a real kube-apiserver and the backends of the contract
 //!   tests (the simulator and the real server behind one trait).
 #![forbid(unsafe_code)]
@@ -20,6 +22,7 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod grpc;
+pub mod ha;
 pub mod process;
 pub mod requests;
 pub mod service;

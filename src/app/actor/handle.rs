@@ -22,6 +22,11 @@ pub(crate) struct ActorHandle {
     tx: mpsc::Sender<Command>,
     task: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
     app_id: String,
+    /// Set when the actor is stopped because the application moves to another replica
+    /// (its shard let go or handed over): a call that finds it gone is then UNAVAILABLE,
+    /// retried and answered by the new owner, not NOT_FOUND, which a driver takes for
+    /// its application's end.
+    moving: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Commands queued per actor before senders wait.
@@ -62,6 +67,7 @@ impl ActorHandle {
             tx,
             task: Arc::new(std::sync::Mutex::new(Some(task))),
             app_id,
+            moving: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 
@@ -114,10 +120,28 @@ impl ActorHandle {
     ) -> Result<R, AppError> {
         let (reply, answer) = oneshot::channel();
         // The actor ends when the application is stopped or forgotten: a call racing that
-        // finds no application, as one made just after it would.
-        let gone = || AppError::NotFound(self.app_id.clone());
+        // finds no application, as one made just after it would. One racing a move to
+        // another replica is retried there.
+        let gone = || {
+            if self.moving.load(std::sync::atomic::Ordering::SeqCst) {
+                AppError::Unavailable(format!(
+                    "application {} is moving to another replica (this one let its shard \
+                     go); retry",
+                    self.app_id
+                ))
+            } else {
+                AppError::NotFound(self.app_id.clone())
+            }
+        };
         self.tx.send(command(reply)).await.map_err(|_| gone())?;
         answer.await.map_err(|_| gone())
+    }
+
+    /// As [`Self::stop`], for an application that goes on at another replica: calls that
+    /// find the actor gone answer UNAVAILABLE.
+    pub async fn stop_moving(&self) {
+        self.moving.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop().await;
     }
 
     /// Stops the actor and waits until it has ended (no request of it is in flight after).

@@ -489,3 +489,21 @@ async fn a_status_read_after_pod_events_counts_what_they_showed() {
     actor.event(PodEvent::Deleted(executor(2, "Pending")));
     assert_eq!(profile0(&actor.report().await), (1, 0, 0));
 }
+
+#[tokio::test]
+async fn a_call_finding_the_actor_stopped_for_another_owner_is_unavailable_not_not_found() {
+    // Stopped for good (the driver's Stop): the application is gone.
+    let stopped = Driven::start(None);
+    stopped.handle.stop().await;
+    assert!(matches!(
+        stopped.handle.report().await,
+        Err(AppError::NotFound(_))
+    ));
+    // Stopped because its shard moves to another replica: the driver retries there.
+    let moved = Driven::start(None);
+    moved.handle.stop_moving().await;
+    assert!(
+        matches!(moved.handle.report().await, Err(AppError::Unavailable(_))),
+        "a driver must not take a move for its application's end"
+    );
+}

@@ -56,6 +56,10 @@ pub(crate) struct Shared {
     pub write_tokens: Mutex<(f64, Option<std::time::Instant>)>,
     /// Writes answered 429 because they were above `faults.max_writes_per_second`.
     pub writes_shed: std::sync::atomic::AtomicU64,
+    /// Every write request to a resource received (before injected faults), in order, with
+    /// the store's version at its arrival: which client wrote what, under which state of
+    /// the objects (`SimCluster::writes`).
+    pub writes: Mutex<Vec<crate::SimWrite>>,
 }
 
 impl Shared {
@@ -646,18 +650,48 @@ fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, w
         (Target::Collection { kind, .. } | Target::Object { kind, .. }, _) => ("other", kind),
     };
     count(sh, req, verb, kind.plural());
+    if !matches!(verb, "get" | "list" | "watch") {
+        let (namespace, name, resource) = match target {
+            Target::Collection { ns, .. } => (
+                ns.clone().unwrap_or_default(),
+                String::new(),
+                kind.plural().to_string(),
+            ),
+            Target::Object { ns, name, .. } => {
+                (ns.clone(), name.clone(), kind.plural().to_string())
+            }
+            Target::Sub { ns, name, sub, .. } => {
+                (ns.clone(), name.clone(), format!("{}/{sub}", kind.plural()))
+            }
+        };
+        let write = crate::SimWrite {
+            agent: user_agent(req),
+            verb: verb.to_string(),
+            resource,
+            namespace,
+            name,
+            received_at: sh.store.resource_version(),
+        };
+        sh.writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(write);
+    }
+}
+
+fn user_agent(req: &Request) -> String {
+    req.headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Counts a request under its User-Agent, `verb` and `resource` (a resource's plural, or
 /// the path of a non-resource request such as `/version`, as the audit log's
 /// `requestURI`).
 fn count(sh: &Shared, req: &Request, verb: &str, resource: &str) {
-    let agent = req
-        .headers()
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let agent = user_agent(req);
     let mut requests = sh.requests.lock().unwrap_or_else(|p| p.into_inner());
     *requests
         .entry((agent, verb.to_string(), resource.to_string()))
