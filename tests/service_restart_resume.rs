@@ -2,14 +2,16 @@
 //! of a scale-up, is started again against the same (simulated) cluster and finishes the
 //! scale-up from the registration it kept in Kubernetes, with no call from the driver; the
 //! next call just works, and Stop deletes the registration (kept in the service's
-//! namespace, `default` here as no `POD_NAMESPACE` is set) and the id record.
+//! namespace, `default` here as no `POD_NAMESPACE` is set) and the id record. A restart
+//! that cannot read the registrations yet answers UNAVAILABLE for the application (never
+//! NOT_FOUND, which a driver takes for its end) and resumes it once it can.
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
-use spark_pod_allocator_sim::SimCluster;
+use spark_pod_allocator_sim::{FaultSettings, SimCluster};
 
 use test_kit::grpc::{batched_start_request, start_scaled};
 use test_kit::process::{connect_serving, serve_against, serve_at};
@@ -123,4 +125,49 @@ async fn a_service_killed_during_a_scale_up_finishes_it_after_a_restart_without_
             .is_none(),
         "Stop deleted the id record"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_the_api_server_refuses_is_retried_and_its_calls_are_unavailable_meanwhile() {
+    let sim = manual_cluster().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let (mut first, mut client) = serve_against(BIN, &kubeconfig, &Default::default()).await;
+    start_scaled(&mut client, batched_start_request(APP, NS, 2, 1000), 4).await;
+    let admin = sim.try_client().expect("client");
+    until("the registration with the target", async || {
+        stored_registration(&admin, SERVICE_NS, NS, APP)
+            .await
+            .is_some_and(|r| r.targets.get(&0) == Some(&4))
+    })
+    .await;
+    first.start_kill().expect("SIGKILL");
+    first.wait().await.expect("killed");
+
+    // The registrations (ConfigMaps) answer 500 while the next service starts.
+    sim.set_faults(FaultSettings {
+        error_500_fraction: 1.0,
+        only_resources: vec!["configmaps".into()],
+        ..FaultSettings::default()
+    });
+    let (_second, address) = serve_at(BIN, &kubeconfig, &Default::default()).await;
+    let mut client = connect_serving(&address).await;
+    let refused = client
+        .get_status(status_request(APP))
+        .await
+        .expect_err("not resumed yet");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+
+    // Readable again: resumed with no call from the driver, its target kept.
+    sim.set_faults(FaultSettings::default());
+    until("resumed by itself", async || {
+        client
+            .clone()
+            .get_status(status_request(APP))
+            .await
+            .is_ok_and(|status| status.into_inner().profiles[0].target == 4)
+    })
+    .await;
+    until("4 executors", async || executor_ids(&sim).await.len() == 4).await;
 }

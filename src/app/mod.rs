@@ -396,7 +396,8 @@ impl Applications {
                     .is_some_and(|ns| due.contains_key(&ownerships.shard_of(ns)))
             })
             .collect();
-        resumed_epochs.extend(due);
+        resumed_epochs.extend(due.iter().map(|(shard, epoch)| (*shard, *epoch)));
+        let mut left_out = BTreeSet::new();
         let allowed = &self.inner.ctx.options.allowed_namespaces;
         let mut resumed = Vec::new();
         for found in stored {
@@ -448,6 +449,12 @@ impl Applications {
                     let _ = store.delete(&namespace, app.as_str()).await;
                     continue;
                 }
+                // The API server or a dependency failed: tried again.
+                Err(err @ (AppError::Kubernetes(_) | AppError::Unavailable(_))) => {
+                    tracing::warn!(%app, %namespace, error = %err, "cannot resume the application yet; retried");
+                    left_out.insert(ownerships.shard_of(&namespace));
+                    continue;
+                }
                 Err(err) => {
                     tracing::warn!(%app, %namespace, error = %err, "cannot resume the application");
                     continue;
@@ -469,7 +476,53 @@ impl Applications {
             tracing::info!(%app, %namespace, "application resumed from its registration");
             resumed.push(app);
         }
+        // Not resumed at this epoch after all: tried again (`spawn_resume_retries`).
+        for shard in &left_out {
+            resumed_epochs.remove(shard);
+        }
         Ok(resumed)
+    }
+
+    /// The shards held here (with their epochs) whose registrations are not resumed at that
+    /// epoch: just taken, or a resume that failed or left an application out.
+    fn unresumed(&self, resumed: &HashMap<Shard, i32>) -> Vec<(Shard, i32)> {
+        let ownerships = &self.inner.ownerships;
+        ownerships
+            .map()
+            .shards()
+            .filter_map(|shard| match ownerships.state(shard) {
+                ShardState::Owned(owned) if resumed.get(&shard) != Some(&owned.epoch) => {
+                    Some((shard, owned.epoch))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Resumes, every `retry` period, the shards held here but not resumed at their epoch
+    /// (their registrations could not be read, or an application met a 429 or 5xx as it
+    /// started), until every application of theirs runs.
+    fn spawn_resume_retries(&self, retry: Duration) {
+        let registry = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(retry).await;
+                let Some(inner) = registry.upgrade() else {
+                    return;
+                };
+                let applications = Applications { inner };
+                let due = {
+                    let resumed = applications.inner.resumed.lock().await;
+                    applications.unresumed(&resumed)
+                };
+                if due.is_empty() {
+                    continue;
+                }
+                if let Err(err) = applications.resume_shards(&due).await {
+                    tracing::warn!(shards = ?due, error = %err, "cannot resume the shards' registrations yet; retried");
+                }
+            }
+        });
     }
 
     /// How long a call waits for a shard keeper's first turn (at start-up) before it is
@@ -497,6 +550,7 @@ impl Applications {
     /// one taken again at a new epoch (another replica may have acted in between), is let
     /// go first. Runs until the registry is dropped.
     pub(crate) fn spawn_shard_supervisor(&self) {
+        self.spawn_resume_retries(self.inner.ctx.options.ha.timing().retry);
         for (shard, mut changes) in self.inner.ownerships.receivers() {
             let registry = Arc::downgrade(&self.inner);
             tokio::spawn(async move {
@@ -900,8 +954,8 @@ impl Applications {
     /// UNAVAILABLE, retried, not NOT_FOUND.
     fn resuming(&self) -> Option<Shard> {
         // A resume holds the registry of resumed shards while it runs.
-        if self.inner.resumed.try_lock().is_ok() {
-            return None;
+        if let Ok(resumed) = self.inner.resumed.try_lock() {
+            return self.unresumed(&resumed).first().map(|(shard, _)| *shard);
         }
         let ownerships = &self.inner.ownerships;
         ownerships

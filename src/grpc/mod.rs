@@ -112,12 +112,24 @@ impl AllocatorService {
                     unowned,
                     deadline,
                 };
-                Some(
-                    self.forwarder
-                        .send(forward, metadata, message.clone(), call)
-                        .await
-                        .map_err(CallError::Owner),
-                )
+                match self
+                    .forwarder
+                    .send(forward, metadata, message.clone(), call)
+                    .await
+                {
+                    // No peer runs it. It may have come here meanwhile (a shard taken
+                    // and resumed), or be about to (a resume under way, or retried).
+                    Err(status) if status.code() == tonic::Code::NotFound => {
+                        if self.applications.ownership(app).is_some() {
+                            return None;
+                        }
+                        Some(Err(match self.applications.not_here(app) {
+                            AppError::NotFound(_) => CallError::Owner(status),
+                            unavailable => CallError::Here(unavailable),
+                        }))
+                    }
+                    answer => Some(answer.map_err(CallError::Owner)),
+                }
             }
         }
     }

@@ -261,6 +261,9 @@ pub struct FaultSettings {
     /// …), not only to resource requests: an API server that answers nothing, so a client
     /// probing it at start-up waits until the fault is lifted.
     pub discovery_faults: bool,
+    /// The latency and the 500/429 errors above apply only to requests for these resources
+    /// (plural names: `configmaps`, `pods`); empty: to every resource.
+    pub only_resources: Vec<String>,
 }
 
 impl FaultSettings {

@@ -192,6 +192,16 @@ enum Target {
     },
 }
 
+impl Target {
+    fn kind(&self) -> Kind {
+        match self {
+            Target::Collection { kind, .. }
+            | Target::Object { kind, .. }
+            | Target::Sub { kind, .. } => *kind,
+        }
+    }
+}
+
 fn resolve(segs: &[&str]) -> Option<Target> {
     let (group, rest) = match segs {
         ["api", "v1", rest @ ..] => ("", rest),
@@ -255,7 +265,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
     {
         count(sh, &req, "get", &path);
         if sh.faults().discovery_faults {
-            inject_request_faults(sh).await?;
+            inject_request_faults(sh, "discovery").await?;
         }
         return Ok(value_response(StatusCode::OK, &document));
     }
@@ -273,7 +283,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 return Err(ApiError::method_not_allowed());
             }
             count(sh, &req, "create", "tokenreviews");
-            inject_request_faults(sh).await?;
+            inject_request_faults(sh, "tokenreviews").await?;
             return reviews::token_review(sh, &read_body(req).await?);
         }
         (method, ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
@@ -281,7 +291,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 return Err(ApiError::method_not_allowed());
             }
             count(sh, &req, "create", "subjectaccessreviews");
-            inject_request_faults(sh).await?;
+            inject_request_faults(sh, "subjectaccessreviews").await?;
             return reviews::subject_access_review(sh, &read_body(req).await?);
         }
         _ => {}
@@ -309,7 +319,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         &target,
         watch_path.is_some() || flag(&q, "watch"),
     );
-    inject_request_faults(sh).await?;
+    inject_request_faults(sh, target.kind().plural()).await?;
     if method != Method::GET {
         shed_writes_above_rate(sh)?;
     }
@@ -587,8 +597,12 @@ async fn hold_list_response(sh: &Shared) {
     sh.held_lists.fetch_sub(1, Ordering::SeqCst);
 }
 
-async fn inject_request_faults(sh: &Shared) -> Result<(), ApiError> {
+/// The latency and errors of `faults` for a request for `resource` (a plural name).
+async fn inject_request_faults(sh: &Shared, resource: &str) -> Result<(), ApiError> {
     let faults = sh.faults();
+    if !faults.only_resources.is_empty() && !faults.only_resources.iter().any(|r| r == resource) {
+        return Ok(());
+    }
     if faults.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     }
