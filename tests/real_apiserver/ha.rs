@@ -4,7 +4,10 @@
 //! proof is the API server's audit log: every request names its replica in its User-Agent.
 //! Then rebalancing: a second replica joining takes one of two shards by the drain
 //! handshake on the real Leases, within the chart's rights, and the old owner writes
-//! nothing of the moved shard's after it let it go.
+//! nothing of the moved shard's after it let it go. And three replicas: the owner cut off
+//! from the API server mid scale-up, then the next owner killed mid scale-up; the third
+//! finishes it, no pod is created twice, and the cut-off owner, healed, wrote nothing after
+//! it lost the shard.
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -17,6 +20,7 @@ use spark_pod_allocator::k8s::leases::REQUESTED_BY_ANNOTATION;
 use spark_pod_allocator::k8s::replica_user_agent;
 use test_kit::cluster::{Cluster, RealBackend};
 use test_kit::grpc::batched_start_request;
+use test_kit::partition::Partition;
 use test_kit::process::{connect_serving, pause, serve_with, wake};
 use test_kit::requests::*;
 use test_kit::wait::until;
@@ -324,5 +328,146 @@ async fn a_replica_joining_takes_a_shard_by_the_drain_handshake_and_the_old_owne
             .into_inner();
         assert_eq!(stopped.deleted_pods, 5, "{app}");
     }
+    c.finish().await;
+}
+
+/// How many times the API server created each executor pod (201), from the audit log.
+fn pods_created(c: &RealBackend) -> std::collections::BTreeMap<String, usize> {
+    let mut created = std::collections::BTreeMap::new();
+    for event in c.server().audit_events() {
+        if event["stage"] == "ResponseComplete"
+            && event["verb"] == "create"
+            && event["objectRef"]["resource"] == "pods"
+            && event["objectRef"]["namespace"] == c.namespace()
+            && event["responseStatus"]["code"] == 201
+            && let Some(name) = event["objectRef"]["name"].as_str()
+        {
+            *created.entry(name.to_string()).or_default() += 1;
+        }
+    }
+    created
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_killed_one() {
+    let Some(c) = RealBackend::start_own("ha-three", &[]).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    c.write_service_kubeconfig(&kubeconfig);
+    // replica-a reaches the API server through a link the test cuts.
+    let cut_off = dir.path().join("kubeconfig-a");
+    let link = Partition::in_front_of(&kubeconfig, &cut_off).await;
+    let (_a, address_a) = replica(&c, &cut_off, "replica-a").await;
+    assert_eq!(holder(&c).await.as_deref(), Some("replica-a"));
+    let (b, address_b) = replica(&c, &kubeconfig, "replica-b").await;
+    let (third, address_c) = replica(&c, &kubeconfig, "replica-c").await;
+    let mut others = vec![("replica-b", b, address_b), ("replica-c", third, address_c)];
+
+    // Through a replica that does not own the shard: forwarded to replica-a.
+    let mut client = connect_serving(&others[0].2).await;
+    client
+        .start(batched_start_request(APP, c.namespace(), 2, 1000))
+        .await
+        .expect("Start through a non-owner");
+    scale(&others[1].2, APP, 12).await;
+    until("the first batch", || async {
+        executor_ids(&c).await.len() >= 2
+    })
+    .await;
+
+    link.cut();
+    // Cut off, replica-a still answers its callers: forwarded, or UNAVAILABLE while it
+    // cannot tell who holds the shard; never a hang.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        connect_serving(&address_a)
+            .await
+            .get_status(status_request(APP)),
+    )
+    .await
+    .expect("the cut-off replica answers within 5 s");
+    if let Err(status) = &answer {
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    }
+    until("another replica holds the shard", || async {
+        holder(&c).await.is_some_and(|h| h != "replica-a")
+    })
+    .await;
+    // Its renew deadline (2 s) passed before the lease (3 s) let anyone take the shard.
+    let at_takeover = writes_of(&c, "replica-a").len();
+    let first = holder(&c).await.expect("a holder");
+    let before = executor_ids(&c).await.len();
+    until("the new owner goes on with the scale-up", || async {
+        executor_ids(&c).await.len() > before
+    })
+    .await;
+    let owner = others
+        .iter()
+        .position(|(identity, ..)| *identity == first)
+        .expect("replica-b or replica-c");
+    let (killed, mut child, _) = others.swap_remove(owner);
+    let at_kill = executor_ids(&c).await.len();
+    assert!(
+        at_kill < 12,
+        "the kill lands mid scale-up ({at_kill} of 12)"
+    );
+    child.start_kill().expect("SIGKILL");
+    child.wait().await.expect("reaped");
+    let (survivor, _child, address) = &others[0];
+    until("the third replica holds the shard", || async {
+        holder(&c).await.as_deref() == Some(*survivor)
+    })
+    .await;
+    until("12 executors, the scale-up finished", || async {
+        executor_ids(&c).await.len() == 12
+    })
+    .await;
+    scale(address, APP, 14).await;
+    until("14 executors", || async {
+        executor_ids(&c).await.len() == 14
+    })
+    .await;
+
+    // Healed, replica-a sees the holder, lets the application go and forwards to it.
+    link.heal();
+    let mut client_a = connect_serving(&address_a).await;
+    until("replica-a forwards to the survivor", || {
+        let mut client = client_a.clone();
+        async move {
+            client
+                .get_status(status_request(APP))
+                .await
+                .is_ok_and(|status| {
+                    status
+                        .metadata()
+                        .get(ANSWERED_BY_METADATA)
+                        .is_some_and(|by| by.to_str().ok() == Some(*survivor))
+                })
+        }
+    })
+    .await;
+    let writes = writes_of(&c, "replica-a");
+    assert_eq!(
+        writes.len(),
+        at_takeover,
+        "the partitioned owner wrote after it lost the shard: {:?}",
+        &writes[at_takeover.min(writes.len())..]
+    );
+    let created = pods_created(&c);
+    let twice: Vec<_> = created.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "pods created twice: {twice:?}");
+    assert_eq!(
+        executor_ids(&c).await.len(),
+        14,
+        "no pod beyond the target ({killed} killed at {at_kill})"
+    );
+    let stopped = client_a
+        .stop(stop_request(APP))
+        .await
+        .expect("Stop through the old owner")
+        .into_inner();
+    assert_eq!(stopped.deleted_pods, 14);
     c.finish().await;
 }

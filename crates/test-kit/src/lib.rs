@@ -15,6 +15,8 @@
 //! - [`process`]: the service binary as a process, read through its JSON log;
 //! - [`ha`]: the simulator's records judged against the shard Leases (writes only from a
 //!   shard's holder, no executor id naming two pods);
+//! - [`partition`]: a TCP relay a test cuts and heals (a replica partitioned from its API
+//!   server);
 //! - [`apiserver`], [`cluster`]: a real kube-apiserver and the backends of the contract
 //!   tests (the simulator and the real server behind one trait).
 #![forbid(unsafe_code)]
@@ -23,6 +25,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod grpc;
 pub mod ha;
+pub mod partition;
 pub mod process;
 pub mod requests;
 pub mod service;
