@@ -642,7 +642,9 @@ impl ControlPlane {
         self.cluster_dir().join("audit.log")
     }
 
-    fn contender_kubeconfig(&self) -> PathBuf {
+    /// The kubeconfig of the contenders' user (an ordinary user, under API Priority and
+    /// Fairness).
+    pub fn contender_kubeconfig(&self) -> PathBuf {
         self.dir.path().join("kubeconfig-contender")
     }
 

@@ -1,6 +1,8 @@
 //! Failover and forwarding: two replicas of this binary (`serve`, one shard) on the
-//! simulated cluster (a child process), one application scaling up through the replica
-//! that does not own it. Measured in one run:
+//! simulated cluster (a child process) or, with `--cluster real`, on the test control plane
+//! (kube-apiserver, kube-scheduler, kube-controller-manager, kwok nodes; the replicas act
+//! as its ordinary user, under API Priority and Fairness), one application scaling up
+//! through the replica that does not own it. Measured in one run:
 //!
 //! - forwarding: IsDeleted through the non-owner (forwarded) against the owner directly,
 //!   the same number of calls, one at a time;
@@ -16,6 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Api;
 use kube::api::ListParams;
 
+use super::control_plane::{ClusterArgs, ControlPlane};
 use super::harness::{Latencies, ServeProcess, SimProcess, ms, report, wait_for};
 use crate::k8s::IdRecord;
 use crate::k8s::id_record::LAST_EXECUTOR_ID_KEY;
@@ -32,19 +35,77 @@ pub struct FailoverBench {
     pub calls: u32,
     /// The application's target.
     pub executors: u32,
+    /// The test control plane instead of the simulator.
+    pub real: Option<ClusterArgs>,
 }
 
-const NAMESPACE: &str = "default";
+/// Where the replicas run: the application, its records and the shard's Lease are in
+/// `namespace`; `client` reads them.
+struct Cluster {
+    namespace: &'static str,
+    kubeconfig: std::path::PathBuf,
+    client: kube::Client,
+    backend: Backend,
+}
+
+enum Backend {
+    Sim(SimProcess),
+    Real(ControlPlane),
+}
+
+impl Cluster {
+    async fn start(bench: &FailoverBench) -> anyhow::Result<Self> {
+        let pods = bench.executors + 100;
+        Ok(match &bench.real {
+            None => {
+                let sim = SimProcess::start(pods).await?;
+                Cluster {
+                    namespace: "default",
+                    kubeconfig: sim.kubeconfig(),
+                    client: sim.client.clone(),
+                    backend: Backend::Sim(sim),
+                }
+            }
+            Some(args) => {
+                let plane = ControlPlane::start(args, pods).await?;
+                let namespace = "bench-failover";
+                plane.create_namespace(namespace).await?;
+                Cluster {
+                    namespace,
+                    kubeconfig: plane.contender_kubeconfig(),
+                    client: plane.client.clone(),
+                    backend: Backend::Real(plane),
+                }
+            }
+        })
+    }
+
+    async fn stop(self) {
+        match self.backend {
+            Backend::Sim(sim) => sim.stop().await,
+            Backend::Real(plane) => plane.stop().await,
+        }
+    }
+}
+
 const APP: &str = "bench-failover";
 const LEASE: &str = "spark-pod-allocator-shard-0";
 
 /// Runs the scenario and prints its figures.
 pub async fn run(bench: &FailoverBench) -> anyhow::Result<()> {
     println!(
-        "failover: 2 replicas, lease {} ms, renew deadline {} ms, retry {} ms; {} executors",
-        bench.lease_ms, bench.renew_deadline_ms, bench.retry_ms, bench.executors
+        "failover: 2 replicas on the {}, lease {} ms, renew deadline {} ms, retry {} ms; {} executors",
+        if bench.real.is_some() {
+            "test control plane"
+        } else {
+            "simulator"
+        },
+        bench.lease_ms,
+        bench.renew_deadline_ms,
+        bench.retry_ms,
+        bench.executors
     );
-    let sim = SimProcess::start(bench.executors + 100).await?;
+    let sim = Cluster::start(bench).await?;
     let mut owner = replica(&sim, bench, "replica-a").await?;
     wait_for(
         "replica-a to hold the shard",
@@ -58,7 +119,7 @@ pub async fn run(bench: &FailoverBench) -> anyhow::Result<()> {
     via_other
         .start(proto::StartRequest {
             application_id: APP.into(),
-            namespace: NAMESPACE.into(),
+            namespace: sim.namespace.into(),
             executor_pod_template: TEMPLATE.into(),
             settings: Some(proto::AllocationSettings {
                 batch_size: Some(10),
@@ -155,12 +216,16 @@ const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - nam
 
 /// One replica: [`ServeProcess`] with short Leases and `identity`.
 async fn replica(
-    sim: &SimProcess,
+    sim: &Cluster,
     bench: &FailoverBench,
     identity: &str,
 ) -> anyhow::Result<ServeProcess> {
     let env = [
         ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity.to_string()),
+        (
+            "SPARK_POD_ALLOCATOR__HA__LEASE_NAMESPACE",
+            sim.namespace.to_string(),
+        ),
         (
             "SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS",
             bench.lease_ms.to_string(),
@@ -174,14 +239,12 @@ async fn replica(
             bench.retry_ms.to_string(),
         ),
     ];
-    ServeProcess::start(&sim.kubeconfig(), &env).await
+    ServeProcess::start(&sim.kubeconfig, &env).await
 }
 
 /// The shard's holder and its last renewal (wall clock, as the holder wrote it).
-async fn holder(
-    sim: &SimProcess,
-) -> anyhow::Result<(Option<String>, Option<std::time::SystemTime>)> {
-    let leases: Api<Lease> = Api::namespaced(sim.client.clone(), NAMESPACE);
+async fn holder(sim: &Cluster) -> anyhow::Result<(Option<String>, Option<std::time::SystemTime>)> {
+    let leases: Api<Lease> = Api::namespaced(sim.client.clone(), sim.namespace);
     let Some(lease) = leases.get_opt(LEASE).await? else {
         return Ok((None, None));
     };
@@ -194,8 +257,8 @@ async fn holder(
     Ok((spec.holder_identity, renewed))
 }
 
-async fn executor_ids(sim: &SimProcess) -> anyhow::Result<Vec<u64>> {
-    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), NAMESPACE);
+async fn executor_ids(sim: &Cluster) -> anyhow::Result<Vec<u64>> {
+    let pods: Api<Pod> = Api::namespaced(sim.client.clone(), sim.namespace);
     let listed = pods
         .list(
             &ListParams::default().labels(&format!("spark-app-selector={APP},spark-role=executor")),
@@ -216,8 +279,8 @@ async fn executor_ids(sim: &SimProcess) -> anyhow::Result<Vec<u64>> {
 }
 
 /// The highest id the application's record holds (its ConfigMap: no driver pod).
-async fn recorded_last_id(sim: &SimProcess) -> anyhow::Result<u64> {
-    let config_maps: Api<ConfigMap> = Api::namespaced(sim.client.clone(), NAMESPACE);
+async fn recorded_last_id(sim: &Cluster) -> anyhow::Result<u64> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(sim.client.clone(), sim.namespace);
     let record = config_maps.get(&IdRecord::config_map_name(APP)).await?;
     let recorded = record
         .data

@@ -84,6 +84,14 @@ pub enum Scenario {
         calls: u32,
         #[arg(long, default_value_t = 200)]
         executors: u32,
+        /// `sim` (the simulator, a child process) or `real` (the test control plane, with
+        /// kube-scheduler at 5,000 QPS and room for every pod).
+        #[arg(long, default_value = "sim", value_parser = ["sim", "real"])]
+        cluster: String,
+        /// The test API server binary, with `--cluster real`
+        /// (`scripts/build-test-apiserver.sh` prints its path).
+        #[arg(long, env = "TEST_APISERVER_BIN")]
+        apiserver_bin: Option<std::path::PathBuf>,
     },
     /// Applications with changing demand over a namespace budget, against the same demand
     /// racing for a ResourceQuota of the same pods: Jain's fairness index over time, the
@@ -174,13 +182,30 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<()> {
             retry_ms,
             calls,
             executors,
+            cluster,
+            apiserver_bin,
         } => {
+            let real = match (cluster.as_str(), apiserver_bin) {
+                ("real", Some(apiserver_bin)) => Some(control_plane::ClusterArgs {
+                    apiserver_bin,
+                    kwok_nodes: None,
+                    scheduler_qps: 5000,
+                    apiserver_args: Vec::new(),
+                    spark_driver: "clients/spark/own-allocator-driver.sh".into(),
+                }),
+                ("real", None) => anyhow::bail!(
+                    "--cluster real needs --apiserver-bin (or TEST_APISERVER_BIN): \
+                     scripts/build-test-apiserver.sh prints its path"
+                ),
+                _ => None,
+            };
             failover::run(&failover::FailoverBench {
                 lease_ms,
                 renew_deadline_ms,
                 retry_ms,
                 calls: calls.max(1),
                 executors: executors.max(30),
+                real,
             })
             .await
         }
