@@ -240,10 +240,16 @@ struct Registry {
     /// Per shard, the epoch whose registrations have been resumed here (held while a
     /// shard is resumed, so two resumes of one shard never run together).
     resumed: tokio::sync::Mutex<HashMap<Shard, i32>>,
+    /// Shards held here whose last resume failed or left an application out (the
+    /// registrations unreadable, a 429 or 5xx as one started): resumed again every retry
+    /// period, and until then a call for an application not found here is UNAVAILABLE,
+    /// never NOT_FOUND (which a driver takes for its application's end).
+    unresumed: Mutex<BTreeSet<Shard>>,
     /// The keepers of this replica's shard Leases: released by [`Applications::shutdown`],
     /// and stopped with the registry (its Leases then expire).
     keepers: Mutex<Option<ShardKeepers>>,
-    /// The last shard drained for another replica, and when ([`Applications::not_here`]).
+    /// The last shard drained for another replica or lost to one, and when
+    /// ([`Applications::not_here`]).
     handed_over: Mutex<Option<(Shard, std::time::Instant)>>,
 }
 
@@ -330,6 +336,7 @@ impl Applications {
                 budgets,
                 ownerships,
                 resumed: tokio::sync::Mutex::new(HashMap::new()),
+                unresumed: Mutex::new(BTreeSet::new()),
                 keepers: Mutex::new(None),
                 handed_over: Mutex::new(None),
             }),
@@ -380,14 +387,18 @@ impl Applications {
             return Ok(Vec::new());
         }
         let store = &self.inner.registrations;
+        // Unreadable: the shards are resumed again later (`spawn_resume_retries`).
+        let unreadable = |err: AppError| {
+            lock_registry(&self.inner.unresumed).extend(due.keys().copied());
+            err
+        };
         let key = store
             .signing_key()
             .await
-            .map_err(|err| AppError::Unavailable(err.to_string()))?;
+            .map_err(|err| unreadable(AppError::Unavailable(err.to_string())))?;
+        let stored = store.list().await.map_err(|err| unreadable(err.into()))?;
         let ownerships = &self.inner.ownerships;
-        let stored: Vec<_> = store
-            .list()
-            .await?
+        let stored: Vec<_> = stored
             .into_iter()
             .filter(|found| {
                 found
@@ -477,31 +488,35 @@ impl Applications {
             resumed.push(app);
         }
         // Not resumed at this epoch after all: tried again (`spawn_resume_retries`).
-        for shard in &left_out {
-            resumed_epochs.remove(shard);
+        let mut unresumed = lock_registry(&self.inner.unresumed);
+        for shard in due.keys() {
+            if left_out.contains(shard) {
+                resumed_epochs.remove(shard);
+                unresumed.insert(*shard);
+            } else {
+                unresumed.remove(shard);
+            }
         }
         Ok(resumed)
     }
 
-    /// The shards held here (with their epochs) whose registrations are not resumed at that
-    /// epoch: just taken, or a resume that failed or left an application out.
-    fn unresumed(&self, resumed: &HashMap<Shard, i32>) -> Vec<(Shard, i32)> {
+    /// The shards of [`Inner::unresumed`] held here now, with their epochs; those no longer
+    /// held are dropped from it.
+    fn unresumed(&self) -> Vec<(Shard, i32)> {
         let ownerships = &self.inner.ownerships;
-        ownerships
-            .map()
-            .shards()
-            .filter_map(|shard| match ownerships.state(shard) {
-                ShardState::Owned(owned) if resumed.get(&shard) != Some(&owned.epoch) => {
-                    Some((shard, owned.epoch))
-                }
+        let mut unresumed = lock_registry(&self.inner.unresumed);
+        unresumed.retain(|shard| matches!(ownerships.state(*shard), ShardState::Owned(_)));
+        unresumed
+            .iter()
+            .filter_map(|shard| match ownerships.state(*shard) {
+                ShardState::Owned(owned) => Some((*shard, owned.epoch)),
                 _ => None,
             })
             .collect()
     }
 
-    /// Resumes, every `retry` period, the shards held here but not resumed at their epoch
-    /// (their registrations could not be read, or an application met a 429 or 5xx as it
-    /// started), until every application of theirs runs.
+    /// Resumes, every `retry` period, the shards held here whose last resume failed or left
+    /// an application out ([`Inner::unresumed`]), until every application of theirs runs.
     fn spawn_resume_retries(&self, retry: Duration) {
         let registry = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -511,10 +526,7 @@ impl Applications {
                     return;
                 };
                 let applications = Applications { inner };
-                let due = {
-                    let resumed = applications.inner.resumed.lock().await;
-                    applications.unresumed(&resumed)
-                };
+                let due = applications.unresumed();
                 if due.is_empty() {
                     continue;
                 }
@@ -632,6 +644,12 @@ impl Applications {
         let stale = self.take_entries(shard, keep);
         if keep.is_none() {
             self.inner.resumed.lock().await.remove(&shard);
+            lock_registry(&self.inner.unresumed).remove(&shard);
+            // Lost to another holder: a replica forwarding from an older view of the
+            // Lease may still ask here for a while; it is told to retry, not NOT_FOUND.
+            if !stale.is_empty() {
+                *lock_registry(&self.inner.handed_over) = Some((shard, std::time::Instant::now()));
+            }
         }
         Self::stop_actors(shard, stale).await;
     }
@@ -646,6 +664,7 @@ impl Applications {
         let mut resumed = self.inner.resumed.lock().await;
         let _exclusive = self.inner.lifecycle.write().await;
         resumed.remove(&shard);
+        lock_registry(&self.inner.unresumed).remove(&shard);
         drop(resumed);
         let stale = self.take_entries(shard, None);
         Self::stop_actors(shard, stale).await;
@@ -953,9 +972,12 @@ impl Applications {
     /// are unknown here for a moment): a call for an application not found is then
     /// UNAVAILABLE, retried, not NOT_FOUND.
     fn resuming(&self) -> Option<Shard> {
+        if let Some((shard, _)) = self.unresumed().first() {
+            return Some(*shard);
+        }
         // A resume holds the registry of resumed shards while it runs.
-        if let Ok(resumed) = self.inner.resumed.try_lock() {
-            return self.unresumed(&resumed).first().map(|(shard, _)| *shard);
+        if self.inner.resumed.try_lock().is_ok() {
+            return None;
         }
         let ownerships = &self.inner.ownerships;
         ownerships
