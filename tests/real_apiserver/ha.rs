@@ -108,6 +108,24 @@ async fn scale(address: &str, app: &str, target: u32) {
     }
 }
 
+/// Whether GetStatus of the application through `client` is answered by `identity`.
+async fn answered_by(
+    mut client: spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient<
+        tonic::transport::Channel,
+    >,
+    identity: &str,
+) -> bool {
+    client
+        .get_status(status_request(APP))
+        .await
+        .is_ok_and(|status| {
+            status
+                .metadata()
+                .get(ANSWERED_BY_METADATA)
+                .is_some_and(|by| by.to_str().ok() == Some(identity))
+        })
+}
+
 /// The writes (anything but get, list and watch) of `identity` in the audit log.
 fn writes_of(c: &RealBackend, identity: &str) -> Vec<Value> {
     let agent = replica_user_agent(identity);
@@ -174,18 +192,7 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
     wake(&a);
     // Woken, `a` lets the application go and forwards its calls to the new owner.
     until("replica-a let the application go", || {
-        let mut client = client_a.clone();
-        async move {
-            client
-                .get_status(status_request(APP))
-                .await
-                .is_ok_and(|status| {
-                    status
-                        .metadata()
-                        .get(ANSWERED_BY_METADATA)
-                        .is_some_and(|by| by.to_str().ok() == Some("replica-b"))
-                })
-        }
+        answered_by(client_a.clone(), "replica-b")
     })
     .await;
     let writes = writes_of(&c, "replica-a");
@@ -434,18 +441,7 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
     link.heal();
     let mut client_a = connect_serving(&address_a).await;
     until("replica-a forwards to the survivor", || {
-        let mut client = client_a.clone();
-        async move {
-            client
-                .get_status(status_request(APP))
-                .await
-                .is_ok_and(|status| {
-                    status
-                        .metadata()
-                        .get(ANSWERED_BY_METADATA)
-                        .is_some_and(|by| by.to_str().ok() == Some(*survivor))
-                })
-        }
+        answered_by(client_a.clone(), survivor)
     })
     .await;
     let writes = writes_of(&c, "replica-a");
