@@ -492,16 +492,23 @@ async fn a_status_read_after_pod_events_counts_what_they_showed() {
 
 #[tokio::test]
 async fn a_call_finding_the_actor_stopped_for_another_owner_is_unavailable_not_not_found() {
+    // Each actor's first round is answered first: a stop waits for the work in flight.
     // Stopped for good (the driver's Stop): the application is gone.
-    let stopped = Driven::start(None);
-    stopped.handle.stop().await;
+    let mut stopped = Driven::start(None);
+    stopped.first_round_answered().await;
+    tokio::time::timeout(Duration::from_secs(5), stopped.handle.stop())
+        .await
+        .expect("stopped within 5 s");
     assert!(matches!(
         stopped.handle.report().await,
         Err(AppError::NotFound(_))
     ));
     // Stopped because its shard moves to another replica: the driver retries there.
-    let moved = Driven::start(None);
-    moved.handle.stop_moving().await;
+    let mut moved = Driven::start(None);
+    moved.first_round_answered().await;
+    tokio::time::timeout(Duration::from_secs(5), moved.handle.stop_moving())
+        .await
+        .expect("stopped within 5 s");
     assert!(
         matches!(moved.handle.report().await, Err(AppError::Unavailable(_))),
         "a driver must not take a move for its application's end"
