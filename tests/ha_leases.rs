@@ -181,3 +181,47 @@ async fn a_released_shard_is_taken_over_at_once() {
 
     assert_eq!(holds(&b.turn(t0 + Duration::from_secs(1)).await), Some(1));
 }
+
+#[tokio::test]
+async fn a_release_goes_through_a_requesters_write_but_never_clears_another_holder() {
+    use spark_pod_allocator::k8s::leases::REQUESTED_BY_ANNOTATION;
+    let sim = test_kit::sim::manual_cluster().await;
+    let client = sim.try_client().expect("client");
+    let leases = Api::<Lease>::namespaced(client.clone(), NAMESPACE);
+    let name = Shard(0).lease_name();
+    let mut a = keeper(&client, "replica-a");
+    assert_eq!(holds(&a.turn(Instant::now()).await), Some(0));
+    // A replica asking for the shard writes its request on the Lease after a's last read:
+    // a is still the holder, and its release, refused on the version it saw, is sent again.
+    let request = json!({"metadata": {"annotations": {REQUESTED_BY_ANNOTATION: "replica-b"}}});
+    leases
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&request))
+        .await
+        .expect("the request");
+    a.release().await.expect("release");
+    assert_eq!(
+        lease(&client).await.spec.expect("spec").holder_identity,
+        None,
+        "released through the requester's write"
+    );
+
+    // The requester takes it. A Lease another replica holds by the time the release is
+    // sent is left to that one.
+    let mut b = keeper(&client, "replica-b");
+    assert_eq!(holds(&b.turn(Instant::now()).await), Some(1));
+    let taken = json!({"spec": {"holderIdentity": "replica-d"}});
+    leases
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&taken))
+        .await
+        .expect("another holder");
+    b.release().await.expect("release");
+    assert_eq!(
+        lease(&client)
+            .await
+            .spec
+            .expect("spec")
+            .holder_identity
+            .as_deref(),
+        Some("replica-d")
+    );
+}

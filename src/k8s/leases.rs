@@ -85,6 +85,10 @@ struct Drain {
 /// writer's change, which a process of the same identity may make again.
 const SAME_IDENTITY_RETRIES: usize = 3;
 
+/// Releases sent on a fresh read after a refused one: each follows a requester's write,
+/// which leaves this replica the holder.
+const RELEASE_ATTEMPTS: usize = 3;
+
 /// What one turn of a [`ShardLeaseKeeper`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Turn {
@@ -425,22 +429,34 @@ impl ShardLeaseKeeper {
 
     /// Gives the shard up at once (on shutdown), so another replica takes it without
     /// waiting for the Lease to expire: the holder is cleared under the precondition of
-    /// the version this replica saw last; if anyone wrote since, there is nothing to give.
+    /// the version this replica saw last. A write since that left this replica the holder
+    /// at its epoch (a replica asking for the shard, `requested-by`) is read and the
+    /// release sent again on it; another holder or epoch leaves nothing to give.
     pub async fn release(&mut self) -> Result<(), kube::Error> {
         let holds = self.claim.ownership(Instant::now()).is_some();
         self.claim.step_down();
         let Some(mut lease) = self.last_seen.take().filter(|_| holds) else {
             return Ok(());
         };
-        if let Some(spec) = lease.spec.as_mut() {
-            spec.holder_identity = None;
-        }
+        let ours = view(&lease).map(|v| (v.holder, v.transitions));
         let (api, name, post) = (&self.api, self.name.as_str(), PostParams::default());
-        match self.policy.run(|_| api.replace(name, &post, &lease)).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(()),
-            Err(err) => Err(err),
+        for _ in 0..RELEASE_ATTEMPTS {
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.holder_identity = None;
+            }
+            match self.policy.run(|_| api.replace(name, &post, &lease)).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 409 => match self.read().await? {
+                    Some(now) if view(&now).map(|v| (v.holder, v.transitions)) == ours => {
+                        lease = now;
+                    }
+                    _ => return Ok(()),
+                },
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+                Err(err) => return Err(err),
+            }
         }
+        Ok(())
     }
 
     async fn read(&self) -> Result<Option<Lease>, kube::Error> {
