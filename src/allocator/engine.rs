@@ -84,7 +84,11 @@ pub const DELETE_RETRY_BATCH_DELAYS: i64 = 5;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct NewlyCreated {
     profile: ResourceProfileId,
+    /// When it was asked for, or when its create was answered once that came.
     created_at: Timestamp,
+    /// Its create is sent and not answered yet ([`Allocator::creates_sent`]): there is no
+    /// pod to delete yet, so a downscale leaves it and its timeouts have not begun.
+    unanswered: bool,
 }
 
 /// Per-profile tallies of one round.
@@ -370,7 +374,7 @@ impl Allocator {
     fn expire_requests(&mut self, now: Timestamp, plan: &mut RoundPlan) {
         let timeout = self.settings.executor_timeout_ms();
         self.newly_created.retain(|id, nc| {
-            let timed_out = now.millis_since(nc.created_at) > timeout;
+            let timed_out = !nc.unanswered && now.millis_since(nc.created_at) > timeout;
             if timed_out {
                 plan.timed_out.push(*id);
             }
@@ -503,7 +507,9 @@ impl Allocator {
                 .newly_created
                 .iter()
                 .filter(|(_, nc)| {
-                    nc.profile == tally.profile && now.millis_since(nc.created_at) > idle
+                    nc.profile == tally.profile
+                        && !nc.unanswered
+                        && now.millis_since(nc.created_at) > idle
                 })
                 .map(|(id, _)| *id)
                 .take(excess)
@@ -681,6 +687,7 @@ impl Allocator {
                 NewlyCreated {
                     profile,
                     created_at: now,
+                    unanswered: false,
                 },
             );
             plan.creates.push((id, profile));
@@ -755,6 +762,28 @@ impl Allocator {
                     tally.unknown_pending += 1;
                 }
             }
+        }
+    }
+
+    /// The creates of `ids` (requests of a plan) are sent and their answers will come
+    /// later ([`Self::create_accepted`], [`Self::create_failed`], …): until then a downscale
+    /// leaves them (a delete sent before its create landed would find nothing, and the pod
+    /// created after it would stay beyond the target) and their creation and idle
+    /// timeouts wait. Requests no caller says this of are taken as answered when planned,
+    /// as Spark's creates are, answered within its round.
+    pub fn creates_sent(&mut self, ids: impl IntoIterator<Item = ExecutorId>) {
+        for id in ids {
+            if let Some(nc) = self.newly_created.get_mut(&id) {
+                nc.unanswered = true;
+            }
+        }
+    }
+
+    /// The API server accepted the create of `id` at `now`: its timeouts count from now.
+    pub fn create_accepted(&mut self, id: ExecutorId, now: Timestamp) {
+        if let Some(nc) = self.newly_created.get_mut(&id) {
+            nc.unanswered = false;
+            nc.created_at = now;
         }
     }
 

@@ -28,6 +28,31 @@ fn newly_created_are_protected_during_the_idle_timeout() {
 }
 
 #[test]
+fn a_request_whose_create_is_unanswered_is_not_deleted_and_its_idle_timeout_counts_from_the_answer()
+{
+    let mut a = with_requests(5);
+    a.creates_sent(ids(&[1, 2, 3, 4, 5]));
+    // 1 and 2 answered at 10 s; 3 to 5 still on their way at 100 s (a queue, a slow server).
+    a.create_accepted(ExecutorId(1), secs(10));
+    a.create_accepted(ExecutorId(2), secs(10));
+    a.set_targets(&targets(&[(0, 1)]));
+    // Excess 4, but only the answered ones have a pod to delete, and not before the idle
+    // timeout has passed from their answer.
+    let plan = a.round(no_snapshot(), secs(70));
+    assert_eq!(plan.deletes, vec![]);
+    let plan = a.round(no_snapshot(), secs(71));
+    assert_eq!(plan.deletes, vec![delete(&[1, 2], true)]);
+    assert!(!a.is_deleted(ExecutorId(3)), "its create has no answer yet");
+    // Nor do the unanswered ones time out while they wait for their answer.
+    let plan = a.round(no_snapshot(), secs(10_000));
+    assert!(plan.timed_out.is_empty(), "{plan:?}");
+    a.create_accepted(ExecutorId(3), secs(10_000));
+    let plan = a.round(no_snapshot(), secs(10_061));
+    assert_eq!(plan.deletes, vec![delete(&[3], true)]);
+    assert!(plan.creates.is_empty(), "4 and 5 still count: {plan:?}");
+}
+
+#[test]
 fn deletes_newly_created_first_then_unknown_pending() {
     // Target 1; running 1; pending 10 (unknown, old), 11 (scheduler-known, old),
     // 12 (unknown, young), 13 (unknown, no creation time); newly created 14 (old).

@@ -26,6 +26,8 @@ impl ApplicationActor {
         self.note_plan(&plan);
         let upkeep = self.upkeep(plan.deletes, &plan.creates, plan.still_wanted);
         let pods = self.build_pods(plan.creates);
+        // Answered later by the worker: no downscale deletes one before its pod exists.
+        (self.engine.allocator).creates_sent(pods.iter().map(|create| create.id));
         self.send_round(upkeep, pods);
     }
 
@@ -306,6 +308,7 @@ impl ApplicationActor {
             match &result {
                 Ok(()) => {
                     outcomes.accepted += 1;
+                    self.engine.allocator.create_accepted(id, now);
                     self.requests.metrics.pods_created(1);
                     self.failures.create_passed(profile);
                 }
