@@ -245,6 +245,12 @@ struct Registry {
     /// period, and until then a call for an application not found here is UNAVAILABLE,
     /// never NOT_FOUND (which a driver takes for its application's end).
     unresumed: Mutex<BTreeSet<Shard>>,
+    /// Per shard, once its supervisor has seen its first state, the epoch of the last
+    /// taking of it the supervisor has finished acting on (its stale actors let go, its
+    /// registrations resumed; `None`: never held since start-up). A shard held at another
+    /// epoch is still being taken, and a call for an application not found here meanwhile
+    /// is UNAVAILABLE, not NOT_FOUND.
+    taken: Mutex<HashMap<Shard, Option<i32>>>,
     /// The keepers of this replica's shard Leases: released by [`Applications::shutdown`],
     /// and stopped with the registry (its Leases then expire).
     keepers: Mutex<Option<ShardKeepers>>,
@@ -337,6 +343,7 @@ impl Applications {
                 ownerships,
                 resumed: tokio::sync::Mutex::new(HashMap::new()),
                 unresumed: Mutex::new(BTreeSet::new()),
+                taken: Mutex::new(HashMap::new()),
                 keepers: Mutex::new(None),
                 handed_over: Mutex::new(None),
             }),
@@ -574,9 +581,11 @@ impl Applications {
                 {
                     return;
                 }
-                changes.borrow_and_update();
+                let first = changes.borrow_and_update().clone();
                 if let Some(inner) = registry.upgrade() {
-                    Applications { inner }.count_owned_shards();
+                    let applications = Applications { inner };
+                    applications.count_owned_shards();
+                    applications.taken(shard, &first);
                 }
                 while changes.changed().await.is_ok() {
                     let state = changes.borrow_and_update().clone();
@@ -595,6 +604,7 @@ impl Applications {
                                 tracing::warn!(%shard, error = %err, "cannot resume the shard's registrations");
                                 applications.inner.resumed.lock().await.remove(&shard);
                             }
+                            applications.taken(shard, &state);
                         }
                         // Handed to another replica: the actors stop while the fences
                         // still pass (each writes its registration's last change), then
@@ -618,6 +628,20 @@ impl Applications {
                     }
                 }
             });
+        }
+    }
+
+    /// Notes that the supervisor has acted on `state` of `shard`, its first or one it
+    /// took (a later epoch held is a taking not acted on yet: [`Self::resuming`]).
+    fn taken(&self, shard: Shard, state: &ShardState) {
+        let mut taken = lock_registry(&self.inner.taken);
+        match state {
+            ShardState::Owned(owned) => {
+                taken.insert(shard, Some(owned.epoch));
+            }
+            _ => {
+                taken.entry(shard).or_insert(None);
+            }
         }
     }
 
@@ -975,15 +999,26 @@ impl Applications {
         if let Some((shard, _)) = self.unresumed().first() {
             return Some(*shard);
         }
-        // A resume holds the registry of resumed shards while it runs.
-        if self.inner.resumed.try_lock().is_ok() {
-            return None;
-        }
         let ownerships = &self.inner.ownerships;
-        ownerships
+        let owned = ownerships
             .map()
             .shards()
-            .find(|shard| matches!(ownerships.state(*shard), ShardState::Owned(_)))
+            .filter_map(|shard| match ownerships.state(shard) {
+                ShardState::Owned(owned) => Some((shard, owned.epoch)),
+                _ => None,
+            });
+        // A resume holds the registry of resumed shards while it runs: any shard held may
+        // be the one it resumes.
+        if self.inner.resumed.try_lock().is_err() {
+            return owned.map(|(shard, _)| shard).next();
+        }
+        // Taken at an epoch the supervisor has not finished acting on (it may still be
+        // letting the stale actors go, waiting for its turn to resume).
+        let taken = lock_registry(&self.inner.taken);
+        owned
+            .filter(|(shard, epoch)| taken.get(shard).is_some_and(|t| *t != Some(*epoch)))
+            .map(|(shard, _)| shard)
+            .next()
     }
 
     /// The shards this replica holds, as its keepers publish them.
