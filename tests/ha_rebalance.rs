@@ -16,6 +16,7 @@ use kube::Api;
 use spark_pod_allocator::grpc::forward::ANSWERED_BY_METADATA;
 use spark_pod_allocator::ha::shards::ShardMap;
 use spark_pod_allocator::k8s::leases::REQUESTED_BY_ANNOTATION;
+use spark_pod_allocator::proto::ExecutorEventKind;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::batched_start_request;
@@ -311,6 +312,21 @@ async fn two_replicas_joining_at_once_then_one_leaving_the_shards_end_balanced_a
 async fn a_second_replica_joining_takes_half_the_shards_one_at_a_time_and_the_applications_go_on() {
     let (sim, _dir, kubeconfig, _a, address_a) = every_application_at_3_on_replica_a().await;
     let before = executors(&sim).await;
+    // A WatchExecutors stream of every application, on replica-a, which runs them all now.
+    let mut streams = Vec::new();
+    for (_, app, _) in applications() {
+        let mut stream = connect_serving(&address_a)
+            .await
+            .watch_executors(watch_request(&app, 0))
+            .await
+            .expect("WatchExecutors on replica-a")
+            .into_inner();
+        test_kit::grpc::until_event(&mut stream, "the full state", |e| {
+            e.kind == ExecutorEventKind::Synced as i32
+        })
+        .await;
+        streams.push((app, stream));
+    }
 
     let (_b, address_b) = replica(&kubeconfig, "replica-b").await;
     // Targets sent while the shards move (to the old owner, or forwarded to the new one)
@@ -365,6 +381,18 @@ async fn a_second_replica_joining_takes_half_the_shards_one_at_a_time_and_the_ap
     }
     all_at(&sim, 5).await;
     let after = executors(&sim).await;
+    // Each stream went on across its application's move: replica-a watched again where
+    // the application went, and the caller reads the executor its owner created for the
+    // target sent after the move.
+    for (app, mut stream) in streams {
+        let newest = after[&app].iter().max().copied().unwrap_or(0);
+        test_kit::grpc::until_event(&mut stream, &format!("{app}'s executor {newest}"), |e| {
+            e.executor
+                .as_ref()
+                .is_some_and(|x| u64::try_from(x.executor_id) == Ok(newest))
+        })
+        .await;
+    }
     for (app, ids) in &after {
         assert!(
             before[app].is_subset(ids),

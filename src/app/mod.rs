@@ -947,6 +947,11 @@ impl Applications {
         self.actor(app)?.report().await
     }
 
+    /// Whether the service is shutting down (its actors stopped, no call taken).
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+
     fn check_running(&self) -> Result<(), AppError> {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             Err(AppError::ShuttingDown)

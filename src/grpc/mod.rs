@@ -252,9 +252,12 @@ impl AllocatorService {
     }
 
     /// The stream a caller reads. A forwarded stream whose owner goes away (killed,
-    /// partitioned) is opened again from its last event, wherever the application is then
-    /// (another replica, or this one after taking the shard): the caller reads on, with a
-    /// fresh full state if the new owner cannot resume from that event.
+    /// partitioned, or its application moved with its shard) is opened again from its last
+    /// event, wherever the application is then (another replica, or this one after taking
+    /// the shard): the caller reads on, with a fresh full state if the new owner cannot
+    /// resume from that event. So is a stream of an application this replica ran until its
+    /// shard moved; one forwarded here ends UNAVAILABLE instead, for the forwarding replica
+    /// to follow (one hop), as does any on a replica shutting down.
     fn follow(&self, first: Events, mut watch: Watch, span: tracing::Span) -> ExecutorEventStream {
         let service = self.clone();
         Box::pin(async_stream::stream! {
@@ -264,10 +267,24 @@ impl AllocatorService {
                     Events::Here(local) => {
                         // An application this replica runs: its stream ends with its actor.
                         while let Some(event) = local.next().await {
+                            watch.since = event.sequence;
                             yield Ok(executor_event(event));
                         }
-                        span.in_scope(|| tracing::debug!("executor event stream ended: the application's actor ended"));
-                        break;
+                        if !local.ended_by_move() {
+                            span.in_scope(|| tracing::debug!("executor event stream ended: the application's actor ended"));
+                            break;
+                        }
+                        let moved = forward::unavailable(&format!(
+                            "application {} moved to another replica with its shard",
+                            watch.app
+                        ));
+                        if forward::is_forwarded(&watch.metadata)
+                            || service.applications.is_shutting_down()
+                        {
+                            yield Err(moved);
+                            break;
+                        }
+                        moved
                     }
                     Events::Owner(remote) => match remote.message().await {
                         Ok(Some(event)) => {
@@ -283,7 +300,7 @@ impl AllocatorService {
                     },
                 };
                 span.in_scope(|| tracing::info!(code = error::code_name(failed.code()), detail = failed.message(),
-                    since = watch.since, "the owner's event stream broke; watching again where the application is"));
+                    since = watch.since, "the event stream's owner went away or its application moved; watching again where the application is"));
                 match service.rewatch(&watch).await {
                     Some(next) => events = next,
                     None => {

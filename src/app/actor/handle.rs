@@ -109,8 +109,10 @@ impl ActorHandle {
 
     /// A stream of executor pod changes after `since` (0: the full state first).
     pub async fn watch_executors(&self, since: u64) -> Result<ExecutorEvents, AppError> {
-        self.call(|reply| Command::WatchExecutors(since, reply))
-            .await
+        let events = self
+            .call(|reply| Command::WatchExecutors(since, reply))
+            .await?;
+        Ok(events.noting_moves(Arc::clone(&self.moving)))
     }
 
     /// Sends a command built around a reply channel and waits for the reply.

@@ -351,7 +351,11 @@ impl Feed {
             self.assembly.get_or_insert_with(Assembly::wanted);
         }
         self.streams.push(Arc::clone(&queue));
-        ExecutorEvents { queue, _slot: None }
+        ExecutorEvents {
+            queue,
+            _slot: None,
+            moving: None,
+        }
     }
 
     /// Whether the actor is to list the application's executor pods for a full state now:

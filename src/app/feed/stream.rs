@@ -1,5 +1,6 @@
 //! One WatchExecutors stream: its bounded queue, written by the feed and read by the stream.
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -43,6 +44,8 @@ pub struct ExecutorEvents {
     pub(super) queue: Arc<Queue>,
     /// Counts the stream against the tenant limits while it is open.
     pub(super) _slot: Option<crate::app::tenants::StreamSlot>,
+    /// Set when the application's actor stops because its shard moves to another replica.
+    pub(super) moving: Option<Arc<AtomicBool>>,
 }
 
 impl ExecutorEvents {
@@ -73,6 +76,19 @@ impl ExecutorEvents {
     pub fn holding(mut self, slot: crate::app::tenants::StreamSlot) -> Self {
         self._slot = Some(slot);
         self
+    }
+
+    /// The same stream, ending for a move when `moving` is set by the time it ends.
+    pub fn noting_moves(mut self, moving: Arc<AtomicBool>) -> Self {
+        self.moving = Some(moving);
+        self
+    }
+
+    /// Whether the stream ended because its application moved to another replica (its
+    /// events go on there), not because the application ended.
+    pub fn ended_by_move(&self) -> bool {
+        self.queue.lock().closed
+            && (self.moving.as_ref()).is_some_and(|moving| moving.load(Ordering::SeqCst))
     }
 
     /// How often this stream was given a fresh full state because it read too slowly.
