@@ -971,8 +971,9 @@ impl Applications {
     /// What a call for `app`, which does not run here, answers: NOT_FOUND, unless a shard
     /// is changing hands through this replica (it is resuming one just taken, draining
     /// one, or handed one over less than a lease ago, which the replica forwarding to it
-    /// may not have seen yet): then UNAVAILABLE, retried, since the application may be
-    /// that shard's and will answer from its new owner in a moment.
+    /// may not have seen yet) or has no holder it knows of: then UNAVAILABLE, retried,
+    /// since the application may be that shard's and will answer from its owner in a
+    /// moment.
     pub fn not_here(&self, app: &AppId) -> AppError {
         let lease = self.inner.ctx.options.ha.timing().lease;
         let handed_over = lock_registry(&self.inner.handed_over)
@@ -982,15 +983,24 @@ impl Applications {
             self.inner.ownerships.map().shards().find(|shard| {
                 matches!(self.inner.ownerships.state(*shard), ShardState::Draining(_))
             });
-        match (self.resuming(), draining.or(handed_over)) {
+        // A shard whose holder this replica does not know (its own ownership lapsed, the
+        // Lease unreadable or released, its keeper not through a first turn): its
+        // applications may be anywhere, or about to be here.
+        let unsettled = self.inner.ownerships.map().shards().find(|shard| {
+            matches!(
+                self.inner.ownerships.state(*shard),
+                ShardState::Unknown | ShardState::NotOwned { holder: None, .. }
+            )
+        });
+        match (self.resuming(), draining.or(handed_over).or(unsettled)) {
             (Some(shard), _) => AppError::Unavailable(format!(
                 "this replica has just taken shard {shard} (its Lease {}) and is resuming \
                  its applications",
                 shard.lease_name()
             )),
             (None, Some(shard)) => AppError::Unavailable(format!(
-                "shard {shard} (its Lease {}) is moving from this replica to another; \
-                 its applications answer from the new owner in a moment",
+                "shard {shard} (its Lease {}) is changing hands; its applications answer \
+                 from their owner in a moment",
                 shard.lease_name()
             )),
             (None, None) => AppError::NotFound(app.to_string()),
