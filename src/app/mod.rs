@@ -953,7 +953,7 @@ impl Applications {
     }
 
     fn check_running(&self) -> Result<(), AppError> {
-        if self.inner.shutting_down.load(Ordering::SeqCst) {
+        if self.is_shutting_down() {
             Err(AppError::ShuttingDown)
         } else {
             Ok(())
