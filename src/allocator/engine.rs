@@ -42,7 +42,16 @@ pub struct RoundPlan {
     pub held: BTreeMap<ResourceProfileId, u32>,
     /// The application's use after this round's creates (what it reports to its budgets).
     pub usage: AllocationUse,
+    /// ADAPTIVE only: the window, not the targets or a cap, kept this round from asking
+    /// for more. The window frees as its requests are seen, so the next round is due
+    /// within [`ADAPTIVE_PACE_PER_BATCH_DELAY`] of a batch delay, not a whole one.
+    pub window_bound: bool,
 }
+
+/// While the ADAPTIVE window holds requests back, rounds come this many times per batch
+/// delay: the window is refilled as its pods are seen (clocked by the watch, as a
+/// congestion window is by its acknowledgements), not once per batch delay.
+pub const ADAPTIVE_PACE_PER_BATCH_DELAY: u32 = 10;
 
 /// An application's executors as a budget counts them, over the profiles with a target.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -628,7 +637,15 @@ impl Allocator {
             .min(budget_left);
         let per_round = if self.settings.policy == AllocationPolicy::Adaptive {
             let unseen = self.newly_created.len() as u64;
-            remaining = remaining.min(self.window.size().saturating_sub(unseen));
+            let room = self.window.size().saturating_sub(unseen);
+            let lacking: u64 = (askers.iter())
+                .map(|(index, count)| {
+                    let tally = &tallies[*index];
+                    (u64::from(tally.target) - count).min(self.room_in_profile(tally))
+                })
+                .fold(0, u64::saturating_add);
+            plan.window_bound = room < remaining.min(lacking);
+            remaining = remaining.min(room);
             u64::MAX
         } else {
             u64::from(self.settings.batch_size)

@@ -74,7 +74,8 @@ pub use adaptive::{CreateOutcomes, CreateRefusal, CreateWindow};
 pub use budget::{BudgetClaim, BudgetLimits, BudgetResource, ExecutorCost};
 pub use claims::{ClaimRules, ExecutorClaims, ListedClaim, WaitForClaim};
 pub use engine::{
-    AllocationUse, Allocator, AllocatorStatus, DeleteRequest, ProfileCounts, RoundPlan,
+    ADAPTIVE_PACE_PER_BATCH_DELAY, AllocationUse, Allocator, AllocatorStatus, DeleteRequest,
+    ProfileCounts, RoundPlan,
 };
 pub use id_block::IdBlocks;
 pub use pod_builder::{DriverOwner, ExecutorPodBuilder, TemplateError};

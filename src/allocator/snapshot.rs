@@ -103,6 +103,11 @@ impl SnapshotStore {
         self.seen_ids.extend(snapshot.executors.keys().copied());
         self.buffered += 1;
     }
+    /// Makes the subscriber due `delay_ms` after its last poll, if not sooner.
+    pub fn due_within(&mut self, delay: Duration) {
+        let at = Timestamp(self.last_poll.0.saturating_add(duration_ms(delay)));
+        self.next_due = self.next_due.min(at);
+    }
     /// Makes the subscriber due immediately ("notify now").
     pub fn notify_now(&mut self) {
         self.notified = true;

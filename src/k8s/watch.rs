@@ -63,6 +63,16 @@ pub enum Listed {
     Unchanged(String),
 }
 
+impl Listed {
+    /// The pod's name.
+    fn name(&self) -> &str {
+        match self {
+            Self::Changed(pod) => pod.metadata.name.as_deref().unwrap_or_default(),
+            Self::Unchanged(name) => name,
+        }
+    }
+}
+
 /// The shared watches of the service.
 #[derive(Clone)]
 pub struct PodWatches {
@@ -116,6 +126,9 @@ struct Subscriber {
     driver: Option<String>,
     /// The resourceVersion of each executor pod last sent to it, by pod name.
     sent: Versions,
+    /// While a periodic LIST runs beside the watch: the executor pods the watch sent
+    /// since it began. The watch is newer than the listing for those.
+    touched: Option<HashSet<Box<str>>>,
 }
 
 /// The watch task of one namespace (it runs the periodic LIST too); dropping it stops it.
@@ -281,6 +294,7 @@ impl PodWatches {
             tx,
             driver: driver.map(str::to_string),
             sent: HashMap::new(),
+            touched: None,
         };
         lock(&watch.subscribers).insert(app_id.to_string(), subscriber);
         Subscription {
@@ -400,14 +414,24 @@ async fn run_watch(
     // Synced once both selections completed their first listing.
     let (mut executors_listed, mut drivers_listed) = (false, false);
     let mut next_resync = first_resync;
+    // The periodic LIST under way. It runs beside the watch, whose events go on being
+    // routed meanwhile; the next one is due an interval after it ends.
+    let mut periodic: Option<futures::future::BoxFuture<'_, ()>> = None;
     loop {
         let event = tokio::select! {
             event = stream.next() => event,
-            () = inner.clock.sleep_until(next_resync) => {
+            () = inner.clock.sleep_until(next_resync), if periodic.is_none() => {
+                periodic = Some(Box::pin(resync(&api, &subscribers, &namespace, &inner.metrics)));
+                continue;
+            }
+            () = async {
+                match periodic.as_mut() {
+                    Some(listing) => listing.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                periodic = None;
                 next_resync = inner.clock.now().plus(inner.resync_interval);
-                let started = std::time::Instant::now();
-                resync(&api, &subscribers, &namespace).await;
-                inner.metrics.resync_listed(started.elapsed());
                 continue;
             }
         };
@@ -448,6 +472,12 @@ async fn run_watch(
                     .take()
                     .unwrap_or_else(|| Listing::new(&subscribers, selection));
                 resync_all(&subscribers, listing);
+                // The watch listed everything afresh: a periodic LIST begun before is
+                // older, and the next one is an interval away.
+                if selection == Selection::Executors && periodic.take().is_some() {
+                    stop_tracking(&subscribers);
+                    next_resync = inner.clock.now().plus(inner.resync_interval);
+                }
                 match selection {
                     Selection::Executors => executors_listed = true,
                     Selection::Drivers => drivers_listed = true,
@@ -540,9 +570,10 @@ fn watch_error_code(err: &watcher::Error) -> Option<u16> {
     }
 }
 
-/// Longest wait for the periodic LIST: watch events wait while it runs, so a LIST the
-/// API server is slow to answer is given up (the next one follows an interval later).
-const RESYNC_LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for one page of the periodic LIST: a page not answered in time gives the
+/// listing up (the next one follows an interval later). The listing as a whole has no
+/// bound: it holds nothing back, and each page either comes or fails within this.
+const RESYNC_PAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Pods per page of the periodic LIST: the service holds one page of full pods at a time,
 /// which with the response's text takes tens of KB per pod (about 40 KB measured): a
@@ -566,42 +597,70 @@ fn resync_page_size(subscribers: &Subscribers) -> u32 {
 const RESYNC_LIST_RESTARTS: u32 = 3;
 
 /// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot,
-/// then one of its followed driver pods (a driver not listed is gone).
-async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
+/// then one of its followed driver pods (a driver not listed is gone). It runs beside the
+/// watch: what the watch sends meanwhile is newer than the listing (see [`resync_all`]).
+async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str, metrics: &Metrics) {
+    let started = std::time::Instant::now();
     let page_size = resync_page_size(subscribers);
-    let listed = tokio::time::timeout(RESYNC_LIST_TIMEOUT, async {
-        let executors = list_paginated(
-            api,
-            subscribers,
-            Selection::Executors,
-            page_size,
-            async |_| {},
-        )
-        .await?;
-        let drivers = list_paginated(
-            api,
-            subscribers,
-            Selection::Drivers,
-            page_size,
-            async |_| {},
-        )
-        .await?;
-        Ok::<_, kube::Error>((executors, drivers))
-    })
+    let executors = list_paginated(
+        api,
+        subscribers,
+        Selection::Executors,
+        page_size,
+        async |_| {},
+    )
     .await;
-    match listed {
-        Ok(Ok((executors, drivers))) => {
-            resync_all(subscribers, executors);
-            resync_all(subscribers, drivers);
+    let executors = match executors {
+        Ok(listing) => listing,
+        Err(failure) => {
+            stop_tracking(subscribers);
+            failure.log(namespace);
+            return;
         }
-        Ok(Err(err)) => {
-            tracing::warn!(%namespace, error = %describe_error(&err), "periodic executor pod LIST failed");
+    };
+    resync_all(subscribers, executors);
+    match list_paginated(
+        api,
+        subscribers,
+        Selection::Drivers,
+        page_size,
+        async |_| {},
+    )
+    .await
+    {
+        Ok(drivers) => resync_all(subscribers, drivers),
+        Err(failure) => failure.log(namespace),
+    }
+    metrics.resync_listed(started.elapsed());
+}
+
+/// Why a periodic LIST was given up.
+#[derive(Debug)]
+enum ListFailure {
+    Kubernetes(kube::Error),
+    /// A page was not answered within [`RESYNC_PAGE_TIMEOUT`].
+    PageNotAnswered,
+}
+
+impl ListFailure {
+    fn log(&self, namespace: &str) {
+        match self {
+            Self::Kubernetes(err) => {
+                tracing::warn!(%namespace, error = %describe_error(err), "periodic executor pod LIST failed");
+            }
+            Self::PageNotAnswered => tracing::warn!(
+                namespace,
+                timeout_s = RESYNC_PAGE_TIMEOUT.as_secs(),
+                "a page of the periodic executor pod LIST was not answered in time; given up until the next one"
+            ),
         }
-        Err(_) => tracing::warn!(
-            namespace,
-            timeout_s = RESYNC_LIST_TIMEOUT.as_secs(),
-            "periodic executor pod LIST not answered in time; given up until the next one"
-        ),
+    }
+}
+
+/// Ends what a periodic listing given up had the watch note ([`Subscriber::touched`]).
+fn stop_tracking(subscribers: &Subscribers) {
+    for subscriber in lock(subscribers).values_mut() {
+        subscriber.touched = None;
     }
 }
 
@@ -609,18 +668,19 @@ async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str) {
 /// taken into a [`Listing`] before the next is asked for. A `continue` token that expired (410
 /// Gone: the list's version was compacted) starts the list over, a few times at most.
 /// `after_page` is told the number of each page taken in, from 1 for each start (tests
-/// act between pages).
+/// act between pages). The watch goes on meanwhile: it notes what it sends to the
+/// applications listed (see [`resync_all`]).
 async fn list_paginated(
     api: &Api<Pod>,
     subscribers: &Subscribers,
     selection: Selection,
     page_size: u32,
     mut after_page: impl AsyncFnMut(usize),
-) -> Result<Listing, kube::Error> {
+) -> Result<Listing, ListFailure> {
     let mut restarts = 0;
     'list: loop {
         let mut pages = 0;
-        let mut listing = Listing::new(subscribers, selection);
+        let mut listing = Listing::beside_the_watch(subscribers, selection);
         let mut token: Option<String> = None;
         loop {
             let mut lp = ListParams::default()
@@ -629,7 +689,8 @@ async fn list_paginated(
             if let Some(token) = &token {
                 lp = lp.continue_token(token);
             }
-            let page = match api.list(&lp).await {
+            let answer = tokio::time::timeout(RESYNC_PAGE_TIMEOUT, api.list(&lp)).await;
+            let page = match answer.map_err(|_| ListFailure::PageNotAnswered)? {
                 Ok(page) => page,
                 Err(kube::Error::Api(status))
                     if status.code == 410 && token.is_some() && restarts < RESYNC_LIST_RESTARTS =>
@@ -642,7 +703,7 @@ async fn list_paginated(
                     );
                     continue 'list;
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(ListFailure::Kubernetes(err)),
             };
             token = page.metadata.continue_.filter(|t| !t.is_empty());
             for pod in page.items {
@@ -671,6 +732,9 @@ struct Listing {
     /// The resourceVersion of each executor pod listed, per application.
     versions: HashMap<String, Versions>,
     drivers: HashMap<String, Pod>,
+    /// Taken beside the watch's events, not in their order: what the watch sent while it
+    /// ran is newer ([`Subscriber::touched`]).
+    beside_the_watch: bool,
 }
 
 impl Listing {
@@ -682,7 +746,25 @@ impl Listing {
             by_app: HashMap::new(),
             versions: HashMap::new(),
             drivers: HashMap::new(),
+            beside_the_watch: false,
         }
+    }
+
+    /// A listing taken beside the watch (the periodic LIST): of executor pods, the watch
+    /// notes from now on what it sends to the applications listed.
+    fn beside_the_watch(subscribers: &Subscribers, selection: Selection) -> Self {
+        let listing = Self {
+            beside_the_watch: true,
+            ..Self::new(subscribers, selection)
+        };
+        if selection == Selection::Executors {
+            for (app, subscriber) in lock(subscribers).iter_mut() {
+                if listing.apps.contains(app) {
+                    subscriber.touched = Some(HashSet::new());
+                }
+            }
+        }
+        listing
     }
 
     /// Takes in one listed pod; one no subscriber follows is dropped.
@@ -759,6 +841,9 @@ fn route(subscribers: &Subscribers, selection: Selection, pod: Pod, deleted: boo
         return;
     };
     if let Some(name) = &pod.metadata.name {
+        if let Some(touched) = subscriber.touched.as_mut() {
+            touched.insert(name.as_str().into());
+        }
         match (&pod.metadata.resource_version, deleted) {
             (Some(version), false) => {
                 subscriber
@@ -779,7 +864,9 @@ fn route(subscribers: &Subscribers, selection: Selection, pod: Pod, deleted: boo
 }
 
 /// A full listing to every subscriber: its executor pods, or its driver pod (or that it
-/// is gone).
+/// is gone). Of a listing taken beside the watch, a pod the watch sent meanwhile is as
+/// the watch last sent it: listed by name only if it still exists, left out if deleted,
+/// and added by name if created after its page was read.
 fn resync_all(subscribers: &Subscribers, listing: Listing) {
     let Listing {
         selection,
@@ -787,16 +874,47 @@ fn resync_all(subscribers: &Subscribers, listing: Listing) {
         mut by_app,
         mut versions,
         drivers,
+        beside_the_watch,
     } = listing;
     for (app, subscriber) in lock(subscribers).iter_mut() {
         if !apps.contains(app) {
             continue;
         }
         if selection == Selection::Executors {
-            subscriber.sent = versions.remove(app).unwrap_or_default();
-            let _ = subscriber
-                .tx
-                .send(PodEvent::Resync(by_app.remove(app).unwrap_or_default()));
+            let mut listed = by_app.remove(app).unwrap_or_default();
+            let mut listed_versions = versions.remove(app).unwrap_or_default();
+            let touched = beside_the_watch
+                .then(|| subscriber.touched.take())
+                .flatten();
+            if let Some(touched) = touched {
+                let sent = &subscriber.sent;
+                listed.retain(|pod| {
+                    let name = pod.name();
+                    !touched.contains(name) || sent.contains_key(name)
+                });
+                for pod in &mut listed {
+                    if touched.contains(pod.name()) {
+                        *pod = Listed::Unchanged(pod.name().to_string());
+                    }
+                }
+                for name in touched {
+                    match sent.get(&name) {
+                        Some(version) => {
+                            if listed_versions
+                                .insert(name.clone(), version.clone())
+                                .is_none()
+                            {
+                                listed.push(Listed::Unchanged(name.into()));
+                            }
+                        }
+                        None => {
+                            listed_versions.remove(&name);
+                        }
+                    }
+                }
+            }
+            subscriber.sent = listed_versions;
+            let _ = subscriber.tx.send(PodEvent::Resync(listed));
         } else if let Some(driver) = &subscriber.driver {
             let event = match drivers.get(driver) {
                 Some(pod) => PodEvent::Driver(pod.clone()),
@@ -854,6 +972,7 @@ mod tests {
             tx,
             driver: None,
             sent: HashMap::new(),
+            touched: None,
         };
         lock(subscribers).insert(app.to_string(), subscriber);
         rx
@@ -1054,6 +1173,114 @@ mod tests {
         list(Selection::Drivers).await;
         assert!(matches!(a.try_recv(), Ok(PodEvent::DriverDeleted)));
         assert!(a.try_recv().is_err());
+        sim.shutdown().await;
+    }
+
+    /// The next event of `events` other than what `skip` says to pass over, within 10 s.
+    async fn next_event(
+        what: &str,
+        events: &mut mpsc::UnboundedReceiver<PodEvent>,
+        skip: impl Fn(&PodEvent) -> bool,
+    ) -> PodEvent {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let event = events.recv().await.expect("subscribed");
+                if !skip(&event) {
+                    return event;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no event within 10 s: {what}"))
+    }
+
+    #[tokio::test]
+    async fn the_watch_goes_on_beside_a_periodic_list_and_is_newer_than_it() {
+        let (sim, api) = cluster_with(&[("a", 1), ("a", 2)]).await;
+        let clock = Arc::new(ManualClock::starting_now());
+        let init = Initialize::new();
+        let interval = Duration::from_secs(30);
+        let watches = PodWatches::new(
+            sim.try_client().expect("client"),
+            clock.clone(),
+            interval,
+            Metrics::default(),
+            init.joiner(),
+        );
+        let mut subscription = watches.subscribe_with_driver("default", "a", None);
+        let first = next_event("first listing", &mut subscription.events, |_| false).await;
+        let both = vec!["a-exec-1".to_string(), "a-exec-2".to_string()];
+        assert_eq!(resynced(Some(first)), (both, vec![]));
+        // The periodic LIST is asked for and its answer held: it shows the pods as they
+        // were when it was asked.
+        sim.hold_list_responses();
+        clock.advance(interval);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while sim.held_list_responses() < 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the periodic LIST asked for");
+        // Meanwhile the watch goes on: a deleted pod, a new one and a changed one reach
+        // the application before the LIST is answered.
+        api.delete(
+            "a-exec-1",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await
+        .expect("deleted");
+        let deleted = next_event("deleted", &mut subscription.events, |e| {
+            matches!(e, PodEvent::Applied(_))
+        })
+        .await;
+        assert!(
+            matches!(deleted, PodEvent::Deleted(pod) if pod.metadata.name.as_deref() == Some("a-exec-1"))
+        );
+        api.create(&PostParams::default(), &executor("a", 3))
+            .await
+            .expect("created");
+        let created = next_event("created", &mut subscription.events, |_| false).await;
+        assert!(
+            matches!(created, PodEvent::Applied(pod) if pod.metadata.name.as_deref() == Some("a-exec-3"))
+        );
+        api.patch(
+            "a-exec-2",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {"x": "1"}}})),
+        )
+        .await
+        .expect("patched");
+        let changed = next_event("changed", &mut subscription.events, |_| false).await;
+        assert!(
+            matches!(changed, PodEvent::Applied(pod) if pod.metadata.name.as_deref() == Some("a-exec-2"))
+        );
+        // The LIST answered: what the watch sent since it began stands. The deleted pod
+        // is not brought back, the new one is kept, the changed one is not set back.
+        sim.release_list_responses();
+        let listing = next_event("listing", &mut subscription.events, |_| false).await;
+        assert_eq!(
+            resynced(Some(listing)),
+            (vec![], vec!["a-exec-2".to_string(), "a-exec-3".to_string()])
+        );
+        // And the next listing finds everything as sent: names only. It is due an
+        // interval after this one ends, with its drivers' LIST.
+        let listing = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                clock.advance(interval);
+                let next =
+                    tokio::time::timeout(Duration::from_millis(100), subscription.events.recv());
+                if let Ok(Some(listing @ PodEvent::Resync(_))) = next.await {
+                    return listing;
+                }
+            }
+        })
+        .await
+        .expect("the next periodic listing");
+        assert_eq!(
+            resynced(Some(listing)),
+            (vec![], vec!["a-exec-2".to_string(), "a-exec-3".to_string()])
+        );
         sim.shutdown().await;
     }
 

@@ -259,6 +259,27 @@ async fn an_adaptive_application_doubles_its_requests_and_resets_on_quota_refusa
 }
 
 #[tokio::test]
+async fn an_adaptive_window_is_refilled_a_tenth_of_a_batch_delay_after_its_pods_are_seen() {
+    let h = harness().await;
+    let app = "app-adaptive-pace";
+    let mut req = request(app, NS);
+    req.settings.batch_size = 2;
+    req.settings.policy = AllocationPolicy::Adaptive;
+    start(&h.apps, req).await;
+    set_targets_and_round(&h, app, 100).await;
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 2));
+    // The window (now 4) held the round back: once its pods are seen, the next round
+    // comes after a tenth of the batch delay, not a whole one.
+    wait_seen(&h.apps, app, range(1, 2)).await;
+    advance_round(&h, app, BATCH_DELAY / 10).await;
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 6));
+    wait_seen(&h.apps, app, range(1, 6)).await;
+    advance_round(&h, app, BATCH_DELAY / 10).await;
+    assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 14));
+    assert_eq!(h.apps.stop(&id(app)).await.unwrap(), 14);
+}
+
+#[tokio::test]
 async fn without_delete_on_termination_finished_pods_are_labelled_inactive() {
     let h = harness().await;
     let mut req = request("app-keep", NS);

@@ -164,6 +164,34 @@ fn rounds_ask_while_requests_are_unseen_up_to_the_window() {
     let plan = a.round(no_snapshot(), secs(3));
     assert!(plan.creates.is_empty());
     assert!(plan.outstanding);
+    // The window, not the target, held both rounds back: the actor comes back soon.
+    assert!(plan.window_bound);
+}
+
+#[test]
+fn a_round_is_window_bound_only_when_the_window_holds_back_what_the_target_wants() {
+    // (case, max pending, target, pods seen Pending, window bound)
+    let cases: Vec<(&str, Option<u32>, u32, u64, bool)> = vec![
+        ("target above the window", None, 1000, 0, true),
+        ("target fits the window", None, 10, 0, false),
+        ("target fits exactly", None, 20, 10, false),
+        ("max pending below the window", Some(5), 1000, 0, false),
+        ("target reached", None, 10, 10, false),
+    ];
+    for (case, max_pending, target, seen, expected) in cases {
+        let mut a = allocator(adaptive(10, max_pending), &[(0, target)]);
+        a.set_create_rate(50);
+        let pods: Vec<_> = (1..=seen).map(|i| pending(i, 0, 1)).collect();
+        if seen > 0 {
+            a.round(snapshot(&[]), secs(0));
+            a.creates_answered(&accepted(10));
+        }
+        let plan = a.round(snapshot(&pods), secs(1));
+        assert_eq!(plan.window_bound, expected, "{case}");
+    }
+    // SPARK has no window.
+    let mut a = allocator(settings(), &[(0, 1000)]);
+    assert!(!a.round(snapshot(&[]), secs(0)).window_bound);
 }
 
 #[test]

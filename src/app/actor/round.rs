@@ -24,6 +24,10 @@ impl ApplicationActor {
         let plan = self.round_within_budgets(batch, now);
         self.export_counts();
         self.note_plan(&plan);
+        if plan.window_bound {
+            let delay = self.engine.allocator.settings().batch_delay;
+            self.schedule.window_bound(self.feed.store_mut(), delay);
+        }
         let upkeep = self.upkeep(plan.deletes, &plan.creates, plan.still_wanted);
         let pods = self.build_pods(plan.creates);
         // Answered later by the worker: no downscale deletes one before its pod exists.

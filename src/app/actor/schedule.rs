@@ -2,7 +2,7 @@
 use std::time::Duration;
 
 use super::phase::Phase;
-use crate::allocator::{SnapshotStore, Timestamp};
+use crate::allocator::{ADAPTIVE_PACE_PER_BATCH_DELAY, SnapshotStore, Timestamp};
 
 /// Longest backoff after failed create rounds (unless the batch delay is longer).
 const MAX_CREATE_BACKOFF: Duration = Duration::from_secs(60);
@@ -53,6 +53,14 @@ impl Scheduler {
         if idle {
             store.notify_now();
         }
+    }
+
+    /// The ADAPTIVE window held the last round back: the next comes a tenth of a batch
+    /// delay after it (see [`ADAPTIVE_PACE_PER_BATCH_DELAY`]), though never before a
+    /// backoff ends.
+    pub fn window_bound(&self, store: &mut SnapshotStore, batch_delay: Duration) {
+        let pace = batch_delay / ADAPTIVE_PACE_PER_BATCH_DELAY;
+        store.due_within(pace);
     }
 
     /// A round's creates were not all refused: no backoff.
