@@ -9,6 +9,8 @@
 //! limiter always has work queued but no request waits in it for long. A 429 or 5xx
 //! refusal halves it; a quota refusal (403 "exceeded quota") resets it to `batch_size`.
 //! The target, `max_pending_pods` and every other rule bound a round as under SPARK.
+//! While the window holds rounds back they come ten times per batch delay (the engine's
+//! `window_bound`), so the window is refilled as its pods are seen.
 
 /// The ceiling covers the creates the service's rate allows in this many batch delays.
 pub const CEILING_BATCH_DELAYS: u64 = 2;
