@@ -7,7 +7,10 @@
 //! creates were all accepted while the pods start (slow start), up to the ceiling: what
 //! the service's create rate sends in [`CEILING_BATCH_DELAYS`] batch delays, so the rate
 //! limiter always has work queued but no request waits in it for long. A 429 or 5xx
-//! refusal halves it; a quota refusal (403 "exceeded quota") resets it to `batch_size`.
+//! refusal halves it, and the halved size becomes its threshold: from there it grows by
+//! `batch_size` per answer, not twofold, so it does not run straight back into the limit
+//! it just met (TCP's congestion avoidance). A quota refusal (403 "exceeded quota") resets
+//! it to `batch_size`, to double again up to the threshold.
 //! The target, `max_pending_pods` and every other rule bound a round as under SPARK.
 //! While the window holds rounds back they come ten times per batch delay (the engine's
 //! `window_bound`), so the window is refilled as its pods are seen.
@@ -56,6 +59,9 @@ pub struct CreateWindow {
     size: u64,
     floor: u64,
     ceiling: u64,
+    /// Up to this the window doubles, beyond it grows by `floor`: the size the last
+    /// overload halved it to (the ceiling until then).
+    threshold: u64,
     /// Executors Running when the window last grew: growth needs pods to start.
     running_at_growth: u64,
 }
@@ -70,10 +76,12 @@ impl CreateWindow {
             .saturating_mul(delay_ms)
             .saturating_mul(CEILING_BATCH_DELAYS)
             / 1000;
+        let ceiling = per_delays.max(floor);
         Self {
             size: floor,
             floor,
-            ceiling: per_delays.max(floor),
+            ceiling,
+            threshold: ceiling,
             running_at_growth: 0,
         }
     }
@@ -103,11 +111,17 @@ impl CreateWindow {
             .any(|r| matches!(r, CreateRefusal::Throttled | CreateRefusal::ServerError));
         if overloaded {
             self.size = (self.size / 2).max(self.floor);
+            self.threshold = self.size;
             return;
         }
         let pods_start = running > self.running_at_growth || pending <= self.size;
         if outcomes.accepted > 0 && outcomes.refused.is_empty() && pods_start {
-            self.size = self.size.saturating_mul(2).min(self.ceiling);
+            let grown = if self.size < self.threshold {
+                self.size.saturating_mul(2).min(self.threshold)
+            } else {
+                self.size.saturating_add(self.floor)
+            };
+            self.size = grown.min(self.ceiling);
             self.running_at_growth = running;
         }
     }

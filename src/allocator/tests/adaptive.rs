@@ -102,7 +102,13 @@ fn the_window_doubles_to_its_ceiling_and_backs_off() {
             0,
             20,
         ),
-        ("grows", accepted(20), 230, 0, 40),
+        (
+            "past the threshold (10, what the 429s left) by a batch",
+            accepted(20),
+            230,
+            0,
+            30,
+        ),
         (
             "quota resets",
             refused(3, &[CreateRefusal::QuotaExceeded]),
@@ -119,6 +125,29 @@ fn the_window_doubles_to_its_ceiling_and_backs_off() {
         window.answered(&outcome, running, pending);
         assert_eq!(window.size(), expected, "{step}");
     }
+}
+
+#[test]
+fn after_an_overload_the_window_doubles_up_to_the_halved_size_then_grows_by_a_batch() {
+    // batch 10, 1 s delay, 500 creates/s: ceiling 1,000.
+    let mut window = CreateWindow::new(10, 1000, 500);
+    let mut sizes = Vec::new();
+    let mut answer = |window: &mut CreateWindow, outcome: CreateOutcomes| {
+        let running = sizes.len() as u64 + 1;
+        window.answered(&outcome, running, 0);
+        sizes.push(window.size());
+    };
+    for _ in 0..3 {
+        answer(&mut window, accepted(10));
+    }
+    answer(&mut window, refused(5, &[CreateRefusal::Throttled]));
+    answer(&mut window, refused(0, &[CreateRefusal::QuotaExceeded]));
+    for _ in 0..4 {
+        answer(&mut window, accepted(10));
+    }
+    // Slow start to 80; a 429 halves to 40, the threshold; a quota refusal resets to the
+    // batch; doubling again stops at 40, then a batch per answer.
+    assert_eq!(sizes, [20, 40, 80, 40, 10, 20, 40, 50, 60]);
 }
 
 #[test]
