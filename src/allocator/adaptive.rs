@@ -3,13 +3,14 @@
 //!
 //! Spark asks for `batch_size` executors per round and waits until every request is seen
 //! before asking again, so scale-up runs at `batch_size / batch_delay` whatever the API
-//! server allows. The window starts at `batch_size` and doubles after every answer whose
-//! creates were all accepted while the pods start (slow start), up to the ceiling: what
+//! server allows. The window starts at `batch_size` and grows by each create accepted
+//! while the pods start, so it doubles per window's worth of answers (slow start), however
+//! many rounds they came in, up to the ceiling: what
 //! the service's create rate sends in [`CEILING_BATCH_DELAYS`] batch delays, so the rate
 //! limiter always has work queued but no request waits in it for long. A 429 or 5xx
 //! refusal halves it, and the halved size becomes its threshold: from there it grows by
-//! `batch_size` per answer, not twofold, so it does not run straight back into the limit
-//! it just met (TCP's congestion avoidance). A quota refusal (403 "exceeded quota") resets
+//! `batch_size` per window's worth of accepted creates, so it does not run straight back
+//! into the limit it just met (TCP's congestion avoidance). A quota refusal (403 "exceeded quota") resets
 //! it to `batch_size`, to double again up to the threshold.
 //! The target, `max_pending_pods` and every other rule bound a round as under SPARK.
 //! While the window holds rounds back they come ten times per batch delay (the engine's
@@ -62,6 +63,8 @@ pub struct CreateWindow {
     /// Up to this the window doubles, beyond it grows by `floor`: the size the last
     /// overload halved it to (the ceiling until then).
     threshold: u64,
+    /// Creates accepted past the threshold since the window last grew by `floor`.
+    accepted_past_threshold: u64,
     /// Executors Running when the window last grew: growth needs pods to start.
     running_at_growth: u64,
 }
@@ -82,6 +85,7 @@ impl CreateWindow {
             floor,
             ceiling,
             threshold: ceiling,
+            accepted_past_threshold: 0,
             running_at_growth: 0,
         }
     }
@@ -112,14 +116,22 @@ impl CreateWindow {
         if overloaded {
             self.size = (self.size / 2).max(self.floor);
             self.threshold = self.size;
+            self.accepted_past_threshold = 0;
             return;
         }
         let pods_start = running > self.running_at_growth || pending <= self.size;
         if outcomes.accepted > 0 && outcomes.refused.is_empty() && pods_start {
+            let accepted = u64::from(outcomes.accepted);
             let grown = if self.size < self.threshold {
-                self.size.saturating_mul(2).min(self.threshold)
+                self.size.saturating_add(accepted).min(self.threshold)
             } else {
-                self.size.saturating_add(self.floor)
+                self.accepted_past_threshold += accepted;
+                let mut size = self.size;
+                while self.accepted_past_threshold >= size {
+                    self.accepted_past_threshold -= size;
+                    size = size.saturating_add(self.floor);
+                }
+                size
             };
             self.size = grown.min(self.ceiling);
             self.running_at_growth = running;

@@ -132,7 +132,7 @@ pub struct ServiceOptions {
     pub qps: u32,
     /// Burst above `qps`.
     pub burst: u32,
-    /// Creates of one round in flight at once.
+    /// An application's creates in flight at once, over all its rounds.
     pub create_concurrency: usize,
     /// Deadline and retries of every Kubernetes request.
     pub request_policy: RequestPolicy,

@@ -4,10 +4,12 @@
 //! state. Every mutating request first takes a slot of the shared rate limit (see
 //! [`ApiClient`]); every failure is logged with the API server's reason and returned.
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{ApiClient, is_status};
@@ -58,23 +60,30 @@ const IDS_PER_DELETE: usize = 200;
 pub struct ExecutorPodClient {
     api: ApiClient,
     create_concurrency: usize,
+    /// Creates in flight, at most `create_concurrency`, over every round sent through
+    /// this client (rounds overlap: ADAPTIVE sends while earlier creates are unanswered).
+    in_flight: Arc<Semaphore>,
 }
 
 impl ExecutorPodClient {
     /// The executor pod requests sent through `api`; at most `create_concurrency` creates
-    /// of one round are in flight at once.
+    /// in flight at once.
     pub fn new(api: ApiClient, create_concurrency: usize) -> Self {
+        let create_concurrency = create_concurrency.max(1);
         Self {
             api,
-            create_concurrency: create_concurrency.max(1),
+            create_concurrency,
+            in_flight: Arc::new(Semaphore::new(create_concurrency)),
         }
     }
 
     /// The same client, its requests in `app_id`'s share of the rate limit within
-    /// `namespace`'s ([`ApiClient::for_application`]).
+    /// `namespace`'s ([`ApiClient::for_application`]), with its own `create_concurrency`
+    /// creates in flight.
     pub fn for_application(&self, namespace: &str, app_id: &str) -> Self {
         Self {
             api: self.api.for_application(namespace, app_id),
+            in_flight: Arc::new(Semaphore::new(self.create_concurrency)),
             ..self.clone()
         }
     }
@@ -127,6 +136,14 @@ impl ExecutorPodClient {
                         claims,
                         claims_owned_by_pod,
                     } = create;
+                    // Held until the create (and its claims) is answered.
+                    let _in_flight = tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
+                        () = shed.cancelled() => return (id, Err(CreateError::Shed)),
+                        // Never closed: an error cannot come.
+                        permit = self.in_flight.acquire() => permit.ok(),
+                    };
                     tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
@@ -408,6 +425,80 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    fn executor(id: u64) -> ExecutorCreate {
+        let pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("app-exec-{id}")},
+            "spec": {"containers": [{"name": "executor", "image": "spark"}]}
+        }))
+        .expect("pod manifest");
+        ExecutorCreate {
+            id: ExecutorId(id),
+            pod,
+            claims: Vec::new(),
+            claims_owned_by_pod: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_applications_overlapping_rounds_share_its_creates_in_flight() {
+        use spark_pod_allocator_sim::{SimCluster, SimSettings};
+        use std::time::Duration;
+        let sim = SimCluster::start(SimSettings::default())
+            .await
+            .expect("cluster");
+        let api = ApiClient::new(
+            sim.try_client().expect("client"),
+            crate::k8s::RateLimiter::new(1000, 1000),
+        );
+        let service = ExecutorPodClient::new(api, 2);
+        let held = async |n: usize| {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while sim.held_pod_creates() < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{n} creates in flight"));
+        };
+        sim.hold_pod_creates();
+        let rounds = |pods: ExecutorPodClient, ids: Vec<std::ops::RangeInclusive<u64>>| {
+            tokio::spawn(async move {
+                let cancel = CancellationToken::new();
+                let sent = ids
+                    .into_iter()
+                    .map(|ids| pods.create_all("default", ids.map(executor).collect(), &cancel));
+                let answers = futures::future::join_all(sent).await;
+                answers
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, r)| r.is_ok())
+                    .count()
+            })
+        };
+        // Two rounds of three of one application: two creates in flight over both, not
+        // two per round.
+        let app = rounds(
+            service.for_application("default", "app"),
+            vec![1..=3, 4..=6],
+        );
+        held(2).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(sim.held_pod_creates(), 2);
+        // Another application has its own two.
+        let other = rounds(service.for_application("default", "other"), vec![7..=8]);
+        held(4).await;
+        sim.release_pod_creates();
+        for (round, created) in [(app, 6), (other, 2)] {
+            let answered = tokio::time::timeout(Duration::from_secs(10), round)
+                .await
+                .expect("answered")
+                .expect("joined");
+            assert_eq!(answered, created);
+        }
+        sim.shutdown().await;
     }
 
     #[test]

@@ -151,6 +151,8 @@ impl SimCluster {
             address: addr.to_string(),
             hold_lists: tokio::sync::watch::channel(false).0,
             held_lists: std::sync::atomic::AtomicUsize::new(0),
+            hold_pod_creates: tokio::sync::watch::channel(false).0,
+            held_pod_creates: std::sync::atomic::AtomicUsize::new(0),
             requests: Mutex::new(std::collections::BTreeMap::new()),
             write_tokens: Mutex::new((0.0, None)),
             writes_shed: std::sync::atomic::AtomicU64::new(0),
@@ -342,6 +344,24 @@ impl SimCluster {
     pub fn held_list_responses(&self) -> usize {
         self.shared
             .held_lists
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Holds pod creates (POST) before they are served until [`Self::release_pod_creates`]:
+    /// [`Self::held_pod_creates`] then counts what a client has in flight at once.
+    pub fn hold_pod_creates(&self) {
+        self.shared.hold_pod_creates.send_replace(true);
+    }
+
+    /// Serves every held pod create and stops holding new ones.
+    pub fn release_pod_creates(&self) {
+        self.shared.hold_pod_creates.send_replace(false);
+    }
+
+    /// Pod creates held right now.
+    pub fn held_pod_creates(&self) -> usize {
+        self.shared
+            .held_pod_creates
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 

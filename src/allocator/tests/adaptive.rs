@@ -137,17 +137,18 @@ fn after_an_overload_the_window_doubles_up_to_the_halved_size_then_grows_by_a_ba
         window.answered(&outcome, running, 0);
         sizes.push(window.size());
     };
-    for _ in 0..3 {
-        answer(&mut window, accepted(10));
+    // Slow start: each create accepted adds one, however many answers carry them.
+    for n in [10, 5, 5, 20, 40] {
+        answer(&mut window, accepted(n));
     }
+    // A 429 halves to 45, the threshold; a quota refusal resets to the batch.
     answer(&mut window, refused(5, &[CreateRefusal::Throttled]));
     answer(&mut window, refused(0, &[CreateRefusal::QuotaExceeded]));
-    for _ in 0..4 {
-        answer(&mut window, accepted(10));
+    // Slow start again stops at 45; past it, a batch per window's worth accepted.
+    for n in [10, 20, 20, 20, 30, 50] {
+        answer(&mut window, accepted(n));
     }
-    // Slow start to 80; a 429 halves to 40, the threshold; a quota refusal resets to the
-    // batch; doubling again stops at 40, then a batch per answer.
-    assert_eq!(sizes, [20, 40, 80, 40, 10, 20, 40, 50, 60]);
+    assert_eq!(sizes, [20, 25, 30, 50, 90, 45, 10, 20, 40, 45, 45, 55, 65]);
 }
 
 #[test]
@@ -183,12 +184,12 @@ fn rounds_ask_while_requests_are_unseen_up_to_the_window() {
         (11..=20).map(|i| (i, 0)).collect::<Vec<_>>()
     );
     a.creates_answered(&accepted(10));
-    assert_eq!(a.create_window().size(), 40);
-    // All 20 seen Pending: none unseen, a whole window of 40 may go.
+    assert_eq!(a.create_window().size(), 30);
+    // All 20 seen Pending: none unseen, a whole window of 30 may go.
     let pods: Vec<_> = (1..=20).map(|i| pending(i, 0, 1)).collect();
     let plan = a.round(snapshot(&pods), secs(2));
-    assert_eq!(creates(&plan).len(), 40);
-    assert_eq!(a.last_executor_id(), 60);
+    assert_eq!(creates(&plan).len(), 30);
+    assert_eq!(a.last_executor_id(), 50);
     // Nothing seen since: the window is full, nothing more.
     let plan = a.round(no_snapshot(), secs(3));
     assert!(plan.creates.is_empty());
@@ -235,7 +236,8 @@ fn rounds_stay_within_target_and_max_pending_pods() {
         let mut a = allocator(adaptive(10, max_pending), &[(0, target)]);
         a.set_create_rate(50);
         for _ in 0..answers {
-            a.creates_answered(&accepted(10));
+            let whole_window = u32::try_from(a.create_window().size()).expect("small");
+            a.creates_answered(&accepted(whole_window));
         }
         let plan = a.round(snapshot(&[]), secs(0));
         assert_eq!(creates(&plan).len(), expected, "{case}");

@@ -45,6 +45,11 @@ pub(crate) struct Shared {
     pub hold_lists: tokio::sync::watch::Sender<bool>,
     /// LIST answers held back right now.
     pub held_lists: std::sync::atomic::AtomicUsize,
+    /// While true, pod creates wait before they are served (see
+    /// `SimCluster::hold_pod_creates`): shows how many a client has in flight at once.
+    pub hold_pod_creates: tokio::sync::watch::Sender<bool>,
+    /// Pod creates waiting right now.
+    pub held_pod_creates: std::sync::atomic::AtomicUsize,
     /// The process runtime's base directory (pods' logs), when it runs pods.
     pub process_dir: Option<std::path::PathBuf>,
     /// API requests received (before injected faults), by (User-Agent, verb, resource): lets
@@ -406,6 +411,9 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         }
         (Method::POST, Target::Collection { kind, ns }) => {
             let ns = namespace_for_write(kind, ns)?;
+            if kind == Kind::Pod {
+                hold_pod_create(sh).await;
+            }
             let body = read_body(req).await?;
             let obj = if protobuf_create {
                 crate::protobuf::decode(kind, &body)?
@@ -595,6 +603,18 @@ async fn hold_list_response(sh: &Shared) {
     // Ends when the hold is released or the sender (the cluster) is gone.
     let _ = hold.wait_for(|held| !*held).await;
     sh.held_lists.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Waits while pod creates are held (before the create is served: it is in flight).
+async fn hold_pod_create(sh: &Shared) {
+    use std::sync::atomic::Ordering;
+    let mut hold = sh.hold_pod_creates.subscribe();
+    if !*hold.borrow_and_update() {
+        return;
+    }
+    sh.held_pod_creates.fetch_add(1, Ordering::SeqCst);
+    let _ = hold.wait_for(|held| !*held).await;
+    sh.held_pod_creates.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// The latency and errors of `faults` for a request for `resource` (a plural name).
