@@ -46,7 +46,7 @@ pub struct KubernetesSettings {
     pub qps: u32,
     /// Mutating requests allowed in a burst above `qps`.
     pub burst: u32,
-    /// Creates of one round that may be in flight at once.
+    /// Creates of one application that may be in flight at once, over all its rounds.
     pub create_concurrency: u32,
     /// Deadline of one attempt of any Kubernetes request.
     pub request_timeout_ms: u64,
