@@ -136,22 +136,22 @@ impl ExecutorPodClient {
                         claims,
                         claims_owned_by_pod,
                     } = create;
-                    // Held until the create (and its claims) is answered.
+                    // A place among the application's creates in flight (held until this
+                    // one and its claims are answered; the semaphore is never closed),
+                    // then a slot of the rate limit.
+                    let slot = async {
+                        let in_flight = self.in_flight.acquire().await.ok();
+                        self.api.acquire().await.map(|()| in_flight)
+                    };
                     let _in_flight = tokio::select! {
                         biased;
                         () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
                         () = shed.cancelled() => return (id, Err(CreateError::Shed)),
-                        // Never closed: an error cannot come.
-                        permit = self.in_flight.acquire() => permit.ok(),
-                    };
-                    tokio::select! {
-                        biased;
-                        () = cancel.cancelled() => return (id, Err(CreateError::Cancelled)),
-                        () = shed.cancelled() => return (id, Err(CreateError::Shed)),
-                        acquired = self.api.acquire() => if let Err(err) = acquired {
-                            return (id, Err(CreateError::Kubernetes(err)));
+                        acquired = slot => match acquired {
+                            Ok(in_flight) => in_flight,
+                            Err(err) => return (id, Err(CreateError::Kubernetes(err))),
                         }
-                    }
+                    };
                     if cancel.is_cancelled() {
                         return (id, Err(CreateError::Cancelled));
                     }

@@ -610,26 +610,19 @@ async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str, metr
         async |_| {},
     )
     .await;
-    let executors = match executors {
-        Ok(listing) => listing,
+    match executors {
+        Ok(executors) => {
+            resync_all(subscribers, executors);
+            let selection = Selection::Drivers;
+            match list_paginated(api, subscribers, selection, page_size, async |_| {}).await {
+                Ok(drivers) => resync_all(subscribers, drivers),
+                Err(failure) => failure.log(namespace),
+            }
+        }
         Err(failure) => {
             stop_tracking(subscribers);
             failure.log(namespace);
-            return;
         }
-    };
-    resync_all(subscribers, executors);
-    match list_paginated(
-        api,
-        subscribers,
-        Selection::Drivers,
-        page_size,
-        async |_| {},
-    )
-    .await
-    {
-        Ok(drivers) => resync_all(subscribers, drivers),
-        Err(failure) => failure.log(namespace),
     }
     metrics.resync_listed(started.elapsed());
 }
@@ -888,15 +881,14 @@ fn resync_all(subscribers: &Subscribers, listing: Listing) {
                 .flatten();
             if let Some(touched) = touched {
                 let sent = &subscriber.sent;
-                listed.retain(|pod| {
-                    let name = pod.name();
-                    !touched.contains(name) || sent.contains_key(name)
-                });
-                for pod in &mut listed {
-                    if touched.contains(pod.name()) {
-                        *pod = Listed::Unchanged(pod.name().to_string());
-                    }
-                }
+                listed = (listed.into_iter())
+                    .filter_map(|pod| match pod.name() {
+                        name if !touched.contains(name) => Some(pod),
+                        name => sent
+                            .contains_key(name)
+                            .then(|| Listed::Unchanged(name.to_string())),
+                    })
+                    .collect();
                 for name in touched {
                     match sent.get(&name) {
                         Some(version) => {

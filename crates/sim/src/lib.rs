@@ -149,10 +149,8 @@ impl SimCluster {
             rng: Mutex::new(SmallRng::seed_from_u64(settings.seed)),
             cancel: CancellationToken::new(),
             address: addr.to_string(),
-            hold_lists: tokio::sync::watch::channel(false).0,
-            held_lists: std::sync::atomic::AtomicUsize::new(0),
-            hold_pod_creates: tokio::sync::watch::channel(false).0,
-            held_pod_creates: std::sync::atomic::AtomicUsize::new(0),
+            lists: server::Hold::new(),
+            pod_creates: server::Hold::new(),
             requests: Mutex::new(std::collections::BTreeMap::new()),
             write_tokens: Mutex::new((0.0, None)),
             writes_shed: std::sync::atomic::AtomicU64::new(0),
@@ -332,37 +330,33 @@ impl SimCluster {
     /// each answer shows the state when the request arrived, as a slow LIST on a real
     /// server does, while watches keep streaming newer events.
     pub fn hold_list_responses(&self) {
-        self.shared.hold_lists.send_replace(true);
+        self.shared.lists.close(true);
     }
 
     /// Sends every held LIST answer and stops holding new ones.
     pub fn release_list_responses(&self) {
-        self.shared.hold_lists.send_replace(false);
+        self.shared.lists.close(false);
     }
 
     /// LIST answers held back right now.
     pub fn held_list_responses(&self) -> usize {
-        self.shared
-            .held_lists
-            .load(std::sync::atomic::Ordering::SeqCst)
+        self.shared.lists.held()
     }
 
     /// Holds pod creates (POST) before they are served until [`Self::release_pod_creates`]:
     /// [`Self::held_pod_creates`] then counts what a client has in flight at once.
     pub fn hold_pod_creates(&self) {
-        self.shared.hold_pod_creates.send_replace(true);
+        self.shared.pod_creates.close(true);
     }
 
     /// Serves every held pod create and stops holding new ones.
     pub fn release_pod_creates(&self) {
-        self.shared.hold_pod_creates.send_replace(false);
+        self.shared.pod_creates.close(false);
     }
 
     /// Pod creates held right now.
     pub fn held_pod_creates(&self) -> usize {
-        self.shared
-            .held_pod_creates
-            .load(std::sync::atomic::Ordering::SeqCst)
+        self.shared.pod_creates.held()
     }
 
     /// Forgets the watch history: a watch from any version seen so far gets 410 Expired.

@@ -40,16 +40,12 @@ pub(crate) struct Shared {
     pub cancel: CancellationToken,
     /// `host:port` the server listens on (for discovery's serverAddressByClientCIDRs).
     pub address: String,
-    /// While true, LIST answers are computed and then held back (see
-    /// `SimCluster::hold_list_responses`): reproduces a slow LIST racing watch events.
-    pub hold_lists: tokio::sync::watch::Sender<bool>,
-    /// LIST answers held back right now.
-    pub held_lists: std::sync::atomic::AtomicUsize,
-    /// While true, pod creates wait before they are served (see
-    /// `SimCluster::hold_pod_creates`): shows how many a client has in flight at once.
-    pub hold_pod_creates: tokio::sync::watch::Sender<bool>,
-    /// Pod creates waiting right now.
-    pub held_pod_creates: std::sync::atomic::AtomicUsize,
+    /// LIST answers, computed and then held back (see `SimCluster::hold_list_responses`):
+    /// reproduces a slow LIST racing watch events.
+    pub lists: Hold,
+    /// Pod creates, held before they are served (see `SimCluster::hold_pod_creates`):
+    /// shows how many a client has in flight at once.
+    pub pod_creates: Hold,
     /// The process runtime's base directory (pods' logs), when it runs pods.
     pub process_dir: Option<std::path::PathBuf>,
     /// API requests received (before injected faults), by (User-Agent, verb, resource): lets
@@ -405,14 +401,14 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 watch::events(sh, kind, ns, &q, table).map(watch::http_response)
             } else {
                 let response = list(sh, kind, ns.as_deref(), &q, table);
-                hold_list_response(sh).await;
+                sh.lists.pass().await;
                 response
             }
         }
         (Method::POST, Target::Collection { kind, ns }) => {
             let ns = namespace_for_write(kind, ns)?;
             if kind == Kind::Pod {
-                hold_pod_create(sh).await;
+                sh.pod_creates.pass().await;
             }
             let body = read_body(req).await?;
             let obj = if protobuf_create {
@@ -591,30 +587,45 @@ fn namespace_for_write(kind: Kind, ns: Option<String>) -> Result<String, ApiErro
     }
 }
 
-/// Waits while LIST answers are held (the answer is already computed: the state it shows
-/// is the one at the time of the request, as with a slow response on a real server).
-async fn hold_list_response(sh: &Shared) {
-    use std::sync::atomic::Ordering;
-    let mut hold = sh.hold_lists.subscribe();
-    if !*hold.borrow_and_update() {
-        return;
-    }
-    sh.held_lists.fetch_add(1, Ordering::SeqCst);
-    // Ends when the hold is released or the sender (the cluster) is gone.
-    let _ = hold.wait_for(|held| !*held).await;
-    sh.held_lists.fetch_sub(1, Ordering::SeqCst);
+/// A gate tests close to hold requests of one kind where they are (a LIST's answer,
+/// already computed, shows the state at the time of the request, as a slow response on a
+/// real server does), and count them.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    closed: tokio::sync::watch::Sender<bool>,
+    held: std::sync::atomic::AtomicUsize,
 }
 
-/// Waits while pod creates are held (before the create is served: it is in flight).
-async fn hold_pod_create(sh: &Shared) {
-    use std::sync::atomic::Ordering;
-    let mut hold = sh.hold_pod_creates.subscribe();
-    if !*hold.borrow_and_update() {
-        return;
+impl Hold {
+    pub fn new() -> Self {
+        Self {
+            closed: tokio::sync::watch::channel(false).0,
+            held: std::sync::atomic::AtomicUsize::new(0),
+        }
     }
-    sh.held_pod_creates.fetch_add(1, Ordering::SeqCst);
-    let _ = hold.wait_for(|held| !*held).await;
-    sh.held_pod_creates.fetch_sub(1, Ordering::SeqCst);
+
+    /// Holds the requests that come from now on, or lets every held one go.
+    pub fn close(&self, closed: bool) {
+        self.closed.send_replace(closed);
+    }
+
+    /// Requests held right now.
+    pub fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits while the gate is closed.
+    async fn pass(&self) {
+        use std::sync::atomic::Ordering;
+        let mut closed = self.closed.subscribe();
+        if !*closed.borrow_and_update() {
+            return;
+        }
+        self.held.fetch_add(1, Ordering::SeqCst);
+        // Ends when the gate opens or the sender (the cluster) is gone.
+        let _ = closed.wait_for(|closed| !*closed).await;
+        self.held.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The latency and errors of `faults` for a request for `resource` (a plural name).
