@@ -50,8 +50,13 @@ pub struct Settings {
     /// 1000 ms, timeout 600000 ms, idle 60000 ms, no caps, delete on termination, executor
     /// container `spark-kubernetes-executor`, policy `spark`).
     pub allocation: AllocationSettings,
-    /// Period of the full LIST per namespace that replaces the snapshots.
+    /// Least wait between the end of a namespace's full LIST, which replaces the snapshots,
+    /// and the next.
     pub resync_interval_ms: u64,
+    /// Executor pods the full LIST lists per second on average: a namespace with more than
+    /// `resync_interval × this` executor pods followed is listed less often (0: every
+    /// `resync_interval_ms` whatever its size).
+    pub resync_pods_per_second: u32,
     /// How long an application whose driver pod Failed or Succeeded is kept before it is
     /// forgotten (its executors are deleted at once, per delete-on-termination).
     pub driver_end_grace_ms: u64,
@@ -194,6 +199,7 @@ impl Default for Settings {
             kubernetes: KubernetesSettings::default(),
             allocation: AllocationSettings::default(),
             resync_interval_ms: millis(service.resync_interval),
+            resync_pods_per_second: service.resync_pods_per_second,
             driver_end_grace_ms: millis(service.driver_end_grace),
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
@@ -610,6 +616,7 @@ mod tests {
         assert_eq!(s.kubernetes.create_concurrency, 16);
         assert_eq!(s.kubernetes.in_cluster, InCluster::Auto);
         assert_eq!(s.resync_interval(), Duration::from_secs(30));
+        assert_eq!(s.resync_pods_per_second, 100);
         assert!(s.allowed_namespaces.is_empty());
         assert_eq!(s.log.format, LogFormat::Text);
         assert_eq!(

@@ -415,6 +415,7 @@ fn peer_settings(settings: &mut Settings, bound: SocketAddr) -> anyhow::Result<P
 fn service_options(settings: &Settings) -> ServiceOptions {
     ServiceOptions {
         resync_interval: settings.resync_interval(),
+        resync_pods_per_second: settings.resync_pods_per_second,
         allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
         qps: settings.kubernetes.qps,
         burst: settings.kubernetes.burst,
@@ -473,6 +474,10 @@ mod tests {
         let from_config = service_options(&Settings::default());
         let default = ServiceOptions::default();
         assert_eq!(from_config.resync_interval, default.resync_interval);
+        assert_eq!(
+            from_config.resync_pods_per_second,
+            default.resync_pods_per_second
+        );
         assert_eq!(from_config.allowed_namespaces, default.allowed_namespaces);
         assert_eq!(
             (

@@ -23,7 +23,7 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::app::{Applications, KubernetesParts, ServiceContext, ServiceOptions, ShardKeepers};
 use crate::grpc::{self, ServeError, ServeSettings};
 use crate::k8s::{
-    ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore, leases,
+    ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore, ResyncPace, leases,
 };
 use crate::lifecycle::{self, Drain, Initialize};
 use crate::metrics::Metrics;
@@ -106,7 +106,10 @@ impl Builder {
         let watches = PodWatches::new(
             client,
             Arc::clone(&clock),
-            options.resync_interval,
+            ResyncPace {
+                interval: options.resync_interval,
+                pods_per_second: options.resync_pods_per_second,
+            },
             metrics.clone(),
             initialize.joiner(),
         );

@@ -124,8 +124,12 @@ pub struct Started {
 /// the configuration, whose defaults are these.
 #[derive(Debug, Clone)]
 pub struct ServiceOptions {
-    /// Period of the full LIST per namespace.
+    /// Least wait between the end of a namespace's full LIST and the next.
     pub resync_interval: Duration,
+    /// The full LIST's executor pods per second on average: with many pods followed it
+    /// waits longer than the interval (0: the interval alone; see
+    /// [`crate::k8s::ResyncPace`]).
+    pub resync_pods_per_second: u32,
     /// Namespaces applications may run in; empty = all.
     pub allowed_namespaces: BTreeSet<String>,
     /// Mutating requests per second, shared by all applications.
@@ -168,6 +172,7 @@ impl Default for ServiceOptions {
         let kubernetes = crate::k8s::KubernetesSettings::default();
         Self {
             resync_interval: Duration::from_secs(30),
+            resync_pods_per_second: 100,
             allowed_namespaces: BTreeSet::new(),
             qps: kubernetes.qps,
             burst: kubernetes.burst,

@@ -23,7 +23,7 @@ pub use id_record::IdRecord;
 pub use rate_limit::RateLimiter;
 pub use registrations::{RegistrationSettings, RegistrationStore};
 pub use request::RequestPolicy;
-pub use watch::{Listed, PodEvent, PodWatches, Subscription};
+pub use watch::{Listed, PodEvent, PodWatches, ResyncPace, Subscription};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

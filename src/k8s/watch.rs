@@ -82,7 +82,7 @@ pub struct PodWatches {
 struct Inner {
     client: kube::Client,
     clock: Arc<dyn Clock>,
-    resync_interval: Duration,
+    resync: ResyncPace,
     namespaces: Mutex<HashMap<String, NamespaceWatch>>,
     /// Set once the API server answered the probe or a watch completed its first listing.
     synced: AtomicBool,
@@ -208,13 +208,13 @@ fn followed_drivers_selector() -> String {
 }
 
 impl PodWatches {
-    /// Watches with `client`; the full LIST runs every `resync_interval` of `clock`.
+    /// Watches with `client`; the full LIST comes at the `resync` pace of `clock`.
     /// Events, relists, errors and LISTs are counted into `metrics`; the probe and the
     /// namespace watches hold the service's readiness back through `readiness`.
     pub fn new(
         client: kube::Client,
         clock: Arc<dyn Clock>,
-        resync_interval: Duration,
+        resync: ResyncPace,
         metrics: Metrics,
         readiness: InitJoiner,
     ) -> Self {
@@ -222,7 +222,7 @@ impl PodWatches {
             inner: Arc::new(Inner {
                 client,
                 clock,
-                resync_interval,
+                resync,
                 namespaces: Mutex::new(HashMap::new()),
                 synced: AtomicBool::new(false),
                 metrics,
@@ -333,7 +333,7 @@ impl PodWatches {
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         // The first full LIST is due one interval after the watch starts (not after the
         // task first gets to run).
-        let first_resync = self.inner.clock.now().plus(self.inner.resync_interval);
+        let first_resync = self.inner.clock.now().plus(self.inner.resync.interval);
         let watch_task = tokio::spawn(run_watch(
             api,
             first_resync,
@@ -431,7 +431,10 @@ async fn run_watch(
                 }
             } => {
                 periodic = None;
-                next_resync = inner.clock.now().plus(inner.resync_interval);
+                next_resync = inner
+                    .clock
+                    .now()
+                    .plus(inner.resync.wait(followed_executors(&subscribers)));
                 continue;
             }
         };
@@ -476,7 +479,10 @@ async fn run_watch(
                 // older, and the next one is an interval away.
                 if selection == Selection::Executors && periodic.take().is_some() {
                     stop_tracking(&subscribers);
-                    next_resync = inner.clock.now().plus(inner.resync_interval);
+                    next_resync = inner
+                        .clock
+                        .now()
+                        .plus(inner.resync.wait(followed_executors(&subscribers)));
                 }
                 match selection {
                     Selection::Executors => executors_listed = true,
@@ -584,12 +590,44 @@ pub const RESYNC_PAGE_SIZE: u32 = 500;
 /// The smallest page of the periodic LIST (see [`RESYNC_PAGE_SIZE`]).
 pub const RESYNC_PAGE_SIZE_MIN: u32 = 100;
 
+/// The executor pods the namespace's applications follow now.
+fn followed_executors(subscribers: &Subscribers) -> usize {
+    lock(subscribers).values().map(|s| s.sent.len()).sum()
+}
+
 /// The page size of the next periodic LIST, by the executor pods followed now.
 fn resync_page_size(subscribers: &Subscribers) -> u32 {
-    let followed: usize = lock(subscribers).values().map(|s| s.sent.len()).sum();
-    u32::try_from(followed / 100)
+    u32::try_from(followed_executors(subscribers) / 100)
         .unwrap_or(u32::MAX)
         .clamp(RESYNC_PAGE_SIZE_MIN, RESYNC_PAGE_SIZE)
+}
+
+/// When a namespace's periodic LIST comes again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResyncPace {
+    /// The least wait from the end of one LIST to the next.
+    pub interval: Duration,
+    /// The LIST's share of the API server, in executor pods listed per second on average
+    /// (0: the interval alone). Beyond `interval × this` pods followed the wait grows with
+    /// them: a LIST costs the API server and etcd in proportion to the pods it returns, and
+    /// the watch, not the LIST, keeps the snapshots current (the LIST repairs an event
+    /// missed), so at 100 a namespace of 100,000 executors is listed every 1,000 s rather
+    /// than having a LIST of it always under way.
+    pub pods_per_second: u32,
+}
+
+impl ResyncPace {
+    /// The wait from the end of one periodic LIST to the next, with `followed` executor
+    /// pods followed.
+    fn wait(self, followed: usize) -> Duration {
+        if self.pods_per_second == 0 {
+            return self.interval;
+        }
+        let followed = u64::try_from(followed).unwrap_or(u64::MAX);
+        self.interval.max(Duration::from_millis(
+            followed.saturating_mul(1000) / u64::from(self.pods_per_second),
+        ))
+    }
 }
 
 /// Times a paginated LIST starts over after its `continue` token expired (410) before
@@ -995,7 +1033,10 @@ mod tests {
         let watches = PodWatches::new(
             sim.try_client().expect("client"),
             Arc::new(ManualClock::starting_now()),
-            Duration::from_secs(30),
+            ResyncPace {
+                interval: Duration::from_secs(30),
+                pods_per_second: 100,
+            },
             Metrics::default(),
             init.joiner(),
         );
@@ -1195,7 +1236,10 @@ mod tests {
         let watches = PodWatches::new(
             sim.try_client().expect("client"),
             clock.clone(),
-            interval,
+            ResyncPace {
+                interval,
+                pods_per_second: 100,
+            },
             Metrics::default(),
             init.joiner(),
         );
@@ -1272,6 +1316,51 @@ mod tests {
         assert_eq!(
             resynced(Some(listing)),
             (vec![], vec!["a-exec-2".to_string(), "a-exec-3".to_string()])
+        );
+        sim.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn the_wait_between_periodic_lists_grows_with_the_executors_followed() {
+        // 250 executors at 100 listed per second: 2.5 s between LISTs, not the interval.
+        let pods: Vec<(&str, u32)> = (1..=250).map(|id| ("a", id)).collect();
+        let (sim, _api) = cluster_with(&pods).await;
+        let clock = Arc::new(ManualClock::starting_now());
+        let init = Initialize::new();
+        let interval = Duration::from_secs(1);
+        let watches = PodWatches::new(
+            sim.try_client().expect("client"),
+            clock.clone(),
+            ResyncPace {
+                interval,
+                pods_per_second: 100,
+            },
+            Metrics::default(),
+            init.joiner(),
+        );
+        let mut subscription = watches.subscribe_with_driver("default", "a", None);
+        let first = next_event("first listing", &mut subscription.events, |_| false).await;
+        assert_eq!(resynced(Some(first)).0.len(), 250);
+        let mut listed_after = async |advance: Duration| {
+            clock.advance(advance);
+            let next = tokio::time::timeout(Duration::from_secs(2), async {
+                loop {
+                    if let Some(PodEvent::Resync(_)) = subscription.events.recv().await {
+                        return;
+                    }
+                }
+            });
+            next.await.is_ok()
+        };
+        // The first periodic LIST is due an interval after the watch began.
+        assert!(listed_after(interval).await, "the first periodic LIST");
+        assert!(
+            !listed_after(Duration::from_millis(2400)).await,
+            "listed again 2.4 s after the last LIST, with 250 executors followed"
+        );
+        assert!(
+            listed_after(Duration::from_millis(100)).await,
+            "listed again 2.5 s after the last LIST"
         );
         sim.shutdown().await;
     }

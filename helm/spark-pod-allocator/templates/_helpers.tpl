@@ -68,6 +68,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $config := dict
   "listen" (printf "0.0.0.0:%d" (int .Values.service.port))
   "resync_interval_ms" .Values.resyncIntervalMs
+  "resync_pods_per_second" .Values.resyncPodsPerSecond
   "driver_end_grace_ms" .Values.driverEndGraceMs
   "allowed_namespaces" .Values.allowedNamespaces
   "kubernetes" (dict

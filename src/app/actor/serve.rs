@@ -125,6 +125,11 @@ impl ApplicationActor {
         let mut events_open = true;
         loop {
             if let Phase::Ending { .. } = self.life.phase {
+                // A call racing the end finds the application gone at once (its reply
+                // dropped, see `ActorHandle::call`) instead of waiting behind the work in
+                // flight, which is bounded only by the API server's deadlines.
+                commands.close();
+                while commands.try_recv().is_ok() {}
                 // No create may land after Stop's DELETE: unsent ones are skipped, those in
                 // flight awaited (every request has a deadline, so this ends).
                 self.write_last_registration();

@@ -414,6 +414,33 @@ async fn stop_skips_unsent_creates_and_waits_for_the_work_in_flight() {
 }
 
 #[tokio::test]
+async fn calls_made_while_the_actor_ends_find_the_application_gone_at_once() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(2).await;
+    actor.round_with_creates().await;
+    let handle = actor.handle.clone();
+    let stopped = tokio::spawn(async move { handle.stop().await });
+    actor.settle().await;
+    assert!(!stopped.is_finished(), "the round's work is unanswered");
+
+    // The work stays unanswered: the calls do not wait for it.
+    let targets = BTreeMap::from([(ResourceProfileId(0), 1)]);
+    let set = tokio::time::timeout(
+        Duration::from_secs(5),
+        actor.handle.set_targets(BTreeMap::new(), targets),
+    )
+    .await
+    .expect("answered while the work is in flight");
+    assert!(matches!(set, Err(AppError::NotFound(_))), "{set:?}");
+    let status = tokio::time::timeout(Duration::from_secs(5), actor.handle.report())
+        .await
+        .expect("answered while the work is in flight");
+    assert!(matches!(status, Err(AppError::NotFound(_))));
+    assert!(!stopped.is_finished(), "still waiting for its work");
+}
+
+#[tokio::test]
 async fn a_stopped_actor_writes_what_the_driver_said_since_its_last_round() {
     let mut actor = Driven::start(None);
     actor.first_round_answered().await;
