@@ -1328,6 +1328,7 @@ mod tests {
         let clock = Arc::new(ManualClock::starting_now());
         let init = Initialize::new();
         let interval = Duration::from_secs(1);
+        let metrics = Metrics::default();
         let watches = PodWatches::new(
             sim.try_client().expect("client"),
             clock.clone(),
@@ -1335,19 +1336,29 @@ mod tests {
                 interval,
                 pods_per_second: 100,
             },
-            Metrics::default(),
+            metrics.clone(),
             init.joiner(),
         );
         let mut subscription = watches.subscribe_with_driver("default", "a", None);
         let first = next_event("first listing", &mut subscription.events, |_| false).await;
         assert_eq!(resynced(Some(first)).0.len(), 250);
-        let mut listed_after = async |advance: Duration| {
+        // Periodic LISTs ended so far (each observes its duration once it is over: the
+        // wait to the next counts from then).
+        let lists_ended = || {
+            let text = metrics.encode();
+            text.lines()
+                .find_map(|line| {
+                    line.strip_prefix("spark_pod_allocator_resync_duration_seconds_count ")
+                })
+                .and_then(|count| count.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let listed_after = async |advance: Duration| {
+            let before = lists_ended();
             clock.advance(advance);
             let next = tokio::time::timeout(Duration::from_secs(2), async {
-                loop {
-                    if let Some(PodEvent::Resync(_)) = subscription.events.recv().await {
-                        return;
-                    }
+                while lists_ended() == before {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             });
             next.await.is_ok()
