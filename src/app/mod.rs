@@ -5,7 +5,7 @@
 //! work; `registration` what a restarted service resumes from; `feed` the executor event
 //! streams; `failures` what GetStatus reports of failed creates and executors.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -245,6 +245,9 @@ struct Registry {
     /// Per shard, the epoch whose registrations have been resumed here (held while a
     /// shard is resumed, so two resumes of one shard never run together).
     resumed: tokio::sync::Mutex<HashMap<Shard, i32>>,
+    /// Resumes of registrations under way (counted from the moment one has shards due):
+    /// while one runs, any shard held may be the one it resumes.
+    resumes_running: AtomicUsize,
     /// Shards held here whose last resume failed or left an application out (the
     /// registrations unreadable, a 429 or 5xx as one started): resumed again every retry
     /// period, and until then a call for an application not found here is UNAVAILABLE,
@@ -347,6 +350,7 @@ impl Applications {
                 budgets,
                 ownerships,
                 resumed: tokio::sync::Mutex::new(HashMap::new()),
+                resumes_running: AtomicUsize::new(0),
                 unresumed: Mutex::new(BTreeSet::new()),
                 taken: Mutex::new(HashMap::new()),
                 keepers: Mutex::new(None),
@@ -398,6 +402,7 @@ impl Applications {
         if due.is_empty() {
             return Ok(Vec::new());
         }
+        let _running = ResumeRunning::new(&self.inner.resumes_running);
         let store = &self.inner.registrations;
         // Unreadable: the shards are resumed again later (`spawn_resume_retries`).
         let unreadable = |err: AppError| {
@@ -1027,9 +1032,9 @@ impl Applications {
                 ShardState::Owned(owned) => Some((shard, owned.epoch)),
                 _ => None,
             });
-        // A resume holds the registry of resumed shards while it runs: any shard held may
-        // be the one it resumes.
-        if self.inner.resumed.try_lock().is_err() {
+        // While a resume runs, any shard held may be the one it resumes. (Not the lock on
+        // the resumed shards: calls testing it would see each other hold it.)
+        if self.inner.resumes_running.load(Ordering::SeqCst) > 0 {
             return owned.map(|(shard, _)| shard).next();
         }
         // Taken at an epoch the supervisor has not finished acting on (it may still be
@@ -1079,6 +1084,22 @@ impl Applications {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
+    }
+}
+
+/// A resume of registrations counted as running ([`Inner::resumes_running`]) while it lives.
+struct ResumeRunning<'a>(&'a AtomicUsize);
+
+impl<'a> ResumeRunning<'a> {
+    fn new(running: &'a AtomicUsize) -> Self {
+        running.fetch_add(1, Ordering::SeqCst);
+        Self(running)
+    }
+}
+
+impl Drop for ResumeRunning<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
