@@ -517,7 +517,7 @@ impl Applications {
         Ok(resumed)
     }
 
-    /// The shards of [`Inner::unresumed`] held here now, with their epochs; those no longer
+    /// The shards of [`Registry::unresumed`] held here now, with their epochs; those no longer
     /// held are dropped from it.
     fn unresumed(&self) -> Vec<(Shard, i32)> {
         let ownerships = &self.inner.ownerships;
@@ -533,7 +533,7 @@ impl Applications {
     }
 
     /// Resumes, every `retry` period, the shards held here whose last resume failed or left
-    /// an application out ([`Inner::unresumed`]), until every application of theirs runs.
+    /// an application out ([`Registry::unresumed`]), until every application of theirs runs.
     fn spawn_resume_retries(&self, retry: Duration) {
         let registry = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -1087,7 +1087,7 @@ impl Applications {
     }
 }
 
-/// A resume of registrations counted as running ([`Inner::resumes_running`]) while it lives.
+/// A resume of registrations counted as running ([`Registry::resumes_running`]) while it lives.
 struct ResumeRunning<'a>(&'a AtomicUsize);
 
 impl<'a> ResumeRunning<'a> {

@@ -431,10 +431,7 @@ async fn run_watch(
                 }
             } => {
                 periodic = None;
-                next_resync = inner
-                    .clock
-                    .now()
-                    .plus(inner.resync.wait(followed_executors(&subscribers)));
+                next_resync = inner.next_resync(&subscribers);
                 continue;
             }
         };
@@ -479,10 +476,7 @@ async fn run_watch(
                 // older, and the next one is an interval away.
                 if selection == Selection::Executors && periodic.take().is_some() {
                     stop_tracking(&subscribers);
-                    next_resync = inner
-                        .clock
-                        .now()
-                        .plus(inner.resync.wait(followed_executors(&subscribers)));
+                    next_resync = inner.next_resync(&subscribers);
                 }
                 match selection {
                     Selection::Executors => executors_listed = true,
@@ -589,6 +583,15 @@ pub const RESYNC_PAGE_SIZE: u32 = 500;
 
 /// The smallest page of the periodic LIST (see [`RESYNC_PAGE_SIZE`]).
 pub const RESYNC_PAGE_SIZE_MIN: u32 = 100;
+
+impl Inner {
+    /// When the periodic LIST after one that ends now is due, by the pods followed now.
+    fn next_resync(&self, subscribers: &Subscribers) -> Timestamp {
+        self.clock
+            .now()
+            .plus(self.resync.wait(followed_executors(subscribers)))
+    }
+}
 
 /// The executor pods the namespace's applications follow now.
 fn followed_executors(subscribers: &Subscribers) -> usize {
@@ -996,6 +999,26 @@ mod tests {
         (sim, api)
     }
 
+    /// Watches of `sim` listing again at least every `interval`, at 100 pods a second.
+    fn watches_on(
+        sim: &SimCluster,
+        clock: Arc<ManualClock>,
+        interval: Duration,
+        metrics: Metrics,
+        init: &Initialize,
+    ) -> PodWatches {
+        PodWatches::new(
+            sim.try_client().expect("client"),
+            clock,
+            ResyncPace {
+                interval,
+                pods_per_second: 100,
+            },
+            metrics,
+            init.joiner(),
+        )
+    }
+
     fn subscribe(subscribers: &Subscribers, app: &str) -> mpsc::UnboundedReceiver<PodEvent> {
         let (tx, rx) = mpsc::unbounded_channel();
         let subscriber = Subscriber {
@@ -1030,15 +1053,12 @@ mod tests {
         let (sim, _api) = cluster_with(&[("a", 1)]).await;
         sim.hold_list_responses();
         let init = Initialize::new();
-        let watches = PodWatches::new(
-            sim.try_client().expect("client"),
+        let watches = watches_on(
+            &sim,
             Arc::new(ManualClock::starting_now()),
-            ResyncPace {
-                interval: Duration::from_secs(30),
-                pods_per_second: 100,
-            },
+            Duration::from_secs(30),
             Metrics::default(),
-            init.joiner(),
+            &init,
         );
         let _subscription = watches.subscribe_with_driver("default", "a", None);
         let ready = init.into_ready();
@@ -1233,16 +1253,7 @@ mod tests {
         let clock = Arc::new(ManualClock::starting_now());
         let init = Initialize::new();
         let interval = Duration::from_secs(30);
-        let watches = PodWatches::new(
-            sim.try_client().expect("client"),
-            clock.clone(),
-            ResyncPace {
-                interval,
-                pods_per_second: 100,
-            },
-            Metrics::default(),
-            init.joiner(),
-        );
+        let watches = watches_on(&sim, clock.clone(), interval, Metrics::default(), &init);
         let mut subscription = watches.subscribe_with_driver("default", "a", None);
         let first = next_event("first listing", &mut subscription.events, |_| false).await;
         let both = vec!["a-exec-1".to_string(), "a-exec-2".to_string()];
@@ -1329,16 +1340,7 @@ mod tests {
         let init = Initialize::new();
         let interval = Duration::from_secs(1);
         let metrics = Metrics::default();
-        let watches = PodWatches::new(
-            sim.try_client().expect("client"),
-            clock.clone(),
-            ResyncPace {
-                interval,
-                pods_per_second: 100,
-            },
-            metrics.clone(),
-            init.joiner(),
-        );
+        let watches = watches_on(&sim, clock.clone(), interval, metrics.clone(), &init);
         let mut subscription = watches.subscribe_with_driver("default", "a", None);
         let first = next_event("first listing", &mut subscription.events, |_| false).await;
         assert_eq!(resynced(Some(first)).0.len(), 250);

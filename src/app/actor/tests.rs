@@ -213,6 +213,18 @@ impl Driven {
         assert_eq!(self.report().await.rounds, 1);
     }
 
+    /// Stop, asked while a round of two creates waits for its id record: the Stop waits
+    /// for that work.
+    async fn stopping_with_work_in_flight(&mut self) -> tokio::task::JoinHandle<()> {
+        self.first_round_answered().await;
+        self.set_target(2).await;
+        self.round_with_creates().await;
+        let handle = self.handle.clone();
+        let stopped = tokio::spawn(async move { handle.stop().await });
+        self.settle().await;
+        stopped
+    }
+
     /// The next work, which must be a round with creates waiting for an id record: the
     /// ids it creates and the id it records.
     async fn round_with_creates(&mut self) -> (Vec<u64>, Option<u64>) {
@@ -386,12 +398,7 @@ async fn the_driver_ending_deletes_the_executors_retries_and_forgets_after_the_g
 #[tokio::test]
 async fn stop_skips_unsent_creates_and_waits_for_the_work_in_flight() {
     let mut actor = Driven::start(None);
-    actor.first_round_answered().await;
-    actor.set_target(2).await;
-    actor.round_with_creates().await;
-    let handle = actor.handle.clone();
-    let stopped = tokio::spawn(async move { handle.stop().await });
-    actor.settle().await;
+    let stopped = actor.stopping_with_work_in_flight().await;
     assert!(actor.cancel.is_cancelled());
     assert!(!stopped.is_finished(), "the round's work is unanswered");
 
@@ -416,12 +423,7 @@ async fn stop_skips_unsent_creates_and_waits_for_the_work_in_flight() {
 #[tokio::test]
 async fn calls_made_while_the_actor_ends_find_the_application_gone_at_once() {
     let mut actor = Driven::start(None);
-    actor.first_round_answered().await;
-    actor.set_target(2).await;
-    actor.round_with_creates().await;
-    let handle = actor.handle.clone();
-    let stopped = tokio::spawn(async move { handle.stop().await });
-    actor.settle().await;
+    let stopped = actor.stopping_with_work_in_flight().await;
     assert!(!stopped.is_finished(), "the round's work is unanswered");
 
     // The work stays unanswered: the calls do not wait for it.
