@@ -272,7 +272,8 @@ fn stuck_container(pod: &Pod) -> Option<(String, Option<String>)> {
 /// earlier create of its round was refused as overloaded.
 pub fn create_failure_cause(err: &CreateError) -> Option<(Option<u16>, String, String)> {
     Some(match err {
-        CreateError::Cancelled | CreateError::Shed => return None,
+        // Not sent, and nothing wrong with the create: not the driver's failure to count.
+        CreateError::Cancelled | CreateError::Shed | CreateError::NotOwner(_) => return None,
         CreateError::IdNotRecorded(message) => (None, "IdNotRecorded".into(), message.clone()),
         CreateError::Kubernetes(kube::Error::Api(status)) => (
             Some(status.code),

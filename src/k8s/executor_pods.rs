@@ -12,13 +12,14 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{ApiClient, is_status};
+use super::client::{ApiClient, is_status, not_owner};
 use super::request::{is_transient, outcome_unknown};
 use super::{describe_error, labels};
 use crate::allocator::ExecutorId;
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
 };
+use crate::ha::NotOwner;
 use crate::metrics::Metrics;
 
 /// Why one executor pod was not created.
@@ -37,6 +38,21 @@ pub enum CreateError {
     /// overloaded (429, 5xx, no answer), so the rest of the round waits for a later one.
     #[error("not sent: the API server refused an earlier create of this round as overloaded")]
     Shed,
+    /// Not sent: this replica's fence refused it (the application's shard is not, or no
+    /// longer, owned here). An attempt refused after one went unanswered is not this: it
+    /// stays [`Self::Kubernetes`], as that one may have created the pod.
+    #[error("not sent: {0}")]
+    NotOwner(NotOwner),
+}
+
+impl CreateError {
+    /// The error of a create that had sent nothing yet when `err` stopped it.
+    fn before_sending(err: kube::Error) -> Self {
+        match not_owner(&err) {
+            Some(refused) => Self::NotOwner(refused.clone()),
+            None => Self::Kubernetes(err),
+        }
+    }
 }
 
 /// One executor to create: its pod and the claims created with it.
@@ -149,7 +165,7 @@ impl ExecutorPodClient {
                         () = shed.cancelled() => return (id, Err(CreateError::Shed)),
                         acquired = slot => match acquired {
                             Ok(in_flight) => in_flight,
-                            Err(err) => return (id, Err(CreateError::Kubernetes(err))),
+                            Err(err) => return (id, Err(CreateError::before_sending(err))),
                         }
                     };
                     if cancel.is_cancelled() {
@@ -161,7 +177,7 @@ impl ExecutorPodClient {
                     if !claims_owned_by_pod {
                         for claim in &claims {
                             if let Err(err) = self.create_claim(namespace, claim).await {
-                                return (id, Err(CreateError::Kubernetes(err)));
+                                return (id, Err(CreateError::before_sending(err)));
                             }
                         }
                     }
@@ -440,6 +456,81 @@ mod tests {
             claims: Vec::new(),
             claims_owned_by_pod: false,
         }
+    }
+
+    #[tokio::test]
+    async fn creates_queued_when_the_shard_lapses_are_not_sent_and_say_so() {
+        use crate::ha::claim::Ownership;
+        use crate::ha::shards::ShardMap;
+        use crate::ha::{Ownerships, ShardState};
+        use spark_pod_allocator_sim::{SimCluster, SimSettings};
+        use std::time::{Duration, Instant};
+        let sim = SimCluster::start(SimSettings::default())
+            .await
+            .expect("cluster");
+        let (state, rx) = tokio::sync::watch::channel(ShardState::Owned(Ownership {
+            epoch: 1,
+            valid_until: Instant::now() + Duration::from_secs(60),
+        }));
+        let ownerships = Ownerships::new(
+            ShardMap::new(1).expect("one shard"),
+            "a",
+            vec![rx],
+            vec![Arc::default()],
+        );
+        let fence = (ownerships
+            .fence("default", Duration::ZERO, Duration::ZERO)
+            .await)
+            .expect("owned");
+        let api = ApiClient::new(
+            sim.try_client().expect("client"),
+            crate::k8s::RateLimiter::new(1000, 1000),
+        );
+        // One create in flight: the other two wait for its place.
+        let pods = ExecutorPodClient::new(api, 1)
+            .for_application("default", "app")
+            .fenced(fence);
+        sim.hold_pod_creates();
+        let round = tokio::spawn(async move {
+            let cancel = CancellationToken::new();
+            pods.create_all("default", (1..=3).map(executor).collect(), &cancel)
+                .await
+        });
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while sim.held_pod_creates() < 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a create in flight");
+        state.send_replace(ShardState::NotOwned {
+            holder: None,
+            address: None,
+            error: Some("no renewal within ha.renew_deadline_ms".into()),
+        });
+        sim.release_pod_creates();
+        let mut answers = tokio::time::timeout(Duration::from_secs(10), round)
+            .await
+            .expect("answered")
+            .expect("joined");
+        answers.sort_by_key(|(id, _)| *id);
+        let sent = answers.iter().filter(|(_, r)| r.is_ok()).count();
+        let fenced: Vec<ExecutorId> = (answers.iter())
+            .filter(|(_, r)| matches!(r, Err(CreateError::NotOwner(_))))
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!((sent, fenced.len()), (1, 2), "{answers:?}");
+        assert_eq!(sim.objects("pods", "default").len(), 1);
+        let message = answers
+            .iter()
+            .find_map(|(_, r)| r.as_ref().err())
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            message.starts_with("not sent: this replica does not own shard 0"),
+            "{message}"
+        );
+        sim.shutdown().await;
     }
 
     #[tokio::test]

@@ -295,7 +295,7 @@ impl ApplicationActor {
 
     /// The outcome of a round's creates: forget the failed ones (a later round asks again,
     /// with new ids for creates sent; the ids of creates not sent are given back). When
-    /// every create sent failed (quota, invalid spec, outage, id record), the next round
+    /// every create sent failed (quota, invalid spec, outage, id record, shard not owned), the next round
     /// waits 2, 4, 8, … batch delays (at most a minute) instead of asking again every
     /// batch delay; and never before the longest Retry-After the API server sent.
     pub(super) fn record_creates(&mut self, results: CreateResults) {
@@ -337,7 +337,10 @@ impl ApplicationActor {
                 self.engine.claims.create_failed(id);
                 let unsent = matches!(
                     err,
-                    CreateError::Cancelled | CreateError::Shed | CreateError::IdNotRecorded(_)
+                    CreateError::Cancelled
+                        | CreateError::Shed
+                        | CreateError::IdNotRecorded(_)
+                        | CreateError::NotOwner(_)
                 );
                 if unsent {
                     not_sent.push(id);

@@ -349,6 +349,52 @@ async fn creates_all_refused_back_off_and_one_that_passes_ends_the_backoff() {
 }
 
 #[tokio::test]
+async fn creates_the_fence_refused_give_their_ids_back_and_are_no_create_failure() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(2).await;
+    assert_eq!(actor.round_with_creates().await.0, vec![1, 2]);
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
+    actor.upkeep_answered();
+    let lapsed = || {
+        CreateError::NotOwner(crate::ha::NotOwner {
+            shard: crate::ha::shards::Shard(0),
+            holder: None,
+            error: Some("no renewal within ha.renew_deadline_ms".into()),
+        })
+    };
+    actor.answer(WorkDone::Created(vec![
+        (ExecutorId(1), Err(lapsed())),
+        (ExecutorId(2), Err(lapsed())),
+    ]));
+    let report = actor.report().await;
+    assert_eq!(profile0(&report), (0, 0, 0));
+    assert!(
+        report.create_failures.is_empty(),
+        "a driver must not count a lost Lease as pod creation failures: {:?}",
+        report.create_failures
+    );
+    let backoff = START.plus(Duration::from_secs(2));
+    assert_eq!(
+        report.backoff_until,
+        Some(backoff),
+        "no spinning while not owner"
+    );
+
+    // Nothing was sent: the same ids go out again (recorded already), and none counts
+    // against max_executors.
+    actor.advance(Duration::from_secs(2));
+    match actor.next_work().await {
+        Work::Round { upkeep, creates } => {
+            let ids: Vec<u64> = creates.iter().map(|c| c.id.0).collect();
+            assert_eq!(ids, vec![1, 2]);
+            assert_eq!(upkeep.and_then(|u| u.record), None);
+        }
+        other => panic!("not a round: {other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn the_driver_ending_deletes_the_executors_retries_and_forgets_after_the_grace() {
     let mut actor = Driven::start(Some(DriverLife {
         pod_name: "app-driver".into(),
