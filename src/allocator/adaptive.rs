@@ -15,9 +15,22 @@
 //! The target, `max_pending_pods` and every other rule bound a round as under SPARK.
 //! While the window holds rounds back they come ten times per batch delay (the engine's
 //! `window_bound`), so the window is refilled as its pods are seen.
+//!
+//! The window counts requests until their pods are seen; it says nothing of where they
+//! wait. When the API server answers more slowly than the window grows (no 429, only
+//! latency), requests would pile up unanswered in the service, each holding its pod, and
+//! only a lost Lease or Stop would drop them. So the requests unanswered at once are
+//! also bounded by twice what the API server answered in the last
+//! [`CEILING_BATCH_DELAYS`] batch delays, and a batch: the service holds no more than
+//! about four batch delays of the server's measured pace, whatever client rate it is
+//! allowed.
 
 /// The ceiling covers the creates the service's rate allows in this many batch delays.
 pub const CEILING_BATCH_DELAYS: u64 = 2;
+
+use std::collections::VecDeque;
+
+use crate::time::Timestamp;
 
 /// Why the API server refused a create, as far as the window cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +80,9 @@ pub struct CreateWindow {
     accepted_past_threshold: u64,
     /// Executors Running when the window last grew: growth needs pods to start.
     running_at_growth: u64,
+    /// Creates answered (accepted or refused), by when, over the last `pace_span_ms`.
+    answers: VecDeque<(Timestamp, u64)>,
+    pace_span_ms: i64,
 }
 
 impl CreateWindow {
@@ -87,7 +103,21 @@ impl CreateWindow {
             threshold: ceiling,
             accepted_past_threshold: 0,
             running_at_growth: 0,
+            answers: VecDeque::new(),
+            pace_span_ms: batch_delay_ms.saturating_mul(CEILING_BATCH_DELAYS as i64),
         }
+    }
+
+    /// How many requests may wait for an answer at once at `now`: twice the creates the
+    /// API server answered in the last [`CEILING_BATCH_DELAYS`] batch delays, and a
+    /// batch. Twice, so that while the server keeps up the window may still double each
+    /// round; so at most about twice that span of the server's pace waits.
+    pub fn unanswered_limit(&self, now: Timestamp) -> u64 {
+        let recent = (self.answers.iter())
+            .filter(|(at, _)| now.millis_since(*at) < self.pace_span_ms)
+            .map(|(_, n)| n)
+            .fold(0u64, |sum, n| sum.saturating_add(*n));
+        recent.saturating_mul(2).saturating_add(self.floor)
     }
 
     /// Requests that may be sent and not yet seen at once.
@@ -104,7 +134,22 @@ impl CreateWindow {
     /// Running and `pending` those seen Pending (unknown to the driver) as of the last
     /// round: the window grows only while pods start (more Running than at the last
     /// growth, or fewer pending than the window).
-    pub fn answered(&mut self, outcomes: &CreateOutcomes, running: u64, pending: u64) {
+    pub fn answered(
+        &mut self,
+        outcomes: &CreateOutcomes,
+        running: u64,
+        pending: u64,
+        now: Timestamp,
+    ) {
+        let answers = u64::from(outcomes.accepted) + outcomes.refused.len() as u64;
+        while (self.answers.front())
+            .is_some_and(|(at, _)| now.millis_since(*at) >= self.pace_span_ms)
+        {
+            self.answers.pop_front();
+        }
+        if answers > 0 {
+            self.answers.push_back((now, answers));
+        }
         if outcomes.refused.contains(&CreateRefusal::QuotaExceeded) {
             self.size = self.floor;
             return;

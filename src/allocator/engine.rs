@@ -242,10 +242,10 @@ impl Allocator {
     /// The answers to a round's creates (accepted and refused by cause): under ADAPTIVE
     /// they grow or shrink the window; under SPARK they change nothing. Failed requests
     /// are forgotten by [`Self::create_failed`] as before.
-    pub fn creates_answered(&mut self, outcomes: &CreateOutcomes) {
+    pub fn creates_answered(&mut self, outcomes: &CreateOutcomes, now: Timestamp) {
         if self.settings.policy == AllocationPolicy::Adaptive {
             self.window
-                .answered(outcomes, self.running, self.unknown_pending);
+                .answered(outcomes, self.running, self.unknown_pending, now);
         }
     }
 
@@ -637,7 +637,13 @@ impl Allocator {
             .min(budget_left);
         let per_round = if self.settings.policy == AllocationPolicy::Adaptive {
             let unseen = self.newly_created.len() as u64;
-            let room = self.window.size().saturating_sub(unseen);
+            let unanswered = self
+                .newly_created
+                .values()
+                .filter(|nc| nc.unanswered)
+                .count();
+            let room = (self.window.size().saturating_sub(unseen))
+                .min((self.window.unanswered_limit(now)).saturating_sub(unanswered as u64));
             let lacking: u64 = (askers.iter())
                 .map(|(index, count)| {
                     let tally = &tallies[*index];

@@ -122,7 +122,7 @@ fn the_window_doubles_to_its_ceiling_and_backs_off() {
     let mut window = CreateWindow::new(10, 1000, 50);
     assert_eq!((window.size(), window.ceiling()), (10, 100));
     for (step, outcome, running, pending, expected) in steps {
-        window.answered(&outcome, running, pending);
+        window.answered(&outcome, running, pending, secs(0));
         assert_eq!(window.size(), expected, "{step}");
     }
 }
@@ -134,7 +134,7 @@ fn after_an_overload_the_window_doubles_up_to_the_halved_size_then_grows_by_a_ba
     let mut sizes = Vec::new();
     let mut answer = |window: &mut CreateWindow, outcome: CreateOutcomes| {
         let running = sizes.len() as u64 + 1;
-        window.answered(&outcome, running, 0);
+        window.answered(&outcome, running, 0, secs(0));
         sizes.push(window.size());
     };
     // Slow start: each create accepted adds one, however many answers carry them.
@@ -175,7 +175,7 @@ fn rounds_ask_while_requests_are_unseen_up_to_the_window() {
     a.set_create_rate(50);
     let plan = a.round(snapshot(&[]), secs(0));
     assert_eq!(creates(&plan), (1..=10).map(|i| (i, 0)).collect::<Vec<_>>());
-    a.creates_answered(&accepted(10));
+    a.creates_answered(&accepted(10), secs(0));
     assert_eq!(a.create_window().size(), 20);
     // Unlike SPARK, unseen requests do not block the profile; the window bounds them.
     let plan = a.round(no_snapshot(), secs(1));
@@ -183,7 +183,7 @@ fn rounds_ask_while_requests_are_unseen_up_to_the_window() {
         creates(&plan),
         (11..=20).map(|i| (i, 0)).collect::<Vec<_>>()
     );
-    a.creates_answered(&accepted(10));
+    a.creates_answered(&accepted(10), secs(1));
     assert_eq!(a.create_window().size(), 30);
     // All 20 seen Pending: none unseen, a whole window of 30 may go.
     let pods: Vec<_> = (1..=20).map(|i| pending(i, 0, 1)).collect();
@@ -214,7 +214,7 @@ fn a_round_is_window_bound_only_when_the_window_holds_back_what_the_target_wants
         let pods: Vec<_> = (1..=seen).map(|i| pending(i, 0, 1)).collect();
         if seen > 0 {
             a.round(snapshot(&[]), secs(0));
-            a.creates_answered(&accepted(10));
+            a.creates_answered(&accepted(10), secs(0));
         }
         let plan = a.round(snapshot(&pods), secs(1));
         assert_eq!(plan.window_bound, expected, "{case}");
@@ -237,7 +237,7 @@ fn rounds_stay_within_target_and_max_pending_pods() {
         a.set_create_rate(50);
         for _ in 0..answers {
             let whole_window = u32::try_from(a.create_window().size()).expect("small");
-            a.creates_answered(&accepted(whole_window));
+            a.creates_answered(&accepted(whole_window), secs(0));
         }
         let plan = a.round(snapshot(&[]), secs(0));
         assert_eq!(creates(&plan).len(), expected, "{case}");
@@ -249,7 +249,7 @@ fn spark_policy_ignores_answers_and_keeps_one_batch_per_round() {
     let mut a = allocator(settings(), &[(0, 100)]);
     a.set_create_rate(50);
     for _ in 0..5 {
-        a.creates_answered(&accepted(10));
+        a.creates_answered(&accepted(10), secs(0));
     }
     assert_eq!(a.create_window().size(), 10);
     let plan = a.round(snapshot(&[]), secs(0));
@@ -267,7 +267,7 @@ fn failed_creates_free_the_window_with_new_ids_never_reused() {
     for (id, _) in &plan.creates {
         a.create_failed(*id);
     }
-    a.creates_answered(&refused(0, &[CreateRefusal::Throttled; 10]));
+    a.creates_answered(&refused(0, &[CreateRefusal::Throttled; 10]), secs(0));
     assert_eq!(a.create_window().size(), 10);
     let plan = a.round(no_snapshot(), secs(1));
     assert_eq!(
@@ -306,4 +306,77 @@ fn creation_timeout_and_downscale_keep_their_rules() {
     for id in 11..=15 {
         assert!(a.is_deleted(ExecutorId(id)), "{id}");
     }
+}
+
+#[test]
+fn requests_left_unanswered_are_bounded_by_what_the_server_answered_lately() {
+    // batch 10, 1 s delay: twice the answers of the last 2 s, and a batch.
+    let mut window = CreateWindow::new(10, 1000, 100_000);
+    assert_eq!(
+        window.unanswered_limit(secs(0)),
+        10,
+        "no answer yet: a batch"
+    );
+    window.answered(&accepted(30), 1, 0, secs(0));
+    window.answered(&refused(5, &[CreateRefusal::Throttled; 5]), 2, 0, secs(1));
+    assert_eq!(window.unanswered_limit(secs(1)), 90);
+    assert_eq!(
+        window.unanswered_limit(secs(2)),
+        30,
+        "the first 30 are 2 s old"
+    );
+    assert_eq!(window.unanswered_limit(secs(3)), 10);
+}
+
+#[test]
+fn a_server_slower_than_the_window_gets_no_more_creates_than_its_pace() {
+    let mut a = allocator(adaptive(10, None), &[(0, 100_000)]);
+    // A lifted client rate: the window's ceiling is far away.
+    a.set_create_rate(100_000);
+    let answer = |a: &mut Allocator, from: u64, to: u64, at: Timestamp| {
+        for id in from..=to {
+            a.create_accepted(ExecutorId(id), at);
+        }
+        let n = u32::try_from(to + 1 - from).expect("small");
+        a.creates_answered(&accepted(n), at);
+    };
+    let sent = |a: &mut Allocator, plan: &RoundPlan| {
+        a.creates_sent(plan.creates.iter().map(|(id, _)| *id));
+        plan.creates
+            .iter()
+            .map(|(id, _)| id.0)
+            .collect::<Vec<u64>>()
+    };
+    let seen = |to: u64| (1..=to).map(|i| pending(i, 0, 1)).collect::<Vec<_>>();
+    let ids = |from: u64, to: u64| (from..=to).collect::<Vec<u64>>();
+    // While the server keeps up, the window's slow start: 10, 10, 30, 60.
+    let plan = a.round(snapshot(&[]), secs(0));
+    assert_eq!(sent(&mut a, &plan), ids(1, 10));
+    let plan = a.round(no_snapshot(), Timestamp(100));
+    assert!(
+        plan.creates.is_empty(),
+        "a batch unanswered is all that may wait"
+    );
+    assert!(plan.window_bound, "the actor comes back soon");
+    answer(&mut a, 1, 10, Timestamp(500));
+    let plan = a.round(no_snapshot(), Timestamp(500));
+    assert_eq!(sent(&mut a, &plan), ids(11, 20));
+    answer(&mut a, 11, 20, secs(1));
+    let plan = a.round(snapshot(&seen(20)), secs(1));
+    assert_eq!(sent(&mut a, &plan), ids(21, 50));
+    answer(&mut a, 21, 50, Timestamp(1500));
+    let plan = a.round(snapshot(&seen(50)), Timestamp(1500));
+    assert_eq!(sent(&mut a, &plan), ids(51, 110));
+    // Then the server slows down: 2.5 s later it has answered 10 of the 60, seen at
+    // once. The window (grown to 70) has room for 20 more; the 50 unanswered are more
+    // than twice the 10 answered lately and a batch: nothing more is sent.
+    answer(&mut a, 51, 60, secs(4));
+    assert_eq!(a.create_window().size(), 70);
+    let plan = a.round(snapshot(&seen(60)), secs(4));
+    assert!(plan.creates.is_empty(), "{:?}", creates(&plan));
+    assert!(plan.window_bound);
+    // It answers the rest: rounds go on.
+    answer(&mut a, 61, 110, secs(5));
+    let plan = a.round(snapshot(&seen(110)), secs(5));
+    assert!(!sent(&mut a, &plan).is_empty());
 }

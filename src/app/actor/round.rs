@@ -360,7 +360,7 @@ impl ApplicationActor {
         let allocator = &mut self.engine.allocator;
         // No id is spent on a create that was not sent.
         allocator.creates_not_sent(&not_sent);
-        allocator.creates_answered(&outcomes);
+        allocator.creates_answered(&outcomes, now);
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
             self.schedule.creates_went_through();
