@@ -25,12 +25,12 @@
 //! about four batch delays of the server's measured pace, whatever client rate it is
 //! allowed.
 
-/// The ceiling covers the creates the service's rate allows in this many batch delays.
-pub const CEILING_BATCH_DELAYS: u64 = 2;
-
 use std::collections::VecDeque;
 
 use crate::time::Timestamp;
+
+/// The ceiling covers the creates the service's rate allows in this many batch delays.
+pub const CEILING_BATCH_DELAYS: u64 = 2;
 
 /// Why the API server refused a create, as far as the window cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +82,7 @@ pub struct CreateWindow {
     running_at_growth: u64,
     /// Creates answered (accepted or refused), by when, over the last `pace_span_ms`.
     answers: VecDeque<(Timestamp, u64)>,
+    /// How far back answers count: [`CEILING_BATCH_DELAYS`] batch delays.
     pace_span_ms: i64,
 }
 
