@@ -295,9 +295,10 @@ impl ApplicationActor {
 
     /// The outcome of a round's creates: forget the failed ones (a later round asks again,
     /// with new ids for creates sent; the ids of creates not sent are given back). When
-    /// every create sent failed (quota, invalid spec, outage, id record, shard not owned), the next round
-    /// waits 2, 4, 8, … batch delays (at most a minute) instead of asking again every
-    /// batch delay; and never before the longest Retry-After the API server sent.
+    /// every create sent failed (quota, invalid spec, outage, id record, shard not owned),
+    /// the next round waits 2, 4, 8, … batch delays (at most a minute) instead of asking
+    /// again every batch delay; and never before the longest Retry-After the API server
+    /// sent.
     pub(super) fn record_creates(&mut self, results: CreateResults) {
         let requested = results.len();
         let mut failed = 0usize;
