@@ -398,7 +398,11 @@ fn peer_settings(settings: &mut Settings, bound: SocketAddr) -> anyhow::Result<P
     settings
         .ha
         .resolve_advertise_address(std::env::var("POD_IP").ok(), bound);
-    let peers = PeerSettings::load(&settings.ha).map_err(anyhow::Error::msg)?;
+    let peers = PeerSettings {
+        streams_per_connection: settings.grpc.max_concurrent_streams,
+        streams_per_identity: settings.tenants.max_watch_streams_per_identity,
+        ..PeerSettings::load(&settings.ha).map_err(anyhow::Error::msg)?
+    };
     if settings.tls.enabled()
         && peers.ca_pem.is_none()
         && settings.ha.advertise_address.take().is_some()

@@ -31,7 +31,9 @@ use tonic::transport::Channel;
 const AUDIENCE: &str = "spark-pod-allocator";
 const ALICE: &str = "system:serviceaccount:team-a:alice";
 const MALLORY: &str = "system:serviceaccount:team-a:mallory";
+const BOB: &str = "system:serviceaccount:team-b:bob";
 const NS: &str = "team-a";
+const NS_B: &str = "team-b";
 const APP: &str = "app-forwarded";
 
 fn token(token: &str, username: &str) -> SimToken {
@@ -51,15 +53,20 @@ fn cluster() -> SimSettings {
         token("alice-token", ALICE),
         token("mallory-token", MALLORY),
         token("eve-token", "eve"),
+        token("bob-token", BOB),
     ];
-    settings.access.grants = vec![SimGrant {
-        users: vec![ALICE.into(), MALLORY.into()],
+    let pods = |users: Vec<String>, namespace: &str| SimGrant {
+        users,
         groups: Vec::new(),
-        namespaces: vec![NS.into()],
+        namespaces: vec![namespace.into()],
         verbs: vec!["create".into(), "delete".into(), "list".into()],
         resources: vec!["pods".into()],
         names: Vec::new(),
-    }];
+    };
+    settings.access.grants = vec![
+        pods(vec![ALICE.into(), MALLORY.into()], NS),
+        pods(vec![BOB.into()], NS_B),
+    ];
     settings
 }
 
@@ -313,6 +320,124 @@ async fn forwards_go_over_tls_only_to_a_peer_whose_certificate_the_replica_trust
     for service in [c, b, a] {
         service.shutdown().await.expect("the replica stops");
     }
+}
+
+/// The attack of issue 37: one tenant fills the forwarding replica's connection to the owner
+/// with WatchExecutors streams (more than the owner serves on one connection). Another
+/// tenant's calls and streams through the same replica are still answered at once: each
+/// identity's forwards have connections of their own, its unary calls apart from its
+/// streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_streams_through_a_replica_never_delay_another_tenants_calls() {
+    const STREAMS: usize = 40;
+    const CALLS: usize = 200;
+    let sim = SimCluster::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+    let (a, _) = replica(&sim, &clock, "replica-a", None).await;
+    until("replica-a holds the shard", || async {
+        holder(&sim).await.as_deref() == Some("replica-a")
+    })
+    .await;
+    let (b, _) = replica(&sim, &clock, "replica-b", None).await;
+    let mut bob = client_of(&b).await;
+    let started = bob
+        .start(as_caller("bob-token", start_request("app-bob", NS_B)))
+        .await
+        .expect("bob's Start through replica-b");
+    assert_eq!(answered_by(started.metadata()), Some("replica-a"));
+    client_of(&b)
+        .await
+        .start(as_caller("alice-token", start_request(APP, NS)))
+        .await
+        .expect("alice's Start through replica-b");
+
+    // Alice's streams, over connections of her own to replica-b (each carries at most
+    // `grpc.max_concurrent_streams` = 32), all forwarded to replica-a.
+    let (synced_tx, mut synced) = tokio::sync::mpsc::unbounded_channel();
+    let mut held = Vec::new();
+    for connection in 0..2 {
+        let alice = client_of(&b).await;
+        for _ in 0..STREAMS / 2 {
+            let mut alice = alice.clone();
+            let synced_tx = synced_tx.clone();
+            held.push(tokio::spawn(async move {
+                let mut events = alice
+                    .watch_executors(as_caller("alice-token", watch_request(APP, 0)))
+                    .await
+                    .expect("alice's stream through replica-b")
+                    .into_inner();
+                until_event(&mut events, "the owner's first full state", |event| {
+                    event.kind == proto::ExecutorEventKind::Synced as i32
+                })
+                .await;
+                let _ = synced_tx.send(connection);
+                // Held open until the test ends.
+                while events.message().await.ok().flatten().is_some() {}
+            }));
+        }
+    }
+    drop(synced_tx);
+    // As many as the owner serves on one connection are open at the owner.
+    for _ in 0..32 {
+        synced.recv().await.expect("a stream of alice's synced");
+    }
+
+    // Bob's unary calls through replica-b, each with a deadline far above an answer's.
+    let mut latencies = Vec::with_capacity(CALLS);
+    for call in 0..CALLS {
+        let began = std::time::Instant::now();
+        let answer = if call % 2 == 0 {
+            let mut request = as_caller("bob-token", status_request("app-bob"));
+            request.set_timeout(std::time::Duration::from_secs(3));
+            bob.get_status(request).await.map(|r| r.metadata().clone())
+        } else {
+            let mut request = as_caller("bob-token", targets_request("app-bob", 1));
+            request.set_timeout(std::time::Duration::from_secs(3));
+            bob.set_total_expected(request)
+                .await
+                .map(|r| r.metadata().clone())
+        };
+        let metadata = answer.unwrap_or_else(|status| {
+            panic!("bob's call {call} through replica-b while alice's streams are open: {status:?}")
+        });
+        assert_eq!(answered_by(&metadata), Some("replica-a"));
+        latencies.push(began.elapsed());
+    }
+    latencies.sort();
+    let p99 = latencies[CALLS * 99 / 100 - 1];
+    println!(
+        "bob's {CALLS} forwarded calls beside alice's {STREAMS} streams: median {:?}, p99 {p99:?}, max {:?}",
+        latencies[CALLS / 2],
+        latencies[CALLS - 1]
+    );
+    assert!(
+        p99 < std::time::Duration::from_millis(100),
+        "p99 {p99:?} of bob's forwarded calls"
+    );
+
+    // Bob's own stream through replica-b opens at once too.
+    let mut bobs_events = bob
+        .watch_executors(as_caller("bob-token", watch_request("app-bob", 0)))
+        .await
+        .expect("bob's stream through replica-b")
+        .into_inner();
+    until_event(&mut bobs_events, "bob's first full state", |event| {
+        event.kind == proto::ExecutorEventKind::Synced as i32
+    })
+    .await;
+    // And every one of alice's streams is open: hers spread over connections of her own.
+    for _ in 32..STREAMS {
+        synced.recv().await.expect("a stream of alice's synced");
+    }
+
+    for stream in held {
+        stream.abort();
+    }
+    drop(bobs_events);
+    b.shutdown().await.expect("replica-b stops");
+    a.shutdown().await.expect("replica-a stops");
 }
 
 fn app_id() -> spark_pod_allocator::app::AppId {

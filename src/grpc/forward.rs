@@ -8,8 +8,17 @@
 //! answer; with one shard, there is one). A forward carries the caller's own credentials
 //! (its `authorization` metadata), which the owner verifies again: no replica takes
 //! another's word for who is calling. A forwarded call is never forwarded again.
+//!
+//! A peer serves `grpc.max_concurrent_streams` calls at once on one connection, and a
+//! call past that waits for a slot. So forwards never share a connection across caller
+//! identities, nor a tenant's streams with its unary calls: each identity has, to each
+//! peer, one connection for its unary calls and as many for its WatchExecutors streams
+//! as they fill ([`Lanes`]). One tenant's streams or calls then only ever wait behind its
+//! own, and its forwarded streams through one replica are bounded by
+//! `tenants.max_watch_streams_per_identity`, as the owner bounds them.
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,8 +44,9 @@ const FORWARDED_METADATA: [&str; 2] = ["authorization", super::server::REQUEST_I
 /// saves asking the owners in turn).
 const ROUTES_CAPACITY: usize = 10_000;
 
-/// Peers' channels kept at once.
-const PEER_CHANNELS: usize = 64;
+/// Unary lanes (one identity's connection to one peer) kept at once; past it they start
+/// afresh (each connects again on its next call; calls under way finish on theirs).
+const UNARY_LANES: usize = 1024;
 
 /// Deadline of a forwarded unary call, and of connecting to a peer.
 pub const UNARY_DEADLINE: Duration = Duration::from_secs(30);
@@ -50,12 +60,30 @@ pub const FIRST_TURN_WAIT: Duration = Duration::from_secs(10);
 const LEASE_RETRY_WAIT: Duration = Duration::from_secs(2);
 
 /// How the replicas reach each other.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PeerSettings {
     /// PEM CA of the peers' certificates: forwards go over TLS (`ha.peer_ca_file`).
     pub ca_pem: Option<Vec<u8>>,
     /// The name the peers' certificates are verified for (`ha.peer_server_name`).
     pub server_name: Option<String>,
+    /// Streams a peer serves at once on one connection: the replicas share the
+    /// configuration, so this replica's `grpc.max_concurrent_streams`.
+    pub streams_per_connection: u32,
+    /// Forwarded WatchExecutors streams one identity may hold through this replica
+    /// (`tenants.max_watch_streams_per_identity`).
+    pub streams_per_identity: usize,
+}
+
+impl Default for PeerSettings {
+    fn default() -> Self {
+        Self {
+            ca_pem: None,
+            server_name: None,
+            streams_per_connection: super::limits::ServerLimits::default().max_concurrent_streams,
+            streams_per_identity: crate::app::TenantLimits::default()
+                .max_watch_streams_per_identity,
+        }
+    }
 }
 
 impl PeerSettings {
@@ -71,14 +99,19 @@ impl PeerSettings {
         Ok(Self {
             ca_pem,
             server_name: ha.peer_server_name.clone(),
+            ..Self::default()
         })
     }
 }
 
-/// One call to forward: which, for which application, to whom, with what deadline.
+/// One call to forward: which, for which application and caller, to whom, with what
+/// deadline.
 pub struct Forward<'a> {
     pub method: &'static str,
     pub app: &'a str,
+    /// Who is calling (its authenticated user; empty when nobody is authenticated): its
+    /// forwards take their own connections.
+    pub identity: &'a str,
     /// The replicas to ask in turn.
     pub peers: Vec<Peer>,
     /// A shard nobody reachable owns now (the application may be there).
@@ -113,7 +146,7 @@ struct Inner {
     ownerships: Ownerships,
     peers: PeerSettings,
     metrics: Metrics,
-    channels: Mutex<HashMap<String, Channel>>,
+    lanes: Mutex<Lanes>,
     /// Per application, the replica that answered for it last.
     routes: Mutex<HashMap<String, Peer>>,
 }
@@ -139,7 +172,7 @@ impl Forwarder {
                 ownerships,
                 peers,
                 metrics,
-                channels: Mutex::new(HashMap::new()),
+                lanes: Mutex::new(Lanes::default()),
                 routes: Mutex::new(HashMap::new()),
             })),
         }
@@ -214,6 +247,7 @@ impl Forwarder {
         let Forward {
             method,
             app,
+            identity,
             peers,
             unowned,
             deadline,
@@ -224,24 +258,36 @@ impl Forwarder {
         let mut unowned = unowned;
         let mut not_found = None;
         for peer in peers {
-            let client = match inner.client(&peer.address) {
-                Ok(client) => client,
-                Err(why) => {
+            // A stream (no deadline) holds a slot of its lane for as long as it lasts.
+            let lane = match deadline {
+                Some(_) => inner.unary_lane(&peer.address, identity),
+                None => inner.stream_lane(&peer.address, identity),
+            };
+            let (channel, slot) = match lane {
+                Ok(lane) => lane,
+                Err(LaneError::Unreachable(why)) => {
                     inner.metrics.forwarded(method, "UNAVAILABLE");
                     unowned.get_or_insert(why);
                     continue;
+                }
+                Err(LaneError::Exhausted(status)) => {
+                    inner.metrics.forwarded(method, "RESOURCE_EXHAUSTED");
+                    return Err(status);
                 }
             };
             let mut request = inner.request(metadata, message.clone());
             if let Some(deadline) = deadline {
                 request.set_timeout(deadline);
             }
-            match call(client, request).await {
+            match call(ExecutorAllocatorClient::new(channel), request).await {
                 Ok(reply) => {
                     inner.metrics.forwarded(method, "OK");
                     inner.remember(app, &peer);
                     let mut reply = reply;
                     mark_answered_by(reply.metadata_mut(), &peer);
+                    if let Some(slot) = slot {
+                        reply.extensions_mut().insert(slot);
+                    }
                     return Ok(reply);
                 }
                 Err(status) => {
@@ -287,20 +333,132 @@ enum Outcome {
     Unreachable(String),
 }
 
+/// The connections forwards take, per peer and caller identity.
+#[derive(Default)]
+struct Lanes {
+    unary: HashMap<LaneKey, Channel>,
+    streams: HashMap<LaneKey, Vec<StreamConnection>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LaneKey {
+    address: String,
+    identity: String,
+}
+
+/// One connection of an identity's streams to a peer, and how many of them it carries.
+struct StreamConnection {
+    channel: Channel,
+    open: Arc<AtomicUsize>,
+}
+
+/// A forwarded stream's place on its connection, given back when the last clone drops
+/// (the stream ended). It rides in the forwarded response's extensions.
+#[derive(Clone)]
+pub struct StreamSlot {
+    _guard: Arc<SlotGuard>,
+}
+
+struct SlotGuard(Arc<AtomicUsize>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+enum LaneError {
+    /// The peer's address or TLS is not usable.
+    Unreachable(String),
+    /// The identity holds as many forwarded streams as it may.
+    Exhausted(Status),
+}
+
 impl Inner {
-    fn client(&self, address: &str) -> Result<ExecutorAllocatorClient<Channel>, String> {
-        let mut channels = lock(&self.channels);
-        if let Some(channel) = channels.get(address) {
-            return Ok(ExecutorAllocatorClient::new(channel.clone()));
+    /// The connection of `identity`'s unary calls to the peer at `address`.
+    fn unary_lane(
+        &self,
+        address: &str,
+        identity: &str,
+    ) -> Result<(Channel, Option<StreamSlot>), LaneError> {
+        let key = LaneKey {
+            address: address.to_string(),
+            identity: identity.to_string(),
+        };
+        let mut lanes = lock(&self.lanes);
+        if let Some(channel) = lanes.unary.get(&key) {
+            return Ok((channel.clone(), None));
         }
-        let channel = self.connect(address)?;
-        // Replicas come and go with new pod IPs: past a bound, the channels start afresh
-        // (each connects again on its next call).
-        if channels.len() >= PEER_CHANNELS {
-            channels.clear();
+        let channel = self.connect(address).map_err(LaneError::Unreachable)?;
+        // Identities and replicas (new pod IPs) come and go: past a bound, the lanes start
+        // afresh.
+        if lanes.unary.len() >= UNARY_LANES {
+            lanes.unary.clear();
         }
-        channels.insert(address.to_string(), channel.clone());
-        Ok(ExecutorAllocatorClient::new(channel))
+        lanes.unary.insert(key, channel.clone());
+        Ok((channel, None))
+    }
+
+    /// A connection of `identity`'s streams to the peer at `address` with a free slot (a
+    /// new one when all are full), and the slot; RESOURCE_EXHAUSTED when the identity
+    /// holds `streams_per_identity` forwarded streams already.
+    fn stream_lane(
+        &self,
+        address: &str,
+        identity: &str,
+    ) -> Result<(Channel, Option<StreamSlot>), LaneError> {
+        let per_connection =
+            usize::try_from(self.peers.streams_per_connection.max(1)).unwrap_or(usize::MAX);
+        let mut lanes = lock(&self.lanes);
+        // Connections whose streams all ended are let go (their connection closes).
+        lanes.streams.retain(|_, connections| {
+            connections.retain(|c| c.open.load(Ordering::Acquire) > 0);
+            !connections.is_empty()
+        });
+        let held: usize = (lanes.streams.iter())
+            .filter(|(key, _)| key.identity == identity)
+            .flat_map(|(_, connections)| connections)
+            .map(|c| c.open.load(Ordering::Acquire))
+            .sum();
+        if held >= self.peers.streams_per_identity {
+            let who = if identity.is_empty() {
+                "this service's callers"
+            } else {
+                identity
+            };
+            return Err(LaneError::Exhausted(Status::resource_exhausted(format!(
+                "tenants.max_watch_streams_per_identity: {who} already holds {held} \
+                 WatchExecutors streams through this replica, the most it allows one \
+                 identity; close one first"
+            ))));
+        }
+        let key = LaneKey {
+            address: address.to_string(),
+            identity: identity.to_string(),
+        };
+        let connections = lanes.streams.entry(key).or_default();
+        let free = connections
+            .iter()
+            .find(|c| c.open.load(Ordering::Acquire) < per_connection);
+        let (channel, open) = match free {
+            Some(c) => (c.channel.clone(), Arc::clone(&c.open)),
+            None => {
+                let channel = self.connect(address).map_err(LaneError::Unreachable)?;
+                let open = Arc::new(AtomicUsize::new(0));
+                connections.push(StreamConnection {
+                    channel: channel.clone(),
+                    open: Arc::clone(&open),
+                });
+                (channel, open)
+            }
+        };
+        open.fetch_add(1, Ordering::AcqRel);
+        Ok((
+            channel,
+            Some(StreamSlot {
+                _guard: Arc::new(SlotGuard(open)),
+            }),
+        ))
     }
 
     fn connect(&self, address: &str) -> Result<Channel, String> {
@@ -474,6 +632,7 @@ mod tests {
         let forward = Forward {
             method: "GetStatus",
             app: "app-1",
+            identity: "alice",
             peers: vec![peer],
             unowned: None,
             deadline: Some(Duration::from_secs(5)),
@@ -534,5 +693,70 @@ mod tests {
                 .and_then(|v| v.to_str().ok()),
             Some("replica-b")
         );
+    }
+
+    #[tokio::test]
+    async fn each_identitys_streams_fill_connections_of_their_own_up_to_its_bound() {
+        let (_tx, rx) = watch::channel(ShardState::Unknown);
+        let ownerships = Ownerships::new(
+            ShardMap::new(1).expect("one shard"),
+            "replica-a",
+            vec![rx],
+            vec![Arc::default()],
+        );
+        let peers = PeerSettings {
+            streams_per_connection: 2,
+            streams_per_identity: 3,
+            ..PeerSettings::default()
+        };
+        let forwarder = Forwarder::new(ownerships, peers, Metrics::new());
+        let inner = forwarder.inner.as_ref().expect("forwarding on");
+        let peer = "127.0.0.1:1";
+        let slot = |identity: &str| match inner.stream_lane(peer, identity) {
+            Ok((_, Some(slot))) => Ok(slot),
+            Ok((_, None)) => panic!("a stream without a slot"),
+            Err(LaneError::Exhausted(status)) => Err(status),
+            Err(LaneError::Unreachable(why)) => panic!("{why}"),
+        };
+        let connections = |identity: &str| {
+            lock(&inner.lanes)
+                .streams
+                .get(&LaneKey {
+                    address: peer.into(),
+                    identity: identity.into(),
+                })
+                .map_or(0, Vec::len)
+        };
+        let mut alices: Vec<StreamSlot> = (0..3)
+            .map(|_| slot("alice").expect("within alice's bound"))
+            .collect();
+        assert_eq!(connections("alice"), 2, "two streams a connection");
+        let refused = slot("alice")
+            .err()
+            .expect("alice's fourth stream is refused");
+        assert_eq!(refused.code(), Code::ResourceExhausted);
+        assert!(
+            refused
+                .message()
+                .contains("tenants.max_watch_streams_per_identity"),
+            "{refused:?}"
+        );
+        // Another identity is not held by alice's streams, nor shares their connections.
+        let bob = slot("bob").expect("bob's stream");
+        assert_eq!(connections("bob"), 1);
+        // A stream that ends gives its place back.
+        alices.pop();
+        alices.push(slot("alice").expect("a place came free"));
+        // Connections whose streams all ended are let go.
+        alices.clear();
+        drop(bob);
+        let _carol = slot("carol").expect("carol's stream");
+        assert_eq!((connections("alice"), connections("bob")), (0, 0));
+
+        // Unary calls take one connection per identity, apart from its streams.
+        for identity in ["alice", "bob", "alice"] {
+            assert!(inner.unary_lane(peer, identity).is_ok());
+        }
+        assert_eq!(lock(&inner.lanes).unary.len(), 2);
     }
 }

@@ -84,11 +84,11 @@ impl AllocatorService {
     /// with `deadline` (none for a stream).
     async fn forwarded<M, R, F, Fut>(
         &self,
-        method: &'static str,
+        method: Method,
+        caller: &Caller,
         app: &AppId,
         metadata: &tonic::metadata::MetadataMap,
         message: &M,
-        deadline: Option<std::time::Duration>,
         call: F,
     ) -> Option<CallResult<R>>
     where
@@ -106,11 +106,12 @@ impl AllocatorService {
             Route::Unowned(why) => Some(Err(CallError::Owner(forward::unavailable(&why)))),
             Route::Peers { peers, unowned } => {
                 let forward = forward::Forward {
-                    method,
+                    method: method.name,
                     app: app.as_str(),
+                    identity: caller.user.as_deref().unwrap_or_default(),
                     peers,
                     unowned,
-                    deadline,
+                    deadline: method.deadline,
                 };
                 match self
                     .forwarder
@@ -197,10 +198,38 @@ impl AllocatorService {
     }
 }
 
-/// One open stream of an application's events: its actor's here, or its owner's.
+/// A method as forwarding sees it: its name, and the deadline of a unary call (none for a
+/// stream, which lasts as long as the owner's).
+#[derive(Clone, Copy)]
+struct Method {
+    name: &'static str,
+    deadline: Option<std::time::Duration>,
+}
+
+impl Method {
+    const fn unary(name: &'static str) -> Self {
+        Self {
+            name,
+            deadline: Some(forward::UNARY_DEADLINE),
+        }
+    }
+
+    const fn stream(name: &'static str) -> Self {
+        Self {
+            name,
+            deadline: None,
+        }
+    }
+}
+
+/// One open stream of an application's events: its actor's here, or its owner's (with
+/// its place on the forwarding connection, held while it lasts).
 enum Events {
     Here(crate::app::ExecutorEvents),
-    Owner(tonic::Streaming<proto::ExecutorEvent>),
+    Owner {
+        stream: tonic::Streaming<proto::ExecutorEvent>,
+        _slot: Option<forward::StreamSlot>,
+    },
 }
 
 /// What a WatchExecutors stream needs to be opened again elsewhere.
@@ -232,16 +261,21 @@ impl AllocatorService {
         };
         let forwarded = self
             .forwarded(
-                "WatchExecutors",
+                Method::stream("WatchExecutors"),
+                caller,
                 app,
                 metadata,
                 &message,
-                None,
                 |mut owner, r| async move { owner.watch_executors(r).await },
             )
             .await;
         if let Some(owner) = forwarded {
-            return Ok(Events::Owner(owner?.into_inner()));
+            let owner = owner?;
+            let slot = owner.extensions().get::<forward::StreamSlot>().cloned();
+            return Ok(Events::Owner {
+                stream: owner.into_inner(),
+                _slot: slot,
+            });
         }
         self.authorize(caller, app, Access::Read).await?;
         let events = self
@@ -286,7 +320,7 @@ impl AllocatorService {
                         }
                         moved
                     }
-                    Events::Owner(remote) => match remote.message().await {
+                    Events::Owner { stream: remote, .. } => match remote.message().await {
                         Ok(Some(event)) => {
                             watch.since = event.sequence;
                             yield Ok(event);
@@ -565,6 +599,7 @@ impl ExecutorAllocator for AllocatorService {
                 let forward = forward::Forward {
                     method: "Start",
                     app: &app_id,
+                    identity: caller.user.as_deref().unwrap_or_default(),
                     peers,
                     unowned,
                     deadline: Some(forward::UNARY_DEADLINE),
@@ -614,11 +649,11 @@ impl ExecutorAllocator for AllocatorService {
             let app = validate::application_id(&req.application_id)?;
             let forwarded = self
                 .forwarded(
-                    "SetTotalExpected",
+                    Method::unary("SetTotalExpected"),
+                    &caller,
                     &app,
                     &metadata,
                     &req,
-                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.set_total_expected(r).await },
                 )
                 .await;
@@ -654,11 +689,11 @@ impl ExecutorAllocator for AllocatorService {
             let (app, id) = validate::is_deleted(req)?;
             let forwarded = self
                 .forwarded(
-                    "IsDeleted",
+                    Method::unary("IsDeleted"),
+                    &caller,
                     &app,
                     &metadata,
                     &message,
-                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.is_deleted(r).await },
                 )
                 .await;
@@ -685,11 +720,11 @@ impl ExecutorAllocator for AllocatorService {
             let (app, ids) = validate::update_registered(req)?;
             let forwarded = self
                 .forwarded(
-                    "UpdateRegisteredExecutors",
+                    Method::unary("UpdateRegisteredExecutors"),
+                    &caller,
                     &app,
                     &metadata,
                     &message,
-                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.update_registered_executors(r).await },
                 )
                 .await;
@@ -715,11 +750,11 @@ impl ExecutorAllocator for AllocatorService {
             let app = validate::application_id(&app_id)?;
             let forwarded = self
                 .forwarded(
-                    "Stop",
+                    Method::unary("Stop"),
+                    &caller,
                     &app,
                     &metadata,
                     &req,
-                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.stop(r).await },
                 )
                 .await;
@@ -746,11 +781,11 @@ impl ExecutorAllocator for AllocatorService {
             let app = validate::application_id(&app_id)?;
             let forwarded = self
                 .forwarded(
-                    "GetStatus",
+                    Method::unary("GetStatus"),
+                    &caller,
                     &app,
                     &metadata,
                     &req,
-                    Some(forward::UNARY_DEADLINE),
                     |mut owner, r| async move { owner.get_status(r).await },
                 )
                 .await;
