@@ -749,7 +749,10 @@ mod tests {
         let f = file("toml", "[metrics]\nlisten = \"\"\n");
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         assert_eq!(s.metrics.listen, None);
-        assert!(!s.metrics.application_labels, "no application id by default");
+        assert!(
+            !s.metrics.application_labels,
+            "no application id by default"
+        );
         let f = file("toml", "[metrics]\napplication_labels = true\n");
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         assert!(s.metrics.application_labels);

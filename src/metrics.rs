@@ -666,7 +666,9 @@ impl Metrics {
                     }
                 }
                 let mut added = lock(added);
-                let before = added.insert(application.to_string(), sums).unwrap_or_default();
+                let before = added
+                    .insert(application.to_string(), sums)
+                    .unwrap_or_default();
                 self.add_to_sums(sums, before);
             }
         }

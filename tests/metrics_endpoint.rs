@@ -206,7 +206,9 @@ async fn only_the_operators_setting_puts_application_ids_in_the_scrape() {
     let dashboard: serde_json::Value =
         serde_json::from_str(&chart_file("dashboards/spark-pod-allocator.json"))
             .expect("dashboard JSON");
-    let variables = dashboard["templating"]["list"].as_array().expect("variables");
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables");
     let application = variables
         .iter()
         .find(|v| v["name"] == "application")
@@ -223,7 +225,8 @@ fn rpcs(method: &str, code: &str) -> String {
 }
 
 /// `metrics.application_labels` on, as an environment variable.
-const APPLICATION_LABELS: (&str, &str) = ("SPARK_POD_ALLOCATOR__METRICS__APPLICATION_LABELS", "true");
+const APPLICATION_LABELS: (&str, &str) =
+    ("SPARK_POD_ALLOCATOR__METRICS__APPLICATION_LABELS", "true");
 
 #[tokio::test]
 async fn a_scale_up_and_a_stop_read_back_from_metrics() {

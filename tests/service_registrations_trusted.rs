@@ -399,7 +399,11 @@ async fn a_registration_moved_to_another_namespaces_name_and_labels_is_refused()
             ("spark-app-selector", "moved"),
             (APPLICATION_NAMESPACE_LABEL, TEAM_A),
         ],
-        &[(REGISTRATION_KEY, json), (PROOF_KEY, proof), (PROOF_UID_KEY, uid)],
+        &[
+            (REGISTRATION_KEY, json),
+            (PROOF_KEY, proof),
+            (PROOF_UID_KEY, uid),
+        ],
     )
     .await;
 
@@ -623,7 +627,10 @@ async fn replicas_racing_for_the_signing_key_agree_on_one_secret() {
     assert_eq!(secret.type_.as_deref(), Some("Opaque"));
     assert_eq!(secret.data.expect("data")[KEY_DATA_KEY].0.len(), KEY_LEN);
     let (since_a, since_b) = (key_a.proofs_since(), key_b.proofs_since());
-    assert!(since_a.is_some() && since_a == since_b, "{since_a:?} {since_b:?}");
+    assert!(
+        since_a.is_some() && since_a == since_b,
+        "{since_a:?} {since_b:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

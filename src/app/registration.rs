@@ -479,7 +479,10 @@ mod tests {
     }
 
     fn key(byte: u8) -> SigningKey {
-        SigningKey::new(hmac::Key::new(hmac::HMAC_SHA256, &[byte; 32]), Some(since()))
+        SigningKey::new(
+            hmac::Key::new(hmac::HMAC_SHA256, &[byte; 32]),
+            Some(since()),
+        )
     }
 
     /// `stored` as an earlier version wrote it: signed over all but the uid, no proof.
@@ -546,7 +549,10 @@ mod tests {
             "unproven"
         );
         let no_marker = SigningKey::new(hmac::Key::new(hmac::HMAC_SHA256, &[1; 32]), None);
-        assert_eq!(open(&earlier, &no_marker, &all).unwrap_err().reason(), "unproven");
+        assert_eq!(
+            open(&earlier, &no_marker, &all).unwrap_err().reason(),
+            "unproven"
+        );
         assert_eq!(open(&earlier, &key(2), &all), Err(Refusal::BadSignature));
     }
 

@@ -48,8 +48,8 @@ pub const PROOF_UID_KEY: &str = "registration-uid";
 pub const SIGNATURE_KEY: &str = "registration-signature";
 
 /// ConfigMap in the service's namespace created by the first service that writes proofs:
-/// its `creationTimestamp` (the API server's clock) parts records an earlier version wrote
-/// (resumed, then proven) from those written back since (refused).
+/// its `creationTimestamp` (the API server's clock) tells the records an earlier version
+/// wrote (resumed, then proven) from copies of them written back since (refused).
 pub const PROOFS_MARKER: &str = "spark-pod-allocator.registration-proofs";
 
 /// Label of a registration's ConfigMap naming the application's namespace (the
@@ -250,12 +250,13 @@ impl RegistrationStore {
         self.key
             .get_or_try_init(|| async {
                 let key = self.read_or_create_key().await?;
-                let proofs_since = self.proofs_since().await.map_err(|source| {
-                    KeyError::Marker {
-                        namespace: self.namespace.to_string(),
-                        source,
-                    }
-                })?;
+                let proofs_since =
+                    self.proofs_since()
+                        .await
+                        .map_err(|source| KeyError::Marker {
+                            namespace: self.namespace.to_string(),
+                            source,
+                        })?;
                 Ok(SigningKey { key, proofs_since })
             })
             .await
@@ -282,13 +283,23 @@ impl RegistrationStore {
         };
         match self.api.create_answered(namespace, &marker).await {
             Ok(Some(marker)) => {
-                tracing::info!(namespace, config_map = PROOFS_MARKER, "created the registration proofs' marker");
+                tracing::info!(
+                    namespace,
+                    config_map = PROOFS_MARKER,
+                    "created the registration proofs' marker"
+                );
                 Ok(created(marker))
             }
-            Ok(None) => Ok(self.api.get_opt(namespace, PROOFS_MARKER).await?.and_then(created)),
-            Err(err) if is_status(&err, 409) => {
-                Ok(self.api.get_opt(namespace, PROOFS_MARKER).await?.and_then(created))
-            }
+            Ok(None) => Ok(self
+                .api
+                .get_opt(namespace, PROOFS_MARKER)
+                .await?
+                .and_then(created)),
+            Err(err) if is_status(&err, 409) => Ok(self
+                .api
+                .get_opt(namespace, PROOFS_MARKER)
+                .await?
+                .and_then(created)),
             Err(err) => Err(err),
         }
     }

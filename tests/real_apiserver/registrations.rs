@@ -12,8 +12,8 @@ use spark_pod_allocator::metrics::Metrics;
 use spark_pod_allocator::runtime::Builder;
 use test_kit::cluster::{Cluster, cluster_ids};
 use test_kit::service::{
-    id, range, registration_config_map, start, start_application as request,
-    stored_registration, targets,
+    id, range, registration_config_map, start, start_application as request, stored_registration,
+    targets,
 };
 use test_kit::wait::until;
 
@@ -55,13 +55,16 @@ async fn a_registration_written_back_after_stop_is_not_resumed(c: &impl Cluster)
             .expect("targets");
     }
     for app in ["rv-kept", "rv-stopped"] {
-        until(&format!("{app}'s pods and proven registration"), async || {
-            clock.advance(std::time::Duration::from_secs(1));
-            cluster_ids(c, app).await == range(1, 2)
-                && stored_registration(&admin, service_ns, ns, app)
-                    .await
-                    .is_some_and(|r| r.targets.get(&0) == Some(&2))
-        })
+        until(
+            &format!("{app}'s pods and proven registration"),
+            async || {
+                clock.advance(std::time::Duration::from_secs(1));
+                cluster_ids(c, app).await == range(1, 2)
+                    && stored_registration(&admin, service_ns, ns, app)
+                        .await
+                        .is_some_and(|r| r.targets.get(&0) == Some(&2))
+            },
+        )
         .await;
     }
     let copy = registration_config_map(&admin, service_ns, ns, "rv-stopped")
