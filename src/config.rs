@@ -112,6 +112,11 @@ pub struct MetricsSettings {
     /// make two services on one host (tests, a laptop) collide.
     #[serde(deserialize_with = "optional_socket_address")]
     pub listen: Option<SocketAddr>,
+    /// Label the executor gauges with each application's id (per application and
+    /// resource profile). Off (the default), they are summed over applications and no
+    /// metric names an application: whoever may scrape the endpoint does not learn every
+    /// tenant's application ids.
+    pub application_labels: bool,
 }
 
 /// The gRPC health port for probes (kubelet `grpc` probes, which speak plaintext and open
@@ -744,6 +749,13 @@ mod tests {
         let f = file("toml", "[metrics]\nlisten = \"\"\n");
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         assert_eq!(s.metrics.listen, None);
+        assert!(
+            !s.metrics.application_labels,
+            "no application id by default"
+        );
+        let f = file("toml", "[metrics]\napplication_labels = true\n");
+        let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
+        assert!(s.metrics.application_labels);
         let f = file("toml", "[metrics]\nlisten = \"localhost:9090\"\n");
         let err = Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err();
         assert!(err.to_string().contains("metrics.listen"), "{err}");

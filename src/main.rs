@@ -313,7 +313,7 @@ async fn serve(
     };
     // The one metrics handle: the gRPC layer, the applications and the pod client record
     // into it; its endpoint has an address of its own.
-    let metrics = Metrics::new();
+    let metrics = Metrics::with_application_labels(settings.metrics.application_labels);
     if let Some(address) = settings.metrics.listen {
         let bound = metrics::spawn(metrics.clone(), address)
             .await

@@ -101,9 +101,40 @@ struct ProfileLabels {
     profile: String,
 }
 
-/// Applications whose per-profile gauges are exported at most; the ones beyond are left
-/// out (counted in `applications_unexported`) so the label set stays bounded.
+/// Applications whose per-profile gauges are exported at most (with
+/// `metrics.application_labels`); the ones beyond are left out (counted in
+/// `applications_unexported`) so the label set stays bounded.
 pub const MAX_EXPORTED_APPLICATIONS: usize = 500;
+
+/// The executor gauges (`executors_target`, `_running`, `_pending`, `_newly_created`).
+enum ExecutorGauges {
+    /// Per application and resource profile (`metrics.application_labels`): whoever may
+    /// scrape reads every tenant's application ids.
+    PerApplication {
+        target: Family<ProfileLabels, Gauge>,
+        running: Family<ProfileLabels, Gauge>,
+        pending: Family<ProfileLabels, Gauge>,
+        newly_created: Family<ProfileLabels, Gauge>,
+        /// The applications whose gauges are exported, with their profiles.
+        exported: std::sync::Mutex<HashMap<String, BTreeSet<i32>>>,
+    },
+    /// Summed over every application and profile, with no label (the default).
+    Summed {
+        target: Gauge,
+        running: Gauge,
+        pending: Gauge,
+        newly_created: Gauge,
+        /// Each application's counts as last added in, summed over its profiles.
+        added: std::sync::Mutex<HashMap<String, [i64; 4]>>,
+    },
+}
+
+/// Locks `mutex`, whose data stays consistent even if a holder panicked.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// One resource profile's executor counts, as GetStatus reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -146,13 +177,8 @@ struct Inner {
     watch_errors: Family<StatusLabels, Counter>,
     registrations_refused: Family<ReasonLabels, Counter>,
     resync_seconds: Histogram,
-    target: Family<ProfileLabels, Gauge>,
-    running: Family<ProfileLabels, Gauge>,
-    pending: Family<ProfileLabels, Gauge>,
-    newly_created: Family<ProfileLabels, Gauge>,
+    executors: ExecutorGauges,
     unexported: Gauge,
-    /// The applications whose gauges are exported, with their profiles.
-    exported: std::sync::Mutex<HashMap<String, BTreeSet<i32>>>,
     tenant_refusals: Family<LimitLabels, Counter>,
     watch_streams: Gauge,
     shards_owned: Gauge,
@@ -177,8 +203,16 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A registry holding every metric of the service.
+    /// A registry holding every metric of the service, naming no application (the
+    /// executor gauges summed over applications).
     pub fn new() -> Self {
+        Self::with_application_labels(false)
+    }
+
+    /// A registry holding every metric of the service; with `application_labels`
+    /// (`metrics.application_labels`) the executor gauges are per application and
+    /// resource profile, labelled with the application id.
+    pub fn with_application_labels(application_labels: bool) -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
         let rpcs = Family::<RpcLabels, Counter>::default();
         registry.register(
@@ -269,7 +303,7 @@ impl Metrics {
         let registrations_refused = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "registrations_refused",
-            "Stored registrations a restarted service did not resume, by reason (unsigned, bad_signature, misplaced, unreadable, namespace_not_allowed, invalid, pod_policy)",
+            "Stored registrations a restarted service did not resume, by reason (unsigned, bad_signature, replayed, unproven, misplaced, unreadable, namespace_not_allowed, invalid, pod_policy)",
             registrations_refused.clone(),
         );
         let resync_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
@@ -278,31 +312,50 @@ impl Metrics {
             "Duration of the periodic full LIST of a namespace's executor pods (resync_interval_ms)",
             resync_seconds.clone(),
         );
-        let per_profile = |registry: &mut Registry, name: &str, help: &str| {
-            let family = Family::<ProfileLabels, Gauge>::default();
-            registry.register(name, help, family.clone());
-            family
+        let helps = [
+            ("executors_target", "Executors wanted"),
+            ("executors_running", "Executors whose pod is Running"),
+            ("executors_pending", "Executors whose pod is Pending"),
+            (
+                "executors_newly_created",
+                "Executors requested but not yet seen in the cluster",
+            ),
+        ];
+        let executors = if application_labels {
+            let [target, running, pending, newly_created] = helps.map(|(name, help)| {
+                let family = Family::<ProfileLabels, Gauge>::default();
+                registry.register(
+                    name,
+                    format!("{help}, by application and resource profile"),
+                    family.clone(),
+                );
+                family
+            });
+            ExecutorGauges::PerApplication {
+                target,
+                running,
+                pending,
+                newly_created,
+                exported: std::sync::Mutex::new(HashMap::new()),
+            }
+        } else {
+            let [target, running, pending, newly_created] = helps.map(|(name, help)| {
+                let gauge = Gauge::default();
+                registry.register(
+                    name,
+                    format!("{help}, summed over applications and resource profiles (per application with metrics.application_labels)"),
+                    gauge.clone(),
+                );
+                gauge
+            });
+            ExecutorGauges::Summed {
+                target,
+                running,
+                pending,
+                newly_created,
+                added: std::sync::Mutex::new(HashMap::new()),
+            }
         };
-        let target = per_profile(
-            &mut registry,
-            "executors_target",
-            "Executors wanted, by application and resource profile",
-        );
-        let running = per_profile(
-            &mut registry,
-            "executors_running",
-            "Executors whose pod is Running, by application and resource profile",
-        );
-        let pending = per_profile(
-            &mut registry,
-            "executors_pending",
-            "Executors whose pod is Pending, by application and resource profile",
-        );
-        let newly_created = per_profile(
-            &mut registry,
-            "executors_newly_created",
-            "Executors requested but not yet seen in the cluster, by application and resource profile",
-        );
         let unexported = Gauge::default();
         registry.register(
             "applications_unexported",
@@ -389,12 +442,8 @@ impl Metrics {
                 watch_errors,
                 registrations_refused,
                 resync_seconds,
-                target,
-                running,
-                pending,
-                newly_created,
+                executors,
                 unexported,
-                exported: std::sync::Mutex::new(HashMap::new()),
                 tenant_refusals,
                 watch_streams,
                 shards_owned,
@@ -560,76 +609,137 @@ impl Metrics {
     }
 
     /// An application's executor counts per resource profile, after one of its rounds.
-    /// Profiles it no longer reports lose their series; an application beyond the first
-    /// [`MAX_EXPORTED_APPLICATIONS`] is not exported.
+    /// Per application: profiles it no longer reports lose their series, and an
+    /// application beyond the first [`MAX_EXPORTED_APPLICATIONS`] is not exported. Summed:
+    /// its last counts are replaced in the sums.
     pub fn application_profiles(
         &self,
         application: &str,
         profiles: impl IntoIterator<Item = (i32, ProfileGauges)>,
     ) {
-        let mut exported = self.exported();
-        if !exported.contains_key(application) && exported.len() >= MAX_EXPORTED_APPLICATIONS {
-            return;
-        }
         let now: BTreeMap<i32, ProfileGauges> = profiles.into_iter().collect();
-        let before = exported
-            .insert(application.to_string(), now.keys().copied().collect())
-            .unwrap_or_default();
-        for gone in before.iter().filter(|p| !now.contains_key(p)) {
-            self.remove_profile(application, *gone);
-        }
-        for (profile, counts) in now {
-            let labels = ProfileLabels {
-                application: application.to_string(),
-                profile: profile.to_string(),
-            };
-            let set = |family: &Family<ProfileLabels, Gauge>, value: u32| {
-                family.get_or_create(&labels).set(i64::from(value));
-            };
-            set(&self.inner.target, counts.target);
-            set(&self.inner.running, counts.running);
-            set(&self.inner.pending, counts.pending);
-            set(&self.inner.newly_created, counts.newly_created);
-        }
-    }
-
-    /// An application's actor ended: its per-profile series go.
-    pub fn forget_application(&self, application: &str) {
-        let mut exported = self.exported();
-        if let Some(profiles) = exported.remove(application) {
-            for profile in profiles {
-                self.remove_profile(application, profile);
+        match &self.inner.executors {
+            ExecutorGauges::PerApplication {
+                target,
+                running,
+                pending,
+                newly_created,
+                exported,
+            } => {
+                let mut exported = lock(exported);
+                if !exported.contains_key(application)
+                    && exported.len() >= MAX_EXPORTED_APPLICATIONS
+                {
+                    return;
+                }
+                let before = exported
+                    .insert(application.to_string(), now.keys().copied().collect())
+                    .unwrap_or_default();
+                for gone in before.iter().filter(|p| !now.contains_key(p)) {
+                    self.remove_profile(application, *gone);
+                }
+                for (profile, counts) in now {
+                    let labels = ProfileLabels {
+                        application: application.to_string(),
+                        profile: profile.to_string(),
+                    };
+                    let set = |family: &Family<ProfileLabels, Gauge>, value: u32| {
+                        family.get_or_create(&labels).set(i64::from(value));
+                    };
+                    set(target, counts.target);
+                    set(running, counts.running);
+                    set(pending, counts.pending);
+                    set(newly_created, counts.newly_created);
+                }
+            }
+            ExecutorGauges::Summed { added, .. } => {
+                let mut sums = [0i64; 4];
+                for counts in now.values() {
+                    let values = [
+                        counts.target,
+                        counts.running,
+                        counts.pending,
+                        counts.newly_created,
+                    ];
+                    for (sum, value) in sums.iter_mut().zip(values) {
+                        *sum += i64::from(value);
+                    }
+                }
+                let mut added = lock(added);
+                let before = added
+                    .insert(application.to_string(), sums)
+                    .unwrap_or_default();
+                self.add_to_sums(sums, before);
             }
         }
     }
 
-    /// Applications the service has beyond the exported ones.
+    /// An application's actor ended: its per-profile series go, or its counts leave the
+    /// sums.
+    pub fn forget_application(&self, application: &str) {
+        match &self.inner.executors {
+            ExecutorGauges::PerApplication { exported, .. } => {
+                if let Some(profiles) = lock(exported).remove(application) {
+                    for profile in profiles {
+                        self.remove_profile(application, profile);
+                    }
+                }
+            }
+            ExecutorGauges::Summed { added, .. } => {
+                if let Some(before) = lock(added).remove(application) {
+                    self.add_to_sums([0; 4], before);
+                }
+            }
+        }
+    }
+
+    /// Replaces `before` by `now` in the summed gauges (called holding `added`'s lock).
+    fn add_to_sums(&self, now: [i64; 4], before: [i64; 4]) {
+        if let ExecutorGauges::Summed {
+            target,
+            running,
+            pending,
+            newly_created,
+            ..
+        } = &self.inner.executors
+        {
+            for (i, gauge) in [target, running, pending, newly_created]
+                .into_iter()
+                .enumerate()
+            {
+                gauge.inc_by(now[i] - before[i]);
+            }
+        }
+    }
+
+    /// Applications the service has beyond the exported ones (none when summed).
     fn set_unexported(&self, active: usize) {
-        let exported = self.exported().len();
+        let exported = match &self.inner.executors {
+            ExecutorGauges::PerApplication { exported, .. } => lock(exported).len(),
+            ExecutorGauges::Summed { .. } => active,
+        };
         self.inner
             .unexported
             .set(i64::try_from(active.saturating_sub(exported)).unwrap_or(i64::MAX));
     }
 
     fn remove_profile(&self, application: &str, profile: i32) {
+        let ExecutorGauges::PerApplication {
+            target,
+            running,
+            pending,
+            newly_created,
+            ..
+        } = &self.inner.executors
+        else {
+            return;
+        };
         let labels = ProfileLabels {
             application: application.to_string(),
             profile: profile.to_string(),
         };
-        for family in [
-            &self.inner.target,
-            &self.inner.running,
-            &self.inner.pending,
-            &self.inner.newly_created,
-        ] {
+        for family in [target, running, pending, newly_created] {
             family.remove(&labels);
-        }
-    }
-
-    fn exported(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<i32>>> {
-        match self.inner.exported.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
         }
     }
 
@@ -769,8 +879,49 @@ mod tests {
     }
 
     #[test]
-    fn per_profile_gauges_are_bounded_and_forgotten() {
+    fn by_default_executor_gauges_are_summed_and_name_no_application() {
         let metrics = Metrics::new();
+        let counts = |target, running| ProfileGauges {
+            target,
+            running,
+            pending: 1,
+            newly_created: 0,
+        };
+        metrics.application_profiles("app-a", [(0, counts(4, 1)), (1, counts(2, 2))]);
+        metrics.application_profiles("app-b", [(0, counts(3, 0))]);
+        metrics.set_active_applications(2);
+        let text = metrics.encode();
+        assert!(!text.contains("app-"), "{text}");
+        assert!(!text.contains("application=\""), "{text}");
+        for line in [
+            "spark_pod_allocator_executors_target 9",
+            "spark_pod_allocator_executors_running 3",
+            "spark_pod_allocator_executors_pending 3",
+            "spark_pod_allocator_executors_newly_created 0",
+            "spark_pod_allocator_applications_unexported 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}: {text}");
+        }
+        // A round replaces the application's counts; its end takes them out.
+        metrics.application_profiles("app-a", [(0, counts(1, 1))]);
+        metrics.forget_application("app-b");
+        metrics.forget_application("app-b");
+        let text = metrics.encode();
+        assert!(
+            text.lines()
+                .any(|l| l == "spark_pod_allocator_executors_target 1"),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l == "spark_pod_allocator_executors_pending 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn per_profile_gauges_are_bounded_and_forgotten() {
+        let metrics = Metrics::with_application_labels(true);
         let counts = ProfileGauges {
             target: 4,
             running: 1,

@@ -1,7 +1,9 @@
 //! `serve --simulate` with `metrics.listen` set, as a platform team scrapes it: after a
 //! scale-up the pods created, the gRPC calls by method and code and the active
-//! applications read back from `/metrics`; after Stop, the pods it deleted. The chart's
-//! alerts and example dashboard use only metrics and labels such a scrape has.
+//! applications read back from `/metrics`; after Stop, the pods it deleted. At the
+//! defaults no metric names an application; with `metrics.application_labels` the
+//! executor gauges are per application. The chart's alerts and example dashboard use only
+//! metrics and labels such a scrape has, and the alerts no application label.
 use test_kit::grpc::TEMPLATE;
 use test_kit::process::{
     HANG_GUARD, SERVE_SIMULATE, connect_serving, service_command, spawn_logged, until_logged,
@@ -128,9 +130,103 @@ async fn until_scraped(address: &str, series: &str, accept: impl Fn(f64) -> bool
     }
 }
 
+/// At the defaults a scrape names no application anywhere, while the executor gauges still
+/// count its executors (summed); with `metrics.application_labels` they name it. The
+/// chart's alerts neither match nor group by an application's labels, and its dashboard's
+/// "All" applications also matches series that have none.
+#[tokio::test]
+async fn only_the_operators_setting_puts_application_ids_in_the_scrape() {
+    const APP: &str = "spark-tenant-secret-name";
+    for labelled in [false, true] {
+        let env: &[(&str, &str)] = if labelled { &[APPLICATION_LABELS] } else { &[] };
+        let Service {
+            mut child,
+            metrics,
+            grpc,
+            ..
+        } = start_service(env).await;
+        let mut client = client(&grpc).await;
+        client
+            .start(proto::StartRequest {
+                application_id: APP.into(),
+                namespace: "default".into(),
+                executor_pod_template: TEMPLATE.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("start");
+        client
+            .set_total_expected(targets_request(APP, 2))
+            .await
+            .expect("scale up");
+        let running = if labelled {
+            format!("spark_pod_allocator_executors_running{{application=\"{APP}\",profile=\"0\"}}")
+        } else {
+            "spark_pod_allocator_executors_running".to_string()
+        };
+        let text = until_sample(&metrics, &running, 2.0).await;
+        assert_eq!(
+            sample(&text, "spark_pod_allocator_executor_pods_created_total"),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(text.contains(APP), labelled, "{text}");
+        assert_eq!(text.contains("application="), labelled, "{text}");
+        if !labelled {
+            assert_eq!(
+                sample(&text, "spark_pod_allocator_executors_target"),
+                Some(2.0),
+                "{text}"
+            );
+        }
+        client.stop(stop_request(APP)).await.expect("stop");
+        let text = scrape(&metrics).await;
+        assert!(!text.contains(APP), "{text}");
+        child.start_kill().expect("kill");
+    }
+
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&chart_file("files/prometheus-rules.yaml")).expect("rules YAML");
+    for group in rules["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let expr = rule["expr"].as_str().expect("expr");
+            let parsed = parse(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
+            let mut uses = Uses::default();
+            let Ok(_) = walk_expr(&mut uses, &parsed);
+            for label in ["application", "profile"] {
+                assert!(
+                    !uses.grouped.contains(label)
+                        && !uses.matched.iter().any(|(_, matched)| matched == label),
+                    "{:?}: {label} is there only with metrics.application_labels: {expr}",
+                    rule["alert"]
+                );
+            }
+        }
+    }
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&chart_file("dashboards/spark-pod-allocator.json"))
+            .expect("dashboard JSON");
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables");
+    let application = variables
+        .iter()
+        .find(|v| v["name"] == "application")
+        .expect("the application variable");
+    let all = application["allValue"].as_str().expect("allValue");
+    assert!(
+        all == ".*",
+        "\"All\" applications must match series without the label: {all}"
+    );
+}
+
 fn rpcs(method: &str, code: &str) -> String {
     format!("spark_pod_allocator_grpc_requests_total{{method=\"{method}\",code=\"{code}\"}}")
 }
+
+/// `metrics.application_labels` on, as an environment variable.
+const APPLICATION_LABELS: (&str, &str) =
+    ("SPARK_POD_ALLOCATOR__METRICS__APPLICATION_LABELS", "true");
 
 #[tokio::test]
 async fn a_scale_up_and_a_stop_read_back_from_metrics() {
@@ -139,7 +235,7 @@ async fn a_scale_up_and_a_stop_read_back_from_metrics() {
         metrics,
         grpc,
         ..
-    } = start_service(&[]).await;
+    } = start_service(&[APPLICATION_LABELS]).await;
 
     let before = scrape(&metrics).await;
     assert_eq!(
@@ -422,11 +518,15 @@ async fn the_charts_alerts_and_dashboard_read_exposed_metrics() {
         metrics,
         grpc,
         api_server,
-    } = start_service(&[(
+    } = start_service(&[
         // Watches end after a second, so a re-watch after compaction gets 410.
-        "SPARK_POD_ALLOCATOR__SIMULATOR__FAULTS__WATCH_CLOSE_AFTER_SECONDS",
-        "1",
-    )])
+        (
+            "SPARK_POD_ALLOCATOR__SIMULATOR__FAULTS__WATCH_CLOSE_AFTER_SECONDS",
+            "1",
+        ),
+        // The dashboard's per-application panels read them when the operator has them.
+        APPLICATION_LABELS,
+    ])
     .await;
     let api = api_server
         .strip_prefix("http://")

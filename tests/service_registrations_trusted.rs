@@ -2,8 +2,12 @@
 //! against the simulator. The service keeps them in its own namespace (`spark-system`
 //! here) and signs them. A ConfigMap planted in a tenant namespace, an edited owner, and a
 //! registration moved to another namespace's name and labels are not resumed. Each one
-//! seen is counted by reason, and none makes a pod. A properly written registration beside
-//! them still resumes, and the signing key is one Secret even when replicas race to create it.
+//! seen is counted by reason, and none makes a pod. Nor does a registration copied before
+//! its application's Stop and written back afterwards (as a backup restore would: same
+//! name, labels and data), nor an earlier version's unproven record written back after
+//! this version's first start, while one that version left behind is resumed and proven.
+//! A properly written registration beside them still resumes, and the signing key is one
+//! Secret even when replicas race to create it.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +20,8 @@ use serde_json::json;
 use spark_pod_allocator::app::{AppError, Applications, ServiceOptions};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::registrations::{
-    APPLICATION_NAMESPACE_LABEL, KEY_DATA_KEY, KEY_LEN, REGISTRATION_KEY, SIGNATURE_KEY,
+    APPLICATION_NAMESPACE_LABEL, KEY_DATA_KEY, KEY_LEN, PROOF_KEY, PROOF_UID_KEY, PROOFS_MARKER,
+    REGISTRATION_KEY, SIGNATURE_KEY,
 };
 use spark_pod_allocator::k8s::{
     ApiClient, IdRecord, RateLimiter, RegistrationSettings, RegistrationStore,
@@ -26,7 +31,7 @@ use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClie
 use spark_pod_allocator::runtime::{Builder, Service};
 use spark_pod_allocator_sim::{SimCluster, SimSettings};
 use test_kit::grpc::{Harness, quiet_cluster, start_request};
-use test_kit::requests::status_request;
+use test_kit::requests::{status_request, stop_request};
 use test_kit::service::{registration_config_map, stored_registration};
 use test_kit::wait::until;
 use tokio::net::TcpListener;
@@ -102,7 +107,7 @@ struct Restarted {
     metrics: Metrics,
     resumed: Vec<String>,
     client: ExecutorAllocatorClient<Channel>,
-    _service: Service,
+    service: Service,
 }
 
 async fn restart(h: &mut Harness) -> Restarted {
@@ -137,11 +142,17 @@ async fn restart(h: &mut Harness) -> Restarted {
         metrics,
         resumed,
         client: ExecutorAllocatorClient::new(channel),
-        _service: service,
+        service,
     }
 }
 
 impl Restarted {
+    /// Shuts it down as SIGTERM would (its registrations kept for the next service).
+    async fn stop(self) {
+        self.service.begin_shutdown();
+        self.service.stopped().await.expect("server result");
+    }
+
     /// `registrations_refused_total` per reason, as `/metrics` serves it.
     fn refused(&self) -> BTreeMap<String, u64> {
         let prefix = "spark_pod_allocator_registrations_refused_total{reason=\"";
@@ -345,7 +356,11 @@ async fn a_registration_moved_to_another_namespaces_name_and_labels_is_refused()
         .await
         .expect("moved's registration");
     let data = original.data.clone().expect("data");
-    let (json, signature) = (&data[REGISTRATION_KEY], &data[SIGNATURE_KEY]);
+    let (json, proof, uid) = (
+        &data[REGISTRATION_KEY],
+        &data[PROOF_KEY],
+        &data[PROOF_UID_KEY],
+    );
     api.delete(
         original.metadata.name.as_deref().expect("name"),
         &DeleteParams::default(),
@@ -366,7 +381,11 @@ async fn a_registration_moved_to_another_namespaces_name_and_labels_is_refused()
                 ("spark-app-selector", app),
                 (APPLICATION_NAMESPACE_LABEL, TEAM_B),
             ],
-            &[(REGISTRATION_KEY, body), (SIGNATURE_KEY, signature)],
+            &[
+                (REGISTRATION_KEY, body),
+                (PROOF_KEY, proof),
+                (PROOF_UID_KEY, uid),
+            ],
         )
         .await;
     }
@@ -380,7 +399,11 @@ async fn a_registration_moved_to_another_namespaces_name_and_labels_is_refused()
             ("spark-app-selector", "moved"),
             (APPLICATION_NAMESPACE_LABEL, TEAM_A),
         ],
-        &[(REGISTRATION_KEY, json), (SIGNATURE_KEY, signature)],
+        &[
+            (REGISTRATION_KEY, json),
+            (PROOF_KEY, proof),
+            (PROOF_UID_KEY, uid),
+        ],
     )
     .await;
 
@@ -417,6 +440,169 @@ async fn a_registration_of_a_namespace_no_longer_allowed_is_refused() {
     );
 }
 
+/// `original` written back as a namespace backup restore (or `kubectl apply` of a saved
+/// manifest) writes it: the same name, labels and data, in a new object.
+async fn write_back(h: &Harness, original: &ConfigMap) {
+    let api: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), SERVICE_NS);
+    let copy = ConfigMap {
+        metadata: ObjectMeta {
+            name: original.metadata.name.clone(),
+            labels: original.metadata.labels.clone(),
+            annotations: original.metadata.annotations.clone(),
+            ..ObjectMeta::default()
+        },
+        data: original.data.clone(),
+        ..ConfigMap::default()
+    };
+    let restored = api
+        .create(&PostParams::default(), &copy)
+        .await
+        .expect("write the copy back");
+    assert_eq!(restored.data, original.data);
+    assert_eq!(restored.metadata.labels, original.metadata.labels);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_written_back_after_its_applications_stop_is_not_resumed() {
+    let mut h = first_service().await;
+    start_registered(&h, "kept", TEAM_A, 2).await;
+    start_registered(&h, "stopped", TEAM_A, 2).await;
+    let client = h.sim.try_client().expect("client");
+    let copy = registration_config_map(&client, SERVICE_NS, TEAM_A, "stopped")
+        .await
+        .expect("stopped's registration");
+    h.client
+        .clone()
+        .stop(stop_request("stopped"))
+        .await
+        .expect("Stop");
+    until("stopped's registration deleted", async || {
+        registration_config_map(&client, SERVICE_NS, TEAM_A, "stopped")
+            .await
+            .is_none()
+    })
+    .await;
+    assert!(h.pods(TEAM_A, "stopped").await.is_empty());
+    write_back(&h, &copy).await;
+    h.stop_server().await;
+    delete_pods(&h, TEAM_A, "kept").await;
+
+    let r = restart(&mut h).await;
+    // The live application resumes after a plain restart; the stopped one creates nothing.
+    assert_eq!(r.resumed, ["kept"]);
+    r.await_pods(&h, TEAM_A, "kept", 2).await;
+    assert!(h.pods(TEAM_A, "stopped").await.is_empty());
+    r.assert_not_running("stopped").await;
+    assert_eq!(r.refused(), BTreeMap::from([("replayed".into(), 1)]));
+    // Another restart (the next shard owner) resumes the live one again, and counts the
+    // copy again: it stays refused.
+    r.stop().await;
+    let r = restart(&mut h).await;
+    assert_eq!(r.resumed, ["kept"]);
+    assert_eq!(r.refused(), BTreeMap::from([("replayed".into(), 1)]));
+    assert!(h.pods(TEAM_A, "stopped").await.is_empty());
+}
+
+/// The signature an earlier version wrote (bound to no object), byte for byte: HMAC-SHA256
+/// over its context, then the namespace, the application id and the JSON, each after its
+/// length as 8 bytes big-endian.
+fn earlier_versions_signature(key: &[u8], namespace: &str, app: &str, json: &str) -> String {
+    let mut bytes = b"spark-pod-allocator registration v1".to_vec();
+    for part in [namespace, app, json] {
+        bytes.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        bytes.extend_from_slice(part.as_bytes());
+    }
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    base64::engine::general_purpose::STANDARD.encode(ring::hmac::sign(&key, &bytes).as_ref())
+}
+
+/// Replaces `app`'s registration with the record an earlier version wrote of it (the same
+/// JSON, its signature, no proof), in a new ConfigMap.
+async fn as_earlier_version(h: &Harness, app: &str) {
+    let client = h.sim.try_client().expect("client");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), SERVICE_NS);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SERVICE_NS);
+    let key = secrets
+        .get(&RegistrationSettings::default().key_secret)
+        .await
+        .expect("the key Secret")
+        .data
+        .expect("data")[KEY_DATA_KEY]
+        .0
+        .clone();
+    let original = registration_config_map(&client, SERVICE_NS, TEAM_A, app)
+        .await
+        .expect("the registration");
+    let json = original.data.clone().expect("data")[REGISTRATION_KEY].clone();
+    let name = original.metadata.name.clone().expect("name");
+    api.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    let signature = earlier_versions_signature(&key, TEAM_A, app, &json);
+    let earlier = ConfigMap {
+        data: Some(BTreeMap::from([
+            (REGISTRATION_KEY.to_string(), json),
+            (SIGNATURE_KEY.to_string(), signature),
+        ])),
+        ..original
+    };
+    write_back(h, &earlier).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_versions_record_resumes_only_if_it_predates_the_proofs() {
+    let mut h = first_service().await;
+    start_registered(&h, "upgraded", TEAM_A, 2).await;
+    start_registered(&h, "restored", TEAM_A, 2).await;
+    h.stop_server().await;
+    for app in ["upgraded", "restored"] {
+        delete_pods(&h, TEAM_A, app).await;
+    }
+    // As an earlier version left it: its record, and no marker yet.
+    as_earlier_version(&h, "upgraded").await;
+    let client = h.sim.try_client().expect("client");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), SERVICE_NS);
+    api.delete(PROOFS_MARKER, &DeleteParams::default())
+        .await
+        .expect("delete the marker");
+
+    let r = restart(&mut h).await;
+    let mut resumed = r.resumed.clone();
+    resumed.sort();
+    assert_eq!(resumed, ["restored", "upgraded"]);
+    r.await_pods(&h, TEAM_A, "upgraded", 2).await;
+    assert_eq!(r.refused(), BTreeMap::new());
+    // Proven at its first write: the signature bound to nothing is gone.
+    until("upgraded's record proven", async || {
+        h.clock.advance(Duration::from_secs(1));
+        registration_config_map(&client, SERVICE_NS, TEAM_A, "upgraded")
+            .await
+            .and_then(|c| c.data)
+            .is_some_and(|d| d.contains_key(PROOF_KEY) && !d.contains_key(SIGNATURE_KEY))
+    })
+    .await;
+    r.stop().await;
+    for app in ["upgraded", "restored"] {
+        delete_pods(&h, TEAM_A, app).await;
+    }
+    // An earlier version's record written back after the marker (a backup older than the
+    // upgrade restored now): created at least a second after it.
+    let marker = api.get(PROOFS_MARKER).await.expect("the marker");
+    let since = marker.metadata.creation_timestamp.expect("created").0;
+    until("a second past the marker", async || {
+        k8s_openapi::jiff::Timestamp::now().as_second() > since.as_second()
+    })
+    .await;
+    as_earlier_version(&h, "restored").await;
+
+    let r = restart(&mut h).await;
+    assert_eq!(r.resumed, ["upgraded"]);
+    r.await_pods(&h, TEAM_A, "upgraded", 2).await;
+    assert!(h.pods(TEAM_A, "restored").await.is_empty());
+    r.assert_not_running("restored").await;
+    assert_eq!(r.refused(), BTreeMap::from([("unproven".into(), 1)]));
+}
+
 fn store(sim: &SimCluster) -> RegistrationStore {
     let api = ApiClient::new(sim.try_client().expect("client"), RateLimiter::new(50, 100));
     RegistrationStore::new(api, &options().registrations)
@@ -430,8 +616,8 @@ async fn replicas_racing_for_the_signing_key_agree_on_one_secret() {
     let (key_a, key_b) = (key_a.expect("key a"), key_b.expect("key b"));
     let message = b"one key for every replica";
     assert_eq!(
-        ring::hmac::sign(key_a, message).as_ref(),
-        ring::hmac::sign(key_b, message).as_ref()
+        ring::hmac::sign(key_a.key(), message).as_ref(),
+        ring::hmac::sign(key_b.key(), message).as_ref()
     );
     let secrets: Api<Secret> = Api::namespaced(sim.try_client().expect("client"), SERVICE_NS);
     let secret = secrets
@@ -440,6 +626,11 @@ async fn replicas_racing_for_the_signing_key_agree_on_one_secret() {
         .expect("the key Secret");
     assert_eq!(secret.type_.as_deref(), Some("Opaque"));
     assert_eq!(secret.data.expect("data")[KEY_DATA_KEY].0.len(), KEY_LEN);
+    let (since_a, since_b) = (key_a.proofs_since(), key_b.proofs_since());
+    assert!(
+        since_a.is_some() && since_a == since_b,
+        "{since_a:?} {since_b:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

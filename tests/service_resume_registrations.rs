@@ -16,7 +16,9 @@ use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceOptions, StartApplication,
 };
 use spark_pod_allocator::k8s::IdRecord;
-use spark_pod_allocator::k8s::registrations::{APPLICATION_NAMESPACE_LABEL, SIGNATURE_KEY};
+use spark_pod_allocator::k8s::registrations::{
+    APPLICATION_NAMESPACE_LABEL, PROOF_KEY, PROOF_UID_KEY,
+};
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::service::{P0, registration_config_map, stored_registration, template_pod};
 use test_kit::wait::until;
@@ -115,7 +117,10 @@ async fn a_new_service_resumes_registrations_and_drops_those_of_ended_drivers() 
     let labels = kept.metadata.labels.unwrap_or_default();
     assert_eq!(labels[APPLICATION_NAMESPACE_LABEL], NS);
     assert_eq!(labels["spark-app-selector"], "app-b");
-    assert!(!kept.data.unwrap_or_default()[SIGNATURE_KEY].is_empty());
+    // Proven for the ConfigMap it is kept in.
+    let data = kept.data.unwrap_or_default();
+    assert!(!data[PROOF_KEY].is_empty());
+    assert_eq!(Some(&data[PROOF_UID_KEY]), kept.metadata.uid.as_ref());
     assert!(driver.metadata.uid.is_some());
     // Nothing of it in the application's namespace: app-b's id record is on its driver pod.
     let tenant: Api<ConfigMap> = Api::namespaced(client.clone(), NS);

@@ -367,7 +367,8 @@ impl Applications {
     /// Resumes every application whose registration a previous service kept in its own
     /// namespace: Start as first asked, then its targets and registered executors, so
     /// allocation goes on with no call from the driver. Only registrations the service
-    /// wrote are resumed ([`registration::open`]: signed with its key, under the name and
+    /// wrote are resumed ([`registration::open`]: signed with its key for the very
+    /// ConfigMap they are in, so a copy written back after Stop is not; under the name and
     /// labels of the namespace and application they name, in an allowed namespace, within
     /// the pod policy); any other is logged with the reason, counted in
     /// `registrations_refused_total`, and creates nothing. Returns the applications

@@ -12,6 +12,11 @@
 //! service no longer lists ConfigMaps in theirs), and the signature refuses a registration
 //! written or edited by anyone else who can write ConfigMaps in the service's namespace
 //! (an edited owner, a planted application, a copy under another application's name).
+//!
+//! The signature (its "proof") also covers the uid of the ConfigMap it is kept in. A
+//! ConfigMap created again from a copy (a namespace backup restored after the
+//! application's Stop deleted it, a saved manifest applied again), even with the same
+//! name, labels and data, has another uid and is not resumed: Stop's delete revokes it.
 use std::collections::{BTreeMap, BTreeSet};
 
 use base64::Engine as _;
@@ -23,11 +28,14 @@ use super::{AppId, StartApplication};
 use crate::allocator::{AllocationSettings, ExecutorId, ResourceProfileId};
 #[cfg(doc)]
 use crate::k8s::registrations::REGISTRATION_KEY;
-use crate::k8s::registrations::{RegistrationStore, StoredRegistration};
+use crate::k8s::registrations::{RegistrationStore, SigningKey, StoredRegistration};
 
-/// What the signature is over begins with this, so a MAC made with the key for anything
-/// else is never a registration's.
+/// What an earlier version's signature (bound to no object) is over begins with this, so
+/// a MAC made with the key for anything else is never a registration's.
 const SIGNED_CONTEXT: &[u8] = b"spark-pod-allocator registration v1";
+
+/// What a proof is over begins with this: never the same bytes as a signature's.
+const PROVEN_CONTEXT: &[u8] = b"spark-pod-allocator registration v2 bound to its object";
 
 /// What a restarted service needs to resume an application.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,6 +152,20 @@ pub enum Refusal {
     /// Its ConfigMap's name or labels are not those of the application it names.
     #[error("it is not where its application's registration is kept: {0}")]
     Misplaced(String),
+    /// Its proof was made for another object than its ConfigMap: a copy written back (after
+    /// its application's Stop deleted the original, or from a backup).
+    #[error(
+        "its proof was made for the ConfigMap of uid {proven}, not this one ({actual}): a copy \
+         written back after its application's Stop or restored from a backup"
+    )]
+    Replayed { proven: String, actual: String },
+    /// Signed by an earlier version without a proof, in a ConfigMap created after proofs
+    /// began: a copy written back.
+    #[error(
+        "it has an earlier version's signature but no proof, and its ConfigMap was created \
+         ({created}) after this version's first start ({since}): a copy written back"
+    )]
+    Unproven { created: String, since: String },
     /// Signed, but its JSON does not decode (a registration of another version).
     #[error("it does not decode: {0}")]
     Unreadable(String),
@@ -164,6 +186,8 @@ impl Refusal {
         match self {
             Self::Unsigned => "unsigned",
             Self::BadSignature => "bad_signature",
+            Self::Replayed { .. } => "replayed",
+            Self::Unproven { .. } => "unproven",
             Self::Misplaced(_) => "misplaced",
             Self::Unreadable(_) => "unreadable",
             Self::NamespaceNotAllowed(_) => "namespace_not_allowed",
@@ -173,16 +197,18 @@ impl Refusal {
     }
 }
 
-/// The registration `stored` holds, if the service may resume it: signed with `key` over
-/// its labels' namespace and application id and its JSON (checked first, before the JSON
-/// is parsed), kept under the name of that namespace and application, naming them itself,
-/// in a namespace of `allowed` (empty: all).
+/// The registration `stored` holds, if the service may resume it: proven with `key` over
+/// its labels' namespace and application id, its ConfigMap's uid and its JSON (checked
+/// first, before the JSON is parsed), kept under the name of that namespace and
+/// application, naming them itself, in a namespace of `allowed` (empty: all). A record of
+/// an earlier version, signed over all but the uid, is trusted only in a ConfigMap created
+/// no later than [`SigningKey::proofs_since`] (then written again with a proof).
 pub fn open(
     stored: &StoredRegistration,
-    key: &hmac::Key,
+    key: &SigningKey,
     allowed: &BTreeSet<String>,
 ) -> Result<Registration, Refusal> {
-    let (Some(json), Some(signature)) = (&stored.json, &stored.signature) else {
+    let Some(json) = &stored.json else {
         return Err(Refusal::Unsigned);
     };
     let (Some(namespace), Some(app_id)) = (&stored.namespace_label, &stored.app_label) else {
@@ -190,17 +216,55 @@ pub fn open(
             "its application namespace or id label is missing".into(),
         ));
     };
-    let signature = base64::engine::general_purpose::STANDARD
-        .decode(signature)
-        .map_err(|_| Refusal::BadSignature)?;
-    hmac::verify(key, &signed_bytes(namespace, app_id, json), &signature)
-        .map_err(|_| Refusal::BadSignature)?;
+    let decode = |mac: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(mac)
+            .map_err(|_| Refusal::BadSignature)
+    };
+    // The MAC first; then where it is kept; then whether it is the object it was made for.
+    let bound = match (&stored.proof, &stored.proof_uid, &stored.signature) {
+        (Some(proof), Some(proven), _) => {
+            let bytes = mac_bytes(PROVEN_CONTEXT, &[namespace, app_id, proven, json]);
+            hmac::verify(key.key(), &bytes, &decode(proof)?).map_err(|_| Refusal::BadSignature)?;
+            Ok(proven)
+        }
+        (None, None, Some(signature)) => {
+            let bytes = mac_bytes(SIGNED_CONTEXT, &[namespace, app_id, json]);
+            hmac::verify(key.key(), &bytes, &decode(signature)?)
+                .map_err(|_| Refusal::BadSignature)?;
+            Err(())
+        }
+        (Some(_), None, _) | (None, Some(_), _) => return Err(Refusal::BadSignature),
+        (None, None, None) => return Err(Refusal::Unsigned),
+    };
     let expected = RegistrationStore::config_map_name(namespace, app_id);
     if stored.name != expected {
         return Err(Refusal::Misplaced(format!(
             "ConfigMap {} holds the registration of {namespace}/{app_id}, kept as {expected}",
             stored.name
         )));
+    }
+    let actual = stored.uid.as_deref().unwrap_or_default();
+    match bound {
+        Ok(proven) if proven != actual => {
+            return Err(Refusal::Replayed {
+                proven: proven.clone(),
+                actual: actual.to_string(),
+            });
+        }
+        Ok(_) => {}
+        Err(()) => match (stored.created, key.proofs_since()) {
+            (Some(created), Some(since)) if created <= since => {}
+            (created, since) => {
+                let show = |t: Option<k8s_openapi::jiff::Timestamp>| {
+                    t.map_or_else(|| "unknown".to_string(), |t| t.to_string())
+                };
+                return Err(Refusal::Unproven {
+                    created: show(created),
+                    since: show(since),
+                });
+            }
+        },
     }
     let registration: Registration =
         serde_json::from_str(json).map_err(|e| Refusal::Unreadable(e.to_string()))?;
@@ -216,16 +280,16 @@ pub fn open(
     Ok(registration)
 }
 
-/// What a registration's MAC covers: its JSON exactly as stored (so no re-encoding can
-/// change what was signed, and it is checked before the JSON is parsed), after the
-/// namespace and application id its ConfigMap is labelled with, each length-prefixed so
-/// no two triples give the same bytes. The JSON holds everything else that decides what a
-/// resume does: the owner, the driver pod name, settings, templates, targets.
-fn signed_bytes(namespace: &str, app_id: &str, json: &str) -> Vec<u8> {
-    let parts = [namespace, app_id, json];
+/// What a registration's MAC covers, after `context`: its namespace and application id
+/// (as its ConfigMap is labelled), for a proof the uid of the ConfigMap it was made for,
+/// and its JSON exactly as stored (so no re-encoding can change what was signed, and it
+/// is checked before the JSON is parsed); each length-prefixed so no two lists give the
+/// same bytes. The JSON holds everything else that decides what a resume does: the owner,
+/// the driver pod name, settings, templates, targets.
+fn mac_bytes(context: &[u8], parts: &[&str]) -> Vec<u8> {
     let len = parts.iter().map(|p| 8 + p.len()).sum::<usize>();
-    let mut bytes = Vec::with_capacity(SIGNED_CONTEXT.len() + len);
-    bytes.extend_from_slice(SIGNED_CONTEXT);
+    let mut bytes = Vec::with_capacity(context.len() + len);
+    bytes.extend_from_slice(context);
     for part in parts {
         bytes.extend_from_slice(&u64::try_from(part.len()).unwrap_or(u64::MAX).to_be_bytes());
         bytes.extend_from_slice(part.as_bytes());
@@ -233,26 +297,33 @@ fn signed_bytes(namespace: &str, app_id: &str, json: &str) -> Vec<u8> {
     bytes
 }
 
+/// The base64 proof of `json` for `namespace`/`app_id` kept in the ConfigMap of `uid`.
+fn proof(key: &hmac::Key, namespace: &str, app_id: &str, uid: &str, json: &str) -> String {
+    let bytes = mac_bytes(PROVEN_CONTEXT, &[namespace, app_id, uid, json]);
+    base64::engine::general_purpose::STANDARD.encode(hmac::sign(key, &bytes).as_ref())
+}
+
 impl Registration {
-    /// Its JSON and the base64 signature of it under `key` ([`open`] checks them).
-    pub fn seal(&self, key: &hmac::Key) -> Result<(String, String), serde_json::Error> {
+    /// Its JSON and the base64 proof of it under `key` for the ConfigMap of `uid`
+    /// ([`open`] checks them).
+    pub fn seal(&self, key: &hmac::Key, uid: &str) -> Result<(String, String), serde_json::Error> {
         let json = serde_json::to_string(self)?;
-        let tag = hmac::sign(key, &signed_bytes(&self.namespace, &self.app_id, &json));
-        let signature = base64::engine::general_purpose::STANDARD.encode(tag.as_ref());
-        Ok((json, signature))
+        let proof = proof(key, &self.namespace, &self.app_id, uid, &json);
+        Ok((json, proof))
     }
 
-    /// Signs and writes it in `store`; a failure is logged (the caller writes it again
-    /// later) and is `Err`.
+    /// Writes it in `store`, proven for the ConfigMap it lands in; a failure is logged
+    /// (the caller writes it again later) and is `Err`.
     pub async fn write_to(&self, store: &RegistrationStore) -> Result<(), ()> {
         let key = store.signing_key().await.map_err(|err| {
             tracing::warn!(error = %err, "cannot sign the application's registration; not written");
         })?;
-        let (json, signature) = self.seal(key).map_err(|err| {
+        let json = serde_json::to_string(self).map_err(|err| {
             tracing::error!(error = %err, "cannot encode the application's registration");
         })?;
+        let prove = |uid: &str| proof(key.key(), &self.namespace, &self.app_id, uid, &json);
         store
-            .write(&self.namespace, &self.app_id, &json, &signature)
+            .write(&self.namespace, &self.app_id, &json, prove)
             .await
             .map_err(drop)
     }
@@ -260,6 +331,8 @@ impl Registration {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::jiff::{Span, Timestamp};
+
     use super::*;
 
     #[test]
@@ -373,7 +446,7 @@ mod tests {
         assert_eq!(again, with_policy);
     }
 
-    fn sealed(key: &hmac::Key) -> (Registration, StoredRegistration) {
+    fn sealed(key: &SigningKey) -> (Registration, StoredRegistration) {
         let req = StartApplication {
             app_id: AppId::parse("app-1").unwrap(),
             namespace: "team-a".into(),
@@ -385,19 +458,102 @@ mod tests {
             claims: Vec::new(),
         };
         let registration = Registration::of_start(&req);
-        let (json, signature) = registration.seal(key).unwrap();
+        let (json, proof) = registration.seal(key.key(), "uid-1").unwrap();
         let stored = StoredRegistration {
             name: RegistrationStore::config_map_name("team-a", "app-1"),
             namespace_label: Some("team-a".into()),
             app_label: Some("app-1".into()),
             json: Some(json),
-            signature: Some(signature),
+            proof: Some(proof),
+            proof_uid: Some("uid-1".into()),
+            signature: None,
+            uid: Some("uid-1".into()),
+            created: Some(since() - Span::new().hours(1)),
         };
         (registration, stored)
     }
 
-    fn key(byte: u8) -> hmac::Key {
-        hmac::Key::new(hmac::HMAC_SHA256, &[byte; 32])
+    /// When the proofs' marker was created, in [`key`].
+    fn since() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).unwrap()
+    }
+
+    fn key(byte: u8) -> SigningKey {
+        SigningKey::new(
+            hmac::Key::new(hmac::HMAC_SHA256, &[byte; 32]),
+            Some(since()),
+        )
+    }
+
+    /// `stored` as an earlier version wrote it: signed over all but the uid, no proof.
+    fn as_earlier_version(stored: &StoredRegistration, key: &SigningKey) -> StoredRegistration {
+        let parts = [
+            stored.namespace_label.as_deref().unwrap(),
+            stored.app_label.as_deref().unwrap(),
+            stored.json.as_deref().unwrap(),
+        ];
+        let tag = hmac::sign(key.key(), &mac_bytes(SIGNED_CONTEXT, &parts));
+        StoredRegistration {
+            proof: None,
+            proof_uid: None,
+            signature: Some(base64::engine::general_purpose::STANDARD.encode(tag.as_ref())),
+            ..stored.clone()
+        }
+    }
+
+    #[test]
+    fn a_copy_in_another_object_is_refused_as_replayed() {
+        let all = BTreeSet::new();
+        let (registration, stored) = sealed(&key(1));
+        assert_eq!(open(&stored, &key(1), &all), Ok(registration));
+        // Written back from a copy: the same name, labels and data, another object.
+        let copy = StoredRegistration {
+            uid: Some("uid-2".into()),
+            created: Some(since() + Span::new().hours(1)),
+            ..stored.clone()
+        };
+        let refusal = open(&copy, &key(1), &all).unwrap_err();
+        assert_eq!(refusal.reason(), "replayed");
+        assert!(refusal.to_string().contains("uid-1") && refusal.to_string().contains("uid-2"));
+        // Its proof edited to name the new uid: no longer the service's MAC.
+        let relabelled = StoredRegistration {
+            proof_uid: Some("uid-2".into()),
+            ..copy.clone()
+        };
+        assert_eq!(open(&relabelled, &key(1), &all), Err(Refusal::BadSignature));
+        // A proof without the uid it was made for.
+        let no_uid = StoredRegistration {
+            proof_uid: None,
+            ..stored
+        };
+        assert_eq!(open(&no_uid, &key(1), &all), Err(Refusal::BadSignature));
+    }
+
+    #[test]
+    fn an_earlier_versions_record_resumes_only_in_an_object_older_than_the_proofs() {
+        let all = BTreeSet::new();
+        let (registration, stored) = sealed(&key(1));
+        let earlier = as_earlier_version(&stored, &key(1));
+        assert_eq!(open(&earlier, &key(1), &all), Ok(registration.clone()));
+        let at_marker = StoredRegistration {
+            created: Some(since()),
+            ..earlier.clone()
+        };
+        assert_eq!(open(&at_marker, &key(1), &all), Ok(registration));
+        let written_back = StoredRegistration {
+            created: Some(since() + Span::new().seconds(1)),
+            ..earlier.clone()
+        };
+        assert_eq!(
+            open(&written_back, &key(1), &all).unwrap_err().reason(),
+            "unproven"
+        );
+        let no_marker = SigningKey::new(hmac::Key::new(hmac::HMAC_SHA256, &[1; 32]), None);
+        assert_eq!(
+            open(&earlier, &no_marker, &all).unwrap_err().reason(),
+            "unproven"
+        );
+        assert_eq!(open(&earlier, &key(2), &all), Err(Refusal::BadSignature));
     }
 
     #[test]
@@ -407,12 +563,13 @@ mod tests {
         assert_eq!(open(&stored, &key(1), &all), Ok(registration));
         assert_eq!(open(&stored, &key(2), &all), Err(Refusal::BadSignature));
         let unsigned = StoredRegistration {
-            signature: None,
+            proof: None,
+            proof_uid: None,
             ..stored.clone()
         };
         assert_eq!(open(&unsigned, &key(1), &all), Err(Refusal::Unsigned));
         let garbage = StoredRegistration {
-            signature: Some("not base64!".into()),
+            proof: Some("not base64!".into()),
             ..stored
         };
         assert_eq!(open(&garbage, &key(1), &all), Err(Refusal::BadSignature));

@@ -159,6 +159,16 @@ impl ApiClient {
         namespace: &str,
         object: &K,
     ) -> Result<(), kube::Error> {
+        self.create_answered(namespace, object).await.map(drop)
+    }
+
+    /// [`Self::create`], answering the object created, or `None` when a retry found it
+    /// already created (by the attempt whose answer was lost, or by someone else).
+    pub(super) async fn create_answered<K: Namespaced>(
+        &self,
+        namespace: &str,
+        object: &K,
+    ) -> Result<Option<K>, kube::Error> {
         let api = self.namespaced::<K>(namespace);
         self.policy
             .run(|unknown_outcome| {
@@ -166,8 +176,8 @@ impl ApiClient {
                 async move {
                     self.acquire().await?;
                     match api.create(&PostParams::default(), object).await {
-                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(()),
-                        other => other.map(drop),
+                        Err(err) if unknown_outcome && is_status(&err, 409) => Ok(None),
+                        other => other.map(Some),
                     }
                 }
             })
@@ -181,13 +191,24 @@ impl ApiClient {
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<(), kube::Error> {
+        self.merge_patch_answered::<K>(namespace, name, patch)
+            .await
+            .map(drop)
+    }
+
+    /// [`Self::merge_patch`], answering the object as patched.
+    pub(super) async fn merge_patch_answered<K: Namespaced>(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<K, kube::Error> {
         let api = self.namespaced::<K>(namespace);
         self.policy
             .run(|_| async {
                 self.acquire().await?;
                 api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
-                    .map(drop)
             })
             .await
     }

@@ -10,9 +10,14 @@
 //! signature covers what RBAC does not: anyone else who may write ConfigMaps in the
 //! service's namespace (another controller, an operator's typo, a copy moved to another
 //! application's name) cannot write or edit a registration the service will resume.
+//!
+//! The signature (the "proof") also covers the uid of the ConfigMap it was written to, so
+//! a copy written back after the application's Stop deleted it (a namespace backup
+//! restored, a saved manifest applied again) is a new object with a new uid and is not
+//! resumed. A record an earlier version signed without a uid is resumed only when its
+//! ConfigMap is older than the proofs' marker ([`PROOFS_MARKER`]).
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -23,15 +28,29 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::client::{ApiClient, is_status};
-use super::config_map::{self, FirstTry, MANAGED_BY, MANAGED_BY_LABEL, managed_labels};
+use super::config_map::{MANAGED_BY, MANAGED_BY_LABEL, managed_labels};
 use super::describe_error;
 use crate::naming::{sanitize_prefix, stable_hash, truncate_label};
 
 /// Data key of the registration (JSON) in its ConfigMap.
 pub const REGISTRATION_KEY: &str = "registration";
 
-/// Data key of the registration's signature (base64 of HMAC-SHA256) in its ConfigMap.
+/// Data key of the registration's proof (base64 of HMAC-SHA256 over its namespace,
+/// application id, [`PROOF_UID_KEY`] and JSON) in its ConfigMap.
+pub const PROOF_KEY: &str = "registration-proof";
+
+/// Data key of the uid of the ConfigMap the proof was made for: a proof whose uid is not
+/// its ConfigMap's own is a copy.
+pub const PROOF_UID_KEY: &str = "registration-uid";
+
+/// Data key of the signature earlier versions wrote instead of a proof (bound to no
+/// object). A write of this version removes it.
 pub const SIGNATURE_KEY: &str = "registration-signature";
+
+/// ConfigMap in the service's namespace created by the first service that writes proofs:
+/// its `creationTimestamp` (the API server's clock) tells the records an earlier version
+/// wrote (resumed, then proven) from copies of them written back since (refused).
+pub const PROOFS_MARKER: &str = "spark-pod-allocator.registration-proofs";
 
 /// Label of a registration's ConfigMap naming the application's namespace (the
 /// application id is in [`crate::allocator::types::APP_ID_LABEL`]).
@@ -105,6 +124,11 @@ pub enum KeyError {
     },
     #[error("no random bytes for a new registration key")]
     Random,
+    #[error("reading or creating the ConfigMap {namespace}/{PROOFS_MARKER} (registrations.namespace): {}", describe_error(.source))]
+    Marker {
+        namespace: String,
+        source: kube::Error,
+    },
 }
 
 /// A registration as found in the service's namespace, before anything of it is trusted.
@@ -118,8 +142,40 @@ pub struct StoredRegistration {
     pub app_label: Option<String>,
     /// The registration JSON ([`REGISTRATION_KEY`]).
     pub json: Option<String>,
-    /// The signature ([`SIGNATURE_KEY`]).
+    /// The proof ([`PROOF_KEY`]).
+    pub proof: Option<String>,
+    /// The uid the proof was made for ([`PROOF_UID_KEY`]).
+    pub proof_uid: Option<String>,
+    /// An earlier version's signature ([`SIGNATURE_KEY`]).
     pub signature: Option<String>,
+    /// The ConfigMap's own uid.
+    pub uid: Option<String>,
+    /// The ConfigMap's `creationTimestamp`.
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+/// The key that signs registrations, and the moment records without a proof stop being
+/// trusted.
+pub struct SigningKey {
+    key: hmac::Key,
+    proofs_since: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+impl SigningKey {
+    /// `key`; a record without a proof is trusted when its ConfigMap was created at or
+    /// before `proofs_since` (`None`: never).
+    pub fn new(key: hmac::Key, proofs_since: Option<k8s_openapi::jiff::Timestamp>) -> Self {
+        Self { key, proofs_since }
+    }
+
+    pub fn key(&self) -> &hmac::Key {
+        &self.key
+    }
+
+    /// The [`PROOFS_MARKER`]'s creation.
+    pub fn proofs_since(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.proofs_since
+    }
 }
 
 /// The registrations' ConfigMaps and their signing key, in the service's namespace.
@@ -131,11 +187,11 @@ pub struct RegistrationStore {
     namespace: Arc<str>,
     key_secret: Arc<str>,
     /// Read (or created) once, at first need; a failure is tried again at the next need.
-    key: Arc<OnceCell<hmac::Key>>,
-    /// This application's registration was written by this store: later writes patch it.
-    /// Until then a write creates it first (a new application's usual case), so its first
-    /// write costs one request of its share of the rate limit, not a 404 and a create.
-    written: Arc<std::sync::atomic::AtomicBool>,
+    key: Arc<OnceCell<SigningKey>>,
+    /// The uid of this application's ConfigMap as this store last wrote it: later writes
+    /// patch it with a proof over that uid in one request. Until then a write creates it
+    /// first (a new application's usual case).
+    written: Arc<Mutex<Option<String>>>,
 }
 
 impl RegistrationStore {
@@ -188,10 +244,64 @@ impl RegistrationStore {
     }
 
     /// The signing key: the Secret's `key`, or, when there is no such Secret, a new one of
-    /// [`KEY_LEN`] random bytes (GET, on 404 CREATE, on 409 GET again: replicas may race).
-    /// Read once per service.
-    pub async fn signing_key(&self) -> Result<&hmac::Key, KeyError> {
-        self.key.get_or_try_init(|| self.read_or_create_key()).await
+    /// [`KEY_LEN`] random bytes (GET, on 404 CREATE, on 409 GET again: replicas may race);
+    /// with the [`PROOFS_MARKER`]'s creation. Read once per service.
+    pub async fn signing_key(&self) -> Result<&SigningKey, KeyError> {
+        self.key
+            .get_or_try_init(|| async {
+                let key = self.read_or_create_key().await?;
+                let proofs_since =
+                    self.proofs_since()
+                        .await
+                        .map_err(|source| KeyError::Marker {
+                            namespace: self.namespace.to_string(),
+                            source,
+                        })?;
+                Ok(SigningKey { key, proofs_since })
+            })
+            .await
+    }
+
+    /// The [`PROOFS_MARKER`]'s `creationTimestamp`, the marker created when missing (the
+    /// first start of a version that writes proofs; GET, on 404 CREATE, on 409 GET again).
+    async fn proofs_since(&self) -> Result<Option<k8s_openapi::jiff::Timestamp>, kube::Error> {
+        let created = |marker: ConfigMap| marker.metadata.creation_timestamp.map(|t| t.0);
+        let namespace = &*self.namespace;
+        if let Some(marker) = self.api.get_opt(namespace, PROOFS_MARKER).await? {
+            return Ok(created(marker));
+        }
+        let marker = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(PROOFS_MARKER.to_string()),
+                labels: Some(BTreeMap::from([(
+                    MANAGED_BY_LABEL.to_string(),
+                    MANAGED_BY.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        match self.api.create_answered(namespace, &marker).await {
+            Ok(Some(marker)) => {
+                tracing::info!(
+                    namespace,
+                    config_map = PROOFS_MARKER,
+                    "created the registration proofs' marker"
+                );
+                Ok(created(marker))
+            }
+            Ok(None) => Ok(self
+                .api
+                .get_opt(namespace, PROOFS_MARKER)
+                .await?
+                .and_then(created)),
+            Err(err) if is_status(&err, 409) => Ok(self
+                .api
+                .get_opt(namespace, PROOFS_MARKER)
+                .await?
+                .and_then(created)),
+            Err(err) => Err(err),
+        }
     }
 
     async fn read_or_create_key(&self) -> Result<hmac::Key, KeyError> {
@@ -264,43 +374,117 @@ impl RegistrationStore {
         Ok(hmac::Key::new(hmac::HMAC_SHA256, &key))
     }
 
-    /// Writes an application's signed registration: its first write creates the ConfigMap
-    /// (labelled with the application's namespace and id), or patches it when it is there
-    /// already; later writes merge-PATCH it, or create it again when it is gone. No owner reference:
-    /// owners in another namespace are not allowed (the garbage collector would delete
-    /// it); the service deletes it when the application ends.
+    /// Writes an application's registration, `proof` making its proof for the uid of the
+    /// ConfigMap it lands in. Its first write creates the ConfigMap (labelled with the
+    /// application's namespace and id) without a proof, then patches the proof in for the
+    /// uid the create answered: two requests. Later writes merge-PATCH the JSON and the
+    /// proof for the uid last written in one request. Whenever a write lands in another
+    /// object than the one its proof names (it was there already: a resumed application's;
+    /// or it was deleted and created again meanwhile), the proof is written again for that
+    /// object's uid. No owner reference: owners in another namespace are not allowed (the
+    /// garbage collector would delete it); the service deletes it when the application ends.
     pub async fn write(
         &self,
         app_namespace: &str,
         app_id: &str,
         json: &str,
-        signature: &str,
+        proof: impl Fn(&str) -> String,
     ) -> Result<(), kube::Error> {
         let name = Self::config_map_name(app_namespace, app_id);
-        let data = BTreeMap::from([
-            (REGISTRATION_KEY.to_string(), json.to_string()),
-            (SIGNATURE_KEY.to_string(), signature.to_string()),
-        ]);
-        let mut labels = managed_labels(app_id);
-        labels.insert(
-            APPLICATION_NAMESPACE_LABEL.to_string(),
-            app_namespace.to_string(),
-        );
-        // Once written, patched (and created again if it was deleted meanwhile); before,
-        // created (and patched when it is there already: a resumed application's).
-        let first = if self.written.load(Ordering::Relaxed) {
-            FirstTry::Patch
-        } else {
-            FirstTry::Create
-        };
+        let result = self
+            .write_proven(app_namespace, app_id, &name, json, proof)
+            .await;
         let namespace = &*self.namespace;
-        let result = config_map::write(&self.api, namespace, &name, labels, data, first).await;
-        if result.is_ok() {
-            self.written.store(true, Ordering::Relaxed);
-        }
         result.inspect_err(|err| {
             tracing::warn!(namespace, config_map = %name, app_namespace, error = %describe_error(err), "writing the application's registration failed");
         })
+    }
+
+    async fn write_proven(
+        &self,
+        app_namespace: &str,
+        app_id: &str,
+        name: &str,
+        json: &str,
+        proof: impl Fn(&str) -> String,
+    ) -> Result<(), kube::Error> {
+        let namespace = &*self.namespace;
+        let mut uid = self.written_uid();
+        // Each turn writes a proof for `uid` (or, unknown, creates); done when the answer
+        // is the object of that uid. Three turns cover a create and an object replaced
+        // between two writes; more is someone replacing it on purpose: tried next round.
+        for _ in 0..3 {
+            let answered: Option<ConfigMap> = match &uid {
+                Some(target) => {
+                    let patch = serde_json::json!({"data": {
+                        REGISTRATION_KEY: json,
+                        PROOF_UID_KEY: target,
+                        PROOF_KEY: proof(target),
+                        SIGNATURE_KEY: null,
+                    }});
+                    match self.api.merge_patch_answered(namespace, name, &patch).await {
+                        Err(err) if is_status(&err, 404) => None,
+                        other => Some(other?),
+                    }
+                }
+                None => {
+                    let mut labels = managed_labels(app_id);
+                    labels.insert(
+                        APPLICATION_NAMESPACE_LABEL.to_string(),
+                        app_namespace.to_string(),
+                    );
+                    let config_map = ConfigMap {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_string()),
+                            labels: Some(labels),
+                            ..ObjectMeta::default()
+                        },
+                        data: Some(BTreeMap::from([(
+                            REGISTRATION_KEY.to_string(),
+                            json.to_string(),
+                        )])),
+                        ..ConfigMap::default()
+                    };
+                    match self.api.create_answered(namespace, &config_map).await {
+                        Ok(Some(created)) => Some(created),
+                        // There already: read which object it is.
+                        Ok(None) => self.api.get_opt(namespace, name).await?,
+                        Err(err) if is_status(&err, 409) => {
+                            self.api.get_opt(namespace, name).await?
+                        }
+                        Err(err) => return Err(err),
+                    }
+                }
+            };
+            let landed = answered.and_then(|config_map| config_map.metadata.uid);
+            if landed.is_some() && landed == uid {
+                self.set_written_uid(landed);
+                return Ok(());
+            }
+            uid = landed;
+        }
+        self.set_written_uid(None);
+        Err(kube::Error::Api(Box::new(
+            kube::core::Status::failure(
+                &format!("the ConfigMap {namespace}/{name} was replaced while its registration was written"),
+                "Conflict",
+            )
+            .with_code(409),
+        )))
+    }
+
+    fn written_uid(&self) -> Option<String> {
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_written_uid(&self, uid: Option<String>) {
+        *self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = uid;
     }
 
     /// Every registration in the service's namespace (ConfigMaps of the service that name
@@ -345,7 +529,11 @@ fn stored(config_map: ConfigMap) -> StoredRegistration {
         namespace_label: labels.remove(APPLICATION_NAMESPACE_LABEL),
         app_label: labels.remove(crate::allocator::types::APP_ID_LABEL),
         json: data.remove(REGISTRATION_KEY),
+        proof: data.remove(PROOF_KEY),
+        proof_uid: data.remove(PROOF_UID_KEY),
         signature: data.remove(SIGNATURE_KEY),
+        uid: config_map.metadata.uid,
+        created: config_map.metadata.creation_timestamp.map(|t| t.0),
     }
 }
 

@@ -13,4 +13,5 @@ mod faults;
 mod ha;
 mod pod_security;
 mod process_node;
+mod registrations;
 mod websocket;

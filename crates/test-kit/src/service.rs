@@ -17,7 +17,7 @@ use spark_pod_allocator::app::{
     AppId, Applications, ManualClock, ServiceOptions, StartApplication, Started,
 };
 use spark_pod_allocator::k8s::RegistrationStore;
-use spark_pod_allocator::k8s::registrations::REGISTRATION_KEY;
+use spark_pod_allocator::k8s::registrations::{PROOF_KEY, REGISTRATION_KEY};
 use spark_pod_allocator::runtime::Builder;
 
 use crate::grpc::TEMPLATE;
@@ -57,7 +57,8 @@ pub async fn registration_config_map(
         .expect("get the registration's ConfigMap")
 }
 
-/// The registration [`registration_config_map`] holds, decoded (its signature unchecked).
+/// The registration [`registration_config_map`] holds, decoded (its proof unchecked), once
+/// its proof is written: as a restarted service would find it.
 pub async fn stored_registration(
     client: &kube::Client,
     service_namespace: &str,
@@ -65,7 +66,9 @@ pub async fn stored_registration(
     app: &str,
 ) -> Option<Registration> {
     let config_map = registration_config_map(client, service_namespace, app_namespace, app).await?;
-    let json = config_map.data?.remove(REGISTRATION_KEY)?;
+    let mut data = config_map.data?;
+    data.get(PROOF_KEY)?;
+    let json = data.remove(REGISTRATION_KEY)?;
     Some(serde_json::from_str(&json).expect("registration JSON"))
 }
 

@@ -82,7 +82,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "auth" (include "spa.authConfig" . | fromYaml)
 -}}
 {{- if .Values.metrics.enabled }}
-{{- $_ := set $config "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .Values.metrics.port))) -}}
+{{- $_ := set $config "metrics" (dict
+  "listen" (printf "0.0.0.0:%d" (int .Values.metrics.port))
+  "application_labels" .Values.metrics.applicationLabels) -}}
 {{- end }}
 {{- if not (kindIs "invalid" .Values.health.port) }}
 {{- $_ := set $config "health" (dict "listen" (printf "0.0.0.0:%d" (int .Values.health.port))) -}}
