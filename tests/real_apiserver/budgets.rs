@@ -145,6 +145,7 @@ async fn three_applications_asking_30_under_a_budget_of_30_get_10_each() {
             name: None,
             namespace: Some(c.namespace().to_string()),
             queue: None,
+            namespaces: Vec::new(),
             max_executors: 30,
             max_pending: None,
             max_cpu: None,
