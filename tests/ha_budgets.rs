@@ -23,7 +23,7 @@ use spark_pod_allocator::runtime::Service;
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::{batched_start_request, quiet_cluster};
 use test_kit::requests::*;
-use test_kit::wait::until;
+use test_kit::wait::{eventually, until};
 use tonic::transport::Channel;
 
 const SHARDS: u32 = 3;
@@ -97,6 +97,15 @@ fn most_executors_at_once(sim: &SimCluster, namespaces: &[String]) -> usize {
     most
 }
 
+/// `Some` once answered; `None` for UNAVAILABLE (asked again); any other error fails.
+fn answered<T>(reply: Result<T, tonic::Status>) -> Option<T> {
+    match reply {
+        Ok(reply) => Some(reply),
+        Err(status) if status.code() == tonic::Code::Unavailable => None,
+        Err(status) => panic!("answered {status:?}"),
+    }
+}
+
 fn app_id(app: &str) -> AppId {
     AppId::parse(app).expect("app id")
 }
@@ -152,28 +161,32 @@ async fn a_queue_over_namespaces_of_three_replicas_never_exceeds_its_budget() {
     let apps: Vec<(String, String)> = (namespaces.iter().enumerate())
         .map(|(i, ns)| (ns.clone(), format!("app-{i}")))
         .collect();
+    // A replica that has not yet seen a shard change hands answers UNAVAILABLE, and the
+    // driver asks again.
     for (ns, app) in &apps {
-        client
-            .start(batched_start_request(app, ns, TARGET, 1000))
-            .await
-            .expect("Start");
+        eventually(&format!("Start {app}"), async || {
+            let request = batched_start_request(app, ns, TARGET, 1000);
+            answered(client.clone().start(request).await)
+        })
+        .await;
     }
     for (_, app) in &apps {
-        client
-            .set_total_expected(targets_request(app.as_str(), TARGET))
-            .await
-            .expect("SetTotalExpected");
+        eventually(&format!("SetTotalExpected {app}"), async || {
+            let request = targets_request(app.as_str(), TARGET);
+            answered(client.clone().set_total_expected(request).await)
+        })
+        .await;
     }
 
     // Rounds until every application has what its budget lets it have and is held for
     // the rest (its pods seen, nothing in flight).
     let settled = async |client: &mut ExecutorAllocatorClient<Channel>| {
         for (ns, app) in &apps {
-            let status = client
-                .get_status(status_request(app.as_str()))
-                .await
-                .expect("GetStatus")
-                .into_inner();
+            let Some(status) = answered(client.get_status(status_request(app.as_str())).await)
+            else {
+                return false;
+            };
+            let status = status.into_inner();
             let profile = &status.profiles[0];
             let pods = test_kit::sim::cluster_ids(&sim, ns, app).await.len() as u32;
             if profile.held == 0
@@ -203,16 +216,16 @@ async fn a_queue_over_namespaces_of_three_replicas_never_exceeds_its_budget() {
             .await;
         }
     }
+    assert_eq!(
+        most_executors_at_once(&sim, &namespaces),
+        MAX_EXECUTORS,
+        "never more than the queue's max_executors at once, and all of it used"
+    );
     let mut now = 0;
     for (ns, app) in &apps {
         now += test_kit::sim::cluster_ids(&sim, ns, app).await.len();
     }
     assert_eq!(now, MAX_EXECUTORS, "the queue's whole budget is used");
-    assert_eq!(
-        most_executors_at_once(&sim, &namespaces),
-        MAX_EXECUTORS,
-        "never more than the queue's max_executors at once"
-    );
     let owners: BTreeSet<String> = {
         let mut owners = BTreeSet::new();
         for (_, app) in &apps {
