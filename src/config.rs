@@ -529,8 +529,10 @@ pub fn watch_budgets(
                         match budgets.replace(policy) {
                             Ok(()) => tracing::info!(file = %path.display(), budgets = count,
                                 "configuration file changed: budgets reloaded (other settings need a restart)"),
-                            Err((key, reason)) => tracing::error!(file = %path.display(), %key, %reason,
-                                "configuration file changed but is refused; the budgets in force stay"),
+                            Err((key, reason)) => {
+                                tracing::error!(file = %path.display(), %key, %reason,
+                                "configuration file changed but is refused; the budgets in force stay")
+                            }
                         }
                     }
                 }

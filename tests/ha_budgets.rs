@@ -135,7 +135,11 @@ async fn a_queue_over_namespaces_of_three_replicas_never_exceeds_its_budget() {
             name: None,
             namespace: None,
             queue: Some("gold".into()),
-            namespaces: namespaces.iter().cloned().map(QueueNamespace::Name).collect(),
+            namespaces: namespaces
+                .iter()
+                .cloned()
+                .map(QueueNamespace::Name)
+                .collect(),
             max_executors: MAX_EXECUTORS as u64,
             max_pending: None,
             max_cpu: None,
@@ -205,13 +209,24 @@ async fn a_queue_over_namespaces_of_three_replicas_never_exceeds_its_budget() {
         let mut before = Vec::new();
         for (_, app) in &apps {
             let owner = owner(&replicas, app).await;
-            before.push(owner.applications().rounds(&app_id(app)).await.expect("rounds"));
+            before.push(
+                owner
+                    .applications()
+                    .rounds(&app_id(app))
+                    .await
+                    .expect("rounds"),
+            );
         }
         clock.advance(Duration::from_secs(1));
         for ((_, app), rounds) in apps.iter().zip(before) {
             let owner = owner(&replicas, app).await;
             until(&format!("a round of {app}"), async || {
-                owner.applications().rounds(&app_id(app)).await.expect("rounds") > rounds
+                owner
+                    .applications()
+                    .rounds(&app_id(app))
+                    .await
+                    .expect("rounds")
+                    > rounds
             })
             .await;
         }

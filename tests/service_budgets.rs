@@ -54,8 +54,8 @@ fn gold(max_executors: u64, namespaces: &[(&str, u32)]) -> BudgetEntry {
 
 /// A service under `budgets`, whose driver label `queue` may name a queue.
 async fn harness_with(budgets: &[BudgetEntry]) -> Harness {
-    let policy = BudgetPolicy::check(budgets, Some("queue"), budgets::DEFAULT_MAX_WEIGHT)
-        .expect("budgets");
+    let policy =
+        BudgetPolicy::check(budgets, Some("queue"), budgets::DEFAULT_MAX_WEIGHT).expect("budgets");
     let options = ServiceOptions {
         budgets: policy,
         ..ServiceOptions::default()

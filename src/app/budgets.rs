@@ -928,9 +928,18 @@ mod tests {
         let label = |value: &str| BTreeMap::from([("queue".to_string(), value.to_string())]);
         assert!(policy.check_queue_label("team-a", &label("gold")).is_ok());
         assert!(policy.check_queue_label("team-a", &BTreeMap::new()).is_ok());
-        let refused = policy.check_queue_label("team-b", &label("gold")).unwrap_err();
-        assert!(refused.contains("queue=gold") && refused.contains("team-b"), "{refused}");
-        assert!(policy.check_queue_label("team-a", &label("silver")).is_err());
+        let refused = policy
+            .check_queue_label("team-b", &label("gold"))
+            .unwrap_err();
+        assert!(
+            refused.contains("queue=gold") && refused.contains("team-b"),
+            "{refused}"
+        );
+        assert!(
+            policy
+                .check_queue_label("team-a", &label("silver"))
+                .is_err()
+        );
         assert_eq!(
             policy.shard_keys(),
             BTreeMap::from([("team-a".to_string(), "queue/gold".to_string())])

@@ -116,7 +116,10 @@ mod tests {
         let namespaces: Vec<String> = (0..6).map(|i| format!("team-{i}")).collect();
         let apart: std::collections::BTreeSet<Shard> =
             namespaces.iter().map(|ns| plain.shard_of(ns)).collect();
-        assert!(apart.len() > 1, "the namespaces are in several shards alone");
+        assert!(
+            apart.len() > 1,
+            "the namespaces are in several shards alone"
+        );
         let keys = (namespaces.iter())
             .map(|ns| (ns.clone(), "queue/gold".to_string()))
             .collect();
