@@ -580,12 +580,18 @@ mod tests {
             }
             let mut merged = vec![(0u32, 0u64); 3];
             for (t, merged) in merged.iter_mut().enumerate() {
-                let demand = flat.iter().zip(&of).filter(|(_, o)| **o == t).map(|(c, _)| c.1).sum();
+                let demand = (flat.iter().zip(&of))
+                    .filter(|(_, o)| **o == t)
+                    .map(|(c, _)| c.1)
+                    .sum();
                 *merged = (1, demand);
             }
             let alone = tenant_shares(capacity, &merged, tenancy(&weights, &[0, 1, 2]));
             for (t, alone) in alone.iter().enumerate() {
-                let got: u64 = shares.iter().zip(&of).filter(|(_, o)| **o == t).map(|(s, _)| s).sum();
+                let got: u64 = (shares.iter().zip(&of))
+                    .filter(|(_, o)| **o == t)
+                    .map(|(s, _)| s)
+                    .sum();
                 proptest::prop_assert_eq!(got, *alone, "tenant {}", t);
             }
         }

@@ -7,9 +7,9 @@
 //! [`BudgetMembership`], dropped when it ends) and, in each round, once its engine has
 //! counted, asks the ledger for its room ([`BudgetMembership::room`]): the smallest over
 //! the budgets it falls under of [`crate::allocator::budget::room_in`] (its share of its
-//! namespace's share, never beyond what the budget has free). The room is reserved at once (its
-//! use counts as if all of it were asked for), so two actors asking together cannot both
-//! take what is free; the round then reports what it really asked for
+//! namespace's share, never beyond what the budget has free). The room is reserved at
+//! once (its use counts as if all of it were asked for), so two actors asking together
+//! cannot both take what is free; the round then reports what it really asked for
 //! ([`BudgetMembership::report`]). The arithmetic is pure and lives in the engine; this
 //! only keeps the claims, behind one short lock that no I/O is done under.
 //!
