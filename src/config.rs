@@ -87,9 +87,11 @@ pub struct Settings {
     /// This replica's identity, the shards and their Leases.
     pub ha: crate::ha::HaSettings,
     /// Budgets the applications of a namespace or queue share (fair division, see
-    /// docs/service.md); reloaded from the file while the service runs.
+    /// docs/service.md); reloaded from the file while the service runs, except which
+    /// namespaces each queue holds (they decide shards: start-up only).
     pub budgets: Vec<crate::app::budgets::BudgetEntry>,
-    /// The driver-pod label whose value names an application's queue (`queue` budgets).
+    /// A driver-pod label that may name its application's queue: a value other than its
+    /// namespace's queue is refused at Start.
     pub budgets_queue_label: Option<String>,
     /// The largest `budget_weight` an application may have (a larger one counts as this).
     pub budgets_max_weight: u32,
@@ -528,9 +530,15 @@ pub fn watch_budgets(
             match Settings::load(Some(&path)).and_then(|settings| settings.budget_policy()) {
                 Ok(policy) => {
                     if policy != budgets.policy() {
-                        tracing::info!(file = %path.display(), budgets = policy.budgets.len(),
-                            "configuration file changed: budgets reloaded (other settings need a restart)");
-                        budgets.replace(policy);
+                        let count = policy.budgets.len();
+                        match budgets.replace(policy) {
+                            Ok(()) => tracing::info!(file = %path.display(), budgets = count,
+                                "configuration file changed: budgets reloaded (other settings need a restart)"),
+                            Err((key, reason)) => {
+                                tracing::error!(file = %path.display(), %key, %reason,
+                                "configuration file changed but is refused; the budgets in force stay")
+                            }
+                        }
                     }
                 }
                 Err(error) => tracing::error!(file = %path.display(), %error,
@@ -1213,7 +1221,7 @@ mod tests {
     fn budgets_load_from_the_file_and_a_bad_one_is_refused_naming_its_key() {
         let f = file(
             "yaml",
-            "budgets_queue_label: queue\nbudgets:\n- namespace: team-a\n  max_executors: 30\n  max_pending: 10\n  max_cpu: 64\n  max_memory: 256Gi\n- queue: gold\n  name: gold\n  max_executors: 100\n  max_cpu: \"500m\"\n",
+            "budgets_queue_label: queue\nbudgets:\n- namespace: team-a\n  max_executors: 30\n  max_pending: 10\n  max_cpu: 64\n  max_memory: 256Gi\n- queue: gold\n  name: gold\n  namespaces:\n  - team-b\n  - namespace: team-c\n    weight: 2\n  max_executors: 100\n  max_cpu: \"500m\"\n",
         );
         let s = Settings::load_with_env(Some(f.path()), env(&[])).unwrap();
         let policy = s.budget_policy().unwrap();
@@ -1225,6 +1233,10 @@ mod tests {
         assert_eq!(limits.max_cpu_millis, Some(64_000));
         assert_eq!(limits.max_memory_bytes, Some(256 << 30));
         assert_eq!(policy.budgets[1].limits.max_cpu_millis, Some(500));
+        let tenants: Vec<(&str, u32)> = (policy.budgets[1].tenants.iter())
+            .map(|(ns, w)| (ns.as_str(), *w))
+            .collect();
+        assert_eq!(tenants, [("team-b", 1), ("team-c", 2)]);
         let f = file(
             "toml",
             "[[budgets]]\nnamespace = \"a\"\nmax_executors = 1\n[[budgets]]\nnamespace = \"b\"\nmax_executors = 1\nmax_cpu = \"many\"\n",
@@ -1234,9 +1246,10 @@ mod tests {
             matches!(&err, ConfigError::Invalid { key, .. } if key == "budgets[1].max_cpu"),
             "{err}"
         );
+        // A queue without namespaces: the driver label no longer makes members.
         let f = file("toml", "[[budgets]]\nqueue = \"gold\"\nmax_executors = 1\n");
         let err = Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err();
-        assert!(err.to_string().contains("budgets[0].queue"), "{err}");
+        assert!(err.to_string().contains("budgets[0].namespaces"), "{err}");
     }
 
     #[tokio::test]

@@ -100,6 +100,8 @@ impl Builder {
             &client,
             &lease_namespace,
             &options.ha,
+            // Read once: membership decides shards for the life of the process.
+            options.budgets.shard_keys(),
             &release,
             &initialize,
         );

@@ -1,10 +1,14 @@
 //! Budgets shared by applications, end to end on the simulated cluster over real gRPC:
 //! fair division of a namespace budget (10/10/10, then 15/15 once one stops), weights,
-//! held executors in GetStatus; and, with the binary, a budget changed in the
+//! held executors in GetStatus; a queue divided by namespace first (more or heavier
+//! applications never get a tenant more) and a driver label that names a queue its
+//! namespace is not in refused; and, with the binary, a budget changed in the
 //! configuration file taking effect without a restart, read back from `/metrics`.
 use std::time::Duration;
 
-use spark_pod_allocator::app::budgets::{BudgetEntry, BudgetPolicy};
+use spark_pod_allocator::app::budgets::{
+    BudgetEntry, BudgetPolicy, QueueNamespace, WeightedNamespace,
+};
 use spark_pod_allocator::app::{ServiceOptions, budgets};
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
@@ -23,11 +27,40 @@ fn namespace_budget(namespace: &str, max_executors: u64) -> BudgetEntry {
         name: None,
         namespace: Some(namespace.into()),
         queue: None,
+        namespaces: Vec::new(),
         max_executors,
         max_pending: None,
         max_cpu: None,
         max_memory: None,
     }
+}
+
+/// A queue budget `gold` of `max_executors` over `namespaces` (name, weight).
+fn gold(max_executors: u64, namespaces: &[(&str, u32)]) -> BudgetEntry {
+    BudgetEntry {
+        namespace: None,
+        queue: Some("gold".into()),
+        namespaces: (namespaces.iter())
+            .map(|(namespace, weight)| {
+                QueueNamespace::Weighted(WeightedNamespace {
+                    namespace: namespace.to_string(),
+                    weight: *weight,
+                })
+            })
+            .collect(),
+        ..namespace_budget("unused", max_executors)
+    }
+}
+
+/// A service under `budgets`, whose driver label `queue` may name a queue.
+async fn harness_with(budgets: &[BudgetEntry]) -> Harness {
+    let policy =
+        BudgetPolicy::check(budgets, Some("queue"), budgets::DEFAULT_MAX_WEIGHT).expect("budgets");
+    let options = ServiceOptions {
+        budgets: policy,
+        ..ServiceOptions::default()
+    };
+    Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await
 }
 
 /// A service whose applications in `team-a` share a budget of `max_executors`.
@@ -47,19 +80,25 @@ async fn harness(max_executors: u64) -> Harness {
 
 /// Starts `app` in `team-a` with `batch_size` and `weight`.
 async fn start(h: &Harness, app: &str, batch_size: u32, weight: Option<u32>) {
+    start_in(h, NAMESPACE, app, batch_size, weight).await;
+}
+
+/// Starts `app` in `namespace` with `batch_size` and `weight`.
+async fn start_in(h: &Harness, namespace: &str, app: &str, batch_size: u32, weight: Option<u32>) {
     let request = proto::StartRequest {
         settings: Some(proto::AllocationSettings {
             batch_size: Some(batch_size),
             budget_weight: weight,
             ..Default::default()
         }),
-        ..start_request(app, NAMESPACE)
+        ..start_request(app, namespace)
     };
     h.client.clone().start(request).await.expect("Start");
 }
 
+/// The application's pods, in whichever of the cluster's namespaces it runs.
 async fn pod_count(h: &Harness, app: &str) -> usize {
-    h.pods(NAMESPACE, app).await.len()
+    h.pods(NAMESPACE, app).await.len() + h.pods("team-b", app).await.len()
 }
 
 /// Moves the clock one batch delay and waits until every one of `apps` ran a round
@@ -330,6 +369,12 @@ async fn a_budget_changed_in_the_configuration_file_takes_effect_without_a_resta
 
 /// A driver pod in `team-a` in queue `gold`, with a budget weight annotation if given.
 async fn create_driver(h: &Harness, name: &str, weight: Option<&str>) {
+    create_driver_in(h, NAMESPACE, name, weight).await;
+}
+
+/// A driver pod in `namespace` labelled `queue=gold`, with a budget weight annotation if
+/// given.
+async fn create_driver_in(h: &Harness, namespace: &str, name: &str, weight: Option<&str>) {
     use kube::api::{Api, PostParams};
     let mut metadata = serde_json::json!({"name": name, "labels": {"queue": "gold"}});
     if let Some(weight) = weight {
@@ -341,24 +386,17 @@ async fn create_driver(h: &Harness, name: &str, weight: Option<&str>) {
     }))
     .expect("pod");
     let api: Api<k8s_openapi::api::core::v1::Pod> =
-        Api::namespaced(h.sim.try_client().expect("sim client"), NAMESPACE);
+        Api::namespaced(h.sim.try_client().expect("sim client"), namespace);
     api.create(&PostParams::default(), &pod)
         .await
         .expect("driver pod");
 }
 
 #[tokio::test]
-async fn a_queue_budget_follows_the_driver_label_and_weight_and_an_ended_driver_frees_its_share() {
-    let mut gold = namespace_budget(NAMESPACE, 8);
-    gold.namespace = None;
-    gold.queue = Some("gold".into());
-    let policy =
-        BudgetPolicy::check(&[gold], Some("queue"), budgets::DEFAULT_MAX_WEIGHT).expect("budget");
-    let options = ServiceOptions {
-        budgets: policy,
-        ..ServiceOptions::default()
-    };
-    let h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await;
+async fn a_queue_budget_divides_its_namespace_share_by_driver_weight_and_an_ended_driver_frees_it()
+{
+    // The driver label names the namespace's own queue: allowed.
+    let h = harness_with(&[gold(8, &[(NAMESPACE, 1)])]).await;
     create_driver(&h, "driver-a", Some("3")).await;
     create_driver(&h, "driver-b", None).await;
     for (app, driver) in [("app-a", "driver-a"), ("app-b", "driver-b")] {
@@ -373,7 +411,7 @@ async fn a_queue_budget_follows_the_driver_label_and_weight_and_an_ended_driver_
     for app in ["app-a", "app-b"] {
         h.set_total(app, 8).await;
     }
-    // Weights 3:1 of 8.
+    // Weights 3:1 of team-a's 8.
     rounds_until(&h, &["app-a", "app-b"], &[6, 2]).await;
     let status = h.status("app-b").await.expect("GetStatus");
     let held_by = profile0(&status).held_by.clone().expect("held_by");
@@ -459,4 +497,69 @@ async fn a_quota_of_20_pods_is_divided_10_10_with_no_create_refused() {
         .status
         .expect("status");
     assert_eq!(used.used.expect("used")["pods"].0, "20");
+}
+
+#[tokio::test]
+async fn a_driver_label_naming_a_queue_its_namespace_is_not_in_is_refused() {
+    // gold holds team-a only; a tenant of team-b labels its driver queue=gold.
+    let h = harness_with(&[gold(10, &[(NAMESPACE, 1)])]).await;
+    create_driver_in(&h, "team-b", "driver-b", Some("10")).await;
+    let mut request = start_request("intruder", "team-b");
+    request.driver_pod_name = "driver-b".into();
+    let refused = h.client.clone().start(request).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("queue=gold") && refused.message().contains("team-b"),
+        "names the label and the namespace: {refused:?}"
+    );
+    assert_eq!(
+        h.status("intruder").await.expect_err("not started").code(),
+        tonic::Code::NotFound
+    );
+    assert_eq!(pod_count(&h, "intruder").await, 0);
+    assert_eq!(h.applications.budgets().usage()[0].applications, 0);
+}
+
+#[tokio::test]
+async fn five_applications_of_one_tenant_get_no_more_of_a_queue_than_one_of_another() {
+    let h = harness_with(&[gold(12, &[(NAMESPACE, 1), ("team-b", 1)])]).await;
+    let many = ["many-0", "many-1", "many-2", "many-3", "many-4"];
+    // Batches no larger than the smallest share: nothing is taken before the others ask.
+    for app in many {
+        start_in(&h, NAMESPACE, app, 1, None).await;
+    }
+    start_in(&h, "team-b", "one", 1, None).await;
+    let all = ["many-0", "many-1", "many-2", "many-3", "many-4", "one"];
+    for app in all {
+        h.set_total(app, 12).await;
+    }
+    // team-a's 6 divided among its five (the extra unit to the first), team-b's 6 to its
+    // one; per application it would be 2 each, 10 to team-a.
+    rounds_until(&h, &all, &[2, 1, 1, 1, 1, 6]).await;
+    let status = h.status("one").await.expect("GetStatus");
+    let held_by = profile0(&status).held_by.clone().expect("held_by");
+    assert_eq!((held_by.budget.as_str(), held_by.share), ("queue/gold", 6));
+}
+
+#[tokio::test]
+async fn a_huge_budget_weight_gets_no_more_than_its_tenant_share() {
+    let h = harness_with(&[gold(12, &[(NAMESPACE, 1), ("team-b", 1)])]).await;
+    start_in(&h, NAMESPACE, "greedy", 1, Some(u32::MAX)).await;
+    start_in(&h, "team-b", "modest", 1, None).await;
+    for app in ["greedy", "modest"] {
+        h.set_total(app, 12).await;
+    }
+    // Per application, weights 10 (the cap) and 1 would give 11/1.
+    rounds_until(&h, &["greedy", "modest"], &[6, 6]).await;
+}
+
+#[tokio::test]
+async fn the_operator_weights_divide_a_queue_between_namespaces() {
+    let h = harness_with(&[gold(12, &[(NAMESPACE, 3), ("team-b", 1)])]).await;
+    start_in(&h, NAMESPACE, "heavy", 1, None).await;
+    start_in(&h, "team-b", "light", 1, Some(10)).await;
+    for app in ["heavy", "light"] {
+        h.set_total(app, 12).await;
+    }
+    rounds_until(&h, &["heavy", "light"], &[9, 3]).await;
 }

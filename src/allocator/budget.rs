@@ -2,11 +2,14 @@
 //!
 //! A budget caps what the applications under it (a namespace's, or a queue's) may have at
 //! once: executors, and optionally pending executors, CPU and memory requests. When their
-//! demand adds up to more, each application gets a weighted max-min fair share
-//! ([`fair_shares`]), and [`room`] says how many more executors one application may ask
-//! for now: up to its share, and never beyond what the budget has free. Nothing is ever
-//! taken back (admission, not preemption): an application above its share keeps its
-//! executors and creates no more until it is below it.
+//! demand adds up to more, the budget is divided in two levels ([`tenant_shares`]): among
+//! its tenants (namespaces) by the operator's weights, then each tenant's part among its
+//! applications by theirs, each level a weighted max-min fair division ([`fair_shares`]).
+//! So a tenant's applications divide the tenant's share: more applications, or heavier
+//! ones, never get a tenant more. [`room_in`] says how many more executors one
+//! application may ask for now: up to its share, and never beyond what the budget has
+//! free. Nothing is ever taken back (admission, not preemption): an application above its
+//! share keeps its executors and creates no more until it is below it.
 //!
 //! Everything here is a function of the numbers given: the owner of a budget's
 //! accounting (`app::budgets`) keeps each application's last claim and asks this module.
@@ -171,6 +174,42 @@ pub fn fair_shares(capacity: u64, claims: &[(u32, u64)]) -> Vec<u64> {
     shares
 }
 
+/// Who the applications of a budget belong to: claim `i` is tenant `of[i]`'s, and tenant
+/// `t` weighs `weights[t]` (≥ 1) against the others.
+#[derive(Debug, Clone, Copy)]
+pub struct Tenancy<'a> {
+    pub weights: &'a [u32],
+    pub of: &'a [usize],
+}
+
+/// Two-level weighted max-min fair division of `capacity` over `claims` (`(weight,
+/// demand)`, as [`fair_shares`]) grouped by `tenancy`: the tenants divide `capacity` by
+/// their weights, each asking what its applications ask in all; then each tenant's part is
+/// divided among its applications by theirs. A tenant's shares add up to its part whatever
+/// the number or weights of its applications. Ties go to the earlier tenant, then the
+/// earlier application, in the order given.
+pub fn tenant_shares(capacity: u64, claims: &[(u32, u64)], tenancy: Tenancy<'_>) -> Vec<u64> {
+    let tenant = |i: usize| tenancy.of.get(i).copied().unwrap_or(usize::MAX);
+    let mut demands: Vec<(u32, u64)> = (tenancy.weights.iter())
+        .map(|w| ((*w).max(1), 0u64))
+        .collect();
+    for (i, (_, demand)) in claims.iter().enumerate() {
+        if let Some(t) = demands.get_mut(tenant(i)) {
+            t.1 = t.1.saturating_add(*demand);
+        }
+    }
+    let parts = fair_shares(capacity, &demands);
+    let mut shares = vec![0u64; claims.len()];
+    for (t, part) in parts.into_iter().enumerate() {
+        let members: Vec<usize> = (0..claims.len()).filter(|i| tenant(*i) == t).collect();
+        let theirs: Vec<(u32, u64)> = members.iter().map(|i| claims[*i]).collect();
+        for (i, share) in members.into_iter().zip(fair_shares(part, &theirs)) {
+            shares[i] = share;
+        }
+    }
+    shares
+}
+
 /// A namespace's ResourceQuota as its status shows it, for the resources a budget counts
 /// (`pods`; `requests.cpu` or `cpu` in millicores; `requests.memory` or `memory` in
 /// bytes); `None` where the quota does not limit it.
@@ -315,11 +354,32 @@ pub struct Bound {
     pub share: u64,
 }
 
-/// The room of `claims[who]` under `limits`, with every application of the budget's claim
-/// in `claims` (the order decides ties, see [`fair_shares`]). Per resource: its fair share
-/// of the limit, bounded by what it uses plus what the budget has free (what the others
-/// use is never taken back), in executors at its own cost; the room is the smallest.
+/// [`room_in`] with each application a tenant of its own, weighing its own weight.
 pub fn room(limits: &BudgetLimits, claims: &[BudgetClaim], who: usize) -> Room {
+    let weights: Vec<u32> = claims.iter().map(|c| c.weight).collect();
+    let of: Vec<usize> = (0..claims.len()).collect();
+    room_in(
+        limits,
+        claims,
+        Tenancy {
+            weights: &weights,
+            of: &of,
+        },
+        who,
+    )
+}
+
+/// The room of `claims[who]` under `limits`, with every application of the budget's claim
+/// in `claims`, grouped by `tenancy` (the order decides ties, see [`tenant_shares`]). Per
+/// resource: its fair share of the limit, bounded by what it uses plus what the budget has
+/// free (what the others use is never taken back), in executors at its own cost; the room
+/// is the smallest.
+pub fn room_in(
+    limits: &BudgetLimits,
+    claims: &[BudgetClaim],
+    tenancy: Tenancy<'_>,
+    who: usize,
+) -> Room {
     let mut best: Option<Room> = None;
     let mut consider =
         |resource: BudgetResource, limit: u64, per: fn(&BudgetClaim) -> (u64, u64), unit: u64| {
@@ -330,7 +390,7 @@ pub fn room(limits: &BudgetLimits, claims: &[BudgetClaim], who: usize) -> Room {
                 .zip(&amounts)
                 .map(|(c, (demand, _))| (c.weight, *demand))
                 .collect();
-            let share = fair_shares(limit, &demands)[who];
+            let share = tenant_shares(limit, &demands, tenancy)[who];
             let used: u64 = amounts.iter().map(|(_, u)| *u).fold(0, u64::saturating_add);
             let free = limit.saturating_sub(used);
             let mine = amounts[who].1;
@@ -452,6 +512,87 @@ mod tests {
             );
             for (share, (_, demand)) in shares.iter().zip(claims.iter()) {
                 assert!(share <= demand, "{shares:?} {claims:?}");
+            }
+        }
+    }
+
+    fn tenancy<'a>(weights: &'a [u32], of: &'a [usize]) -> Tenancy<'a> {
+        Tenancy { weights, of }
+    }
+
+    #[test]
+    fn a_tenant_with_five_applications_gets_no_more_than_one_with_one() {
+        let five_and_one = [(1, 12); 6];
+        let shares = tenant_shares(12, &five_and_one, tenancy(&[1, 1], &[0, 0, 0, 0, 0, 1]));
+        assert_eq!(shares, [2, 1, 1, 1, 1, 6]);
+        // Per application, as without tenants, the five would take 10 of 12.
+        assert_eq!(fair_shares(12, &five_and_one)[5], 2);
+    }
+
+    #[test]
+    fn tenant_weights_divide_the_budget_and_application_weights_the_tenant_part() {
+        let both = [(1, 12), (1, 12)];
+        assert_eq!(tenant_shares(12, &both, tenancy(&[3, 1], &[0, 1])), [9, 3]);
+        // An application's weight, however large, stays within its tenant's part.
+        let heavy = [(u32::MAX, 12), (1, 12)];
+        assert_eq!(tenant_shares(12, &heavy, tenancy(&[1, 1], &[0, 1])), [6, 6]);
+        // Within a tenant, application weights 2:1 divide its 9.
+        let three = [(2, 12), (1, 12), (1, 12)];
+        assert_eq!(
+            tenant_shares(12, &three, tenancy(&[3, 1], &[0, 0, 1])),
+            [6, 3, 3]
+        );
+        // What a tenant does not ask for goes to the others.
+        let small = [(1, 2), (1, 12), (1, 12)];
+        assert_eq!(
+            tenant_shares(12, &small, tenancy(&[1, 1], &[0, 1, 1])),
+            [2, 5, 5]
+        );
+    }
+
+    #[test]
+    fn the_room_of_an_application_is_bounded_by_its_tenant_part() {
+        let claims = [claim(12, 0), claim(12, 0), claim(12, 0)];
+        let tenants = tenancy(&[1, 1], &[0, 0, 1]);
+        assert_eq!(room_in(&limits(12), &claims, tenants, 0).executors, 3);
+        assert_eq!(room_in(&limits(12), &claims, tenants, 2).executors, 6);
+        let bound = room_in(&limits(12), &claims, tenants, 2).bound;
+        assert_eq!(bound.share, 6);
+    }
+
+    proptest::proptest! {
+        /// Whatever the applications, a tenant's shares add up to what it would get were
+        /// all its demand one application of weight 1; the total is what the budget can
+        /// give; no share exceeds its demand.
+        #[test]
+        fn more_or_heavier_applications_never_get_a_tenant_more(
+            capacity in 0u64..200,
+            claims in proptest::collection::vec((0usize..3, 1u32..1000, 0u64..60), 1..12),
+            weights in proptest::collection::vec(1u32..5, 3),
+        ) {
+            let of: Vec<usize> = claims.iter().map(|c| c.0).collect();
+            let flat: Vec<(u32, u64)> = claims.iter().map(|c| (c.1, c.2)).collect();
+            let shares = tenant_shares(capacity, &flat, tenancy(&weights, &of));
+            let total: u64 = flat.iter().map(|c| c.1).sum();
+            proptest::prop_assert_eq!(shares.iter().sum::<u64>(), capacity.min(total));
+            for (share, (_, demand)) in shares.iter().zip(&flat) {
+                proptest::prop_assert!(share <= demand);
+            }
+            let mut merged = vec![(0u32, 0u64); 3];
+            for (t, merged) in merged.iter_mut().enumerate() {
+                let demand = (flat.iter().zip(&of))
+                    .filter(|(_, o)| **o == t)
+                    .map(|(c, _)| c.1)
+                    .sum();
+                *merged = (1, demand);
+            }
+            let alone = tenant_shares(capacity, &merged, tenancy(&weights, &[0, 1, 2]));
+            for (t, alone) in alone.iter().enumerate() {
+                let got: u64 = (shares.iter().zip(&of))
+                    .filter(|(_, o)| **o == t)
+                    .map(|(s, _)| s)
+                    .sum();
+                proptest::prop_assert_eq!(got, *alone, "tenant {}", t);
             }
         }
     }

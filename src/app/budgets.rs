@@ -6,23 +6,29 @@
 //! pending, what an executor costs it, its weight). An actor joins at Start (its
 //! [`BudgetMembership`], dropped when it ends) and, in each round, once its engine has
 //! counted, asks the ledger for its room ([`BudgetMembership::room`]): the smallest over
-//! the budgets it falls under of [`crate::allocator::budget::room`] (its weighted max-min
-//! fair share, never beyond what the budget has free). The room is reserved at once (its
-//! use counts as if all of it were asked for), so two actors asking together cannot both
-//! take what is free; the round then reports what it really asked for
+//! the budgets it falls under of [`crate::allocator::budget::room_in`] (its share of its
+//! namespace's share, never beyond what the budget has free). The room is reserved at
+//! once (its use counts as if all of it were asked for), so two actors asking together
+//! cannot both take what is free; the round then reports what it really asked for
 //! ([`BudgetMembership::report`]). The arithmetic is pure and lives in the engine; this
 //! only keeps the claims, behind one short lock that no I/O is done under.
 //!
+//! Who is in a queue, and with what weight, is the operator's: a queue budget lists its
+//! namespaces, a namespace is in one queue at most, and a driver pod's queue label may
+//! only name the queue its namespace is in ([`BudgetPolicy::check_queue_label`]).
+//!
 //! Scope: the ledger holds the applications of this replica, which are those of the
-//! shards it owns (`ha`). A namespace is in one shard, so a namespace budget is exact; a
-//! queue budget spans namespaces that may be in shards other replicas own, and each
-//! replica then enforces it over its own applications only (see docs/service.md).
+//! shards it owns (`ha`). The namespaces of a queue share the queue's shard
+//! ([`BudgetPolicy::shard_keys`]), so one replica holds every application of a queue and
+//! both namespace and queue budgets are exact whatever the replicas.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Deserialize;
 
-use crate::allocator::budget::{self, BudgetClaim, BudgetLimits, BudgetResource, QuotaState};
+use crate::allocator::budget::{
+    self, BudgetClaim, BudgetLimits, BudgetResource, QuotaState, Tenancy,
+};
 use crate::metrics::Metrics;
 
 /// The driver-pod annotation giving an application's weight when its Start settings give
@@ -39,10 +45,13 @@ pub struct BudgetEntry {
     /// The namespace whose applications it holds.
     #[serde(default)]
     pub namespace: Option<String>,
-    /// The queue whose applications it holds: the value of the driver-pod label named by
-    /// `budgets_queue_label`.
+    /// The queue whose applications it holds: those of its `namespaces`.
     #[serde(default)]
     pub queue: Option<String>,
+    /// A queue's namespaces (tenants), each with its weight in the queue (default 1).
+    /// Read at start-up only: the namespaces of a queue share its shard.
+    #[serde(default)]
+    pub namespaces: Vec<QueueNamespace>,
     /// Executors (running, pending, requested) its applications may have at once.
     pub max_executors: u64,
     /// Of those, not running (pending, requested and not yet seen).
@@ -54,6 +63,36 @@ pub struct BudgetEntry {
     /// Memory requests of its executors at once, a Kubernetes quantity (`256Gi`).
     #[serde(default)]
     pub max_memory: Option<Quantity>,
+}
+
+/// A namespace of a queue: its name, or its name and weight.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum QueueNamespace {
+    Name(String),
+    Weighted(WeightedNamespace),
+}
+
+/// A namespace of a queue with its weight against the queue's other namespaces.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedNamespace {
+    pub namespace: String,
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl QueueNamespace {
+    fn parts(&self) -> (&str, u32) {
+        match self {
+            Self::Name(name) => (name, 1),
+            Self::Weighted(w) => (&w.namespace, w.weight),
+        }
+    }
 }
 
 /// A Kubernetes quantity, written as a string or a number.
@@ -92,6 +131,10 @@ pub struct Budget {
     pub name: String,
     pub scope: BudgetScope,
     pub limits: BudgetLimits,
+    /// A queue's namespaces and their weights (none for a namespace budget).
+    pub tenants: BTreeMap<String, u32>,
+    /// Where its `namespaces` are in the configuration (`budgets[i].namespaces`).
+    pub key: String,
 }
 
 /// The budgets in force, checked: what the configuration (and each reload of its file)
@@ -99,7 +142,8 @@ pub struct Budget {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetPolicy {
     pub budgets: Vec<Budget>,
-    /// The driver-pod label whose value names an application's queue.
+    /// The driver-pod label that may name an application's queue: only the queue its
+    /// namespace is in, else its Start is refused.
     pub queue_label: Option<String>,
     /// The largest weight an application may ask for (`budgets_max_weight`); a larger one
     /// counts as this.
@@ -140,6 +184,9 @@ impl BudgetPolicy {
             return Err(("budgets_max_weight".into(), "must be greater than 0".into()));
         }
         let mut names = BTreeSet::new();
+        let mut queues = BTreeMap::new();
+        // Each namespace of a queue, and the budget that lists it.
+        let mut members: BTreeMap<String, usize> = BTreeMap::new();
         let mut budgets = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {
             let key = |field: &str| format!("budgets[{index}].{field}");
@@ -154,17 +201,15 @@ impl BudgetPolicy {
                     BudgetScope::Namespace(namespace.clone())
                 }
                 (None, Some(queue)) => {
-                    if queue_label.is_none() {
-                        return Err((
-                            key("queue"),
-                            "a queue budget needs budgets_queue_label (the driver-pod label \
-                             naming the queue)"
-                                .into(),
-                        ));
-                    }
                     crate::naming::label_value(queue).map_err(|reason| (key("queue"), reason))?;
                     if queue.is_empty() {
                         return Err((key("queue"), "must not be empty".into()));
+                    }
+                    if let Some(other) = queues.insert(queue.clone(), index) {
+                        return Err((
+                            key("queue"),
+                            format!("queue {queue:?} is budgets[{other}]'s too"),
+                        ));
                     }
                     BudgetScope::Queue(queue.clone())
                 }
@@ -181,6 +226,55 @@ impl BudgetPolicy {
                     ));
                 }
             };
+            let mut tenants = BTreeMap::new();
+            match &scope {
+                BudgetScope::Namespace(_) if !entry.namespaces.is_empty() => {
+                    return Err((
+                        key("namespaces"),
+                        "only a queue budget lists namespaces".into(),
+                    ));
+                }
+                BudgetScope::Namespace(_) => {}
+                BudgetScope::Queue(_) if entry.namespaces.is_empty() => {
+                    return Err((
+                        key("namespaces"),
+                        "a queue budget lists its namespaces (the driver pod's queue label \
+                         no longer puts an application in a queue)"
+                            .into(),
+                    ));
+                }
+                BudgetScope::Queue(_) => {
+                    for (at, member) in entry.namespaces.iter().enumerate() {
+                        let (namespace, weight) = member.parts();
+                        let at = key(&format!("namespaces[{at}]"));
+                        if !crate::naming::is_dns_label(namespace) {
+                            return Err((
+                                at,
+                                format!("{namespace:?} is not a namespace name (DNS-1123 label)"),
+                            ));
+                        }
+                        if !(1..=max_weight).contains(&weight) {
+                            return Err((
+                                format!("{at}.weight"),
+                                format!(
+                                    "must be between 1 and budgets_max_weight ({max_weight}), \
+                                     got {weight}"
+                                ),
+                            ));
+                        }
+                        if let Some(other) = members.insert(namespace.to_string(), index) {
+                            return Err((
+                                at,
+                                format!(
+                                    "namespace {namespace} is in budgets[{other}]'s queue \
+                                     already; a namespace is in one queue at most"
+                                ),
+                            ));
+                        }
+                        tenants.insert(namespace.to_string(), weight);
+                    }
+                }
+            }
             let name = match (&entry.name, &scope) {
                 (Some(name), _) => name.trim().to_string(),
                 (None, BudgetScope::Namespace(ns)) => format!("namespace/{ns}"),
@@ -233,6 +327,8 @@ impl BudgetPolicy {
                     max_cpu_millis,
                     max_memory_bytes,
                 },
+                tenants,
+                key: key("namespaces"),
             });
         }
         Ok(Self {
@@ -241,6 +337,89 @@ impl BudgetPolicy {
             max_weight,
             follow_quotas: true,
         })
+    }
+}
+
+impl BudgetPolicy {
+    /// The queue budget whose namespaces include `namespace`.
+    pub fn queue_of(&self, namespace: &str) -> Option<&Budget> {
+        (self.budgets.iter())
+            .find(|b| matches!(b.scope, BudgetScope::Queue(_)) && b.tenants.contains_key(namespace))
+    }
+
+    /// Each namespace of a queue and its queue's name: what places it in a shard.
+    pub fn membership(&self) -> BTreeMap<String, String> {
+        let mut membership = BTreeMap::new();
+        for budget in &self.budgets {
+            if let BudgetScope::Queue(queue) = &budget.scope {
+                for namespace in budget.tenants.keys() {
+                    membership.insert(namespace.clone(), queue.clone());
+                }
+            }
+        }
+        membership
+    }
+
+    /// The shard key of each namespace of a queue (`queue/<name>`, which no namespace can
+    /// be): the applications of a queue are in one shard, owned by one replica, whose
+    /// ledger is then exact for the queue.
+    pub fn shard_keys(&self) -> BTreeMap<String, String> {
+        (self.membership().into_iter())
+            .map(|(namespace, queue)| (namespace, format!("queue/{queue}")))
+            .collect()
+    }
+
+    /// `None` when `next` puts every namespace in the queue `self` does; else the key of
+    /// the first that moves and why. Membership decides shards, so it changes only with a
+    /// restart of every replica.
+    pub fn membership_change(&self, next: &BudgetPolicy) -> Option<(String, String)> {
+        let (now, then) = (self.membership(), next.membership());
+        let moved = (now.keys().chain(then.keys()))
+            .find(|namespace| now.get(*namespace) != then.get(*namespace))?;
+        let key = match next.queue_of(moved).or_else(|| self.queue_of(moved)) {
+            Some(budget) => budget.key.clone(),
+            None => "budgets".to_string(),
+        };
+        let queue = |q: Option<&String>| q.map_or("no queue".to_string(), |q| format!("queue {q}"));
+        Some((
+            key,
+            format!(
+                "namespace {moved} would move from {} to {}: queue membership decides shards \
+                 and is read at start-up only (restart every replica to change it)",
+                queue(now.get(moved)),
+                queue(then.get(moved)),
+            ),
+        ))
+    }
+
+    /// Refuses a driver pod whose `budgets_queue_label` names a queue other than its
+    /// namespace's: the label may choose only among what the operator allowed.
+    pub fn check_queue_label(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        let Some(label) = &self.queue_label else {
+            return Ok(());
+        };
+        let Some(asked) = labels.get(label) else {
+            return Ok(());
+        };
+        let allowed = self.queue_of(namespace).and_then(|b| match &b.scope {
+            BudgetScope::Queue(queue) => Some(queue),
+            BudgetScope::Namespace(_) => None,
+        });
+        match allowed {
+            Some(queue) if queue == asked => Ok(()),
+            Some(queue) => Err(format!(
+                "driver pod label {label}={asked}: namespace {namespace} is in queue {queue} \
+                 only (the budgets' configuration decides a namespace's queue)"
+            )),
+            None => Err(format!(
+                "driver pod label {label}={asked}: namespace {namespace} is in no queue (the \
+                 budgets' configuration decides a namespace's queue)"
+            )),
+        }
     }
 }
 
@@ -294,8 +473,6 @@ struct Ledger {
 
 struct Member {
     namespace: String,
-    /// The driver pod's labels at Start (the queue label's value is read from them).
-    labels: BTreeMap<String, String>,
     claim: BudgetClaim,
     /// Executors held back in its last round, and by what.
     held: u64,
@@ -306,12 +483,7 @@ impl Ledger {
     fn matches(&self, budget: &Budget, member: &Member) -> bool {
         match &budget.scope {
             BudgetScope::Namespace(ns) => *ns == member.namespace,
-            BudgetScope::Queue(queue) => self
-                .policy
-                .queue_label
-                .as_ref()
-                .and_then(|label| member.labels.get(label))
-                .is_some_and(|value| value == queue),
+            BudgetScope::Queue(_) => budget.tenants.contains_key(&member.namespace),
         }
     }
 
@@ -326,16 +498,28 @@ impl Ledger {
                 continue;
             }
             let mut claims = Vec::new();
+            // The namespaces are its tenants, in the members' order (by namespace).
+            let (mut weights, mut of) = (Vec::new(), Vec::new());
+            let mut last: Option<&str> = None;
             let mut who = 0;
             for (k, m) in &self.members {
                 if self.matches(budget, m) {
                     if k == key {
                         who = claims.len();
                     }
+                    if last != Some(m.namespace.as_str()) {
+                        last = Some(m.namespace.as_str());
+                        weights.push(budget.tenants.get(&m.namespace).copied().unwrap_or(1));
+                    }
+                    of.push(weights.len() - 1);
                     claims.push(m.claim);
                 }
             }
-            let room = budget::room(&budget.limits, &claims, who);
+            let tenancy = Tenancy {
+                weights: &weights,
+                of: &of,
+            };
+            let room = budget::room_in(&budget.limits, &claims, tenancy, who);
             if best.1.is_none() || room.executors < best.0 {
                 best = (room.executors, Some(held_by(&budget.name, &room)));
             }
@@ -354,7 +538,12 @@ impl Ledger {
                 }
             }
             let limits = quota.as_limits(&claims);
-            let room = budget::room(&limits, &claims, who);
+            let of = vec![0; claims.len()];
+            let tenancy = Tenancy {
+                weights: &[1],
+                of: &of,
+            };
+            let room = budget::room_in(&limits, &claims, tenancy, who);
             if best.1.is_none() || room.executors < best.0 {
                 let name = format!("quota/{}/{}", member.namespace, quota.name);
                 best = (room.executors, Some(held_by(&name, &room)));
@@ -432,9 +621,14 @@ impl Budgets {
 
     /// Puts `policy` in force (a reload of the configuration file): each application's next
     /// round asks under it. Applications keep what they have (nothing is deleted); one
-    /// beyond a lowered budget creates nothing until it is within its share again.
-    pub fn replace(&self, policy: BudgetPolicy) {
+    /// beyond a lowered budget creates nothing until it is within its share again. A
+    /// policy that moves a namespace between queues is refused, naming the key: queue
+    /// membership decides shards and is fixed for the life of the process.
+    pub fn replace(&self, policy: BudgetPolicy) -> Result<(), (String, String)> {
         let mut ledger = self.ledger();
+        if let Some(refused) = ledger.policy.membership_change(&policy) {
+            return Err(refused);
+        }
         let before: BTreeSet<String> = ledger
             .policy
             .budgets
@@ -456,6 +650,16 @@ impl Budgets {
             member.held_by = None;
         }
         self.export(&ledger);
+        Ok(())
+    }
+
+    /// [`BudgetPolicy::check_queue_label`] under the budgets in force.
+    pub fn check_queue_label(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        self.ledger().policy.check_queue_label(namespace, labels)
     }
 
     /// The budgets in force.
@@ -478,16 +682,10 @@ impl Budgets {
         self.ledger().usage()
     }
 
-    /// The application `app` of `namespace`, whose driver pod has `labels` (none without a
-    /// driver pod), joins with `weight` (at most `budgets_max_weight`); it leaves when the
+    /// The application `app` of `namespace` joins with `weight` (at most
+    /// `budgets_max_weight`), which divides only its namespace's share; it leaves when the
     /// membership is dropped.
-    pub fn join(
-        &self,
-        namespace: &str,
-        app: &str,
-        labels: BTreeMap<String, String>,
-        weight: u32,
-    ) -> BudgetMembership {
+    pub fn join(&self, namespace: &str, app: &str, weight: u32) -> BudgetMembership {
         let mut ledger = self.ledger();
         ledger.joined += 1;
         let key = (namespace.to_string(), app.to_string(), ledger.joined);
@@ -496,7 +694,6 @@ impl Budgets {
             key.clone(),
             Member {
                 namespace: namespace.to_string(),
-                labels,
                 claim: BudgetClaim {
                     weight,
                     ..BudgetClaim::default()
@@ -629,6 +826,7 @@ mod tests {
             name: None,
             namespace: Some(namespace.into()),
             queue: None,
+            namespaces: Vec::new(),
             max_executors: max,
             max_pending: None,
             max_cpu: None,
@@ -674,14 +872,124 @@ mod tests {
         let mut queue = entry("a", 1);
         queue.namespace = None;
         queue.queue = Some("gold".into());
+        // The label no longer puts anyone in a queue: the operator lists its namespaces.
         assert_eq!(
-            check(std::slice::from_ref(&queue), None),
-            "budgets[0].queue"
+            check(std::slice::from_ref(&queue), Some("queue")),
+            "budgets[0].namespaces"
         );
-        assert!(BudgetPolicy::check(&[queue.clone()], Some("queue"), 10).is_ok());
+        queue.namespaces = vec![QueueNamespace::Name("a".into())];
+        assert!(BudgetPolicy::check(std::slice::from_ref(&queue), None, 10).is_ok());
+        let mut silver = queue.clone();
+        silver.queue = Some("silver".into());
+        silver.namespaces.push(QueueNamespace::Name("b".into()));
+        assert_eq!(
+            check(&[queue.clone(), silver.clone()], None),
+            "budgets[1].namespaces[0]"
+        );
+        silver.namespaces = vec![QueueNamespace::Weighted(WeightedNamespace {
+            namespace: "b".into(),
+            weight: 11,
+        })];
+        assert_eq!(
+            check(&[queue.clone(), silver], None),
+            "budgets[1].namespaces[0].weight"
+        );
+        let mut again = queue.clone();
+        again.name = Some("other".into());
+        assert_eq!(check(&[queue.clone(), again], None), "budgets[1].queue");
+        let mut listed = entry("a", 1);
+        listed.namespaces = queue.namespaces.clone();
+        assert_eq!(check(&[listed], None), "budgets[0].namespaces");
         queue.namespace = Some("a".into());
         assert_eq!(check(&[queue], Some("queue")), "budgets[0]");
         assert_eq!(check(&[], Some("bad key!")), "budgets_queue_label");
+    }
+
+    fn queue(name: &str, max: u64, namespaces: &[(&str, u32)]) -> BudgetEntry {
+        BudgetEntry {
+            namespace: None,
+            queue: Some(name.into()),
+            namespaces: (namespaces.iter())
+                .map(|(namespace, weight)| {
+                    QueueNamespace::Weighted(WeightedNamespace {
+                        namespace: namespace.to_string(),
+                        weight: *weight,
+                    })
+                })
+                .collect(),
+            ..entry("unused", max)
+        }
+    }
+
+    #[test]
+    fn the_queue_label_may_only_name_the_namespace_queue() {
+        let policy =
+            BudgetPolicy::check(&[queue("gold", 10, &[("team-a", 1)])], Some("queue"), 10).unwrap();
+        let label = |value: &str| BTreeMap::from([("queue".to_string(), value.to_string())]);
+        assert!(policy.check_queue_label("team-a", &label("gold")).is_ok());
+        assert!(policy.check_queue_label("team-a", &BTreeMap::new()).is_ok());
+        let refused = policy
+            .check_queue_label("team-b", &label("gold"))
+            .unwrap_err();
+        assert!(
+            refused.contains("queue=gold") && refused.contains("team-b"),
+            "{refused}"
+        );
+        assert!(
+            policy
+                .check_queue_label("team-a", &label("silver"))
+                .is_err()
+        );
+        assert_eq!(
+            policy.shard_keys(),
+            BTreeMap::from([("team-a".to_string(), "queue/gold".to_string())])
+        );
+    }
+
+    #[test]
+    fn a_reload_may_change_limits_and_weights_but_not_who_is_in_a_queue() {
+        let check = |entries: &[BudgetEntry]| BudgetPolicy::check(entries, None, 10).unwrap();
+        let budgets = Budgets::new(
+            check(&[queue("gold", 10, &[("a", 1), ("b", 1)])]),
+            Metrics::new(),
+        );
+        assert!(
+            budgets
+                .replace(check(&[queue("gold", 20, &[("a", 3), ("b", 1)])]))
+                .is_ok()
+        );
+        assert_eq!(budgets.policy().budgets[0].limits.max_executors, 20);
+        let (key, why) = budgets
+            .replace(check(&[queue("gold", 20, &[("a", 3)])]))
+            .unwrap_err();
+        assert_eq!(key, "budgets[0].namespaces");
+        assert!(why.contains("namespace b"), "{why}");
+        assert_eq!(
+            budgets.replace(check(&[])).unwrap_err().0,
+            "budgets[0].namespaces"
+        );
+        assert_eq!(budgets.policy().budgets[0].tenants.len(), 2);
+    }
+
+    #[test]
+    fn a_queue_is_divided_by_namespace_then_by_application() {
+        let budgets = ledger(&[queue("gold", 12, &[("one", 1), ("five", 1)])]);
+        let five: Vec<BudgetMembership> = (0..5)
+            .map(|i| budgets.join("five", &format!("app-{i}"), 10))
+            .collect();
+        let one = budgets.join("one", "app", 1);
+        for app in five.iter().chain([&one]) {
+            app.report(claim(12, 0), 0, None);
+        }
+        let grants: Vec<u64> = (five.iter())
+            .map(|app| {
+                let room = app.room(claim(12, 0)).room;
+                app.report(claim(12, room), 0, None);
+                room
+            })
+            .collect();
+        assert_eq!(grants.iter().sum::<u64>(), 6, "{grants:?}");
+        assert_eq!(one.room(claim(12, 0)).room, 6);
     }
 
     #[test]
@@ -689,7 +997,7 @@ mod tests {
         let budgets = ledger(&[entry("team", 30)]);
         let apps: Vec<BudgetMembership> = ["a", "b", "c"]
             .iter()
-            .map(|app| budgets.join("team", app, BTreeMap::new(), 1))
+            .map(|app| budgets.join("team", app, 1))
             .collect();
         // Each reports what it wants before anyone asks (as after SetTotalExpected).
         for app in &apps {
@@ -716,8 +1024,8 @@ mod tests {
     #[test]
     fn a_reserved_room_is_not_granted_twice() {
         let budgets = ledger(&[entry("team", 10)]);
-        let a = budgets.join("team", "a", BTreeMap::new(), 1);
-        let b = budgets.join("team", "b", BTreeMap::new(), 1);
+        let a = budgets.join("team", "a", 1);
+        let b = budgets.join("team", "b", 1);
         // a alone asks: it may take all that is free.
         assert_eq!(a.room(claim(10, 0)).room, 10);
         // b asks before a reported: a's room is counted as used.
@@ -725,40 +1033,37 @@ mod tests {
     }
 
     #[test]
-    fn queue_budgets_follow_the_driver_label_and_the_smaller_room_wins() {
-        let mut gold = entry("x", 4);
-        gold.namespace = None;
-        gold.queue = Some("gold".into());
-        let budgets = ledger(&[entry("team", 100), gold]);
-        let labels: BTreeMap<String, String> = [("queue".to_string(), "gold".to_string())].into();
-        let a = budgets.join("team", "a", labels, 1);
-        let b = budgets.join("team", "b", BTreeMap::new(), 1);
+    fn queue_budgets_hold_their_namespaces_and_the_smaller_room_wins() {
+        let budgets = ledger(&[entry("team", 100), queue("gold", 4, &[("gold-team", 1)])]);
+        let a = budgets.join("gold-team", "a", 1);
+        let b = budgets.join("team", "b", 1);
         let grant = a.room(claim(10, 0));
         assert_eq!(grant.room, 4);
         assert_eq!(grant.bound.unwrap().budget, "queue/gold");
-        // b wants 10 of the namespace's 100 (a's 4 count as used); asking 100, its share
-        // is what a's 10 leave.
-        assert_eq!(b.room(claim(10, 0)).room, 10);
-        assert_eq!(b.room(claim(100, 0)).room, 90);
-        let none = budgets.join("elsewhere", "c", BTreeMap::new(), 1);
+        // The namespace budget holds b only.
+        assert_eq!(b.room(claim(100, 0)).room, 100);
+        let c = budgets.join("team", "c", 1);
+        assert_eq!(c.room(claim(100, 0)).room, 0);
+        let none = budgets.join("elsewhere", "d", 1);
         assert_eq!(none.room(claim(10, 0)).room, u64::MAX);
     }
 
     #[test]
     fn weights_are_bounded_and_a_reload_takes_effect_at_the_next_ask() {
         let budgets = ledger(&[entry("team", 30)]);
-        let heavy = budgets.join("team", "a", BTreeMap::new(), 1000);
+        let heavy = budgets.join("team", "a", 1000);
         assert_eq!(heavy.weight(), 10);
-        let light = budgets.join("team", "b", BTreeMap::new(), 1);
+        let light = budgets.join("team", "b", 1);
         light.report(claim(30, 0), 0, None);
         heavy.report(claim(30, 0), 0, None);
         // 30 × 10/11 = 27.3, 30 × 1/11 = 2.7: the extra unit goes to the larger fraction.
         assert_eq!(light.room(claim(30, 0)).room, 3);
         light.report(claim(30, 0), 0, None);
-        budgets.replace(BudgetPolicy::check(&[entry("team", 44)], None, 10).unwrap());
+        (budgets.replace(BudgetPolicy::check(&[entry("team", 44)], None, 10).unwrap()))
+            .expect("no queue moves");
         // 44 × 10/11 = 40 ≥ 30: the heavy one gets its 30, the light one the 14 left.
         assert_eq!(light.room(claim(30, 0)).room, 14);
-        budgets.replace(BudgetPolicy::default());
+        budgets.replace(BudgetPolicy::default()).expect("no queue");
         assert_eq!(light.room(claim(30, 0)).room, u64::MAX);
     }
 }

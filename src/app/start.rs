@@ -79,6 +79,11 @@ impl Applications {
         let slot = self.application_slot(&req, admission)?;
         self.check_namespace_exists(&req.namespace).await?;
         let driver = self.driver(&req).await?;
+        if let Some(driver) = &driver {
+            (self.inner.budgets)
+                .check_queue_label(&req.namespace, &driver.labels)
+                .map_err(AppError::PermissionDenied)?;
+        }
         let builder = builder.with_driver(driver.as_ref().and_then(|d| d.owner.clone()));
         // Labelled before the subscription: every listing sent to the application is then
         // answered after the label is on, so none reports a live driver pod gone.
@@ -280,10 +285,6 @@ impl Applications {
         let budget = self.inner.budgets.join(
             &req.namespace,
             req.app_id.as_str(),
-            driver
-                .as_ref()
-                .map(|d| d.labels.clone())
-                .unwrap_or_default(),
             (req.settings.budget_weight)
                 .or(driver.as_ref().and_then(|d| d.weight))
                 .unwrap_or(1),
@@ -594,7 +595,7 @@ impl Found {
 /// The application's driver pod as Start found it.
 struct Driver {
     name: String,
-    /// Its labels (a queue budget reads its queue from them).
+    /// Its labels (its queue label may name only its namespace's queue).
     labels: BTreeMap<String, String>,
     /// Its budget weight annotation, when it gives a valid one.
     weight: Option<u32>,

@@ -249,6 +249,7 @@ async fn run_once(
                 name: None,
                 namespace: Some(NAMESPACE.into()),
                 queue: None,
+                namespaces: Vec::new(),
                 max_executors: u64::from(bench.max_executors),
                 max_pending: None,
                 max_cpu: None,

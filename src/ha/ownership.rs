@@ -134,7 +134,7 @@ impl Ownerships {
 
     /// The shard map.
     pub fn map(&self) -> ShardMap {
-        self.map
+        self.map.clone()
     }
 
     /// The shard of `namespace`.

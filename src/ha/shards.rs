@@ -1,15 +1,23 @@
 //! Which shard a namespace belongs to, and the name of each shard's Lease. Every replica
-//! computes the same answer from the namespace alone (a stable hash), so ownership needs no
-//! shared table: the applications of one namespace always move together.
+//! computes the same answer from the namespace (a stable hash of it) and the queues'
+//! membership in the configuration (a namespace of a queue hashes as `queue/<name>`), so
+//! ownership needs no shared table: the applications of one namespace, and of one queue,
+//! always move together.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use crate::naming::stable_hash_u32;
 
 /// Prefix of the shards' Lease names (`spark-pod-allocator-shard-<n>`).
 pub const LEASE_NAME_PREFIX: &str = "spark-pod-allocator-shard-";
 
 /// `ha.shards` shards, numbered from 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardMap {
     shards: u32,
+    /// Namespaces placed by another key than their name: a queue's namespaces by the
+    /// queue's (`queue/<name>`), so one replica owns the whole queue.
+    keys: Arc<BTreeMap<String, String>>,
 }
 
 /// One shard's number.
@@ -39,12 +47,25 @@ impl ShardMap {
                 format!("must be between 1 and {MAX_SHARDS}, got {shards}"),
             ));
         }
-        Ok(Self { shards })
+        Ok(Self {
+            shards,
+            keys: Arc::default(),
+        })
     }
 
     /// One shard: plain leader election.
     pub fn single() -> Self {
-        Self { shards: 1 }
+        Self {
+            shards: 1,
+            keys: Arc::default(),
+        }
+    }
+
+    /// Places each namespace of `keys` by its key instead of its name (every replica must
+    /// be given the same).
+    pub fn with_keys(mut self, keys: BTreeMap<String, String>) -> Self {
+        self.keys = Arc::new(keys);
+        self
     }
 
     /// How many shards there are.
@@ -54,7 +75,8 @@ impl ShardMap {
 
     /// The shard of `namespace`.
     pub fn shard_of(&self, namespace: &str) -> Shard {
-        Shard(stable_hash_u32(namespace) % self.shards)
+        let key = self.keys.get(namespace).map_or(namespace, String::as_str);
+        Shard(stable_hash_u32(key) % self.shards)
     }
 
     /// Every shard.
@@ -86,6 +108,26 @@ mod tests {
         // Pinned: a namespace never changes shard between versions.
         assert_eq!(stable_hash_u32("default"), 0x933b_5bde);
         assert_eq!(map.shard_of("default"), Shard(2));
+    }
+
+    #[test]
+    fn the_namespaces_of_a_queue_share_its_shard() {
+        let plain = ShardMap::new(6).unwrap();
+        let namespaces: Vec<String> = (0..6).map(|i| format!("team-{i}")).collect();
+        let apart: std::collections::BTreeSet<Shard> =
+            namespaces.iter().map(|ns| plain.shard_of(ns)).collect();
+        assert!(
+            apart.len() > 1,
+            "the namespaces are in several shards alone"
+        );
+        let keys = (namespaces.iter())
+            .map(|ns| (ns.clone(), "queue/gold".to_string()))
+            .collect();
+        let queued = ShardMap::new(6).unwrap().with_keys(keys);
+        for namespace in &namespaces {
+            assert_eq!(queued.shard_of(namespace), plain.shard_of("queue/gold"));
+        }
+        assert_eq!(queued.shard_of("other"), plain.shard_of("other"));
     }
 
     #[test]

@@ -671,15 +671,17 @@ async fn changed(rx: Option<&mut watch::Receiver<Option<i32>>>) {
 }
 
 /// The keepers of every shard of `settings` in `namespace`, each renewing over `client`
-/// with requests bounded by the retry period; `cancel` releases them all. A renewal takes
-/// no share of the client-side rate limit, so it never waits behind pod creates here; at
-/// the API server it shares the creates' user, so API Priority and Fairness queues both
-/// in one flow unless a FlowSchema gives the Lease requests their own priority level (the
-/// chart's `ha.leaseFlowSchema`).
+/// with requests bounded by the retry period; `cancel` releases them all. A namespace of
+/// `keys` is placed by its key (a queue's namespaces by the queue). A renewal takes no
+/// share of the client-side rate limit, so it never waits behind pod creates here; at the
+/// API server it shares the creates' user, so API Priority and Fairness queues both in one
+/// flow unless a FlowSchema gives the Lease requests their own priority level (the chart's
+/// `ha.leaseFlowSchema`).
 pub fn spawn_keepers(
     client: &kube::Client,
     namespace: &str,
     settings: &crate::ha::HaSettings,
+    keys: std::collections::BTreeMap<String, String>,
     cancel: &CancellationToken,
     initialize: &Initialize,
 ) -> (crate::ha::Ownerships, Vec<tokio::task::JoinHandle<()>>) {
@@ -697,7 +699,8 @@ pub fn spawn_keepers(
         Ok(map) => map,
         // Checked with the configuration; a library caller's bad count is one shard.
         Err(_) => crate::ha::shards::ShardMap::single(),
-    };
+    }
+    .with_keys(keys);
     let identity = settings.identity();
     let pokes: Vec<Arc<Notify>> = map.shards().map(|_| Arc::default()).collect();
     let drains: Vec<watch::Sender<Option<i32>>> =

@@ -1,25 +1,30 @@
 //! Budgets on the real control plane: the namespace's ResourceQuota is enforced by the real
 //! quota admission plugin and kept by the real resourcequota controller (the simulator
-//! imitates both), and a namespace budget divides the same way there. The service core
+//! imitates both), and a namespace budget divides the same way there, as does a queue over
+//! two namespaces (by namespace first, then by application). The service core
 //! runs in process with a manual clock; the real scheduler and kwok place and run the pods.
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
-use spark_pod_allocator::app::budgets::{BudgetEntry, BudgetPolicy, DEFAULT_MAX_WEIGHT};
+use spark_pod_allocator::app::budgets::{
+    BudgetEntry, BudgetPolicy, DEFAULT_MAX_WEIGHT, QueueNamespace,
+};
 use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions};
-use test_kit::cluster::{Cluster, RealBackend, cluster_ids};
+use test_kit::cluster::{Cluster, RealBackend, cluster_ids_in};
 use test_kit::service::{
     BATCH_DELAY, advance_round, applications, id, set_targets_and_round, start,
     start_application as request, targets,
 };
 use test_kit::wait::until;
 
-/// The pods of each of `apps` in the scenario's namespace.
+/// The pods of each of `apps`, in whichever of the scenario's namespaces it runs.
 async fn counts(c: &RealBackend, apps: &[&str]) -> Vec<usize> {
     let mut counts = Vec::new();
     for app in apps {
-        counts.push(cluster_ids(c, app).await.len());
+        let mine = cluster_ids_in(c, c.namespace(), app).await.len();
+        let other = cluster_ids_in(c, c.other_namespace(), app).await.len();
+        counts.push(mine + other);
     }
     counts
 }
@@ -145,6 +150,7 @@ async fn three_applications_asking_30_under_a_budget_of_30_get_10_each() {
             name: None,
             namespace: Some(c.namespace().to_string()),
             queue: None,
+            namespaces: Vec::new(),
             max_executors: 30,
             max_pending: None,
             max_cpu: None,
@@ -172,6 +178,58 @@ async fn three_applications_asking_30_under_a_budget_of_30_get_10_each() {
     let profile = status.profiles.values().next().expect("profile 0");
     assert_eq!((profile.target, profile.held), (30, 20), "{profile:?}");
     for name in names {
+        apps.stop(&id(name)).await.expect("stop");
+    }
+    c.finish().await;
+}
+
+#[tokio::test]
+async fn a_queue_gives_five_applications_of_one_namespace_no_more_than_one_of_another() {
+    let Some(c) = RealBackend::with_control_plane("budget-queue").await else {
+        return;
+    };
+    let clock = ManualClock::starting_now();
+    let budgets = BudgetPolicy::check(
+        &[BudgetEntry {
+            name: None,
+            namespace: None,
+            queue: Some("gold".into()),
+            namespaces: vec![
+                QueueNamespace::Name(c.namespace().to_string()),
+                QueueNamespace::Name(c.other_namespace().to_string()),
+            ],
+            max_executors: 12,
+            max_pending: None,
+            max_cpu: None,
+            max_memory: None,
+        }],
+        None,
+        DEFAULT_MAX_WEIGHT,
+    )
+    .expect("budget");
+    let options = ServiceOptions {
+        budgets,
+        ..c.service_options()
+    };
+    let apps = applications(c.service_client(), &clock, options);
+    let many = ["many-0", "many-1", "many-2", "many-3", "many-4"];
+    // Batches of one: nothing is taken before the others ask.
+    let one_at_a_time = |name: &str, namespace: &str| {
+        let mut req = request(name, namespace);
+        req.settings.batch_size = 1;
+        req
+    };
+    for name in many {
+        start(&apps, one_at_a_time(name, c.namespace())).await;
+    }
+    start(&apps, one_at_a_time("one", c.other_namespace())).await;
+    let all = ["many-0", "many-1", "many-2", "many-3", "many-4", "one"];
+    for name in all {
+        set_targets_and_round(&apps, name, targets(12)).await;
+    }
+    rounds_until(&c, &apps, &clock, &all, &[2, 1, 1, 1, 1, 6]).await;
+    assert_eq!(create_failures(&apps, &all).await, Vec::<String>::new());
+    for name in all {
         apps.stop(&id(name)).await.expect("stop");
     }
     c.finish().await;

@@ -133,6 +133,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .name }}{{ $_ := set $entry "name" .name }}{{ end -}}
 {{- if .namespace }}{{ $_ := set $entry "namespace" .namespace }}{{ end -}}
 {{- if .queue }}{{ $_ := set $entry "queue" .queue }}{{ end -}}
+{{- if .namespaces }}
+{{- $members := list -}}
+{{- range .namespaces }}
+{{- if kindIs "string" . }}{{ $members = append $members . }}
+{{- else }}{{ $members = append $members (dict "namespace" .namespace "weight" (int (default 1 .weight))) }}{{ end -}}
+{{- end -}}
+{{- $_ := set $entry "namespaces" $members -}}
+{{- end -}}
 {{- if not (kindIs "invalid" .maxPending) }}{{ $_ := set $entry "max_pending" (int .maxPending) }}{{ end -}}
 {{- if not (kindIs "invalid" .maxCpu) }}{{ $_ := set $entry "max_cpu" (toString .maxCpu) }}{{ end -}}
 {{- if not (kindIs "invalid" .maxMemory) }}{{ $_ := set $entry "max_memory" (toString .maxMemory) }}{{ end -}}
@@ -339,3 +347,21 @@ The names of the shards' Leases (spark-pod-allocator-shard-<n>), as a list.
 {{- end -}}
 {{- toJson $names -}}
 {{- end }}
+
+{{/*
+Which namespaces each queue budget holds: it decides shards, so unlike the rest of the
+budgets it is read at start-up only, and the pods' config checksum includes it.
+*/}}
+{{- define "spa.queueMembership" -}}
+{{- $membership := list -}}
+{{- range .Values.budgets.items }}
+{{- if .queue }}
+{{- $names := list -}}
+{{- range .namespaces }}
+{{- if kindIs "string" . }}{{ $names = append $names . }}{{ else }}{{ $names = append $names .namespace }}{{ end -}}
+{{- end -}}
+{{- $membership = append $membership (dict "queue" .queue "namespaces" $names) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $membership -}}
+{{- end -}}

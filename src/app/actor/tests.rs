@@ -97,12 +97,8 @@ impl Driven {
         let flag = Arc::clone(&forgotten);
         let app = ApplicationParts {
             app_id: "app".into(),
-            budget: crate::app::Budgets::new(Default::default(), Metrics::default()).join(
-                "ns",
-                "app",
-                Default::default(),
-                1,
-            ),
+            budget: crate::app::Budgets::new(Default::default(), Metrics::default())
+                .join("ns", "app", 1),
             namespace: "ns".into(),
             engine: Engine {
                 allocator: Allocator::new(settings.clone(), 0),
