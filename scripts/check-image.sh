@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checks the Dockerfile and .dockerignore without a Docker engine (none runs on the build
-# machine): the build context holds what the Dockerfile copies and none of target/, .git,
+# Checks the Dockerfile and .dockerignore statically (scripts/build-image.sh builds the
+# image with podman, scripts/run-image.sh runs it): the build context holds what the Dockerfile copies and none of target/, .git,
 # .venv*, .tools, clients/; base images are pinned; the final stage runs as non-root,
 # listens on 0.0.0.0:50051, EXPOSEs it and carries OCI labels; dependencies are cached.
 # With --build, also builds the release binary and checks that it is stripped.
@@ -87,9 +87,10 @@ context = [f for f in tracked if not excluded(f)]
 
 args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", dockerfile, re.M))
 stages = re.findall(r"^FROM\s+(\S+)", dockerfile, re.M)
+stage_names = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", dockerfile, re.M | re.I))
 for image in stages:
     image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), image)
-    if "@sha256:" in image:
+    if image in stage_names or "@sha256:" in image:
         continue
     tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
     if not tag or tag == "latest" or ("distroless" not in image and not re.search(r"\d+\.\d+\.\d+", tag)):
