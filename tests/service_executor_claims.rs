@@ -360,13 +360,10 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
     let victim = "app-b";
     // Executor 1's claim name, taken by hand with the victim's labels (and an owner that is
     // not its driver); executor 2's, taken by another application through the service.
-    squat(
-        &h,
-        "app-b-exec-1-pvc-0",
-        json!({"spark-app-selector": victim, "spark-role": "executor"}),
-        "forged-uid",
-    )
-    .await;
+    let forged_labels = json!({"spark-app-selector": victim, "spark-role": "executor"});
+    squat(&h, "app-b-exec-1-pvc-0", forged_labels.clone(), "forged-uid").await;
+    // A spare claim with the victim's labels, which reuse would pick were it the victim's.
+    squat(&h, "spare", forged_labels, "forged-uid").await;
     h.client
         .clone()
         .start(fixed_claim_start("app-a", "app-b-exec-2-pvc-0"))
@@ -384,7 +381,7 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
     // Old enough to be reused, were they the victim's.
     h.clock.advance(Duration::from_secs(5));
 
-    create_driver(&h, "drv-b").await;
+    let driver_uid = create_driver(&h, "drv-b").await;
     start(&h, victim, "drv-b", proto::AllocationSettings::default()).await;
     h.set_total(victim, 2).await;
     // Executors 1 and 2 fail (their claims' names are taken); later ids get claims of
@@ -399,7 +396,8 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
             !claim.starts_with("app-b-exec-1-") && !claim.starts_with("app-b-exec-2-"),
             "{pod} mounts the squatted claim {claim}: {pods:?}"
         );
-        assert_eq!(claim_identity(&h, claim).await.1, victim);
+        let (_, app, owners) = claim_identity(&h, claim).await;
+        assert_eq!((app.as_str(), owners), (victim, vec![driver_uid.clone()]), "{claim}");
     }
     let status = h.status(victim).await.expect("GetStatus");
     let failure = status.profiles[0]

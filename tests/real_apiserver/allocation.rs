@@ -553,7 +553,8 @@ async fn an_executors_claim_is_created_with_it_and_reused_by_its_replacement(c: 
 
 /// Name squatting: a claim made by someone else (the application's labels, no owner the
 /// service set) under the name executor 1's claim would take is not adopted: executor 1's
-/// create fails naming it, no pod mounts it, executor 2 gets a claim of its own, and
+/// create fails naming it, no pod mounts it, executor 2 gets a claim of its own (not a
+/// spare claim labelled alike, which reuse would take were it the application's), and
 /// neither the squatter's claim nor its uid changes.
 async fn a_claim_under_an_executors_name_made_by_another_is_never_mounted_or_deleted(
     c: &impl Cluster,
@@ -569,10 +570,17 @@ async fn a_claim_under_an_executors_name_made_by_another_is_never_mounted_or_del
                  "resources": {"requests": {"storage": "1Gi"}}}
     }))
     .expect("claim");
+    let mut spare = squatted.clone();
+    spare.metadata.name = Some("spare".into());
     let squatted = claims
         .create(&PostParams::default(), &squatted)
         .await
         .expect("the squatter's claim");
+    // With the application's labels too, free to reuse were it the application's.
+    claims
+        .create(&PostParams::default(), &spare)
+        .await
+        .expect("a spare claim labelled alike");
     let mut driver = template();
     driver.metadata.name = Some("driver-sq".into());
     pods.create(&PostParams::default(), &driver)
