@@ -1199,10 +1199,17 @@ async fn claims_need_the_callers_own_right_to_create_claims() {
     };
     let err = h
         .client
-        .start(as_caller("mallory-token", with_claims("spark-m1", "{{{ not yaml")))
+        .start(as_caller(
+            "mallory-token",
+            with_claims("spark-m1", "{{{ not yaml"),
+        ))
         .await
         .unwrap_err();
-    assert_code(&err, Code::PermissionDenied, &[&denied, "executor_claim_templates"]);
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &[&denied, "executor_claim_templates"],
+    );
     // A generic ephemeral volume makes the cluster create a claim for the pod.
     let err = h
         .client
@@ -1222,7 +1229,10 @@ async fn claims_need_the_callers_own_right_to_create_claims() {
     );
     // Nor through a profile added later.
     h.client
-        .start(as_caller("mallory-token", start_request("spark-m3", "team-a")))
+        .start(as_caller(
+            "mallory-token",
+            start_request("spark-m3", "team-a"),
+        ))
         .await
         .expect("mallory may start without claims");
     let err = h
@@ -1240,7 +1250,10 @@ async fn claims_need_the_callers_own_right_to_create_claims() {
     assert_code(
         &err,
         Code::PermissionDenied,
-        &[&denied, "resource_profile_templates[1]: spec.volumes[0].ephemeral"],
+        &[
+            &denied,
+            "resource_profile_templates[1]: spec.volumes[0].ephemeral",
+        ],
     );
     for app in ["spark-m1", "spark-m2"] {
         assert!(h.applications.ownership(&app_id(app)).is_none(), "{app}");
@@ -1248,7 +1261,14 @@ async fn claims_need_the_callers_own_right_to_create_claims() {
     assert!(h.pods("team-a", "spark-m3").await.is_empty());
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(h.sim.try_client().expect("sim client"), "team-a");
-    assert!(claims.list(&Default::default()).await.expect("claims").items.is_empty());
+    assert!(
+        claims
+            .list(&Default::default())
+            .await
+            .expect("claims")
+            .items
+            .is_empty()
+    );
 
     // With the right, the same calls go through.
     let claim = r#"{"metadata": {"name": "{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0"},

@@ -335,7 +335,8 @@ async fn squat(h: &Harness, name: &str, labels: serde_json::Value, owner_uid: &s
 /// Start of `app` whose claim template and pod volume name `claim` itself (no placeholder).
 fn fixed_claim_start(app: &str, claim: &str) -> proto::StartRequest {
     let template = POD_TEMPLATE.replace("{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0", claim);
-    let claim_template = claim_template("10Gi").replace("{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0", claim);
+    let claim_template =
+        claim_template("10Gi").replace("{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0", claim);
     proto::StartRequest {
         executor_pod_template: template,
         executor_claim_templates: vec![claim_template],
@@ -347,9 +348,13 @@ fn fixed_claim_start(app: &str, claim: &str) -> proto::StartRequest {
 async fn claim_identity(h: &Harness, name: &str) -> (Option<String>, String, Vec<String>) {
     let claim = claims_api(h).get(name).await.expect("claim");
     let app = claim.metadata.labels.unwrap_or_default()["spark-app-selector"].clone();
-    let owners = (claim.metadata.owner_references.unwrap_or_default().into_iter())
-        .map(|o| o.uid)
-        .collect();
+    let owners = (claim
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter())
+    .map(|o| o.uid)
+    .collect();
     (claim.metadata.uid, app, owners)
 }
 
@@ -361,7 +366,13 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
     // Executor 1's claim name, taken by hand with the victim's labels (and an owner that is
     // not its driver); executor 2's, taken by another application through the service.
     let forged_labels = json!({"spark-app-selector": victim, "spark-role": "executor"});
-    squat(&h, "app-b-exec-1-pvc-0", forged_labels.clone(), "forged-uid").await;
+    squat(
+        &h,
+        "app-b-exec-1-pvc-0",
+        forged_labels.clone(),
+        "forged-uid",
+    )
+    .await;
     // A spare claim with the victim's labels, which reuse would pick were it the victim's.
     squat(&h, "spare", forged_labels, "forged-uid").await;
     h.client
@@ -386,9 +397,11 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
     h.set_total(victim, 2).await;
     // Executors 1 and 2 fail (their claims' names are taken); later ids get claims of
     // their own.
-    rounds_until(&h, "two executors of the victim on claims of their own", async || {
-        pods_and_claims(&h, victim).await.len() == 2
-    })
+    rounds_until(
+        &h,
+        "two executors of the victim on claims of their own",
+        async || pods_and_claims(&h, victim).await.len() == 2,
+    )
     .await;
     let pods = pods_and_claims(&h, victim).await;
     for (pod, claim) in &pods {
@@ -397,7 +410,11 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
             "{pod} mounts the squatted claim {claim}: {pods:?}"
         );
         let (_, app, owners) = claim_identity(&h, claim).await;
-        assert_eq!((app.as_str(), owners), (victim, vec![driver_uid.clone()]), "{claim}");
+        assert_eq!(
+            (app.as_str(), owners),
+            (victim, vec![driver_uid.clone()]),
+            "{claim}"
+        );
     }
     let status = h.status(victim).await.expect("GetStatus");
     let failure = status.profiles[0]
@@ -406,7 +423,8 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
         .expect("the failed creates are reported");
     assert_eq!(failure.code, "ALREADY_EXISTS", "{failure:?}");
     assert!(
-        failure.message.contains("app-b-exec-1-pvc-0") || failure.message.contains("app-b-exec-2-pvc-0"),
+        failure.message.contains("app-b-exec-1-pvc-0")
+            || failure.message.contains("app-b-exec-2-pvc-0"),
         "{failure:?}"
     );
     assert!(failure.total_failures >= 2, "{failure:?}");
@@ -432,7 +450,7 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
 
 #[tokio::test]
 async fn a_pod_owned_claims_name_taken_creates_no_pod_and_stop_deletes_only_the_applications_claims()
-{
+ {
     let h = harness().await;
     let app = "app-pod";
     let labels = json!({"spark-app-selector": app, "spark-role": "executor"});
@@ -459,8 +477,14 @@ async fn a_pod_owned_claims_name_taken_creates_no_pod_and_stop_deletes_only_the_
         "{pod_creates:?}"
     );
     let status = h.status(app).await.expect("GetStatus");
-    let failure = status.profiles[0].last_create_failure.clone().expect("failure");
-    assert!(failure.message.contains("app-pod-exec-1-pvc-0"), "{failure:?}");
+    let failure = status.profiles[0]
+        .last_create_failure
+        .clone()
+        .expect("failure");
+    assert!(
+        failure.message.contains("app-pod-exec-1-pvc-0"),
+        "{failure:?}"
+    );
     h.client
         .clone()
         .stop(proto::StopRequest {
@@ -476,7 +500,11 @@ async fn a_pod_owned_claims_name_taken_creates_no_pod_and_stop_deletes_only_the_
 
 /// Claim template number `index` of 10Gi with `extra` merged into its spec, and
 /// `annotations`.
-fn claim_template_with(index: u32, extra: serde_json::Value, annotations: serde_json::Value) -> String {
+fn claim_template_with(
+    index: u32,
+    extra: serde_json::Value,
+    annotations: serde_json::Value,
+) -> String {
     let mut claim: serde_json::Value =
         serde_json::from_str(&numbered_claim_template(index, "10Gi")).unwrap();
     for (key, value) in extra.as_object().cloned().unwrap_or_default() {
@@ -503,7 +531,11 @@ async fn claims_reaching_other_volumes_classes_or_namespaces_are_refused_naming_
     let h = gp3_only_harness().await;
     let beta_class = "volume.beta.kubernetes.io/storage-class";
     let rows = [
-        (json!({"volumeName": "pv-released"}), json!({}), "spec.volumeName".to_string()),
+        (
+            json!({"volumeName": "pv-released"}),
+            json!({}),
+            "spec.volumeName".to_string(),
+        ),
         (
             json!({"selector": {"matchLabels": {"tenant": "b"}}}),
             json!({}),
@@ -538,7 +570,9 @@ async fn claims_reaching_other_volumes_classes_or_namespaces_are_refused_naming_
             .unwrap_err();
         assert_invalid(&status, "executor_claim_templates[1]");
         assert!(
-            status.message().starts_with(&format!("executor_claim_templates[1]: {path}: ")),
+            status
+                .message()
+                .starts_with(&format!("executor_claim_templates[1]: {path}: ")),
             "{path}: {status:?}"
         );
         assert!(h.status(&app).await.is_err(), "{app} was started");
@@ -607,8 +641,7 @@ async fn ephemeral_volumes_meet_the_claim_policy_at_start_and_set_total_expected
         .set_total_expected(proto::SetTotalExpectedRequest {
             application_id: app.into(),
             executors_per_profile: [(2, 1)].into(),
-            resource_profile_templates: [(2, ephemeral_template(sized(rows[0].0.clone())))]
-                .into(),
+            resource_profile_templates: [(2, ephemeral_template(sized(rows[0].0.clone())))].into(),
         })
         .await
         .unwrap_err();

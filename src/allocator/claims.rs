@@ -86,8 +86,8 @@ pub fn owned_claim(claim: &PersistentVolumeClaim, app_id: &str, owner_uid: &str)
     use super::types::{APP_ID_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
     let labels = claim.metadata.labels.as_ref();
     let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
-    let controller = (claim.metadata.owner_references.iter().flatten())
-        .find(|o| o.controller == Some(true));
+    let controller =
+        (claim.metadata.owner_references.iter().flatten()).find(|o| o.controller == Some(true));
     !owner_uid.is_empty()
         && label(APP_ID_LABEL) == Some(app_id)
         && label(ROLE_LABEL) == Some(EXECUTOR_ROLE)

@@ -471,11 +471,7 @@ impl PodPolicy {
     /// claim's.
     pub fn check_claim(&self, claim: &PersistentVolumeClaim) -> Result<(), PolicyViolation> {
         let no_spec = PersistentVolumeClaimSpec::default();
-        self.check_claim_template(
-            "",
-            &claim.metadata,
-            claim.spec.as_ref().unwrap_or(&no_spec),
-        )
+        self.check_claim_template("", &claim.metadata, claim.spec.as_ref().unwrap_or(&no_spec))
     }
 
     /// A claim the service or the cluster creates for an executor (a claim template, or
@@ -512,7 +508,9 @@ impl PodPolicy {
             .and_then(|a| a.get(BETA_STORAGE_CLASS_ANNOTATION))
             .map(|class| {
                 (
-                    path(&format!("metadata.annotations[{BETA_STORAGE_CLASS_ANNOTATION}]")),
+                    path(&format!(
+                        "metadata.annotations[{BETA_STORAGE_CLASS_ANNOTATION}]"
+                    )),
                     class.as_str(),
                 )
             });

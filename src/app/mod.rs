@@ -816,14 +816,13 @@ impl Applications {
         let deleted = match deleted {
             // Claims the driver does not own go with the application, as Spark's clean-up
             // deletes them (a driver-owned one goes with the driver pod).
-            Ok((deleted, owners)) if delete_claims => {
-                pods.delete_claims(&namespace, app.as_str(), &owners)
-                    .await
-                    .map(|claims| {
-                        tracing::info!(%app, claims, "executor claims deleted");
-                        deleted
-                    })
-            }
+            Ok((deleted, owners)) if delete_claims => pods
+                .delete_claims(&namespace, app.as_str(), &owners)
+                .await
+                .map(|claims| {
+                    tracing::info!(%app, claims, "executor claims deleted");
+                    deleted
+                }),
             other => other.map(|(deleted, _)| deleted),
         };
         let deleted = match deleted {

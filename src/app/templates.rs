@@ -171,7 +171,10 @@ pub fn policy_violation(
 pub fn ephemeral_volume(profile: ResourceProfileId, template: &Pod) -> Option<String> {
     let volumes = template.spec.as_ref()?.volumes.as_ref()?;
     let index = volumes.iter().position(|v| v.ephemeral.is_some())?;
-    Some(format!("{}: spec.volumes[{index}].ephemeral", field(profile)))
+    Some(format!(
+        "{}: spec.volumes[{index}].ephemeral",
+        field(profile)
+    ))
 }
 
 /// The first claim template of `claims` that breaks `policy`, with its index and the rule

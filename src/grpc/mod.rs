@@ -654,8 +654,7 @@ impl ExecutorAllocator for AllocatorService {
             };
             let ephemeral = (expected.templates.iter())
                 .find_map(|(profile, pod)| templates::ephemeral_volume(*profile, pod));
-            if let (Some(field), Some(ownership)) = (ephemeral, self.applications.ownership(&app))
-            {
+            if let (Some(field), Some(ownership)) = (ephemeral, self.applications.ownership(&app)) {
                 self.gate
                     .authorize_claims(&caller, &ownership.namespace, &field)
                     .await?;

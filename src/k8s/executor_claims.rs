@@ -20,7 +20,11 @@ use crate::allocator::types::APP_ID_LABEL;
 /// Whether `existing` is the claim the service meant to create as `wanted`: the same
 /// application, and the controller owner `wanted` was given.
 fn is_own(wanted: &PersistentVolumeClaim, existing: &PersistentVolumeClaim) -> bool {
-    let app = wanted.metadata.labels.as_ref().and_then(|l| l.get(APP_ID_LABEL));
+    let app = wanted
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(APP_ID_LABEL));
     let owner = (wanted.metadata.owner_references.iter().flatten())
         .find(|o| o.controller == Some(true))
         .map(|o| o.uid.as_str());
@@ -88,7 +92,12 @@ impl ExecutorPodClient {
     ) -> Result<(), kube::Error> {
         for claim in claims {
             let name = claim.metadata.name.as_deref().unwrap_or_default();
-            if (self.api().get_opt::<PersistentVolumeClaim>(namespace, name).await?).is_some() {
+            if (self
+                .api()
+                .get_opt::<PersistentVolumeClaim>(namespace, name)
+                .await?)
+                .is_some()
+            {
                 return Err(not_ours(claim));
             }
         }

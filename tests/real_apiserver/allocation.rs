@@ -607,7 +607,10 @@ async fn a_claim_under_an_executors_name_made_by_another_is_never_mounted_or_del
     ];
     start(&s.apps, req).await;
     set_targets_and_round(&s, app, targets(1)).await;
-    assert!(cluster_ids(c, app).await.is_empty(), "no pod for executor 1");
+    assert!(
+        cluster_ids(c, app).await.is_empty(),
+        "no pod for executor 1"
+    );
     let status = s.apps.application_status(&id(app)).await.expect("status");
     let failure = &status.create_failures[&P0];
     assert_eq!(failure.http_code, Some(409), "{failure:?}");

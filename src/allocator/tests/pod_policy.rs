@@ -993,7 +993,11 @@ fn claim_with(extra: Value, annotations: Value) -> Value {
 fn claims_may_not_reach_volumes_or_namespaces_beyond_their_own_unless_allowed() {
     let default = PodPolicy::default();
     let rows = [
-        (json!({"volumeName": "pv-released"}), "spec.volumeName", "allow_claim_volume_name"),
+        (
+            json!({"volumeName": "pv-released"}),
+            "spec.volumeName",
+            "allow_claim_volume_name",
+        ),
         (
             json!({"selector": {"matchLabels": {"tenant": "b"}}}),
             "spec.selector",
@@ -1010,14 +1014,23 @@ fn claims_may_not_reach_volumes_or_namespaces_beyond_their_own_unless_allowed() 
             .check_claim(&claim(claim_with(extra.clone(), json!({}))))
             .unwrap_err();
         assert_eq!(refused.path, path);
-        assert!(refused.reason.contains(&format!("pod_policy.{key}")), "{refused}");
+        assert!(
+            refused.reason.contains(&format!("pod_policy.{key}")),
+            "{refused}"
+        );
         let allowed: PodPolicy = serde_json::from_value(json!({key: true})).unwrap();
-        assert_eq!(allowed.check_claim(&claim(claim_with(extra, json!({})))), Ok(()));
+        assert_eq!(
+            allowed.check_claim(&claim(claim_with(extra, json!({})))),
+            Ok(())
+        );
     }
     // A same-namespace data source is the caller's own.
     let own_source = json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": "x"},
         "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "x"}});
-    assert_eq!(default.check_claim(&claim(claim_with(own_source, json!({})))), Ok(()));
+    assert_eq!(
+        default.check_claim(&claim(claim_with(own_source, json!({})))),
+        Ok(())
+    );
 
     // The beta annotation names a class as well (and wins over the field).
     let gp3_only: PodPolicy =
@@ -1033,7 +1046,10 @@ fn claims_may_not_reach_volumes_or_namespaces_beyond_their_own_unless_allowed() 
         refused.path,
         "metadata.annotations[volume.beta.kubernetes.io/storage-class]"
     );
-    assert!(refused.reason.contains("allowed_storage_classes"), "{refused}");
+    assert!(
+        refused.reason.contains("allowed_storage_classes"),
+        "{refused}"
+    );
     assert_eq!(gp3_only.check_claim(&annotated("gp3")), Ok(()));
 }
 
@@ -1046,16 +1062,23 @@ fn ephemeral_volumes_meet_the_claim_policy() {
         ]}))
     };
     let default = PodPolicy::default();
-    let fine = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}});
+    let fine =
+        json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}});
     assert_eq!(check_with(&default, &ephemeral(fine)), Ok(()));
     let prefix = "spec.volumes[1].ephemeral.volumeClaimTemplate.spec";
     let rows = [
-        (json!({"volumeName": "pv-x", "resources": {"requests": {"storage": "1Gi"}}}), "volumeName"),
+        (
+            json!({"volumeName": "pv-x", "resources": {"requests": {"storage": "1Gi"}}}),
+            "volumeName",
+        ),
         (
             json!({"selector": {"matchLabels": {"a": "b"}}, "resources": {"requests": {"storage": "1Gi"}}}),
             "selector",
         ),
-        (json!({"resources": {"requests": {"storage": "2Ti"}}}), "resources.requests.storage"),
+        (
+            json!({"resources": {"requests": {"storage": "2Ti"}}}),
+            "resources.requests.storage",
+        ),
         (json!({}), "resources.requests.storage"),
     ];
     for (spec, field) in rows {
