@@ -793,38 +793,31 @@ impl Applications {
         let pods = (self.inner.pods)
             .for_application(&namespace, app.as_str())
             .fenced(fence.clone());
-        // The executor pods' uids, before they go: the claims the application owns are
-        // those owned by one of them.
-        let claim_owners = if delete_claims {
-            match pods.list_executors(&namespace, app.as_str()).await {
-                Ok(listed) => Ok(listed
-                    .into_iter()
-                    .filter_map(|pod| pod.metadata.uid)
-                    .collect::<BTreeSet<String>>()),
-                Err(err) => Err(err),
-            }
-        } else {
-            Ok(BTreeSet::new())
-        };
-        let deleted = match claim_owners {
-            Ok(owners) => pods
-                .delete_all(&namespace, app.as_str())
-                .await
-                .map(|deleted| (deleted, owners)),
-            Err(err) => Err(err),
-        };
-        let deleted = match deleted {
+        let deleted = async {
+            // The executor pods' uids, before they go: the application's claims are those
+            // owned by one of them.
+            let owners: BTreeSet<String> = if delete_claims {
+                (pods
+                    .list_executors(&namespace, app.as_str())
+                    .await?
+                    .into_iter())
+                .filter_map(|pod| pod.metadata.uid)
+                .collect()
+            } else {
+                BTreeSet::new()
+            };
+            let deleted = pods.delete_all(&namespace, app.as_str()).await?;
             // Claims the driver does not own go with the application, as Spark's clean-up
             // deletes them (a driver-owned one goes with the driver pod).
-            Ok((deleted, owners)) if delete_claims => pods
-                .delete_claims(&namespace, app.as_str(), &owners)
-                .await
-                .map(|claims| {
-                    tracing::info!(%app, claims, "executor claims deleted");
-                    deleted
-                }),
-            other => other.map(|(deleted, _)| deleted),
-        };
+            if delete_claims {
+                let claims = pods
+                    .delete_claims(&namespace, app.as_str(), &owners)
+                    .await?;
+                tracing::info!(%app, claims, "executor claims deleted");
+            }
+            Ok::<u32, kube::Error>(deleted)
+        }
+        .await;
         let deleted = match deleted {
             // The records go only once no pod holds an id.
             Ok(deleted) => match (self.inner.registrations)
