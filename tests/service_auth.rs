@@ -1,8 +1,9 @@
 //! Authentication and authorization over real gRPC, with the simulator answering
 //! TokenReview and SubjectAccessReview over real HTTP: no token, a bad token, a token for
-//! another audience, a caller lacking pod rights, the hijack of another identity's
-//! application, the admin group, an owner kept across a restart, a slow review, and the
-//! health check answering while callers are refused.
+//! another audience, a caller lacking pod rights (or claim rights, for claim templates and
+//! ephemeral volumes), the hijack of another identity's application, the admin group, an
+//! owner kept across a restart, a slow review, and the health check answering while
+//! callers are refused.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

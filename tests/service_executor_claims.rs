@@ -2,7 +2,9 @@
 //! the simulated cluster, which binds claims as a provisioner would, on the manual clock:
 //! an executor gets its claim (named and labelled as Spark does, owned by the driver pod),
 //! a killed executor's claim is mounted by its replacement, waiting to reuse holds
-//! creation at the maximum, and pod-owned claims go on Stop.
+//! creation at the maximum, and pod-owned claims go on Stop; a claim someone else made
+//! under an executor's claim name is never adopted, mounted or deleted, and the claim
+//! policy holds claim templates and generic ephemeral volumes alike.
 
 use std::time::Duration;
 
@@ -366,15 +368,7 @@ async fn a_claim_under_an_executors_name_made_by_someone_else_is_never_adopted_m
     // Executor 1's claim name, taken by hand with the victim's labels (and an owner that is
     // not its driver); executor 2's, taken by another application through the service.
     let forged_labels = json!({"spark-app-selector": victim, "spark-role": "executor"});
-    squat(
-        &h,
-        "app-b-exec-1-pvc-0",
-        forged_labels.clone(),
-        "forged-uid",
-    )
-    .await;
-    // A spare claim with the victim's labels, which reuse would pick were it the victim's.
-    squat(&h, "spare", forged_labels, "forged-uid").await;
+    squat(&h, "app-b-exec-1-pvc-0", forged_labels, "forged-uid").await;
     h.client
         .clone()
         .start(fixed_claim_start("app-a", "app-b-exec-2-pvc-0"))
