@@ -66,15 +66,13 @@ impl ExecutorPodClient {
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let answer = match self.api().create(namespace, claim).await {
             Err(err) if is_status(&err, 409) => {
-                let existing = self
-                    .api()
-                    .get_opt::<PersistentVolumeClaim>(namespace, name)
-                    .await?;
-                match existing {
-                    Some(existing) if is_own(claim, &existing) => Ok(()),
-                    // Deleted since: the next round creates it.
-                    None => Err(err),
-                    Some(_) => Err(not_ours(claim)),
+                let existing = self.api().get_opt::<PersistentVolumeClaim>(namespace, name);
+                match existing.await {
+                    Ok(Some(existing)) if is_own(claim, &existing) => Ok(()),
+                    Ok(Some(_)) => Err(not_ours(claim)),
+                    // Deleted since: a failed create like any other.
+                    Ok(None) => Err(err),
+                    Err(read) => Err(read),
                 }
             }
             other => other,
@@ -83,6 +81,7 @@ impl ExecutorPodClient {
             tracing::debug!(namespace, claim = name, error = %describe_error(err), "executor claim create failed");
         })
     }
+
     /// Refuses, before their pod exists, claims to be owned by it whose name is taken: a
     /// claim there already cannot be the pod's, so the pod is not created to mount it.
     pub(super) async fn check_claim_names_free(
@@ -92,12 +91,8 @@ impl ExecutorPodClient {
     ) -> Result<(), kube::Error> {
         for claim in claims {
             let name = claim.metadata.name.as_deref().unwrap_or_default();
-            if (self
-                .api()
-                .get_opt::<PersistentVolumeClaim>(namespace, name)
-                .await?)
-                .is_some()
-            {
+            let existing = self.api().get_opt::<PersistentVolumeClaim>(namespace, name);
+            if existing.await?.is_some() {
                 return Err(not_ours(claim));
             }
         }
