@@ -24,6 +24,9 @@ use serde::Deserialize;
 
 use crate::app::{AppError, AppId};
 
+const PODS: &str = "pods";
+const CLAIMS: &str = "persistentvolumeclaims";
+
 /// Longest bearer token taken; service-account tokens are a few KiB at most.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
@@ -243,6 +246,8 @@ struct DecisionKey {
     groups: Vec<String>,
     namespace: String,
     verb: &'static str,
+    /// `pods` or `persistentvolumeclaims`.
+    resource: &'static str,
     /// One pod (`resourceAttributes.name`), or every pod of the namespace.
     pod: Option<String>,
 }
@@ -353,7 +358,7 @@ impl Gate {
         };
         for &verb in access.verbs() {
             let decision = Arc::clone(reviews)
-                .decision(caller, namespace, verb, None)
+                .decision(caller, namespace, PODS, verb, None)
                 .await?;
             if !decision.allowed {
                 return Err(AppError::PermissionDenied(format!(
@@ -383,7 +388,7 @@ impl Gate {
         };
         for verb in ["get", "patch"] {
             let decision = Arc::clone(reviews)
-                .decision(caller, namespace, verb, Some(pod))
+                .decision(caller, namespace, PODS, verb, Some(pod))
                 .await?;
             match (decision.allowed, verb) {
                 (true, _) => {}
@@ -399,6 +404,32 @@ impl Gate {
             }
         }
         Ok(())
+    }
+
+    /// Executor claim templates and generic ephemeral volumes have claims created for the
+    /// caller's executors (by the service, or by the cluster for the pod), so the caller
+    /// must be allowed to `create persistentvolumeclaims` in `namespace` itself;
+    /// PERMISSION_DENIED naming the verb, resource and namespace otherwise.
+    pub async fn authorize_claims(
+        &self,
+        caller: &Caller,
+        namespace: &str,
+        why: &str,
+    ) -> Result<(), AppError> {
+        let Some(reviews) = &self.reviews else {
+            return Ok(());
+        };
+        let decision = Arc::clone(reviews)
+            .decision(caller, namespace, CLAIMS, "create", None)
+            .await?;
+        if decision.allowed {
+            return Ok(());
+        }
+        Err(AppError::PermissionDenied(format!(
+            "{} may not create persistentvolumeclaims in namespace {namespace}{} ({why})",
+            caller.user.as_deref().unwrap_or_default(),
+            decision.why()
+        )))
     }
 
     /// PERMISSION_DENIED unless `caller` started the application (or is an admin).
@@ -547,13 +578,14 @@ impl Reviews {
         }
     }
 
-    /// SubjectAccessReview's answer for `caller` doing `verb` on pods (or pod `pod`) in
-    /// `namespace`: cached at once (renewed in the background once half its time has
+    /// SubjectAccessReview's answer for `caller` doing `verb` on `resource` (or pod `pod`)
+    /// in `namespace`: cached at once (renewed in the background once half its time has
     /// passed), else reviewed in the known queue.
     async fn decision(
         self: Arc<Self>,
         caller: &Caller,
         namespace: &str,
+        resource: &'static str,
         verb: &'static str,
         pod: Option<&str>,
     ) -> Result<Decision, AppError> {
@@ -567,6 +599,7 @@ impl Reviews {
             groups: caller.groups.clone(),
             namespace: namespace.to_string(),
             verb,
+            resource,
             pod: pod.map(str::to_string),
         };
         match self.decisions.get(&key) {
@@ -682,7 +715,7 @@ impl Reviews {
                     verb: Some(key.verb.to_string()),
                     group: Some(String::new()),
                     version: Some("v1".into()),
-                    resource: Some("pods".into()),
+                    resource: Some(key.resource.into()),
                     name: key.pod.clone(),
                     ..ResourceAttributes::default()
                 }),

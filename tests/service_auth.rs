@@ -1,8 +1,9 @@
 //! Authentication and authorization over real gRPC, with the simulator answering
 //! TokenReview and SubjectAccessReview over real HTTP: no token, a bad token, a token for
-//! another audience, a caller lacking pod rights, the hijack of another identity's
-//! application, the admin group, an owner kept across a restart, a slow review, and the
-//! health check answering while callers are refused.
+//! another audience, a caller lacking pod rights (or claim rights, for claim templates and
+//! ephemeral volumes), the hijack of another identity's application, the admin group, an
+//! owner kept across a restart, a slow review, and the health check answering while
+//! callers are refused.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1173,4 +1174,122 @@ async fn alice_starts_with(h: &mut Harness, app: &str, driver: &str) {
         .start(as_caller("alice-token", start_with_driver(app, driver)))
         .await
         .expect("alice starts with her driver pod");
+}
+
+/// A pod template whose executors get a generic ephemeral volume (a claim the cluster
+/// creates for the pod).
+const EPHEMERAL_TEMPLATE: &str = r#"{"spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark:4"}],
+  "volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
+    "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}}]}}"#;
+
+#[tokio::test]
+async fn claims_need_the_callers_own_right_to_create_claims() {
+    let _serial = SERIAL.lock().await;
+    // alice may also create claims in team-a; mallory, with the same pod rights, may not.
+    let mut settings = cluster();
+    settings.access.grants.push(SimGrant {
+        resources: vec!["persistentvolumeclaims".into()],
+        ..grant(&[ALICE], &[], "team-a", &["create"])
+    });
+    let mut h = Harness::start_with_auth(settings, auth()).await;
+    let denied = format!("{MALLORY} may not create persistentvolumeclaims in namespace team-a");
+    // Refused before its claim template is read: a broken one is not even reported.
+    let with_claims = |app: &str, claim: &str| proto::StartRequest {
+        executor_claim_templates: vec![claim.into()],
+        ..start_request(app, "team-a")
+    };
+    let err = h
+        .client
+        .start(as_caller(
+            "mallory-token",
+            with_claims("spark-m1", "{{{ not yaml"),
+        ))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &[&denied, "executor_claim_templates"],
+    );
+    // A generic ephemeral volume makes the cluster create a claim for the pod.
+    let err = h
+        .client
+        .start(as_caller(
+            "mallory-token",
+            proto::StartRequest {
+                executor_pod_template: EPHEMERAL_TEMPLATE.into(),
+                ..start_request("spark-m2", "team-a")
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &[&denied, "executor_pod_template: spec.volumes[0].ephemeral"],
+    );
+    // Nor through a profile added later.
+    h.client
+        .start(as_caller(
+            "mallory-token",
+            start_request("spark-m3", "team-a"),
+        ))
+        .await
+        .expect("mallory may start without claims");
+    let err = h
+        .client
+        .set_total_expected(as_caller(
+            "mallory-token",
+            proto::SetTotalExpectedRequest {
+                application_id: "spark-m3".into(),
+                executors_per_profile: [(1, 2)].into(),
+                resource_profile_templates: [(1, EPHEMERAL_TEMPLATE.to_string())].into(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_code(
+        &err,
+        Code::PermissionDenied,
+        &[
+            &denied,
+            "resource_profile_templates[1]: spec.volumes[0].ephemeral",
+        ],
+    );
+    for app in ["spark-m1", "spark-m2"] {
+        assert!(h.applications.ownership(&app_id(app)).is_none(), "{app}");
+    }
+    assert!(h.pods("team-a", "spark-m3").await.is_empty());
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(h.sim.try_client().expect("sim client"), "team-a");
+    assert!(
+        claims
+            .list(&Default::default())
+            .await
+            .expect("claims")
+            .items
+            .is_empty()
+    );
+
+    // With the right, the same calls go through.
+    let claim = r#"{"metadata": {"name": "{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}"#;
+    h.client
+        .start(as_caller(
+            "alice-token",
+            proto::StartRequest {
+                executor_pod_template: EPHEMERAL_TEMPLATE.into(),
+                ..with_claims("spark-alice", claim)
+            },
+        ))
+        .await
+        .expect("alice may create claims in team-a");
+    h.client
+        .set_total_expected(as_caller("alice-token", targets_request("spark-alice", 1)))
+        .await
+        .expect("alice scales");
+    until("alice's executor", async || {
+        h.pods("team-a", "spark-alice").await.len() == 1
+    })
+    .await;
 }

@@ -76,6 +76,24 @@ impl ListedClaim {
     }
 }
 
+/// Whether `claim` is one the service created for application `app_id` with the
+/// controller owner `owner_uid` (the driver pod, or the executor's pod): the
+/// application's executor labels and that owner. Anyone who may create claims in the
+/// namespace can write the labels; the owner's uid is the driver's or a pod's just
+/// created, so a claim under a name an executor would use, made by another application or
+/// by hand, is never taken for the application's own.
+pub fn owned_claim(claim: &PersistentVolumeClaim, app_id: &str, owner_uid: &str) -> bool {
+    use super::types::{APP_ID_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
+    let labels = claim.metadata.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    let controller =
+        (claim.metadata.owner_references.iter().flatten()).find(|o| o.controller == Some(true));
+    !owner_uid.is_empty()
+        && label(APP_ID_LABEL) == Some(app_id)
+        && label(ROLE_LABEL) == Some(EXECUTOR_ROLE)
+        && controller.is_some_and(|o| o.kind == "Pod" && o.uid == owner_uid)
+}
+
 /// A claim's storage class and storage request in bytes.
 pub fn class_and_size(claim: &PersistentVolumeClaim) -> (Option<String>, Option<u128>) {
     let spec = claim.spec.as_ref();

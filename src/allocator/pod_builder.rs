@@ -157,6 +157,12 @@ impl ExecutorPodBuilder {
     pub fn claims_owned_by_driver(&self) -> bool {
         self.driver_owns_claims && self.driver.is_some()
     }
+    /// The uid of the driver pod when the claims it makes carry it as their owner.
+    pub fn claims_owner(&self) -> Option<&str> {
+        (self.driver.as_ref())
+            .filter(|_| self.driver_owns_claims)
+            .map(|driver| driver.uid.as_str())
+    }
     /// The claims of executor `id` whose `pod` (as [`Self::build`] made it) mounts them:
     /// each claim template whose name, substituted like the pod's claim names, a volume of
     /// the pod names. Labelled with the application and `spark-role=executor` (what Stop

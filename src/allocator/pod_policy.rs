@@ -50,13 +50,17 @@
 //! `scheduler_names` (gang schedulers place pods by their own rules and quotas, so only
 //! those the cluster's operator names may be asked for; their labels and annotations,
 //! such as Volcano's `scheduling.k8s.io/group-name`, YuniKorn's `yunikorn.apache.org/*` or
-//! Kueue's `kueue.x-k8s.io/queue-name`, pass as any other).
+//! Kueue's `kueue.x-k8s.io/queue-name`, pass as any other). Claims the service or the
+//! cluster creates for executors (claim templates, generic ephemeral volumes) are held to
+//! the claim rules ([`PodPolicy::check_claim`]): nothing that reaches existing volumes or
+//! another namespace unless a key allows it.
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerPort, Lifecycle, LifecycleHandler, PersistentVolumeClaim, Pod, PodSecurityContext,
-    PodSpec, Probe, SecurityContext,
+    ContainerPort, Lifecycle, LifecycleHandler, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    Pod, PodSecurityContext, PodSpec, Probe, SecurityContext,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 /// Rules every template is checked against; Pod Security `baseline` and the service's own
@@ -98,6 +102,15 @@ pub struct PodPolicy {
     /// The largest storage request a per-executor claim may make
     /// (`spec.resources.requests.storage`); default [`DEFAULT_MAX_CLAIM_SIZE`].
     pub max_claim_size: ClaimSize,
+    /// Claims (per-executor, or a pod's generic ephemeral volumes) naming a
+    /// PersistentVolume (`spec.volumeName`): it can bind a volume released by another
+    /// tenant, or one the pod policy keeps out (a hostPath PersistentVolume).
+    pub allow_claim_volume_name: bool,
+    /// Claims with `spec.selector`, which picks among existing PersistentVolumes by label.
+    pub allow_claim_selector: bool,
+    /// Claims with `spec.dataSourceRef.namespace`: populated from another namespace's
+    /// object (the cross-namespace data source feature; ReferenceGrants still apply).
+    pub allow_claim_data_source_namespace: bool,
 }
 
 /// The size cap of a per-executor claim unless configured otherwise: large enough for any
@@ -209,6 +222,9 @@ pub const BASELINE_SELINUX_TYPES: &[&str] = &[
     "container_engine_t",
 ];
 
+/// The storage class annotation older clients set; it takes precedence over
+/// `spec.storageClassName` where both are given.
+pub const BETA_STORAGE_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
 const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
 const SECCOMP_POD_ANNOTATION: &str = "seccomp.security.alpha.kubernetes.io/pod";
 const SECCOMP_CONTAINER_ANNOTATION_PREFIX: &str = "container.seccomp.security.alpha.kubernetes.io/";
@@ -240,6 +256,9 @@ impl Default for PodPolicy {
                 text: DEFAULT_MAX_CLAIM_SIZE.to_string(),
                 bytes: 1 << 40,
             },
+            allow_claim_volume_name: false,
+            allow_claim_selector: false,
+            allow_claim_data_source_namespace: false,
         }
     }
 }
@@ -448,30 +467,60 @@ impl PodPolicy {
         Ok(())
     }
 
-    /// A per-executor claim template: its storage class among `allowed_storage_classes`,
-    /// a storage request that parses and is at most `max_claim_size`, no owner of its own
-    /// (the service sets the owner). Paths are the claim's.
+    /// A per-executor claim template: see [`Self::check_claim_template`]. Paths are the
+    /// claim's.
     pub fn check_claim(&self, claim: &PersistentVolumeClaim) -> Result<(), PolicyViolation> {
+        let no_spec = PersistentVolumeClaimSpec::default();
+        self.check_claim_template("", &claim.metadata, claim.spec.as_ref().unwrap_or(&no_spec))
+    }
+
+    /// A claim the service or the cluster creates for an executor (a claim template, or
+    /// a pod's generic ephemeral volume): its storage class (`spec.storageClassName`,
+    /// and the beta annotation, which takes precedence over it) among
+    /// `allowed_storage_classes`, a storage request that parses and is at most
+    /// `max_claim_size`, no owner of its own (the service sets the owner), and no
+    /// `spec.volumeName`, `spec.selector` or `spec.dataSourceRef.namespace` unless their
+    /// keys allow them (each reaches PersistentVolumes or objects outside what the
+    /// caller's namespace provisions). Paths start with `prefix`.
+    fn check_claim_template(
+        &self,
+        prefix: &str,
+        metadata: &ObjectMeta,
+        spec: &PersistentVolumeClaimSpec,
+    ) -> Result<(), PolicyViolation> {
         if !self.enforce {
             return Ok(());
         }
-        if claim
-            .metadata
+        let path = |field: &str| format!("{prefix}{field}");
+        if metadata
             .owner_references
             .as_ref()
             .is_some_and(|o| !o.is_empty())
         {
             return violation(
-                "metadata.ownerReferences",
+                path("metadata.ownerReferences"),
                 "the service sets a claim's owner (the driver pod or the executor's pod)",
             );
         }
-        let spec = claim.spec.as_ref();
-        if let Some(class) = spec.and_then(|s| s.storage_class_name.as_deref()) {
+        let beta_class = metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(BETA_STORAGE_CLASS_ANNOTATION))
+            .map(|class| {
+                (
+                    path(&format!(
+                        "metadata.annotations[{BETA_STORAGE_CLASS_ANNOTATION}]"
+                    )),
+                    class.as_str(),
+                )
+            });
+        let spec_class = (spec.storage_class_name.as_deref())
+            .map(|class| (path("spec.storageClassName"), class));
+        for (at, class) in beta_class.into_iter().chain(spec_class) {
             let allowed = &self.allowed_storage_classes;
             if !allowed.iter().any(|a| a == "*" || a == class) {
                 return violation(
-                    "spec.storageClassName",
+                    at,
                     format!(
                         "storage class {class:?} is not allowed (allowed: {allowed:?}; \
                          pod_policy.allowed_storage_classes)"
@@ -479,18 +528,51 @@ impl PodPolicy {
                 );
             }
         }
+        if !self.allow_claim_volume_name
+            && let Some(volume) = spec.volume_name.as_deref().filter(|v| !v.is_empty())
+        {
+            return violation(
+                path("spec.volumeName"),
+                format!(
+                    "a claim may not name PersistentVolume {volume:?}: it could bind a volume \
+                     another tenant released or one the pod policy keeps out \
+                     (pod_policy.allow_claim_volume_name)"
+                ),
+            );
+        }
+        if !self.allow_claim_selector && spec.selector.is_some() {
+            return violation(
+                path("spec.selector"),
+                "a claim may not select existing PersistentVolumes by label \
+                 (pod_policy.allow_claim_selector)",
+            );
+        }
+        if !self.allow_claim_data_source_namespace
+            && let Some(namespace) = (spec.data_source_ref.as_ref())
+                .and_then(|r| r.namespace.as_deref())
+                .filter(|n| !n.is_empty())
+        {
+            return violation(
+                path("spec.dataSourceRef.namespace"),
+                format!(
+                    "a claim may not be populated from namespace {namespace:?}: only from \
+                     its own namespace (pod_policy.allow_claim_data_source_namespace)"
+                ),
+            );
+        }
         let requested = spec
-            .and_then(|s| s.resources.as_ref())
+            .resources
+            .as_ref()
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get("storage"));
-        let path = "spec.resources.requests.storage";
+        let size = path("spec.resources.requests.storage");
         let Some(requested) = requested else {
-            return violation(path, "required: a claim must request its storage size");
+            return violation(size, "required: a claim must request its storage size");
         };
         match super::claims::quantity_bytes(&requested.0) {
-            None => violation(path, format!("{:?} is not a quantity", requested.0)),
+            None => violation(size, format!("{:?} is not a quantity", requested.0)),
             Some(bytes) if bytes > self.max_claim_size.bytes => violation(
-                path,
+                size,
                 format!(
                     "{} is more than {} (pod_policy.max_claim_size)",
                     requested.0, self.max_claim_size.text
@@ -498,6 +580,28 @@ impl PodPolicy {
             ),
             Some(_) => Ok(()),
         }
+    }
+
+    /// Generic ephemeral volumes: the cluster creates their claims for the pod, so each
+    /// `volumeClaimTemplate` is held to the claim policy.
+    fn ephemeral_volumes(&self, spec: &PodSpec) -> Result<(), PolicyViolation> {
+        for (i, volume) in spec.volumes.iter().flatten().enumerate() {
+            let Some(ephemeral) = &volume.ephemeral else {
+                continue;
+            };
+            // Without a template the API server refuses the pod: no claim comes of it.
+            let Some(template) = &ephemeral.volume_claim_template else {
+                continue;
+            };
+            let prefix = format!("spec.volumes[{i}].ephemeral.volumeClaimTemplate");
+            let no_metadata = ObjectMeta::default();
+            self.check_claim_template(
+                &format!("{prefix}."),
+                template.metadata.as_ref().unwrap_or(&no_metadata),
+                &template.spec,
+            )?;
+        }
+        Ok(())
     }
 
     /// The first rule `pod` breaks: metadata, then the Pod Security controls in the page's
@@ -533,7 +637,8 @@ impl PodPolicy {
         } else {
             self.no_explicit_privilege_escalation(&t)?;
         }
-        self.check_placement(t.spec)
+        self.check_placement(t.spec)?;
+        self.ephemeral_volumes(t.spec)
     }
 
     fn host_process(&self, t: &Template<'_>) -> Result<(), PolicyViolation> {

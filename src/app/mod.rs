@@ -794,19 +794,31 @@ impl Applications {
         let pods = (self.inner.pods)
             .for_application(&namespace, app.as_str())
             .fenced(fence.clone());
-        let deleted = match pods.delete_all(&namespace, app.as_str()).await {
+        let deleted = async {
+            // The executor pods' uids, before they go: the application's claims are those
+            // owned by one of them.
+            let owners: BTreeSet<String> = if delete_claims {
+                (pods
+                    .list_executors(&namespace, app.as_str())
+                    .await?
+                    .into_iter())
+                .filter_map(|pod| pod.metadata.uid)
+                .collect()
+            } else {
+                BTreeSet::new()
+            };
+            let deleted = pods.delete_all(&namespace, app.as_str()).await?;
             // Claims the driver does not own go with the application, as Spark's clean-up
             // deletes them (a driver-owned one goes with the driver pod).
-            Ok(deleted) if delete_claims => {
-                pods.delete_claims(&namespace, app.as_str())
-                    .await
-                    .map(|claims| {
-                        tracing::info!(%app, claims, "executor claims deleted");
-                        deleted
-                    })
+            if delete_claims {
+                let claims = pods
+                    .delete_claims(&namespace, app.as_str(), &owners)
+                    .await?;
+                tracing::info!(%app, claims, "executor claims deleted");
             }
-            other => other,
-        };
+            Ok::<u32, kube::Error>(deleted)
+        }
+        .await;
         let deleted = match deleted {
             // The records go only once no pod holds an id.
             Ok(deleted) => match (self.inner.registrations)

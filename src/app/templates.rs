@@ -166,6 +166,17 @@ pub fn policy_violation(
         .find_map(|(profile, template)| policy.check(template, at).err().map(|v| (*profile, v)))
 }
 
+/// The first generic ephemeral volume of `template` (profile `profile`'s), as
+/// `field: spec.volumes[i].ephemeral`: the cluster creates a claim for it.
+pub fn ephemeral_volume(profile: ResourceProfileId, template: &Pod) -> Option<String> {
+    let volumes = template.spec.as_ref()?.volumes.as_ref()?;
+    let index = volumes.iter().position(|v| v.ephemeral.is_some())?;
+    Some(format!(
+        "{}: spec.volumes[{index}].ephemeral",
+        field(profile)
+    ))
+}
+
 /// The first claim template of `claims` that breaks `policy`, with its index and the rule
 /// (a resumed registration's claims: the policy may have been tightened since).
 pub fn claim_violation(

@@ -10,6 +10,7 @@ use tracing::Instrument;
 use crate::allocator::ExecutorState;
 use crate::allocator::pod_policy::PodPolicy;
 use crate::app::failures::STUCK;
+use crate::app::templates;
 use crate::app::{
     AppError, AppId, ApplicationStatus, Applications, CreateFailure, EventKind, ExecutorEvent,
     ExecutorProblem, ExecutorView,
@@ -592,6 +593,11 @@ impl ExecutorAllocator for AllocatorService {
                     .authorize_driver_pod(&caller, namespace, pod)
                     .await?;
             }
+            if !req.executor_claim_templates.is_empty() {
+                self.gate
+                    .authorize_claims(&caller, namespace, "executor_claim_templates")
+                    .await?;
+            }
             // The namespace's shard owner parses the templates and starts it.
             if let Route::Peers { peers, unowned } =
                 self.forwarder.route_namespace(namespace, &metadata)
@@ -612,9 +618,22 @@ impl ExecutorAllocator for AllocatorService {
                     .await
                     .map_err(CallError::Owner);
             }
+            // The server's default template is the operator's; only the caller's own
+            // templates need the caller's claim rights for their ephemeral volumes.
+            let own_executor_template = !req.executor_pod_template.trim().is_empty();
             let mut start = self
                 .off_runtime(move |defaults, policy| validate::start(req, target, defaults, policy))
                 .await?;
+            let ephemeral = start
+                .templates
+                .iter()
+                .filter(|(profile, _)| own_executor_template || profile.0 != 0)
+                .find_map(|(profile, pod)| templates::ephemeral_volume(*profile, pod));
+            if let Some(field) = ephemeral {
+                self.gate
+                    .authorize_claims(&caller, &start.namespace, &field)
+                    .await?;
+            }
             start.owner = caller.user.clone();
             let may_act_on_any = self.gate.is_admin(&caller);
             // In a task of its own, so a Start whose client gives up half-way still finishes
@@ -668,6 +687,13 @@ impl ExecutorAllocator for AllocatorService {
                 self.off_runtime(move |defaults, _| validate::set_total_expected(req, defaults))
                     .await?
             };
+            let ephemeral = (expected.templates.iter())
+                .find_map(|(profile, pod)| templates::ephemeral_volume(*profile, pod));
+            if let (Some(field), Some(ownership)) = (ephemeral, self.applications.ownership(&app)) {
+                self.gate
+                    .authorize_claims(&caller, &ownership.namespace, &field)
+                    .await?;
+            }
             self.applications
                 .set_total_expected_with_templates(&app, expected.templates, expected.targets)
                 .await?;

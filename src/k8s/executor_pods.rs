@@ -180,6 +180,9 @@ impl ExecutorPodClient {
                                 return (id, Err(CreateError::before_sending(err)));
                             }
                         }
+                    } else if let Err(err) = self.check_claim_names_free(namespace, &claims).await
+                    {
+                        return (id, Err(CreateError::before_sending(err)));
                     }
                     let mut first = true;
                     // A refusal is tried again only to learn whether an unanswered

@@ -75,6 +75,7 @@ contract!(
     a_deleted_driver_pod_without_spark_labels_stops_its_application,
     a_restarted_service_resumes_without_reusing_ids,
     an_executors_claim_is_created_with_it_and_reused_by_its_replacement,
+    a_claim_under_an_executors_name_made_by_another_is_never_mounted_or_deleted,
 );
 
 struct Service {
@@ -548,4 +549,94 @@ async fn an_executors_claim_is_created_with_it_and_reused_by_its_replacement(c: 
         1,
         "the driver pod owns its claims"
     );
+}
+
+/// Name squatting: a claim made by someone else (the application's labels, no owner the
+/// service set) under the name executor 1's claim would take is not adopted: executor 1's
+/// create fails naming it, no pod mounts it, executor 2 gets a claim of its own (not a
+/// spare claim labelled alike, which reuse would take were it the application's), and
+/// neither the squatter's claim nor its uid changes.
+async fn a_claim_under_an_executors_name_made_by_another_is_never_mounted_or_deleted(
+    c: &impl Cluster,
+) {
+    let s = service(c, &ManualClock::starting_now());
+    let app = "app-sq";
+    let pods: Api<Pod> = Api::namespaced(c.admin_client(), c.namespace());
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.admin_client(), c.namespace());
+    let squatted: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "app-sq-exec-1-pvc-0",
+                     "labels": {"spark-app-selector": app, "spark-role": "executor"}},
+        "spec": {"storageClassName": "standard", "accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("claim");
+    let mut spare = squatted.clone();
+    spare.metadata.name = Some("spare".into());
+    let squatted = claims
+        .create(&PostParams::default(), &squatted)
+        .await
+        .expect("the squatter's claim");
+    // With the application's labels too, free to reuse were it the application's.
+    claims
+        .create(&PostParams::default(), &spare)
+        .await
+        .expect("a spare claim labelled alike");
+    let mut driver = template();
+    driver.metadata.name = Some("driver-sq".into());
+    pods.create(&PostParams::default(), &driver)
+        .await
+        .expect("driver pod");
+    let mut req = request(app, c.namespace());
+    req.driver_pod_name = Some("driver-sq".into());
+    let claim_name = "{{APP_ID}}-exec-{{EXECUTOR_ID}}-pvc-0";
+    let mut pod = template();
+    pod.spec.as_mut().expect("spec").volumes = Some(vec![
+        serde_json::from_value(serde_json::json!({
+            "name": "spark-local-dir-1", "persistentVolumeClaim": {"claimName": claim_name}
+        }))
+        .expect("volume"),
+    ]);
+    req.templates = BTreeMap::from([(P0, pod)]);
+    req.claims = vec![
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": claim_name},
+            "spec": {"storageClassName": "standard", "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .expect("claim"),
+    ];
+    start(&s.apps, req).await;
+    set_targets_and_round(&s, app, targets(1)).await;
+    assert!(
+        cluster_ids(c, app).await.is_empty(),
+        "no pod for executor 1"
+    );
+    let status = s.apps.application_status(&id(app)).await.expect("status");
+    let failure = &status.create_failures[&P0];
+    assert_eq!(failure.http_code, Some(409), "{failure:?}");
+    assert!(
+        failure.message.contains("app-sq-exec-1-pvc-0"),
+        "{failure:?}"
+    );
+    // After the back-off, the next id gets a claim of its own.
+    for _ in 0..20 {
+        if !cluster_ids(c, app).await.is_empty() {
+            break;
+        }
+        advance_round(&s, app, BATCH_DELAY * 10).await;
+    }
+    assert_eq!(cluster_ids(c, app).await, BTreeSet::from([2]));
+    let pod = pods.get("app-sq-exec-2").await.expect("executor 2");
+    let mounted = pod.spec.and_then(|s| s.volumes).unwrap_or_default()[0]
+        .persistent_volume_claim
+        .as_ref()
+        .map(|c| c.claim_name.clone());
+    assert_eq!(mounted.as_deref(), Some("app-sq-exec-2-pvc-0"));
+    s.apps.stop(&id(app)).await.expect("stop");
+    let after = claims
+        .get("app-sq-exec-1-pvc-0")
+        .await
+        .expect("the squatter's claim stays");
+    assert_eq!(after.metadata.uid, squatted.metadata.uid);
+    assert_eq!(after.metadata.owner_references, None);
 }

@@ -125,7 +125,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   "allowed_finalizers" $p.allowedFinalizers
   "scheduler_names" $p.schedulerNames
   "allowed_storage_classes" $p.allowedStorageClasses
-  "max_claim_size" $p.maxClaimSize) -}}
+  "max_claim_size" $p.maxClaimSize
+  "allow_claim_volume_name" $p.allowClaimVolumeName
+  "allow_claim_selector" $p.allowClaimSelector
+  "allow_claim_data_source_namespace" $p.allowClaimDataSourceNamespace) -}}
 {{- $b := .Values.budgets -}}
 {{- $budgets := list -}}
 {{- range $b.items }}

@@ -287,3 +287,47 @@ fn a_failed_create_forgets_the_claims_created_for_it() {
     assert_eq!(claim_names(&pod), ["spark-1-exec-2-pvc-0"]);
     assert_eq!(created.len(), 1);
 }
+
+#[test]
+fn a_claim_is_the_applications_only_with_its_labels_and_the_owner_the_service_set() {
+    use crate::allocator::claims::owned_claim;
+    let with = |labels: serde_json::Value, owner: serde_json::Value| -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "spark-1-exec-1-pvc-0", "labels": labels, "ownerReferences": owner}
+        }))
+        .unwrap()
+    };
+    let ours = json!({"spark-app-selector": "spark-1", "spark-role": "executor"});
+    let driver = json!([{"apiVersion": "v1", "kind": "Pod", "name": "drv", "uid": "u-drv", "controller": true}]);
+    assert!(owned_claim(
+        &with(ours.clone(), driver.clone()),
+        "spark-1",
+        "u-drv"
+    ));
+    // Forged labels, another owner or none, an owner that is not the controller.
+    assert!(!owned_claim(
+        &with(ours.clone(), json!([])),
+        "spark-1",
+        "u-drv"
+    ));
+    assert!(!owned_claim(
+        &with(ours.clone(), driver.clone()),
+        "spark-1",
+        "u-other"
+    ));
+    assert!(!owned_claim(
+        &with(ours.clone(), driver.clone()),
+        "spark-1",
+        ""
+    ));
+    let not_controller =
+        json!([{"apiVersion": "v1", "kind": "Pod", "name": "drv", "uid": "u-drv"}]);
+    assert!(!owned_claim(
+        &with(ours, not_controller),
+        "spark-1",
+        "u-drv"
+    ));
+    // Another application's claim, whatever its owner.
+    let theirs = json!({"spark-app-selector": "spark-2", "spark-role": "executor"});
+    assert!(!owned_claim(&with(theirs, driver), "spark-1", "u-drv"));
+}

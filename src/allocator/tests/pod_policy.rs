@@ -979,3 +979,115 @@ fn claims_are_held_to_the_allowed_storage_classes_and_the_size_cap() {
     };
     assert_eq!(off.check_claim(&sized("io2", "100Ti")), Ok(()));
 }
+
+/// A claim spec of 10Gi with `extra` merged in (and `annotations` on its metadata).
+fn claim_with(extra: Value, annotations: Value) -> Value {
+    let mut spec = json!({"resources": {"requests": {"storage": "10Gi"}}});
+    for (key, value) in extra.as_object().cloned().unwrap_or_default() {
+        spec[key] = value;
+    }
+    json!({"metadata": {"name": "c", "annotations": annotations}, "spec": spec})
+}
+
+#[test]
+fn claims_may_not_reach_volumes_or_namespaces_beyond_their_own_unless_allowed() {
+    let default = PodPolicy::default();
+    let rows = [
+        (
+            json!({"volumeName": "pv-released"}),
+            "spec.volumeName",
+            "allow_claim_volume_name",
+        ),
+        (
+            json!({"selector": {"matchLabels": {"tenant": "b"}}}),
+            "spec.selector",
+            "allow_claim_selector",
+        ),
+        (
+            json!({"dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "x", "namespace": "team-b"}}),
+            "spec.dataSourceRef.namespace",
+            "allow_claim_data_source_namespace",
+        ),
+    ];
+    for (extra, path, key) in rows {
+        let refused = default
+            .check_claim(&claim(claim_with(extra.clone(), json!({}))))
+            .unwrap_err();
+        assert_eq!(refused.path, path);
+        assert!(
+            refused.reason.contains(&format!("pod_policy.{key}")),
+            "{refused}"
+        );
+        let allowed: PodPolicy = serde_json::from_value(json!({key: true})).unwrap();
+        assert_eq!(
+            allowed.check_claim(&claim(claim_with(extra, json!({})))),
+            Ok(())
+        );
+    }
+    // A same-namespace data source is the caller's own.
+    let own_source = json!({"dataSource": {"kind": "PersistentVolumeClaim", "name": "x"},
+        "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "x"}});
+    assert_eq!(
+        default.check_claim(&claim(claim_with(own_source, json!({})))),
+        Ok(())
+    );
+
+    // The beta annotation names a class as well (and wins over the field).
+    let gp3_only: PodPolicy =
+        serde_json::from_value(json!({"allowed_storage_classes": ["gp3"]})).unwrap();
+    let annotated = |class: &str| {
+        claim(claim_with(
+            json!({"storageClassName": "gp3"}),
+            json!({"volume.beta.kubernetes.io/storage-class": class}),
+        ))
+    };
+    let refused = gp3_only.check_claim(&annotated("fast-local")).unwrap_err();
+    assert_eq!(
+        refused.path,
+        "metadata.annotations[volume.beta.kubernetes.io/storage-class]"
+    );
+    assert!(
+        refused.reason.contains("allowed_storage_classes"),
+        "{refused}"
+    );
+    assert_eq!(gp3_only.check_claim(&annotated("gp3")), Ok(()));
+}
+
+#[test]
+fn ephemeral_volumes_meet_the_claim_policy() {
+    let ephemeral = |spec: Value| {
+        pod(json!({"volumes": [
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "data", "ephemeral": {"volumeClaimTemplate": {"spec": spec}}}
+        ]}))
+    };
+    let default = PodPolicy::default();
+    let fine =
+        json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}});
+    assert_eq!(check_with(&default, &ephemeral(fine)), Ok(()));
+    let prefix = "spec.volumes[1].ephemeral.volumeClaimTemplate.spec";
+    let rows = [
+        (
+            json!({"volumeName": "pv-x", "resources": {"requests": {"storage": "1Gi"}}}),
+            "volumeName",
+        ),
+        (
+            json!({"selector": {"matchLabels": {"a": "b"}}, "resources": {"requests": {"storage": "1Gi"}}}),
+            "selector",
+        ),
+        (
+            json!({"resources": {"requests": {"storage": "2Ti"}}}),
+            "resources.requests.storage",
+        ),
+        (json!({}), "resources.requests.storage"),
+    ];
+    for (spec, field) in rows {
+        let refused = check_with(&default, &ephemeral(spec)).unwrap_err();
+        assert_eq!(refused.path, format!("{prefix}.{field}"));
+    }
+    let gp3_only: PodPolicy =
+        serde_json::from_value(json!({"allowed_storage_classes": ["gp3"]})).unwrap();
+    let io2 = json!({"storageClassName": "io2", "resources": {"requests": {"storage": "1Gi"}}});
+    let refused = check_with(&gp3_only, &ephemeral(io2)).unwrap_err();
+    assert_eq!(refused.path, format!("{prefix}.storageClassName"));
+}

@@ -135,7 +135,9 @@ impl ApplicationActor {
             with_creates: false,
             registration: std::mem::take(&mut self.registration.dirty)
                 .then(|| self.registration.current.clone()),
-            list_claims: self.engine.claims.listing_due(self.clock.now()),
+            list_claims: (self.engine.claims.listing_due(self.clock.now()))
+                .then(|| self.engine.builder.claims_owner().map(str::to_string))
+                .flatten(),
         }
     }
 

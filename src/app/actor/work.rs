@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::parts::{ApplicationParts, Kubernetes};
+use crate::allocator::claims::owned_claim;
 use crate::allocator::{ExecutorId, ListedClaim};
 use crate::app::feed::{FULL_STATE_PAGE_SIZE, ListedPod};
 use crate::app::registration::Registration;
@@ -67,8 +68,9 @@ pub(super) struct UpkeepWork {
     pub with_creates: bool,
     /// The application's registration to write, when it changed.
     pub registration: Option<Registration>,
-    /// List the application's executor claims (for reuse by the next round's creates).
-    pub list_claims: bool,
+    /// List the application's executor claims (for reuse by the next round's creates):
+    /// those owned by this uid (the driver pod's) only.
+    pub list_claims: Option<String>,
 }
 
 impl UpkeepWork {
@@ -78,7 +80,7 @@ impl UpkeepWork {
             && self.finished.is_empty()
             && self.record.is_none()
             && self.registration.is_none()
-            && !self.list_claims
+            && self.list_claims.is_none()
     }
 }
 
@@ -403,10 +405,15 @@ async fn send_upkeep(
             }
         }
     }
-    let claims = if upkeep.list_claims {
-        // Logged by the client; the next round lists again.
-        (pods.list_claims(namespace, app_id).await.ok())
-            .map(|claims| claims.iter().filter_map(ListedClaim::of).collect())
+    let claims = if let Some(owner) = &upkeep.list_claims {
+        // Logged by the client; the next round lists again. A claim with the labels but
+        // not the owner is someone else's: never reused.
+        (pods.list_claims(namespace, app_id).await.ok()).map(|claims| {
+            (claims.iter())
+                .filter(|claim| owned_claim(claim, app_id, owner))
+                .filter_map(ListedClaim::of)
+                .collect()
+        })
     } else {
         None
     };
