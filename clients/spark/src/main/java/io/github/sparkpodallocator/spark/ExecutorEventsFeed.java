@@ -1,11 +1,13 @@
 package io.github.sparkpodallocator.spark;
 
 import io.fabric8.kubernetes.api.model.Pod;
+import io.fabric8.kubernetes.api.model.PodBuilder;
 import io.fabric8.kubernetes.client.utils.Serialization;
 import io.grpc.Context;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.time.Duration;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
@@ -20,7 +22,7 @@ import spark.allocator.v1.Allocator.ExecutorEvent;
 /**
  * Feeds the service's executor event stream (WatchExecutors) into the driver's snapshot store,
  * as Spark's own pod watch and polling would: a full state replaces the snapshot, a changed pod
- * updates it, a pod gone leaves it. So the driver, whose own watch and polling
+ * updates it, a pod gone is shown deleted and then leaves it. So the driver, whose own watch and polling
  * {@link SparkPodSources} turns off, still learns of every executor failure without a pod
  * watch or LIST of its own.
  *
@@ -99,9 +101,13 @@ final class ExecutorEventsFeed implements AutoCloseable {
               appliedUpTo = event.getSequence();
               break;
             case EXECUTOR_EVENT_KIND_DELETED:
-              // A full snapshot without it: Spark's lifecycle manager removes an executor
-              // whose pod is missing, whatever phase the pod had when it went.
-              pods.remove(event.getExecutor().getPodName());
+              Pod last = pods.remove(event.getExecutor().getPodName());
+              // First the pod as deleted, which Spark's lifecycle manager acts on at once;
+              // then a full snapshot without it, as Spark's own polling would list it.
+              Pod gone = event.getExecutor().getPodJson().isEmpty() ? last : pod(event);
+              if (gone != null) {
+                store.updatePod(asDeleted(gone, Instant.now()));
+              }
               store.replaceSnapshot(
                   CollectionConverters.asScala(new ArrayList<>(pods.values())).toSeq());
               appliedUpTo = event.getSequence();
@@ -157,6 +163,28 @@ final class ExecutorEventsFeed implements AutoCloseable {
       pods.put(pod.getMetadata().getName(), pod);
     }
     store.replaceSnapshot(CollectionConverters.asScala(fullState).toSeq());
+  }
+
+  /**
+   * The pod as Spark's snapshot takes a deleted one: a deletion timestamp and a phase other
+   * than Running or Terminating. Spark's lifecycle manager removes the executor of such a pod
+   * at once ("deleted by a user or the framework"). A pod merely missing from a full snapshot
+   * is removed only once a full snapshot comes more than
+   * {@code spark.kubernetes.executor.missingPodDetectDelta} (30 s) after the executor
+   * registered, and with Spark's own polling off no later full snapshot comes; a pod removed
+   * at once (grace period 0) goes while still Running, so its last state alone is not enough.
+   */
+  static Pod asDeleted(Pod pod, Instant now) {
+    PodBuilder deleted = new PodBuilder(pod);
+    if (pod.getMetadata() == null || pod.getMetadata().getDeletionTimestamp() == null) {
+      deleted.editOrNewMetadata().withDeletionTimestamp(now.toString()).endMetadata();
+    }
+    String phase = pod.getStatus() == null ? null : pod.getStatus().getPhase();
+    if (!"Failed".equalsIgnoreCase(phase) && !"Succeeded".equalsIgnoreCase(phase)) {
+      // Gone from the cluster, its containers with it.
+      deleted.editOrNewStatus().withPhase("Failed").endStatus();
+    }
+    return deleted.build();
   }
 
   private static Pod pod(ExecutorEvent event) {
