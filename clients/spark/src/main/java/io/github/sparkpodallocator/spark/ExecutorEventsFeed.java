@@ -22,9 +22,9 @@ import spark.allocator.v1.Allocator.ExecutorEvent;
 /**
  * Feeds the service's executor event stream (WatchExecutors) into the driver's snapshot store,
  * as Spark's own pod watch and polling would: a full state replaces the snapshot, a changed pod
- * updates it, a pod gone is shown deleted and then leaves it. So the driver, whose own watch and polling
- * {@link SparkPodSources} turns off, still learns of every executor failure without a pod
- * watch or LIST of its own.
+ * updates it, a pod gone is shown deleted and then leaves it. So the driver, whose own watch
+ * and polling {@link SparkPodSources} turns off, still learns of every executor failure
+ * without a pod watch or LIST of its own.
  *
  * <p>A broken stream is opened again (backoff 100 ms … 5 s) resuming after the last change
  * applied; NOT_FOUND (a service that lost the application) has the client start it again first.
