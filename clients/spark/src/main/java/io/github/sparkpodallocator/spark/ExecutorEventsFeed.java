@@ -44,6 +44,8 @@ final class ExecutorEventsFeed implements AutoCloseable {
   private final Map<String, Pod> pods = new LinkedHashMap<>();
   /** The sequence of the last full state or change applied; 0 = none. */
   private long appliedUpTo;
+  /** The full state being received (SNAPSHOT events before their SYNCED); null = none. */
+  private List<Pod> fullState;
 
   ExecutorEventsFeed(AllocatorClient client, ExecutorPodsSnapshotsStore store) {
     this.client = client;
@@ -78,43 +80,12 @@ final class ExecutorEventsFeed implements AutoCloseable {
       current = context;
       try {
         Iterator<ExecutorEvent> events = client.watchExecutors(appliedUpTo, context);
-        List<Pod> fullState = null;
+        // A full state's SNAPSHOT events count only with their SYNCED, in the same stream.
+        fullState = null;
         while (events.hasNext()) {
           ExecutorEvent event = events.next();
           backoff = FIRST_BACKOFF;
-          switch (event.getKind()) {
-            case EXECUTOR_EVENT_KIND_SNAPSHOT:
-              if (fullState == null) {
-                fullState = new ArrayList<>();
-              }
-              fullState.add(pod(event));
-              break;
-            case EXECUTOR_EVENT_KIND_SYNCED:
-              replace(fullState == null ? List.of() : fullState);
-              fullState = null;
-              appliedUpTo = event.getSequence();
-              break;
-            case EXECUTOR_EVENT_KIND_UPDATED:
-              Pod updated = pod(event);
-              pods.put(updated.getMetadata().getName(), updated);
-              store.updatePod(updated);
-              appliedUpTo = event.getSequence();
-              break;
-            case EXECUTOR_EVENT_KIND_DELETED:
-              Pod last = pods.remove(event.getExecutor().getPodName());
-              // First the pod as deleted, which Spark's lifecycle manager acts on at once;
-              // then a full snapshot without it, as Spark's own polling would list it.
-              Pod gone = event.getExecutor().getPodJson().isEmpty() ? last : pod(event);
-              if (gone != null) {
-                store.updatePod(asDeleted(gone, Instant.now()));
-              }
-              store.replaceSnapshot(
-                  CollectionConverters.asScala(new ArrayList<>(pods.values())).toSeq());
-              appliedUpTo = event.getSequence();
-              break;
-            default:
-              LOG.debug("Ignoring an executor event of an unknown kind: {}", event);
-          }
+          apply(event);
         }
         // Ended cleanly: the application was stopped or forgotten, or the service shut down.
         if (!closed) {
@@ -157,11 +128,61 @@ final class ExecutorEventsFeed implements AutoCloseable {
     }
   }
 
-  private void replace(List<Pod> fullState) {
-    pods.clear();
-    for (Pod pod : fullState) {
-      pods.put(pod.getMetadata().getName(), pod);
+  /** Applies one event of the stream to the snapshot store (on the feed's thread). */
+  void apply(ExecutorEvent event) {
+    switch (event.getKind()) {
+      case EXECUTOR_EVENT_KIND_SNAPSHOT:
+        if (fullState == null) {
+          fullState = new ArrayList<>();
+        }
+        fullState.add(pod(event));
+        break;
+      case EXECUTOR_EVENT_KIND_SYNCED:
+        replace(fullState == null ? List.of() : fullState);
+        fullState = null;
+        appliedUpTo = event.getSequence();
+        break;
+      case EXECUTOR_EVENT_KIND_UPDATED:
+        Pod updated = pod(event);
+        pods.put(updated.getMetadata().getName(), updated);
+        store.updatePod(updated);
+        appliedUpTo = event.getSequence();
+        break;
+      case EXECUTOR_EVENT_KIND_DELETED:
+        Pod last = pods.remove(event.getExecutor().getPodName());
+        // First the pod as deleted, which Spark's lifecycle manager acts on at once;
+        // then a full snapshot without it, as Spark's own polling would list it.
+        Pod gone = event.getExecutor().getPodJson().isEmpty() ? last : pod(event);
+        if (gone != null) {
+          store.updatePod(asDeleted(gone, Instant.now()));
+        }
+        store.replaceSnapshot(
+            CollectionConverters.asScala(new ArrayList<>(pods.values())).toSeq());
+        appliedUpTo = event.getSequence();
+        break;
+      default:
+        LOG.debug("Ignoring an executor event of an unknown kind: {}", event);
     }
+  }
+
+  /**
+   * A full state: a pod the feed knew that is not in it went while the stream was away (a
+   * service restarted, a stream broken), and is shown deleted first, as a watch would have
+   * shown it (see {@link #asDeleted}).
+   */
+  private void replace(List<Pod> fullState) {
+    Map<String, Pod> next = new LinkedHashMap<>();
+    for (Pod pod : fullState) {
+      next.put(pod.getMetadata().getName(), pod);
+    }
+    Instant now = Instant.now();
+    for (Map.Entry<String, Pod> known : pods.entrySet()) {
+      if (!next.containsKey(known.getKey())) {
+        store.updatePod(asDeleted(known.getValue(), now));
+      }
+    }
+    pods.clear();
+    pods.putAll(next);
     store.replaceSnapshot(CollectionConverters.asScala(fullState).toSeq());
   }
 
