@@ -1,11 +1,13 @@
 package io.github.sparkpodallocator.spark;
 
 import io.fabric8.kubernetes.api.model.Pod;
+import io.fabric8.kubernetes.api.model.PodBuilder;
 import io.fabric8.kubernetes.client.utils.Serialization;
 import io.grpc.Context;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.time.Duration;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
@@ -20,10 +22,9 @@ import spark.allocator.v1.Allocator.ExecutorEvent;
 /**
  * Feeds the service's executor event stream (WatchExecutors) into the driver's snapshot store,
  * as Spark's own pod watch and polling would: a full state replaces the snapshot, a changed pod
- * updates it, a pod gone leaves it. So a driver with
- * {@code spark.kubernetes.executor.enableApiWatcher=false} and
- * {@code spark.kubernetes.executor.enableApiPolling=false} still learns of every executor
- * failure without a pod watch or LIST of its own.
+ * updates it, a pod gone is shown deleted and then leaves it. So the driver, whose own watch
+ * and polling {@link SparkPodSources} turns off, still learns of every executor failure
+ * without a pod watch or LIST of its own.
  *
  * <p>A broken stream is opened again (backoff 100 ms … 5 s) resuming after the last change
  * applied; NOT_FOUND (a service that lost the application) has the client start it again first.
@@ -43,6 +44,8 @@ final class ExecutorEventsFeed implements AutoCloseable {
   private final Map<String, Pod> pods = new LinkedHashMap<>();
   /** The sequence of the last full state or change applied; 0 = none. */
   private long appliedUpTo;
+  /** The full state being received (SNAPSHOT events before their SYNCED); null = none. */
+  private List<Pod> fullState;
 
   ExecutorEventsFeed(AllocatorClient client, ExecutorPodsSnapshotsStore store) {
     this.client = client;
@@ -77,39 +80,12 @@ final class ExecutorEventsFeed implements AutoCloseable {
       current = context;
       try {
         Iterator<ExecutorEvent> events = client.watchExecutors(appliedUpTo, context);
-        List<Pod> fullState = null;
+        // A full state's SNAPSHOT events count only with their SYNCED, in the same stream.
+        fullState = null;
         while (events.hasNext()) {
           ExecutorEvent event = events.next();
           backoff = FIRST_BACKOFF;
-          switch (event.getKind()) {
-            case EXECUTOR_EVENT_KIND_SNAPSHOT:
-              if (fullState == null) {
-                fullState = new ArrayList<>();
-              }
-              fullState.add(pod(event));
-              break;
-            case EXECUTOR_EVENT_KIND_SYNCED:
-              replace(fullState == null ? List.of() : fullState);
-              fullState = null;
-              appliedUpTo = event.getSequence();
-              break;
-            case EXECUTOR_EVENT_KIND_UPDATED:
-              Pod updated = pod(event);
-              pods.put(updated.getMetadata().getName(), updated);
-              store.updatePod(updated);
-              appliedUpTo = event.getSequence();
-              break;
-            case EXECUTOR_EVENT_KIND_DELETED:
-              // A full snapshot without it: Spark's lifecycle manager removes an executor
-              // whose pod is missing, whatever phase the pod had when it went.
-              pods.remove(event.getExecutor().getPodName());
-              store.replaceSnapshot(
-                  CollectionConverters.asScala(new ArrayList<>(pods.values())).toSeq());
-              appliedUpTo = event.getSequence();
-              break;
-            default:
-              LOG.debug("Ignoring an executor event of an unknown kind: {}", event);
-          }
+          apply(event);
         }
         // Ended cleanly: the application was stopped or forgotten, or the service shut down.
         if (!closed) {
@@ -152,12 +128,84 @@ final class ExecutorEventsFeed implements AutoCloseable {
     }
   }
 
-  private void replace(List<Pod> fullState) {
-    pods.clear();
-    for (Pod pod : fullState) {
-      pods.put(pod.getMetadata().getName(), pod);
+  /** Applies one event of the stream to the snapshot store (on the feed's thread). */
+  void apply(ExecutorEvent event) {
+    switch (event.getKind()) {
+      case EXECUTOR_EVENT_KIND_SNAPSHOT:
+        if (fullState == null) {
+          fullState = new ArrayList<>();
+        }
+        fullState.add(pod(event));
+        break;
+      case EXECUTOR_EVENT_KIND_SYNCED:
+        replace(fullState == null ? List.of() : fullState);
+        fullState = null;
+        appliedUpTo = event.getSequence();
+        break;
+      case EXECUTOR_EVENT_KIND_UPDATED:
+        Pod updated = pod(event);
+        pods.put(updated.getMetadata().getName(), updated);
+        store.updatePod(updated);
+        appliedUpTo = event.getSequence();
+        break;
+      case EXECUTOR_EVENT_KIND_DELETED:
+        Pod last = pods.remove(event.getExecutor().getPodName());
+        // First the pod as deleted, which Spark's lifecycle manager acts on at once;
+        // then a full snapshot without it, as Spark's own polling would list it.
+        Pod gone = event.getExecutor().getPodJson().isEmpty() ? last : pod(event);
+        if (gone != null) {
+          store.updatePod(asDeleted(gone, Instant.now()));
+        }
+        store.replaceSnapshot(
+            CollectionConverters.asScala(new ArrayList<>(pods.values())).toSeq());
+        appliedUpTo = event.getSequence();
+        break;
+      default:
+        LOG.debug("Ignoring an executor event of an unknown kind: {}", event);
     }
+  }
+
+  /**
+   * A full state: a pod the feed knew that is not in it went while the stream was away (a
+   * service restarted, a stream broken), and is shown deleted first, as a watch would have
+   * shown it (see {@link #asDeleted}).
+   */
+  private void replace(List<Pod> fullState) {
+    Map<String, Pod> next = new LinkedHashMap<>();
+    for (Pod pod : fullState) {
+      next.put(pod.getMetadata().getName(), pod);
+    }
+    Instant now = Instant.now();
+    for (Map.Entry<String, Pod> known : pods.entrySet()) {
+      if (!next.containsKey(known.getKey())) {
+        store.updatePod(asDeleted(known.getValue(), now));
+      }
+    }
+    pods.clear();
+    pods.putAll(next);
     store.replaceSnapshot(CollectionConverters.asScala(fullState).toSeq());
+  }
+
+  /**
+   * The pod as Spark's snapshot takes a deleted one: a deletion timestamp and a phase other
+   * than Running or Terminating. Spark's lifecycle manager removes the executor of such a pod
+   * at once ("deleted by a user or the framework"). A pod merely missing from a full snapshot
+   * is removed only once a full snapshot comes more than
+   * {@code spark.kubernetes.executor.missingPodDetectDelta} (30 s) after the executor
+   * registered, and with Spark's own polling off no later full snapshot comes; a pod removed
+   * at once (grace period 0) goes while still Running, so its last state alone is not enough.
+   */
+  static Pod asDeleted(Pod pod, Instant now) {
+    PodBuilder deleted = new PodBuilder(pod);
+    if (pod.getMetadata() == null || pod.getMetadata().getDeletionTimestamp() == null) {
+      deleted.editOrNewMetadata().withDeletionTimestamp(now.toString()).endMetadata();
+    }
+    String phase = pod.getStatus() == null ? null : pod.getStatus().getPhase();
+    if (!"Failed".equalsIgnoreCase(phase) && !"Succeeded".equalsIgnoreCase(phase)) {
+      // Gone from the cluster, its containers with it.
+      deleted.editOrNewStatus().withPhase("Failed").endStatus();
+    }
+    return deleted.build();
   }
 
   private static Pod pod(ExecutorEvent event) {

@@ -2,6 +2,7 @@ package io.github.sparkpodallocator.spark;
 
 import io.fabric8.kubernetes.api.model.Pod;
 import io.fabric8.kubernetes.client.KubernetesClient;
+import io.fabric8.kubernetes.client.readiness.Readiness;
 import java.io.IOException;
 import java.lang.reflect.Field;
 import java.lang.reflect.Modifier;
@@ -35,7 +36,8 @@ import spark.allocator.v1.Allocator.StartRequest;
 /**
  * Spark's executor-pod allocator, delegated to the spark-pod-allocator service. Spark loads it
  * with {@code spark.kubernetes.allocation.pods.allocator=}{@value #CLASS_NAME}; the driver keeps
- * everything else (its pod watch, the lifecycle manager, killing executors).
+ * everything else (the lifecycle manager, killing executors). Its own pod watch and polling are
+ * turned off while the service's event stream feeds the driver (see {@link SparkPodSources}).
  *
  * <p>Each resource profile's executor pod is built once, the way Spark builds it, with the
  * executor id {@code {{EXECUTOR_ID}}}, and sent to the service: profile 0 with Start, later
@@ -52,6 +54,8 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   private static final String DRIVER_POD_NAME = "spark.kubernetes.driver.pod.name";
   /** The listener bus queue of the plugin's own listener, so no other listener delays it. */
   static final String LISTENER_QUEUE = "sparkPodAllocator";
+  /** How often the driver pod is read while waiting for it to be Ready. */
+  private static final long READY_CHECK_MS = 250;
 
   private final SparkConf conf;
   private final ExecutorPodTemplates templates;
@@ -78,7 +82,9 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   /**
    * The constructor Spark's {@code KubernetesClusterManager} calls by reflection. The snapshot
    * store is fed from the service's executor event stream (unless
-   * {@code spark.kubernetes.allocation.service.executorEvents=false}); the clock goes unused.
+   * {@code spark.kubernetes.allocation.service.executorEvents=false}), and then Spark's own pod
+   * watch and polling are turned off on {@code conf}, the SparkContext's, unless the user set
+   * their keys; the clock goes unused.
    */
   public ServicePodsAllocator(
       SparkConf conf,
@@ -106,6 +112,15 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     this.serviceCheckMillis = settings.checkInterval().toMillis();
     this.snapshotsStore = snapshotsStore;
     this.executorEvents = settings.executorEvents();
+    if (executorEvents) {
+      for (String warning : SparkPodSources.turnOff(conf)) {
+        LOG.warn(warning);
+      }
+      LOG.info("The spark-pod-allocator event stream feeds the driver's executor pod states;"
+          + " Spark's own sources: {}={}, {}={}", SparkPodSources.WATCHER,
+          conf.get(SparkPodSources.WATCHER, "true"), SparkPodSources.POLLING,
+          conf.get(SparkPodSources.POLLING, "true"));
+    }
     this.kubernetesClient = kubernetesClient;
     this.driverPod = lookUpDriverPod(conf, kubernetesClient, namespace);
     try {
@@ -135,16 +150,31 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
    * allocator waits for the driver pod before its first executor
    * ({@code spark.kubernetes.allocation.driver.readinessTimeout}): executors reach the driver
    * through its headless service, which resolves only once the pod is Ready. Executors are
-   * asked for after the wait whatever its outcome, as in Spark.
+   * asked for after the wait whatever its outcome, as in Spark. The pod is read with GETs
+   * (fabric8's {@code waitUntilReady} would LIST and watch pods), the first one at once: a
+   * driver runs in its pod, which is Ready by then unless a readiness probe holds it back.
    */
   static void awaitReady(
       KubernetesClient client, String namespace, String name, long timeoutSeconds) {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(timeoutSeconds);
     try {
-      client.pods().inNamespace(namespace).withName(name)
-          .waitUntilReady(timeoutSeconds, TimeUnit.SECONDS);
+      while (true) {
+        Pod pod = client.pods().inNamespace(namespace).withName(name).get();
+        if (pod != null && Readiness.isPodReady(pod)) {
+          return;
+        }
+        long leftMs = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime());
+        if (leftMs <= 0) {
+          LOG.warn("The driver pod {} was not Ready within {} s; asking for executors anyway",
+              name, timeoutSeconds);
+          return;
+        }
+        Thread.sleep(Math.min(leftMs, READY_CHECK_MS));
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
     } catch (RuntimeException e) {
-      LOG.warn("The driver pod {} was not Ready within {} s; asking for executors anyway", name,
-          timeoutSeconds, e);
+      LOG.warn("Could not read the driver pod {}; asking for executors anyway", name, e);
     }
   }
 

@@ -1,6 +1,7 @@
 package io.github.sparkpodallocator.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -10,6 +11,7 @@ import io.fabric8.kubernetes.client.ConfigBuilder;
 import io.fabric8.kubernetes.client.KubernetesClient;
 import io.fabric8.kubernetes.client.KubernetesClientBuilder;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.Map;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkException;
@@ -34,6 +36,66 @@ class ServicePodsAllocatorTest {
         () -> construct(new SparkConf(false), null));
     assertTrue(e.getMessage().contains("spark.kubernetes.allocation.service.address"),
         e.getMessage());
+  }
+
+  /** The plugin's required keys; the channel to the address is never used. */
+  private static SparkConf required() {
+    return new SparkConf(false)
+        .set(ServiceSettings.ADDRESS, "127.0.0.1:1")
+        .set(ServiceSettings.TOKEN_FILE, "");
+  }
+
+  /** Constructs the plugin as Spark does, on {@code conf}, and closes its channel. */
+  private static void constructOn(SparkConf conf) throws SparkException {
+    construct(conf, null).stop("never-started");
+  }
+
+  @Test
+  void sparksOwnPodWatchAndPollingAreTurnedOffOnTheConfItIsGiven() throws Exception {
+    SparkConf conf = required();
+    constructOn(conf);
+    assertEquals("false", conf.get(SparkPodSources.WATCHER, "(unset)"));
+    assertEquals("false", conf.get(SparkPodSources.POLLING, "(unset)"));
+  }
+
+  @Test
+  void keysTheUserSetAreKeptAndTrueOnesWarnedAbout() throws Exception {
+    SparkConf on = required()
+        .set(SparkPodSources.WATCHER, "true")
+        .set(SparkPodSources.POLLING, " TRUE");
+    constructOn(on);
+    assertEquals("true", on.get(SparkPodSources.WATCHER, "(unset)"));
+    assertEquals(" TRUE", on.get(SparkPodSources.POLLING, "(unset)"));
+    List<String> warnings = SparkPodSources.turnOff(on);
+    assertEquals(2, warnings.size(), String.valueOf(warnings));
+    assertTrue(warnings.get(0).startsWith(SparkPodSources.WATCHER + "=true")
+        && warnings.get(0).contains("watch"), warnings.get(0));
+    assertTrue(warnings.get(1).startsWith(SparkPodSources.POLLING + "=true")
+        && warnings.get(1).contains("LIST")
+        && warnings.get(1).contains("spark.kubernetes.executor.apiPollingInterval"),
+        warnings.get(1));
+
+    // One set by the user, the other not.
+    SparkConf mixed = required().set(SparkPodSources.POLLING, "true");
+    constructOn(mixed);
+    assertEquals("false", mixed.get(SparkPodSources.WATCHER, "(unset)"));
+    assertEquals("true", mixed.get(SparkPodSources.POLLING, "(unset)"));
+
+    SparkConf off = required()
+        .set(SparkPodSources.WATCHER, "false")
+        .set(SparkPodSources.POLLING, "False");
+    constructOn(off);
+    assertEquals("false", off.get(SparkPodSources.WATCHER, "(unset)"));
+    assertEquals("False", off.get(SparkPodSources.POLLING, "(unset)"));
+    assertEquals(List.of(), SparkPodSources.turnOff(off));
+  }
+
+  @Test
+  void withoutTheEventFeedSparksOwnSourcesAreLeftAlone() throws Exception {
+    SparkConf conf = required().set(ServiceSettings.EXECUTOR_EVENTS, "false");
+    constructOn(conf);
+    assertFalse(conf.contains(SparkPodSources.WATCHER));
+    assertFalse(conf.contains(SparkPodSources.POLLING));
   }
 
   @Test

@@ -18,6 +18,7 @@ import java.util.HashMap;
 import java.util.HashSet;
 import java.util.Map;
 import java.util.Set;
+import java.util.TreeMap;
 import java.util.TreeSet;
 import org.apache.spark.SparkConf;
 import org.junit.jupiter.api.AfterAll;
@@ -141,12 +142,15 @@ class SparkOnControlPlaneIT extends SparkScenarios {
   }
 
   /**
-   * The driver's pod LISTs and watches from the audit log: requests on pods by a fabric8
-   * client other than the test's, each request counted once (a watch has several stages).
+   * The driver's pod LISTs and watches from the audit log. Every client here holds the admin's
+   * token, so the driver is told apart by its user agent: Spark's fabric8 client (the
+   * plugin's calls included) sends fabric8's own, the test's client {@link #TEST_USER_AGENT},
+   * the service and the process node kube-rs's. Each request is counted once (a watch has
+   * several stages, one audit event each).
    */
   @Override
-  long driverPodListsAndWatches() throws Exception {
-    Set<String> requests = new HashSet<>();
+  Map<String, Long> driverPodListsAndWatches() throws Exception {
+    Map<String, Set<String>> requests = new TreeMap<>();
     for (Map<?, ?> event : api.auditEvents()) {
       String agent = String.valueOf(event.get("userAgent"));
       Object ref = event.get("objectRef");
@@ -154,10 +158,13 @@ class SparkOnControlPlaneIT extends SparkScenarios {
       if (agent.startsWith("fabric8") && ref instanceof Map<?, ?> objectRef
           && "pods".equals(objectRef.get("resource")) && objectRef.get("subresource") == null
           && ("list".equals(verb) || "watch".equals(verb))) {
-        requests.add(String.valueOf(event.get("auditID")));
+        requests.computeIfAbsent(verb, v -> new HashSet<>())
+            .add(String.valueOf(event.get("auditID")));
       }
     }
-    return requests.size();
+    Map<String, Long> byVerb = new TreeMap<>();
+    requests.forEach((verb, ids) -> byVerb.put(verb, (long) ids.size()));
+    return byVerb;
   }
 
   /** Each pod's delete in the audit log was the garbage collector's. */

@@ -130,16 +130,17 @@ class SparkOnServiceIT extends SparkScenarios {
    * a fabric8 client (the driver's), not the test's own client.
    */
   @Override
-  long driverPodListsAndWatches() throws Exception {
-    long count = 0;
+  Map<String, Long> driverPodListsAndWatches() throws Exception {
+    Map<String, Long> byVerb = new java.util.TreeMap<>();
     for (Map<?, ?> r : simRequests()) {
       String agent = String.valueOf(r.get("userAgent"));
+      String verb = String.valueOf(r.get("verb"));
       if (agent.startsWith("fabric8") && "pods".equals(r.get("resource"))
-          && ("list".equals(r.get("verb")) || "watch".equals(r.get("verb")))) {
-        count += ((Number) r.get("count")).longValue();
+          && ("list".equals(verb) || "watch".equals(verb))) {
+        byVerb.merge(verb, ((Number) r.get("count")).longValue(), Long::sum);
       }
     }
-    return count;
+    return byVerb;
   }
 
   /** Executor pods created so far by any client, as the simulator counted them. */
