@@ -48,3 +48,14 @@ impl fmt::Display for ResourceProfileId {
 }
 
 pub use crate::time::Timestamp;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_ids_read_as_numbers_not_debug_text() {
+        assert_eq!(listed([ExecutorId(3), ExecutorId(4)]), "3, 4");
+        assert_eq!(listed(Vec::<ExecutorId>::new()), "");
+    }
+}

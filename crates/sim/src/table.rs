@@ -286,4 +286,22 @@ mod tests {
         ));
         assert!(!wants_table("application/json"));
     }
+
+    #[test]
+    fn node_rows_show_status_roles_and_version_as_kubectl_does() {
+        let mut node = crate::kubelet::node_object(0, 110, "2020-01-01T00:00:00Z");
+        node["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+        let cells = node_cells(&node);
+        assert_eq!(
+            cells[..3],
+            [json!("sim-node-0"), json!("Ready"), json!("<none>")]
+        );
+        assert_eq!(cells[4], "v1.33.0-sim");
+        node["spec"]["unschedulable"] = json!(true);
+        node["metadata"]["labels"]["node-role.kubernetes.io/worker"] = json!("");
+        node["status"]["conditions"][0]["status"] = json!("False");
+        let cells = node_cells(&node);
+        assert_eq!(cells[1], "NotReady,SchedulingDisabled");
+        assert_eq!(cells[2], "worker");
+    }
 }
