@@ -113,6 +113,10 @@ render no-auth --set 'allowedNamespaces={spark}' --set auth.mode=none \
   --set auth.allowUnauthenticatedRemote=true
 render external-account --set serviceAccount.create=false --set serviceAccount.name=existing \
   --set rbac.create=false --set replicaCount=0 --set 'allowedNamespaces={spark}'
+# Metrics with the default NetworkPolicy and no scraper named: the metrics port is open to
+# every namespace (the metrics name no application), as `helm lint --strict` lets through.
+render metrics-network-policy --set 'allowedNamespaces={spark}' --set metrics.enabled=true \
+  --set metrics.serviceMonitor.enabled=true
 render pod-monitor --set 'allowedNamespaces={spark}' --set metrics.enabled=true \
   --set metrics.podMonitor.enabled=true --set metrics.prometheusRule.enabled=true \
   --set metrics.dashboard.enabled=true "${scraper[@]}"
@@ -209,7 +213,12 @@ expect_refusal podAnnotation --set podAnnotation.a=b
 expect_refusal batch_size --set allocation.batch_size=5
 expect_refusal format --set log.format=xml
 expect_refusal serviceAccount.name --set serviceAccount.create=false --set 'allowedNamespaces={spark}'
-expect_refusal allowedNamespaces --set rbac.clusterWide=false
+# The first message a user meets (the defaults set no namespace) says what to set, from the
+# schema (so `helm lint` refuses too) and from the template without it.
+expect_refusal "allowedNamespaces is empty: set allowedNamespaces to the namespaces of your Spark drivers" \
+  --set rbac.clusterWide=false
+expect_refusal "allowedNamespaces is empty: set allowedNamespaces to the namespaces of your Spark drivers" \
+  --skip-schema-validation
 expect_refusal mode --set auth.mode=ldap --set 'allowedNamespaces={spark}'
 expect_refusal allowUnauthenticatedRemote --set auth.mode=none --set 'allowedNamespaces={spark}'
 expect_refusal issuerRef --set tls.certManager.enabled=true --set 'allowedNamespaces={spark}'
@@ -225,7 +234,8 @@ expect_refusal "scrapes the pod twice" --set metrics.enabled=true --set 'allowed
   --set metrics.podMonitor.enabled=true --set metrics.serviceMonitor.enabled=true "${scraper[@]}"
 expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}' \
   "${scraper[@]}"
-expect_refusal scraperNamespaceSelector --set metrics.enabled=true --set 'allowedNamespaces={spark-a}'
+expect_refusal "set metrics.networkPolicy.scraperNamespaceSelector or scraperPodSelector to say who may scrape them" \
+  --set metrics.enabled=true --set metrics.applicationLabels=true --set 'allowedNamespaces={spark-a}'
 expect_refusal "POD_NAME is set by the chart" --set 'allowedNamespaces={spark}' \
   --set-json 'extraEnv=[{"name":"POD_NAME","value":"x"}]'
 expect_refusal interval --set metrics.podMonitor.interval=30 --set 'allowedNamespaces={spark}'
@@ -239,6 +249,29 @@ expect_refusal "weight: minimum" --set 'budgets.items[0].queue=gold' --set 'budg
   --set 'budgets.items[0].namespaces[0].weight=0' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
 expect_refusal reloadIntervalMs --set budgets.reloadIntervalMs=10 --set 'allowedNamespaces={spark}'
 expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}' --set 'allowedNamespaces={spark}'
+# `helm lint` neuters a template's `fail`: what only a template refuses passes lint. These
+# refusals are the schema's, so lint refuses them too, with the same sentence.
+expect_lint_refusal() {
+  local expected=$1
+  shift
+  local output
+  if output=$("$helm" lint --strict "$chart" "$@" 2>&1); then
+    echo "LINT ACCEPTED (should fail): $*" >&2
+    refused=1
+    return
+  fi
+  case "$output" in
+    *"$expected"*) echo "lint refused as expected: $* ($expected)" ;;
+    *)
+      echo "lint refused, but without saying $expected: $*" >&2
+      printf '%s\n' "$output" >&2
+      refused=1
+      ;;
+  esac
+}
+expect_lint_refusal "set allowedNamespaces to the namespaces of your Spark drivers"
+expect_lint_refusal "to say who may scrape them" --set metrics.enabled=true --set metrics.applicationLabels=true \
+  --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2
   exit 1

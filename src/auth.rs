@@ -51,6 +51,16 @@ pub enum AuthMode {
     Kubernetes,
 }
 
+impl AuthMode {
+    /// As the configuration spells it (`auth.mode`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::None => "none",
+            AuthMode::Kubernetes => "kubernetes",
+        }
+    }
+}
+
 impl TryFrom<String> for AuthMode {
     type Error = String;
     fn try_from(value: String) -> Result<Self, String> {

@@ -75,6 +75,10 @@ enum Command {
         /// Listen address, e.g. 0.0.0.0:50051 (overrides the configuration's `listen`).
         #[arg(long, value_name = "IP:PORT", value_parser = socket_address)]
         listen: Option<SocketAddr>,
+        /// With --simulate: where to write a kubeconfig for the simulated cluster (default:
+        /// a file in the temporary directory, removed at exit; the log names it).
+        #[arg(long, value_name = "PATH", requires = "simulate")]
+        kubeconfig: Option<PathBuf>,
     },
     /// Run the simulated cluster alone, for kubectl or a separately started service.
     Simulate {
@@ -146,7 +150,12 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve { simulate, listen } => {
+            Command::Serve {
+                simulate,
+                listen,
+                kubeconfig,
+            } => {
+                let simulate = simulate.then(|| SimulatedKubeconfig::at(kubeconfig));
                 serve(settings, cli.config.clone(), simulate, listen).await
             }
             Command::Simulate { listen, kubeconfig } => {
@@ -268,10 +277,36 @@ impl StopSignals {
     }
 }
 
+/// Where `serve --simulate` writes the simulated cluster's kubeconfig, so that kubectl can
+/// look at the pods the service makes.
+struct SimulatedKubeconfig {
+    path: PathBuf,
+    /// Chosen by the service (not `--kubeconfig`): removed when it stops.
+    remove_at_exit: bool,
+}
+
+impl SimulatedKubeconfig {
+    fn at(path: Option<PathBuf>) -> Self {
+        match path {
+            Some(path) => Self {
+                path,
+                remove_at_exit: false,
+            },
+            None => Self {
+                path: std::env::temp_dir().join(format!(
+                    "spark-pod-allocator-simulate-{}.kubeconfig",
+                    std::process::id()
+                )),
+                remove_at_exit: true,
+            },
+        }
+    }
+}
+
 async fn serve(
     settings: Settings,
     config_file: Option<PathBuf>,
-    simulate: bool,
+    simulate: Option<SimulatedKubeconfig>,
     listen: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     let stop = shutdown_signal()?;
@@ -294,17 +329,19 @@ async fn serve(
     let mut settings = settings;
     let peers = peer_settings(&mut settings, bound)?;
     // The simulated cluster, if any, lives as long as the service.
-    let (client, sim) = if simulate {
+    let (client, sim) = if let Some(kubeconfig) = simulate {
         let cluster = SimCluster::start(settings.simulator.clone())
             .await
             .context("starting the simulated cluster")?;
-        tracing::info!(api_server = %cluster.base_url(), "simulated cluster started");
+        cluster.publish_kubeconfig(&kubeconfig.path)?;
+        tracing::info!(api_server = %cluster.base_url(), kubeconfig = %kubeconfig.path.display(),
+            "simulated cluster started");
         // As `k8s::connect`: the service's RequestPolicy retries, not kube's retry layer.
         let mut config = cluster.kube_config();
         config.default_retry = false;
         let client =
             k8s::client_as(config, &user_agent).context("a client for the simulated cluster")?;
-        (client, Some(cluster))
+        (client, Some((cluster, kubeconfig)))
     } else {
         let client = k8s::connect_as(&settings.kubernetes, &user_agent)
             .await
@@ -321,7 +358,7 @@ async fn serve(
         tracing::info!(address = %bound, "serving metrics at /metrics");
     }
     let gate = Gate::from_settings(&settings.auth, client.clone());
-    tracing::info!(mode = ?settings.auth.mode, "authentication");
+    tracing::info!(mode = settings.auth.mode.as_str(), "authentication");
     tracing::info!(
         identity = settings.ha.identity(),
         shards = settings.ha.shards,
@@ -381,8 +418,13 @@ async fn serve(
     stop.await;
     service.shutdown().await?;
     match sim {
-        Some(cluster) => {
+        Some((cluster, kubeconfig)) => {
             cluster.shutdown().await;
+            if kubeconfig.remove_at_exit
+                && let Err(err) = std::fs::remove_file(&kubeconfig.path)
+            {
+                tracing::warn!(path = %kubeconfig.path.display(), %err, "cannot remove the simulated cluster's kubeconfig");
+            }
             tracing::info!("stopped, and the simulated cluster with its pods");
         }
         None => tracing::info!("stopped; executor pods left in place"),
@@ -411,7 +453,10 @@ fn peer_settings(settings: &mut Settings, bound: SocketAddr) -> anyhow::Result<P
             "tls is on without ha.peer_ca_file: the other replicas cannot forward calls here"
         );
     }
-    tracing::info!(advertise_address = ?settings.ha.advertise_address, "where the other replicas forward this replica's applications' calls");
+    tracing::info!(
+        advertise_address = settings.ha.advertise_address.as_deref(),
+        "where the other replicas forward this replica's applications' calls"
+    );
     Ok(peers)
 }
 

@@ -261,3 +261,74 @@ async fn bench_scale_up_prints_each_case_with_its_ratio_and_writes_the_plot() {
     let png = std::fs::read(&plot).expect("the plot was written");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 }
+
+/// `serve --simulate` writes a kubeconfig for its embedded cluster where its log says:
+/// kubectl reads through it the executor pods the service creates and the simulated nodes;
+/// the file, chosen by the service, is removed when it stops.
+#[tokio::test]
+async fn serve_simulate_writes_the_kubeconfig_it_logs_and_kubectl_reads_pods_through_it() {
+    let (mut child, mut lines) = spawn_logged(command(SERVE_SIMULATE));
+    let started = until_logged(&mut lines, "simulated cluster started").await;
+    let kubeconfig = std::path::PathBuf::from(started["kubeconfig"].as_str().expect("kubeconfig"));
+    let fields = until_logged(&mut lines, "serving gRPC").await;
+    let address = fields["address"].as_str().expect("address").to_string();
+    let mut client = connect_serving(&address).await;
+    client
+        .start(proto::StartRequest {
+            application_id: "spark-kubectl".into(),
+            namespace: "default".into(),
+            executor_pod_template: TEMPLATE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start");
+    client
+        .set_total_expected(targets_request("spark-kubectl", 2))
+        .await
+        .expect("target");
+    let kubectl = |args: &[&str]| {
+        let mut command = Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--request-timeout=30s")
+            .args(args)
+            .kill_on_drop(true);
+        command
+    };
+    // The pods the service creates, read by kubectl through the logged kubeconfig.
+    let names = test_kit::wait::eventually("kubectl lists the two executor pods", async || {
+        let pods = run_successfully(
+            kubectl(&[
+                "get",
+                "pods",
+                "-l",
+                "spark-app-selector=spark-kubectl",
+                "-o",
+                "name",
+            ]),
+            HANG_GUARD,
+        )
+        .await;
+        let mut names: Vec<String> = pods.lines().map(str::to_string).collect();
+        names.sort();
+        (names.len() == 2).then_some(names)
+    })
+    .await;
+    assert_eq!(
+        names,
+        ["pod/spark-kubectl-exec-1", "pod/spark-kubectl-exec-2"]
+    );
+    let nodes = run_successfully(kubectl(&["get", "nodes", "-o", "name"]), HANG_GUARD).await;
+    assert!(nodes.lines().any(|l| l == "node/sim-node-0"), "{nodes}");
+
+    terminate(&child);
+    until_logged(
+        &mut lines,
+        "stopped, and the simulated cluster with its pods",
+    )
+    .await;
+    let exit = exit_status(&mut child).await;
+    assert!(exit.success(), "{exit:?}");
+    assert!(!kubeconfig.exists(), "{} left behind", kubeconfig.display());
+}

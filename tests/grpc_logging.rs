@@ -105,3 +105,82 @@ async fn client_mistakes_are_logged_at_info_with_their_field_and_request_id() {
     }
     assert_ne!(generated[0], generated[1]);
 }
+
+/// Reads JSON log lines until one has `message`; returns every line read (raw) and that one.
+async fn lines_until(
+    lines: &mut Lines<BufReader<ChildStderr>>,
+    message: &str,
+) -> (Vec<String>, serde_json::Value) {
+    let mut read = Vec::new();
+    let wait = async {
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            read.push(line.clone());
+            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                panic!("not a JSON log line: {line}");
+            };
+            if entry["fields"]["message"] == message {
+                return entry;
+            }
+        }
+        panic!("the process ended before logging {message:?}");
+    };
+    let entry = tokio::time::timeout(HANG_GUARD, wait)
+        .await
+        .expect("log line");
+    (read, entry)
+}
+
+/// An operator reads plain values in the log, not Rust's Debug text (`Some("…")`,
+/// `ExecutorId(3)`): the start-up lines (the address the other replicas forward to, the
+/// authentication mode as configured) and the warning of creates refused by a quota.
+#[tokio::test]
+async fn log_lines_carry_plain_values_not_rust_debug_text() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[simulator.faults]\nquota_fraction = 1.0\n").expect("config");
+    let mut args = vec!["--config", config.to_str().expect("utf-8 path")];
+    args.extend_from_slice(SERVE_SIMULATE);
+    let (_child, mut lines) = spawn_logged(service_command(BIN, &args));
+    let (mut read, serving) = lines_until(&mut lines, "serving gRPC").await;
+    let address = serving["fields"]["address"].as_str().expect("address");
+    let forward = read
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| {
+            entry["fields"]["message"]
+                == "where the other replicas forward this replica's applications' calls"
+        })
+        .expect("the forwarding address is logged");
+    assert_eq!(forward["fields"]["advertise_address"], address, "{forward}");
+    let mode = read
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| entry["fields"]["message"] == "authentication")
+        .expect("the authentication mode is logged");
+    assert_eq!(mode["fields"]["mode"], "none", "{mode}");
+
+    let mut client = connect_serving(address).await;
+    client
+        .start(test_kit::grpc::start_request("spark-plain", "default"))
+        .await
+        .expect("start");
+    client
+        .set_total_expected(targets_request("spark-plain", 2))
+        .await
+        .expect("target");
+    let (more, refused) = lines_until(
+        &mut lines,
+        "every executor pod create sent failed; backing off",
+    )
+    .await;
+    read.extend(more);
+    assert_eq!(refused["level"], "WARN", "{refused}");
+    let error = refused["fields"]["error"].as_str().expect("error");
+    assert!(error.contains("exceeded quota"), "{refused}");
+    for line in &read {
+        assert!(
+            !line.contains("Some(") && !line.contains("ExecutorId("),
+            "Rust Debug text in a log line: {line}"
+        );
+    }
+}

@@ -319,6 +319,7 @@ async fn everyday_kubectl_commands_work() {
             "configmaps",
             "leases.coordination.k8s.io",
             "namespaces",
+            "nodes",
             "persistentvolumeclaims",
             "pods",
             "resourcequotas",
@@ -432,4 +433,87 @@ async fn kubectl_get_watch_prints_table_rows_for_each_change() {
     let terminating = read_line(&mut lines).await.unwrap();
     assert_eq!(terminating.split_whitespace().nth(2), Some("Terminating"));
     child.kill().await.unwrap();
+}
+
+/// The simulated nodes, as kubectl and a kube-rs watch see a real cluster's: `get nodes`
+/// prints kubectl's columns, `get --raw` is a NodeList with its resourceVersion, one node
+/// reads as a Node, and a watch from the list's version sees a change to a node.
+#[tokio::test]
+async fn kubectl_gets_and_watches_the_simulated_nodes() {
+    let mut settings = spark_pod_allocator_sim::SimSettings::default();
+    settings.kubelet.nodes = 2;
+    let sim = start(settings).await;
+    let k = Kubectl::new(&sim);
+
+    let table = k.run(&["get", "nodes"]).await;
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
+        "{table}"
+    );
+    assert_eq!(rows.len(), 3, "{table}");
+    for (row, name) in rows[1..].iter().zip(["sim-node-0", "sim-node-1"]) {
+        assert_eq!(row[..3], [name, "Ready", "<none>"], "{table}");
+        assert_eq!(row[4], "v1.33.0-sim", "{table}");
+    }
+
+    let list: serde_json::Value =
+        serde_json::from_str(&k.run(&["get", "--raw", "/api/v1/nodes"]).await).unwrap();
+    assert_eq!(list["kind"], "NodeList", "{list}");
+    assert_eq!(list["apiVersion"], "v1", "{list}");
+    let version = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .to_string();
+    assert!(version.parse::<u64>().is_ok(), "{list}");
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(2), "{list}");
+
+    let node: serde_json::Value =
+        serde_json::from_str(&k.run(&["get", "node", "sim-node-1", "-o", "json"]).await).unwrap();
+    assert_eq!(
+        (&node["kind"], &node["apiVersion"]),
+        (&json!("Node"), &json!("v1"))
+    );
+    assert!(node["metadata"].get("namespace").is_none(), "{node}");
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .expect("a Ready condition");
+    assert_eq!(ready["status"], "True", "{node}");
+    assert_eq!(node["status"]["allocatable"]["pods"], "110", "{node}");
+
+    // kube-rs decodes them, and watches them from the list's version.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(sim.try_client().unwrap());
+    let listed = nodes.list(&Default::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 2);
+    let mut events = Box::pin(
+        nodes
+            .watch(&kube::api::WatchParams::default(), &version)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        k.run(&["label", "node", "sim-node-0", "pool=spark"])
+            .await
+            .trim(),
+        "node/sim-node-0 labeled"
+    );
+    match next_within(&mut events).await {
+        Some(Ok(kube::api::WatchEvent::Modified(node))) => {
+            assert_eq!(node.metadata.name.as_deref(), Some("sim-node-0"));
+            assert_eq!(
+                node.metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get("pool")
+                    .map(String::as_str),
+                Some("spark")
+            );
+        }
+        other => panic!("expected the node's MODIFIED event, got {other:?}"),
+    }
 }

@@ -8,7 +8,7 @@ use super::snapshot::{SnapshotBatch, SnapshotStore};
 use super::state::ExecutorState;
 use super::stuck::{StuckExecutor, StuckPods};
 use super::tracked::TrackedExecutors;
-use super::types::{ExecutorId, ResourceProfileId, Timestamp};
+use super::types::{ExecutorId, ResourceProfileId, Timestamp, listed};
 
 /// A collection delete to carry out by label `spark-exec-id in (ids)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -393,7 +393,7 @@ impl Allocator {
             return;
         }
         tracing::warn!(
-            executors = ?plan.timed_out,
+            executors = %listed(&plan.timed_out),
             timeout_ms = timeout,
             "executors not seen within the creation timeout; they will be re-requested"
         );
@@ -452,8 +452,8 @@ impl Allocator {
             held.insert(stuck.profile);
         }
         if !plan.stuck.is_empty() {
-            tracing::warn!(executors = ?plan.stuck.iter().map(|s| (s.id.0, s.blocker.reason())).collect::<Vec<_>>(),
-                timeout_ms = timeout, deleted = ?ids, "pending executors stuck past the timeout");
+            tracing::warn!(executors = %listed(plan.stuck.iter().map(|s| format!("{} ({})", s.id, s.blocker.reason()))),
+                timeout_ms = timeout, deleted = %listed(&ids), "pending executors stuck past the timeout");
         }
         if !ids.is_empty() {
             plan.deletes.push(DeleteRequest {
@@ -550,7 +550,7 @@ impl Allocator {
         self.retry_deletes(now, &mut to_delete);
         if !to_delete.is_empty() {
             to_delete.sort_unstable();
-            tracing::info!(executors = ?to_delete, "deleting excess pod requests");
+            tracing::info!(executors = %listed(&to_delete), "deleting excess pod requests");
             plan.deletes.push(DeleteRequest {
                 ids: to_delete,
                 only_pending: true,
@@ -679,7 +679,8 @@ impl Allocator {
             self.request(tally.profile, wanted, now, plan);
         }
         if !plan.refused.is_empty() {
-            tracing::warn!(refused = ?plan.refused, max_executors = ?self.settings.max_executors,
+            tracing::warn!(refused = %listed(plan.refused.iter().map(|(profile, n)| format!("{n} of profile {profile}"))),
+                max_executors = self.settings.max_executors,
                 "executor requests refused: lifetime max_executors reached");
         }
     }

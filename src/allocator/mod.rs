@@ -84,7 +84,7 @@ pub use snapshot::{ExecutorPodsSnapshot, SnapshotBatch, SnapshotStore};
 pub use start_blocker::StartBlocker;
 pub use state::{ExecutorPod, ExecutorState, StateRules, executor_pod_from};
 pub use stuck::StuckExecutor;
-pub use types::{ExecutorId, ResourceProfileId, Timestamp};
+pub use types::{ExecutorId, ResourceProfileId, Timestamp, listed};
 
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,19 @@ impl fmt::Display for ExecutorId {
     }
 }
 
+/// Items joined with ", " for a log line: ids read `3, 4` there, not as Rust's Debug text
+/// (`[ExecutorId(3), ExecutorId(4)]`).
+pub fn listed<T: fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    let mut line = String::new();
+    for item in items {
+        if !line.is_empty() {
+            line.push_str(", ");
+        }
+        line.push_str(&item.to_string());
+    }
+    line
+}
+
 /// A resource profile id (0 is the default profile).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct ResourceProfileId(pub i32);
@@ -35,3 +48,14 @@ impl fmt::Display for ResourceProfileId {
 }
 
 pub use crate::time::Timestamp;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_ids_read_as_numbers_not_debug_text() {
+        assert_eq!(listed([ExecutorId(3), ExecutorId(4)]), "3, 4");
+        assert_eq!(listed(Vec::<ExecutorId>::new()), "");
+    }
+}

@@ -455,7 +455,7 @@ impl Applications {
                 Ok(checked) => checked,
                 Err(refusal) => {
                     tracing::warn!(config_map = %found.name, namespace = store.namespace(),
-                        app_namespace = ?found.namespace_label, app = ?found.app_label,
+                        app_namespace = found.namespace_label.as_deref(), app = found.app_label.as_deref(),
                         reason = refusal.reason(), why = %refusal,
                         "not resuming a registration; nothing of it is created");
                     self.inner
@@ -549,7 +549,7 @@ impl Applications {
                     continue;
                 }
                 if let Err(err) = applications.resume_shards(&due).await {
-                    tracing::warn!(shards = ?due, error = %err, "cannot resume the shards' registrations yet; retried");
+                    tracing::warn!(shards = %crate::allocator::listed(due.iter().map(|(shard, _)| shard)), error = %err, "cannot resume the shards' registrations yet; retried");
                 }
             }
         });

@@ -347,7 +347,7 @@ impl ExecutorPodClient {
                     .collect()
             })),
             Err(err) => {
-                tracing::warn!(namespace, selector = ?lp.label_selector, error = %describe_error(&err), "executor pod delete failed");
+                tracing::warn!(namespace, selector = lp.label_selector.as_deref(), error = %describe_error(&err), "executor pod delete failed");
                 Err(err)
             }
         }

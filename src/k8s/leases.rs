@@ -631,7 +631,7 @@ fn publish(tx: &watch::Sender<ShardState>, next: ShardState, shard: Shard, ident
                     tracing::info!(%shard, identity, epoch = owned.epoch, "this replica hands the shard over: its applications stop here");
                 }
                 ShardState::NotOwned { holder, .. } if matches!(state, ShardState::Owned(_) | ShardState::Draining(_)) => {
-                    tracing::warn!(%shard, identity, holder = ?holder, "this replica no longer owns the shard; it stops acting on it");
+                    tracing::warn!(%shard, identity, holder = holder.as_deref(), "this replica no longer owns the shard; it stops acting on it");
                 }
                 _ => {}
             }

@@ -168,6 +168,13 @@ impl SimCluster {
         }
         let mut tasks = Vec::new();
         if shared.settings.kubelet.mode == KubeletMode::Auto {
+            // The nodes that run pods, as their kubelets register them (`kubectl get nodes`).
+            let now = objects::now_rfc3339();
+            for i in 0..shared.settings.kubelet.nodes as usize {
+                let node = kubelet::node_object(i, shared.settings.kubelet.pods_per_node, &now);
+                // Each name is new in a new store; nothing else can fail here.
+                let _ = server::create_internal(&shared, Kind::Node, node);
+            }
             tasks.push(tokio::spawn(kubelet::run(shared.clone(), processes)));
             tasks.push(tokio::spawn(kubelet::run_gc(shared.clone())));
         }
@@ -244,6 +251,15 @@ impl SimCluster {
         tmp.push(".tmp");
         std::fs::write(&tmp, self.kubeconfig_yaml())?;
         std::fs::rename(&tmp, path)
+    }
+
+    /// [`Self::write_kubeconfig`] for a user's kubectl, its failure naming the file.
+    pub fn publish_kubeconfig(&self, path: &std::path::Path) -> Result<(), SimError> {
+        self.write_kubeconfig(path)
+            .map_err(|source| SimError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            })
     }
 
     /// Replaces the injected faults (takes effect for the next request or watch).
@@ -408,13 +424,10 @@ pub async fn run_until(
 ) -> Result<(), SimError> {
     let sim = SimCluster::start(settings).await?;
     if let Some(path) = kubeconfig {
-        sim.write_kubeconfig(path)
-            .map_err(|source| SimError::Kubeconfig {
-                path: path.display().to_string(),
-                source,
-            })?;
+        sim.publish_kubeconfig(path)?;
     }
-    tracing::info!(url = %sim.base_url(), kubeconfig = ?kubeconfig, "simulated cluster serving");
+    tracing::info!(url = %sim.base_url(), kubeconfig = kubeconfig.map(|p| p.display().to_string()),
+        "simulated cluster serving");
     stop.await;
     sim.shutdown().await;
     Ok(())

@@ -129,7 +129,7 @@ pub async fn run_process_node(
             event = claim_events.next() => match event {
                 Some(Ok(Event::Apply(claim) | Event::InitApply(claim))) => {
                     if let Err(e) = provision(&client, name, &volumes_dir, &claim).await {
-                        tracing::warn!(claim = ?claim.metadata.name, error = %e, "cannot provision the claim");
+                        tracing::warn!(claim = claim.metadata.name.as_deref(), error = %e, "cannot provision the claim");
                     }
                 }
                 Some(Ok(_)) => {}

@@ -49,6 +49,7 @@ pub fn check_schema(kind: Kind, obj: &Value) -> Result<(), ApiError> {
         Kind::Lease => serde_json::from_value::<Lease>(obj.clone()).map(drop),
         Kind::Secret => serde_json::from_value::<v1::Secret>(obj.clone()).map(drop),
         Kind::ResourceQuota => serde_json::from_value::<v1::ResourceQuota>(obj.clone()).map(drop),
+        Kind::Node => serde_json::from_value::<v1::Node>(obj.clone()).map(drop),
     };
     result.map_err(|e| {
         ApiError::bad_request(format!(
@@ -352,7 +353,7 @@ pub fn prepare_create(kind: Kind, obj: &mut Value, ns: &str, name: &str, uid: &s
         Kind::Service => default_service(obj, uid),
         Kind::PersistentVolumeClaim => bind_claim(obj, uid),
         Kind::Secret => default_secret(obj),
-        Kind::ConfigMap | Kind::Lease | Kind::ResourceQuota => {}
+        Kind::ConfigMap | Kind::Lease | Kind::ResourceQuota | Kind::Node => {}
     }
 }
 

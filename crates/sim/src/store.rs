@@ -32,11 +32,14 @@ pub enum Kind {
     /// core/v1 resourcequotas: pods, requests.cpu and requests.memory enforced at pod
     /// creation, `status` kept as the resourcequota controller keeps it (see `quota`).
     ResourceQuota,
+    /// core/v1 nodes (cluster-scoped): the simulated nodes, Ready, as their kubelets
+    /// register them (see `kubelet::node_object`).
+    Node,
 }
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::ConfigMap,
@@ -45,6 +48,7 @@ impl Kind {
         Kind::Lease,
         Kind::Secret,
         Kind::ResourceQuota,
+        Kind::Node,
     ];
 
     fn index(self) -> usize {
@@ -61,6 +65,7 @@ impl Kind {
             Kind::Lease => "leases",
             Kind::Secret => "secrets",
             Kind::ResourceQuota => "resourcequotas",
+            Kind::Node => "nodes",
         }
     }
     /// The `kind` of one object.
@@ -74,6 +79,7 @@ impl Kind {
             Kind::Lease => "Lease",
             Kind::Secret => "Secret",
             Kind::ResourceQuota => "ResourceQuota",
+            Kind::Node => "Node",
         }
     }
     /// The API group (`""` for core).
@@ -92,7 +98,7 @@ impl Kind {
     }
     /// Whether objects live in a namespace.
     pub fn namespaced(self) -> bool {
-        self != Kind::Namespace
+        !matches!(self, Kind::Namespace | Kind::Node)
     }
     /// Short names advertised in discovery (used by kubectl).
     pub fn short_names(self) -> &'static [&'static str] {
@@ -103,6 +109,7 @@ impl Kind {
             Kind::Service => &["svc"],
             Kind::PersistentVolumeClaim => &["pvc"],
             Kind::ResourceQuota => &["quota"],
+            Kind::Node => &["no"],
             Kind::Lease | Kind::Secret => &[],
         }
     }
@@ -121,6 +128,7 @@ impl Kind {
                 "status.nominatedNodeName",
             ],
             Kind::Namespace => &["metadata.name", "status.phase"],
+            Kind::Node => &["metadata.name"],
             Kind::Service => &[
                 "metadata.name",
                 "metadata.namespace",

@@ -1,7 +1,23 @@
 //! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for (`Accept: ...;as=Table`),
-//! so `kubectl get pods` shows READY, STATUS, RESTARTS and AGE as against a real cluster.
+//! so `kubectl get pods` shows READY, STATUS, RESTARTS and AGE (and `kubectl get nodes`
+//! STATUS, ROLES, AGE and VERSION) as against a real cluster.
 
 use serde_json::{Value, json};
+
+use crate::store::Kind;
+
+/// Whether the server prints `kind` as a Table (the kinds kubectl users look at).
+pub fn printed(kind: Kind) -> bool {
+    matches!(kind, Kind::Pod | Kind::Node)
+}
+
+/// A Table of `objects` of `kind` (one of [`printed`]) with kubectl's columns.
+pub fn table(kind: Kind, objects: &[&Value], include: IncludeObject, metadata: Value) -> Value {
+    match kind {
+        Kind::Node => node_table(objects, include, metadata),
+        _ => pod_table(objects, include, metadata),
+    }
+}
 
 /// What each row carries besides its cells (`includeObject`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +200,68 @@ pub fn pod_table(pods: &[&Value], include: IncludeObject, metadata: Value) -> Va
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "columnDefinitions": columns, "rows": rows})
 }
 
+fn node_cells(node: &Value) -> Vec<Value> {
+    let text = |p: &str| node.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let ready = node
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
+    let mut status = match ready.and_then(|c| c["status"].as_str()) {
+        Some("True") => "Ready".to_string(),
+        Some(_) => "NotReady".to_string(),
+        None => "Unknown".to_string(),
+    };
+    if node.pointer("/spec/unschedulable") == Some(&Value::Bool(true)) {
+        status.push_str(",SchedulingDisabled");
+    }
+    let mut roles: Vec<&str> = node
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .keys()
+                .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
+                .collect()
+        })
+        .unwrap_or_default();
+    roles.sort_unstable();
+    let roles = if roles.is_empty() {
+        "<none>".to_string()
+    } else {
+        roles.join(",")
+    };
+    vec![
+        json!(text("/metadata/name")),
+        json!(status),
+        json!(roles),
+        json!(human_age(text("/metadata/creationTimestamp"))),
+        json!(text("/status/nodeInfo/kubeletVersion")),
+    ]
+}
+
+/// A Table of nodes with kubectl's columns.
+fn node_table(nodes: &[&Value], include: IncludeObject, metadata: Value) -> Value {
+    let columns = vec![
+        column("Name", "name", 0, "Name must be unique within a namespace."),
+        column("Status", "", 0, "The status of the node"),
+        column("Roles", "", 0, "The roles of the node"),
+        column("Age", "", 0, "CreationTimestamp of the object."),
+        column("Version", "", 0, "Kubelet Version reported by the node."),
+    ];
+    let rows: Vec<Value> = nodes
+        .iter()
+        .map(|n| {
+            let mut row = json!({"cells": node_cells(n)});
+            let obj = row_object(n, include);
+            if !obj.is_null() {
+                row["object"] = obj;
+            }
+            row
+        })
+        .collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "columnDefinitions": columns, "rows": rows})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +285,23 @@ mod tests {
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
         ));
         assert!(!wants_table("application/json"));
+    }
+
+    #[test]
+    fn node_rows_show_status_roles_and_version_as_kubectl_does() {
+        let mut node = crate::kubelet::node_object(0, 110, "2020-01-01T00:00:00Z");
+        node["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+        let cells = node_cells(&node);
+        assert_eq!(
+            cells[..3],
+            [json!("sim-node-0"), json!("Ready"), json!("<none>")]
+        );
+        assert_eq!(cells[4], "v1.33.0-sim");
+        node["spec"]["unschedulable"] = json!(true);
+        node["metadata"]["labels"]["node-role.kubernetes.io/worker"] = json!("");
+        node["status"]["conditions"][0]["status"] = json!("False");
+        let cells = node_cells(&node);
+        assert_eq!(cells[1], "NotReady,SchedulingDisabled");
+        assert_eq!(cells[2], "worker");
     }
 }

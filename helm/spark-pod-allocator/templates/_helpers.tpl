@@ -217,6 +217,14 @@ grpc:
 {{- if .Values.tls.enabled -}}true{{- end -}}
 {{- end -}}
 
+{{- /* Fails when the service would have no namespace to work in (the schema refuses it
+  first; this says the same with --skip-schema-validation). Included by the RBAC. */ -}}
+{{- define "spa.namespaceChecks" -}}
+{{- if and (not .Values.allowedNamespaces) (not .Values.rbac.clusterWide) -}}
+{{- fail "allowedNamespaces is empty: set allowedNamespaces to the namespaces of your Spark drivers (--set allowedNamespaces={spark}), or rbac.clusterWide=true" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "spa.replicaChecks" -}}
 {{- if and .Values.podDisruptionBudget.enabled (gt (int .Values.replicaCount) 1) (ge (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicaCount)) -}}
 {{- fail "podDisruptionBudget.minAvailable must be below replicaCount, or no node could ever be drained" -}}

@@ -1091,3 +1091,29 @@ fn ephemeral_volumes_meet_the_claim_policy() {
     let refused = check_with(&gp3_only, &ephemeral(io2)).unwrap_err();
     assert_eq!(refused.path, format!("{prefix}.storageClassName"));
 }
+
+/// What a caller may set within its own rights (the namespace's admission and quota judge
+/// it, as they would the caller's own pods) passes both levels: a priority class,
+/// tolerations, the service account token's mount, scheduling gates.
+#[test]
+fn fields_within_the_callers_own_rights_pass_the_policy() {
+    let template = pod(json!({
+        "priorityClassName": "high-priority",
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "spark",
+            "effect": "NoSchedule"}],
+        "automountServiceAccountToken": true,
+        "schedulingGates": [{"name": "example.com/quota-check"}],
+    }));
+    assert_eq!(check_with(&PodPolicy::default(), &template), Ok(()));
+    let restricted_template = pod(json!({
+        "priorityClassName": "high-priority",
+        "tolerations": [{"operator": "Exists"}],
+        "automountServiceAccountToken": true,
+        "schedulingGates": [{"name": "example.com/quota-check"}],
+        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "spark-kubernetes-executor", "image": "spark:4",
+            "securityContext": {"allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]}}}],
+    }));
+    assert_eq!(check_with(&restricted(), &restricted_template), Ok(()));
+}

@@ -58,9 +58,14 @@ impl ApplicationActor {
             return;
         }
         self.outbox.cancel_creates();
-        let driver = self.life.driver.as_ref().map(|d| d.pod_name.clone());
-        tracing::warn!(driver = ?driver, phase, delete_executors = delete, grace_ms = grace.as_millis(),
-            "driver pod ended: no new executors; the application is forgotten after the grace period");
+        let driver = self.life.driver.as_ref().map(|d| d.pod_name.as_str());
+        tracing::warn!(
+            driver,
+            phase,
+            delete_executors = delete,
+            grace_ms = grace.as_millis(),
+            "driver pod ended: no new executors; the application is forgotten after the grace period"
+        );
     }
 
     /// A full listing of the application's executor pods: unchanged executors stay as

@@ -8,7 +8,7 @@ use super::work::{CreateResults, UpkeepDone, UpkeepWork, Work, not_recorded};
 use crate::allocator::budget::{self, BudgetClaim, ExecutorCost};
 use crate::allocator::{
     AllocationUse, CreateOutcomes, CreateRefusal, DeleteRequest, ExecutorId, ExecutorState,
-    ResourceProfileId, RoundPlan, SnapshotBatch, Timestamp,
+    ResourceProfileId, RoundPlan, SnapshotBatch, Timestamp, listed,
 };
 use crate::app::failures::create_failure_cause;
 use crate::k8s::{CreateError, ExecutorCreate};
@@ -91,10 +91,10 @@ impl ApplicationActor {
             self.requests.forget(*id);
         }
         if !plan.timed_out.is_empty() {
-            tracing::warn!(executors = ?plan.timed_out, "executors not seen within the executor timeout; forgotten and re-requested");
+            tracing::warn!(executors = %listed(&plan.timed_out), "executors not seen within the executor timeout; forgotten and re-requested");
         }
         if !plan.refused.is_empty() {
-            tracing::warn!(refused = ?plan.refused, "executors refused: max_executors reached");
+            tracing::warn!(refused = %listed(plan.refused.iter().map(|(profile, n)| format!("{n} of profile {profile}"))), "executors refused: max_executors reached");
         }
     }
 
@@ -368,13 +368,25 @@ impl ApplicationActor {
             tracing::info!(requested, "executor pods created");
             self.schedule.creates_went_through();
         } else if failed + held < requested {
-            tracing::warn!(requested, failed, held, error = ?first_error.map(|e| e.to_string()), "some executor pod creates failed");
+            tracing::warn!(
+                requested,
+                failed,
+                held,
+                error = first_error.map(|e| e.to_string()),
+                "some executor pod creates failed"
+            );
             self.schedule.creates_went_through();
         } else {
             let delay = allocator.settings().batch_delay;
             let backoff = self.schedule.creates_all_failed(delay, now);
             let backoff_ms = backoff.as_millis();
-            tracing::warn!(requested, held, error = ?first_error.map(|e| e.to_string()), backoff_ms, "every executor pod create sent failed; backing off");
+            tracing::warn!(
+                requested,
+                held,
+                error = first_error.map(|e| e.to_string()),
+                backoff_ms,
+                "every executor pod create sent failed; backing off"
+            );
         }
         if let Some(wait) = retry_after {
             self.schedule.wait_at_least(wait, now);

@@ -374,7 +374,7 @@ impl ApplicationActor {
                 .filter(|p| !engine.builder.has_profile(*p))
                 .collect();
             if !added.is_empty() {
-                tracing::info!(profiles = ?added, "resource profile templates registered");
+                tracing::info!(profiles = %crate::allocator::listed(&added), "resource profile templates registered");
             }
             engine.builder = builder;
         }

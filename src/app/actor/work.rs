@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::parts::{ApplicationParts, Kubernetes};
 use crate::allocator::claims::owned_claim;
-use crate::allocator::{ExecutorId, ListedClaim};
+use crate::allocator::{ExecutorId, ListedClaim, listed};
 use crate::app::feed::{FULL_STATE_PAGE_SIZE, ListedPod};
 use crate::app::registration::Registration;
 use crate::k8s::{CreateError, ExecutorCreate, ExecutorPodClient, IdRecord, RegistrationStore};
@@ -377,7 +377,7 @@ async fn send_upkeep(
                     DeleteReason::Timeout
                 };
                 pods.metrics().pods_deleted(reason, u64::from(deleted));
-                tracing::info!(executors = ?list, only_pending, deleted, "executor pods deleted")
+                tracing::info!(executors = %listed(&list), only_pending, deleted, "executor pods deleted")
             }
             // Already logged with the API server's reason; the next round retries.
             Err(_) => {
@@ -393,7 +393,7 @@ async fn send_upkeep(
                 Ok(deleted) => {
                     pods.metrics()
                         .pods_deleted(DeleteReason::Finished, u64::from(deleted));
-                    tracing::info!(executors = ?ids, "finished executor pods deleted");
+                    tracing::info!(executors = %listed(&ids), "finished executor pods deleted");
                 }
                 Err(_) => finished_failed = ids,
             }

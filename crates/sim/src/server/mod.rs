@@ -21,7 +21,7 @@ use super::protobuf;
 use super::settings::{FaultSettings, SimSettings};
 use super::status::ApiError;
 use super::store::{Kind, Store};
-use super::table::{IncludeObject, pod_table, wants_table};
+use super::table::{IncludeObject, printed, table as printed_table, wants_table};
 
 mod discovery;
 mod reviews;
@@ -220,6 +220,11 @@ fn resolve(segs: &[&str]) -> Option<Target> {
             ns: String::new(),
             name: name.to_string(),
         }),
+        [plural, name] => Some(Target::Object {
+            kind: kind(plural).filter(|k| !k.namespaced())?,
+            ns: String::new(),
+            name: name.to_string(),
+        }),
         ["namespaces", ns, plural] => {
             let kind = kind(plural).filter(|k| k.namespaced())?;
             Some(Target::Collection {
@@ -356,16 +361,8 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let table = (matches!(
-        &target,
-        Target::Collection {
-            kind: Kind::Pod,
-            ..
-        } | Target::Object {
-            kind: Kind::Pod,
-            ..
-        }
-    ) && wants_table(accept))
+    let table = (matches!(&target, Target::Collection { kind, .. } | Target::Object { kind, .. } if printed(*kind))
+        && wants_table(accept))
     .then(|| IncludeObject::parse(q.get("includeObject").map(String::as_str)));
     // kubectl's `create namespace` and `create configmap` send protobuf; those two kinds
     // are decoded on create, every other protobuf body is refused as before.
@@ -431,7 +428,7 @@ async fn dispatch(sh: &Arc<Shared>, req: Request) -> Result<Response, ApiError> 
                 let meta = json!({"resourceVersion": sh.store.resource_version().to_string()});
                 Ok(value_response(
                     StatusCode::OK,
-                    &pod_table(&[&*stored.value], include, meta),
+                    &printed_table(kind, &[&*stored.value], include, meta),
                 ))
             }
             None => get(sh, kind, &ns, &name),
@@ -779,6 +776,7 @@ async fn admin(
                 "secrets": sh.store.count(Kind::Secret, None),
                 "resourcequotas": sh.store.count(Kind::ResourceQuota, None),
                 "namespaces": sh.store.count(Kind::Namespace, None),
+                "nodes": sh.store.count(Kind::Node, None),
             }),
         )),
         (Method::GET, ["requests"]) => {

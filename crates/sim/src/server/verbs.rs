@@ -11,7 +11,7 @@ use crate::objects::{self, PatchType, now_rfc3339};
 use crate::selector::{FieldSelector, LabelSelector, Selector};
 use crate::status::ApiError;
 use crate::store::{Deletion, Kind, Store, Stored};
-use crate::table::{IncludeObject, pod_table};
+use crate::table::{IncludeObject, table as printed_table};
 
 pub(super) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     let v: Value = serde_json::from_slice(body).or_else(|json_err| {
@@ -239,7 +239,7 @@ pub(super) fn list(
         let values: Vec<&Value> = items.iter().map(|s| &*s.value).collect();
         return Ok(value_response(
             StatusCode::OK,
-            &pod_table(&values, include, meta),
+            &printed_table(kind, &values, include, meta),
         ));
     }
     Ok(json_response(

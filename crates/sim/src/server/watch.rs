@@ -18,7 +18,7 @@ use super::{Query, Shared, flag, parse_u64};
 use crate::selector::Selector;
 use crate::status::ApiError;
 use crate::store::{Event, EventType, Kind};
-use crate::table::{IncludeObject, pod_table};
+use crate::table::{IncludeObject, table as printed_table};
 
 /// Renders one event for one watcher (as a one-row Table when `table` is set), or nothing
 /// when the watcher does not see it.
@@ -36,7 +36,7 @@ fn render(
         (Some(include), left) => {
             let value = left.as_ref().unwrap_or(&ev.object.value);
             let meta = json!({"resourceVersion": ev.rv.to_string()});
-            Bytes::from(pod_table(&[value], include, meta).to_string())
+            Bytes::from(printed_table(ev.kind, &[value], include, meta).to_string())
         }
         (None, None) => ev.object.json.clone(),
         (None, Some(left)) => Bytes::from(left.to_string()),
