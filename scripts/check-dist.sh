@@ -2,8 +2,8 @@
 # Checks what scripts/dist.sh built in DIR (default dist/): the checksums verify; every
 # artifact and its dependency list is there, at the one version; the image archive holds
 # spark-pod-allocator:V labelled V, running as non-root; the wheel installs in a fresh venv and
-# imports at V; the jar holds the plugin class and only relocated gRPC/protobuf; the packaged
-# chart lints and renders the image spark-pod-allocator:V.
+# imports at V; the jar (manifest version V) holds the plugin class and only relocated
+# gRPC/protobuf; the packaged chart lints and renders the image spark-pod-allocator:V.
 # Loading the jar in a Spark driver is clients/spark's ShadedJarIT (the Spark step of CI, on
 # the jar the same sources build); running the image is scripts/run-image.sh.
 #
@@ -31,7 +31,7 @@ for artifact in "$image" "$jar" "$wheel" "$sdist" "$chart"; do
     [ "$file" = "$sdist.deps.txt" ] && continue # the sdist's are the wheel's
     [ -s "$out/$file" ] || fail "missing or empty: $file"
     sums=$(cat "$out/SHA256SUMS")
-    case $'\n'"$sums" in
+    case $'\n'"$sums"$'\n' in
       *"  $file"$'\n'*) ;;
       *) fail "$file is not in SHA256SUMS" ;;
     esac
@@ -76,17 +76,14 @@ with zipfile.ZipFile(path) as jar:
     names = set(jar.namelist())
     plugin = "io/github/sparkpodallocator/spark/ServicePodsAllocator.class"
     assert plugin in names, f"no {plugin}"
-    properties = jar.read(
-        "META-INF/maven/io.github.sparkpodallocator/spark-pod-allocator-spark/pom.properties"
-    ).decode()
-    assert f"version={version}" in properties.splitlines(), properties
-    assert "Manifest-Version" in jar.read("META-INF/MANIFEST.MF").decode()
+    manifest = jar.read("META-INF/MANIFEST.MF").decode().splitlines()
+    assert f"Implementation-Version: {version}" in manifest, manifest
 # grpc-java and protobuf only relocated: they must never meet Spark's own copies.
 shaded = "io/github/sparkpodallocator/spark/shaded/"
 for prefix in ("io/grpc/", "com/google/protobuf/"):
     assert not any(n.startswith(prefix) for n in names), f"unrelocated {prefix} in the jar"
     assert any(n.startswith(shaded + prefix) for n in names), f"no relocated {prefix}"
-print(f"{len(names)} entries; {plugin}; pom.properties version={version}")
+print(f"{len(names)} entries; {plugin}; Implementation-Version: {version}")
 PY
 
 echo "--- Python wheel in a fresh venv, sdist metadata"

@@ -71,7 +71,7 @@ cp -r clients/python/pyproject.toml clients/python/README.md clients/python/spar
 cp LICENSE "$work/python/"
 python3 -m venv "$work/build-venv"
 "$work/build-venv/bin/pip" install --quiet --disable-pip-version-check build
-"$work/build-venv/bin/python" -m build --outdir "$work/python-dist" "$work/python" >"$work/python-build.log" \
+"$work/build-venv/bin/python" -m build --outdir "$work/python-dist" "$work/python" >"$work/python-build.log" 2>&1 \
   || { cat "$work/python-build.log" >&2; exit 1; }
 cp "$work"/python-dist/*.whl "$work"/python-dist/*.tar.gz "$out/"
 for wheel in "$out"/*.whl; do
