@@ -178,15 +178,18 @@ impl Forwarder {
         }
     }
 
-    /// The route of a Start for `namespace`: its shard's owner. A shard nobody reachable
-    /// owns (or not known yet) is answered here: the fence waits for its keeper's first
-    /// turn, then says why, UNAVAILABLE.
-    pub fn route_namespace(&self, namespace: &str, metadata: &MetadataMap) -> Route {
+    /// The route of a Start for `namespace`: its shard's owner. Waits (at most
+    /// [`FIRST_TURN_WAIT`]) for shard keepers that have not finished a first turn, so that a
+    /// replica just started forwards a Start its peer owns rather than refusing it. A shard
+    /// nobody reachable owns is answered here: the fence says why, UNAVAILABLE.
+    pub async fn route_namespace(&self, namespace: &str, metadata: &MetadataMap) -> Route {
         let Some(inner) = self.inner.as_ref().filter(|_| !is_forwarded(metadata)) else {
             return Route::Here;
         };
-        let shard = inner.ownerships.shard_of(namespace);
-        match inner.ownerships.owner(shard) {
+        let ownerships = &inner.ownerships;
+        ownerships.settled(FIRST_TURN_WAIT).await;
+        let shard = ownerships.shard_of(namespace);
+        match ownerships.owner_now(shard, LEASE_RETRY_WAIT).await {
             ShardOwner::Peer(peer) => Route::Peers {
                 peers: vec![peer],
                 unowned: None,

@@ -600,7 +600,7 @@ impl ExecutorAllocator for AllocatorService {
             }
             // The namespace's shard owner parses the templates and starts it.
             if let Route::Peers { peers, unowned } =
-                self.forwarder.route_namespace(namespace, &metadata)
+                self.forwarder.route_namespace(namespace, &metadata).await
             {
                 let forward = forward::Forward {
                     method: "Start",
