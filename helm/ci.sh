@@ -245,7 +245,7 @@ expect_refusal "must not exceed its interval" --set metrics.enabled=true --set '
 expect_refusal maxExecutors --set 'budgets.items[0].namespace=spark' --set 'budgets.items[0].maxExecutors=0' --set 'allowedNamespaces={spark}'
 expect_refusal oneOf --set 'budgets.items[0].namespace=spark' --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
 expect_refusal "missing property 'namespaces'" --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
-expect_refusal "weight: minimum" --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].namespaces[0].namespace=spark' \
+expect_refusal "weight': minimum: got 0, want 1" --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].namespaces[0].namespace=spark' \
   --set 'budgets.items[0].namespaces[0].weight=0' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
 expect_refusal reloadIntervalMs --set budgets.reloadIntervalMs=10 --set 'allowedNamespaces={spark}'
 expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}' --set 'allowedNamespaces={spark}'
