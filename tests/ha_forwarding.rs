@@ -120,6 +120,21 @@ async fn replica(
     (service, metrics)
 }
 
+/// replica-a holding the shard, then replica-b beside it (forwarding to replica-a), and
+/// replica-b's metrics.
+async fn holder_and_forwarder(
+    sim: &SimCluster,
+    clock: &ManualClock,
+) -> (Service, Service, Metrics) {
+    let (a, _) = replica(sim, clock, "replica-a", None).await;
+    until("replica-a holds the shard", || async {
+        holder(sim).await.as_deref() == Some("replica-a")
+    })
+    .await;
+    let (b, b_metrics) = replica(sim, clock, "replica-b", None).await;
+    (a, b, b_metrics)
+}
+
 async fn client_of(service: &Service) -> ExecutorAllocatorClient<Channel> {
     test_kit::grpc::connect(service.address()).await.1
 }
@@ -153,12 +168,7 @@ async fn every_call_through_the_replica_without_the_shard_is_answered_by_its_hol
         .await
         .expect("simulated cluster");
     let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-    let (a, _) = replica(&sim, &clock, "replica-a", None).await;
-    until("replica-a holds the shard", || async {
-        holder(&sim).await.as_deref() == Some("replica-a")
-    })
-    .await;
-    let (b, b_metrics) = replica(&sim, &clock, "replica-b", None).await;
+    let (a, b, b_metrics) = holder_and_forwarder(&sim, &clock).await;
     let mut via_b = client_of(&b).await;
 
     let started = via_b
@@ -335,12 +345,7 @@ async fn one_tenants_streams_through_a_replica_never_delay_another_tenants_calls
         .await
         .expect("simulated cluster");
     let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-    let (a, _) = replica(&sim, &clock, "replica-a", None).await;
-    until("replica-a holds the shard", || async {
-        holder(&sim).await.as_deref() == Some("replica-a")
-    })
-    .await;
-    let (b, _) = replica(&sim, &clock, "replica-b", None).await;
+    let (a, b, _) = holder_and_forwarder(&sim, &clock).await;
     let mut bob = client_of(&b).await;
     let started = bob
         .start(as_caller("bob-token", start_request("app-bob", NS_B)))
