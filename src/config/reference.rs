@@ -6,9 +6,40 @@ use serde_json::Value;
 
 use super::{ENV_PREFIX, ENV_SEPARATOR, Settings};
 
-/// The JSON Schema of the configuration file.
+/// The JSON Schema of the configuration file, as draft-07 (the draft of the chart's
+/// values.schema.json, which holds it as its `config`).
 pub fn schema() -> Value {
-    serde_json::to_value(schemars::schema_for!(Settings)).unwrap_or_default()
+    let generator = schemars::generate::SchemaSettings::draft07().into_generator();
+    serde_json::to_value(generator.into_root_schema_for::<Settings>()).unwrap_or_default()
+}
+
+/// Where the types' definitions are in [`schema`] and in the chart's schema.
+const DEFINITIONS: &str = "definitions";
+
+/// The chart's `values.schema.json` (`current`) with the configuration's types as its
+/// root `definitions`, the last member of the file: `config` refers to `Settings`, so the
+/// chart checks the block it passes through as the service would (keys and types; the
+/// service's rules on values are checked when it starts). `None` when `current` has no
+/// root `definitions` last.
+pub fn chart_values_schema(current: &str) -> Option<String> {
+    let marker = format!("\n  \"{DEFINITIONS}\": ");
+    let start = current.rfind(&marker)?;
+    let mut root = schema();
+    let mut definitions = root.get(DEFINITIONS).cloned()?;
+    if let Some(settings) = root.as_object_mut() {
+        for field in ["$schema", DEFINITIONS, "title"] {
+            settings.remove(field);
+        }
+    }
+    definitions
+        .as_object_mut()?
+        .insert("Settings".to_string(), root);
+    let text = serde_json::to_string_pretty(&definitions).ok()?;
+    Some(format!(
+        "{}{marker}{}\n}}\n",
+        &current[..start],
+        text.replace('\n', "\n  ")
+    ))
 }
 
 /// One key of the configuration, as the file spells it.
@@ -41,18 +72,23 @@ struct Walk<'a> {
 impl Walk<'_> {
     /// `node` with a `$ref` replaced by its definition (other fields of `node` kept).
     fn resolve(&self, node: &Value) -> Value {
-        let Some(reference) = node.get("$ref").and_then(Value::as_str) else {
+        // Draft 7 ignores a `$ref`'s siblings, so a described reference is `allOf: [$ref]`.
+        let reference = node.get("$ref").or_else(|| match node.get("allOf") {
+            Some(Value::Array(one)) if one.len() == 1 => one[0].get("$ref"),
+            _ => None,
+        });
+        let Some(reference) = reference.and_then(Value::as_str) else {
             return node.clone();
         };
-        let name = reference.trim_start_matches("#/$defs/");
+        let name = reference.trim_start_matches(&format!("#/{DEFINITIONS}/"));
         let mut resolved = self
             .schema
-            .pointer(&format!("/$defs/{name}"))
+            .pointer(&format!("/{DEFINITIONS}/{name}"))
             .cloned()
             .unwrap_or(Value::Null);
         if let (Some(target), Some(own)) = (resolved.as_object_mut(), node.as_object()) {
             for (field, value) in own {
-                if field != "$ref" {
+                if field != "$ref" && field != "allOf" {
                     target.insert(field.clone(), value.clone());
                 }
             }
@@ -245,6 +281,9 @@ pub fn markdown() -> String {
          for `kubernetes.qps` (lists in the environment are comma-separated: \
          `allowed_namespaces`, `auth.audiences`, `auth.admin_groups`). An unknown key or a \
          value that breaks a rule stops start-up with a message naming the key.\n\n\
+         The Helm chart passes its `config` value through as this file, so every key below \
+         is set there under `config:` with the same name (see \
+         [the chart's README](../helm/spark-pod-allocator/README.md)).\n\n\
          Durations are in milliseconds (keys ending in `_ms`). \"unset\" means the key has no \
          value unless given one; the description says what then holds.\n",
     );
@@ -323,6 +362,19 @@ mod tests {
     #[test]
     fn the_configuration_reference_is_generated_from_the_types() {
         check_generated("docs/configuration.md", &markdown());
+    }
+
+    #[test]
+    fn the_chart_schema_holds_the_configuration_types() {
+        let relative = "helm/spark-pod-allocator/values.schema.json";
+        let current = std::fs::read_to_string(repository_file(relative)).expect("the chart schema");
+        let generated = chart_values_schema(&current).expect("root definitions, last");
+        let parsed: Value = serde_json::from_str(&generated).expect("JSON");
+        assert_eq!(
+            parsed.pointer("/properties/config/$ref"),
+            Some(&Value::from("#/definitions/Settings"))
+        );
+        check_generated(relative, &generated);
     }
 
     #[test]
