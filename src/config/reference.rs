@@ -52,6 +52,8 @@ pub struct Key {
     pub schema: Value,
     /// Its default, `None` when the key is unset by default.
     pub default: Option<Value>,
+    /// Whether a table that has the key must give it (elements of lists of tables).
+    pub required: bool,
     /// Whether it is a section (a table of keys of its own).
     pub section: bool,
 }
@@ -102,6 +104,9 @@ impl Walk<'_> {
         let Some(properties) = node.get("properties").and_then(Value::as_object) else {
             return;
         };
+        let required: Vec<&str> = (node.get("required").and_then(Value::as_array))
+            .map(|names| names.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
         let mut leaves = Vec::new();
         let mut sections = Vec::new();
         for (name, property) in properties {
@@ -119,6 +124,7 @@ impl Walk<'_> {
                     path: path.clone(),
                     schema: property.clone(),
                     default,
+                    required: required.contains(&name.as_str()),
                     section: false,
                 });
                 sections.push((format!("{path}[]"), item, None));
@@ -127,6 +133,7 @@ impl Walk<'_> {
                     path,
                     schema: property,
                     default,
+                    required: required.contains(&name.as_str()),
                     section: false,
                 });
             }
@@ -137,6 +144,7 @@ impl Walk<'_> {
                 path: path.clone(),
                 schema: property.clone(),
                 default: default.clone(),
+                required: false,
                 section: true,
             });
             self.object(&format!("{path}."), &property, default.as_ref(), keys);
@@ -219,6 +227,7 @@ fn plain(value: &Value) -> String {
 /// A default for a table cell.
 fn default_cell(key: &Key) -> String {
     match &key.default {
+        None if key.required => "required".to_string(),
         None => "unset".to_string(),
         Some(Value::String(text)) if text.is_empty() => "`\"\"`".to_string(),
         Some(Value::Array(items)) if items.is_empty() => "`[]`".to_string(),
@@ -239,7 +248,10 @@ fn description(schema: &Value) -> String {
         }
         out.push_str(&paragraph.split('\n').collect::<Vec<_>>().join(" "));
     }
-    // Intra-doc links name Rust items: keep their text.
+    // Intra-doc links name Rust items: a pointer to one is for the code's readers; the
+    // text of any other is kept.
+    let out = drop_between(&out, " See [`", "`].");
+    let out = drop_between(&out, " (see [`", "`])");
     let mut readable = String::with_capacity(out.len());
     let mut rest = out.as_str();
     while let Some(start) = rest.find("[`") {
@@ -252,6 +264,21 @@ fn description(schema: &Value) -> String {
     }
     readable.push_str(rest);
     readable.replace('|', "\\|")
+}
+
+/// `text` without each run from `start` to the first `end` after it (both included).
+fn drop_between(text: &str, start: &str, end: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(start) {
+        let Some(length) = rest[at..].find(end) else {
+            break;
+        };
+        out.push_str(&rest[..at]);
+        rest = &rest[at + length + end.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The environment variable of a key (none inside lists).
@@ -385,6 +412,12 @@ mod tests {
             assert!(
                 reference.contains(&format!("`{}`", key.path)),
                 "{} is not in the reference",
+                key.path
+            );
+            let described = key.schema.get("description").and_then(Value::as_str);
+            assert!(
+                described.is_some_and(|text| !text.trim().is_empty()),
+                "{} has no doc comment to say what it does",
                 key.path
             );
         }

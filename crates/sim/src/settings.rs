@@ -45,11 +45,14 @@ pub struct AccessSettings {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimToken {
+    /// The bearer token a caller sends.
     pub token: String,
     /// User name, e.g. `system:serviceaccount:team-a:spark`.
     pub username: String,
+    /// The user's UID in TokenReview's answer.
     #[serde(default)]
     pub uid: String,
+    /// The user's groups in TokenReview's answer.
     #[serde(default)]
     pub groups: Vec<String>,
     /// Audiences the token was issued for; empty = the API server's (`api_audience`).
