@@ -108,9 +108,9 @@ render cert-manager --set 'allowedNamespaces={spark}' --set tls.certManager.enab
 # Every safe default turned off: plaintext, no separate health listener, no NetworkPolicy.
 render one-replica --set 'allowedNamespaces={spark}' --set replicaCount=1
 render opted-out --set 'allowedNamespaces={spark}' --set tls.enabled=false --set health.port=null \
-  --set networkPolicy.enabled=false --set-json 'auth.audiences=[]'
-render no-auth --set 'allowedNamespaces={spark}' --set auth.mode=none \
-  --set auth.allowUnauthenticatedRemote=true
+  --set networkPolicy.enabled=false --set-json 'config.auth.audiences=[]'
+render no-auth --set 'allowedNamespaces={spark}' --set config.auth.mode=none \
+  --set config.auth.allow_unauthenticated_remote=true
 render external-account --set serviceAccount.create=false --set serviceAccount.name=existing \
   --set rbac.create=false --set replicaCount=0 --set 'allowedNamespaces={spark}'
 # Metrics with the default NetworkPolicy and no scraper named: the metrics port is open to
@@ -198,20 +198,25 @@ expect_refusal() {
       ;;
   esac
 }
-expect_refusal batchSize --set allocation.batchSize=-5
-expect_refusal batchDelayMs --set allocation.batchDelayMs=100
-expect_refusal maxPendingPods --set allocation.maxPendingPods=0
+# The configuration block is checked against the service's types (values.schema.json's
+# generated definitions): unknown keys, the chart's former names among them, and wrong types.
+expect_refusal batch_size --set config.allocation.batch_size=-5
+expect_refusal batchSize --set config.allocation.batchSize=5 --set 'allowedNamespaces={spark}'
+expect_refusal allocation --set allocation.batchSize=5 --set 'allowedNamespaces={spark}'
+expect_refusal max_executors --set-json 'config.budgets=[{"namespace":"spark","max_executors":"many"}]' --set 'allowedNamespaces={spark}'
+expect_refusal maxExecutors --set-json 'config.budgets=[{"namespace":"spark","maxExecutors":5}]' --set 'allowedNamespaces={spark}'
+expect_refusal "config.listen is set by the chart from service.port" --set config.listen=0.0.0.0:1 --set 'allowedNamespaces={spark}'
+expect_refusal "config.tls.cert_file is set by the chart" --set config.tls.cert_file=/x --set 'allowedNamespaces={spark}'
 expect_refusal replicaCount --set replicaCount=16
 expect_refusal "minAvailable must be below replicaCount" --set replicaCount=2 --set podDisruptionBudget.minAvailable=2 \
   --set 'allowedNamespaces={spark}'
-expect_refusal requestAttempts --set kubernetes.requestAttempts=9
+expect_refusal in_cluster --set-json 'config.kubernetes.in_cluster=[1]' --set 'allowedNamespaces={spark}'
 expect_refusal pullPolicy --set image.pullPolicy=Sometimes
 expect_refusal allowedNamespaces --set 'allowedNamespaces={Bad_NS}'
 expect_refusal imagePullSecrets --set imagePullSecrets=regcred
 expect_refusal replicas --set replicas=3
 expect_refusal podAnnotation --set podAnnotation.a=b
-expect_refusal batch_size --set allocation.batch_size=5
-expect_refusal format --set log.format=xml
+expect_refusal format --set-json 'config.log.format=7' --set 'allowedNamespaces={spark}'
 expect_refusal serviceAccount.name --set serviceAccount.create=false --set 'allowedNamespaces={spark}'
 # The first message a user meets (the defaults set no namespace) says what to set, from the
 # schema (so `helm lint` refuses too) and from the template without it.
@@ -219,15 +224,14 @@ expect_refusal "allowedNamespaces is empty: set allowedNamespaces to the namespa
   --set rbac.clusterWide=false
 expect_refusal "allowedNamespaces is empty: set allowedNamespaces to the namespaces of your Spark drivers" \
   --skip-schema-validation
-expect_refusal mode --set auth.mode=ldap --set 'allowedNamespaces={spark}'
-expect_refusal allowUnauthenticatedRemote --set auth.mode=none --set 'allowedNamespaces={spark}'
+expect_refusal allow_unauthenticated_remote --set config.auth.mode=none --set 'allowedNamespaces={spark}'
 expect_refusal issuerRef --set tls.certManager.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal cidrs --set 'networkPolicy.apiServer.cidrs={10.0.0.1}' --set 'allowedNamespaces={spark}'
 expect_refusal ports --set 'networkPolicy.apiServer.ports={}' --set 'allowedNamespaces={spark}'
 expect_refusal health --set health.port=70000 --set 'allowedNamespaces={spark}'
 expect_refusal "health.port must differ" --set health.port=50051 --set 'allowedNamespaces={spark}'
 expect_refusal keySecretName --set registrations.keySecretName=Bad_Name --set 'allowedNamespaces={spark}'
-expect_refusal reviewTimeoutMs --set auth.reviewTimeoutMs=5 --set 'allowedNamespaces={spark}'
+expect_refusal review_timeout_ms --set config.auth.review_timeout_ms=soon --set 'allowedNamespaces={spark}'
 expect_refusal "needs metrics.enabled" --set metrics.serviceMonitor.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal "needs metrics.enabled" --set metrics.dashboard.enabled=true --set 'allowedNamespaces={spark}'
 expect_refusal "scrapes the pod twice" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
@@ -235,19 +239,13 @@ expect_refusal "scrapes the pod twice" --set metrics.enabled=true --set 'allowed
 expect_refusal "metrics.port must differ" --set metrics.enabled=true --set metrics.port=50051 --set 'allowedNamespaces={spark}' \
   "${scraper[@]}"
 expect_refusal "set metrics.networkPolicy.scraperNamespaceSelector or scraperPodSelector to say who may scrape them" \
-  --set metrics.enabled=true --set metrics.applicationLabels=true --set 'allowedNamespaces={spark-a}'
+  --set metrics.enabled=true --set config.metrics.application_labels=true --set 'allowedNamespaces={spark-a}'
 expect_refusal "POD_NAME is set by the chart" --set 'allowedNamespaces={spark}' \
   --set-json 'extraEnv=[{"name":"POD_NAME","value":"x"}]'
 expect_refusal interval --set metrics.podMonitor.interval=30 --set 'allowedNamespaces={spark}'
 expect_refusal "must not exceed its interval" --set metrics.enabled=true --set 'allowedNamespaces={spark}' \
   --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.interval=1m \
   --set metrics.serviceMonitor.scrapeTimeout=1m30s "${scraper[@]}"
-expect_refusal maxExecutors --set 'budgets.items[0].namespace=spark' --set 'budgets.items[0].maxExecutors=0' --set 'allowedNamespaces={spark}'
-expect_refusal oneOf --set 'budgets.items[0].namespace=spark' --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
-expect_refusal "missing property 'namespaces'" --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
-expect_refusal "weight': minimum: got 0, want 1" --set 'budgets.items[0].queue=gold' --set 'budgets.items[0].namespaces[0].namespace=spark' \
-  --set 'budgets.items[0].namespaces[0].weight=0' --set 'budgets.items[0].maxExecutors=5' --set 'allowedNamespaces={spark}'
-expect_refusal reloadIntervalMs --set budgets.reloadIntervalMs=10 --set 'allowedNamespaces={spark}'
 expect_refusal disabledAlerts --set 'metrics.prometheusRule.disabledAlerts={NoSuchAlert}' --set 'allowedNamespaces={spark}'
 # `helm lint` neuters a template's `fail`: what only a template refuses passes lint. These
 # refusals are the schema's, so lint refuses them too, with the same sentence.
@@ -270,7 +268,7 @@ expect_lint_refusal() {
   esac
 }
 expect_lint_refusal "set allowedNamespaces to the namespaces of your Spark drivers"
-expect_lint_refusal "to say who may scrape them" --set metrics.enabled=true --set metrics.applicationLabels=true \
+expect_lint_refusal "to say who may scrape them" --set metrics.enabled=true --set config.metrics.application_labels=true \
   --set 'allowedNamespaces={spark}'
 if [ "$refused" -ne 0 ]; then
   echo "the chart accepted or misreported values it must refuse (see above)" >&2

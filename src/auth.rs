@@ -39,8 +39,10 @@ const KNOWN_TOKEN_MEMORY: Duration = Duration::from_secs(3600);
 const FAILED_AUTHENTICATION_MEMORY: Duration = Duration::from_secs(60);
 
 /// How callers are identified (`auth.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum AuthMode {
     /// Nobody is authenticated: for local use and the demo, on a loopback address only
     /// unless `auth.allow_unauthenticated_remote` says otherwise.
@@ -73,7 +75,7 @@ impl TryFrom<String> for AuthMode {
 }
 
 /// The `auth` section of the configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
     pub mode: AuthMode,

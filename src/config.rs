@@ -6,9 +6,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::k8s::{InCluster, KubernetesSettings};
+
+pub mod reference;
 
 use crate::allocator::AllocationSettings;
 
@@ -37,7 +39,7 @@ pub enum ConfigError {
 }
 
 /// The whole service configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// gRPC listen address. Default `127.0.0.1:50051` (loopback, so an unconfigured
@@ -106,7 +108,7 @@ pub struct Settings {
 }
 
 /// The Prometheus endpoint.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsSettings {
     /// Address of `GET /metrics`, apart from the gRPC port, e.g. `0.0.0.0:9090` in a
@@ -123,7 +125,7 @@ pub struct MetricsSettings {
 
 /// The gRPC health port for probes (kubelet `grpc` probes, which speak plaintext and open
 /// a new connection each time).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthSettings {
     /// Address where `grpc.health.v1.Health` alone is also answered, in plaintext, with
@@ -165,7 +167,7 @@ fn socket_address<'de, D: serde::Deserializer<'de>>(
 }
 
 /// Logging.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     pub format: LogFormat,
@@ -174,8 +176,10 @@ pub struct LogSettings {
 }
 
 /// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(try_from = "String")]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum LogFormat {
     #[default]
     Text,

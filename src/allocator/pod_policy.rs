@@ -65,7 +65,7 @@ use serde::Deserialize;
 
 /// Rules every template is checked against; Pod Security `baseline` and the service's own
 /// rules unless configured otherwise (`pod_policy` in the configuration).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PodPolicy {
     /// `false` accepts every template as given (a cluster whose admission control does the
@@ -118,11 +118,17 @@ pub struct PodPolicy {
 pub const DEFAULT_MAX_CLAIM_SIZE: &str = "1Ti";
 
 /// A storage size as configured (a Kubernetes quantity such as `500Gi`), with its bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(try_from = "String", into = "String")]
 pub struct ClaimSize {
     pub text: String,
     pub bytes: u128,
+}
+
+impl From<ClaimSize> for String {
+    fn from(size: ClaimSize) -> String {
+        size.text
+    }
 }
 
 impl TryFrom<String> for ClaimSize {
@@ -143,8 +149,10 @@ impl TryFrom<String> for ClaimSize {
 pub const DEFAULT_SCHEDULER_NAMES: &[&str] = &["default-scheduler", "volcano", "yunikorn"];
 
 /// A Pod Security Standards profile (`privileged` is `enforce = false`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum PodSecurityLevel {
     #[default]
     Baseline,

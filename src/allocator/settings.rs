@@ -22,19 +22,22 @@ use super::state::{DEFAULT_EXECUTOR_CONTAINER, StateRules};
 /// Unknown keys are refused, so a typo in the configuration file stops start-up (a stored
 /// registration leaves a newer version's settings out before it is read, see
 /// `app::registration`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AllocationSettings {
     /// spark.kubernetes.allocation.batch.size (default 10; > 0).
     pub batch_size: u32,
     /// spark.kubernetes.allocation.batch.delay (default 1 s; > 100 ms).
     #[serde(rename = "batch_delay_ms", with = "millis")]
+    #[schemars(with = "u64")]
     pub batch_delay: Duration,
     /// spark.kubernetes.allocation.executor.timeout (default 600 s; ≥ 5 × batch delay).
     #[serde(rename = "executor_timeout_ms", with = "millis")]
+    #[schemars(with = "u64")]
     pub executor_timeout: Duration,
     /// spark.dynamicAllocation.executorIdleTimeout (default 60 s).
     #[serde(rename = "executor_idle_timeout_ms", with = "millis")]
+    #[schemars(with = "u64")]
     pub executor_idle_timeout: Duration,
     /// spark.kubernetes.allocation.maxPendingPods (default unlimited).
     pub max_pending_pods: Option<u32>,
@@ -67,6 +70,7 @@ pub struct AllocationSettings {
     /// image or its configuration, or unschedulable) before it is acted on (default
     /// 2 min; > 0). See [`super::stuck`].
     #[serde(rename = "stuck_pending_timeout_ms", with = "millis")]
+    #[schemars(with = "u64")]
     pub stuck_pending_timeout: Duration,
     /// spark.kubernetes.driver.ownPersistentVolumeClaim (default true, as Spark >= 3.4):
     /// executor claims are owned by the driver pod (when there is one), else by their pod.
@@ -89,7 +93,17 @@ pub struct AllocationSettings {
 }
 
 /// How many executors one round may request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum AllocationPolicy {
     /// Spark's allocator exactly: `batch_size` per profile per round, none while one of the

@@ -36,7 +36,7 @@ use crate::metrics::Metrics;
 pub const WEIGHT_ANNOTATION: &str = "spark-pod-allocator/budget-weight";
 
 /// One budget as the configuration gives it (`budgets[i]`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetEntry {
     /// Its name in GetStatus, logs and metrics (default `namespace/NS` or `queue/Q`).
@@ -66,7 +66,7 @@ pub struct BudgetEntry {
 }
 
 /// A namespace of a queue: its name, or its name and weight.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum QueueNamespace {
     Name(String),
@@ -74,7 +74,7 @@ pub enum QueueNamespace {
 }
 
 /// A namespace of a queue with its weight against the queue's other namespaces.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WeightedNamespace {
     pub namespace: String,
@@ -96,11 +96,11 @@ impl QueueNamespace {
 }
 
 /// A Kubernetes quantity, written as a string or a number.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(from = "QuantityText")]
 pub struct Quantity(pub String);
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 enum QuantityText {
     Text(String),

@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 /// Bounds on the work one request can cause (`limits` in the configuration), so that no
 /// request can stall the service or hold memory without bound.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RequestLimits {
     /// Longest pod template, in bytes (default 256 KiB).

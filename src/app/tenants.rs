@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 /// instead (`tenants.watch_stream_buffer_bytes`).
 pub const STREAM_BUFFER_BYTES: usize = 256 * 1024;
 /// The limits; the defaults hold a busy shared service (see each).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenantLimits {
     /// Applications one identity may run at once (default 100). An identity is usually

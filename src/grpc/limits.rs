@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// The server's limits; every one has a default that holds a busy service's clients.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerLimits {
     /// Largest request message, in bytes (default 4 MiB, gRPC's usual default); a larger

@@ -20,7 +20,7 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::server::TlsStream;
 
 /// The `tls` section of the configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsSettings {
     /// PEM certificate chain of the gRPC port; with `key_file`, turns TLS on.

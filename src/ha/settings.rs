@@ -9,7 +9,7 @@ use super::shards::ShardMap;
 
 /// The `ha` section. Every replica of one installation must have the same `shards` and
 /// `lease_namespace`; each its own `identity`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HaSettings {
     /// The holder name this replica writes into the Leases. Unset: `POD_NAME` (the chart

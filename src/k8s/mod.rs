@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 
 /// How the service reaches Kubernetes (the configuration's `kubernetes` section).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct KubernetesSettings {
     /// Kubeconfig file; unset = `KUBECONFIG` / `~/.kube/config` or in-cluster.
@@ -56,7 +56,8 @@ pub struct KubernetesSettings {
 
 /// Whether to use the in-cluster service account: `auto`, `true` or `false`, given as a
 /// string or as a boolean (TOML and YAML `true`, and the environment, give booleans).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum InCluster {
     #[default]
     Auto,
@@ -91,6 +92,15 @@ impl<'de> Deserialize<'de> for InCluster {
             }
         }
         deserializer.deserialize_any(Choice)
+    }
+}
+
+impl schemars::JsonSchema for InCluster {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "InCluster".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": ["string", "boolean"] })
     }
 }
 

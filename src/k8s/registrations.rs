@@ -66,7 +66,7 @@ pub const KEY_LEN: usize = 32;
 const PAGE_SIZE: u32 = 100;
 
 /// Where registrations are kept (the configuration's `registrations` section).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RegistrationSettings {
     /// The service's own namespace, which holds the registrations and the key Secret.

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Everything that shapes one simulated cluster.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SimSettings {
     /// Address the API server listens on; port 0 picks a free port.
@@ -29,7 +29,7 @@ pub struct SimSettings {
 
 /// What the simulated TokenReview and SubjectAccessReview answer: tokens standing for
 /// users, and what users and groups may do. Nothing is granted by default.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Default)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Default, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AccessSettings {
     /// Tokens TokenReview accepts; any other is `authenticated: false`.
@@ -42,14 +42,17 @@ pub struct AccessSettings {
 }
 
 /// One bearer token and the user it authenticates.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimToken {
+    /// The bearer token a caller sends.
     pub token: String,
     /// User name, e.g. `system:serviceaccount:team-a:spark`.
     pub username: String,
+    /// The user's UID in TokenReview's answer.
     #[serde(default)]
     pub uid: String,
+    /// The user's groups in TokenReview's answer.
     #[serde(default)]
     pub groups: Vec<String>,
     /// Audiences the token was issued for; empty = the API server's (`api_audience`).
@@ -58,7 +61,7 @@ pub struct SimToken {
 }
 
 /// Verbs on resources in namespaces, granted to users or groups.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimGrant {
     /// User names this applies to.
@@ -96,7 +99,9 @@ impl Default for SimSettings {
 }
 
 /// Whether the simulated nodes act on pods by themselves.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(
+    Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase", try_from = "String")]
 pub enum KubeletMode {
     /// A scheduler binds pods and kubelets start, fail, finish and remove them.
@@ -119,7 +124,9 @@ impl TryFrom<String> for KubeletMode {
 }
 
 /// How a simulated kubelet runs a pod's containers.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(
+    Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase", try_from = "String")]
 pub enum KubeletRuntime {
     /// Nothing runs: containers go Running after the start delay and exit only as the
@@ -144,7 +151,7 @@ impl TryFrom<String> for KubeletRuntime {
 
 /// What runs for containers of one image under the process runtime: the image's
 /// entrypoint as a local command, and the image's own environment.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessImage {
     /// The image name exactly as in the pod spec (`spark:4.0.1`), or `*` for every image
@@ -161,7 +168,7 @@ pub struct ProcessImage {
 
 /// One environment variable of a [`ProcessImage`] (a list, not a map, so names keep
 /// their case whatever the configuration loader does with keys).
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImageEnv {
     /// Variable name.
@@ -171,7 +178,7 @@ pub struct ImageEnv {
 }
 
 /// Behaviour of the scheduler, the kubelets and the garbage collector.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct KubeletSettings {
     /// `auto` or `manual`.
@@ -234,7 +241,7 @@ impl Default for KubeletSettings {
 }
 
 /// Faults injected into the API server; all off by default.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Default)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Default, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultSettings {
     /// Added to every API request before it is served, in milliseconds.

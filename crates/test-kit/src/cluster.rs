@@ -398,7 +398,7 @@ impl ChartRbac {
             .arg(chart())
             .args(["--namespace", RELEASE_NAMESPACE])
             .args(["--set", "rbac.clusterWide=true"])
-            .args(["--set", "ha.shards=2"])
+            .args(["--set", "config.ha.shards=2"])
             .output()
             .expect("helm runs");
         assert!(

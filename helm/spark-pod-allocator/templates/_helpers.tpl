@@ -43,148 +43,68 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{- /* The configuration file the service reads (its own snake_case keys), with extraConfig merged over it. */ -}}
+{{- /* The configuration file the service reads: `config` as given, over what the chart sets
+  from its own values (the keys of spa.chartConfigKeys, which `config` may not set). */ -}}
 {{- define "spa.config" -}}
-{{- $a := .Values.allocation -}}
-{{- $k := .Values.kubernetes -}}
-{{- $allocation := dict
-  "batch_size" $a.batchSize
-  "batch_delay_ms" $a.batchDelayMs
-  "executor_timeout_ms" $a.executorTimeoutMs
-  "executor_idle_timeout_ms" $a.executorIdleTimeoutMs
-  "delete_on_termination" $a.deleteOnTermination
-  "executor_container_name" $a.executorContainerName
-  "check_all_containers" $a.checkAllContainers
-  "policy" $a.policy
-  "stuck_pending_timeout_ms" $a.stuckPendingTimeoutMs
-  "driver_owns_claims" $a.driverOwnsClaims
-  "reuse_claims" $a.reuseClaims
-  "wait_to_reuse_claims" $a.waitToReuseClaims
--}}
-{{- if not (kindIs "invalid" $a.maxPendingPods) }}{{ $_ := set $allocation "max_pending_pods" $a.maxPendingPods }}{{ end -}}
-{{- if not (kindIs "invalid" $a.maxPendingPodsPerProfile) }}{{ $_ := set $allocation "max_pending_pods_per_profile" $a.maxPendingPodsPerProfile }}{{ end -}}
-{{- if not (kindIs "invalid" $a.maxExecutors) }}{{ $_ := set $allocation "max_executors" $a.maxExecutors }}{{ end -}}
-{{- if not (kindIs "invalid" $a.maxClaims) }}{{ $_ := set $allocation "max_claims" $a.maxClaims }}{{ end -}}
 {{- $config := dict
   "listen" (printf "0.0.0.0:%d" (int .Values.service.port))
-  "resync_interval_ms" .Values.resyncIntervalMs
-  "resync_pods_per_second" .Values.resyncPodsPerSecond
-  "driver_end_grace_ms" .Values.driverEndGraceMs
   "allowed_namespaces" .Values.allowedNamespaces
-  "kubernetes" (dict
-    "qps" $k.qps
-    "burst" $k.burst
-    "create_concurrency" $k.createConcurrency
-    "request_timeout_ms" $k.requestTimeoutMs
-    "request_attempts" $k.requestAttempts)
-  "allocation" $allocation
-  "log" (dict "format" .Values.log.format "filter" .Values.log.filter)
-  "auth" (include "spa.authConfig" . | fromYaml)
--}}
+  "registrations" (dict
+    "namespace" .Release.Namespace
+    "key_secret" (include "spa.registrationKeySecretName" .))
+  "ha" (dict "lease_namespace" .Release.Namespace) -}}
 {{- if .Values.metrics.enabled }}
-{{- $_ := set $config "metrics" (dict
-  "listen" (printf "0.0.0.0:%d" (int .Values.metrics.port))
-  "application_labels" .Values.metrics.applicationLabels) -}}
+{{- $_ := set $config "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .Values.metrics.port))) -}}
 {{- end }}
 {{- if not (kindIs "invalid" .Values.health.port) }}
 {{- $_ := set $config "health" (dict "listen" (printf "0.0.0.0:%d" (int .Values.health.port))) -}}
 {{- end }}
-{{- $_ := set $config "registrations" (dict
-  "namespace" .Release.Namespace
-  "key_secret" (include "spa.registrationKeySecretName" .)) -}}
-{{- $h := .Values.ha -}}
-{{- $ha := dict
-  "lease_namespace" .Release.Namespace
-  "shards" (int $h.shards)
-  "lease_duration_ms" (int $h.leaseDurationMs)
-  "renew_deadline_ms" (int $h.renewDeadlineMs)
-  "retry_period_ms" (int $h.retryPeriodMs)
-  "rebalance" $h.rebalance -}}
 {{- if include "spa.peerCa" . }}
-{{- $_ := set $ha "peer_ca_file" "/etc/spark-pod-allocator-peer-ca/ca.crt" -}}
-{{- $_ := set $ha "peer_server_name" (index (include "spa.tlsDnsNames" . | fromYamlArray) 2) -}}
+{{- $_ := set $config.ha "peer_ca_file" "/etc/spark-pod-allocator-peer-ca/ca.crt" -}}
+{{- $_ := set $config.ha "peer_server_name" (index (include "spa.tlsDnsNames" . | fromYamlArray) 2) -}}
 {{- end -}}
-{{- $_ := set $config "ha" $ha -}}
 {{- if .Values.tls.enabled }}
 {{- $_ := set $config "tls" (dict
   "cert_file" "/etc/spark-pod-allocator-tls/tls.crt"
-  "key_file" "/etc/spark-pod-allocator-tls/tls.key"
-  "reload_interval_ms" .Values.tls.reloadIntervalMs) -}}
+  "key_file" "/etc/spark-pod-allocator-tls/tls.key") -}}
 {{- end -}}
-{{- $p := .Values.podPolicy -}}
-{{- $_ := set $config "pod_policy" (dict
-  "enforce" $p.enforce
-  "level" $p.level
-  "allow_privileged" $p.allowPrivileged
-  "allow_privilege_escalation" $p.allowPrivilegeEscalation
-  "allowed_capabilities" $p.allowedCapabilities
-  "allow_host_path" $p.allowHostPath
-  "allow_host_namespaces" $p.allowHostNamespaces
-  "allow_node_name" $p.allowNodeName
-  "allowed_service_accounts" $p.allowedServiceAccounts
-  "allowed_finalizers" $p.allowedFinalizers
-  "scheduler_names" $p.schedulerNames
-  "allowed_storage_classes" $p.allowedStorageClasses
-  "max_claim_size" $p.maxClaimSize
-  "allow_claim_volume_name" $p.allowClaimVolumeName
-  "allow_claim_selector" $p.allowClaimSelector
-  "allow_claim_data_source_namespace" $p.allowClaimDataSourceNamespace) -}}
-{{- $b := .Values.budgets -}}
-{{- $budgets := list -}}
-{{- range $b.items }}
-{{- $entry := dict "max_executors" (int .maxExecutors) -}}
-{{- if .name }}{{ $_ := set $entry "name" .name }}{{ end -}}
-{{- if .namespace }}{{ $_ := set $entry "namespace" .namespace }}{{ end -}}
-{{- if .queue }}{{ $_ := set $entry "queue" .queue }}{{ end -}}
-{{- if .namespaces }}
-{{- $members := list -}}
-{{- range .namespaces }}
-{{- if kindIs "string" . }}{{ $members = append $members . }}
-{{- else }}{{ $members = append $members (dict "namespace" .namespace "weight" (int (default 1 .weight))) }}{{ end -}}
-{{- end -}}
-{{- $_ := set $entry "namespaces" $members -}}
-{{- end -}}
-{{- if not (kindIs "invalid" .maxPending) }}{{ $_ := set $entry "max_pending" (int .maxPending) }}{{ end -}}
-{{- if not (kindIs "invalid" .maxCpu) }}{{ $_ := set $entry "max_cpu" (toString .maxCpu) }}{{ end -}}
-{{- if not (kindIs "invalid" .maxMemory) }}{{ $_ := set $entry "max_memory" (toString .maxMemory) }}{{ end -}}
-{{- $budgets = append $budgets $entry -}}
-{{- end -}}
-{{- $_ := set $config "budgets" $budgets -}}
-{{- if $b.queueLabel }}{{ $_ := set $config "budgets_queue_label" $b.queueLabel }}{{ end -}}
-{{- $_ := set $config "budgets_max_weight" (int $b.maxWeight) -}}
-{{- $_ := set $config "budgets_reload_interval_ms" (int $b.reloadIntervalMs) -}}
-{{- $_ := set $config "budgets_follow_quotas" $b.followQuotas -}}
-{{- $t := .Values.tenants -}}
-{{- $_ := set $config "tenants" (dict
-  "max_applications_per_identity" $t.maxApplicationsPerIdentity
-  "max_applications_per_namespace" $t.maxApplicationsPerNamespace
-  "max_watch_streams_per_identity" $t.maxWatchStreamsPerIdentity
-  "max_watch_streams" $t.maxWatchStreams
-  "watch_stream_buffer_bytes" $t.watchStreamBufferBytes) -}}
-{{- $l := .Values.limits -}}
-{{- $_ := set $config "limits" (dict
-  "max_template_bytes" $l.maxTemplateBytes
-  "max_template_depth" $l.maxTemplateDepth
-  "max_resource_profiles" $l.maxResourceProfiles
-  "max_executors_per_application" $l.maxExecutorsPerApplication
-  "max_creates_per_round" $l.maxCreatesPerRound
-  "template_parsers" $l.templateParsers) -}}
-{{- $g := .Values.grpc -}}
-{{- $_ := set $config "grpc" (dict
-  "max_message_bytes" $g.maxMessageBytes
-  "max_concurrent_streams" $g.maxConcurrentStreams
-  "max_connections" $g.maxConnections
-  "max_unauthenticated_connections" $g.maxUnauthenticatedConnections
-  "unauthenticated_idle_timeout_ms" $g.unauthenticatedIdleTimeoutMs
-  "handshake_timeout_ms" $g.handshakeTimeoutMs
-  "keepalive_interval_ms" $g.keepaliveIntervalMs
-  "keepalive_timeout_ms" $g.keepaliveTimeoutMs
-  "request_timeout_ms" $g.requestTimeoutMs
-  "max_header_list_bytes" $g.maxHeaderListBytes) -}}
 {{- if .Values.defaultExecutorPodTemplate }}
 {{- $_ := set $config "default_executor_pod_template" "/etc/spark-pod-allocator/executor-pod-template.yaml" -}}
 {{- end -}}
-{{- toYaml (mergeOverwrite $config (deepCopy .Values.extraConfig)) -}}
+{{- toYaml (mergeOverwrite $config (deepCopy (.Values.config | default dict))) -}}
+{{- end -}}
+
+{{- /* The keys of the configuration the chart sets from its own values, with the value
+  that sets each. */ -}}
+{{- define "spa.chartConfigKeys" -}}
+{{- toYaml (dict
+  "listen" "service.port"
+  "allowed_namespaces" "allowedNamespaces"
+  "registrations.namespace" "the release's namespace"
+  "registrations.key_secret" "registrations.keySecretName"
+  "ha.lease_namespace" "the release's namespace"
+  "ha.peer_ca_file" "tls.enabled"
+  "ha.peer_server_name" "tls.enabled"
+  "tls.cert_file" "tls.enabled and tls.secretName"
+  "tls.key_file" "tls.enabled and tls.secretName"
+  "health.listen" "health.port"
+  "metrics.listen" "metrics.enabled and metrics.port"
+  "default_executor_pod_template" "defaultExecutorPodTemplate") -}}
+{{- end -}}
+
+{{- /* Fails on a key of `config` the chart sets itself; included by the ConfigMap. */ -}}
+{{- define "spa.configChecks" -}}
+{{- $config := .Values.config | default dict -}}
+{{- range $key, $value := include "spa.chartConfigKeys" . | fromYaml -}}
+{{- $parts := splitList "." $key -}}
+{{- $section := $config -}}
+{{- if eq (len $parts) 2 -}}
+{{- $section = get $config (first $parts) | default dict -}}
+{{- end -}}
+{{- if and (kindIs "map" $section) (hasKey $section (last $parts)) -}}
+{{- fail (printf "config.%s is set by the chart from %s; set that instead" $key $value) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- /* A probe: grpc.health.v1 on the health listener (plaintext, outside the gRPC port's
@@ -257,22 +177,6 @@ namespace and each of allowedNamespaces. */ -}}
 {{- /* The Secret holding the registrations' signing key. */ -}}
 {{- define "spa.registrationKeySecretName" -}}
 {{- default (printf "%s-registration-key" (include "spa.fullname" .)) .Values.registrations.keySecretName -}}
-{{- end -}}
-
-{{- /* The service's `auth` section. */ -}}
-{{- define "spa.authConfig" -}}
-{{- $auth := .Values.auth -}}
-{{- toYaml (dict
-  "mode" $auth.mode
-  "audiences" $auth.audiences
-  "admin_groups" $auth.adminGroups
-  "cache_ttl_ms" $auth.cacheTtlMs
-  "cache_capacity" $auth.cacheCapacity
-  "review_timeout_ms" $auth.reviewTimeoutMs
-  "max_concurrent_reviews" $auth.maxConcurrentReviews
-  "max_concurrent_known_reviews" $auth.maxConcurrentKnownReviews
-  "max_failed_authentications_per_connection" $auth.maxFailedAuthenticationsPerConnection
-  "allow_unauthenticated_remote" $auth.allowUnauthenticatedRemote) -}}
 {{- end -}}
 
 {{- /* Labels of the helm test pod: without app.kubernetes.io/name, so that neither the
@@ -353,7 +257,7 @@ The names of the shards' Leases (spark-pod-allocator-shard-<n>), as a list.
 */}}
 {{- define "spa.shardLeaseNames" -}}
 {{- $names := list -}}
-{{- range $n := until (int .Values.ha.shards) -}}
+{{- range $n := until (int (dig "ha" "shards" 1 (.Values.config | default dict))) -}}
 {{- $names = append $names (printf "spark-pod-allocator-shard-%d" $n) -}}
 {{- end -}}
 {{- toJson $names -}}
@@ -365,7 +269,7 @@ budgets it is read at start-up only, and the pods' config checksum includes it.
 */}}
 {{- define "spa.queueMembership" -}}
 {{- $membership := list -}}
-{{- range .Values.budgets.items }}
+{{- range (dig "budgets" (list) (.Values.config | default dict)) }}
 {{- if .queue }}
 {{- $names := list -}}
 {{- range .namespaces }}
