@@ -628,7 +628,7 @@ mod tests {
         assert_eq!(s.kubernetes.burst, 100);
         assert_eq!(s.kubernetes.create_concurrency, 16);
         assert_eq!(s.kubernetes.in_cluster, InCluster::Auto);
-        assert_eq!(s.resync_interval(), Duration::from_secs(30));
+        assert_eq!(s.resync_interval(), Duration::from_secs(600));
         assert_eq!(s.resync_pods_per_second, 100);
         assert!(s.allowed_namespaces.is_empty());
         assert_eq!(s.log.format, LogFormat::Text);
