@@ -628,11 +628,11 @@ mod tests {
     fn defaults_without_file_or_env() {
         let s = Settings::load_with_env(None, env(&[])).unwrap();
         assert_eq!(s.listen, "127.0.0.1:50051".parse().unwrap());
-        assert_eq!(s.kubernetes.qps, 50);
-        assert_eq!(s.kubernetes.burst, 100);
-        assert_eq!(s.kubernetes.create_concurrency, 16);
+        assert_eq!(s.kubernetes.qps, 1_000_000);
+        assert_eq!(s.kubernetes.burst, 1_000_000);
+        assert_eq!(s.kubernetes.create_concurrency, 100);
         assert_eq!(s.kubernetes.in_cluster, InCluster::Auto);
-        assert_eq!(s.resync_interval(), Duration::from_secs(30));
+        assert_eq!(s.resync_interval(), Duration::from_secs(600));
         assert_eq!(s.resync_pods_per_second, 100);
         assert!(s.allowed_namespaces.is_empty());
         assert_eq!(s.log.format, LogFormat::Text);

@@ -270,7 +270,8 @@ async fn an_unlabelled_driver_pod_is_followed_and_its_deletion_stops_its_applica
 async fn a_failed_id_record_spends_no_executor_id_and_ids_stay_unique() {
     let h = harness().await;
     // Every watch event is dropped (from the watches opened now on): the service does not
-    // see the driver pod go, only the periodic LIST (30 s away on the test's clock) would.
+    // see the driver pod go, only the periodic LIST (an interval away on the test's clock)
+    // would.
     h.sim.set_faults(FaultSettings {
         watch_drop_fraction: 1.0,
         ..FaultSettings::default()

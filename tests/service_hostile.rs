@@ -451,6 +451,11 @@ async fn set_total_expected_u32_max_is_bounded_per_round_and_for_life() {
     assert_invalid(&status, "settings.max_executors");
 
     let mut start = start_request("greedy", NS);
+    // Spark's batches, per profile (ADAPTIVE's window is the application's).
+    start.settings = Some(proto::AllocationSettings {
+        policy: Some(proto::AllocationPolicy::Spark as i32),
+        ..Default::default()
+    });
     start.resource_profile_templates = (1..MAX_PROFILES as i32)
         .map(|p| (p, TEMPLATE.replace("spark:4", &format!("spark:4-{p}"))))
         .collect();

@@ -64,7 +64,7 @@ pub struct AllocationSettings {
     pub executor_container_name: String,
     /// spark.kubernetes.executor.checkAllContainers (default false).
     pub check_all_containers: bool,
-    /// How many executors a round may request (default [`AllocationPolicy::Spark`]).
+    /// How many executors a round may request (default [`AllocationPolicy::Adaptive`]).
     pub policy: AllocationPolicy,
     /// Beyond Spark: how long a pending executor may be stuck (a container waiting for an
     /// image or its configuration, or unschedulable) before it is acted on (default
@@ -107,10 +107,12 @@ pub struct AllocationSettings {
 #[serde(rename_all = "lowercase")]
 pub enum AllocationPolicy {
     /// Spark's allocator exactly: `batch_size` per profile per round, none while one of the
-    /// profile's requests is not yet seen. The default, so a driver behaves as under Spark.
-    #[default]
+    /// profile's requests is not yet seen (asked for per application to pace as Spark does).
     Spark,
-    /// Slow start bounded by the create rate: see [`super::adaptive`].
+    /// Slow start bounded by the API server's answers: see [`super::adaptive`]. The
+    /// default: a scale-up goes at the pace the API server admits, not at Spark's fixed
+    /// `batch_size / batch_delay`.
+    #[default]
     Adaptive,
 }
 
@@ -141,7 +143,7 @@ impl Default for AllocationSettings {
             delete_on_termination: true,
             executor_container_name: DEFAULT_EXECUTOR_CONTAINER.to_string(),
             check_all_containers: false,
-            policy: AllocationPolicy::Spark,
+            policy: AllocationPolicy::Adaptive,
             stuck_pending_timeout: Duration::from_secs(120),
             driver_owns_claims: true,
             reuse_claims: true,

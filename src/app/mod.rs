@@ -171,7 +171,7 @@ impl Default for ServiceOptions {
     fn default() -> Self {
         let kubernetes = crate::k8s::KubernetesSettings::default();
         Self {
-            resync_interval: Duration::from_secs(30),
+            resync_interval: Duration::from_secs(600),
             resync_pods_per_second: 100,
             allowed_namespaces: BTreeSet::new(),
             qps: kubernetes.qps,

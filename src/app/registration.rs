@@ -441,7 +441,7 @@ mod tests {
         let again = serde_json::to_string(&registration).unwrap();
         let with_policy = written.replace(
             r#""check_all_containers":true}"#,
-            r#""check_all_containers":true,"policy":"spark","stuck_pending_timeout_ms":120000,"driver_owns_claims":true,"reuse_claims":true,"wait_to_reuse_claims":false}"#,
+            r#""check_all_containers":true,"policy":"adaptive","stuck_pending_timeout_ms":120000,"driver_owns_claims":true,"reuse_claims":true,"wait_to_reuse_claims":false}"#,
         );
         assert_eq!(again, with_policy);
     }

@@ -429,7 +429,7 @@ mod tests {
                 .default
                 .clone()
         };
-        assert_eq!(default_of("kubernetes.qps"), Some(Value::from(50)));
+        assert_eq!(default_of("kubernetes.qps"), Some(Value::from(1_000_000)));
         assert_eq!(default_of("listen"), Some(Value::from("127.0.0.1:50051")));
         assert_eq!(default_of("allocation.budget_weight"), None);
         assert_eq!(default_of("allocation.min_executors_at_once"), None);

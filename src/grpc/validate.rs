@@ -633,24 +633,24 @@ mod tests {
             }),
             ..start_req()
         };
-        let adaptive_default = StartDefaults {
+        let spark_default = StartDefaults {
             settings: AllocationSettings {
-                policy: AllocationPolicy::Adaptive,
+                policy: AllocationPolicy::Spark,
                 ..AllocationSettings::default()
             },
             ..StartDefaults::default()
         };
         // (requested, server default, effective)
         let cases = [
-            (None, &StartDefaults::default(), AllocationPolicy::Spark),
-            (Some(0), &StartDefaults::default(), AllocationPolicy::Spark),
-            (Some(0), &adaptive_default, AllocationPolicy::Adaptive),
-            (Some(1), &adaptive_default, AllocationPolicy::Spark),
+            (None, &StartDefaults::default(), AllocationPolicy::Adaptive),
             (
-                Some(2),
+                Some(0),
                 &StartDefaults::default(),
                 AllocationPolicy::Adaptive,
             ),
+            (Some(0), &spark_default, AllocationPolicy::Spark),
+            (Some(1), &StartDefaults::default(), AllocationPolicy::Spark),
+            (Some(2), &spark_default, AllocationPolicy::Adaptive),
         ];
         for (requested, defaults, expected) in cases {
             let s = start(with(requested), defaults).unwrap().settings;

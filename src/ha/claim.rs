@@ -29,6 +29,17 @@ impl Default for LeaseTiming {
 }
 
 impl LeaseTiming {
+    /// How long an owner waits after a successful renewal before the next: half of what
+    /// its renew deadline leaves after one retry period (4 s by default), never less than
+    /// the retry period. A renewal that fails is tried again every retry period, so it still
+    /// has several tries before the owner must stop. Replicas that do not hold the shard
+    /// read it every retry period: how late they see its last renewal is what a failover
+    /// waits beyond the lease, and that, not the owner's pace, keeps the failover short.
+    pub fn renewal(&self) -> Duration {
+        self.retry
+            .max(self.renew_deadline.saturating_sub(self.retry) / 2)
+    }
+
     /// The error names the setting: an owner must stop before its Lease can expire for
     /// anyone else, and must try more than once before it stops.
     pub fn check(&self) -> Result<(), (String, String)> {
@@ -266,6 +277,25 @@ mod tests {
             renewed: Some(format!("renewed at {rv}")),
             requested_by: None,
         }
+    }
+
+    #[test]
+    fn an_owner_renews_less_often_than_it_retries_and_still_retries_before_its_deadline() {
+        let t = timing();
+        assert_eq!(t.renewal(), Duration::from_secs(4));
+        // Renewed at 0: tries at 4, 6 and 8 s, all before the deadline at 10 s.
+        let tries = (0..)
+            .map(|k| t.renewal() + t.retry * k)
+            .take_while(|at| *at < t.renew_deadline)
+            .count();
+        assert_eq!(tries, 3);
+        // A retry period close to the deadline: the owner renews at that period.
+        let tight = LeaseTiming {
+            lease: Duration::from_secs(2),
+            renew_deadline: Duration::from_millis(1000),
+            retry: Duration::from_millis(900),
+        };
+        assert_eq!(tight.renewal(), tight.retry);
     }
 
     #[test]

@@ -533,7 +533,8 @@ fn view(lease: &Lease) -> Option<LeaseView> {
     })
 }
 
-/// Runs `keeper` until `cancel`, a turn every retry period, publishing the shard's state
+/// Runs `keeper` until `cancel`, a turn every retry period (every
+/// [`LeaseTiming::renewal`] while it holds the shard), publishing the shard's state
 /// (and [`ShardState::NotOwned`] as soon as an ownership lapses, even while a request
 /// hangs). Writers still check their [`crate::ha::Fence`] right before each write: the
 /// published value may be a moment old. On `cancel` the Lease is released.
@@ -585,8 +586,14 @@ pub fn spawn_keeper(
             drop(first_turn.take());
             keeper.finish_drain(&turn, &tx).await;
             let draining = keeper.is_draining();
+            // An owner renews at its own pace; a drain, a failure or a non-owner's read
+            // comes again every retry period.
+            let wait = match &turn {
+                Turn::Holds(_) if !draining => keeper.timing.renewal(),
+                _ => retry,
+            };
             tokio::select! {
-                () = tokio::time::sleep_until(started + retry) => {}
+                () = tokio::time::sleep_until(started + wait) => {}
                 () = lapse(&tx) => {}
                 () = poke.notified() => {}
                 // The actors stopped: renew once more, then release.

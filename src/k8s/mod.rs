@@ -42,7 +42,8 @@ pub struct KubernetesSettings {
     pub context: Option<String>,
     /// `auto` (in-cluster when running in a pod, else kubeconfig), `true` or `false`.
     pub in_cluster: InCluster,
-    /// Sustained mutating requests per second (creates, deletes, patches), shared by all apps.
+    /// Sustained mutating requests per second (creates, deletes, patches), shared by all
+    /// apps: a cap an operator may set; by default none in practice.
     pub qps: u32,
     /// Mutating requests allowed in a burst above `qps`.
     pub burst: u32,
@@ -111,9 +112,11 @@ impl Default for KubernetesSettings {
             kubeconfig: None,
             context: None,
             in_cluster: InCluster::Auto,
-            qps: 50,
-            burst: 100,
-            create_concurrency: 16,
+            // No cap in practice: the API server's answers pace the creates (429 with
+            // Retry-After, ADAPTIVE's window and its bound on what waits unanswered).
+            qps: 1_000_000,
+            burst: 1_000_000,
+            create_concurrency: 100,
             request_timeout_ms: u64::try_from(policy.timeout.as_millis()).unwrap_or(u64::MAX),
             request_attempts: policy.attempts,
         }

@@ -131,17 +131,22 @@ struct Subscriber {
     touched: Option<HashSet<Box<str>>>,
 }
 
-/// The watch task of one namespace (it runs the periodic LIST too); dropping it stops it.
+/// The tasks of one namespace: its pod watches with the periodic LIST ([`PodWatch`]), and
+/// its ResourceQuota watch when the budgets follow quotas; dropping it stops them.
 struct NamespaceWatch {
     subscribers: Subscribers,
     /// Set once this namespace's watch completed its initial listing.
     synced: Arc<AtomicBool>,
     task: JoinHandle<()>,
+    quota_task: Option<JoinHandle<()>>,
 }
 
 impl Drop for NamespaceWatch {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(task) = &self.quota_task {
+            task.abort();
+        }
     }
 }
 
@@ -232,8 +237,8 @@ impl PodWatches {
         }
     }
 
-    /// Watches each namespace's ResourceQuotas too (beside its pods, in the same task),
-    /// into `sink`, from the next namespace watch started on.
+    /// Watches each namespace's ResourceQuotas too (beside its pods, in a task of their
+    /// own), into `sink`, from the next namespace watch started on.
     pub fn follow_quotas(&self, sink: Arc<dyn QuotaSink>) {
         *lock(&self.inner.quota_sink) = Some(sink);
     }
@@ -334,18 +339,28 @@ impl PodWatches {
         // The first full LIST is due one interval after the watch starts (not after the
         // task first gets to run).
         let first_resync = self.inner.clock.now().plus(self.inner.resync.interval);
-        let watch_task = tokio::spawn(run_watch(
+        let watch = PodWatch {
             api,
-            first_resync,
-            Arc::clone(&subscribers),
+            subscribers: Arc::clone(&subscribers),
+            inner: Arc::clone(&self.inner),
+            namespace: namespace.to_string(),
             first_listing,
-            Arc::clone(&self.inner),
-            namespace.to_string(),
-        ));
+            executors: WatchState::Unlisted,
+            drivers: WatchState::Unlisted,
+            periodic: Periodic::Due(first_resync),
+        };
+        let watch_task = tokio::spawn(watch.run());
+        let sink = lock(&self.inner.quota_sink).clone();
+        let quota_task = sink.map(|sink| {
+            let api = Api::namespaced(self.inner.client.clone(), namespace);
+            let inner = Arc::clone(&self.inner);
+            tokio::spawn(watch_quotas(api, sink, namespace.to_string(), inner))
+        });
         NamespaceWatch {
             subscribers,
             synced,
             task: watch_task,
+            quota_task,
         }
     }
 }
@@ -366,142 +381,202 @@ impl FirstListing {
     }
 }
 
-/// The kube-runtime watchers of one namespace, one per [`Selection`] (each relists after
-/// 410 and re-watches with backoff; its restarts, Init … InitDone, become a resync of
-/// every subscriber's pods of that selection), and the periodic full LIST of both, the
-/// backstop for missed watch events.
+/// A namespace's two pod watches (one kube-runtime watcher per [`Selection`]) and its
+/// periodic full LIST, as one state stepped by what comes next: a watch event, the LIST
+/// falling due, the LIST done.
 ///
-/// The LIST runs in this task, between two watch events, never beside them: every event
-/// forwarded before it was sent by the API server before the LIST was answered, so the
-/// LIST (a consistent read: no `resourceVersion`, never the watch cache's `0`) is at least
-/// as new, and every event forwarded after it follows it. A LIST running
-/// concurrently could be answered with a state older than events already forwarded (a pod
-/// deleted or created meanwhile), and its resync would undo them until the next one.
-async fn run_watch(
+/// Each watcher relists after 410 and re-watches with backoff; its restarts (Init …
+/// InitDone) become a resync of every subscriber's pods of that selection. The periodic
+/// LIST (a consistent read: no `resourceVersion`, never the watch cache's `0`) is the
+/// backstop for a missed event. It runs beside the watches, whose events go on being
+/// routed meanwhile and are newer than it: the executor pods they touch are noted and the
+/// listing gives way to them ([`resync_all`]), so it never undoes an event forwarded while
+/// it ran. A relist of the executors' watch supersedes a periodic LIST under way.
+struct PodWatch {
     api: Api<Pod>,
-    first_resync: Timestamp,
     subscribers: Subscribers,
-    mut first_listing: FirstListing,
     inner: Arc<Inner>,
     namespace: String,
-) {
-    let watch = |selection: Selection| {
-        let config = watcher::Config::default().labels(&selection.selector());
-        watcher(api.clone(), config)
-            .default_backoff()
-            .map(move |event| (selection, event))
-            .boxed()
-    };
-    let pods = futures::stream::select(watch(Selection::Executors), watch(Selection::Drivers))
-        .map(Watched::Pods);
-    // The namespace's ResourceQuotas, when the budgets follow them: in the same task, so a
-    // quota's state and the pods' reach the ledger in the order the API server sent them.
-    let sink = lock(&inner.quota_sink).clone();
-    let quota_events = match &sink {
-        Some(_) => {
-            let quotas: Api<ResourceQuota> = Api::namespaced(api.clone().into_client(), &namespace);
-            watcher(quotas, watcher::Config::default())
-                .default_backoff()
-                .map(Watched::Quotas)
-                .boxed()
+    first_listing: FirstListing,
+    executors: WatchState,
+    drivers: WatchState,
+    periodic: Periodic,
+}
+
+/// Where one selection's watcher is.
+enum WatchState {
+    /// Its first listing has not begun.
+    Unlisted,
+    /// Listing (Init … InitDone): the pods listed so far; `listed_before`: not its first.
+    Listing {
+        listing: Box<Listing>,
+        listed_before: bool,
+    },
+    /// Listed; its events are routed as they come.
+    Listed,
+}
+
+impl WatchState {
+    /// True once a first listing was completed.
+    fn has_listed(&self) -> bool {
+        match self {
+            Self::Unlisted => false,
+            Self::Listing { listed_before, .. } => *listed_before,
+            Self::Listed => true,
         }
-        None => futures::stream::pending().boxed(),
-    };
-    let mut stream = futures::stream::select(pods, quota_events);
-    let mut quotas = QuotaWatch::default();
-    let mut executors_relisting: Option<Listing> = None;
-    let mut drivers_relisting: Option<Listing> = None;
-    // Synced once both selections completed their first listing.
-    let (mut executors_listed, mut drivers_listed) = (false, false);
-    let mut next_resync = first_resync;
-    // The periodic LIST under way. It runs beside the watch, whose events go on being
-    // routed meanwhile; the next one is due an interval after it ends.
-    let mut periodic: Option<futures::future::BoxFuture<'_, ()>> = None;
-    loop {
-        let event = tokio::select! {
-            event = stream.next() => event,
-            () = inner.clock.sleep_until(next_resync), if periodic.is_none() => {
-                periodic = Some(Box::pin(resync(&api, &subscribers, &namespace, &inner.metrics)));
-                continue;
-            }
-            () = async {
-                match periodic.as_mut() {
-                    Some(listing) => listing.await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                periodic = None;
-                next_resync = inner.next_resync(&subscribers);
-                continue;
-            }
+    }
+}
+
+/// The periodic LIST of a namespace: due at an instant, or under way.
+enum Periodic {
+    Due(Timestamp),
+    Listing(futures::future::BoxFuture<'static, ()>),
+}
+
+/// What steps a [`PodWatch`]. Not boxed: each is moved once out of the stream, and
+/// boxing a pod event would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
+enum Input {
+    Pods(Selection, Result<watcher::Event<Pod>, watcher::Error>),
+    ListDue,
+    ListDone,
+    /// The watchers' stream ended (it does not, while the task runs).
+    Ended,
+}
+
+type PodEvents =
+    futures::stream::BoxStream<'static, (Selection, Result<watcher::Event<Pod>, watcher::Error>)>;
+
+impl PodWatch {
+    /// Runs until the task is aborted (the namespace's last application left).
+    async fn run(mut self) {
+        let watch = |selection: Selection| {
+            let config = watcher::Config::default().labels(&selection.selector());
+            watcher(self.api.clone(), config)
+                .default_backoff()
+                .map(move |event| (selection, event))
         };
-        let (selection, event) = match event {
-            None => break,
-            Some(Watched::Pods(pair)) => pair,
-            Some(Watched::Quotas(event)) => {
-                if let Some(sink) = &sink {
-                    quotas.take(event, sink.as_ref(), &namespace, &inner);
-                }
-                continue;
+        let mut events: PodEvents =
+            futures::stream::select(watch(Selection::Executors), watch(Selection::Drivers)).boxed();
+        loop {
+            let input = self.next(&mut events).await;
+            if !self.step(input) {
+                break;
             }
+        }
+    }
+
+    /// Waits for the next watch event, or for the periodic LIST to fall due or end.
+    async fn next(&mut self, events: &mut PodEvents) -> Input {
+        let pods = |event: Option<_>| match event {
+            Some((selection, event)) => Input::Pods(selection, event),
+            None => Input::Ended,
         };
-        let relisting = match selection {
-            Selection::Executors => &mut executors_relisting,
-            Selection::Drivers => &mut drivers_relisting,
+        match &mut self.periodic {
+            Periodic::Due(at) => tokio::select! {
+                event = events.next() => pods(event),
+                () = self.inner.clock.sleep_until(*at) => Input::ListDue,
+            },
+            Periodic::Listing(listing) => tokio::select! {
+                event = events.next() => pods(event),
+                () = listing => Input::ListDone,
+            },
+        }
+    }
+
+    /// Takes in one input; false when the watch is over.
+    fn step(&mut self, input: Input) -> bool {
+        match input {
+            Input::Ended => return false,
+            Input::ListDue => {
+                let (api, subscribers) = (self.api.clone(), Arc::clone(&self.subscribers));
+                let (namespace, metrics) = (self.namespace.clone(), self.inner.metrics.clone());
+                self.periodic = Periodic::Listing(Box::pin(async move {
+                    resync(&api, &subscribers, &namespace, &metrics).await;
+                }));
+            }
+            // The next LIST is due an interval after this one ended.
+            Input::ListDone => {
+                self.periodic = Periodic::Due(self.inner.next_resync(&self.subscribers))
+            }
+            Input::Pods(selection, event) => self.take(selection, event),
+        }
+        true
+    }
+
+    /// Takes in one event of `selection`'s watcher.
+    fn take(&mut self, selection: Selection, event: Result<watcher::Event<Pod>, watcher::Error>) {
+        let (subscribers, inner) = (&self.subscribers, &self.inner);
+        let state = match selection {
+            Selection::Executors => &mut self.executors,
+            Selection::Drivers => &mut self.drivers,
         };
         match event {
             Ok(watcher::Event::Apply(pod)) => {
                 inner.metrics.watch_event("apply");
-                route(&subscribers, selection, pod, false)
+                route(subscribers, selection, pod, false)
             }
             Ok(watcher::Event::Delete(pod)) => {
                 inner.metrics.watch_event("delete");
-                route(&subscribers, selection, pod, true)
+                route(subscribers, selection, pod, true)
             }
             Ok(watcher::Event::Init) => {
                 inner.metrics.watch_relisted();
-                *relisting = Some(Listing::new(&subscribers, selection))
+                *state = WatchState::Listing {
+                    listing: Box::new(Listing::new(subscribers, selection)),
+                    listed_before: state.has_listed(),
+                };
             }
             Ok(watcher::Event::InitApply(pod)) => {
-                if let Some(listing) = relisting.as_mut() {
-                    listing.add(&subscribers, pod);
+                if let WatchState::Listing { listing, .. } = state {
+                    listing.add(subscribers, pod);
                 }
             }
             Ok(watcher::Event::InitDone) => {
-                let listing = relisting
-                    .take()
-                    .unwrap_or_else(|| Listing::new(&subscribers, selection));
-                resync_all(&subscribers, listing);
+                let listing = match std::mem::replace(state, WatchState::Listed) {
+                    WatchState::Listing { listing, .. } => *listing,
+                    WatchState::Unlisted | WatchState::Listed => {
+                        Listing::new(subscribers, selection)
+                    }
+                };
+                resync_all(subscribers, listing);
                 // The watch listed everything afresh: a periodic LIST begun before is
                 // older, and the next one is an interval away.
-                if selection == Selection::Executors && periodic.take().is_some() {
-                    stop_tracking(&subscribers);
-                    next_resync = inner.next_resync(&subscribers);
+                if selection == Selection::Executors
+                    && matches!(self.periodic, Periodic::Listing(_))
+                {
+                    stop_tracking(subscribers);
+                    self.periodic = Periodic::Due(inner.next_resync(subscribers));
                 }
-                match selection {
-                    Selection::Executors => executors_listed = true,
-                    Selection::Drivers => drivers_listed = true,
+                if self.executors.has_listed() && self.drivers.has_listed() {
+                    self.first_listing.done(inner);
                 }
-                if executors_listed && drivers_listed {
-                    first_listing.done(&inner);
-                }
-                tracing::debug!(%namespace, ?selection, "pod watch (re)listed");
+                tracing::debug!(namespace = %self.namespace, ?selection, "pod watch (re)listed");
             }
             Err(err) => {
                 inner.metrics.watch_failed(watch_error_code(&err));
-                tracing::warn!(%namespace, ?selection, error = %err, "pod watch failed; retrying with backoff");
+                tracing::warn!(namespace = %self.namespace, ?selection, error = %err, "pod watch failed; retrying with backoff");
             }
         }
     }
 }
 
-/// What a namespace's watch task hears: its pods (by selection) or its ResourceQuotas.
-/// Not boxed: each item is moved once out of the stream, as the pod events were before,
-/// and boxing the pods' would cost an allocation per pod event.
-#[allow(clippy::large_enum_variant)]
-enum Watched {
-    Pods((Selection, Result<watcher::Event<Pod>, watcher::Error>)),
-    Quotas(Result<watcher::Event<ResourceQuota>, watcher::Error>),
+/// The ResourceQuotas of `namespace`, into `sink` each time they change, until the task is
+/// aborted. A task of its own: the budgets' ledger takes a quota's state whenever it
+/// comes, whatever the pod watches are doing.
+async fn watch_quotas(
+    api: Api<ResourceQuota>,
+    sink: Arc<dyn QuotaSink>,
+    namespace: String,
+    inner: Arc<Inner>,
+) {
+    let mut quotas = QuotaWatch::default();
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        quotas.take(event, sink.as_ref(), &namespace, &inner);
+    }
 }
 
 /// A namespace's ResourceQuotas as the watch has them.

@@ -91,7 +91,7 @@ async fn periodic_resync_recovers_dropped_watch_events() {
         "events dropped"
     );
     // The full LIST every 30 s replaces the snapshot.
-    h.clock.advance(Duration::from_secs(29));
+    h.clock.advance(RESYNC - BATCH_DELAY);
     wait_seen(&h.apps, "app-sync", range(1, 2)).await;
     h.sim.set_faults(FaultSettings::default());
     h.apps.stop(&id("app-sync")).await.unwrap();
@@ -146,7 +146,7 @@ async fn a_slow_periodic_list_does_not_undo_newer_watch_events() {
     // The periodic LIST is answered late: its answer still holds executor 2, which is
     // deleted meanwhile (unbound: gone at once) and whose DELETED event the watch streams.
     h.sim.hold_list_responses();
-    h.clock.advance(Duration::from_secs(30));
+    h.clock.advance(RESYNC);
     let resync_at = h.clock.now();
     until("the periodic LIST is held", || async {
         h.sim.held_list_responses() >= 1

@@ -48,10 +48,18 @@ fn applications(sim: &SimCluster, clock: &ManualClock, options: ServiceOptions) 
     test_kit::service::applications(sim.try_client().expect("sim client"), clock, options)
 }
 
+/// The periodic LIST of the harness's service: the scenarios count on one every 30 s of
+/// the clock (the default is a rarer safety net).
+const RESYNC: Duration = Duration::from_secs(30);
+
 async fn harness() -> Harness {
     let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
-    let apps = applications(&sim, &clock, ServiceOptions::default());
+    let options = ServiceOptions {
+        resync_interval: RESYNC,
+        ..ServiceOptions::default()
+    };
+    let apps = applications(&sim, &clock, options);
     Harness { sim, clock, apps }
 }
 
@@ -106,5 +114,6 @@ async fn bind(sim: &SimCluster, app: &str, exec: u64) {
 
 mod applications;
 mod executor_ids;
+mod fixed_cost;
 mod kubernetes;
 mod scaling;

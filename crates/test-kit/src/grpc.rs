@@ -210,7 +210,7 @@ pub fn start_request(app: &str, namespace: &str) -> proto::StartRequest {
 }
 
 /// A Start request that passes validation, creating batches of `size` pods every
-/// `delay_ms` milliseconds.
+/// `delay_ms` milliseconds (Spark's pacing, asked for: the default policy is ADAPTIVE).
 pub fn batched_start_request(
     app: &str,
     namespace: &str,
@@ -221,6 +221,7 @@ pub fn batched_start_request(
         settings: Some(proto::AllocationSettings {
             batch_size: Some(size),
             batch_delay_ms: Some(delay_ms),
+            policy: Some(proto::AllocationPolicy::Spark as i32),
             ..Default::default()
         }),
         ..start_request(app, namespace)

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use serde_json::json;
 use spark_pod_allocator::allocator::{
-    AllocationSettings, ExecutorId, ExecutorPod, ResourceProfileId,
+    AllocationPolicy, AllocationSettings, ExecutorId, ExecutorPod, ResourceProfileId,
 };
 use spark_pod_allocator::app::registration::Registration;
 use spark_pod_allocator::app::{
@@ -105,7 +105,8 @@ pub fn labelled_template() -> Pod {
 }
 
 /// The Start of the allocation scenarios: [`labelled_template`] for the default profile,
-/// batches of 10 every [`BATCH_DELAY`], executors pending for 10 s time out.
+/// batches of 10 every [`BATCH_DELAY`] (Spark's pacing, asked for: the default policy is
+/// ADAPTIVE), executors pending for 10 s time out.
 pub fn start_application(app: &str, namespace: &str) -> StartApplication {
     StartApplication {
         app_id: id(app),
@@ -117,6 +118,7 @@ pub fn start_application(app: &str, namespace: &str) -> StartApplication {
             batch_size: 10,
             batch_delay: BATCH_DELAY,
             executor_timeout: Duration::from_secs(10),
+            policy: AllocationPolicy::Spark,
             ..AllocationSettings::default()
         },
         owner: None,

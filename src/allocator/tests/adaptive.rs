@@ -245,6 +245,30 @@ fn rounds_stay_within_target_and_max_pending_pods() {
 }
 
 #[test]
+fn the_default_settings_grow_past_a_batch_as_the_api_server_accepts_creates() {
+    let mut a = allocator(AllocationSettings::default(), &[(0, 1000)]);
+    // The service's default rate: no cap in practice.
+    a.set_create_rate(1_000_000);
+    let first = a.round(snapshot(&[]), secs(0));
+    assert_eq!(creates(&first).len(), 10, "a batch to begin with");
+    a.creates_answered(&accepted(10), secs(0));
+    let second = a.round(snapshot(&[]), secs(0));
+    assert_eq!(
+        creates(&second).len(),
+        10,
+        "the window grew by the 10 accepted to 20, 10 of them still unseen"
+    );
+    a.creates_answered(&accepted(10), secs(0));
+    assert_eq!(a.create_window().size(), 30);
+    // Asked for per application, SPARK keeps one batch per round whatever the answers.
+    let mut spark = allocator(settings(), &[(0, 1000)]);
+    spark.set_create_rate(1_000_000);
+    spark.round(snapshot(&[]), secs(0));
+    spark.creates_answered(&accepted(10), secs(0));
+    assert_eq!(spark.create_window().size(), 10);
+}
+
+#[test]
 fn spark_policy_ignores_answers_and_keeps_one_batch_per_round() {
     let mut a = allocator(settings(), &[(0, 100)]);
     a.set_create_rate(50);

@@ -86,11 +86,16 @@ pub(crate) fn registered(ns: &[u64]) -> BTreeSet<ExecutorId> {
     ns.iter().map(|n| ExecutorId(*n)).collect()
 }
 
+/// Spark's defaults, its policy asked for explicitly (the default policy is ADAPTIVE): these
+/// tests mean Spark's exact pacing.
 pub(crate) fn settings() -> AllocationSettings {
-    AllocationSettings::default()
+    AllocationSettings {
+        policy: AllocationPolicy::Spark,
+        ..AllocationSettings::default()
+    }
 }
 
-/// Settings with the batch size and caps given, Spark defaults otherwise.
+/// Settings with the batch size and caps given, Spark defaults otherwise (its policy too).
 pub(crate) fn settings_with(
     batch_size: u32,
     max_pending: Option<u32>,
@@ -100,7 +105,7 @@ pub(crate) fn settings_with(
         batch_size,
         max_pending_pods: max_pending,
         max_pending_pods_per_profile: max_pending_per_profile,
-        ..AllocationSettings::default()
+        ..settings()
     }
 }
 

@@ -4,8 +4,10 @@ use std::time::Duration;
 use super::*;
 
 #[test]
-fn defaults_are_sparks() {
+fn defaults_are_sparks_but_the_policy_is_adaptive() {
     let s = AllocationSettings::default();
+    assert_eq!(s.policy, AllocationPolicy::Adaptive);
+    assert_eq!(AllocationPolicy::default(), AllocationPolicy::Adaptive);
     assert_eq!(s.batch_size, 10);
     assert_eq!(s.batch_delay, Duration::from_secs(1));
     assert_eq!(s.executor_timeout, Duration::from_secs(600));
