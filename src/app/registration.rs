@@ -81,6 +81,11 @@ fn settings_of_any_version<'de, D: serde::Deserializer<'de>>(
         }
         keep
     });
+    // Versions that wrote no policy ran every application with Spark's pacing, whatever
+    // the default is now: a resumed application keeps the pacing it started with.
+    written
+        .entry("policy")
+        .or_insert_with(|| serde_json::Value::from("spark"));
     serde_json::from_value(serde_json::Value::Object(written)).map_err(serde::de::Error::custom)
 }
 
@@ -431,6 +436,7 @@ mod tests {
                 max_executors: Some(9),
                 delete_on_termination: false,
                 check_all_containers: true,
+                policy: crate::allocator::AllocationPolicy::Spark,
                 ..AllocationSettings::default()
             }
         );
@@ -441,7 +447,7 @@ mod tests {
         let again = serde_json::to_string(&registration).unwrap();
         let with_policy = written.replace(
             r#""check_all_containers":true}"#,
-            r#""check_all_containers":true,"policy":"adaptive","stuck_pending_timeout_ms":120000,"driver_owns_claims":true,"reuse_claims":true,"wait_to_reuse_claims":false}"#,
+            r#""check_all_containers":true,"policy":"spark","stuck_pending_timeout_ms":120000,"driver_owns_claims":true,"reuse_claims":true,"wait_to_reuse_claims":false}"#,
         );
         assert_eq!(again, with_policy);
     }
