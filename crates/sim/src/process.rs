@@ -1008,6 +1008,49 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_runs_the_pods_image_with_its_volumes_user_and_variables() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+            "spec": {"securityContext": {"runAsUser": 65532, "runAsGroup": 65532}}
+        });
+        let c = json!({
+            "name": "main", "image": "app:1", "command": ["/app"], "args": ["serve"],
+            "securityContext": {"readOnlyRootFilesystem": true},
+            "volumeMounts": [
+                {"name": "tls", "mountPath": "/etc/tls", "readOnly": true},
+                {"name": "data", "mountPath": "/data", "subPath": "d"}
+            ]
+        });
+        let entry = ProcessImage {
+            image: "*".into(),
+            command: vec!["podman".into(), "--runtime".into(), "runc".into()],
+            env: vec![],
+            container: true,
+        };
+        let volumes = HashMap::from([
+            ("tls".to_string(), PathBuf::from("/w/volumes/tls")),
+            ("data".to_string(), PathBuf::from("/w/volumes/data")),
+        ]);
+        let env = vec![("TOKEN".to_string(), "secret".to_string())];
+        let Ok((run, engine)) = engine_run(&pod, &c, &entry, &volumes, &env, vec!["serve".into()])
+        else {
+            panic!("engine_run failed");
+        };
+        assert_eq!(engine.name, "k8s_main_p_ns_u-1");
+        assert_eq!(
+            run.join(" "),
+            "run --rm --pull never --network host --name k8s_main_p_ns_u-1 --user 65532:65532 \
+             --read-only --volume /w/volumes/tls:/etc/tls:ro --volume /w/volumes/data/d:/data \
+             --env TOKEN --entrypoint [\"/app\"] app:1 serve"
+        );
+        // A variable's value stays out of the engine's argv.
+        assert!(!run.iter().any(|a| a.contains("secret")));
+        let missing = json!({"name": "main", "image": "app:1",
+            "volumeMounts": [{"name": "nope", "mountPath": "/x"}]});
+        assert!(engine_run(&pod, &missing, &entry, &volumes, &env, vec![]).is_err());
+    }
+
+    #[test]
     fn downward_api_fields_resolve() {
         let pod = json!({"metadata": {"name": "p", "namespace": "ns", "labels": {"spark-exec-id": "3"}}, "spec": {"nodeName": "sim-node-0"}});
         assert_eq!(field_ref(&pod, "status.podIP").as_deref(), Some(POD_IP));
