@@ -502,10 +502,13 @@ async fn simulate(
 /// runtime of `simulator.kubelet`.
 async fn process_node(settings: Settings, node: &str) -> anyhow::Result<()> {
     let stop = shutdown_signal()?;
-    let client = k8s::connect_as(&settings.kubernetes, "spark-pod-allocator-process-node")
+    let config = k8s::config(&settings.kubernetes)
         .await
         .context("connecting to Kubernetes")?;
-    sim::run_process_node(client, &settings.simulator.kubelet, node, stop)
+    let api_server = config.cluster_url.clone();
+    let client = k8s::client_as(config, "spark-pod-allocator-process-node")
+        .context("connecting to Kubernetes")?;
+    sim::run_process_node(client, &api_server, &settings.simulator.kubelet, node, stop)
         .await
         .context("process node")
 }

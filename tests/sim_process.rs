@@ -32,6 +32,7 @@ fn settings(work: &Path) -> SimSettings {
             name: "SPARK_SIM_CLASSPATH".into(),
             value: "/jars/*".into(),
         }],
+        container: false,
     }];
     settings
 }
@@ -532,6 +533,7 @@ env = [{ name = "SPARK_SIM_CLASSPATH", value = "/spark/jars/*:/app/app.jar" }]
                 name: "SPARK_SIM_CLASSPATH".into(),
                 value: "/spark/jars/*:/app/app.jar".into()
             }],
+            container: false,
         }]
     );
     // The same in YAML.
@@ -588,6 +590,7 @@ async fn the_spark_executor_entrypoint_runs_the_executor_backend() {
                 value: jdk.display().to_string(),
             },
         ],
+        container: false,
     }];
     let sim = SimCluster::start(s).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(sim.try_client().unwrap(), "default");

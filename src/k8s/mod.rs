@@ -157,6 +157,12 @@ pub async fn connect_as(
     settings: &KubernetesSettings,
     user_agent: &str,
 ) -> Result<kube::Client, ConnectError> {
+    Ok(client_as(config(settings).await?, user_agent)?)
+}
+
+/// The connection [`connect`] makes, before it is a client (its `cluster_url` is the API
+/// server's address as this machine reaches it).
+pub async fn config(settings: &KubernetesSettings) -> Result<kube::Config, ConnectError> {
     let options = kube::config::KubeConfigOptions {
         context: settings.context.clone(),
         ..Default::default()
@@ -184,7 +190,7 @@ pub async fn connect_as(
     config.default_retry = false;
     // Later "not reachable" warnings and UNAVAILABLE answers name no address: this does.
     tracing::info!(url = %config.cluster_url, namespace = %config.default_namespace, "kubernetes API server");
-    Ok(client_as(config, user_agent)?)
+    Ok(config)
 }
 
 /// The User-Agent of every request the service sends to Kubernetes, so that an audit log

@@ -52,10 +52,12 @@ const (
 // aggregated ClusterRoles (admin, edit, view) their rules, so that a namespace admin can be
 // given `admin` as in any cluster. For the budgets' tests, the resourcequota controller:
 // a ResourceQuota gets its status (hard, used), without which the quota admission plugin
-// refuses every pod it counts.
+// refuses every pod it counts. For the process node's pods, the root CA publisher: every
+// namespace's kube-root-ca.crt ConfigMap, which the ServiceAccount admission's token volume
+// projects as ca.crt.
 const controllers = "garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller," +
 	"deployment-controller,replicaset-controller,endpointslice-controller,disruption-controller,clusterrole-aggregation-controller," +
-	"resourcequota-controller"
+	"resourcequota-controller,root-ca-certificate-publisher-controller"
 
 // The label of the nodes kwok manages, as in kwok's own documentation.
 const kwokNodeLabel = "type=kwok"

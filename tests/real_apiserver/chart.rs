@@ -38,13 +38,13 @@ const HELM_GUARD: Duration = Duration::from_secs(120);
 /// The helm binary with a kubeconfig and nothing of the test's environment: its cache,
 /// configuration and data directories are empty ones of its own (no repository, no plugin,
 /// nothing fetched).
-struct Helm {
+pub(crate) struct Helm {
     home: tempfile::TempDir,
     kubeconfig: PathBuf,
 }
 
 impl Helm {
-    fn new(kubeconfig: PathBuf) -> Self {
+    pub(crate) fn new(kubeconfig: PathBuf) -> Self {
         Self {
             home: tempfile::tempdir().expect("helm's home"),
             kubeconfig,
@@ -54,7 +54,7 @@ impl Helm {
     /// Runs helm with `args`; panics with its output when it fails or prints anything on
     /// stderr: the API server's warnings (an unknown or duplicated field, a Pod Security
     /// `warn` violation, a deprecated API) reach helm's stderr. Returns stdout.
-    async fn run(&self, args: &[&str]) -> String {
+    pub(crate) async fn run(&self, args: &[&str]) -> String {
         let home = self.home.path();
         let mut command = tokio::process::Command::new(helm());
         command

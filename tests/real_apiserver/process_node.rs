@@ -4,10 +4,11 @@
 //! its provisioner binds a claim the scheduler gave it. The Spark job on it is
 //! `clients/spark` `SparkOnControlPlaneIT`.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::authentication::v1::TokenReview;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use spark_pod_allocator_sim::{
     KubeletRuntime, KubeletSettings, PROCESS_NODE_PROVISIONER, ProcessImage, run_process_node,
 };
@@ -66,14 +67,16 @@ async fn pods_bound_to_the_process_node_run_as_processes_and_report_as_a_kubelet
             image: "shell".into(),
             command: vec!["sh".into(), "-c".into()],
             env: vec![],
+            container: false,
         }],
         ..KubeletSettings::default()
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let node = tokio::spawn({
         let client = admin.clone();
+        let api_server: http::Uri = server.url.parse().expect("the API server's URL");
         async move {
-            run_process_node(client, &settings, NODE, async {
+            run_process_node(client, &api_server, &settings, NODE, async {
                 let _ = stop_rx.await;
             })
             .await
@@ -215,6 +218,120 @@ async fn pods_bound_to_the_process_node_run_as_processes_and_report_as_a_kubelet
         std::fs::read_to_string(std::path::Path::new(&path).join("file")).ok(),
         Some("kept\n".to_string())
     );
+
+    // What a pod takes from the API server: a Secret as a volume and as a variable, the
+    // ServiceAccount admission's kube-api-access volume (a token bound to the pod, the
+    // cluster's CA, the namespace) and a projected token of another audience, and the
+    // API server's address as KUBERNETES_SERVICE_HOST/PORT. The script checks what it can
+    // see (the mount paths reach it through its environment, rewritten) and leaves the
+    // address for the test.
+    Api::<Secret>::namespaced(admin.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+                "stringData": {"password": "pa$(X)ss"}
+            }))
+            .expect("secret"),
+        )
+        .await
+        .expect("create secret");
+    let script = r#"set -e
+        [ "$PASSWORD" = 'pa$(X)ss' ]
+        [ "$(cat "$CREDS/password")" = 'pa$(X)ss' ]
+        [ "$(cat "$SA/namespace")" = default ]
+        grep -q 'BEGIN CERTIFICATE' "$SA/ca.crt"
+        [ -s "$SA/token" ] && [ -s "$TOKENS/allocator" ]
+        echo "$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT" > endpoint"#;
+    let mut reader = pod("reads", script);
+    let mut spec = reader.spec.take().unwrap_or_default();
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "creds", "secret": {"secretName": "creds"}}))
+            .expect("volume"),
+        serde_json::from_value(json!({"name": "tokens", "projected": {"sources": [
+            {"serviceAccountToken": {"audience": "spark-pod-allocator", "expirationSeconds": 600, "path": "allocator"}}
+        ]}}))
+        .expect("volume"),
+    ]);
+    if let Some(c) = spec.containers.first_mut() {
+        let env = c.env.get_or_insert_with(Vec::new);
+        for variable in [
+            json!({"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}),
+            json!({"name": "CREDS", "value": "/etc/creds"}),
+            json!({"name": "TOKENS", "value": "/var/run/tokens"}),
+            json!({"name": "SA", "value": "/var/run/secrets/kubernetes.io/serviceaccount"}),
+        ] {
+            env.push(serde_json::from_value(variable).expect("env"));
+        }
+        c.volume_mounts = Some(vec![
+            serde_json::from_value(json!({"name": "creds", "mountPath": "/etc/creds"}))
+                .expect("mount"),
+            serde_json::from_value(json!({"name": "tokens", "mountPath": "/var/run/tokens"}))
+                .expect("mount"),
+        ]);
+    }
+    reader.spec = Some(spec);
+    pods.create(&PostParams::default(), &reader)
+        .await
+        .expect("create");
+    let read = eventually("the reading pod ended", async || {
+        let p = pods.get("reads").await.ok()?;
+        matches!(phase(&p).as_str(), "Succeeded" | "Failed").then_some(p)
+    })
+    .await;
+    let uid = read.metadata.uid.clone().unwrap_or_default();
+    let pod_dir = work.path().join("default").join(format!("reads-{uid}"));
+    assert_eq!(
+        phase(&read),
+        "Succeeded",
+        "the pod's checks failed: {}",
+        std::fs::read_to_string(pod_dir.join("main.log")).unwrap_or_default()
+    );
+    let endpoint = std::fs::read_to_string(pod_dir.join("endpoint")).expect("endpoint file");
+    assert_eq!(
+        format!("https://{}", endpoint.trim()),
+        server.url,
+        "KUBERNETES_SERVICE_HOST/PORT are not the API server's address"
+    );
+    let admission_volume = read
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .and_then(|v| v.iter().find(|v| v.name.starts_with("kube-api-access-")))
+        .map(|v| v.name.clone())
+        .expect("the ServiceAccount admission's volume");
+    let review = async |token_file: std::path::PathBuf, audiences: Vec<&str>| -> Value {
+        let token = std::fs::read_to_string(&token_file).expect("token file");
+        let review: TokenReview = serde_json::from_value(json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences}
+        }))
+        .expect("review");
+        let answer = Api::<TokenReview>::all(admin.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .expect("token review");
+        serde_json::to_value(answer.status).expect("status")
+    };
+    let volumes = pod_dir.join("volumes");
+    for (file, audiences) in [
+        (volumes.join(&admission_volume).join("token"), vec![]),
+        (
+            volumes.join("tokens").join("allocator"),
+            vec!["spark-pod-allocator"],
+        ),
+    ] {
+        let status = review(file.clone(), audiences).await;
+        assert_eq!(status["authenticated"], true, "{file:?}: {status}");
+        assert_eq!(
+            status["user"]["username"], "system:serviceaccount:default:default",
+            "{file:?}: {status}"
+        );
+        assert_eq!(
+            status["user"]["extra"]["authentication.kubernetes.io/pod-name"][0], "reads",
+            "{file:?}: the token is not bound to the pod: {status}"
+        );
+    }
 
     let _ = stop_tx.send(());
     node.await.expect("node task").expect("process node");

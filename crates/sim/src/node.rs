@@ -13,7 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
@@ -24,7 +27,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::kubelet::{Outcome, START_RETRY, container_exited, started};
-use super::process::{Exited, Key, POD_IP, ProcessRuntime, config_maps_needed};
+use super::process::{
+    Exited, Key, POD_IP, ProcessRuntime, StartFailure, config_maps_needed, field_ref, pod_dir_name,
+};
 use super::settings::KubeletSettings;
 
 /// The provisioner name of the node's StorageClasses: a claim of such a class that the
@@ -85,11 +90,13 @@ struct ProcessNode {
 /// every process it started.
 pub async fn run_process_node(
     client: kube::Client,
+    api_server: &http::Uri,
     kubelet: &KubeletSettings,
     name: &str,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), NodeError> {
-    let runtime = ProcessRuntime::new(kubelet).map_err(NodeError::WorkDir)?;
+    let mut runtime = ProcessRuntime::new(kubelet).map_err(NodeError::WorkDir)?;
+    runtime.set_cluster_env(cluster_env(api_server));
     register(&client, name)
         .await
         .map_err(|source| NodeError::Register {
@@ -143,6 +150,46 @@ pub async fn run_process_node(
     }
     node.runtime.stop_all().await;
     Ok(())
+}
+
+/// A kubelet's `KUBERNETES_SERVICE_HOST` and `_PORT`: the API server as this machine
+/// reaches it (the pods share its network, where the `kubernetes` Service's cluster IP
+/// means nothing).
+fn cluster_env(api_server: &http::Uri) -> Vec<(String, String)> {
+    let Some(host) = api_server.host() else {
+        return Vec::new();
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = api_server
+        .port_u16()
+        .unwrap_or(if api_server.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    vec![
+        ("KUBERNETES_SERVICE_HOST".into(), host),
+        ("KUBERNETES_SERVICE_PORT".into(), port.to_string()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.to_string()),
+    ]
+}
+
+/// The files of a Secret's or ConfigMap's keys (or of `items`, key → path).
+fn select_items(spec: &Value, data: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    match spec.get("items").and_then(Value::as_array) {
+        Some(items) => items
+            .iter()
+            .filter_map(|item| {
+                let key = str_at(item, "/key");
+                let content = data.iter().find(|(k, _)| *k == key)?.1.clone();
+                Some((str_at(item, "/path"), content))
+            })
+            .collect(),
+        None => data,
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -315,7 +362,11 @@ impl ProcessNode {
     async fn start(&mut self, key: &Key, uid: &str, mut pod: Value) {
         let config_maps = self.config_maps(&key.0, &pod).await;
         self.mount_claims(&key.0, &mut pod).await;
-        let outcome = match self.runtime.start(key, &pod, &config_maps) {
+        let tried = match self.mount_api_volumes(key, uid, &mut pod).await {
+            Ok(()) => self.runtime.start(key, &pod, &config_maps),
+            Err(failure) => Err(failure),
+        };
+        let outcome = match tried {
             Ok(true) => Outcome::Running,
             Ok(false) => return,
             Err(failure) => match failure.waiting {
@@ -369,6 +420,258 @@ impl ProcessNode {
             }
         }
         found
+    }
+
+    /// What a kubelet takes from the API server for a pod, written as files and variables
+    /// the runtime then uses as they are: each `secret` and `projected` volume (Secrets,
+    /// ConfigMaps, the downward API, a ServiceAccount token from the TokenRequest API bound
+    /// to the pod, with its audience and expiry) becomes a `hostPath` directory in the
+    /// pod's directory, and each `secretKeyRef` variable its value. A missing Secret or
+    /// ConfigMap keeps the pod waiting, as a kubelet does.
+    async fn mount_api_volumes(
+        &self,
+        key: &Key,
+        uid: &str,
+        pod: &mut Value,
+    ) -> Result<(), StartFailure> {
+        let wait = |reason: &'static str, message: String| StartFailure {
+            container: 0,
+            message,
+            waiting: Some(reason),
+        };
+        let fail = |message: String| StartFailure {
+            container: 0,
+            message,
+            waiting: None,
+        };
+        let (ns, name) = key;
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let config_maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        let dir = self
+            .runtime
+            .base()
+            .join(ns)
+            .join(pod_dir_name(name, uid))
+            .join("volumes");
+        let snapshot = pod.clone();
+        let account = match str_at(&snapshot, "/spec/serviceAccountName") {
+            a if a.is_empty() => "default".to_string(),
+            a => a,
+        };
+        if let Some(volumes) = pod
+            .pointer_mut("/spec/volumes")
+            .and_then(Value::as_array_mut)
+        {
+            for volume in volumes.iter_mut() {
+                let vname = str_at(volume, "/name");
+                let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+                let sources: Vec<Value> = if let Some(secret) = volume.get("secret") {
+                    vec![json!({"secret": {
+                        "name": secret.get("secretName").cloned().unwrap_or(Value::Null),
+                        "items": secret.get("items").cloned().unwrap_or(Value::Null),
+                        "optional": secret.get("optional").cloned().unwrap_or(Value::Null),
+                    }})]
+                } else if let Some(sources) = volume
+                    .pointer("/projected/sources")
+                    .and_then(Value::as_array)
+                {
+                    sources.clone()
+                } else {
+                    continue;
+                };
+                for source in &sources {
+                    let optional =
+                        |v: &Value| v.get("optional").and_then(Value::as_bool) == Some(true);
+                    if let Some(spec) = source.get("secret") {
+                        let secret_name = str_at(spec, "/name");
+                        match secrets.get_opt(&secret_name).await {
+                            Ok(Some(secret)) => {
+                                let data: Vec<(String, Vec<u8>)> = secret
+                                    .data
+                                    .unwrap_or_default()
+                                    .into_iter()
+                                    .map(|(k, v)| (k, v.0))
+                                    .collect();
+                                files.extend(select_items(spec, data));
+                            }
+                            Ok(None) if optional(spec) => {}
+                            Ok(None) => {
+                                return Err(wait(
+                                    "ContainerCreating",
+                                    format!(
+                                        "MountVolume.SetUp failed for volume {vname:?} : secret \"{secret_name}\" not found"
+                                    ),
+                                ));
+                            }
+                            Err(e) => {
+                                return Err(wait(
+                                    "ContainerCreating",
+                                    format!("secret {secret_name:?}: {e}"),
+                                ));
+                            }
+                        }
+                    } else if let Some(spec) = source.get("configMap") {
+                        let cm_name = str_at(spec, "/name");
+                        match config_maps.get_opt(&cm_name).await {
+                            Ok(Some(cm)) => {
+                                let data: Vec<(String, Vec<u8>)> = cm
+                                    .data
+                                    .unwrap_or_default()
+                                    .into_iter()
+                                    .map(|(k, v)| (k, v.into_bytes()))
+                                    .chain(
+                                        cm.binary_data
+                                            .unwrap_or_default()
+                                            .into_iter()
+                                            .map(|(k, v)| (k, v.0)),
+                                    )
+                                    .collect();
+                                files.extend(select_items(spec, data));
+                            }
+                            Ok(None) if optional(spec) => {}
+                            Ok(None) => {
+                                return Err(wait(
+                                    "ContainerCreating",
+                                    format!(
+                                        "MountVolume.SetUp failed for volume {vname:?} : configmap \"{cm_name}\" not found"
+                                    ),
+                                ));
+                            }
+                            Err(e) => {
+                                return Err(wait(
+                                    "ContainerCreating",
+                                    format!("configmap {cm_name:?}: {e}"),
+                                ));
+                            }
+                        }
+                    } else if let Some(spec) = source.get("downwardAPI") {
+                        for item in spec
+                            .get("items")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                        {
+                            let path = str_at(item, "/fieldRef/fieldPath");
+                            let Some(value) = field_ref(&snapshot, &path) else {
+                                return Err(fail(format!(
+                                    "volume {vname:?}: unsupported fieldRef {path:?}"
+                                )));
+                            };
+                            files.push((str_at(item, "/path"), value.into_bytes()));
+                        }
+                    } else if let Some(spec) = source.get("serviceAccountToken") {
+                        let token = self
+                            .token(ns, &account, name, uid, spec)
+                            .await
+                            .map_err(|e| wait("ContainerCreating", format!("volume {vname:?}: cannot get a token for service account {account:?}: {e}")))?;
+                        files.push((str_at(spec, "/path"), token.into_bytes()));
+                    }
+                }
+                let target = dir.join(&vname);
+                for (file, content) in files {
+                    if file.is_empty()
+                        || file.starts_with('/')
+                        || file.split('/').any(|p| p == "..")
+                    {
+                        return Err(fail(format!(
+                            "volume {vname:?}: path {file:?} leaves the volume"
+                        )));
+                    }
+                    let path = target.join(&file);
+                    let written = path
+                        .parent()
+                        .map_or(Ok(()), std::fs::create_dir_all)
+                        .and_then(|()| std::fs::write(&path, content));
+                    if let Err(e) = written {
+                        return Err(fail(format!("volume {vname:?}: {}: {e}", path.display())));
+                    }
+                }
+                if let Err(e) = std::fs::create_dir_all(&target) {
+                    return Err(fail(format!("volume {vname:?}: {}: {e}", target.display())));
+                }
+                if let Some(object) = volume.as_object_mut() {
+                    object.remove("secret");
+                    object.remove("projected");
+                    object.insert("hostPath".into(), json!({"path": target}));
+                }
+            }
+        }
+        // Secret variables become plain values (`$` escaped: the runtime expands `$(VAR)`).
+        let containers = pod
+            .pointer_mut("/spec/containers")
+            .and_then(Value::as_array_mut);
+        for container in containers.into_iter().flatten() {
+            for variable in container
+                .get_mut("env")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                let Some(spec) = variable.pointer("/valueFrom/secretKeyRef").cloned() else {
+                    continue;
+                };
+                let (secret_name, wanted) = (str_at(&spec, "/name"), str_at(&spec, "/key"));
+                let value = match secrets.get_opt(&secret_name).await {
+                    Ok(Some(secret)) => secret
+                        .data
+                        .unwrap_or_default()
+                        .remove(&wanted)
+                        .map(|v| String::from_utf8_lossy(&v.0).replace('$', "$$")),
+                    Ok(None) => None,
+                    Err(e) => {
+                        return Err(wait(
+                            "CreateContainerConfigError",
+                            format!("secret {secret_name:?}: {e}"),
+                        ));
+                    }
+                };
+                let Some(object) = variable.as_object_mut() else {
+                    continue;
+                };
+                match value {
+                    Some(value) => {
+                        object.remove("valueFrom");
+                        object.insert("value".into(), Value::String(value));
+                    }
+                    None if spec.get("optional").and_then(Value::as_bool) == Some(true) => {
+                        object.remove("valueFrom");
+                    }
+                    None => {
+                        return Err(wait(
+                            "CreateContainerConfigError",
+                            format!("couldn't find key {wanted} in Secret {ns}/{secret_name}"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A token of the pod's ServiceAccount from the TokenRequest API, bound to the pod.
+    async fn token(
+        &self,
+        ns: &str,
+        account: &str,
+        pod: &str,
+        uid: &str,
+        spec: &Value,
+    ) -> Result<String, kube::Error> {
+        let audience = str_at(spec, "/audience");
+        let request: TokenRequest = serde_json::from_value(json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {
+                "audiences": if audience.is_empty() { json!([]) } else { json!([audience]) },
+                "expirationSeconds": spec.get("expirationSeconds").and_then(Value::as_i64).unwrap_or(3600),
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid},
+            }
+        }))
+        .map_err(kube::Error::SerdeError)?;
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), ns);
+        let answer = accounts
+            .create_token_request(account, &PostParams::default(), &request)
+            .await?;
+        Ok(answer.status.map(|s| s.token).unwrap_or_default())
     }
 
     /// Each claim volume whose PersistentVolume is a local directory (`hostPath` or

@@ -101,6 +101,33 @@ impl Problem {
 struct PodProcesses {
     /// Process group of each container still running (`None` once it exited).
     groups: Vec<Option<i32>>,
+    /// The engine's container of each container run by a container engine: killing the
+    /// engine's client does not stop it, so it is removed too.
+    engines: Vec<Option<EngineContainer>>,
+}
+
+/// A container run by a container engine (`ProcessImage::container`).
+#[derive(Clone, Debug)]
+struct EngineContainer {
+    /// The engine's argv (`podman --runtime runc`).
+    engine: Vec<String>,
+    /// The container's name for the engine.
+    name: String,
+}
+
+impl EngineContainer {
+    /// `ENGINE rm --force --time 0 NAME`: the container stops at once and goes.
+    fn remove(&self) -> Option<tokio::process::Child> {
+        let (program, args) = self.engine.split_first()?;
+        tokio::process::Command::new(program)
+            .args(args)
+            .args(["rm", "--force", "--ignore", "--time", "0", &self.name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()
+    }
 }
 
 /// The processes of every pod this kubelet runs.
@@ -111,6 +138,9 @@ pub(crate) struct ProcessRuntime {
     started: HashSet<String>,
     pods: HashMap<String, PodProcesses>,
     exits: JoinSet<Exited>,
+    /// Variables every container gets first (a kubelet's `KUBERNETES_SERVICE_HOST` and
+    /// `_PORT`), below the image's and the container's own.
+    cluster_env: Vec<(String, String)>,
     /// Owns the default base directory (removed after the processes are killed).
     _temp: Option<tempfile::TempDir>,
 }
@@ -136,8 +166,14 @@ impl ProcessRuntime {
             started: HashSet::new(),
             pods: HashMap::new(),
             exits: JoinSet::new(),
+            cluster_env: Vec::new(),
             _temp: temp,
         })
+    }
+
+    /// Sets the variables every container started from now on gets first.
+    pub(crate) fn set_cluster_env(&mut self, env: Vec<(String, String)>) {
+        self.cluster_env = env;
     }
 
     /// The directory holding every pod's working directory.
@@ -158,6 +194,12 @@ impl ProcessRuntime {
                                 // The container is gone as a whole: what its main process
                                 // left behind in its group goes with it.
                                 let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+                            }
+                            if let Some(engine) =
+                                pod.engines.get_mut(exited.container).and_then(Option::take)
+                            {
+                                // Reaped by tokio once it ends.
+                                let _ = engine.remove();
                             }
                             pod.groups.iter().all(Option::is_none)
                         }
@@ -186,6 +228,12 @@ impl ProcessRuntime {
         for pgid in &groups {
             let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
         }
+        let removals: Vec<tokio::process::Child> = self
+            .pods
+            .values()
+            .flat_map(|p| p.engines.iter().flatten())
+            .filter_map(EngineContainer::remove)
+            .collect();
         let bound = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         let _ = tokio::time::timeout_at(bound, async {
             while self.exits.join_next().await.is_some() {}
@@ -196,6 +244,10 @@ impl ProcessRuntime {
             }
         })
         .await;
+        // An engine's containers stop in their own time (bounded by the engine's `--time 0`).
+        for mut removal in removals {
+            let _ = removal.wait().await;
+        }
         self.pods.clear();
     }
 
@@ -211,6 +263,11 @@ impl ProcessRuntime {
         if let Some(pod) = self.pods.get(uid) {
             for pgid in pod.groups.iter().flatten() {
                 let _ = killpg(Pid::from_raw(*pgid), signal);
+            }
+            if signal == Signal::SIGKILL {
+                for engine in pod.engines.iter().flatten() {
+                    let _ = engine.remove();
+                }
             }
         }
     }
@@ -255,23 +312,29 @@ impl ProcessRuntime {
         let mut commands = Vec::with_capacity(containers.len());
         for (i, (c, entry)) in containers.iter().zip(&entries).enumerate() {
             commands.push(
-                prepare_container(pod, c, entry, &dir, &volumes, store).map_err(|p| p.at(i))?,
+                prepare_container(pod, c, entry, &dir, &volumes, store, &self.cluster_env)
+                    .map_err(|p| p.at(i))?,
             );
         }
         self.started.insert(uid.clone());
         let mut groups = Vec::with_capacity(containers.len());
         let mut children = Vec::with_capacity(containers.len());
-        for (i, (mut cmd, program)) in commands.into_iter().enumerate() {
+        let mut engines = Vec::with_capacity(containers.len());
+        for (i, (mut cmd, program, engine)) in commands.into_iter().enumerate() {
             match cmd.spawn() {
                 Ok(child) => {
                     let pgid = child.id().and_then(|id| i32::try_from(id).ok());
                     groups.push(pgid);
                     children.push(child);
+                    engines.push(engine);
                 }
                 Err(e) => {
                     // What started already goes: the pod fails as a whole.
                     for pgid in groups.iter().flatten() {
                         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+                    }
+                    for engine in engines.iter().flatten() {
+                        let _ = engine.remove();
                     }
                     let cname = containers
                         .get(i)
@@ -300,7 +363,7 @@ impl ProcessRuntime {
                 }
             });
         }
-        self.pods.insert(uid, PodProcesses { groups });
+        self.pods.insert(uid, PodProcesses { groups, engines });
         Ok(true)
     }
 }
@@ -310,6 +373,18 @@ impl Drop for ProcessRuntime {
         for pod in self.pods.values() {
             for pgid in pod.groups.iter().flatten() {
                 let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+            }
+            for engine in pod.engines.iter().flatten() {
+                if let Some((program, args)) = engine.engine.split_first() {
+                    // No runtime to wait on here: the removal runs to its end.
+                    let _ = std::process::Command::new(program)
+                        .args(args)
+                        .args(["rm", "--force", "--ignore", "--time", "0", &engine.name])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status();
+                }
             }
         }
         // Dropping the wait tasks drops each child, which kills and reaps it too.
@@ -535,7 +610,7 @@ fn expand(value: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
 }
 
 /// The value of a downward-API `fieldRef` for a process-run pod.
-fn field_ref(pod: &Value, path: &str) -> Option<String> {
+pub(crate) fn field_ref(pod: &Value, path: &str) -> Option<String> {
     let quoted = |prefix: &str| {
         path.strip_prefix(prefix)?
             .strip_suffix("']")
@@ -593,8 +668,8 @@ fn resource_ref(container: &Value, spec: &Value) -> Option<String> {
     Some(format!("{}", (value / divisor).ceil() as i64))
 }
 
-/// Everything needed to run one container: its command, ready to spawn, and the program
-/// it runs (for messages).
+/// Everything needed to run one container: its command, ready to spawn, the program it
+/// runs (for messages) and, when an engine runs it, the engine's container.
 fn prepare_container(
     pod: &Value,
     c: &Value,
@@ -602,7 +677,8 @@ fn prepare_container(
     dir: &Path,
     volumes: &HashMap<String, PathBuf>,
     store: &dyn ConfigMaps,
-) -> Result<(tokio::process::Command, String), Problem> {
+    cluster_env: &[(String, String)],
+) -> Result<(tokio::process::Command, String, Option<EngineContainer>), Problem> {
     let ns = str_at(pod, "/metadata/namespace");
     let cname = str_at(c, "/name");
     let mut mounts: Vec<(String, PathBuf)> = c
@@ -628,10 +704,10 @@ fn prepare_container(
         std::fs::create_dir_all(local)
             .map_err(|e| format!("cannot create {}: {e}", local.display()))?;
     }
-    let mut env: Vec<(String, String)> = entry
-        .env
+    let mut env: Vec<(String, String)> = cluster_env
         .iter()
-        .map(|e| (e.name.clone(), e.value.clone()))
+        .cloned()
+        .chain(entry.env.iter().map(|e| (e.name.clone(), e.value.clone())))
         .collect();
     let set = |env: &mut Vec<(String, String)>, name: String, value: String| {
         env.retain(|(n, _)| *n != name);
@@ -740,7 +816,12 @@ fn prepare_container(
         }
     }
     for (name, value) in own {
-        let value = rewrite_mounts(&value, &mounts);
+        // In an engine's container the volumes are at their mount paths.
+        let value = if entry.container {
+            value
+        } else {
+            rewrite_mounts(&value, &mounts)
+        };
         set(&mut env, name, value);
     }
     let lookup = |name: &str| {
@@ -755,10 +836,23 @@ fn prepare_container(
         .into_iter()
         .flatten()
         .filter_map(Value::as_str)
-        .map(|a| rewrite_mounts(&expand(a, lookup), &mounts))
+        .map(|a| {
+            let a = expand(a, lookup);
+            if entry.container {
+                a
+            } else {
+                rewrite_mounts(&a, &mounts)
+            }
+        })
         .collect();
     let Some((program, image_args)) = entry.command.split_first() else {
         return Err(format!("image {:?} has an empty command", entry.image).into());
+    };
+    let (args, engine) = if entry.container {
+        let (run, engine) = engine_run(pod, c, entry, volumes, &env, args)?;
+        (run, Some(engine))
+    } else {
+        (args, None)
     };
     let log_path = dir.join(format!("{cname}.log"));
     let log = std::fs::OpenOptions::new()
@@ -779,7 +873,104 @@ fn prepare_container(
         .stderr(Stdio::from(log_err))
         .process_group(0)
         .kill_on_drop(true);
-    Ok((cmd, program.clone()))
+    Ok((cmd, program.clone(), engine))
+}
+
+/// The engine's `run` arguments for a container of the pod's own image: the volumes
+/// bind-mounted at their mount paths, the host's network (the pod's IP is the host's),
+/// the security context's user and read-only root, each variable passed by name (the
+/// engine's process has them: values stay out of its argv), the container's `command` as
+/// entrypoint.
+fn engine_run(
+    pod: &Value,
+    c: &Value,
+    entry: &ProcessImage,
+    volumes: &HashMap<String, PathBuf>,
+    env: &[(String, String)],
+    args: Vec<String>,
+) -> Result<(Vec<String>, EngineContainer), Problem> {
+    let cname = str_at(c, "/name");
+    let name = format!(
+        "k8s_{cname}_{}_{}_{}",
+        str_at(pod, "/metadata/name"),
+        str_at(pod, "/metadata/namespace"),
+        str_at(pod, "/metadata/uid")
+    );
+    let mut run: Vec<String> = [
+        "run",
+        "--rm",
+        "--pull",
+        "never",
+        "--network",
+        "host",
+        "--name",
+        &name,
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let security = |field: &str| {
+        c.pointer(&format!("/securityContext/{field}"))
+            .or_else(|| pod.pointer(&format!("/spec/securityContext/{field}")))
+            .cloned()
+    };
+    if let Some(user) = security("runAsUser").and_then(|v| v.as_i64()) {
+        let user = match security("runAsGroup").and_then(|v| v.as_i64()) {
+            Some(group) => format!("{user}:{group}"),
+            None => user.to_string(),
+        };
+        run.extend(["--user".into(), user]);
+    }
+    if c.pointer("/securityContext/readOnlyRootFilesystem")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        run.push("--read-only".into());
+    }
+    for m in c
+        .get("volumeMounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let volume = str_at(m, "/name");
+        let Some(local) = volumes.get(&volume) else {
+            return Err(format!("volumeMount {volume:?}: no such volume in the pod").into());
+        };
+        let sub = str_at(m, "/subPath");
+        let local = if sub.is_empty() {
+            local.clone()
+        } else {
+            local.join(sub)
+        };
+        let read_only = m.get("readOnly").and_then(Value::as_bool) == Some(true);
+        run.extend([
+            "--volume".into(),
+            format!(
+                "{}:{}{}",
+                local.display(),
+                str_at(m, "/mountPath"),
+                if read_only { ":ro" } else { "" }
+            ),
+        ]);
+    }
+    for (variable, _) in env {
+        run.extend(["--env".into(), variable.clone()]);
+    }
+    if let Some(command) = c.get("command").and_then(Value::as_array) {
+        let command: Vec<&str> = command.iter().filter_map(Value::as_str).collect();
+        let command = serde_json::to_string(&command)
+            .map_err(|e| format!("container {cname:?}: command: {e}"))?;
+        run.extend(["--entrypoint".into(), command]);
+    }
+    run.push(str_at(c, "/image"));
+    run.extend(args);
+    Ok((
+        run,
+        EngineContainer {
+            engine: entry.command.clone(),
+            name,
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -814,6 +1005,49 @@ mod tests {
             rewrite_mounts("/opt/spark/conf/x:/opt/other", &mounts),
             "/tmp/p/volumes/conf/x:/opt/other"
         );
+    }
+
+    #[test]
+    fn an_engine_runs_the_pods_image_with_its_volumes_user_and_variables() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+            "spec": {"securityContext": {"runAsUser": 65532, "runAsGroup": 65532}}
+        });
+        let c = json!({
+            "name": "main", "image": "app:1", "command": ["/app"], "args": ["serve"],
+            "securityContext": {"readOnlyRootFilesystem": true},
+            "volumeMounts": [
+                {"name": "tls", "mountPath": "/etc/tls", "readOnly": true},
+                {"name": "data", "mountPath": "/data", "subPath": "d"}
+            ]
+        });
+        let entry = ProcessImage {
+            image: "*".into(),
+            command: vec!["podman".into(), "--runtime".into(), "runc".into()],
+            env: vec![],
+            container: true,
+        };
+        let volumes = HashMap::from([
+            ("tls".to_string(), PathBuf::from("/w/volumes/tls")),
+            ("data".to_string(), PathBuf::from("/w/volumes/data")),
+        ]);
+        let env = vec![("TOKEN".to_string(), "secret".to_string())];
+        let Ok((run, engine)) = engine_run(&pod, &c, &entry, &volumes, &env, vec!["serve".into()])
+        else {
+            panic!("engine_run failed");
+        };
+        assert_eq!(engine.name, "k8s_main_p_ns_u-1");
+        assert_eq!(
+            run.join(" "),
+            "run --rm --pull never --network host --name k8s_main_p_ns_u-1 --user 65532:65532 \
+             --read-only --volume /w/volumes/tls:/etc/tls:ro --volume /w/volumes/data/d:/data \
+             --env TOKEN --entrypoint [\"/app\"] app:1 serve"
+        );
+        // A variable's value stays out of the engine's argv.
+        assert!(!run.iter().any(|a| a.contains("secret")));
+        let missing = json!({"name": "main", "image": "app:1",
+            "volumeMounts": [{"name": "nope", "mountPath": "/x"}]});
+        assert!(engine_run(&pod, &missing, &entry, &volumes, &env, vec![]).is_err());
     }
 
     #[test]

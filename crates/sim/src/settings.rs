@@ -164,6 +164,13 @@ pub struct ProcessImage {
     /// above the simulator's inherited environment.
     #[serde(default)]
     pub env: Vec<ImageEnv>,
+    /// Run the container's own image with a container engine instead: `command` is then
+    /// the engine's argv (`["podman", "--runtime", "runc"]`), to which `run` (or `rm`) and
+    /// their arguments are appended; the pod's volumes are bind-mounted at their mount
+    /// paths, the container's `command` is its entrypoint, and `env` is added to the
+    /// container's environment (the engine itself runs with the simulator's).
+    #[serde(default)]
+    pub container: bool,
 }
 
 /// One environment variable of a [`ProcessImage`] (a list, not a map, so names keep
