@@ -98,3 +98,53 @@ pub async fn until_progress<P: PartialEq + Debug>(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whole seconds of (paused) time since `began`.
+    fn seconds(began: Instant) -> u64 {
+        began.elapsed().as_secs()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quantity_that_stands_still_fails_one_stall_after_its_last_move() {
+        let began = Instant::now();
+        // Moves each second for 10 s, then stands still.
+        let stalled = progressing(async || seconds(began).min(10), |_| false).await;
+        assert_eq!(stalled, Err(10));
+        let waited = began.elapsed();
+        assert!(
+            waited > Duration::from_secs(10) + STALL && waited < Duration::from_secs(11) + STALL,
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quantity_that_moves_is_waited_for_longer_than_a_fixed_bound() {
+        let began = Instant::now();
+        // One step every 20 s: each step within STALL, the whole far beyond BOUND.
+        let reached = progressing(async || seconds(began) / 20, |step| *step >= 6).await;
+        assert_eq!(reached, Ok(6));
+        assert!(began.elapsed() > BOUND.saturating_mul(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quantity_moving_for_ever_fails_at_the_limit() {
+        let began = Instant::now();
+        let livelock = progressing(async || began.elapsed(), |_| false).await;
+        assert!(livelock.is_err());
+        let waited = began.elapsed();
+        assert!(
+            waited > LIMIT && waited < LIMIT + Duration::from_secs(1),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "the test's quantity; last seen 3")]
+    async fn until_progress_names_the_condition_and_the_last_observation() {
+        until_progress("the test's quantity", async || 3, |n| *n > 3).await;
+    }
+}
