@@ -23,7 +23,7 @@ use spark_pod_allocator::runtime::Service;
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::{batched_start_request, quiet_cluster};
 use test_kit::requests::*;
-use test_kit::wait::{eventually, until};
+use test_kit::wait::{eventually, until, until_progress};
 use tonic::transport::Channel;
 
 const SHARDS: u32 = 3;
@@ -155,10 +155,14 @@ async fn a_queue_over_namespaces_of_three_replicas_never_exceeds_its_budget() {
     }
     // Each replica holds one shard: by their names alone the three namespaces would be
     // owned by three replicas, each counting only its own application.
-    until("each replica holds one shard", || async {
-        let held: BTreeSet<Option<String>> = holders(&sim).await.into_iter().collect();
-        held.len() == SHARDS as usize && !held.contains(&None)
-    })
+    until_progress(
+        "each replica holds one shard",
+        async || holders(&sim).await,
+        |holders| {
+            let held: BTreeSet<&Option<String>> = holders.iter().collect();
+            held.len() == SHARDS as usize && !held.contains(&None)
+        },
+    )
     .await;
 
     let mut client = test_kit::grpc::connect(replicas[0].address()).await.1;

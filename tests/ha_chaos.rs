@@ -30,6 +30,7 @@ use spark_pod_allocator_sim::{FaultSettings, SimCluster};
 use test_kit::grpc::batched_start_request;
 use test_kit::process::{pause, serve_replica, wake};
 use test_kit::requests::*;
+use test_kit::wait::progressing;
 use tokio::process::Child;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -577,14 +578,12 @@ async fn chaos(seed: u64) -> Vec<String> {
             finals.insert(app, target);
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while live_executors(&sim)
-        .iter()
-        .any(|(app, live)| finals.get(app).is_some_and(|t| t != live))
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Waited for while the pods move; a stall ends the wait, and the check below names it.
+    let _ = progressing(
+        async || live_executors(&sim),
+        |now| (now.iter()).all(|(app, live)| finals.get(app).is_none_or(|t| t == live)),
+    )
+    .await;
     for (app, live) in live_executors(&sim) {
         let target = finals.get(&app).copied();
         if target != Some(live) {

@@ -23,7 +23,7 @@ use test_kit::process::{connect_serving, pause, serve_replica, wake};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
 use test_kit::sim::manual_cluster;
-use test_kit::wait::until;
+use test_kit::wait::{until, until_progress};
 use tokio::process::Child;
 use tonic::Code;
 
@@ -99,9 +99,11 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
         .expect("WatchExecutors through replica-b")
         .into_inner();
     until_event(&mut events, "the owner's full state", synced).await;
-    until("the first batch", || async {
-        executor_ids(&sim).await.len() >= 2
-    })
+    until_progress(
+        "the first batch",
+        async || executor_ids(&sim).await,
+        |ids| ids.len() >= 2,
+    )
     .await;
     let client = sim.try_client().expect("client");
     until("the registration with the target", || async {
@@ -131,9 +133,11 @@ async fn the_owner_killed_mid_scale_up_is_replaced_by_the_other_replica_within_t
 
     // No driver call: the other replica takes the shard once the lease has passed and
     // finishes the scale-up from the registration.
-    until("8 executors", || async {
-        executor_ids(&sim).await.len() == 8
-    })
+    until_progress(
+        "8 executors",
+        async || executor_ids(&sim).await,
+        |ids| ids.len() == 8,
+    )
     .await;
     assert_eq!(holder(&sim).await, (Some("replica-b".into()), Some(1)));
     // The forwarded stream outlived its owner: replica-b watched again where the
@@ -179,33 +183,41 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
         .set_total_expected(targets_request(APP, 6))
         .await
         .expect("SetTotalExpected");
-    until("the first batch", || async {
-        executor_ids(&sim).await.len() >= 2
-    })
+    until_progress(
+        "the first batch",
+        async || executor_ids(&sim).await,
+        |ids| ids.len() >= 2,
+    )
     .await;
     pause(&a);
     // What `a` reserved (a write of it still on the wire can only raise it).
     let recorded = recorded_last_id(&sim).await;
 
-    until("replica-b holds the shard", || async {
-        holder(&sim).await.0.as_deref() == Some("replica-b")
-    })
+    until_progress(
+        "replica-b holds the shard",
+        async || holder(&sim).await,
+        |(holder, _)| holder.as_deref() == Some("replica-b"),
+    )
     .await;
     // Counted once the lease has passed: a request `a` had on the wire when it was paused
     // has arrived by now.
     let writes_at_takeover = writes_of(&sim, "replica-a");
     let at_pause = executor_ids(&sim).await;
-    until("6 executors, through replica-b", || async {
-        executor_ids(&sim).await.len() == 6
-    })
+    until_progress(
+        "6 executors, through replica-b",
+        async || executor_ids(&sim).await,
+        |ids| ids.len() == 6,
+    )
     .await;
     client_b
         .set_total_expected(targets_request(APP, 8))
         .await
         .expect("the new owner takes calls");
-    until("8 executors", || async {
-        executor_ids(&sim).await.len() == 8
-    })
+    until_progress(
+        "8 executors",
+        async || executor_ids(&sim).await,
+        |ids| ids.len() == 8,
+    )
     .await;
 
     wake(&a);
@@ -225,9 +237,11 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing() {
         .set_total_expected(targets_request(APP, 9))
         .await
         .expect("forwarded to the new owner");
-    until("9 executors", || async {
-        executor_ids(&sim).await.len() == 9
-    })
+    until_progress(
+        "9 executors",
+        async || executor_ids(&sim).await,
+        |ids| ids.len() == 9,
+    )
     .await;
     assert_eq!(
         writes_of(&sim, "replica-a"),

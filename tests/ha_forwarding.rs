@@ -24,7 +24,7 @@ use spark_pod_allocator_sim::{SimCluster, SimGrant, SimSettings, SimToken};
 use test_kit::grpc::{quiet_cluster, start_request, until_event};
 use test_kit::requests::*;
 use test_kit::tls::{certificate, tls_channel};
-use test_kit::wait::until;
+use test_kit::wait::until_progress;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -127,9 +127,11 @@ async fn holder_and_forwarder(
     clock: &ManualClock,
 ) -> (Service, Service, Metrics) {
     let (a, _) = replica(sim, clock, "replica-a", None).await;
-    until("replica-a holds the shard", || async {
-        holder(sim).await.as_deref() == Some("replica-a")
-    })
+    until_progress(
+        "replica-a holds the shard",
+        async || holder(sim).await,
+        |holder| holder.as_deref() == Some("replica-a"),
+    )
     .await;
     let (b, b_metrics) = replica(sim, clock, "replica-b", None).await;
     (a, b, b_metrics)
@@ -293,9 +295,11 @@ async fn forwards_go_over_tls_only_to_a_peer_whose_certificate_the_replica_trust
         peer_ca: peer_ca.clone(),
     };
     let (a, _) = replica(&sim, &clock, "replica-a", Some(&trusting(&ca))).await;
-    until("replica-a holds the shard", || async {
-        holder(&sim).await.as_deref() == Some("replica-a")
-    })
+    until_progress(
+        "replica-a holds the shard",
+        async || holder(&sim).await,
+        |holder| holder.as_deref() == Some("replica-a"),
+    )
     .await;
     let (b, _) = replica(&sim, &clock, "replica-b", Some(&trusting(&ca))).await;
     // `c` trusts another CA: it cannot verify replica-a, so it sends it no caller's token.

@@ -22,7 +22,7 @@ use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::batched_start_request;
 use test_kit::process::{connect_serving, serve_replica, terminate};
 use test_kit::requests::*;
-use test_kit::wait::until;
+use test_kit::wait::until_progress;
 use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -94,10 +94,23 @@ async fn executors(sim: &SimCluster) -> BTreeMap<String, BTreeSet<u64>> {
     all
 }
 
+/// What moves while the replicas work: the Leases and every application's executors. A
+/// wait fails once none of it has moved for a while, not after a fixed time.
+async fn state(
+    sim: &SimCluster,
+) -> (
+    Vec<(Option<String>, bool, i32)>,
+    BTreeMap<String, BTreeSet<u64>>,
+) {
+    (leases(sim).await, executors(sim).await)
+}
+
 async fn all_at(sim: &SimCluster, target: usize) {
-    until(&format!("every application at {target}"), || async {
-        executors(sim).await.values().all(|ids| ids.len() >= target)
-    })
+    until_progress(
+        &format!("every application at {target}"),
+        async || state(sim).await,
+        |(_, executors)| executors.values().all(|ids| ids.len() >= target),
+    )
     .await;
     for (app, ids) in executors(sim).await {
         assert_eq!(
@@ -109,34 +122,39 @@ async fn all_at(sim: &SimCluster, target: usize) {
 }
 
 /// Sends `call` to `address` until it is answered (UNAVAILABLE is retried, as the driver's
-/// plugin does); returns who answered.
-async fn send<T, F, Fut>(address: &str, what: &str, call: F) -> String
+/// plugin does, while the Leases move); returns who answered.
+async fn send<T, F, Fut>(sim: &SimCluster, address: &str, what: &str, call: F) -> String
 where
     F: Fn(ExecutorAllocatorClient<tonic::transport::Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
     let client = connect_serving(address).await;
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        match call(client.clone()).await {
-            Ok(reply) => {
-                return reply
-                    .metadata()
-                    .get(ANSWERED_BY_METADATA)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("called")
-                    .to_string();
-            }
-            Err(status) if status.code() == Code::Unavailable => {}
-            Err(status) => panic!("{what}: answered {status:?}"),
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{what}: unanswered");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let answer = async || match call(client.clone()).await {
+        Ok(reply) => Some(
+            reply
+                .metadata()
+                .get(ANSWERED_BY_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("called")
+                .to_string(),
+        ),
+        Err(status) if status.code() == Code::Unavailable => None,
+        Err(status) => panic!("{what}: answered {status:?}"),
+    };
+    let answered = until_progress(
+        &format!("{what} answered"),
+        async || match answer().await {
+            Some(answer) => (Some(answer), None),
+            None => (None, Some(leases(sim).await)),
+        },
+        |(answer, _)| answer.is_some(),
+    )
+    .await;
+    answered.0.expect("answered")
 }
 
-async fn scale(address: &str, app: &str, target: u32) -> String {
-    send(address, &format!("SetTotalExpected {app}"), |mut c| {
+async fn scale(sim: &SimCluster, address: &str, app: &str, target: u32) -> String {
+    send(sim, address, &format!("SetTotalExpected {app}"), |mut c| {
         let request = targets_request(app, target);
         async move { c.set_total_expected(request).await }
     })
@@ -229,12 +247,20 @@ async fn stalls_bounded(
 /// (it releases all of its shards at once), at most one is in flight (asked for, or
 /// without a holder).
 async fn balanced_over(sim: &SimCluster, members: &[&str], leaving: bool) {
-    until(&format!("the shards balanced over {members:?}"), || async {
+    let in_flight = |now: &[(Option<String>, bool, i32)]| {
+        now.iter().filter(|(h, r, _)| h.is_none() || *r).count()
+    };
+    let observe = async || {
         let now = leases(sim).await;
-        let in_flight = now.iter().filter(|(h, r, _)| h.is_none() || *r).count();
         let requested = now.iter().filter(|(_, r, _)| *r).count();
         assert!(requested <= 1, "one request at a time: {now:?}");
-        assert!(leaving || in_flight <= 1, "one move at a time: {now:?}");
+        assert!(
+            leaving || in_flight(&now) <= 1,
+            "one move at a time: {now:?}"
+        );
+        now
+    };
+    let balanced = |now: &Vec<(Option<String>, bool, i32)>| {
         let loads: Vec<usize> = members
             .iter()
             .map(|m| {
@@ -244,10 +270,15 @@ async fn balanced_over(sim: &SimCluster, members: &[&str], leaving: bool) {
             })
             .collect();
         let (max, min) = (loads.iter().max().copied(), loads.iter().min().copied());
-        in_flight == 0
+        in_flight(now) == 0
             && loads.iter().sum::<usize>() == SHARDS as usize
             && max.zip(min).is_some_and(|(x, n)| x - n <= 1)
-    })
+    };
+    until_progress(
+        &format!("the shards balanced over {members:?}"),
+        observe,
+        balanced,
+    )
     .await;
 }
 
@@ -302,7 +333,7 @@ async fn two_replicas_joining_at_once_then_one_leaving_the_shards_end_balanced_a
     stalls_bounded(probing, &stop, "while b left").await;
     for (n, (_, app, _)) in applications().into_iter().enumerate() {
         let through = if n % 2 == 0 { &address_a } else { &address_c };
-        scale(through, &app, 5).await;
+        scale(&sim, through, &app, 5).await;
     }
     all_at(&sim, 5).await;
     kept_and_not_reused(&before, &executors(&sim).await);
@@ -334,17 +365,25 @@ async fn a_second_replica_joining_takes_half_the_shards_one_at_a_time_and_the_ap
     let stop = CancellationToken::new();
     let probing = probes(&[&address_a, &address_b], 4, &stop);
     // One shard in flight at a time: at most one Lease asked for or without a holder.
-    until("each replica holds two shards", || async {
-        let now = leases(&sim).await;
-        let in_flight = now.iter().filter(|(h, r, _)| h.is_none() || *r).count();
-        assert!(in_flight <= 1, "one move at a time: {now:?}");
-        let of = |who: &str| {
-            now.iter()
-                .filter(|(h, _, _)| h.as_deref() == Some(who))
-                .count()
-        };
-        of("replica-a") == 2 && of("replica-b") == 2 && in_flight == 0
-    })
+    let in_flight = |now: &[(Option<String>, bool, i32)]| {
+        now.iter().filter(|(h, r, _)| h.is_none() || *r).count()
+    };
+    until_progress(
+        "each replica holds two shards",
+        async || {
+            let now = leases(&sim).await;
+            assert!(in_flight(&now) <= 1, "one move at a time: {now:?}");
+            now
+        },
+        |now| {
+            let of = |who: &str| {
+                now.iter()
+                    .filter(|(h, _, _)| h.as_deref() == Some(who))
+                    .count()
+            };
+            of("replica-a") == 2 && of("replica-b") == 2 && in_flight(now) == 0
+        },
+    )
     .await;
     stalls_bounded(probing, &stop, "while the shards moved").await;
     // Two moves, each one change of hands.
@@ -372,7 +411,7 @@ async fn a_second_replica_joining_takes_half_the_shards_one_at_a_time_and_the_ap
         } else {
             &address_b
         };
-        let answered = scale(through, &app, 5).await;
+        let answered = scale(&sim, through, &app, 5).await;
         // Called on the owner, it answers itself; else the owner answers the forward.
         assert!(
             answered == owner || (answered == "called" && through == owner_address),
@@ -422,20 +461,22 @@ async fn every_application_at_3_on_replica_a()
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
     let (a, address_a) = replica(&kubeconfig, "replica-a").await;
-    until("replica-a holds every shard", || async {
-        leases(&sim)
-            .await
-            .iter()
-            .all(|(h, _, _)| h.as_deref() == Some("replica-a"))
-    })
+    until_progress(
+        "replica-a holds every shard",
+        async || leases(&sim).await,
+        |now| {
+            now.iter()
+                .all(|(h, _, _)| h.as_deref() == Some("replica-a"))
+        },
+    )
     .await;
     for (ns, app, _) in applications() {
-        send(&address_a, &format!("Start {app}"), |mut c| {
+        send(&sim, &address_a, &format!("Start {app}"), |mut c| {
             let request = batched_start_request(&app, &ns, 2, 200);
             async move { c.start(request).await }
         })
         .await;
-        scale(&address_a, &app, 3).await;
+        scale(&sim, &address_a, &app, 3).await;
     }
     all_at(&sim, 3).await;
     (sim, dir, kubeconfig, a, address_a)

@@ -18,7 +18,7 @@ use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::batched_start_request;
 use test_kit::process::{connect_serving, serve_replica, terminate};
 use test_kit::requests::*;
-use test_kit::wait::until;
+use test_kit::wait::until_progress;
 use tokio::process::Child;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -77,12 +77,19 @@ async fn executors(sim: &SimCluster) -> BTreeMap<String, BTreeSet<u64>> {
     all
 }
 
+/// What moves while the replicas work: each shard's holder and every application's
+/// executors. A wait fails once none of it has moved for a while, not after a fixed time.
+async fn state(sim: &SimCluster) -> (Vec<Option<String>>, BTreeMap<String, BTreeSet<u64>>) {
+    (holders(sim).await, executors(sim).await)
+}
+
 /// Every application at `target` executors, none beyond it.
 async fn all_at(sim: &SimCluster, target: u32) {
     let target = usize::try_from(target).expect("a small target");
-    until(
+    until_progress(
         &format!("every application at {target} executors"),
-        || async { executors(sim).await.values().all(|ids| ids.len() >= target) },
+        async || state(sim).await,
+        |(_, executors)| executors.values().all(|ids| ids.len() >= target),
     )
     .await;
     for (app, ids) in executors(sim).await {
@@ -131,12 +138,13 @@ fn untouched(before: &BTreeMap<String, BTreeSet<u64>>, after: &BTreeMap<String, 
 /// The driver calls of a Service in front of the replicas: each call goes to the first
 /// replica that takes it; a replica that cannot be reached, or answers UNAVAILABLE, is
 /// skipped (a refused connection is what a driver sees of a replica gone). Any other code
-/// fails the test.
-struct Drivers {
+/// fails the test, and so does a call unanswered while nothing moves on the cluster.
+struct Drivers<'a> {
+    sim: &'a SimCluster,
     addresses: Vec<String>,
 }
 
-impl Drivers {
+impl Drivers<'_> {
     async fn client(address: &str) -> Option<ExecutorAllocatorClient<Channel>> {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}")).ok()?;
         let channel = tokio::time::timeout(std::time::Duration::from_secs(2), endpoint.connect())
@@ -153,30 +161,43 @@ impl Drivers {
         F: Fn(ExecutorAllocatorClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            for address in &self.addresses {
-                let Some(client) = Self::client(address).await else {
-                    continue;
-                };
-                match call(client).await {
-                    Ok(reply) => {
-                        return reply
+        let answered = until_progress(
+            &format!("{what} answered by a replica"),
+            async || match self.answer(what, &call).await {
+                Some(answer) => (Some(answer), None),
+                None => (None, Some(state(self.sim).await)),
+            },
+            |(answer, _)| answer.is_some(),
+        )
+        .await;
+        answered.0.expect("answered")
+    }
+
+    /// `call` sent to each replica in turn: who answered, `None` if none did.
+    async fn answer<T, F, Fut>(&self, what: &str, call: &F) -> Option<String>
+    where
+        F: Fn(ExecutorAllocatorClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        for address in &self.addresses {
+            let Some(client) = Self::client(address).await else {
+                continue;
+            };
+            match call(client).await {
+                Ok(reply) => {
+                    return Some(
+                        reply
                             .metadata()
                             .get(ANSWERED_BY_METADATA)
                             .and_then(|v| v.to_str().ok())
-                            .map_or_else(|| address.clone(), str::to_string);
-                    }
-                    Err(status) if status.code() == Code::Unavailable => {}
-                    Err(status) => panic!("{what}: answered {status:?}"),
+                            .map_or_else(|| address.clone(), str::to_string),
+                    );
                 }
+                Err(status) if status.code() == Code::Unavailable => {}
+                Err(status) => panic!("{what}: answered {status:?}"),
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{what}: no replica answered within 30 s"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+        None
     }
 
     async fn start_all(&self, target: u32) {
@@ -224,12 +245,11 @@ async fn the_owner_of_every_shard_killed_mid_scale_up_its_applications_finish_on
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = test_kit::sim::kubeconfig_in(&sim, &dir);
     let (mut a, _) = replica(&kubeconfig, "replica-a").await;
-    until("replica-a holds every shard", || async {
-        holders(&sim)
-            .await
-            .iter()
-            .all(|h| h.as_deref() == Some("replica-a"))
-    })
+    until_progress(
+        "replica-a holds every shard",
+        async || holders(&sim).await,
+        |holders| holders.iter().all(|h| h.as_deref() == Some("replica-a")),
+    )
     .await;
     let (_b, address_b) = replica(&kubeconfig, "replica-b").await;
     let (_c, address_c) = replica(&kubeconfig, "replica-c").await;
@@ -237,12 +257,15 @@ async fn the_owner_of_every_shard_killed_mid_scale_up_its_applications_finish_on
     connect_serving(&address_c).await;
     // The driver's one address is a replica that holds nothing now.
     let drivers = Drivers {
+        sim: &sim,
         addresses: vec![address_c.clone()],
     };
     drivers.start_all(6).await;
-    until("the first batches", || async {
-        executors(&sim).await.values().all(|ids| !ids.is_empty())
-    })
+    until_progress(
+        "the first batches",
+        async || state(&sim).await,
+        |(_, executors)| executors.values().all(|ids| !ids.is_empty()),
+    )
     .await;
     a.start_kill().expect("SIGKILL");
     a.wait().await.expect("killed");
@@ -252,12 +275,11 @@ async fn the_owner_of_every_shard_killed_mid_scale_up_its_applications_finish_on
     untouched(&at_kill, &executors(&sim).await);
     ids_recorded(&sim).await;
     // Held by the others (a rebalancing move between them may be under way).
-    until("every shard held by replica-b or replica-c", || async {
-        holders(&sim)
-            .await
-            .iter()
-            .all(|h| matches!(h.as_deref(), Some("replica-b" | "replica-c")))
-    })
+    until_progress(
+        "every shard held by replica-b or replica-c",
+        async || holders(&sim).await,
+        |holders| (holders.iter()).all(|h| matches!(h.as_deref(), Some("replica-b" | "replica-c"))),
+    )
     .await;
     // Every application answers through the one address, by whichever replica owns it.
     let mut answered = BTreeSet::new();
@@ -279,6 +301,7 @@ async fn a_rolling_restart_of_every_replica_under_load_loses_nothing() {
         replicas.push(replica(&kubeconfig, identity).await);
     }
     let drivers = Drivers {
+        sim: &sim,
         addresses: replicas
             .iter()
             .map(|(_, address)| address.clone())
@@ -300,6 +323,7 @@ async fn a_rolling_restart_of_every_replica_under_load_loses_nothing() {
         untouched(&before, &executors(&sim).await);
         replicas.push(restarted);
         let drivers_now = Drivers {
+            sim: &sim,
             addresses: replicas
                 .iter()
                 .map(|(_, address)| address.clone())
@@ -309,15 +333,18 @@ async fn a_rolling_restart_of_every_replica_under_load_loses_nothing() {
         ids_recorded(&sim).await;
         // Every shard held (a rebalancing move may be under way: its Lease is held again
         // in a moment).
-        until(&format!("every shard held after restart {n}"), || async {
-            holders(&sim).await.iter().all(Option::is_some)
-        })
+        until_progress(
+            &format!("every shard held after restart {n}"),
+            async || holders(&sim).await,
+            |holders| holders.iter().all(Option::is_some),
+        )
         .await;
         // The restarted replica answers too (itself, or through a forward; UNAVAILABLE,
         // retried, while the application's shard moves).
         let restarted_address = &replicas[replicas.len() - 1].1;
         connect_serving(restarted_address).await;
         let restarted_only = Drivers {
+            sim: &sim,
             addresses: vec![restarted_address.clone()],
         };
         restarted_only
@@ -329,6 +356,7 @@ async fn a_rolling_restart_of_every_replica_under_load_loses_nothing() {
         drop(drivers_now);
     }
     let drivers = Drivers {
+        sim: &sim,
         addresses: replicas
             .iter()
             .map(|(_, address)| address.clone())

@@ -14,7 +14,7 @@ use test_kit::grpc::{batched_start_request, start_scaled};
 use test_kit::process::{connect_serving, serve_against, serve_at};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
-use test_kit::wait::until;
+use test_kit::wait::{until, until_progress};
 
 const APP: &str = "app-binary";
 
@@ -44,9 +44,11 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     // The whole first batch, so that no create is in flight at the kill (the batch delay
     // holds the next one back); a create cut off by SIGKILL may never land, and its id is
     // then skipped, which is right but not this test's point.
-    until("the first batch", || async {
-        executor_ids(&c).await.len() == 2
-    })
+    until_progress(
+        "the first batch",
+        async || executor_ids(&c).await,
+        |ids| ids.len() == 2,
+    )
     .await;
     // The registration is written beside the first round's creates, not before them; a
     // crash loses at most what came after the last write, so the kill waits for it.
@@ -76,9 +78,11 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     );
 
     let (_second, address) = serve_at(BIN, &kubeconfig, &c.service_options().registrations).await;
-    until("6 executors", || async {
-        executor_ids(&c).await.len() == 6
-    })
+    until_progress(
+        "6 executors",
+        async || executor_ids(&c).await,
+        |ids| ids.len() == 6,
+    )
     .await;
     // Connected only now: the scale-up took a batch delay (5 s), as long as a connection
     // that has made no authenticated call is kept open.

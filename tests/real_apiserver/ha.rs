@@ -23,7 +23,7 @@ use test_kit::grpc::batched_start_request;
 use test_kit::partition::Partition;
 use test_kit::process::{connect_serving, pause, serve_with, wake};
 use test_kit::requests::*;
-use test_kit::wait::until;
+use test_kit::wait::{until, until_progress};
 use tokio::process::Child;
 
 const APP: &str = "app-ha";
@@ -89,23 +89,31 @@ async fn leases(c: &RealBackend, shards: u32) -> Vec<(Option<String>, bool)> {
 }
 
 /// Sends `target` for `app` through `address` until it is answered (UNAVAILABLE is
-/// retried, as the driver's plugin does; anything else fails), within 30 s.
-async fn scale(address: &str, app: &str, target: u32) {
+/// retried, as the driver's plugin does, while the Leases move; anything else fails).
+async fn scale(c: &RealBackend, address: &str, app: &str, target: u32) {
     let client = connect_serving(address).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match client
-            .clone()
-            .set_total_expected(targets_request(app, target))
-            .await
-        {
-            Ok(_) => return,
-            Err(status) if status.code() == tonic::Code::Unavailable => {}
-            Err(status) => panic!("SetTotalExpected {app}: answered {status:?}"),
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{app}: unanswered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let answer = async || match client
+        .clone()
+        .set_total_expected(targets_request(app, target))
+        .await
+    {
+        Ok(_) => true,
+        Err(status) if status.code() == tonic::Code::Unavailable => false,
+        Err(status) => panic!("SetTotalExpected {app}: answered {status:?}"),
+    };
+    // The scenarios run at most two shards.
+    until_progress(
+        &format!("SetTotalExpected {app} answered"),
+        async || {
+            if answer().await {
+                None
+            } else {
+                Some(leases(c, 2).await)
+            }
+        },
+        Option::is_none,
+    )
+    .await;
 }
 
 /// Whether GetStatus of the application through `client` is answered by `identity`.
@@ -160,9 +168,11 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
         .set_total_expected(targets_request(APP, 6))
         .await
         .expect("SetTotalExpected");
-    until("the first batch", || async {
-        executor_ids(&c).await.len() >= 2
-    })
+    until_progress(
+        "the first batch",
+        async || executor_ids(&c).await,
+        |ids| ids.len() >= 2,
+    )
     .await;
     assert!(
         !writes_of(&c, "replica-a").is_empty(),
@@ -170,23 +180,29 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
     );
     pause(&a);
 
-    until("replica-b holds the shard", || async {
-        holder(&c).await.as_deref() == Some("replica-b")
-    })
+    until_progress(
+        "replica-b holds the shard",
+        async || holder(&c).await,
+        |holder| holder.as_deref() == Some("replica-b"),
+    )
     .await;
     // Once the lease has passed, anything `a` had on the wire has been answered.
     let at_takeover = writes_of(&c, "replica-a").len();
-    until("6 executors, through replica-b", || async {
-        executor_ids(&c).await.len() == 6
-    })
+    until_progress(
+        "6 executors, through replica-b",
+        async || executor_ids(&c).await,
+        |ids| ids.len() == 6,
+    )
     .await;
     client_b
         .set_total_expected(targets_request(APP, 8))
         .await
         .expect("the new owner takes calls");
-    until("8 executors", || async {
-        executor_ids(&c).await.len() == 8
-    })
+    until_progress(
+        "8 executors",
+        async || executor_ids(&c).await,
+        |ids| ids.len() == 8,
+    )
     .await;
 
     wake(&a);
@@ -236,12 +252,11 @@ async fn a_replica_joining_takes_a_shard_by_the_drain_handshake_and_the_old_owne
     c.write_service_kubeconfig(&kubeconfig);
 
     let (_a, address_a) = replica_of(&c, &kubeconfig, "replica-a", 2).await;
-    until("replica-a holds both shards", || async {
-        leases(&c, 2)
-            .await
-            .iter()
-            .all(|(h, _)| h.as_deref() == Some("replica-a"))
-    })
+    until_progress(
+        "replica-a holds both shards",
+        async || leases(&c, 2).await,
+        |now| now.iter().all(|(h, _)| h.as_deref() == Some("replica-a")),
+    )
     .await;
     let mut client_a = connect_serving(&address_a).await;
     for (app, ns) in apps {
@@ -249,12 +264,14 @@ async fn a_replica_joining_takes_a_shard_by_the_drain_handshake_and_the_old_owne
             .start(batched_start_request(app, ns, 2, 200))
             .await
             .expect("Start");
-        scale(&address_a, app, 3).await;
+        scale(&c, &address_a, app, 3).await;
     }
     for (app, ns) in apps {
-        until(&format!("{app} at 3"), || async {
-            ids(app, ns).await.len() == 3
-        })
+        until_progress(
+            &format!("{app} at 3"),
+            async || ids(app, ns).await,
+            |ids| ids.len() == 3,
+        )
         .await;
     }
     let before = [
@@ -264,13 +281,16 @@ async fn a_replica_joining_takes_a_shard_by_the_drain_handshake_and_the_old_owne
 
     // b asks for a's lowest shard; a drains and releases it; b takes it.
     let (_b, address_b) = replica_of(&c, &kubeconfig, "replica-b", 2).await;
-    until("one shard each, none asked for", || async {
-        let now = leases(&c, 2).await;
-        now == [
-            (Some("replica-b".into()), false),
-            (Some("replica-a".into()), false),
-        ]
-    })
+    until_progress(
+        "one shard each, none asked for",
+        async || leases(&c, 2).await,
+        |now| {
+            *now == [
+                (Some("replica-b".into()), false),
+                (Some("replica-a".into()), false),
+            ]
+        },
+    )
     .await;
     let (moved, stayed) = if shard_of(apps[0].1) == 0 {
         (apps[0], apps[1])
@@ -292,12 +312,14 @@ async fn a_replica_joining_takes_a_shard_by_the_drain_handshake_and_the_old_owne
     );
 
     // Both go on: the moved one through a (forwarded to b), the other through b (to a).
-    scale(&address_a, moved.0, 5).await;
-    scale(&address_b, stayed.0, 5).await;
+    scale(&c, &address_a, moved.0, 5).await;
+    scale(&c, &address_b, stayed.0, 5).await;
     for (app, ns) in apps {
-        until(&format!("{app} at 5"), || async {
-            ids(app, ns).await.len() == 5
-        })
+        until_progress(
+            &format!("{app} at 5"),
+            async || ids(app, ns).await,
+            |ids| ids.len() == 5,
+        )
         .await;
     }
     for ((app, ns), before) in apps.iter().zip(&before) {
@@ -378,10 +400,12 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
         .start(batched_start_request(APP, c.namespace(), 2, 1000))
         .await
         .expect("Start through a non-owner");
-    scale(&others[1].2, APP, 12).await;
-    until("the first batch", || async {
-        executor_ids(&c).await.len() >= 2
-    })
+    scale(&c, &others[1].2, APP, 12).await;
+    until_progress(
+        "the first batch",
+        async || executor_ids(&c).await,
+        |ids| ids.len() >= 2,
+    )
     .await;
 
     link.cut();
@@ -398,17 +422,21 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
     if let Err(status) = &answer {
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     }
-    until("another replica holds the shard", || async {
-        holder(&c).await.is_some_and(|h| h != "replica-a")
-    })
+    until_progress(
+        "another replica holds the shard",
+        async || holder(&c).await,
+        |holder| holder.as_deref().is_some_and(|h| h != "replica-a"),
+    )
     .await;
     // Its renew deadline (2 s) passed before the lease (3 s) let anyone take the shard.
     let at_takeover = writes_of(&c, "replica-a").len();
     let first = holder(&c).await.expect("a holder");
     let before = executor_ids(&c).await.len();
-    until("the new owner goes on with the scale-up", || async {
-        executor_ids(&c).await.len() > before
-    })
+    until_progress(
+        "the new owner goes on with the scale-up",
+        async || executor_ids(&c).await,
+        |ids| ids.len() > before,
+    )
     .await;
     let owner = others
         .iter()
@@ -423,18 +451,24 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
     child.start_kill().expect("SIGKILL");
     child.wait().await.expect("reaped");
     let (survivor, _child, address) = &others[0];
-    until("the third replica holds the shard", || async {
-        holder(&c).await.as_deref() == Some(*survivor)
-    })
+    until_progress(
+        "the third replica holds the shard",
+        async || holder(&c).await,
+        |holder| holder.as_deref() == Some(*survivor),
+    )
     .await;
-    until("12 executors, the scale-up finished", || async {
-        executor_ids(&c).await.len() == 12
-    })
+    until_progress(
+        "12 executors, the scale-up finished",
+        async || executor_ids(&c).await,
+        |ids| ids.len() == 12,
+    )
     .await;
-    scale(address, APP, 14).await;
-    until("14 executors", || async {
-        executor_ids(&c).await.len() == 14
-    })
+    scale(&c, address, APP, 14).await;
+    until_progress(
+        "14 executors",
+        async || executor_ids(&c).await,
+        |ids| ids.len() == 14,
+    )
     .await;
 
     // Healed, replica-a sees the holder, lets the application go and forwards to it.

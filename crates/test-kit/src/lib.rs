@@ -11,7 +11,8 @@
 //! - [`service`]: the service core in process (`Applications`, a `ManualClock`), the Start
 //!   fixture of the allocation scenarios and the waits on its rounds and snapshot;
 //! - [`tls`]: a test CA and a certificate it signed for `localhost` and 127.0.0.1;
-//! - [`wait`]: the one polling helper (a condition, a bound, never a fixed sleep);
+//! - [`wait`]: the one polling helper (a condition; a bound, or a quantity that must keep
+//!   moving; never a fixed sleep);
 //! - [`process`]: the service binary as a process, read through its JSON log;
 //! - [`ha`]: the simulator's records judged against the shard Leases (writes only from a
 //!   shard's holder, no executor id naming two pods);
