@@ -743,19 +743,17 @@ impl Applications {
             .await
     }
 
-    /// Registers the templates of resource profiles added after Start, then sets targets
-    /// per profile; all or nothing. A profile's template given again must be the one it
-    /// has (FailedPrecondition naming `resource_profile_templates[N]`); a new one is checked
-    /// as Start checks it (InvalidArgument naming the same field).
+    /// Registers the templates of resource profiles added after Start (parsed and held to
+    /// the pod policy at the edge, as Start's), then sets targets per profile; all or
+    /// nothing. A profile's template given again must be the one it has
+    /// (FailedPrecondition naming `resource_profile_templates[N]`).
     pub async fn set_total_expected_with_templates(
         &self,
         app: &AppId,
         templates: BTreeMap<ResourceProfileId, Pod>,
         targets: BTreeMap<ResourceProfileId, u32>,
     ) -> Result<(), AppError> {
-        let actor = self.actor(app)?;
-        let templates = self.allowed_templates(app, templates).await?;
-        actor.set_targets(templates, targets).await
+        self.actor(app)?.set_targets(templates, targets).await
     }
 
     /// IsDeleted for one executor.

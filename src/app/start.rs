@@ -17,7 +17,7 @@ use super::tenants::{Admission, ApplicationSlot};
 use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
 use crate::allocator::{
     AllocationSettings, Allocator, ClaimRules, DriverOwner, ExecutorClaims, ExecutorPodBuilder,
-    IdBlocks, ResourceProfileId, SnapshotStore, executor_pod_from,
+    IdBlocks, SnapshotStore, executor_pod_from,
 };
 use crate::ha::Fence;
 use crate::k8s::IdRecord;
@@ -486,39 +486,19 @@ impl Applications {
     }
 
     /// Where a running application's pods go (its namespace and driver pod), which the
-    /// template policy checks templates against; NotFound when it does not run here.
-    fn placement(&self, app: &AppId) -> Result<Placement, AppError> {
+    /// template policy checks templates against; what a call for it answers when it does
+    /// not run here ([`Applications::not_here`]).
+    pub fn placement(&self, app: &AppId) -> Result<Placement, AppError> {
         self.check_running()?;
         let apps = self.apps();
-        let entry = apps
-            .get(app)
-            .filter(|e| e.actor.is_some())
-            .ok_or_else(|| AppError::NotFound(app.to_string()))?;
+        let Some(entry) = apps.get(app).filter(|e| e.actor.is_some()) else {
+            drop(apps);
+            return Err(self.not_here(app));
+        };
         Ok(Placement {
             namespace: entry.namespace.clone(),
             driver_pod_name: entry.first_start.driver_pod_name.clone(),
         })
-    }
-
-    /// Templates given to a running application (SetTotalExpected), held to the pod
-    /// policy where its pods go, as Start's are: InvalidArgument naming
-    /// `resource_profile_templates[N]` for the lowest profile that breaks it. The check
-    /// runs on the blocking pool (its cost grows with the templates' size).
-    pub(super) async fn allowed_templates(
-        &self,
-        app: &AppId,
-        templates: BTreeMap<ResourceProfileId, Pod>,
-    ) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
-        if templates.is_empty() {
-            return Ok(templates);
-        }
-        let placement = self.placement(app)?;
-        let policy = self.inner.ctx.options.pod_policy.clone();
-        tokio::task::spawn_blocking(move || {
-            templates::all_allowed(&policy, &placement, &templates).map(|()| templates)
-        })
-        .await
-        .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
     }
 
     /// The executor pod builder of a Start request, its templates checked

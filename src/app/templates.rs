@@ -77,8 +77,7 @@ pub fn start_templates(
 }
 
 /// `resource_profile_templates` of Start or SetTotalExpected, parsed and, given where the
-/// pods go (Start's), held to the policy there (SetTotalExpected's are held to it by the
-/// application, which knows where that is): ids above 0 (profile 0 is Start's
+/// pods go, held to the policy there: ids above 0 (profile 0 is Start's
 /// `executor_pod_template`), at most `limits.max_resource_profiles` of them, counted
 /// before any is parsed.
 pub fn profile_templates(
