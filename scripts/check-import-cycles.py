@@ -9,7 +9,7 @@ is src/app/start.rs). Declaring a module (`mod start;`) is not an import, and ne
 path into the file itself (an inline `mod tests` taking `super::*`). Comments and string
 literals are skipped.
 
-Usage: check-import-cycles.py [CRATE_ROOT...]   (default: src/lib.rs)
+Usage: check-import-cycles.py [CRATE_ROOT...]   (default: src/lib.rs src/main.rs)
 Prints every circle with the names each file takes from the next, and exits 1 if any.
 """
 import os
@@ -68,12 +68,12 @@ def strip(text):
 
 def expand(tree):
     """`a::{b, c::{d, e}}` -> [a::b, a::c::d, a::c::e] (each as a list of segments)."""
+    tree = re.sub(r"\s+as\s+\w+", "", tree)
     tree = re.sub(r"\s+", "", tree)
     depth, start, parts = 0, 0, []
     brace = tree.find("{")
     if brace < 0:
-        path = re.sub(r"\bas\w+$", "", tree)
-        return [[s for s in path.split("::") if s]]
+        return [[s for s in tree.split("::") if s]]
     prefix = [s for s in tree[:brace].split("::") if s]
     inner = tree[brace + 1:tree.rfind("}")]
     for i, c in enumerate(inner):
@@ -243,7 +243,7 @@ def cycles(graph):
 
 
 def main():
-    roots = sys.argv[1:] or ["src/lib.rs"]
+    roots = sys.argv[1:] or ["src/lib.rs", "src/main.rs"]
     failed = 0
     for root in roots:
         found = failed
