@@ -43,7 +43,7 @@ pub struct ServiceOptions {
     /// after Start to its profile count, and each round to its creates per round.
     pub limits: limits::RequestLimits,
     /// What a template may ask for (`pod_policy`), the one copy of it: Start's templates
-    /// (checked at the edge, through [`Applications::pod_policy`]), SetTotalExpected's, and
+    /// (checked at the edge, through [`super::Applications::pod_policy`]), SetTotalExpected's, and
     /// those of a registration before it is resumed (signed, but the policy may have been
     /// tightened since it was written).
     pub pod_policy: crate::allocator::pod_policy::PodPolicy,
@@ -56,7 +56,7 @@ pub struct ServiceOptions {
     /// This replica's identity, the shards and the Leases' timing (`ha`).
     pub ha: crate::ha::HaSettings,
     /// The budgets the applications share, as the service starts (`budgets`; a reload of
-    /// the configuration file replaces them through [`Applications::budgets`]).
+    /// the configuration file replaces them through [`super::Applications::budgets`]).
     pub budgets: BudgetPolicy,
 }
 

@@ -65,7 +65,7 @@ pub(super) struct Entry {
     pub(super) first_start: FirstStart,
     /// The actor's number ([`Registry::generations`]).
     pub(super) generation: u64,
-    /// The identity that started it ([`StartApplication::owner`]).
+    /// The identity that started it ([`super::StartApplication::owner`]).
     pub(super) owner: Option<String>,
     /// Counts it against its namespace's and owner's application caps while registered.
     pub(super) _tenant: ApplicationSlot,

@@ -128,9 +128,7 @@ impl ShardSupervisor {
 
     /// Notes the first known state of `shard`.
     pub(super) fn first_seen(&self, shard: Shard, state: &ShardState) {
-        lock_registry(&self.phases)
-            .entry(shard)
-            .or_insert(ShardPhase::first(state));
+        lock_registry(&self.phases).insert(shard, ShardPhase::first(state));
     }
 
     /// Moves `shard` to the phase `next` makes of the last taking acted on.
@@ -291,5 +289,58 @@ pub(super) fn lock_registry<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     match mutex.lock() {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ha::claim::Ownership;
+
+    fn owned(epoch: i32) -> Ownership {
+        Ownership {
+            epoch,
+            valid_until: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn each_lease_change_is_one_move() {
+        assert_eq!(
+            Move::of(&ShardState::Owned(owned(3))),
+            Move::Take { epoch: 3 }
+        );
+        assert_eq!(
+            Move::of(&ShardState::Draining(owned(3))),
+            Move::Drain { epoch: 3 }
+        );
+        let held_by = |holder: Option<&str>| ShardState::NotOwned {
+            holder: holder.map(str::to_string),
+            address: None,
+            error: None,
+        };
+        assert_eq!(Move::of(&held_by(Some("replica-b"))), Move::LetGo);
+        // Lapsed or unreadable: the actors stay, fenced.
+        assert_eq!(Move::of(&held_by(None)), Move::Keep);
+        assert_eq!(Move::of(&ShardState::Unknown), Move::Keep);
+    }
+
+    #[test]
+    fn a_shard_is_taken_once_its_taking_is_acted_on_to_the_end() {
+        assert_eq!(
+            ShardPhase::first(&ShardState::Owned(owned(4))).taken(),
+            Some(4)
+        );
+        assert_eq!(ShardPhase::first(&ShardState::Unknown).taken(), None);
+        // Taking epoch 5 after 4: still 4 until the resume is done.
+        let taking = ShardPhase::Taking {
+            epoch: 5,
+            taken: Some(4),
+        };
+        assert_eq!(taking.taken(), Some(4));
+        assert_eq!(ShardPhase::Owned { epoch: 5 }.taken(), Some(5));
+        // Drained or lost: the last taking is kept.
+        assert_eq!(ShardPhase::Draining { taken: Some(5) }.taken(), Some(5));
+        assert_eq!(ShardPhase::Lost { taken: None }.taken(), None);
     }
 }

@@ -5,9 +5,9 @@ use std::pin::Pin;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use super::forward::{self, Route};
+use super::forward;
 use super::messages::{executor_event, status_message, wire_id};
-use super::service::{AllocatorService, AppCall, CallError, Method, answer, rpc_span};
+use super::service::{AllocatorService, AppCall, CallError, Method, Routed, answer, rpc_span};
 use super::{connections, error, validate};
 use crate::app::{AppError, AppId, templates};
 use crate::auth::{Access, Caller};
@@ -225,25 +225,15 @@ impl ExecutorAllocator for AllocatorService {
                     .await?;
             }
             // The namespace's shard owner parses the templates and starts it.
-            if let Route::Peers { peers, unowned } =
-                self.forwarder.route_namespace(namespace, &metadata).await
+            let start_owner =
+                |mut owner: forward::PeerClient, r| async move { owner.start(r).await };
+            let req = match (self.to_namespace_owner(Method::unary("Start"), &caller, &app_id))
+                .send(namespace, &metadata, req, start_owner)
+                .await
             {
-                let forward = forward::Forward {
-                    method: "Start",
-                    app: &app_id,
-                    identity: caller.user.as_deref().unwrap_or_default(),
-                    peers,
-                    unowned,
-                    deadline: Some(forward::UNARY_DEADLINE),
-                };
-                return self
-                    .forwarder
-                    .send(forward, &metadata, req, |mut owner, r| async move {
-                        owner.start(r).await
-                    })
-                    .await
-                    .map_err(CallError::Owner);
-            }
+                Routed::Owner(answer) => return answer,
+                Routed::Here(req) => req,
+            };
             // The server's default template is the operator's; only the caller's own
             // templates need the caller's claim rights for their ephemeral volumes.
             let own_executor_template = !req.executor_pod_template.trim().is_empty();

@@ -234,6 +234,53 @@ pub(super) async fn answer<T>(
     }
 }
 
+/// Where a call keyed by a namespace goes: its shard owner's answer, or its message back to
+/// be answered here.
+pub(super) enum Routed<M, R> {
+    Owner(CallResult<R>),
+    Here(M),
+}
+
+/// A call about to go to the owner of a namespace's shard ([`AllocatorService::to_namespace_owner`]).
+pub(super) struct NamespaceForward<'a> {
+    service: &'a AllocatorService,
+    method: Method,
+    caller: &'a Caller,
+    app: &'a str,
+}
+
+impl NamespaceForward<'_> {
+    /// Sends `message` through `call` when another replica owns `namespace`'s shard.
+    pub(super) async fn send<M, R, F, Fut>(
+        self,
+        namespace: &str,
+        metadata: &MetadataMap,
+        message: M,
+        call: F,
+    ) -> Routed<M, R>
+    where
+        M: Clone,
+        F: Fn(forward::PeerClient, Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        let forwarder = &self.service.forwarder;
+        let Route::Peers { peers, unowned } = forwarder.route_namespace(namespace, metadata).await
+        else {
+            return Routed::Here(message);
+        };
+        let forward = forward::Forward {
+            method: self.method.name,
+            app: self.app,
+            identity: self.caller.user.as_deref().unwrap_or_default(),
+            peers,
+            unowned,
+            deadline: self.method.deadline,
+        };
+        let answer = forwarder.send(forward, metadata, message, call).await;
+        Routed::Owner(answer.map_err(CallError::Owner))
+    }
+}
+
 /// A request about one application: what the common path reads of it before the handler.
 pub(super) trait AppRequest: Clone + Send + Sync + 'static {
     fn application_id(&self) -> &str;
@@ -293,6 +340,21 @@ impl AllocatorService {
         }
         self.authorize(caller, app, access).await?;
         Ok(None)
+    }
+
+    /// A call for `app` routed by its namespace (Start: the application may not exist yet).
+    pub(super) fn to_namespace_owner<'a>(
+        &'a self,
+        method: Method,
+        caller: &'a Caller,
+        app: &'a str,
+    ) -> NamespaceForward<'a> {
+        NamespaceForward {
+            service: self,
+            method,
+            caller,
+            app,
+        }
     }
 
     /// One unary call about one application: authenticates the caller (nothing of the
