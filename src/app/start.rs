@@ -1,23 +1,24 @@
-//! Start: registering an application (or resuming one) and spawning its actor, and where
-//! a running application's pods go, which templates given later are held to
-//! ([`super::templates`]).
+//! Start: registering an application (or resuming one) and spawning its actor.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::actor::{
     self, ActorHandle, ActorParts, ApplicationParts, DriverLife, Engine, Kubernetes,
 };
+use super::error::AppError;
 use super::feed::Feed;
+use super::first_start::FirstStart;
 use super::registration::Registration;
+use super::registry::{Applications, Entry};
 use super::templates;
 use super::tenants::{Admission, ApplicationSlot};
-use super::{AppError, AppId, Applications, Entry, Placement, StartApplication, Started};
+use super::types::{AppId, StartApplication, Started};
 use crate::allocator::{
-    AllocationSettings, Allocator, ClaimRules, DriverOwner, ExecutorClaims, ExecutorPodBuilder,
-    IdBlocks, ResourceProfileId, SnapshotStore, executor_pod_from,
+    Allocator, ClaimRules, DriverOwner, ExecutorClaims, ExecutorPodBuilder, IdBlocks,
+    SnapshotStore, executor_pod_from,
 };
 use crate::ha::Fence;
 use crate::k8s::IdRecord;
@@ -53,6 +54,34 @@ impl Applications {
     /// [`Self::start_by`], the application counted against the tenant caps as `admission`
     /// says (a registration resumed at start-up is counted, never refused).
     pub(super) async fn start_admitted(
+        &self,
+        req: StartApplication,
+        may_act_on_any: bool,
+        admission: Admission,
+    ) -> Result<Started, AppError> {
+        Start { applications: self }
+            .run(req, may_act_on_any, admission)
+            .await
+    }
+}
+
+/// The Start procedure, as named steps over the registry it registers the application in
+/// (whose lookups it reaches through `Deref`).
+struct Start<'a> {
+    applications: &'a Applications,
+}
+
+impl std::ops::Deref for Start<'_> {
+    type Target = Applications;
+
+    fn deref(&self) -> &Applications {
+        self.applications
+    }
+}
+
+impl Start<'_> {
+    /// Checks, finds the application in the cluster, spawns its actor and registers it.
+    async fn run(
         &self,
         mut req: StartApplication,
         may_act_on_any: bool,
@@ -342,7 +371,7 @@ impl Applications {
         self.inner.ctx.metrics.set_active_applications(apps.len());
     }
 
-    /// A repeated Start of a running application (see [`Self::start`]).
+    /// A repeated Start of a running application (see [`Applications::start`]).
     async fn start_again(
         &self,
         req: &StartApplication,
@@ -485,91 +514,11 @@ impl Applications {
         }
     }
 
-    /// Where a running application's pods go (its namespace and driver pod), which the
-    /// template policy checks templates against; NotFound when it does not run here.
-    fn placement(&self, app: &AppId) -> Result<Placement, AppError> {
-        self.check_running()?;
-        let apps = self.apps();
-        let entry = apps
-            .get(app)
-            .filter(|e| e.actor.is_some())
-            .ok_or_else(|| AppError::NotFound(app.to_string()))?;
-        Ok(Placement {
-            namespace: entry.namespace.clone(),
-            driver_pod_name: entry.first_start.driver_pod_name.clone(),
-        })
-    }
-
-    /// Templates given to a running application (SetTotalExpected), held to the pod
-    /// policy where its pods go, as Start's are: InvalidArgument naming
-    /// `resource_profile_templates[N]` for the lowest profile that breaks it. The check
-    /// runs on the blocking pool (its cost grows with the templates' size).
-    pub(super) async fn allowed_templates(
-        &self,
-        app: &AppId,
-        templates: BTreeMap<ResourceProfileId, Pod>,
-    ) -> Result<BTreeMap<ResourceProfileId, Pod>, AppError> {
-        if templates.is_empty() {
-            return Ok(templates);
-        }
-        let placement = self.placement(app)?;
-        let policy = self.inner.ctx.options.pod_policy.clone();
-        tokio::task::spawn_blocking(move || {
-            templates::all_allowed(&policy, &placement, &templates).map(|()| templates)
-        })
-        .await
-        .map_err(|err| AppError::Internal(format!("checking the request's templates: {err}")))?
-    }
-
     /// The executor pod builder of a Start request, its templates checked
     /// ([`templates::builder`]); its pods get their owner once the driver pod is found
     /// ([`ExecutorPodBuilder::with_driver`]).
     fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
         templates::builder(req, self.inner.ctx.options.limits.max_resource_profiles)
-    }
-}
-
-/// The fields of an application's first Start (other than templates, which the actor
-/// keeps) that a repeated Start may not change.
-#[derive(Debug, Clone)]
-pub(super) struct FirstStart {
-    driver_pod_name: Option<String>,
-    pod_name_prefix: Option<String>,
-    settings: AllocationSettings,
-    claims: Vec<PersistentVolumeClaim>,
-}
-
-impl FirstStart {
-    fn of(req: &StartApplication) -> Self {
-        Self {
-            driver_pod_name: req.driver_pod_name.clone(),
-            pod_name_prefix: req.pod_name_prefix.clone(),
-            settings: req.settings.clone(),
-            claims: req.claims.clone(),
-        }
-    }
-
-    /// Whether Stop deletes the application's claims: it has claim templates and its
-    /// claims are not the driver pod's (those go with it).
-    pub(super) fn stop_deletes_claims(&self) -> bool {
-        let driver_owned = self.settings.driver_owns_claims && self.driver_pod_name.is_some();
-        !self.claims.is_empty() && !driver_owned
-    }
-
-    /// The first field (as the API names it) a repeated Start would change, if any.
-    fn changed_by(&self, req: &StartApplication) -> Option<String> {
-        if self.driver_pod_name != req.driver_pod_name {
-            return Some("driver_pod_name".into());
-        }
-        if self.pod_name_prefix != req.pod_name_prefix {
-            return Some("pod_name_prefix".into());
-        }
-        if self.claims != req.claims {
-            return Some("executor_claim_templates".into());
-        }
-        self.settings
-            .first_difference(&req.settings)
-            .map(|name| format!("settings.{name}"))
     }
 }
 

@@ -38,7 +38,7 @@ pub type PeerClient = ExecutorAllocatorClient<Channel>;
 pub const FORWARDED_BY_METADATA: &str = "x-spark-pod-allocator-forwarded-by";
 
 /// The caller's metadata a forward carries: its credentials and its request id.
-const FORWARDED_METADATA: [&str; 2] = ["authorization", super::server::REQUEST_ID_METADATA];
+const FORWARDED_METADATA: [&str; 2] = ["authorization", super::observe::REQUEST_ID_METADATA];
 
 /// Applications whose last owner is remembered; past it the memory starts afresh (it only
 /// saves asking the owners in turn).

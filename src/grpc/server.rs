@@ -15,8 +15,9 @@ use tonic_health::server::HealthReporter;
 use super::connections::{self, ConnectionLayer, ConnectionPools};
 use super::limits::ServerLimits;
 use super::observe::ObserveLayer;
+use super::service::AllocatorService;
 use super::tls::{ReloadingTls, TlsSettings};
-use super::{AllocatorService, StartDefaults};
+use super::validate::StartDefaults;
 use crate::app::Applications;
 use crate::auth::Gate;
 use crate::lifecycle::Ready;
@@ -135,7 +136,7 @@ pub async fn serve(
     let allocator =
         ExecutorAllocatorServer::new(service).max_decoding_message_size(limits.max_message_bytes);
     let router = server_builder(limits)
-        .trace_fn(request_span)
+        .trace_fn(super::observe::request_span)
         .layer(ConnectionLayer)
         .layer(ObserveLayer::new(settings.metrics.clone()))
         .add_service(health_service)
@@ -186,31 +187,6 @@ fn server_builder(limits: &ServerLimits) -> tonic::transport::Server {
     }
 }
 
-/// Metadata a client may set to find its calls in the service's log lines.
-pub const REQUEST_ID_METADATA: &str = "x-request-id";
-/// Longest request id taken from a client; the rest is cut.
-const REQUEST_ID_MAX_LEN: usize = 64;
-
-/// The span of one call: every log line it causes carries `request_id`, the client's
-/// `x-request-id` when it gives a usable one, else one generated here.
-fn request_span(request: &http::Request<()>) -> tracing::Span {
-    let id = client_request_id(request.headers())
-        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
-    tracing::info_span!("request", request_id = %id)
-}
-
-/// The client's request id, kept to visible ASCII letters, digits and `-_.:/` (nothing that
-/// could forge a log field or line) and at most [`REQUEST_ID_MAX_LEN`] characters.
-fn client_request_id(headers: &http::HeaderMap) -> Option<String> {
-    let value = headers.get(REQUEST_ID_METADATA)?.to_str().ok()?;
-    let id: String = value
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/'))
-        .take(REQUEST_ID_MAX_LEN)
-        .collect();
-    (!id.is_empty()).then_some(id)
-}
-
 /// Reflection over our API and the health service (grpcurl lists and describes both).
 fn reflection() -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
@@ -229,38 +205,4 @@ async fn report_when_ready(health: HealthReporter, ready: Ready) {
     ready.wait().await;
     tracing::debug!("ready: serving");
     set_health(&health, ServingStatus::Serving).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn headers(value: &[u8]) -> http::HeaderMap {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(
-            REQUEST_ID_METADATA,
-            http::HeaderValue::from_bytes(value).expect("header value"),
-        );
-        headers
-    }
-
-    #[test]
-    fn a_clients_request_id_is_kept_sanitised_and_bounded() {
-        assert_eq!(
-            client_request_id(&headers(b"job-42/attempt.1")).as_deref(),
-            Some("job-42/attempt.1")
-        );
-        assert_eq!(
-            client_request_id(&headers(b"a\"b} c=d")).as_deref(),
-            Some("abcd")
-        );
-        let long = "x".repeat(500);
-        assert_eq!(
-            client_request_id(&headers(long.as_bytes())).map(|id| id.len()),
-            Some(REQUEST_ID_MAX_LEN)
-        );
-        assert_eq!(client_request_id(&headers(b"{}")), None);
-        assert_eq!(client_request_id(&headers("é".as_bytes())), None);
-        assert_eq!(client_request_id(&http::HeaderMap::new()), None);
-    }
 }

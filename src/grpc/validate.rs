@@ -252,11 +252,13 @@ pub struct TotalExpected {
     pub targets: BTreeMap<ResourceProfileId, u32>,
 }
 
-/// SetTotalExpected: templates of profiles added since Start (parsed; the application
-/// holds them to the pod policy where its pods go), and its targets per resource profile.
+/// SetTotalExpected: templates of profiles added since Start, parsed and, given where the
+/// application's pods go, held to the pod policy there as Start's are; and its targets per
+/// resource profile.
 pub fn set_total_expected(
     req: proto::SetTotalExpectedRequest,
     defaults: &StartDefaults,
+    at: Option<(&PodPolicy, &Placement)>,
 ) -> Result<TotalExpected, AppError> {
     let max = defaults.limits.max_resource_profiles;
     if req.executors_per_profile.len() > max {
@@ -281,7 +283,7 @@ pub fn set_total_expected(
         targets.insert(ResourceProfileId(profile), count);
     }
     let templates =
-        templates::profile_templates(req.resource_profile_templates, &defaults.limits, None)?;
+        templates::profile_templates(req.resource_profile_templates, &defaults.limits, at)?;
     Ok(TotalExpected { templates, targets })
 }
 
@@ -761,6 +763,7 @@ mod tests {
                     ..Default::default()
                 },
                 &StartDefaults::default(),
+                None,
             )
             .unwrap_err(),
         );
@@ -772,6 +775,7 @@ mod tests {
                 ..Default::default()
             },
             &StartDefaults::default(),
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -808,7 +812,7 @@ mod tests {
         ];
         for (templates, refused) in cases {
             let what = format!("{templates:?}");
-            let checked = set_total_expected(request(templates), &StartDefaults::default());
+            let checked = set_total_expected(request(templates), &StartDefaults::default(), None);
             match (checked, refused) {
                 (Ok(expected), None) => {
                     assert_eq!(

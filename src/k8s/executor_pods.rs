@@ -3,7 +3,7 @@
 //! Stop, the inactive label, and the listings used to resume and for a WatchExecutors full
 //! state. Every mutating request first takes a slot of the shared rate limit (see
 //! [`ApiClient`]); every failure is logged with the API server's reason and returned.
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -13,8 +13,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{ApiClient, is_status, not_owner};
-use super::request::{is_transient, outcome_unknown};
-use super::{describe_error, labels};
+use super::request::{describe_error, is_transient, outcome_unknown};
 use crate::allocator::ExecutorId;
 use crate::allocator::types::{
     APP_ID_LABEL, EXECUTOR_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL,
@@ -424,6 +423,12 @@ fn stopping() -> kube::Error {
 /// The label selector of the application's executor pods and claims.
 pub(super) fn app_selector(app_id: &str) -> String {
     format!("{APP_ID_LABEL}={app_id},{ROLE_LABEL}={EXECUTOR_ROLE}")
+}
+
+/// The pod's labels (empty when none).
+pub fn labels(pod: &Pod) -> &BTreeMap<String, String> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
 }
 
 #[cfg(test)]

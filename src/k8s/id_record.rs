@@ -12,7 +12,7 @@ use kube::api::ObjectMeta;
 
 use super::client::{ApiClient, is_status};
 use super::config_map::{MANAGED_BY, managed_labels};
-use super::describe_error;
+use super::request::describe_error;
 use crate::allocator::ExecutorId;
 use crate::ha::OwnerEpoch;
 use crate::naming::{sanitize_prefix, stable_hash};

@@ -18,17 +18,14 @@ pub mod request;
 pub mod watch;
 
 pub use client::ApiClient;
-pub use executor_pods::{CreateError, ExecutorCreate, ExecutorPodClient};
+pub use executor_pods::{CreateError, ExecutorCreate, ExecutorPodClient, labels};
 pub use id_record::IdRecord;
 pub use rate_limit::RateLimiter;
 pub use registrations::{RegistrationSettings, RegistrationStore};
-pub use request::RequestPolicy;
+pub use request::{RequestPolicy, describe_error};
 pub use watch::{Listed, PodEvent, PodWatches, ResyncPace, Subscription};
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-use k8s_openapi::api::core::v1::Pod;
 
 use serde::Deserialize;
 
@@ -220,21 +217,4 @@ pub fn client_as(mut config: kube::Config, user_agent: &str) -> Result<kube::Cli
         .unwrap_or_else(|_| http::HeaderValue::from_static(USER_AGENT));
     config.headers.push((http::header::USER_AGENT, value));
     kube::Client::try_from(config)
-}
-
-/// A Kubernetes error as one log-friendly line; for an API error the server's reason,
-/// code and message (`Forbidden (403): pods "x" is forbidden: exceeded quota ...`).
-pub fn describe_error(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) => {
-            format!("{} ({}): {}", status.reason, status.code, status.message)
-        }
-        other => other.to_string(),
-    }
-}
-
-/// The pod's labels (empty when none).
-pub fn labels(pod: &Pod) -> &BTreeMap<String, String> {
-    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
 }

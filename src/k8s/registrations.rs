@@ -29,7 +29,7 @@ use tokio::sync::OnceCell;
 
 use super::client::{ApiClient, is_status};
 use super::config_map::{MANAGED_BY, MANAGED_BY_LABEL, managed_labels};
-use super::describe_error;
+use super::request::describe_error;
 use crate::naming::{sanitize_prefix, stable_hash, truncate_label};
 
 /// Data key of the registration (JSON) in its ConfigMap.

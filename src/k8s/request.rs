@@ -77,7 +77,7 @@ impl RequestPolicy {
                 return Err(err);
             }
             unknown_outcome |= outcome_unknown(&err);
-            tracing::debug!(error = %super::describe_error(&err), attempt = tried, "kubernetes request failed; retrying");
+            tracing::debug!(error = %describe_error(&err), attempt = tried, "kubernetes request failed; retrying");
             tokio::time::sleep(delay).await;
             delay = delay.saturating_mul(2);
         }
@@ -129,6 +129,17 @@ pub fn outcome_unknown(err: &kube::Error) -> bool {
 /// Whether `err` is an attempt given up after [`RequestPolicy::timeout`].
 pub fn is_timeout(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Service(inner) if inner.is::<RequestTimedOut>())
+}
+
+/// A Kubernetes error as one log-friendly line; for an API error the server's reason,
+/// code and message (`Forbidden (403): pods "x" is forbidden: exceeded quota ...`).
+pub fn describe_error(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            format!("{} ({}): {}", status.reason, status.code, status.message)
+        }
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::describe_error;
+use super::request::describe_error;
 use crate::allocator::budget::QuotaState;
 use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_INACTIVE_LABEL, EXECUTOR_ROLE, ROLE_LABEL};
 use crate::lifecycle::{InitHandle, InitJoiner};
