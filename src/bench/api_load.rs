@@ -1,38 +1,46 @@
-//! API load on the real control plane: many applications through one service against
-//! Spark drivers with their own allocator, each side in namespaces of its own, in the same
-//! run. Requests are counted from the API server's audit log by User-Agent, during the
-//! scale-up (the start to every executor Running) and per minute at steady state.
+//! API load on the real control plane: real Spark drivers on both sides, in the same run.
+//! On one side every driver allocates through one service (`serve` at its defaults) with the
+//! plugin at its two required settings; on the other every driver uses Spark's own
+//! allocator. Each side has namespaces of its own, and the sides take turns (their order
+//! rotated from run to run), so the API server serves one side at a time.
 //!
-//! The service side runs every application. The Spark side runs `--spark-drivers` real
-//! drivers (a JVM each: 50 would not fit this machine's two cores); every driver watches
-//! and polls for its own pods only, so the Spark figures are per driver, scaled to the
-//! service side's application count.
+//! Three measures per side, during the scale-up (the side's start to every executor Running)
+//! and over a fixed window of steady state after it:
+//! - requests, from the audit log by User-Agent (the service's and the drivers' on the
+//!   service's side, the drivers' on the other);
+//! - bytes of pod objects the API server served, from its own metrics: the sum of
+//!   `apiserver_response_sizes` (GET, LIST…) and `apiserver_watch_events_sizes` (watch
+//!   events) for pods;
+//! - the API server process's CPU seconds (`process_cpu_seconds_total` from its metrics).
+//!
+//! The bytes and CPU are the whole API server's: the scheduler, kwok and the bench's own
+//! watch of each namespace are in both sides' figures alike (the same pods, the same
+//! namespaces), so the difference between the sides is the contenders'.
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 use super::control_plane::{
-    AuditWindow, ClusterArgs, ControlPlane, RunningWatch, is_service, is_spark,
-    prepare_spark_driver, start_application,
+    AuditWindow, ClusterArgs, ControlPlane, RunningWatch, is_service, is_spark, load_average,
+    prepare_spark_driver,
 };
-use super::scale_up::spread;
-use crate::proto;
+use super::summary::{self, Ratios, spread, verdict};
 
 /// `bench api-load` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Applications through the service.
-    #[arg(long, default_value_t = 50)]
-    pub applications: u32,
-    /// Spark drivers with their own allocator (a JVM each).
+    /// Real Spark drivers per side (a JVM each).
     #[arg(long, default_value_t = 10)]
-    pub spark_drivers: u32,
-    /// Executors of each application and each driver.
+    pub drivers: u32,
+    /// The applications the figures are scaled to (linearly, from `--drivers`).
+    #[arg(long, default_value_t = 50)]
+    pub scale_to: u32,
+    /// Executors of each driver.
     #[arg(long, default_value_t = 10)]
     pub executors_each: u32,
-    /// Namespaces each side's applications are spread over.
+    /// Namespaces each side's drivers are spread over.
     #[arg(long, default_value_t = 5)]
     pub namespaces: u32,
     /// Seconds of steady state measured after the scale-up.
@@ -45,260 +53,323 @@ pub struct Args {
     pub driver_heap: String,
 }
 
-/// One side's requests in one run.
+/// The two sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SideKind {
+    /// Drivers through the service.
+    Service,
+    /// Drivers with Spark's own allocator.
+    SparkOwn,
+}
+
+impl SideKind {
+    fn label(self) -> &'static str {
+        match self {
+            SideKind::Service => "drivers through the service",
+            SideKind::SparkOwn => "drivers with Spark's own allocator",
+        }
+    }
+
+    fn slug(self) -> &'static str {
+        match self {
+            SideKind::Service => "svc",
+            SideKind::SparkOwn => "spark",
+        }
+    }
+
+    /// Whether a request with this User-Agent is this side's.
+    fn sent(self, user_agent: &str) -> bool {
+        match self {
+            SideKind::Service => is_service(user_agent) || is_spark(user_agent),
+            SideKind::SparkOwn => is_spark(user_agent),
+        }
+    }
+}
+
+/// What the API server spent on one side over one window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Cost {
+    pub requests: f64,
+    /// Bytes of pod objects served (responses and watch events).
+    pub pod_bytes: f64,
+    /// The API server process's CPU seconds.
+    pub cpu_seconds: f64,
+}
+
+impl Cost {
+    /// `self` per minute of a window of `seconds`.
+    fn per_minute(self, seconds: f64) -> Self {
+        let k = 60.0 / seconds.max(f64::MIN_POSITIVE);
+        self.scaled(k)
+    }
+
+    fn scaled(self, k: f64) -> Self {
+        Self {
+            requests: self.requests * k,
+            pod_bytes: self.pod_bytes * k,
+            cpu_seconds: self.cpu_seconds * k,
+        }
+    }
+}
+
+/// One side's run.
 #[derive(Debug, Clone, Copy)]
 struct Load {
     /// The start to every executor Running.
-    scale_up: f64,
+    scale_up: Cost,
     /// Per minute of steady state.
-    steady_per_minute: f64,
+    steady: Cost,
     /// Seconds to every executor Running.
     seconds: f64,
+}
+
+/// The API server's counters read from its metrics at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    pod_bytes: f64,
+    cpu_seconds: f64,
+}
+
+impl Counters {
+    async fn read(cluster: &ControlPlane) -> anyhow::Result<Self> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = cluster
+            .client
+            .request_text(request)
+            .await
+            .context("the API server's /metrics")?;
+        Ok(Self::parse(&text))
+    }
+
+    fn parse(text: &str) -> Self {
+        let pods = |labels: &[(&str, &str)]| labels.contains(&("resource", "pods"));
+        let watched = |labels: &[(&str, &str)]| {
+            labels.contains(&("resource", "pods")) || labels.contains(&("kind", "Pod"))
+        };
+        Self {
+            pod_bytes: metric_sum(text, "apiserver_response_sizes_sum", pods)
+                + metric_sum(text, "apiserver_watch_events_sizes_sum", watched),
+            cpu_seconds: metric_sum(text, "process_cpu_seconds_total", |_| true),
+        }
+    }
+
+    fn since(self, before: Self) -> (f64, f64) {
+        (
+            self.pod_bytes - before.pod_bytes,
+            self.cpu_seconds - before.cpu_seconds,
+        )
+    }
+}
+
+/// The sum of the samples of `name` (Prometheus text format) whose labels `pick` accepts.
+pub fn metric_sum(text: &str, name: &str, pick: impl Fn(&[(&str, &str)]) -> bool) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(rest) => {
+                    let (labels, value) = rest.split_once('}')?;
+                    (labels, value)
+                }
+                None if rest.starts_with(' ') => ("", rest),
+                None => return None,
+            };
+            let labels: Vec<(&str, &str)> = labels
+                .split(',')
+                .filter_map(|pair| {
+                    let (key, value) = pair.split_once('=')?;
+                    Some((key.trim(), value.trim().trim_matches('"')))
+                })
+                .collect();
+            let value: f64 = value.split_whitespace().next()?.parse().ok()?;
+            pick(&labels).then_some(value)
+        })
+        .sum()
 }
 
 /// Runs the scenario and prints its figures.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.applications > 0 && args.spark_drivers > 0 && args.namespaces > 0 && args.runs > 0,
-        "--applications, --spark-drivers, --namespaces and --runs must be above 0"
+        args.drivers > 0 && args.namespaces > 0 && args.runs > 0 && args.steady_s > 0,
+        "--drivers, --namespaces, --runs and --steady-s must be above 0"
     );
     prepare_spark_driver(&args.cluster.spark_driver).await?;
-    let pods = (args.applications + args.spark_drivers) * args.executors_each;
-    let cluster = ControlPlane::start(&args.cluster, pods).await?;
+    let pods = args.drivers * args.executors_each;
+    let cluster = ControlPlane::start(&args.cluster, 2 * pods).await?;
     println!(
-        "api-load: {} applications through the service against {} Spark drivers (scaled to \
-         {}), {} executors each, {} namespaces per side, {} s of steady state",
-        args.applications,
-        args.spark_drivers,
-        args.applications,
-        args.executors_each,
-        args.namespaces,
-        args.steady_s
+        "api-load: {} real Spark drivers per side, {} executors each, {} namespaces per side, \
+         {} s of steady state, {} runs (the sides' order rotated per run); figures also scaled \
+         linearly to {} applications",
+        args.drivers, args.executors_each, args.namespaces, args.steady_s, args.runs, args.scale_to
     );
     let result = measure_runs(&args, &cluster).await;
     cluster.stop().await;
     let runs = result?;
-    // The Spark side is per driver.
-    let scale = f64::from(args.applications);
-    println!("summary (min / median / max of {} runs):", args.runs);
-    let ratio_up = spread(runs.iter().map(|(s, p)| s.scale_up / (p.scale_up * scale)));
-    let ratio_steady = spread(
-        runs.iter()
-            .map(|(s, p)| s.steady_per_minute / (p.steady_per_minute * scale)),
-    );
-    let service_up = spread(runs.iter().map(|(s, _)| s.scale_up));
-    let spark_up = spread(runs.iter().map(|(_, p)| p.scale_up * scale));
-    let service_steady = spread(runs.iter().map(|(s, _)| s.steady_per_minute));
-    let spark_steady = spread(runs.iter().map(|(_, p)| p.steady_per_minute * scale));
-    println!(
-        "  scale-up requests: service {:.0} / {:.0} / {:.0}; Spark drivers (scaled) {:.0} / \
-         {:.0} / {:.0}; ratio {:.3} / {:.3} / {:.3}",
-        service_up.0,
-        service_up.1,
-        service_up.2,
-        spark_up.0,
-        spark_up.1,
-        spark_up.2,
-        ratio_up.0,
-        ratio_up.1,
-        ratio_up.2
-    );
-    println!(
-        "  steady requests per minute: service {:.1} / {:.1} / {:.1}; Spark drivers (scaled) \
-         {:.1} / {:.1} / {:.1}; ratio {:.3} / {:.3} / {:.3}",
-        service_steady.0,
-        service_steady.1,
-        service_steady.2,
-        spark_steady.0,
-        spark_steady.1,
-        spark_steady.2,
-        ratio_steady.0,
-        ratio_steady.1,
-        ratio_steady.2
-    );
-    for (what, ratio) in [("scale-up", ratio_up.1), ("steady state", ratio_steady.1)] {
-        println!(
-            "goal: {what}, the service's requests <= 1/20 of the Spark drivers': {ratio:.3} {}",
-            if ratio <= 0.05 { "met" } else { "MISSED" }
-        );
-    }
+    summarise(&args, &runs);
     Ok(())
 }
 
-async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec<(Load, Load)>> {
-    let mut runs = Vec::new();
-    for run in 1..=args.runs {
-        let service = service_side(args, cluster, run)
-            .await
-            .with_context(|| format!("the service's side, run {run}"))?;
-        let spark = spark_side(args, cluster, run)
-            .await
-            .with_context(|| format!("the Spark drivers' side, run {run}"))?;
-        for (who, load, n) in [
-            ("service", service, args.applications),
-            ("Spark, per driver", spark, args.spark_drivers),
-        ] {
+fn summarise(args: &Args, runs: &[(Load, Load)]) {
+    let scale = f64::from(args.scale_to) / f64::from(args.drivers);
+    println!(
+        "summary (min / median / max of {} runs; at {} drivers per side, and x{scale:.1} for {}):",
+        args.runs, args.drivers, args.scale_to
+    );
+    type Pick = fn(&Cost) -> f64;
+    let measures: [(&str, Pick, &str); 3] = [
+        ("requests", |c| c.requests, ""),
+        ("pod bytes served", |c| c.pod_bytes / 1e6, " MB"),
+        ("API server CPU", |c| c.cpu_seconds, " s"),
+    ];
+    for (phase, of) in [
+        ("scale-up", (|l: &Load| l.scale_up) as fn(&Load) -> Cost),
+        ("steady state, per minute", |l: &Load| l.steady),
+    ] {
+        for (what, pick, unit) in measures {
+            let service: Vec<Option<f64>> = runs.iter().map(|(s, _)| Some(pick(&of(s)))).collect();
+            let spark: Vec<Option<f64>> = runs.iter().map(|(_, p)| Some(pick(&of(p)))).collect();
+            let s = spread(service.iter().flatten().copied());
+            let p = spread(spark.iter().flatten().copied());
+            let ratio = Ratios::of(&service, &spark);
+            let goal = if phase == "scale-up" { 1.0 } else { 0.1 };
             println!(
-                "  run {run} {who:<17} ({n:>3}): {:>6.1} s to every executor Running; \
-                 requests during the scale-up {:>6.0}, per minute at steady state {:>6.1}",
-                load.seconds, load.scale_up, load.steady_per_minute
+                "  {phase}, {what}: service side {:.1} / {:.1} / {:.1}{unit} (x{scale:.1}: {:.1}); \
+                 Spark's own {:.1} / {:.1} / {:.1}{unit} (x{scale:.1}: {:.1}); ratio {} \
+                 (median {:.3}; goal <= {goal}: {})",
+                s.0,
+                s.1,
+                s.2,
+                s.1 * scale,
+                p.0,
+                p.1,
+                p.2,
+                p.1 * scale,
+                ratio.as_ref().map_or("-".into(), Ratios::runs),
+                ratio.as_ref().map_or(f64::NAN, Ratios::median),
+                verdict(ratio.as_ref().is_some_and(|r| r.median() <= goal))
             );
         }
-        runs.push((service, spark));
+    }
+}
+
+async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec<(Load, Load)>> {
+    let sides = [SideKind::Service, SideKind::SparkOwn];
+    let mut runs = Vec::new();
+    for run in 0..args.runs {
+        let mut loads = [None, None];
+        for k in summary::rotation(sides.len(), args.runs, run) {
+            let kind = sides[k];
+            let load = side(args, cluster, kind, run + 1)
+                .await
+                .with_context(|| format!("the {}, run {}", kind.label(), run + 1))?;
+            println!(
+                "  run {} {:<36}: {:>6.1} s to every executor Running; scale-up {:.0} requests, \
+                 {:.2} MB of pods, {:.2} CPU s; steady, per minute {:.1} requests, {:.3} MB, \
+                 {:.2} CPU s; load average {}",
+                run + 1,
+                kind.label(),
+                load.seconds,
+                load.scale_up.requests,
+                load.scale_up.pod_bytes / 1e6,
+                load.scale_up.cpu_seconds,
+                load.steady.requests,
+                load.steady.pod_bytes / 1e6,
+                load.steady.cpu_seconds,
+                load_average()
+            );
+            loads[k] = Some(load);
+        }
+        match loads {
+            [Some(service), Some(spark)] => runs.push((service, spark)),
+            _ => bail!("run {} measured only one side", run + 1),
+        }
     }
     Ok(runs)
 }
 
-fn namespaces(side: &str, run: u32, count: u32) -> Vec<String> {
-    (0..count)
-        .map(|k| format!("bench-load-{side}-{run}-{k}"))
-        .collect()
-}
-
-/// One side's namespaces, each watched for its Running executors.
-struct Side {
-    namespaces: Vec<String>,
-    watches: Vec<RunningWatch>,
-}
-
-impl Side {
-    async fn open(
-        cluster: &ControlPlane,
-        side: &str,
-        run: u32,
-        count: u32,
-    ) -> anyhow::Result<Self> {
-        let namespaces = namespaces(side, run, count);
-        for namespace in &namespaces {
-            cluster.create_namespace(namespace).await?;
-        }
-        let watches = namespaces
-            .iter()
-            .map(|ns| RunningWatch::start(cluster.client.clone(), ns))
-            .collect();
-        Ok(Self {
-            namespaces,
-            watches,
-        })
+/// One side's run: its namespaces, each watched for Running executors; for the service's
+/// side the service; its drivers; then the two windows.
+async fn side(
+    args: &Args,
+    cluster: &ControlPlane,
+    kind: SideKind,
+    run: u32,
+) -> anyhow::Result<Load> {
+    let namespaces: Vec<String> = (0..args.namespaces)
+        .map(|k| format!("bench-load-{}-{run}-{k}", kind.slug()))
+        .collect();
+    for namespace in &namespaces {
+        cluster.create_namespace(namespace).await?;
     }
-
-    /// The namespace of the `k`-th application or driver (round robin).
-    fn namespace(&self, k: u32) -> &str {
-        &self.namespaces[k as usize % self.namespaces.len()]
-    }
-
-    /// Waits for `total` Running (`alive` fails the wait early), then counts the requests
-    /// `sent` matches: during the scale-up (since `scale_up` opened, at `started`) and per
-    /// minute over `steady_s` seconds after it, each divided by `per` (1, or the drivers).
-    #[allow(clippy::too_many_arguments)]
-    async fn measure(
-        &self,
-        cluster: &ControlPlane,
-        scale_up: AuditWindow,
-        started: Instant,
-        total: u32,
-        steady_s: u64,
-        per: u32,
-        sent: fn(&str) -> bool,
-        alive: impl FnMut() -> anyhow::Result<()>,
-    ) -> anyhow::Result<Load> {
-        wait_all(&self.watches, total, Duration::from_secs(900), alive).await?;
-        let seconds = started.elapsed().as_secs_f64();
-        let up = scale_up.count(sent)?.total;
-        let steady = AuditWindow::open(&cluster.audit_log())?;
-        tokio::time::sleep(Duration::from_secs(steady_s)).await;
-        let steady = steady.count(sent)?.total;
-        let per = f64::from(per);
-        Ok(Load {
-            scale_up: up as f64 / per,
-            steady_per_minute: steady as f64 * 60.0 / steady_s as f64 / per,
-            seconds,
-        })
-    }
-
-    async fn close(self, cluster: &ControlPlane) -> anyhow::Result<()> {
-        drop(self.watches);
-        for namespace in &self.namespaces {
-            cluster.delete_namespace(namespace).await?;
-        }
-        Ok(())
-    }
-}
-
-async fn service_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Result<Load> {
-    let side = Side::open(cluster, "svc", run, args.namespaces).await?;
-    let scale_up = AuditWindow::open(&cluster.audit_log())?;
+    let watches: Vec<RunningWatch> = namespaces
+        .iter()
+        .map(|ns| RunningWatch::start(cluster.client.clone(), ns))
+        .collect();
+    let audit = AuditWindow::open(&cluster.audit_log())?;
+    let before = Counters::read(cluster).await?;
     let started = Instant::now();
-    let service = cluster.serve(&side.namespaces[0], false, 16).await?;
-    let result = async {
-        for app in 0..args.applications {
-            start_application(
-                &service,
-                side.namespace(app),
-                &format!("load-{app}"),
-                args.executors_each,
-                10,
-                proto::AllocationPolicy::Adaptive,
-            )
-            .await?;
-        }
-        let total = args.applications * args.executors_each;
-        side.measure(
-            cluster,
-            scale_up,
-            started,
-            total,
-            args.steady_s,
-            1,
-            is_service,
-            || Ok(()),
-        )
-        .await
-    }
-    .await;
-    service.terminate(Duration::from_secs(30)).await;
-    side.close(cluster).await?;
-    result
-}
-
-async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Result<Load> {
-    let side = Side::open(cluster, "spark", run, args.namespaces).await?;
-    let scale_up = AuditWindow::open(&cluster.audit_log())?;
-    let started = Instant::now();
+    let mut service = None;
     let mut drivers = Vec::new();
     let result = async {
-        for driver in 0..args.spark_drivers {
+        let address = match kind {
+            SideKind::Service => {
+                let serve = cluster.serve(&namespaces[0], None).await?;
+                let address = serve.address.to_string();
+                service = Some(serve);
+                Some(address)
+            }
+            SideKind::SparkOwn => None,
+        };
+        for driver in 0..args.drivers {
             drivers.push(cluster.spark_driver(
                 &args.cluster.spark_driver,
-                side.namespace(driver),
+                &namespaces[driver as usize % namespaces.len()],
                 args.executors_each,
                 &format!("load-{driver}"),
                 &args.driver_heap,
+                address.as_deref(),
             )?);
         }
-        let total = args.spark_drivers * args.executors_each;
-        let alive = || {
+        let total = args.drivers * args.executors_each;
+        wait_all(&watches, total, Duration::from_secs(900), || {
             for driver in drivers.iter_mut() {
                 if let Some(status) = driver.try_wait()? {
                     bail!(
-                        "a Spark driver exited ({status}) before its executors ran; its log is in {}",
+                        "a Spark driver exited ({status}) before its executors ran; its log is \
+                         in {}",
                         cluster.log_dir().display()
                     );
                 }
             }
             Ok(())
-        };
-        side.measure(
-            cluster,
-            scale_up,
-            started,
-            total,
-            args.steady_s,
-            args.spark_drivers,
-            is_spark,
-            alive,
-        )
-        .await
+        })
+        .await?;
+        let seconds = started.elapsed().as_secs_f64();
+        let up_counters = Counters::read(cluster).await?;
+        let up_requests = audit.count(|ua| kind.sent(ua))?.total;
+        let steady_audit = AuditWindow::open(&cluster.audit_log())?;
+        let steady_start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
+        let steady_counters = Counters::read(cluster).await?;
+        let steady_seconds = steady_start.elapsed().as_secs_f64();
+        let steady_requests = steady_audit.count(|ua| kind.sent(ua))?.total;
+        let (up_bytes, up_cpu) = up_counters.since(before);
+        let (steady_bytes, steady_cpu) = steady_counters.since(up_counters);
+        anyhow::Ok(Load {
+            scale_up: Cost {
+                requests: up_requests as f64,
+                pod_bytes: up_bytes,
+                cpu_seconds: up_cpu,
+            },
+            steady: Cost {
+                requests: steady_requests as f64,
+                pod_bytes: steady_bytes,
+                cpu_seconds: steady_cpu,
+            }
+            .per_minute(steady_seconds),
+            seconds,
+        })
     }
     .await;
     for mut driver in drivers {
@@ -310,7 +381,13 @@ async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Re
             let _ = driver.kill().await;
         }
     }
-    side.close(cluster).await?;
+    if let Some(service) = service {
+        service.terminate(Duration::from_secs(30)).await;
+    }
+    drop(watches);
+    for namespace in &namespaces {
+        cluster.delete_namespace(namespace).await?;
+    }
     result
 }
 
@@ -333,5 +410,67 @@ async fn wait_all(
             bail!("{running} of {n} Running after {} s", bound.as_secs());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const METRICS: &str = r#"# HELP apiserver_response_sizes Response size distribution in bytes
+# TYPE apiserver_response_sizes histogram
+apiserver_response_sizes_bucket{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1",le="1000"} 3
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 120000
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="GET",version="v1"} 5000
+apiserver_response_sizes_sum{component="apiserver",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="GET",version="v1"} 777
+apiserver_response_sizes_count{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 3
+apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 40000
+apiserver_watch_events_sizes_sum{group="",resource="configmaps",version="v1"} 999
+apiserver_watch_events_sizes_sum{group="",kind="Pod",version="v1"} 1000
+process_cpu_seconds_total 12.5
+process_cpu_seconds_total_other 3
+"#;
+
+    #[test]
+    fn pod_bytes_and_cpu_are_read_from_the_api_servers_metrics() {
+        let counters = Counters::parse(METRICS);
+        // Pod responses (LIST and GET) and pod watch events; not Leases, not ConfigMaps,
+        // not the histogram's buckets or counts.
+        assert_eq!(counters.pod_bytes, 120000.0 + 5000.0 + 40000.0 + 1000.0);
+        assert_eq!(counters.cpu_seconds, 12.5);
+        let later = Counters {
+            pod_bytes: counters.pod_bytes + 2000.0,
+            cpu_seconds: 14.0,
+        };
+        assert_eq!(later.since(counters), (2000.0, 1.5));
+        assert_eq!(metric_sum(METRICS, "absent", |_| true), 0.0);
+    }
+
+    #[test]
+    fn a_window_is_scaled_to_a_minute() {
+        let cost = Cost {
+            requests: 30.0,
+            pod_bytes: 1000.0,
+            cpu_seconds: 2.0,
+        };
+        assert_eq!(
+            cost.per_minute(120.0),
+            Cost {
+                requests: 15.0,
+                pod_bytes: 500.0,
+                cpu_seconds: 1.0
+            }
+        );
+    }
+
+    #[test]
+    fn the_service_side_counts_the_service_and_its_drivers() {
+        let service = crate::k8s::replica_user_agent("bench-load-svc-1-0-0");
+        let driver = "fabric8-kubernetes-client/7.1.0";
+        assert!(SideKind::Service.sent(&service));
+        assert!(SideKind::Service.sent(driver));
+        assert!(SideKind::SparkOwn.sent(driver));
+        assert!(!SideKind::SparkOwn.sent(&service));
+        assert!(!SideKind::Service.sent("spark-pod-allocator-bench/observer"));
     }
 }
