@@ -13,9 +13,10 @@
 //!   events) for pods;
 //! - the API server process's CPU seconds (`process_cpu_seconds_total` from its metrics).
 //!
-//! The bytes and CPU are the whole API server's: the scheduler, kwok and the bench's own
-//! watch of each namespace are in both sides' figures alike (the same pods, the same
-//! namespaces), so the difference between the sides is the contenders'.
+//! The bytes and CPU are the whole API server's. Each run first measures the control plane
+//! idle (no contender) over a window as long as the steady state's, and the figures are
+//! printed above that idle rate; the scheduler, kwok and the bench's own watch of each
+//! namespace are left in both sides' figures alike (the same pods, the same namespaces).
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -110,6 +111,36 @@ impl Cost {
             cpu_seconds: self.cpu_seconds * k,
         }
     }
+}
+
+/// One run: the idle control plane's cost per minute, and each side's.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    idle: Cost,
+    service: Load,
+    spark: Load,
+}
+
+impl Run {
+    /// A side's cost in `phase` above the idle rate over the phase's length.
+    fn above_idle(&self, load: &Load, phase: Phase) -> Cost {
+        let (cost, minutes) = match phase {
+            Phase::ScaleUp => (load.scale_up, load.seconds / 60.0),
+            Phase::Steady => (load.steady, 1.0),
+        };
+        Cost {
+            requests: cost.requests,
+            pod_bytes: cost.pod_bytes - self.idle.pod_bytes * minutes,
+            cpu_seconds: cost.cpu_seconds - self.idle.cpu_seconds * minutes,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    ScaleUp,
+    /// Per minute.
+    Steady,
 }
 
 /// One side's run.
@@ -210,11 +241,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn summarise(args: &Args, runs: &[(Load, Load)]) {
+fn summarise(args: &Args, runs: &[Run]) {
     let scale = f64::from(args.scale_to) / f64::from(args.drivers);
     println!(
-        "summary (min / median / max of {} runs; at {} drivers per side, and x{scale:.1} for {}):",
+        "summary (min / median / max of {} runs, above the idle control plane; at {} drivers \
+         per side, and x{scale:.1} for {}):",
         args.runs, args.drivers, args.scale_to
+    );
+    let idle = (
+        spread(runs.iter().map(|r| r.idle.pod_bytes / 1e6)),
+        spread(runs.iter().map(|r| r.idle.cpu_seconds)),
+    );
+    println!(
+        "  idle, per minute: pod bytes {:.3} / {:.3} / {:.3} MB, API server CPU {:.2} / {:.2} \
+         / {:.2} s",
+        idle.0.0, idle.0.1, idle.0.2, idle.1.0, idle.1.1, idle.1.2
     );
     type Pick = fn(&Cost) -> f64;
     let measures: [(&str, Pick, &str); 3] = [
@@ -222,21 +263,26 @@ fn summarise(args: &Args, runs: &[(Load, Load)]) {
         ("pod bytes served", |c| c.pod_bytes / 1e6, " MB"),
         ("API server CPU", |c| c.cpu_seconds, " s"),
     ];
-    for (phase, of) in [
-        ("scale-up", (|l: &Load| l.scale_up) as fn(&Load) -> Cost),
-        ("steady state, per minute", |l: &Load| l.steady),
+    for (phase, name, goal) in [
+        (Phase::ScaleUp, "scale-up", 1.0),
+        (Phase::Steady, "steady state, per minute", 0.1),
     ] {
         for (what, pick, unit) in measures {
-            let service: Vec<Option<f64>> = runs.iter().map(|(s, _)| Some(pick(&of(s)))).collect();
-            let spark: Vec<Option<f64>> = runs.iter().map(|(_, p)| Some(pick(&of(p)))).collect();
+            let service: Vec<Option<f64>> = runs
+                .iter()
+                .map(|r| Some(pick(&r.above_idle(&r.service, phase))))
+                .collect();
+            let spark: Vec<Option<f64>> = runs
+                .iter()
+                .map(|r| Some(pick(&r.above_idle(&r.spark, phase))))
+                .collect();
             let s = spread(service.iter().flatten().copied());
             let p = spread(spark.iter().flatten().copied());
             let ratio = Ratios::of(&service, &spark);
-            let goal = if phase == "scale-up" { 1.0 } else { 0.1 };
             println!(
-                "  {phase}, {what}: service side {:.1} / {:.1} / {:.1}{unit} (x{scale:.1}: {:.1}); \
-                 Spark's own {:.1} / {:.1} / {:.1}{unit} (x{scale:.1}: {:.1}); ratio {} \
-                 (median {:.3}; goal <= {goal}: {})",
+                "  {name}, {what}: service side {:.2} / {:.2} / {:.2}{unit} (x{scale:.1}: \
+                 {:.1}); Spark's own {:.2} / {:.2} / {:.2}{unit} (x{scale:.1}: {:.1}); ratio \
+                 per run {} (median {:.3}; goal <= {goal}: {})",
                 s.0,
                 s.1,
                 s.2,
@@ -253,10 +299,33 @@ fn summarise(args: &Args, runs: &[(Load, Load)]) {
     }
 }
 
-async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec<(Load, Load)>> {
+/// The control plane's cost per minute with no contender, over `seconds`.
+async fn idle(cluster: &ControlPlane, seconds: u64) -> anyhow::Result<Cost> {
+    let before = Counters::read(cluster).await?;
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (pod_bytes, cpu_seconds) = Counters::read(cluster).await?.since(before);
+    Ok(Cost {
+        requests: 0.0,
+        pod_bytes,
+        cpu_seconds,
+    }
+    .per_minute(start.elapsed().as_secs_f64()))
+}
+
+async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec<Run>> {
     let sides = [SideKind::Service, SideKind::SparkOwn];
     let mut runs = Vec::new();
     for run in 0..args.runs {
+        let idle = idle(cluster, args.steady_s).await?;
+        println!(
+            "  run {} idle control plane, per minute: {:.3} MB of pods, {:.2} CPU s; load \
+             average {}",
+            run + 1,
+            idle.pod_bytes / 1e6,
+            idle.cpu_seconds,
+            load_average()
+        );
         let mut loads = [None, None];
         for k in summary::rotation(sides.len(), args.runs, run) {
             let kind = sides[k];
@@ -281,7 +350,11 @@ async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec
             loads[k] = Some(load);
         }
         match loads {
-            [Some(service), Some(spark)] => runs.push((service, spark)),
+            [Some(service), Some(spark)] => runs.push(Run {
+                idle,
+                service,
+                spark,
+            }),
             _ => bail!("run {} measured only one side", run + 1),
         }
     }
@@ -459,6 +532,49 @@ process_cpu_seconds_total_other 3
                 requests: 15.0,
                 pod_bytes: 500.0,
                 cpu_seconds: 1.0
+            }
+        );
+    }
+
+    #[test]
+    fn costs_are_taken_above_the_idle_rate_over_the_phases_length() {
+        let load = Load {
+            scale_up: Cost {
+                requests: 100.0,
+                pod_bytes: 5000.0,
+                cpu_seconds: 3.0,
+            },
+            steady: Cost {
+                requests: 20.0,
+                pod_bytes: 1500.0,
+                cpu_seconds: 1.5,
+            },
+            seconds: 30.0,
+        };
+        let run = Run {
+            idle: Cost {
+                requests: 0.0,
+                pod_bytes: 1000.0,
+                cpu_seconds: 1.0,
+            },
+            service: load,
+            spark: load,
+        };
+        // Half a minute of scale-up: half a minute of the idle rate.
+        assert_eq!(
+            run.above_idle(&load, Phase::ScaleUp),
+            Cost {
+                requests: 100.0,
+                pod_bytes: 4500.0,
+                cpu_seconds: 2.5
+            }
+        );
+        assert_eq!(
+            run.above_idle(&load, Phase::Steady),
+            Cost {
+                requests: 20.0,
+                pod_bytes: 500.0,
+                cpu_seconds: 0.5
             }
         );
     }
