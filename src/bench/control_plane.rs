@@ -587,7 +587,8 @@ async fn measure(
 
 /// A contender while it holds its executors.
 enum Contender {
-    Bare(tokio::task::JoinHandle<anyhow::Result<()>>),
+    /// The bare client's task, until it has been awaited.
+    Bare(Option<tokio::task::JoinHandle<anyhow::Result<()>>>),
     Service(ServeProcess),
     Spark(tokio::process::Child),
 }
@@ -605,9 +606,9 @@ impl Contender {
                 let client = cluster.contender_client(BARE_USER_AGENT).await?;
                 let namespace = namespace.to_string();
                 let concurrency = entry.concurrency as usize;
-                Contender::Bare(tokio::spawn(async move {
+                Contender::Bare(Some(tokio::spawn(async move {
                     bare_create(client, &namespace, n, concurrency).await
-                }))
+                })))
             }
             Case::Service | Case::Adaptive | Case::ServiceUncapped | Case::Spark => {
                 let uncapped = (entry.case == Case::ServiceUncapped).then_some(entry.concurrency);
@@ -631,11 +632,19 @@ impl Contender {
     /// while it runs.
     async fn exited(&mut self) -> anyhow::Error {
         match self {
-            Contender::Bare(task) => match task.await {
-                Ok(Err(error)) => error.context("the bare client failed"),
-                Ok(Ok(())) => std::future::pending().await,
-                Err(error) => anyhow::anyhow!("the bare client panicked: {error}"),
-            },
+            Contender::Bare(slot) => {
+                let Some(task) = slot.as_mut() else {
+                    return std::future::pending().await;
+                };
+                let result = task.await;
+                *slot = None;
+                match result {
+                    Ok(Err(error)) => error.context("the bare client failed"),
+                    // Every create answered: its pods have yet to go Running.
+                    Ok(Ok(())) => std::future::pending().await,
+                    Err(error) => anyhow::anyhow!("the bare client panicked: {error}"),
+                }
+            }
             Contender::Service(service) => match service.child.wait().await {
                 Ok(status) => anyhow::anyhow!("`serve` exited ({status})"),
                 Err(error) => anyhow::anyhow!("`serve`: {error}"),
@@ -652,10 +661,11 @@ impl Contender {
     /// namespace's deletion removes the pods.
     async fn stop(self) {
         match self {
-            Contender::Bare(task) => {
+            Contender::Bare(Some(task)) => {
                 task.abort();
                 let _ = task.await;
             }
+            Contender::Bare(None) => {}
             Contender::Service(service) => service.terminate(Duration::from_secs(30)).await,
             Contender::Spark(mut driver) => {
                 drop(driver.stdin.take());
