@@ -590,7 +590,9 @@ enum Contender {
     /// The bare client's task, until it has been awaited.
     Bare(Option<tokio::task::JoinHandle<anyhow::Result<()>>>),
     Service(ServeProcess),
-    Spark(tokio::process::Child),
+    /// The driver, and its stdin (held apart: waiting on a child closes the stdin it holds,
+    /// which stops the driver).
+    Spark(tokio::process::Child, Option<tokio::process::ChildStdin>),
 }
 
 impl Contender {
@@ -616,14 +618,18 @@ impl Contender {
                 start_application(&service, namespace, "bench", n, entry.case.settings()).await?;
                 Contender::Service(service)
             }
-            Case::SparkOwn => Contender::Spark(cluster.spark_driver(
-                &args.cluster.spark_driver,
-                namespace,
-                n,
-                "bench",
-                "512m",
-                None,
-            )?),
+            Case::SparkOwn => {
+                let mut driver = cluster.spark_driver(
+                    &args.cluster.spark_driver,
+                    namespace,
+                    n,
+                    "bench",
+                    "512m",
+                    None,
+                )?;
+                let stdin = driver.stdin.take();
+                Contender::Spark(driver, stdin)
+            }
         })
     }
 
@@ -649,7 +655,7 @@ impl Contender {
                 Ok(status) => anyhow::anyhow!("`serve` exited ({status})"),
                 Err(error) => anyhow::anyhow!("`serve`: {error}"),
             },
-            Contender::Spark(driver) => match driver.wait().await {
+            Contender::Spark(driver, _) => match driver.wait().await {
                 Ok(status) => anyhow::anyhow!("the Spark driver exited ({status})"),
                 Err(error) => anyhow::anyhow!("the Spark driver: {error}"),
             },
@@ -667,8 +673,8 @@ impl Contender {
             }
             Contender::Bare(None) => {}
             Contender::Service(service) => service.terminate(Duration::from_secs(30)).await,
-            Contender::Spark(mut driver) => {
-                drop(driver.stdin.take());
+            Contender::Spark(mut driver, stdin) => {
+                drop(stdin);
                 if tokio::time::timeout(Duration::from_secs(60), driver.wait())
                     .await
                     .is_err()
