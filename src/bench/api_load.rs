@@ -445,8 +445,11 @@ async fn side(
         })
     }
     .await;
-    for mut driver in drivers {
+    // Every driver told to stop first, so they stop together.
+    for driver in drivers.iter_mut() {
         drop(driver.stdin.take());
+    }
+    for mut driver in drivers {
         if tokio::time::timeout(Duration::from_secs(60), driver.wait())
             .await
             .is_err()
