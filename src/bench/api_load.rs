@@ -384,6 +384,7 @@ async fn side(
     let started = Instant::now();
     let mut service = None;
     let mut drivers = Vec::new();
+    let mut logs = Vec::new();
     let result = async {
         let address = match kind {
             SideKind::Service => {
@@ -395,23 +396,35 @@ async fn side(
             SideKind::SparkOwn => None,
         };
         for driver in 0..args.drivers {
+            let namespace = &namespaces[driver as usize % namespaces.len()];
+            let app = format!("load-{driver}");
             drivers.push(cluster.spark_driver(
                 &args.cluster.spark_driver,
-                &namespaces[driver as usize % namespaces.len()],
+                namespace,
                 args.executors_each,
-                &format!("load-{driver}"),
+                &app,
                 &args.driver_heap,
                 address.as_deref(),
             )?);
+            logs.push(cluster.spark_driver_log(namespace, &app));
         }
         let total = args.drivers * args.executors_each;
         wait_all(&watches, total, Duration::from_secs(900), || {
-            for driver in drivers.iter_mut() {
+            for (driver, log) in drivers.iter_mut().zip(&logs) {
                 if let Some(status) = driver.try_wait()? {
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    let tail: String = text
+                        .chars()
+                        .rev()
+                        .take(3000)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
                     bail!(
-                        "a Spark driver exited ({status}) before its executors ran; its log is \
-                         in {}",
-                        cluster.log_dir().display()
+                        "a Spark driver exited ({status}) before its executors ran; the end of \
+                         its log ({}):\n{tail}",
+                        log.display()
                     );
                 }
             }

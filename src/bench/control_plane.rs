@@ -497,7 +497,7 @@ fn summarise(args: &Args, entries: &[Entry], outcomes: &[Vec<Outcome>]) -> anyho
             })
             .collect();
         let title = format!("Running executors on the control plane, scale-up to {n}");
-        plot::running_over_time(path, &title, &series)?;
+        plot::running_over_time(path, &title, "the first executor pod", &series)?;
         println!("plot: {}", path.display());
     }
     Ok(())
@@ -958,7 +958,7 @@ impl ControlPlane {
         heap: &str,
         service: Option<&str>,
     ) -> anyhow::Result<tokio::process::Child> {
-        let log_path = self.dir.path().join(format!("spark-{namespace}-{app}.log"));
+        let log_path = self.spark_driver_log(namespace, app);
         let log = std::fs::File::create(&log_path)?;
         tokio::process::Command::new("bash")
             .arg(script)
@@ -976,6 +976,11 @@ impl ControlPlane {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", script.display()))
+    }
+
+    /// Where [`Self::spark_driver`] writes the output of the driver of `app` in `namespace`.
+    pub fn spark_driver_log(&self, namespace: &str, app: &str) -> PathBuf {
+        self.dir.path().join(format!("spark-{namespace}-{app}.log"))
     }
 
     /// Creates `name` and waits for its `default` ServiceAccount (pods need it).
