@@ -1,38 +1,47 @@
-//! API load on the real control plane: many applications through one service against
-//! Spark drivers with their own allocator, each side in namespaces of its own, in the same
-//! run. Requests are counted from the API server's audit log by User-Agent, during the
-//! scale-up (the start to every executor Running) and per minute at steady state.
+//! API load on the real control plane: real Spark drivers on both sides, in the same run.
+//! On one side every driver allocates through one service (`serve` at its defaults) with the
+//! plugin at its two required settings; on the other every driver uses Spark's own
+//! allocator. Each side has namespaces of its own, and the sides take turns (their order
+//! rotated from run to run), so the API server serves one side at a time.
 //!
-//! The service side runs every application. The Spark side runs `--spark-drivers` real
-//! drivers (a JVM each: 50 would not fit this machine's two cores); every driver watches
-//! and polls for its own pods only, so the Spark figures are per driver, scaled to the
-//! service side's application count.
+//! Three measures per side, during the scale-up (the side's start to every executor Running)
+//! and over a fixed window of steady state after it:
+//! - requests, from the audit log by User-Agent (the service's and the drivers' on the
+//!   service's side, the drivers' on the other);
+//! - bytes of pod objects the API server served, from its own metrics: the sum of
+//!   `apiserver_response_sizes` (GET, LIST…) and `apiserver_watch_events_sizes` (watch
+//!   events) for pods;
+//! - the API server process's CPU seconds (`process_cpu_seconds_total` from its metrics).
+//!
+//! The bytes and CPU are the whole API server's. The bench first measures the fresh control
+//! plane idle (no contender) over a window as long as the steady state's, and the summary
+//! is printed above that idle rate; the scheduler, kwok and the bench's own watch of each
+//! namespace are left in both sides' figures alike (the same pods, the same namespaces).
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 use super::control_plane::{
-    AuditWindow, ClusterArgs, ControlPlane, RunningWatch, is_service, is_spark,
-    prepare_spark_driver, start_application,
+    AuditWindow, ClusterArgs, ControlPlane, RunningWatch, is_service, is_spark, load_average,
+    prepare_spark_driver,
 };
-use super::scale_up::spread;
-use crate::proto;
+use super::summary::{self, Ratios, spread, verdict};
 
 /// `bench api-load` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Applications through the service.
-    #[arg(long, default_value_t = 50)]
-    pub applications: u32,
-    /// Spark drivers with their own allocator (a JVM each).
+    /// Real Spark drivers per side (a JVM each).
     #[arg(long, default_value_t = 10)]
-    pub spark_drivers: u32,
-    /// Executors of each application and each driver.
+    pub drivers: u32,
+    /// The applications the figures are scaled to (linearly, from `--drivers`).
+    #[arg(long, default_value_t = 50)]
+    pub scale_to: u32,
+    /// Executors of each driver.
     #[arg(long, default_value_t = 10)]
     pub executors_each: u32,
-    /// Namespaces each side's applications are spread over.
+    /// Namespaces each side's drivers are spread over.
     #[arg(long, default_value_t = 5)]
     pub namespaces: u32,
     /// Seconds of steady state measured after the scale-up.
@@ -45,264 +54,415 @@ pub struct Args {
     pub driver_heap: String,
 }
 
-/// One side's requests in one run.
+/// The two sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SideKind {
+    /// Drivers through the service.
+    Service,
+    /// Drivers with Spark's own allocator.
+    SparkOwn,
+}
+
+impl SideKind {
+    fn label(self) -> &'static str {
+        match self {
+            SideKind::Service => "drivers through the service",
+            SideKind::SparkOwn => "drivers with Spark's own allocator",
+        }
+    }
+
+    fn slug(self) -> &'static str {
+        match self {
+            SideKind::Service => "svc",
+            SideKind::SparkOwn => "spark",
+        }
+    }
+
+    /// Whether a request with this User-Agent is this side's.
+    fn sent(self, user_agent: &str) -> bool {
+        match self {
+            SideKind::Service => is_service(user_agent) || is_spark(user_agent),
+            SideKind::SparkOwn => is_spark(user_agent),
+        }
+    }
+}
+
+/// What the API server spent on one side over one window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Cost {
+    pub requests: f64,
+    /// Bytes of pod objects served (responses and watch events).
+    pub pod_bytes: f64,
+    /// The API server process's CPU seconds.
+    pub cpu_seconds: f64,
+}
+
+impl Cost {
+    /// `self` per minute of a window of `seconds`.
+    fn per_minute(self, seconds: f64) -> Self {
+        let k = 60.0 / seconds.max(f64::MIN_POSITIVE);
+        self.scaled(k)
+    }
+
+    fn scaled(self, k: f64) -> Self {
+        Self {
+            requests: self.requests * k,
+            pod_bytes: self.pod_bytes * k,
+            cpu_seconds: self.cpu_seconds * k,
+        }
+    }
+}
+
+/// One run: the idle control plane's cost per minute (measured once), and each side's.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    idle: Cost,
+    service: Load,
+    spark: Load,
+}
+
+impl Run {
+    /// A side's cost in `phase` above the idle rate over the phase's length.
+    fn above_idle(&self, load: &Load, phase: Phase) -> Cost {
+        let (cost, minutes) = match phase {
+            Phase::ScaleUp => (load.scale_up, load.seconds / 60.0),
+            Phase::Steady => (load.steady, 1.0),
+        };
+        Cost {
+            requests: cost.requests,
+            pod_bytes: cost.pod_bytes - self.idle.pod_bytes * minutes,
+            cpu_seconds: cost.cpu_seconds - self.idle.cpu_seconds * minutes,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    ScaleUp,
+    /// Per minute.
+    Steady,
+}
+
+/// One side's run.
 #[derive(Debug, Clone, Copy)]
 struct Load {
     /// The start to every executor Running.
-    scale_up: f64,
+    scale_up: Cost,
     /// Per minute of steady state.
-    steady_per_minute: f64,
+    steady: Cost,
     /// Seconds to every executor Running.
     seconds: f64,
+}
+
+/// The API server's counters read from its metrics at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    pod_bytes: f64,
+    cpu_seconds: f64,
+}
+
+impl Counters {
+    async fn read(cluster: &ControlPlane) -> anyhow::Result<Self> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = cluster
+            .client
+            .request_text(request)
+            .await
+            .context("the API server's /metrics")?;
+        Ok(Self::parse(&text))
+    }
+
+    fn parse(text: &str) -> Self {
+        let pods = |labels: &[(&str, &str)]| labels.contains(&("resource", "pods"));
+        let watched = |labels: &[(&str, &str)]| {
+            labels.contains(&("resource", "pods")) || labels.contains(&("kind", "Pod"))
+        };
+        Self {
+            pod_bytes: metric_sum(text, "apiserver_response_sizes_sum", pods)
+                + metric_sum(text, "apiserver_watch_events_sizes_sum", watched),
+            cpu_seconds: metric_sum(text, "process_cpu_seconds_total", |_| true),
+        }
+    }
+
+    fn since(self, before: Self) -> (f64, f64) {
+        (
+            self.pod_bytes - before.pod_bytes,
+            self.cpu_seconds - before.cpu_seconds,
+        )
+    }
+}
+
+/// The sum of the samples of `name` (Prometheus text format) whose labels `pick` accepts.
+pub fn metric_sum(text: &str, name: &str, pick: impl Fn(&[(&str, &str)]) -> bool) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(rest) => {
+                    let (labels, value) = rest.split_once('}')?;
+                    (labels, value)
+                }
+                None if rest.starts_with(' ') => ("", rest),
+                None => return None,
+            };
+            let labels: Vec<(&str, &str)> = labels
+                .split(',')
+                .filter_map(|pair| {
+                    let (key, value) = pair.split_once('=')?;
+                    Some((key.trim(), value.trim().trim_matches('"')))
+                })
+                .collect();
+            let value: f64 = value.split_whitespace().next()?.parse().ok()?;
+            pick(&labels).then_some(value)
+        })
+        .sum()
 }
 
 /// Runs the scenario and prints its figures.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.applications > 0 && args.spark_drivers > 0 && args.namespaces > 0 && args.runs > 0,
-        "--applications, --spark-drivers, --namespaces and --runs must be above 0"
+        args.drivers > 0 && args.namespaces > 0 && args.runs > 0 && args.steady_s > 0,
+        "--drivers, --namespaces, --runs and --steady-s must be above 0"
     );
     prepare_spark_driver(&args.cluster.spark_driver).await?;
-    let pods = (args.applications + args.spark_drivers) * args.executors_each;
-    let cluster = ControlPlane::start(&args.cluster, pods).await?;
+    let pods = args.drivers * args.executors_each;
+    let cluster = ControlPlane::start(&args.cluster, 2 * pods).await?;
     println!(
-        "api-load: {} applications through the service against {} Spark drivers (scaled to \
-         {}), {} executors each, {} namespaces per side, {} s of steady state",
-        args.applications,
-        args.spark_drivers,
-        args.applications,
-        args.executors_each,
-        args.namespaces,
-        args.steady_s
+        "api-load: {} real Spark drivers per side, {} executors each, {} namespaces per side, \
+         {} s of steady state, {} runs (the sides' order rotated per run); figures also scaled \
+         linearly to {} applications",
+        args.drivers, args.executors_each, args.namespaces, args.steady_s, args.runs, args.scale_to
     );
     let result = measure_runs(&args, &cluster).await;
     cluster.stop().await;
     let runs = result?;
-    // The Spark side is per driver.
-    let scale = f64::from(args.applications);
-    println!("summary (min / median / max of {} runs):", args.runs);
-    let ratio_up = spread(runs.iter().map(|(s, p)| s.scale_up / (p.scale_up * scale)));
-    let ratio_steady = spread(
-        runs.iter()
-            .map(|(s, p)| s.steady_per_minute / (p.steady_per_minute * scale)),
-    );
-    let service_up = spread(runs.iter().map(|(s, _)| s.scale_up));
-    let spark_up = spread(runs.iter().map(|(_, p)| p.scale_up * scale));
-    let service_steady = spread(runs.iter().map(|(s, _)| s.steady_per_minute));
-    let spark_steady = spread(runs.iter().map(|(_, p)| p.steady_per_minute * scale));
-    println!(
-        "  scale-up requests: service {:.0} / {:.0} / {:.0}; Spark drivers (scaled) {:.0} / \
-         {:.0} / {:.0}; ratio {:.3} / {:.3} / {:.3}",
-        service_up.0,
-        service_up.1,
-        service_up.2,
-        spark_up.0,
-        spark_up.1,
-        spark_up.2,
-        ratio_up.0,
-        ratio_up.1,
-        ratio_up.2
-    );
-    println!(
-        "  steady requests per minute: service {:.1} / {:.1} / {:.1}; Spark drivers (scaled) \
-         {:.1} / {:.1} / {:.1}; ratio {:.3} / {:.3} / {:.3}",
-        service_steady.0,
-        service_steady.1,
-        service_steady.2,
-        spark_steady.0,
-        spark_steady.1,
-        spark_steady.2,
-        ratio_steady.0,
-        ratio_steady.1,
-        ratio_steady.2
-    );
-    for (what, ratio) in [("scale-up", ratio_up.1), ("steady state", ratio_steady.1)] {
-        println!(
-            "goal: {what}, the service's requests <= 1/20 of the Spark drivers': {ratio:.3} {}",
-            if ratio <= 0.05 { "met" } else { "MISSED" }
-        );
-    }
+    summarise(&args, &runs);
     Ok(())
 }
 
-async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec<(Load, Load)>> {
-    let mut runs = Vec::new();
-    for run in 1..=args.runs {
-        let service = service_side(args, cluster, run)
-            .await
-            .with_context(|| format!("the service's side, run {run}"))?;
-        let spark = spark_side(args, cluster, run)
-            .await
-            .with_context(|| format!("the Spark drivers' side, run {run}"))?;
-        for (who, load, n) in [
-            ("service", service, args.applications),
-            ("Spark, per driver", spark, args.spark_drivers),
-        ] {
+fn summarise(args: &Args, runs: &[Run]) {
+    let scale = f64::from(args.scale_to) / f64::from(args.drivers);
+    println!(
+        "summary (min / median / max of {} runs, above the idle control plane; at {} drivers \
+         per side, and x{scale:.1} for {}):",
+        args.runs, args.drivers, args.scale_to
+    );
+    let idle = (
+        spread(runs.iter().map(|r| r.idle.pod_bytes / 1e6)),
+        spread(runs.iter().map(|r| r.idle.cpu_seconds)),
+    );
+    println!(
+        "  idle, per minute: pod bytes {:.3} / {:.3} / {:.3} MB, API server CPU {:.2} / {:.2} \
+         / {:.2} s",
+        idle.0.0, idle.0.1, idle.0.2, idle.1.0, idle.1.1, idle.1.2
+    );
+    type Pick = fn(&Cost) -> f64;
+    let measures: [(&str, Pick, &str); 3] = [
+        ("requests", |c| c.requests, ""),
+        ("pod bytes served", |c| c.pod_bytes / 1e6, " MB"),
+        ("API server CPU", |c| c.cpu_seconds, " s"),
+    ];
+    for (phase, name, goal) in [
+        (Phase::ScaleUp, "scale-up", 1.0),
+        (Phase::Steady, "steady state, per minute", 0.1),
+    ] {
+        for (what, pick, unit) in measures {
+            let service: Vec<Option<f64>> = runs
+                .iter()
+                .map(|r| Some(pick(&r.above_idle(&r.service, phase))))
+                .collect();
+            let spark: Vec<Option<f64>> = runs
+                .iter()
+                .map(|r| Some(pick(&r.above_idle(&r.spark, phase))))
+                .collect();
+            let s = spread(service.iter().flatten().copied());
+            let p = spread(spark.iter().flatten().copied());
+            let ratio = Ratios::of(&service, &spark);
             println!(
-                "  run {run} {who:<17} ({n:>3}): {:>6.1} s to every executor Running; \
-                 requests during the scale-up {:>6.0}, per minute at steady state {:>6.1}",
-                load.seconds, load.scale_up, load.steady_per_minute
+                "  {name}, {what}: service side {:.2} / {:.2} / {:.2}{unit} (x{scale:.1}: \
+                 {:.1}); Spark's own {:.2} / {:.2} / {:.2}{unit} (x{scale:.1}: {:.1}); ratio \
+                 per run {} (median {:.3}; goal <= {goal}: {})",
+                s.0,
+                s.1,
+                s.2,
+                s.1 * scale,
+                p.0,
+                p.1,
+                p.2,
+                p.1 * scale,
+                ratio.as_ref().map_or("-".into(), Ratios::runs),
+                ratio.as_ref().map_or(f64::NAN, Ratios::median),
+                verdict(ratio.as_ref().is_some_and(|r| r.median() <= goal))
             );
         }
-        runs.push((service, spark));
+    }
+}
+
+/// The control plane's cost per minute with no contender, over `seconds`.
+async fn idle(cluster: &ControlPlane, seconds: u64) -> anyhow::Result<Cost> {
+    let before = Counters::read(cluster).await?;
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (pod_bytes, cpu_seconds) = Counters::read(cluster).await?.since(before);
+    Ok(Cost {
+        requests: 0.0,
+        pod_bytes,
+        cpu_seconds,
+    }
+    .per_minute(start.elapsed().as_secs_f64()))
+}
+
+async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec<Run>> {
+    let sides = [SideKind::Service, SideKind::SparkOwn];
+    // Once, on the fresh control plane: after a side, its pods' deletion goes on showing in
+    // the metrics for a while (a window there once read 10.8 MB of pods a minute).
+    let idle = idle(cluster, args.steady_s).await?;
+    println!(
+        "  idle control plane, per minute: {:.3} MB of pods, {:.2} CPU s; load average {}",
+        idle.pod_bytes / 1e6,
+        idle.cpu_seconds,
+        load_average()
+    );
+    let mut runs = Vec::new();
+    for run in 0..args.runs {
+        let mut loads = [None, None];
+        for k in summary::rotation(sides.len(), args.runs, run) {
+            let kind = sides[k];
+            let load = side(args, cluster, kind, run + 1)
+                .await
+                .with_context(|| format!("the {}, run {}", kind.label(), run + 1))?;
+            println!(
+                "  run {} {:<36}: {:>6.1} s to every executor Running; scale-up {:.0} requests, \
+                 {:.2} MB of pods, {:.2} CPU s; steady, per minute {:.1} requests, {:.3} MB, \
+                 {:.2} CPU s; load average {}",
+                run + 1,
+                kind.label(),
+                load.seconds,
+                load.scale_up.requests,
+                load.scale_up.pod_bytes / 1e6,
+                load.scale_up.cpu_seconds,
+                load.steady.requests,
+                load.steady.pod_bytes / 1e6,
+                load.steady.cpu_seconds,
+                load_average()
+            );
+            loads[k] = Some(load);
+        }
+        match loads {
+            [Some(service), Some(spark)] => runs.push(Run {
+                idle,
+                service,
+                spark,
+            }),
+            _ => bail!("run {} measured only one side", run + 1),
+        }
     }
     Ok(runs)
 }
 
-fn namespaces(side: &str, run: u32, count: u32) -> Vec<String> {
-    (0..count)
-        .map(|k| format!("bench-load-{side}-{run}-{k}"))
-        .collect()
-}
-
-/// One side's namespaces, each watched for its Running executors.
-struct Side {
-    namespaces: Vec<String>,
-    watches: Vec<RunningWatch>,
-}
-
-impl Side {
-    async fn open(
-        cluster: &ControlPlane,
-        side: &str,
-        run: u32,
-        count: u32,
-    ) -> anyhow::Result<Self> {
-        let namespaces = namespaces(side, run, count);
-        for namespace in &namespaces {
-            cluster.create_namespace(namespace).await?;
-        }
-        let watches = namespaces
-            .iter()
-            .map(|ns| RunningWatch::start(cluster.client.clone(), ns))
-            .collect();
-        Ok(Self {
-            namespaces,
-            watches,
-        })
+/// One side's run: its namespaces, each watched for Running executors; for the service's
+/// side the service; its drivers; then the two windows.
+async fn side(
+    args: &Args,
+    cluster: &ControlPlane,
+    kind: SideKind,
+    run: u32,
+) -> anyhow::Result<Load> {
+    let namespaces: Vec<String> = (0..args.namespaces)
+        .map(|k| format!("bench-load-{}-{run}-{k}", kind.slug()))
+        .collect();
+    for namespace in &namespaces {
+        cluster.create_namespace(namespace).await?;
     }
-
-    /// The namespace of the `k`-th application or driver (round robin).
-    fn namespace(&self, k: u32) -> &str {
-        &self.namespaces[k as usize % self.namespaces.len()]
-    }
-
-    /// Waits for `total` Running (`alive` fails the wait early), then counts the requests
-    /// `sent` matches: during the scale-up (since `scale_up` opened, at `started`) and per
-    /// minute over `steady_s` seconds after it, each divided by `per` (1, or the drivers).
-    #[allow(clippy::too_many_arguments)]
-    async fn measure(
-        &self,
-        cluster: &ControlPlane,
-        scale_up: AuditWindow,
-        started: Instant,
-        total: u32,
-        steady_s: u64,
-        per: u32,
-        sent: fn(&str) -> bool,
-        alive: impl FnMut() -> anyhow::Result<()>,
-    ) -> anyhow::Result<Load> {
-        wait_all(&self.watches, total, Duration::from_secs(900), alive).await?;
-        let seconds = started.elapsed().as_secs_f64();
-        let up = scale_up.count(sent)?.total;
-        let steady = AuditWindow::open(&cluster.audit_log())?;
-        tokio::time::sleep(Duration::from_secs(steady_s)).await;
-        let steady = steady.count(sent)?.total;
-        let per = f64::from(per);
-        Ok(Load {
-            scale_up: up as f64 / per,
-            steady_per_minute: steady as f64 * 60.0 / steady_s as f64 / per,
-            seconds,
-        })
-    }
-
-    async fn close(self, cluster: &ControlPlane) -> anyhow::Result<()> {
-        drop(self.watches);
-        for namespace in &self.namespaces {
-            cluster.delete_namespace(namespace).await?;
-        }
-        Ok(())
-    }
-}
-
-async fn service_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Result<Load> {
-    let side = Side::open(cluster, "svc", run, args.namespaces).await?;
-    let scale_up = AuditWindow::open(&cluster.audit_log())?;
+    let watches: Vec<RunningWatch> = namespaces
+        .iter()
+        .map(|ns| RunningWatch::start(cluster.client.clone(), ns))
+        .collect();
+    let audit = AuditWindow::open(&cluster.audit_log())?;
+    let before = Counters::read(cluster).await?;
     let started = Instant::now();
-    let service = cluster.serve(&side.namespaces[0], false, 16).await?;
-    let result = async {
-        for app in 0..args.applications {
-            start_application(
-                &service,
-                side.namespace(app),
-                &format!("load-{app}"),
-                args.executors_each,
-                10,
-                proto::AllocationPolicy::Adaptive,
-            )
-            .await?;
-        }
-        let total = args.applications * args.executors_each;
-        side.measure(
-            cluster,
-            scale_up,
-            started,
-            total,
-            args.steady_s,
-            1,
-            is_service,
-            || Ok(()),
-        )
-        .await
-    }
-    .await;
-    service.terminate(Duration::from_secs(30)).await;
-    side.close(cluster).await?;
-    result
-}
-
-async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Result<Load> {
-    let side = Side::open(cluster, "spark", run, args.namespaces).await?;
-    let scale_up = AuditWindow::open(&cluster.audit_log())?;
-    let started = Instant::now();
+    let mut service = None;
     let mut drivers = Vec::new();
+    let mut logs = Vec::new();
     let result = async {
-        for driver in 0..args.spark_drivers {
+        let address = match kind {
+            SideKind::Service => {
+                let serve = cluster.serve(&namespaces[0], None).await?;
+                let address = serve.address.to_string();
+                service = Some(serve);
+                Some(address)
+            }
+            SideKind::SparkOwn => None,
+        };
+        for driver in 0..args.drivers {
+            let namespace = &namespaces[driver as usize % namespaces.len()];
+            let app = format!("load-{driver}");
             drivers.push(cluster.spark_driver(
                 &args.cluster.spark_driver,
-                side.namespace(driver),
+                namespace,
                 args.executors_each,
-                &format!("load-{driver}"),
+                &app,
                 &args.driver_heap,
+                address.as_deref(),
             )?);
+            logs.push(cluster.spark_driver_log(namespace, &app));
         }
-        let total = args.spark_drivers * args.executors_each;
-        let alive = || {
-            for driver in drivers.iter_mut() {
+        let total = args.drivers * args.executors_each;
+        wait_all(&watches, total, Duration::from_secs(900), || {
+            for (driver, log) in drivers.iter_mut().zip(&logs) {
                 if let Some(status) = driver.try_wait()? {
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    let tail: String = text
+                        .chars()
+                        .rev()
+                        .take(3000)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
                     bail!(
-                        "a Spark driver exited ({status}) before its executors ran; its log is in {}",
-                        cluster.log_dir().display()
+                        "a Spark driver exited ({status}) before its executors ran; the end of \
+                         its log ({}):\n{tail}",
+                        log.display()
                     );
                 }
             }
             Ok(())
-        };
-        side.measure(
-            cluster,
-            scale_up,
-            started,
-            total,
-            args.steady_s,
-            args.spark_drivers,
-            is_spark,
-            alive,
-        )
-        .await
+        })
+        .await?;
+        let seconds = started.elapsed().as_secs_f64();
+        let up_counters = Counters::read(cluster).await?;
+        let up_requests = audit.count(|ua| kind.sent(ua))?.total;
+        let steady_audit = AuditWindow::open(&cluster.audit_log())?;
+        let steady_start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
+        let steady_counters = Counters::read(cluster).await?;
+        let steady_seconds = steady_start.elapsed().as_secs_f64();
+        let steady_requests = steady_audit.count(|ua| kind.sent(ua))?.total;
+        let (up_bytes, up_cpu) = up_counters.since(before);
+        let (steady_bytes, steady_cpu) = steady_counters.since(up_counters);
+        anyhow::Ok(Load {
+            scale_up: Cost {
+                requests: up_requests as f64,
+                pod_bytes: up_bytes,
+                cpu_seconds: up_cpu,
+            },
+            steady: Cost {
+                requests: steady_requests as f64,
+                pod_bytes: steady_bytes,
+                cpu_seconds: steady_cpu,
+            }
+            .per_minute(steady_seconds),
+            seconds,
+        })
     }
     .await;
-    for mut driver in drivers {
+    // Every driver told to stop first, so they stop together.
+    for driver in drivers.iter_mut() {
         drop(driver.stdin.take());
+    }
+    for mut driver in drivers {
         if tokio::time::timeout(Duration::from_secs(60), driver.wait())
             .await
             .is_err()
@@ -310,7 +470,13 @@ async fn spark_side(args: &Args, cluster: &ControlPlane, run: u32) -> anyhow::Re
             let _ = driver.kill().await;
         }
     }
-    side.close(cluster).await?;
+    if let Some(service) = service {
+        service.terminate(Duration::from_secs(30)).await;
+    }
+    drop(watches);
+    for namespace in &namespaces {
+        cluster.delete_namespace(namespace).await?;
+    }
     result
 }
 
@@ -333,5 +499,110 @@ async fn wait_all(
             bail!("{running} of {n} Running after {} s", bound.as_secs());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const METRICS: &str = r#"# HELP apiserver_response_sizes Response size distribution in bytes
+# TYPE apiserver_response_sizes histogram
+apiserver_response_sizes_bucket{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1",le="1000"} 3
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 120000
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="GET",version="v1"} 5000
+apiserver_response_sizes_sum{component="apiserver",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="GET",version="v1"} 777
+apiserver_response_sizes_count{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 3
+apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 40000
+apiserver_watch_events_sizes_sum{group="",resource="configmaps",version="v1"} 999
+apiserver_watch_events_sizes_sum{group="",kind="Pod",version="v1"} 1000
+process_cpu_seconds_total 12.5
+process_cpu_seconds_total_other 3
+"#;
+
+    #[test]
+    fn pod_bytes_and_cpu_are_read_from_the_api_servers_metrics() {
+        let counters = Counters::parse(METRICS);
+        // Pod responses (LIST and GET) and pod watch events; not Leases, not ConfigMaps,
+        // not the histogram's buckets or counts.
+        assert_eq!(counters.pod_bytes, 120000.0 + 5000.0 + 40000.0 + 1000.0);
+        assert_eq!(counters.cpu_seconds, 12.5);
+        let later = Counters {
+            pod_bytes: counters.pod_bytes + 2000.0,
+            cpu_seconds: 14.0,
+        };
+        assert_eq!(later.since(counters), (2000.0, 1.5));
+        assert_eq!(metric_sum(METRICS, "absent", |_| true), 0.0);
+    }
+
+    #[test]
+    fn a_window_is_scaled_to_a_minute() {
+        let cost = Cost {
+            requests: 30.0,
+            pod_bytes: 1000.0,
+            cpu_seconds: 2.0,
+        };
+        assert_eq!(
+            cost.per_minute(120.0),
+            Cost {
+                requests: 15.0,
+                pod_bytes: 500.0,
+                cpu_seconds: 1.0
+            }
+        );
+    }
+
+    #[test]
+    fn costs_are_taken_above_the_idle_rate_over_the_phases_length() {
+        let load = Load {
+            scale_up: Cost {
+                requests: 100.0,
+                pod_bytes: 5000.0,
+                cpu_seconds: 3.0,
+            },
+            steady: Cost {
+                requests: 20.0,
+                pod_bytes: 1500.0,
+                cpu_seconds: 1.5,
+            },
+            seconds: 30.0,
+        };
+        let run = Run {
+            idle: Cost {
+                requests: 0.0,
+                pod_bytes: 1000.0,
+                cpu_seconds: 1.0,
+            },
+            service: load,
+            spark: load,
+        };
+        // Half a minute of scale-up: half a minute of the idle rate.
+        assert_eq!(
+            run.above_idle(&load, Phase::ScaleUp),
+            Cost {
+                requests: 100.0,
+                pod_bytes: 4500.0,
+                cpu_seconds: 2.5
+            }
+        );
+        assert_eq!(
+            run.above_idle(&load, Phase::Steady),
+            Cost {
+                requests: 20.0,
+                pod_bytes: 500.0,
+                cpu_seconds: 0.5
+            }
+        );
+    }
+
+    #[test]
+    fn the_service_side_counts_the_service_and_its_drivers() {
+        let service = crate::k8s::replica_user_agent("bench-load-svc-1-0-0");
+        let driver = "fabric8-kubernetes-client/7.1.0";
+        assert!(SideKind::Service.sent(&service));
+        assert!(SideKind::Service.sent(driver));
+        assert!(SideKind::SparkOwn.sent(driver));
+        assert!(!SideKind::SparkOwn.sent(&service));
+        assert!(!SideKind::Service.sent("spark-pod-allocator-bench/observer"));
     }
 }

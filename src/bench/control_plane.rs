@@ -1,20 +1,27 @@
 //! Scale-up on the real control plane: the test API server (`tests/kube-apiserver`:
 //! kube-apiserver over etcd, kube-scheduler, kube-controller-manager and kwok nodes, built
-//! from Go modules) in a child process, and in the same run, one after another in fresh
-//! namespaces:
+//! from Go modules) in a child process, and in the same run, each case in a fresh namespace:
 //!
-//! - the bare limit: a client that creates N pods, 100 at a time, with no client-side cap,
-//!   retrying what the API server refuses (429, 5xx) after a second;
-//! - the service (`serve` in a child process, as deployed) with ADAPTIVE, at its default
-//!   QPS cap and with the cap lifted, and with the SPARK policy at Spark 4.2's batch of 20;
+//! - the bare client, once per concurrency of a sweep (`--bare-concurrency`, by default 25,
+//!   50, 100, 200 and 400 creates in flight): a client that creates N pods with no
+//!   client-side cap, retrying what the API server refuses (429, 5xx) after a second. The
+//!   fastest of the sweep in a run is that run's **bare limit**;
+//! - the service (`serve` in a child process, as deployed) at its defaults: no setting of
+//!   the service overridden, and the application started as the Spark plugin starts it at
+//!   Spark 4.2's defaults (batch 20, batch delay 1 s, no policy: the service's default);
+//!   optionally with the ADAPTIVE or SPARK policy asked per application, or with the
+//!   service's QPS cap lifted;
 //! - a real Spark driver with Spark's own `ExecutorPodsAllocator`
-//!   (`clients/spark/own-allocator-driver.sh`: client mode, Spark's defaults).
+//!   (`clients/spark/own-allocator-driver.sh`: client mode, Spark's defaults), with no bound
+//!   on its time unless `--max-seconds` sets one.
 //!
-//! Time is measured from the first executor pod the API server reports to N Running, from a
-//! watch of the namespace (so a JVM's start-up is not counted against Spark). Every
-//! contender acts as the same ordinary user (`alice`, bound to `cluster-admin`), so API
-//! Priority and Fairness treats them alike (an admin in `system:masters` would be exempt).
-//! Their requests are counted from the API server's audit log by User-Agent.
+//! The cases' order is rotated from run to run ([`summary::rotation`]), and
+//! `--fresh-control-plane` gives every case a control plane of its own. Every case is timed
+//! by the same [`summary::Clock`]: from the first executor pod a watch of its namespace sees
+//! to N Running seen by that watch. Every contender acts as the same ordinary user (`alice`,
+//! bound to `cluster-admin`), so API Priority and Fairness treats them alike (an admin in
+//! `system:masters` would be exempt). Their requests are counted from the API server's audit
+//! log by User-Agent.
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
@@ -32,7 +39,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::harness::{ServeProcess, wait_every};
 use super::plot::{self, Series};
-use super::scale_up::spread;
+use super::summary::{self, Clock, Ratios, spread, verdict};
 use crate::proto;
 
 /// The User-Agent of the bench's own requests (namespaces, the watch); not counted.
@@ -43,6 +50,8 @@ pub const BARE_USER_AGENT: &str = "spark-pod-allocator-bench/bare";
 const SPARK_USER_AGENT: &str = "fabric8-kubernetes-client";
 /// The ordinary user every contender acts as.
 const CONTENDER_USER: &str = "alice";
+/// How long a contender may take from its start to its first pod (a JVM's start included).
+const FIRST_POD_BOUND: Duration = Duration::from_secs(900);
 
 /// The cluster's options, shared by the scenarios on the real control plane.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,7 +70,8 @@ pub struct ClusterArgs {
     /// `--apiserver-arg=--max-mutating-requests-inflight=20`).
     #[arg(long = "apiserver-arg", allow_hyphen_values = true)]
     pub apiserver_args: Vec<String>,
-    /// The Spark driver with Spark's own allocator.
+    /// The Spark driver with Spark's own allocator (and, given a service address, with the
+    /// plugin).
     #[arg(long, default_value = "clients/spark/own-allocator-driver.sh")]
     pub spark_driver: PathBuf,
 }
@@ -74,59 +84,58 @@ pub struct Args {
     /// Executors to scale up to.
     #[arg(long, default_value_t = 1000)]
     pub executors: u32,
-    /// Runs of each case (min / median / max are printed).
+    /// Runs of every case (min / median / max are printed); the cases' order is rotated
+    /// from run to run.
     #[arg(long, default_value_t = 3)]
     pub runs: u32,
-    /// Cases, comma-separated, run in this order within each run.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "bare,adaptive-uncapped,adaptive,spark,spark-own"
-    )]
+    /// Cases, comma-separated (the first run's order; `bare` stands for the whole sweep).
+    #[arg(long, value_delimiter = ',', default_value = "bare,service,spark-own")]
     pub cases: Vec<Case>,
-    /// Creates the bare client (and the uncapped service) keeps in flight.
+    /// The bare client's sweep: creates in flight, one bare case each.
+    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200,400")]
+    pub bare_concurrency: Vec<u32>,
+    /// `create_concurrency` of the service with its QPS cap lifted (`service-uncapped`).
     #[arg(long, default_value_t = 100)]
-    pub concurrency: u32,
+    pub uncapped_concurrency: u32,
+    /// A control plane of its own for every case of every run (slower; nothing one case
+    /// leaves behind can slow the next).
+    #[arg(long)]
+    pub fresh_control_plane: bool,
     /// Write a PNG of Running executors over time (the first run of each case).
     #[arg(long, value_name = "PATH")]
     pub plot: Option<PathBuf>,
-    /// Give up on a case after this many seconds.
-    #[arg(long, default_value_t = 1800)]
-    pub max_seconds: u64,
+    /// Stop a case this many seconds after its first pod (reported as a bound, its time
+    /// then a lower bound). None by default: every case runs to N Running.
+    #[arg(long)]
+    pub max_seconds: Option<u64>,
 }
 
 /// Who creates the pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Case {
-    /// The bare client: the API server's limit.
+    /// The bare client, once per concurrency of the sweep: the API server's limit.
     Bare,
-    /// The service, ADAPTIVE, at its default QPS cap (50, burst 100).
+    /// The service at its defaults, the application started as the plugin does at Spark's
+    /// defaults.
+    Service,
+    /// The same, asking for the ADAPTIVE policy.
     Adaptive,
-    /// The service, ADAPTIVE, with its QPS cap lifted: the API server's answers alone
-    /// (429 with Retry-After, latency) pace it.
-    AdaptiveUncapped,
-    /// The service, SPARK policy, batch 20 every second (Spark 4.2's defaults).
+    /// The service with its QPS cap lifted (`qps`, `burst` 1,000,000), ADAPTIVE.
+    #[value(alias = "adaptive-uncapped")]
+    ServiceUncapped,
+    /// The same as `service`, asking for the SPARK policy.
     Spark,
     /// A Spark driver with Spark's own allocator.
     SparkOwn,
 }
 
 impl Case {
-    fn label(self) -> &'static str {
-        match self {
-            Case::Bare => "bare client (the limit)",
-            Case::Adaptive => "service ADAPTIVE (QPS 50)",
-            Case::AdaptiveUncapped => "service ADAPTIVE (no QPS cap)",
-            Case::Spark => "service SPARK (batch 20)",
-            Case::SparkOwn => "Spark's own allocator",
-        }
-    }
-
     fn slug(self) -> &'static str {
         match self {
             Case::Bare => "bare",
+            Case::Service => "service",
             Case::Adaptive => "adaptive",
-            Case::AdaptiveUncapped => "uncapped",
+            Case::ServiceUncapped => "uncapped",
             Case::Spark => "spark",
             Case::SparkOwn => "spark-own",
         }
@@ -136,8 +145,79 @@ impl Case {
     fn sent(self, user_agent: &str) -> bool {
         match self {
             Case::Bare => user_agent == BARE_USER_AGENT,
-            Case::Adaptive | Case::AdaptiveUncapped | Case::Spark => is_service(user_agent),
+            Case::Service | Case::Adaptive | Case::ServiceUncapped | Case::Spark => {
+                is_service(user_agent)
+            }
             Case::SparkOwn => is_spark(user_agent),
+        }
+    }
+
+    /// The settings of the application's Start: what the plugin sends at Spark 4.2's
+    /// defaults (batch 20, batch delay 1 s), with the policy the case asks for.
+    fn settings(self) -> proto::AllocationSettings {
+        let policy = match self {
+            Case::Adaptive | Case::ServiceUncapped => Some(proto::AllocationPolicy::Adaptive),
+            Case::Spark => Some(proto::AllocationPolicy::Spark),
+            _ => None,
+        };
+        proto::AllocationSettings {
+            batch_size: Some(20),
+            batch_delay_ms: Some(1000),
+            policy: policy.map(|p| p as i32),
+            ..Default::default()
+        }
+    }
+}
+
+/// One case as run: a case, and for the bare client its concurrency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub case: Case,
+    /// Creates in flight (the bare client's; the uncapped service's `create_concurrency`).
+    pub concurrency: u32,
+}
+
+impl Entry {
+    /// The cases of `args`, the bare client expanded into its sweep.
+    pub fn all(args: &Args) -> Vec<Entry> {
+        args.cases
+            .iter()
+            .flat_map(|case| match case {
+                Case::Bare => args
+                    .bare_concurrency
+                    .iter()
+                    .map(|c| Entry {
+                        case: Case::Bare,
+                        concurrency: *c,
+                    })
+                    .collect::<Vec<_>>(),
+                Case::ServiceUncapped => vec![Entry {
+                    case: *case,
+                    concurrency: args.uncapped_concurrency,
+                }],
+                _ => vec![Entry {
+                    case: *case,
+                    concurrency: 0,
+                }],
+            })
+            .collect()
+    }
+
+    pub fn label(self) -> String {
+        match self.case {
+            Case::Bare => format!("bare client, {} in flight", self.concurrency),
+            Case::Service => "service at its defaults".into(),
+            Case::Adaptive => "service, ADAPTIVE asked".into(),
+            Case::ServiceUncapped => "service ADAPTIVE, no QPS cap".into(),
+            Case::Spark => "service, SPARK asked".into(),
+            Case::SparkOwn => "Spark's own allocator".into(),
+        }
+    }
+
+    fn slug(self) -> String {
+        match self.case {
+            Case::Bare => format!("bare{}", self.concurrency),
+            case => case.slug().into(),
         }
     }
 }
@@ -145,7 +225,7 @@ impl Case {
 /// The service's User-Agent (`spark-pod-allocator/<version>`, with a replica's identity),
 /// not the bench's (`spark-pod-allocator-bench/…`).
 pub fn is_service(user_agent: &str) -> bool {
-    user_agent.starts_with(concat!(env!("CARGO_PKG_NAME"), "/"))
+    user_agent.starts_with("spark-pod-allocator/")
 }
 
 /// Spark's Kubernetes client.
@@ -157,40 +237,79 @@ pub fn is_spark(user_agent: &str) -> bool {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.executors > 0, "--executors must be above 0");
     anyhow::ensure!(args.runs > 0, "--runs must be above 0");
-    anyhow::ensure!(args.concurrency > 0, "--concurrency must be above 0");
+    anyhow::ensure!(
+        args.bare_concurrency.iter().all(|c| *c > 0) && args.uncapped_concurrency > 0,
+        "--bare-concurrency and --uncapped-concurrency must be above 0"
+    );
     if args.cases.contains(&Case::SparkOwn) {
         prepare_spark_driver(&args.cluster.spark_driver).await?;
     }
-    let cluster = ControlPlane::start(&args.cluster, args.executors).await?;
+    let entries = Entry::all(&args);
+    anyhow::ensure!(!entries.is_empty(), "--cases names no case");
     println!(
-        "control plane: {} with {} kwok nodes, scheduler QPS {}, kube-apiserver args {:?}; \
-         {} executors, {} runs",
-        cluster.url,
-        cluster.nodes,
+        "control plane: scheduler QPS {}, kube-apiserver args {:?}; {} executors, {} runs, \
+         {}; clock: the first executor pod seen to N Running seen, by one watch of the \
+         case's namespace; bound: {}",
         match args.cluster.scheduler_qps {
             0 => "50 (default)".to_string(),
             qps => qps.to_string(),
         },
         args.cluster.apiserver_args,
         args.executors,
-        args.runs
+        args.runs,
+        if args.fresh_control_plane {
+            "a fresh control plane per case"
+        } else {
+            "one control plane, the case order rotated per run"
+        },
+        args.max_seconds
+            .map_or("none".to_string(), |s| format!("{s} s on that clock")),
     );
-    let result = measure_all(&args, &cluster).await;
-    cluster.stop().await;
+    let shared = if args.fresh_control_plane {
+        None
+    } else {
+        let cluster = ControlPlane::start(&args.cluster, args.executors).await?;
+        println!("  {} with {} kwok nodes", cluster.url, cluster.nodes);
+        Some(cluster)
+    };
+    let result = measure_all(&args, &entries, shared.as_ref()).await;
+    if let Some(cluster) = shared {
+        cluster.stop().await;
+    }
     let outcomes = result?;
-    summarise(&args, &outcomes)
+    summarise(&args, &entries, &outcomes)
 }
 
+/// Every entry's outcome per run: `[entry][run]`.
 async fn measure_all(
     args: &Args,
-    cluster: &ControlPlane,
-) -> anyhow::Result<BTreeMap<usize, Vec<Outcome>>> {
-    let mut outcomes: BTreeMap<usize, Vec<Outcome>> = BTreeMap::new();
-    for run in 1..=args.runs {
-        for (index, case) in args.cases.iter().enumerate() {
-            let outcome = scale_up(args, cluster, *case, run)
-                .await
-                .with_context(|| format!("{} run {run}", case.label()))?;
+    entries: &[Entry],
+    shared: Option<&ControlPlane>,
+) -> anyhow::Result<Vec<Vec<Outcome>>> {
+    let mut outcomes: Vec<Vec<Outcome>> = vec![Vec::new(); entries.len()];
+    for run in 0..args.runs {
+        let order = summary::rotation(entries.len(), args.runs, run);
+        println!(
+            "run {}: {}",
+            run + 1,
+            order
+                .iter()
+                .map(|k| entries[*k].label())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for k in order {
+            let entry = entries[k];
+            let outcome = match shared {
+                Some(cluster) => scale_up(args, cluster, entry, run + 1).await,
+                None => {
+                    let cluster = ControlPlane::start(&args.cluster, args.executors).await?;
+                    let outcome = scale_up(args, &cluster, entry, run + 1).await;
+                    cluster.stop().await;
+                    outcome
+                }
+            }
+            .with_context(|| format!("{} run {}", entry.label(), run + 1))?;
             let reached = if outcome.running < args.executors {
                 format!(
                     "{} of {} Running at the bound,",
@@ -200,9 +319,10 @@ async fn measure_all(
                 format!("to {} Running", args.executors)
             };
             println!(
-                "  {:<30} run {run}: {:>7.1} s {reached} (first pod {:.1} s after the \
-                 start); requests {} ({}), 429s {}{}",
-                case.label(),
+                "  {:<30} run {}: {:>7.1} s {reached} (first pod {:.1} s after the start); \
+                 requests {} ({}), 429s {}{}; load average {}",
+                entry.label(),
+                run + 1,
                 outcome.seconds,
                 outcome.first_pod,
                 outcome.requests.total,
@@ -215,63 +335,107 @@ async fn measure_all(
                         rss as f64 / 1048576.0,
                         rss as f64 / f64::from(args.executors)
                     ))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                load_average()
             );
-            outcomes.entry(index).or_default().push(outcome);
+            outcomes[k].push(outcome);
         }
     }
     Ok(outcomes)
 }
 
-fn summarise(args: &Args, outcomes: &BTreeMap<usize, Vec<Outcome>>) -> anyhow::Result<()> {
-    let of = |case: Case| {
-        args.cases
+/// The 1-, 5- and 15-minute load averages (`/proc/loadavg`), or `?`.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+fn summarise(args: &Args, entries: &[Entry], outcomes: &[Vec<Outcome>]) -> anyhow::Result<()> {
+    let n = args.executors;
+    // Per run, the seconds of an entry that reached N (None when a bound stopped it).
+    let finished = |k: usize| -> Vec<Option<f64>> {
+        outcomes[k]
             .iter()
-            .position(|c| *c == case)
-            .and_then(|i| outcomes.get(&i))
+            .map(|o| (o.running >= n).then_some(o.seconds))
+            .collect()
     };
+    let bare: Vec<usize> = (0..entries.len())
+        .filter(|k| entries[*k].case == Case::Bare)
+        .collect();
+    let limits: Vec<Option<(usize, f64)>> = (0..args.runs as usize)
+        .map(|run| {
+            let times: Vec<Option<f64>> = bare
+                .iter()
+                .map(|k| finished(*k).get(run).copied().flatten())
+                .collect();
+            summary::bare_limit(&times).map(|(i, t)| (bare[i], t))
+        })
+        .collect();
+    let limit: Vec<Option<f64>> = limits.iter().map(|l| l.map(|(_, t)| t)).collect();
+    let spark_own = entries.iter().position(|e| e.case == Case::SparkOwn);
     println!(
-        "summary, {} executors (min / median / max of {} runs):",
-        args.executors, args.runs
+        "summary, {n} executors (min / median / max of {} runs; ratios per run, in run order, \
+         then their median):",
+        args.runs
     );
-    let bare = of(Case::Bare);
-    for (index, case) in args.cases.iter().enumerate() {
-        let Some(runs) = outcomes.get(&index) else {
-            continue;
-        };
+    for (k, entry) in entries.iter().enumerate() {
+        let runs = &outcomes[k];
         let time = spread(runs.iter().map(|o| o.seconds));
+        let first = spread(runs.iter().map(|o| o.first_pod));
         let requests = spread(runs.iter().map(|o| o.requests.total as f64));
         let mut line = format!(
-            "  {:<30} {:>7.1} / {:>7.1} / {:>7.1} s; requests {:.0} / {:.0} / {:.0}",
-            case.label(),
+            "  {:<30} {:>7.1} / {:>7.1} / {:>7.1} s (start to first pod {:.1} / {:.1} / {:.1} \
+             s); requests {:.0} / {:.0} / {:.0}",
+            entry.label(),
             time.0,
             time.1,
             time.2,
+            first.0,
+            first.1,
+            first.2,
             requests.0,
             requests.1,
             requests.2
         );
-        if let Some(bare) = bare {
-            let ratio = spread(
-                runs.iter()
-                    .zip(bare)
-                    .map(|(o, b)| o.seconds / b.seconds.max(f64::MIN_POSITIVE)),
+        if let Some(ratios) = Ratios::of(&finished(k), &limit) {
+            line += &format!(
+                "; x bare limit {} (median {:.2})",
+                ratios.runs(),
+                ratios.median()
             );
-            line += &format!("; x bare {:.2} / {:.2} / {:.2}", ratio.0, ratio.1, ratio.2);
         }
-        if let Some(short) = runs.iter().map(|o| o.running).min()
-            && short < args.executors
+        if let Some(spark) = spark_own
+            && spark != k
+            && let Some(ratios) = Ratios::of(&finished(spark), &finished(k))
         {
             line += &format!(
-                "; stopped by the bound with as few as {short} Running (its times and ratios \
-                 are lower bounds)"
+                "; faster than Spark's own {} (median {:.2})",
+                ratios.runs(),
+                ratios.median()
+            );
+        }
+        if let Some(short) = runs.iter().map(|o| o.running).min()
+            && short < n
+        {
+            line += &format!(
+                "; stopped by the {} s bound in {} run(s), with as few as {short} Running \
+                 (those runs are left out of its ratios)",
+                args.max_seconds.unwrap_or_default(),
+                runs.iter().filter(|o| o.running < n).count()
             );
         }
         if runs.iter().all(|o| o.rss.is_some()) {
             let per = spread(
                 runs.iter()
                     .filter_map(|o| o.rss)
-                    .map(|rss| rss as f64 / f64::from(args.executors)),
+                    .map(|rss| rss as f64 / f64::from(n)),
             );
             line += &format!(
                 "; RSS/executor {:.0} / {:.0} / {:.0} B",
@@ -280,75 +444,73 @@ fn summarise(args: &Args, outcomes: &BTreeMap<usize, Vec<Outcome>>) -> anyhow::R
         }
         println!("{line}");
     }
-    if let (Some(bare), Some(adaptive)) = (bare, of(Case::AdaptiveUncapped)) {
-        let ratio = median_ratio(adaptive, bare);
-        println!(
-            "goal: ADAPTIVE (no QPS cap) within 1.2x the bare limit: {ratio:.2}x (median of \
-             per-run ratios) {}",
-            verdict(ratio <= 1.2)
-        );
-    }
-    let fastest_adaptive = [Case::AdaptiveUncapped, Case::Adaptive]
-        .into_iter()
-        .find_map(|case| of(case).map(|runs| (case, runs)));
-    if let (Some(spark), Some((case, adaptive))) = (of(Case::SparkOwn), fastest_adaptive) {
-        let ratio = median_ratio(spark, adaptive);
-        let bound = if spark.iter().any(|o| o.running < args.executors) {
-            " (Spark's own stopped by the bound: at least this)"
-        } else {
-            ""
-        };
-        println!(
-            "goal: {} at least 5x faster than Spark's own allocator: {ratio:.2}x{bound} {}",
-            case.label(),
-            verdict(ratio >= 5.0)
-        );
+    println!(
+        "  the bare limit per run: {}",
+        limits
+            .iter()
+            .map(|l| match l {
+                Some((k, t)) => format!("{t:.1} s ({})", entries[*k].label()),
+                None => "none (no bare case finished)".into(),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    for (k, entry) in entries.iter().enumerate() {
+        if entry.case == Case::Bare || entry.case == Case::SparkOwn {
+            continue;
+        }
+        if let Some(ratios) = Ratios::of(&finished(k), &limit) {
+            println!(
+                "goal: {} within 1.25x the bare limit: {:.2}x (median of per-run ratios) {}",
+                entry.label(),
+                ratios.median(),
+                verdict(ratios.median() <= 1.25)
+            );
+        }
+        if let Some(spark) = spark_own {
+            match Ratios::of(&finished(spark), &finished(k)) {
+                Some(ratios) => println!(
+                    "goal: {} at least 5x faster than Spark's own allocator: {:.2}x (median \
+                     of per-run ratios) {}",
+                    entry.label(),
+                    ratios.median(),
+                    verdict(ratios.median() >= 5.0)
+                ),
+                None => println!(
+                    "goal: {} at least 5x faster than Spark's own allocator: not measured \
+                     (Spark's own did not reach {n} in any run)",
+                    entry.label()
+                ),
+            }
+        }
     }
     if let Some(path) = &args.plot {
-        let series: Vec<Series> = args
-            .cases
+        let series: Vec<Series> = entries
             .iter()
             .enumerate()
-            .filter_map(|(index, case)| {
-                let first = outcomes.get(&index)?.first()?;
+            .filter_map(|(k, entry)| {
+                let first = outcomes[k].first()?;
                 Some(Series {
-                    label: case.label().to_string(),
+                    label: entry.label(),
                     points: first.samples.clone(),
                 })
             })
             .collect();
-        let title = format!(
-            "Running executors on the control plane, scale-up to {}",
-            args.executors
-        );
-        plot::running_over_time(path, &title, &series)?;
+        let title = format!("Running executors on the control plane, scale-up to {n}");
+        plot::running_over_time(path, &title, "the first executor pod", &series)?;
         println!("plot: {}", path.display());
     }
     Ok(())
 }
 
-/// The median over runs of `a`'s time over `b`'s in the same run.
-fn median_ratio(a: &[Outcome], b: &[Outcome]) -> f64 {
-    spread(
-        a.iter()
-            .zip(b)
-            .map(|(a, b)| a.seconds / b.seconds.max(f64::MIN_POSITIVE)),
-    )
-    .1
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met { "met" } else { "MISSED" }
-}
-
 /// One case's run.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// The first executor pod seen to N Running, or to the bound (`--max-seconds`).
+    /// On the [`Clock`]: the first executor pod seen to N Running, or to the bound.
     pub seconds: f64,
     /// Pods Running at the end: N, or fewer when the bound stopped the contender.
     pub running: u32,
-    /// The contender's start to its first pod seen.
+    /// The contender's start to its first pod seen (not timed).
     pub first_pod: f64,
     /// The contender's requests from its start to N Running.
     pub requests: Requests,
@@ -362,12 +524,12 @@ pub struct Outcome {
 async fn scale_up(
     args: &Args,
     cluster: &ControlPlane,
-    case: Case,
+    entry: Entry,
     run: u32,
 ) -> anyhow::Result<Outcome> {
-    let namespace = format!("bench-{}-{run}", case.slug());
+    let namespace = format!("bench-{}-{run}", entry.slug());
     cluster.create_namespace(&namespace).await?;
-    let result = measure(args, cluster, case, &namespace).await;
+    let result = measure(args, cluster, entry, &namespace).await;
     let cleaned = cluster.delete_namespace(&namespace).await;
     let outcome = result?;
     cleaned?;
@@ -377,39 +539,46 @@ async fn scale_up(
 async fn measure(
     args: &Args,
     cluster: &ControlPlane,
-    case: Case,
+    entry: Entry,
     namespace: &str,
 ) -> anyhow::Result<Outcome> {
     let n = args.executors;
     let watch = RunningWatch::start(cluster.client.clone(), namespace);
     let audit = AuditWindow::open(&cluster.audit_log())?;
     let started = Instant::now();
-    let contender = Contender::start(args, cluster, case, namespace).await?;
-    let reached = watch
-        .wait_for(n, Duration::from_secs(args.max_seconds))
-        .await;
+    let mut contender = Contender::start(args, cluster, entry, namespace).await?;
+    let timed = async {
+        let first_pod = watch.wait_for_first(FIRST_POD_BOUND).await?;
+        let clock = Clock { started, first_pod };
+        let bound = clock.remaining(args.max_seconds.map(Duration::from_secs), Instant::now());
+        let reached = watch.wait_for(n, bound).await?;
+        anyhow::Ok((clock, reached))
+    };
+    let timed = tokio::select! {
+        timed = timed => timed,
+        exited = contender.exited() => Err(exited),
+    };
     let rss = match &contender {
         Contender::Service(service) => service.rss_bytes().ok(),
         _ => None,
     };
-    let requests = audit.count(|user_agent| case.sent(user_agent));
+    let requests = audit.count(|user_agent| entry.case.sent(user_agent));
     contender.stop().await;
-    let reached = reached?;
+    let (clock, reached) = timed?;
     let requests = requests?;
-    let first = watch.first_seen().context("no pod seen")?;
     // A contender stopped by the bound is measured up to it, with the pods it had Running.
     let (reached, running) = match reached {
         Some(at) => (at, n),
         None => (Instant::now(), watch.running()),
     };
-    let seconds = reached.saturating_duration_since(first).as_secs_f64();
+    let seconds = clock.seconds(reached);
     // The scale-up only: the samples after N (the contender's teardown) are not plotted.
-    let mut samples = watch.samples(first);
+    let mut samples = watch.samples(clock.first_pod);
     samples.retain(|(at, _)| *at <= seconds);
     Ok(Outcome {
         seconds,
         running,
-        first_pod: first.saturating_duration_since(started).as_secs_f64(),
+        first_pod: clock.before_first_pod(),
         requests,
         rss,
         samples,
@@ -418,47 +587,79 @@ async fn measure(
 
 /// A contender while it holds its executors.
 enum Contender {
-    Bare(tokio::task::JoinHandle<anyhow::Result<()>>),
+    /// The bare client's task, until it has been awaited.
+    Bare(Option<tokio::task::JoinHandle<anyhow::Result<()>>>),
     Service(ServeProcess),
-    Spark(tokio::process::Child),
+    /// The driver, and its stdin (held apart: waiting on a child closes the stdin it holds,
+    /// which stops the driver).
+    Spark(tokio::process::Child, Option<tokio::process::ChildStdin>),
 }
 
 impl Contender {
     async fn start(
         args: &Args,
         cluster: &ControlPlane,
-        case: Case,
+        entry: Entry,
         namespace: &str,
     ) -> anyhow::Result<Self> {
         let n = args.executors;
-        Ok(match case {
+        Ok(match entry.case {
             Case::Bare => {
                 let client = cluster.contender_client(BARE_USER_AGENT).await?;
                 let namespace = namespace.to_string();
-                let concurrency = args.concurrency as usize;
-                Contender::Bare(tokio::spawn(async move {
+                let concurrency = entry.concurrency as usize;
+                Contender::Bare(Some(tokio::spawn(async move {
                     bare_create(client, &namespace, n, concurrency).await
-                }))
+                })))
             }
-            Case::Adaptive | Case::AdaptiveUncapped | Case::Spark => {
-                let service = cluster
-                    .serve(namespace, case == Case::AdaptiveUncapped, args.concurrency)
-                    .await?;
-                let (batch_size, policy) = match case {
-                    Case::Spark => (20, proto::AllocationPolicy::Spark),
-                    _ => (10, proto::AllocationPolicy::Adaptive),
-                };
-                start_application(&service, namespace, "bench", n, batch_size, policy).await?;
+            Case::Service | Case::Adaptive | Case::ServiceUncapped | Case::Spark => {
+                let uncapped = (entry.case == Case::ServiceUncapped).then_some(entry.concurrency);
+                let service = cluster.serve(namespace, uncapped).await?;
+                start_application(&service, namespace, "bench", n, entry.case.settings()).await?;
                 Contender::Service(service)
             }
-            Case::SparkOwn => Contender::Spark(cluster.spark_driver(
-                &args.cluster.spark_driver,
-                namespace,
-                n,
-                "bench",
-                "512m",
-            )?),
+            Case::SparkOwn => {
+                let mut driver = cluster.spark_driver(
+                    &args.cluster.spark_driver,
+                    namespace,
+                    n,
+                    "bench",
+                    "512m",
+                    None,
+                )?;
+                let stdin = driver.stdin.take();
+                Contender::Spark(driver, stdin)
+            }
         })
+    }
+
+    /// Resolves (with an error) when the contender ends before its executors are Running:
+    /// a Spark driver or a service that exited, a bare client that failed. Never resolves
+    /// while it runs.
+    async fn exited(&mut self) -> anyhow::Error {
+        match self {
+            Contender::Bare(slot) => {
+                let Some(task) = slot.as_mut() else {
+                    return std::future::pending().await;
+                };
+                let result = task.await;
+                *slot = None;
+                match result {
+                    Ok(Err(error)) => error.context("the bare client failed"),
+                    // Every create answered: its pods have yet to go Running.
+                    Ok(Ok(())) => std::future::pending().await,
+                    Err(error) => anyhow::anyhow!("the bare client panicked: {error}"),
+                }
+            }
+            Contender::Service(service) => match service.child.wait().await {
+                Ok(status) => anyhow::anyhow!("`serve` exited ({status})"),
+                Err(error) => anyhow::anyhow!("`serve`: {error}"),
+            },
+            Contender::Spark(driver, _) => match driver.wait().await {
+                Ok(status) => anyhow::anyhow!("the Spark driver exited ({status})"),
+                Err(error) => anyhow::anyhow!("the Spark driver: {error}"),
+            },
+        }
     }
 
     /// Lets go of the executors: the bare client is done, the service is stopped
@@ -466,13 +667,14 @@ impl Contender {
     /// namespace's deletion removes the pods.
     async fn stop(self) {
         match self {
-            Contender::Bare(task) => {
+            Contender::Bare(Some(task)) => {
                 task.abort();
                 let _ = task.await;
             }
+            Contender::Bare(None) => {}
             Contender::Service(service) => service.terminate(Duration::from_secs(30)).await,
-            Contender::Spark(mut driver) => {
-                drop(driver.stdin.take());
+            Contender::Spark(mut driver, stdin) => {
+                drop(stdin);
                 if tokio::time::timeout(Duration::from_secs(60), driver.wait())
                     .await
                     .is_err()
@@ -490,8 +692,7 @@ pub async fn start_application(
     namespace: &str,
     app: &str,
     n: u32,
-    batch_size: u32,
-    policy: proto::AllocationPolicy,
+    settings: proto::AllocationSettings,
 ) -> anyhow::Result<()> {
     let mut client = service.client.clone();
     client
@@ -499,12 +700,7 @@ pub async fn start_application(
             application_id: app.into(),
             namespace: namespace.into(),
             executor_pod_template: EXECUTOR_TEMPLATE.into(),
-            settings: Some(proto::AllocationSettings {
-                batch_size: Some(batch_size),
-                batch_delay_ms: Some(1000),
-                policy: Some(policy as i32),
-                ..Default::default()
-            }),
+            settings: Some(settings),
             ..Default::default()
         })
         .await
@@ -716,13 +912,12 @@ impl ControlPlane {
         client_of(&self.contender_kubeconfig(), user_agent).await
     }
 
-    /// The service (`serve`) as the contenders' user, its shard Leases in `namespace`.
-    /// `uncapped`: its QPS cap lifted, `concurrency` creates in flight.
+    /// The service (`serve`) as the contenders' user, its shard Leases in `namespace`, at
+    /// its defaults; `uncapped`: its QPS cap lifted, that many creates in flight.
     pub async fn serve(
         &self,
         namespace: &str,
-        uncapped: bool,
-        concurrency: u32,
+        uncapped: Option<u32>,
     ) -> anyhow::Result<ServeProcess> {
         let mut env = vec![
             (
@@ -731,7 +926,7 @@ impl ControlPlane {
             ),
             ("SPARK_POD_ALLOCATOR__HA__LEASE_NAMESPACE", namespace.into()),
         ];
-        if uncapped {
+        if let Some(concurrency) = uncapped {
             env.extend([
                 (
                     "SPARK_POD_ALLOCATOR__KUBERNETES__QPS",
@@ -750,8 +945,9 @@ impl ControlPlane {
         ServeProcess::start(&self.contender_kubeconfig(), &env).await
     }
 
-    /// A Spark driver with Spark's own allocator, as the contenders' user, asking for `n`
-    /// executors of application `app` in `namespace`; its output goes to a log beside the
+    /// A Spark driver as the contenders' user, asking for `n` executors of application
+    /// `app` in `namespace`: with Spark's own allocator, or given `service` (a gRPC address)
+    /// with the plugin at its two required settings. Its output goes to a log beside the
     /// cluster's.
     pub fn spark_driver(
         &self,
@@ -760,8 +956,9 @@ impl ControlPlane {
         n: u32,
         app: &str,
         heap: &str,
+        service: Option<&str>,
     ) -> anyhow::Result<tokio::process::Child> {
-        let log_path = self.dir.path().join(format!("spark-{namespace}-{app}.log"));
+        let log_path = self.spark_driver_log(namespace, app);
         let log = std::fs::File::create(&log_path)?;
         tokio::process::Command::new("bash")
             .arg(script)
@@ -771,6 +968,7 @@ impl ControlPlane {
             .arg(namespace)
             .arg(n.to_string())
             .arg(app)
+            .args(service)
             .env("DRIVER_HEAP", heap)
             .stdin(Stdio::piped())
             .stdout(Stdio::from(log.try_clone()?))
@@ -778,6 +976,11 @@ impl ControlPlane {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", script.display()))
+    }
+
+    /// Where [`Self::spark_driver`] writes the output of the driver of `app` in `namespace`.
+    pub fn spark_driver_log(&self, namespace: &str, app: &str) -> PathBuf {
+        self.dir.path().join(format!("spark-{namespace}-{app}.log"))
     }
 
     /// Creates `name` and waits for its `default` ServiceAccount (pods need it).
@@ -859,6 +1062,8 @@ pub async fn prepare_spark_driver(script: &Path) -> anyhow::Result<()> {
 pub struct RunningWatch {
     state: Arc<Mutex<WatchState>>,
     count: tokio::sync::watch::Receiver<u32>,
+    /// When the first pod was seen.
+    seen: tokio::sync::watch::Receiver<Option<Instant>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -875,6 +1080,7 @@ impl RunningWatch {
         let pods: Api<Pod> = Api::namespaced(client, namespace);
         let state = Arc::new(Mutex::new(WatchState::default()));
         let (count_tx, count) = tokio::sync::watch::channel(0);
+        let (seen_tx, seen) = tokio::sync::watch::channel(None);
         let shared = state.clone();
         let task = tokio::spawn(async move {
             let mut events = watcher(pods, watcher::Config::default())
@@ -896,7 +1102,10 @@ impl RunningWatch {
                 let Ok(mut state) = shared.lock() else {
                     return;
                 };
-                state.first_seen.get_or_insert(now);
+                if state.first_seen.is_none() {
+                    state.first_seen = Some(now);
+                    seen_tx.send_replace(Some(now));
+                }
                 if running {
                     state.running.insert(name);
                 } else {
@@ -913,17 +1122,43 @@ impl RunningWatch {
                 count_tx.send_replace(count);
             }
         });
-        Self { state, count, task }
+        Self {
+            state,
+            count,
+            seen,
+            task,
+        }
     }
 
-    /// Waits until `n` pods are Running, for at most `bound`: when they were, or `None`
-    /// when the bound passed first.
-    pub async fn wait_for(&self, n: u32, bound: Duration) -> anyhow::Result<Option<Instant>> {
+    /// Waits until `n` pods are Running, for at most `bound` (`None`: no bound): when they
+    /// were, or `None` when the bound passed first.
+    pub async fn wait_for(
+        &self,
+        n: u32,
+        bound: Option<Duration>,
+    ) -> anyhow::Result<Option<Instant>> {
         let mut count = self.count.clone();
-        match tokio::time::timeout(bound, count.wait_for(|running| *running >= n)).await {
-            Ok(Ok(_)) => Ok(Some(Instant::now())),
+        let reached = count.wait_for(|running| *running >= n);
+        let reached = match bound {
+            Some(bound) => match tokio::time::timeout(bound, reached).await {
+                Ok(reached) => reached,
+                Err(_) => return Ok(None),
+            },
+            None => reached.await,
+        };
+        match reached {
+            Ok(_) => Ok(Some(Instant::now())),
+            Err(_) => bail!("the watch ended"),
+        }
+    }
+
+    /// Waits for the first pod, for at most `bound`: when it was seen.
+    pub async fn wait_for_first(&self, bound: Duration) -> anyhow::Result<Instant> {
+        let mut seen = self.seen.clone();
+        match tokio::time::timeout(bound, seen.wait_for(Option::is_some)).await {
+            Ok(Ok(first)) => first.context("no pod seen"),
             Ok(Err(_)) => bail!("the watch ended"),
-            Err(_) => Ok(None),
+            Err(_) => bail!("no executor pod within {} s of the start", bound.as_secs()),
         }
     }
 
@@ -1057,7 +1292,7 @@ mod tests {
         let spark = "fabric8-kubernetes-client/7.1.0";
         for (case, mine) in [
             (Case::Bare, BARE_USER_AGENT),
-            (Case::AdaptiveUncapped, service.as_str()),
+            (Case::ServiceUncapped, service.as_str()),
             (Case::Adaptive, crate::k8s::USER_AGENT),
             (Case::SparkOwn, spark),
         ] {
@@ -1075,6 +1310,68 @@ mod tests {
         }
         assert!(!is_service(OBSERVER_USER_AGENT));
         assert!(!is_service(BARE_USER_AGENT));
+    }
+
+    #[test]
+    fn the_default_run_sweeps_the_bare_client_and_leaves_the_service_at_its_defaults() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let args = Cli::parse_from(["bench", "--apiserver-bin", "/x"]).args;
+        assert_eq!(args.max_seconds, None, "no bound unless asked");
+        assert!(!args.fresh_control_plane);
+        let entries = Entry::all(&args);
+        let labels: Vec<String> = entries.iter().map(|e| e.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "bare client, 25 in flight",
+                "bare client, 50 in flight",
+                "bare client, 100 in flight",
+                "bare client, 200 in flight",
+                "bare client, 400 in flight",
+                "service at its defaults",
+                "Spark's own allocator",
+            ]
+        );
+        // Spark 4.2's batch and delay, as the plugin sends them; the policy is the service's.
+        let settings = Case::Service.settings();
+        assert_eq!(settings.batch_size, Some(20));
+        assert_eq!(settings.batch_delay_ms, Some(1000));
+        assert_eq!(settings.policy, None);
+        assert_eq!(
+            Case::Spark.settings().policy,
+            Some(proto::AllocationPolicy::Spark as i32)
+        );
+        let swept = Cli::parse_from([
+            "bench",
+            "--apiserver-bin",
+            "/x",
+            "--cases",
+            "spark-own,bare,adaptive-uncapped",
+            "--bare-concurrency",
+            "10,20",
+            "--max-seconds",
+            "600",
+        ])
+        .args;
+        assert_eq!(swept.max_seconds, Some(600));
+        let entries = Entry::all(&swept);
+        assert_eq!(
+            entries
+                .iter()
+                .map(|e| (e.case, e.concurrency))
+                .collect::<Vec<_>>(),
+            [
+                (Case::SparkOwn, 0),
+                (Case::Bare, 10),
+                (Case::Bare, 20),
+                (Case::ServiceUncapped, 100),
+            ]
+        );
     }
 
     #[test]

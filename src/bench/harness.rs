@@ -108,6 +108,8 @@ impl SimProcess {
 pub struct ServeProcess {
     pub child: tokio::process::Child,
     pub client: ExecutorAllocatorClient<Channel>,
+    /// Where it serves gRPC (loopback).
+    pub address: std::net::SocketAddr,
 }
 
 impl ServeProcess {
@@ -162,6 +164,7 @@ impl ServeProcess {
         Ok(Self {
             child,
             client: ExecutorAllocatorClient::new(channel),
+            address,
         })
     }
 

@@ -17,6 +17,7 @@ pub mod memory;
 mod plot;
 pub mod scale_up;
 pub mod streams;
+pub mod summary;
 
 /// The scenarios.
 #[derive(Debug, Subcommand)]
@@ -24,12 +25,13 @@ pub enum Scenario {
     /// Time to N executors Running, per allocation policy, against N / QPS + pod start.
     ScaleUp(scale_up::Args),
     /// On the real control plane (the test API server with a scheduler and kwok nodes):
-    /// time to N executors Running for the service, Spark's own allocator and a bare
-    /// client at the API server's limit, in the same run, with their requests.
+    /// time to N executors Running for the service at its defaults, Spark's own allocator
+    /// and a bare client swept over concurrencies (its best is the limit), in the same run,
+    /// the cases' order rotated per run, with their requests.
     ControlPlane(control_plane::Args),
-    /// On the real control plane: the requests of many applications through the service
-    /// against Spark drivers with their own allocator, during the scale-up and at steady
-    /// state.
+    /// On the real control plane: real Spark drivers through the service (the plugin at its
+    /// defaults) against as many with their own allocator: requests, bytes of pods served
+    /// and the API server's CPU, during the scale-up and at steady state.
     ApiLoad(api_load::Args),
     /// Memory per executor at N Running executors over repeated resyncs (the simulator in a
     /// child process, so the memory measured is the service's alone).

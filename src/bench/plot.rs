@@ -20,19 +20,27 @@ const TOP: i32 = 50;
 const BOTTOM: i32 = 70;
 /// Pixels per font pixel.
 const TEXT_SCALE: i32 = 2;
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 8] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
 ];
 
-/// Writes `series` (x: seconds, y: executors Running) to `path` as a PNG.
-pub fn running_over_time(path: &Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
+/// Writes `series` (x: seconds since `origin`, y: executors Running) to `path` as a PNG.
+pub fn running_over_time(
+    path: &Path,
+    title: &str,
+    origin: &str,
+    series: &[Series],
+) -> anyhow::Result<()> {
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-    draw(&root, title, series).map_err(|e| anyhow::anyhow!("plot {}: {e}", path.display()))?;
+    draw(&root, title, origin, series)
+        .map_err(|e| anyhow::anyhow!("plot {}: {e}", path.display()))?;
     root.present()
         .map_err(|e| anyhow::anyhow!("plot {}: {e}", path.display()))?;
     Ok(())
@@ -42,7 +50,7 @@ type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 type DrawResult =
     Result<(), DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>>;
 
-fn draw(root: &Area<'_>, title: &str, series: &[Series]) -> DrawResult {
+fn draw(root: &Area<'_>, title: &str, origin: &str, series: &[Series]) -> DrawResult {
     root.fill(&WHITE)?;
     let max_x = series
         .iter()
@@ -94,7 +102,8 @@ fn draw(root: &Area<'_>, title: &str, series: &[Series]) -> DrawResult {
         BLACK,
     ))?;
     text(root, title, (WIDTH as i32 - width_of(title)) / 2, 6, &BLACK)?;
-    let x_title = "seconds since SetTotalExpected";
+    let x_title = format!("seconds since {origin}");
+    let x_title = x_title.as_str();
     text(
         root,
         x_title,
@@ -201,7 +210,7 @@ mod tests {
             label: "a".into(),
             points: vec![(0.0, 0), (1.0, 5), (2.0, 10)],
         }];
-        running_over_time(&path, "title", &series).unwrap();
+        running_over_time(&path, "title", "the start", &series).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         // IHDR: width and height, big-endian, at bytes 16..24.

@@ -190,7 +190,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.plot {
         let title = format!("Running executors, scale-up to {}", args.executors);
-        plot::running_over_time(path, &title, &series)?;
+        plot::running_over_time(path, &title, "SetTotalExpected", &series)?;
         println!("plot: {}", path.display());
     }
     Ok(())

@@ -11,14 +11,17 @@ import org.apache.spark.SparkContext;
  * It holds the executors until its stdin closes, then stops (Spark deletes its pods).
  *
  * <p>Arguments: API server URL, CA certificate file, bearer token, namespace, executors,
- * application name (also the executor pod name prefix).
+ * application name (also the executor pod name prefix), and optionally the service's gRPC
+ * address: the driver then allocates through the plugin with only its two required settings
+ * (the allocator class and the address), everything else at its defaults.
  */
 public final class OwnAllocatorDriver {
   private OwnAllocatorDriver() {}
 
   public static void main(String[] args) throws Exception {
-    if (args.length != 6) {
-      System.err.println("usage: OwnAllocatorDriver URL CA_FILE TOKEN NAMESPACE EXECUTORS APP");
+    if (args.length != 6 && args.length != 7) {
+      System.err.println(
+          "usage: OwnAllocatorDriver URL CA_FILE TOKEN NAMESPACE EXECUTORS APP [SERVICE]");
       System.exit(2);
     }
     SparkConf conf = new SparkConf(false)
@@ -38,6 +41,10 @@ public final class OwnAllocatorDriver {
         .set("spark.driver.host", "127.0.0.1")
         .set("spark.driver.bindAddress", "127.0.0.1")
         .set("spark.ui.enabled", "false");
+    if (args.length == 7) {
+      conf.set("spark.kubernetes.allocation.pods.allocator", ServicePodsAllocator.CLASS_NAME)
+          .set(ServiceSettings.ADDRESS, args[6]);
+    }
     SparkContext sc = new SparkContext(conf);
     System.out.println("started " + sc.applicationId());
     System.out.flush();
