@@ -7,6 +7,7 @@ mod allocation;
 mod binary;
 mod budgets;
 mod chart;
+mod chart_config;
 mod chart_pod;
 mod conformance;
 mod control_plane;
