@@ -907,4 +907,3 @@ async fn every_value_set_is_admitted_and_uninstalled_without_leftovers() {
     release.assert_tested().await;
     release.uninstall_leaving_nothing(&pods).await;
 }
-
