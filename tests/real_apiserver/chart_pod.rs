@@ -13,7 +13,6 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
@@ -195,7 +194,13 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
             "subjects": [{"kind": "ServiceAccount", "name": "driver", "namespace": DRIVERS}]}),
     )
     .await;
-    let token = audience_token(&admin, DRIVERS, "driver", "spark-pod-allocator").await;
+    let token = test_kit::apiserver::service_account_token_for(
+        &admin,
+        DRIVERS,
+        "driver",
+        &["spark-pod-allocator"],
+    )
+    .await;
     let started = client
         .start(as_caller(&token, start_request("app-chart-pod", DRIVERS)))
         .await;
@@ -250,24 +255,6 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
     let _ = stop_tx.send(());
     node.await.expect("node task").expect("process node");
     server.stop();
-}
-
-/// A token of the ServiceAccount for `audience` (TokenRequest).
-async fn audience_token(admin: &Client, namespace: &str, name: &str, audience: &str) -> String {
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(admin.clone(), namespace);
-    let request = serde_json::from_value(json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [audience], "expirationSeconds": 3600}
-    }))
-    .expect("token request");
-    accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .expect("token request answered")
-        .status
-        .expect("token request status")
-        .token
 }
 
 /// Prints the pod's log when the test fails.

@@ -344,10 +344,20 @@ pub async fn create_service_account(admin: &Client, namespace: &str, name: &str)
 /// A token of the service account, from the TokenRequest API (signed by the API server's
 /// service-account key, valid for an hour).
 pub async fn service_account_token(admin: &Client, namespace: &str, name: &str) -> String {
+    service_account_token_for(admin, namespace, name, &[]).await
+}
+
+/// [`service_account_token`] for `audiences` (none: the API server's own).
+pub async fn service_account_token_for(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    audiences: &[&str],
+) -> String {
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
     let request = serde_json::from_value(json!({
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [], "expirationSeconds": 3600}
+        "spec": {"audiences": audiences, "expirationSeconds": 3600}
     }))
     .expect("token request");
     accounts
