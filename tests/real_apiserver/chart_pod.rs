@@ -4,10 +4,15 @@
 //! only node is a process node that runs containers with podman. The pod is the chart's
 //! image, with the chart's ServiceAccount token (projected by the node through the
 //! TokenRequest API), TLS Secret, RBAC and ConfigMap; it answers gRPC health on the probes'
-//! port and a Start over TLS with a driver's token; `helm uninstall` stops its container.
+//! port and a Start over TLS with a driver's token; the README's `spark-submit` runs a Spark
+//! job through it (`spark_submit`); `helm uninstall` stops its container. The release, its
+//! namespace and the drivers' are the README's (`allocator`, `spark-system`, `spark-jobs`).
 //!
 //! Runs when `TEST_CHART_IMAGE` names the chart's image in podman's storage (`.ci/run` sets
-//! it once `scripts/build-image.sh` built it).
+//! it once `scripts/build-image.sh` built it), the Spark job when `TEST_PLUGIN_JAR` names
+//! the plugin's jar (`.ci/run`: the release's).
+
+mod spark_submit;
 
 use std::path::Path;
 
@@ -27,9 +32,11 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::chart::Helm;
 
-const RELEASE: &str = "spark-pod-allocator";
-const NAMESPACE: &str = "spark-pod-allocator";
-const DRIVERS: &str = "spark";
+const RELEASE: &str = "allocator";
+const NAMESPACE: &str = "spark-system";
+const DRIVERS: &str = "spark-jobs";
+/// The chart's name for the release's objects (its Service, ServiceAccount, CA ConfigMap).
+const FULLNAME: &str = "allocator-spark-pod-allocator";
 
 /// `podman` as `scripts/build-image.sh` runs it on this kind of machine: the cgroupfs
 /// manager, no default ulimits, runc.
@@ -77,15 +84,18 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
         RealApiServer::start_configured(&bin, &[CONTROL_PLANE, "--kwok-nodes", "0"], &[], false);
     let admin = server.admin_client().await;
     let work = tempfile::tempdir().expect("work dir");
+    let spark = spark_submit::Spark::prepare().await;
+    let mut process_images = vec![ProcessImage {
+        image,
+        command: podman(work.path()),
+        env: vec![],
+        container: true,
+    }];
+    process_images.extend(spark.iter().flat_map(|s| s.process_images()));
     let settings = KubeletSettings {
         runtime: KubeletRuntime::Process,
         work_dir: Some(work.path().join("pods")),
-        process_images: vec![ProcessImage {
-            image,
-            command: podman(work.path()),
-            env: vec![],
-            container: true,
-        }],
+        process_images,
         ..KubeletSettings::default()
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -111,18 +121,19 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
     let chart = chart();
     let chart = chart.to_str().expect("a UTF-8 path");
     let drivers = format!("allowedNamespaces={{{DRIVERS}}}");
-    helm.run(&[
-        "install",
-        RELEASE,
-        chart,
-        "-n",
-        NAMESPACE,
-        "--set",
-        &drivers,
-        "--set",
-        "replicaCount=1",
-    ])
-    .await;
+    let notes = helm
+        .run(&[
+            "install",
+            RELEASE,
+            chart,
+            "-n",
+            NAMESPACE,
+            "--set",
+            &drivers,
+            "--set",
+            "replicaCount=1",
+        ])
+        .await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
     let selector = format!("app.kubernetes.io/instance={RELEASE}");
     let pod = eventually("the chart's pod Running", async || {
@@ -143,6 +154,12 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
         .join("allocator.log");
     let logged = || std::fs::read_to_string(&log).unwrap_or_default();
     let _shown = ShowOnPanic(log.clone());
+    // Declared after `_shown`, so dropped before it: the log is printed once the container is
+    // gone.
+    let _removed = RemoveOnPanic {
+        podman: podman(work.path()),
+        uid: uid.clone(),
+    };
 
     // The probes' port: plaintext grpc.health.v1, SERVING once the watches synced (with the
     // chart's ServiceAccount token and RBAC).
@@ -158,7 +175,7 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
     // The gRPC port over TLS, trusted with the CA the chart publishes in the drivers'
     // namespace, for the Service's name the certificate covers.
     let ca = Api::<ConfigMap>::namespaced(admin.clone(), DRIVERS)
-        .get(&format!("{RELEASE}-ca"))
+        .get(&format!("{FULLNAME}-ca"))
         .await
         .expect("the CA's ConfigMap")
         .data
@@ -166,7 +183,7 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
         .expect("ca.crt");
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
-        .domain_name(format!("{RELEASE}.{NAMESPACE}.svc"));
+        .domain_name(format!("{FULLNAME}.{NAMESPACE}.svc"));
     let channel = Endpoint::from_static("https://127.0.0.1:50051")
         .tls_config(tls)
         .expect("tls")
@@ -219,7 +236,7 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
 
     // The service spoke to the API server as the chart's ServiceAccount, with the token the
     // node projected (in-cluster configuration: no kubeconfig in the pod).
-    let account = format!("system:serviceaccount:{NAMESPACE}:{RELEASE}");
+    let account = format!("system:serviceaccount:{NAMESPACE}:{FULLNAME}");
     let used = server.audit_events().iter().any(|e| {
         e["user"]["username"] == account.as_str()
             && e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0] == name.as_str()
@@ -228,6 +245,26 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
         used,
         "no request of {account} with a token bound to the pod in the audit log"
     );
+
+    // The install's NOTES give the README's spark-submit for this release, and a Spark job
+    // runs it through the pod.
+    let example = spark_submit::readme_example();
+    let lines = |text: &str| text.lines().map(str::trim).collect::<Vec<_>>().join("\n");
+    assert!(
+        lines(&notes).contains(&lines(&example)),
+        "the NOTES do not give the README's spark-submit:\n{example}\nNOTES:\n{notes}"
+    );
+    if let Some(spark) = &spark {
+        spark
+            .run_readme_example(
+                &admin,
+                &server,
+                work.path(),
+                DRIVERS,
+                &format!("{FULLNAME}.{NAMESPACE}"),
+            )
+            .await;
+    }
 
     // `helm uninstall`: the pod's deletion stops the container (SIGTERM through podman), the
     // node confirms, and podman has no container of it left.
@@ -268,6 +305,37 @@ impl Drop for ShowOnPanic {
                 self.0.display(),
                 std::fs::read_to_string(&self.0).unwrap_or_default()
             );
+        }
+    }
+}
+
+/// Removes the pod's container when the test fails: the process node stops with the test's
+/// runtime, and a killed engine client leaves its container running, holding the host's ports
+/// the next run needs.
+struct RemoveOnPanic {
+    podman: Vec<String>,
+    uid: String,
+}
+
+impl Drop for RemoveOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let engine = || {
+            let mut command = std::process::Command::new(&self.podman[0]);
+            command.args(&self.podman[1..]);
+            command
+        };
+        let Ok(listed) = engine()
+            .args(["ps", "--all", "--quiet", "--filter"])
+            .arg(format!("name={}", self.uid))
+            .output()
+        else {
+            return;
+        };
+        for id in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+            let _ = engine().args(["rm", "--force", "--time", "0", id]).status();
         }
     }
 }

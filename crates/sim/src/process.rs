@@ -551,21 +551,28 @@ fn prepare_volumes(
     Ok(out)
 }
 
-/// Rewrites every path under a mount path to the volume's directory, in each `,`- or
-/// `:`-separated part of `value` (so lists such as `SPARK_LOCAL_DIRS` are covered).
+/// Rewrites every path under a mount path to the volume's directory, in each `,`-, `:`- or
+/// `=`-separated part of `value`, so lists such as `SPARK_LOCAL_DIRS`, settings such as
+/// `--conf key=/path` and file URIs such as `local:///path` are covered.
 fn rewrite_mounts(value: &str, mounts: &[(String, PathBuf)]) -> String {
     let mut out = String::with_capacity(value.len());
     let mut part = String::new();
     let flush = |part: &mut String, out: &mut String| {
+        // A URI's empty authority (`//` after `scheme:`) stays in front of the path.
+        let (authority, path) = match part.strip_prefix("//") {
+            Some(path) if path.starts_with('/') => ("//", path),
+            _ => ("", part.as_str()),
+        };
         let replaced = mounts.iter().find_map(|(mount, local)| {
-            let rest = part.strip_prefix(mount.as_str())?;
-            (rest.is_empty() || rest.starts_with('/')).then(|| format!("{}{rest}", local.display()))
+            let rest = path.strip_prefix(mount.as_str())?;
+            (rest.is_empty() || rest.starts_with('/'))
+                .then(|| format!("{authority}{}{rest}", local.display()))
         });
         out.push_str(replaced.as_deref().unwrap_or(part));
         part.clear();
     };
     for ch in value.chars() {
-        if ch == ',' || ch == ':' {
+        if ch == ',' || ch == ':' || ch == '=' {
             flush(&mut part, &mut out);
             out.push(ch);
         } else {
@@ -1004,6 +1011,17 @@ mod tests {
         assert_eq!(
             rewrite_mounts("/opt/spark/conf/x:/opt/other", &mounts),
             "/tmp/p/volumes/conf/x:/opt/other"
+        );
+        assert_eq!(
+            rewrite_mounts(
+                "spark.files=/opt/spark/conf/a,local:///opt/spark/conf/b",
+                &mounts
+            ),
+            "spark.files=/tmp/p/volumes/conf/a,local:///tmp/p/volumes/conf/b"
+        );
+        assert_eq!(
+            rewrite_mounts("local://host/opt/spark/conf/b=//opt/spark/conf", &mounts),
+            "local://host/opt/spark/conf/b=//opt/spark/conf"
         );
     }
 
