@@ -6,8 +6,9 @@
 # tests/real_apiserver/chart_pod.rs.
 #
 #   clients/spark/spark-submit.sh --prepare
-#       resolves Spark's jars (own-allocator-driver.sh --prepare: target/own-allocator-V/
-#       classpath) and builds target/own-allocator-V/example-job.jar (ExampleJob), once
+#       resolves Spark's jars (target/spark-submit-V/classpath, Maven's test scope, as
+#       own-allocator-driver.sh) and builds target/spark-submit-V/example-job.jar (ExampleJob),
+#       once
 #   clients/spark/spark-submit.sh ARGS...
 #       as spark-submit ARGS...
 #
@@ -16,11 +17,17 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 version=${SPARK_VERSION:-4.2.0}
-out="target/own-allocator-$version"
+out="target/spark-submit-$version"
 job=src/test/java/io/github/sparkpodallocator/spark/ExampleJob.java
 
 prepare() {
-  [ -f "$out/ready" ] || SPARK_VERSION="$version" bash own-allocator-driver.sh --prepare
+  mkdir -p "$out"
+  if [ ! -f "$out/classpath" ] || [ pom.xml -nt "$out/classpath" ]; then
+    # One Maven run for both: each run's start costs seconds.
+    mvn -B -ntp -q -Dstyle.color=never -Dspark.version="$version" \
+      dependency:build-classpath -Dmdep.includeScope=test -Dmdep.outputFile="$out/classpath" \
+      help:evaluate -Dexpression=spark.java17.opens -Doutput="$out/jvm-options"
+  fi
   if [ ! -f "$out/example-job.jar" ] || [ "$job" -nt "$out/example-job.jar" ]; then
     rm -rf "$out/example-job"
     javac -nowarn -d "$out/example-job" -cp "$(cat "$out/classpath")" "$job"

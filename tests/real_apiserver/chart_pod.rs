@@ -246,14 +246,9 @@ async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
         "no request of {account} with a token bound to the pod in the audit log"
     );
 
-    // The install's NOTES give the README's spark-submit for this release, and a Spark job
-    // runs it through the pod.
-    let example = spark_submit::readme_example();
-    let lines = |text: &str| text.lines().map(str::trim).collect::<Vec<_>>().join("\n");
-    assert!(
-        lines(&notes).contains(&lines(&example)),
-        "the NOTES do not give the README's spark-submit:\n{example}\nNOTES:\n{notes}"
-    );
+    // The install's NOTES and the plugin's README give the README's spark-submit, and a Spark
+    // job runs it through the pod.
+    spark_submit::assert_one_example(&notes);
     if let Some(spark) = &spark {
         spark
             .run_readme_example(

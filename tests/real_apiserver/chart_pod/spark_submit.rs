@@ -31,6 +31,8 @@ use super::create;
 /// The driver container's image in the test's driver pod, and Spark's executors' image.
 const DRIVER_IMAGE: &str = "spark-driver:readme";
 const EXECUTOR_IMAGE: &str = "spark:readme";
+/// The Spark version of the driver and the executors (the newest the plugin is tested with).
+const SPARK_VERSION: &str = "4.2.0";
 /// The application: ExampleJob sums 1..N.
 const N: u32 = 1000;
 
@@ -55,6 +57,23 @@ pub(super) fn readme_example() -> String {
     body.trim_end().to_string()
 }
 
+/// The README's example is the one the release's NOTES (`notes`, indented there) and the
+/// plugin's README give.
+pub(super) fn assert_one_example(notes: &str) {
+    let example = readme_example();
+    let lines = |text: &str| text.lines().map(str::trim).collect::<Vec<_>>().join("\n");
+    assert!(
+        lines(notes).contains(&lines(&example)),
+        "the NOTES do not give the README's spark-submit:\n{example}\nNOTES:\n{notes}"
+    );
+    let plugin = std::fs::read_to_string(repo().join("clients/spark/README.md"))
+        .expect("clients/spark/README.md");
+    assert!(
+        plugin.contains(&example),
+        "clients/spark/README.md does not give the README's spark-submit:\n{example}"
+    );
+}
+
 /// The block's words as a shell splits them: continued lines joined, no quoting in it.
 fn words(example: &str) -> Vec<String> {
     assert!(
@@ -75,11 +94,12 @@ async fn prepare() -> (String, PathBuf) {
     let status = tokio::process::Command::new("bash")
         .arg(&script)
         .arg("--prepare")
+        .env("SPARK_VERSION", SPARK_VERSION)
         .status()
         .await
         .expect("spark-submit.sh runs");
     assert!(status.success(), "{} --prepare: {status}", script.display());
-    let out = repo().join("clients/spark/target/own-allocator-4.2.0");
+    let out = repo().join(format!("clients/spark/target/spark-submit-{SPARK_VERSION}"));
     let classpath = std::fs::read_to_string(out.join("classpath")).expect("Spark's classpath");
     (classpath.trim().to_string(), out.join("example-job.jar"))
 }
@@ -116,7 +136,10 @@ impl Spark {
             ProcessImage {
                 image: DRIVER_IMAGE.into(),
                 command: script("clients/spark/spark-submit.sh"),
-                env: vec![],
+                env: vec![ImageEnv {
+                    name: "SPARK_VERSION".into(),
+                    value: SPARK_VERSION.into(),
+                }],
                 container: false,
             },
             ProcessImage {
