@@ -73,7 +73,7 @@ fn running(pod: &Pod) -> bool {
 }
 
 #[tokio::test]
-async fn the_charts_pod_runs_its_image_on_a_process_node_and_serves_over_tls() {
+async fn the_charts_pod_serves_over_tls_and_runs_the_readmes_spark_submit() {
     let Some(bin) = binary() else { return };
     let Ok(image) = std::env::var("TEST_CHART_IMAGE") else {
         eprintln!("TEST_CHART_IMAGE is unset (the chart's image in podman): skipped");
