@@ -3,9 +3,9 @@
 //!
 //! Spark asks for `batch_size` executors per round and waits until every request is seen
 //! before asking again, so scale-up runs at `batch_size / batch_delay` whatever the API
-//! server allows. The window starts at `batch_size` and grows by each create accepted
-//! while the pods start, so it doubles per window's worth of answers (slow start), however
-//! many rounds they came in, up to the ceiling: what
+//! server allows. The window starts at `batch_size` and grows by each create accepted, so
+//! it doubles per window's worth of answers (slow start), however many rounds they came
+//! in, up to the ceiling: what
 //! the service's create rate sends in [`CEILING_BATCH_DELAYS`] batch delays, so the rate
 //! limiter always has work queued but no request waits in it for long. A 429 or 5xx
 //! refusal halves it, and the halved size becomes its threshold: from there it grows by
@@ -13,6 +13,9 @@
 //! into the limit it just met (TCP's congestion avoidance). A quota refusal (403 "exceeded quota") resets
 //! it to `batch_size`, to double again up to the threshold.
 //! The target, `max_pending_pods` and every other rule bound a round as under SPARK.
+//! Growth does not wait for pods to start: how fast the scheduler and kubelets start pods
+//! says nothing of what the API server accepts, and the pods a slow start leaves Pending
+//! are bounded by the target and `max_pending_pods`, as under SPARK.
 //! While the window holds rounds back they come ten times per batch delay (the engine's
 //! `window_bound`), so the window is refilled as its pods are seen.
 //!
@@ -78,8 +81,6 @@ pub struct CreateWindow {
     threshold: u64,
     /// Creates accepted past the threshold since the window last grew by `floor`.
     accepted_past_threshold: u64,
-    /// Executors Running when the window last grew: growth needs pods to start.
-    running_at_growth: u64,
     /// Creates answered (accepted or refused), by when, over the last `pace_span_ms`.
     answers: VecDeque<(Timestamp, u64)>,
     /// How far back answers count: [`CEILING_BATCH_DELAYS`] batch delays.
@@ -103,7 +104,6 @@ impl CreateWindow {
             ceiling,
             threshold: ceiling,
             accepted_past_threshold: 0,
-            running_at_growth: 0,
             answers: VecDeque::new(),
             pace_span_ms: batch_delay_ms.saturating_mul(CEILING_BATCH_DELAYS as i64),
         }
@@ -131,17 +131,8 @@ impl CreateWindow {
         self.ceiling
     }
 
-    /// Takes the answers to a round's creates. `running` is the number of executors
-    /// Running and `pending` those seen Pending (unknown to the driver) as of the last
-    /// round: the window grows only while pods start (more Running than at the last
-    /// growth, or fewer pending than the window).
-    pub fn answered(
-        &mut self,
-        outcomes: &CreateOutcomes,
-        running: u64,
-        pending: u64,
-        now: Timestamp,
-    ) {
+    /// Takes the answers to a round's creates.
+    pub fn answered(&mut self, outcomes: &CreateOutcomes, now: Timestamp) {
         let answers = u64::from(outcomes.accepted) + outcomes.refused.len() as u64;
         while (self.answers.front())
             .is_some_and(|(at, _)| now.millis_since(*at) >= self.pace_span_ms)
@@ -165,8 +156,7 @@ impl CreateWindow {
             self.accepted_past_threshold = 0;
             return;
         }
-        let pods_start = running > self.running_at_growth || pending <= self.size;
-        if outcomes.accepted > 0 && outcomes.refused.is_empty() && pods_start {
+        if outcomes.accepted > 0 && outcomes.refused.is_empty() {
             let accepted = u64::from(outcomes.accepted);
             let grown = if self.size < self.threshold {
                 self.size.saturating_add(accepted).min(self.threshold)
@@ -180,7 +170,6 @@ impl CreateWindow {
                 size
             };
             self.size = grown.min(self.ceiling);
-            self.running_at_growth = running;
         }
     }
 }

@@ -244,8 +244,7 @@ impl Allocator {
     /// are forgotten by [`Self::create_failed`] as before.
     pub fn creates_answered(&mut self, outcomes: &CreateOutcomes, now: Timestamp) {
         if self.settings.policy == AllocationPolicy::Adaptive {
-            self.window
-                .answered(outcomes, self.running, self.unknown_pending, now);
+            self.window.answered(outcomes, now);
         }
     }
 
@@ -651,6 +650,15 @@ impl Allocator {
                 })
                 .fold(0, u64::saturating_add);
             plan.window_bound = room < remaining.min(lacking);
+            tracing::debug!(
+                window = self.window.size(),
+                unseen,
+                unanswered,
+                unanswered_limit = self.window.unanswered_limit(now),
+                room,
+                lacking,
+                "ADAPTIVE round"
+            );
             remaining = remaining.min(room);
             u64::MAX
         } else {
@@ -803,9 +811,12 @@ impl Allocator {
         }
     }
 
-    /// The API server accepted the create of `id` at `now`: its timeouts count from now.
+    /// The API server accepted the create of `id` at `now`: its timeouts count from now
+    /// (from the first time it is told, when it is told again).
     pub fn create_accepted(&mut self, id: ExecutorId, now: Timestamp) {
-        if let Some(nc) = self.newly_created.get_mut(&id) {
+        if let Some(nc) = self.newly_created.get_mut(&id)
+            && nc.unanswered
+        {
             nc.unanswered = false;
             nc.created_at = now;
         }

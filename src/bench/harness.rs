@@ -120,7 +120,8 @@ impl ServeProcess {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").context("free port")?;
             listener.local_addr()?
         };
-        // Its log (filter info) goes to the file `BENCH_SERVE_LOG` names, else nowhere.
+        // Its log (filter info, or `BENCH_SERVE_LOG_FILTER`) goes to the file
+        // `BENCH_SERVE_LOG` names, else nowhere.
         let (filter, log) = match std::env::var_os("BENCH_SERVE_LOG") {
             Some(path) => {
                 let file = std::fs::OpenOptions::new()
@@ -128,9 +129,10 @@ impl ServeProcess {
                     .append(true)
                     .open(&path)
                     .with_context(|| format!("opening {}", Path::new(&path).display()))?;
-                ("info", Some(file))
+                let filter = std::env::var("BENCH_SERVE_LOG_FILTER");
+                (filter.unwrap_or_else(|_| "info".into()), Some(file))
             }
-            None => ("warn", None),
+            None => ("warn".into(), None),
         };
         let output = |log: &Option<std::fs::File>| -> anyhow::Result<Stdio> {
             Ok(match log {
@@ -141,7 +143,7 @@ impl ServeProcess {
         let child = tokio::process::Command::new(std::env::current_exe()?)
             .args(["serve", "--listen", &address.to_string()])
             .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
-            .env("SPARK_POD_ALLOCATOR__LOG__FILTER", filter)
+            .env("SPARK_POD_ALLOCATOR__LOG__FILTER", &filter)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(output(&log)?)

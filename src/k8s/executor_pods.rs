@@ -133,11 +133,14 @@ impl ExecutorPodClient {
     /// overloaded ends the round the same way ([`CreateError::Shed`]), and no refused
     /// create of it is retried: a server shedding load is not sent the rest of a round,
     /// which would only meet the same refusal (the caller waits for its Retry-After).
+    /// Each result is also handed to `on_answer` as it comes, so that the caller can pace
+    /// by the answers of a round still in flight.
     pub async fn create_all(
         &self,
         namespace: &str,
         creates: Vec<ExecutorCreate>,
         cancel: &CancellationToken,
+        mut on_answer: impl FnMut(ExecutorId, &Result<(), CreateError>),
     ) -> Vec<(ExecutorId, Result<(), CreateError>)> {
         let api = self.pods(namespace);
         let shed = CancellationToken::new();
@@ -233,6 +236,7 @@ impl ExecutorPodClient {
                 }
             })
             .buffer_unordered(self.create_concurrency)
+            .inspect(|(id, result)| on_answer(*id, result))
             .collect()
             .await
     }
@@ -501,8 +505,13 @@ mod tests {
         sim.hold_pod_creates();
         let round = tokio::spawn(async move {
             let cancel = CancellationToken::new();
-            pods.create_all("default", (1..=3).map(executor).collect(), &cancel)
-                .await
+            pods.create_all(
+                "default",
+                (1..=3).map(executor).collect(),
+                &cancel,
+                |_, _| {},
+            )
+            .await
         });
         tokio::time::timeout(Duration::from_secs(10), async {
             while sim.held_pod_creates() < 1 {
@@ -566,9 +575,9 @@ mod tests {
         let rounds = |pods: ExecutorPodClient, ids: Vec<std::ops::RangeInclusive<u64>>| {
             tokio::spawn(async move {
                 let cancel = CancellationToken::new();
-                let sent = ids
-                    .into_iter()
-                    .map(|ids| pods.create_all("default", ids.map(executor).collect(), &cancel));
+                let sent = ids.into_iter().map(|ids| {
+                    pods.create_all("default", ids.map(executor).collect(), &cancel, |_, _| {})
+                });
                 let answers = futures::future::join_all(sent).await;
                 answers
                     .into_iter()

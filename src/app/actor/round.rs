@@ -307,27 +307,19 @@ impl ApplicationActor {
         let mut held = 0usize;
         let mut first_error = None;
         let mut retry_after = None;
-        let mut outcomes = CreateOutcomes::default();
         let mut not_sent = Vec::new();
         let now = self.clock.now();
         for (id, result) in results {
             let profile = self.requests.answered(id);
             match &result {
                 Ok(()) => {
-                    outcomes.accepted += 1;
                     self.engine.allocator.create_accepted(id, now);
                     self.requests.metrics.pods_created(1);
                     self.failures.create_passed(profile);
                 }
                 Err(err) => {
-                    if let Some((status, reason, message)) = create_failure_cause(err) {
+                    if let Some((status, reason, _)) = create_failure_cause(err) {
                         self.requests.metrics.pod_create_failed(status, &reason);
-                        // Not sent for want of an id record: nothing the API server said.
-                        if !matches!(err, CreateError::IdNotRecorded(_)) {
-                            outcomes
-                                .refused
-                                .push(CreateRefusal::of_status(status, &message));
-                        }
                     }
                     if let CreateError::Kubernetes(err) = err {
                         retry_after = retry_after.max(crate::k8s::request::retry_after(err));
@@ -363,7 +355,6 @@ impl ApplicationActor {
         let allocator = &mut self.engine.allocator;
         // No id is spent on a create that was not sent.
         allocator.creates_not_sent(&not_sent);
-        allocator.creates_answered(&outcomes, now);
         if failed == 0 {
             tracing::info!(requested, "executor pods created");
             self.schedule.creates_went_through();
@@ -399,6 +390,17 @@ impl ApplicationActor {
         self.rounds += 1;
     }
 
+    /// One create's answer as it came, before its round's: the engine counts it answered
+    /// and the ADAPTIVE window takes it in, so a long round paces by its first answers.
+    pub(super) fn create_answered(&mut self, id: ExecutorId, outcome: &CreateOutcomes) {
+        let now = self.clock.now();
+        let allocator = &mut self.engine.allocator;
+        if outcome.accepted > 0 {
+            allocator.create_accepted(id, now);
+        }
+        allocator.creates_answered(outcome, now);
+    }
+
     /// Failed and succeeded executors not handled yet (their pod to delete or label
     /// inactive), marked handled; a failure un-marks them for the next round.
     fn finished_to_clean_up(&mut self) -> Vec<(ExecutorId, String)> {
@@ -424,4 +426,21 @@ impl ApplicationActor {
 /// (a 409 says a pod of that name exists; no answer says nothing).
 fn refused(err: &CreateError) -> bool {
     matches!(err, CreateError::Kubernetes(kube::Error::Api(status)) if status.code != 409)
+}
+
+/// What one create's result says of the API server's pace: accepted, or refused and why;
+/// `None` when it was not sent (stopped, shed, its id not recorded, the shard not owned).
+pub(super) fn pace_outcome(result: &Result<(), CreateError>) -> Option<CreateOutcomes> {
+    match result {
+        Ok(()) => Some(CreateOutcomes {
+            accepted: 1,
+            refused: Vec::new(),
+        }),
+        // Not sent for want of an id record: nothing the API server said.
+        Err(CreateError::IdNotRecorded(_)) => None,
+        Err(err) => create_failure_cause(err).map(|(status, _, message)| CreateOutcomes {
+            accepted: 0,
+            refused: vec![CreateRefusal::of_status(status, &message)],
+        }),
+    }
 }

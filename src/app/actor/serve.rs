@@ -271,6 +271,7 @@ impl ApplicationActor {
         match work {
             WorkDone::Upkeep(upkeep) => self.upkeep_done(upkeep),
             WorkDone::Recorded(recorded) => self.id_recorded(recorded),
+            WorkDone::Answered(id, outcome) => self.create_answered(id, &outcome),
             WorkDone::Created(results) => {
                 self.outbox.creates = self.outbox.creates.saturating_sub(1);
                 self.record_creates(results);

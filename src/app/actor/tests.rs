@@ -16,8 +16,8 @@ use super::parts::{ApplicationParts, DriverLife, Engine};
 use super::serve::ApplicationActor;
 use super::work::{Outbox, UpkeepDone, Work, WorkDone};
 use crate::allocator::{
-    AllocationSettings, Allocator, ExecutorId, ExecutorPodBuilder, IdBlocks, ResourceProfileId,
-    SnapshotStore, Timestamp,
+    AllocationSettings, Allocator, CreateOutcomes, ExecutorId, ExecutorPodBuilder, IdBlocks,
+    ResourceProfileId, SnapshotStore, Timestamp,
 };
 use crate::app::feed::Feed;
 use crate::app::registration::Registration;
@@ -584,4 +584,34 @@ async fn a_call_finding_the_actor_stopped_for_another_owner_is_unavailable_not_n
         matches!(moved.handle.report().await, Err(AppError::Unavailable(_))),
         "a driver must not take a move for its application's end"
     );
+}
+
+#[tokio::test]
+async fn each_create_answered_paces_the_window_before_its_round_is_answered() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+    actor.set_target(100).await;
+    // ADAPTIVE (the default) starts at one batch: 10.
+    let (ids, record) = actor.round_with_creates().await;
+    assert_eq!(ids, (1..=10).collect::<Vec<_>>());
+    actor.answer(WorkDone::Recorded(Ok(record.map(ExecutorId))));
+    actor.upkeep_answered();
+    // Every create of the round is answered, the round itself not yet (its slowest
+    // create would still be on its way in a longer round).
+    for id in 1..=10 {
+        let accepted = CreateOutcomes {
+            accepted: 1,
+            refused: Vec::new(),
+        };
+        actor.answer(WorkDone::Answered(ExecutorId(id), accepted));
+    }
+    actor.settle().await;
+    // The window doubled on those answers: the round a tenth of a batch delay later asks
+    // for ten more while the first ten are neither seen nor their round answered.
+    actor.advance(Duration::from_millis(100));
+    let Work::Round { creates, .. } = actor.next_work().await else {
+        panic!("a round");
+    };
+    let ids: Vec<u64> = creates.iter().map(|c| c.id.0).collect();
+    assert_eq!(ids, (11..=20).collect::<Vec<_>>());
 }

@@ -11,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::parts::{ApplicationParts, Kubernetes};
+use super::round::pace_outcome;
 use crate::allocator::claims::owned_claim;
-use crate::allocator::{ExecutorId, ListedClaim, listed};
+use crate::allocator::{CreateOutcomes, ExecutorId, ListedClaim, listed};
 use crate::app::feed::{FULL_STATE_PAGE_SIZE, ListedPod};
 use crate::app::registration::Registration;
 use crate::k8s::{CreateError, ExecutorCreate, ExecutorPodClient, IdRecord, RegistrationStore};
@@ -42,6 +43,9 @@ pub(super) enum WorkDone {
     /// task, so always before [`WorkDone::Upkeep`], hence before the next round): the id
     /// recorded (none: none was needed), or why recording failed (naming the record).
     Recorded(Result<Option<ExecutorId>, String>),
+    /// One create of a round the API server answered, as it came (before the round's
+    /// [`WorkDone::Created`]): what it says of the server's pace.
+    Answered(ExecutorId, CreateOutcomes),
     /// The round's creates were answered (or not sent: see [`CreateError`]).
     Created(CreateResults),
     /// The delete of every executor pod after the driver ended was answered.
@@ -295,7 +299,14 @@ impl Worker {
                     },
                 };
                 let results = match recorded {
-                    Ok(()) => pods.create_all(namespace, creates, cancel).await,
+                    Ok(()) => {
+                        let answered = |id, result: &Result<(), CreateError>| {
+                            if let Some(outcome) = pace_outcome(result) {
+                                let _ = done.send(WorkDone::Answered(id, outcome));
+                            }
+                        };
+                        pods.create_all(namespace, creates, cancel, answered).await
+                    }
                     Err(message) => not_recorded(creates.iter().map(|c| c.id), &message),
                 };
                 let _ = done.send(WorkDone::Created(results));
