@@ -16,34 +16,16 @@ use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::forward::{Forwarder, PeerSettings};
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
-use spark_pod_allocator::{bench, config, k8s, runtime};
+use spark_pod_allocator::{config, jemalloc, k8s, runtime};
 use spark_pod_allocator_sim::{self as sim, SimCluster};
 
 mod demo;
 
 /// jemalloc rather than the system's malloc: glibc keeps what a load freed (per-thread
 /// arenas, no trim without unsafe FFI), jemalloc's background thread hands it back to the
-/// kernel after `FREED_MEMORY_DECAY_MS` (docs/security.md, "Memory under load").
+/// kernel after [`jemalloc::FREED_MEMORY_DECAY_MS`] (docs/security.md, "Memory under load").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// How long freed pages stay mapped for reuse before they go back to the kernel.
-const FREED_MEMORY_DECAY_MS: isize = 1_000;
-
-/// Turns on jemalloc's background purging thread and the decay above, for the arena that
-/// exists at start (arena 0, the main thread's) and for those created later.
-fn return_freed_memory_promptly() -> Result<(), tikv_jemalloc_ctl::Error> {
-    use tikv_jemalloc_ctl::{Access, AsName};
-    b"arenas.dirty_decay_ms\0"
-        .name()
-        .write(FREED_MEMORY_DECAY_MS)?;
-    b"arenas.muzzy_decay_ms\0".name().write(0_isize)?;
-    b"arena.0.dirty_decay_ms\0"
-        .name()
-        .write(FREED_MEMORY_DECAY_MS)?;
-    b"arena.0.muzzy_decay_ms\0".name().write(0_isize)?;
-    tikv_jemalloc_ctl::background_thread::write(true)
-}
 
 /// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
 #[derive(Debug, Parser)]
@@ -99,11 +81,6 @@ enum Command {
     },
     /// The simulated cluster, the service and a scripted driver, in one process.
     Demo,
-    /// Measure a scenario against a simulated cluster in this process (see docs/benchmarks.md).
-    Bench {
-        #[command(subcommand)]
-        scenario: bench::Scenario,
-    },
 }
 
 /// `--listen`, with the expected form in the error.
@@ -131,14 +108,14 @@ fn main() -> ExitCode {
     };
     // The demo's table owns the terminal: only warnings unless RUST_LOG asks for more.
     let default_filter = match cli.command {
-        Command::Demo | Command::Bench { .. } => "warn",
+        Command::Demo => "warn",
         _ => settings.log.filter.as_str(),
     };
     if let Err(err) = init_tracing(format, default_filter) {
         eprintln!("error: {err:#}");
         return ExitCode::from(2);
     }
-    if let Err(err) = return_freed_memory_promptly() {
+    if let Err(err) = jemalloc::return_freed_memory_promptly() {
         tracing::warn!(%err, "freed memory stays with the allocator until it is reused");
     }
     let runtime = match tokio::runtime::Runtime::new() {
@@ -163,7 +140,6 @@ fn main() -> ExitCode {
             }
             Command::ProcessNode { node } => process_node(settings, &node).await,
             Command::Demo => demo::run().await.map(|_| ()),
-            Command::Bench { scenario } => bench::run(scenario).await,
         }
     });
     match result {

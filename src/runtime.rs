@@ -5,7 +5,7 @@
 //! API server probe and every namespace watch started before the service is ready hold a
 //! handle). [`Core::serve`] gives that readiness and the drain signal to the gRPC server,
 //! and once the server has drained stops every application actor, leaving executor pods
-//! in place for a restarted service. `main`, the demo, the bench and the test kit all
+//! in place for a restarted service. `main`, the demo, the benchmarks and the test kit all
 //! build a service through [`Builder`].
 use std::future::Future;
 use std::net::SocketAddr;
@@ -156,7 +156,7 @@ impl Core {
         &self.applications
     }
 
-    /// The registry alone, for a caller without a gRPC server (the bench, the tests of the
+    /// The registry alone, for a caller without a gRPC server (the benchmarks, the tests of the
     /// application layer): no one waits for its readiness.
     pub fn into_applications(self) -> Applications {
         self.applications

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use super::harness::{SimProcess, report, rss_bytes, running, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::app::ServiceOptions;
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::app::ServiceOptions;
 
 /// What to run.
 #[derive(Debug, Clone)]

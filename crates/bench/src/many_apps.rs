@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::harness::{Latencies, SimProcess, ms, report, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::app::{AppId, ServiceOptions};
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::app::{AppId, ServiceOptions};
 
 /// What to run.
 #[derive(Debug, Clone)]

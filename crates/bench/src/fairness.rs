@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use super::harness::{Latencies, SimProcess, ms, report, set_target, start_app};
-use crate::allocator::{AllocationSettings, ExecutorId};
-use crate::app::{AppId, Applications, ServiceOptions};
+use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId};
+use spark_pod_allocator::app::{AppId, Applications, ServiceOptions};
 
 /// What to run.
 #[derive(Debug, Clone)]

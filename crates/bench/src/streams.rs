@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
 use super::harness::{SimProcess, rss_bytes, running, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::app::{ServiceOptions, TenantLimits};
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::app::{ServiceOptions, TenantLimits};
 
 /// What to run.
 #[derive(Debug, Clone)]

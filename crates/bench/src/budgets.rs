@@ -33,11 +33,11 @@ use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 use super::harness::{Latencies, SimProcess, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_ID_LABEL};
-use crate::app::ServiceOptions;
-use crate::app::budgets::{BudgetEntry, BudgetPolicy};
-use crate::metrics::Metrics;
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::allocator::types::{APP_ID_LABEL, EXECUTOR_ID_LABEL};
+use spark_pod_allocator::app::ServiceOptions;
+use spark_pod_allocator::app::budgets::{BudgetEntry, BudgetPolicy};
+use spark_pod_allocator::metrics::Metrics;
 
 /// The namespace the applications share ([`start_app`] starts them there).
 const NAMESPACE: &str = "default";
@@ -256,7 +256,7 @@ async fn run_once(
                 max_memory: None,
             }],
             None,
-            crate::app::budgets::DEFAULT_MAX_WEIGHT,
+            spark_pod_allocator::app::budgets::DEFAULT_MAX_WEIGHT,
         )
         .map_err(|(key, error)| anyhow::anyhow!("{key}: {error}"))?;
     } else {

@@ -16,10 +16,14 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::plot::{self, Series};
-use crate::allocator::{AllocationPolicy, AllocationSettings, ExecutorState, ResourceProfileId};
-use crate::app::{AppId, Applications, ServiceOptions, StartApplication, SystemClock};
-use crate::metrics::Metrics;
-use crate::runtime::Builder;
+use spark_pod_allocator::allocator::{
+    AllocationPolicy, AllocationSettings, ExecutorState, ResourceProfileId,
+};
+use spark_pod_allocator::app::{
+    AppId, Applications, ServiceOptions, StartApplication, SystemClock,
+};
+use spark_pod_allocator::metrics::Metrics;
+use spark_pod_allocator::runtime::Builder;
 use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 /// `bench scale-up` options.
@@ -230,7 +234,7 @@ pub async fn scale_up(args: &Args, case: Case) -> anyhow::Result<Outcome> {
     };
     let metrics = Metrics::new();
     let apps = Builder::new(
-        crate::k8s::client(sim.kube_config())?,
+        spark_pod_allocator::k8s::client(sim.kube_config())?,
         Arc::new(SystemClock),
     )
     .with_options(options)
