@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::net::TcpListener;
 
-use spark_pod_allocator::app::{ServiceOptions, SystemClock};
+use spark_pod_allocator::app::SystemClock;
 use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::forward::{Forwarder, PeerSettings};
@@ -346,7 +346,7 @@ async fn serve(
         "replica: acting on the shards whose Lease it holds"
     );
     let core = runtime::Builder::new(client, Arc::new(SystemClock))
-        .with_options(service_options(&settings))
+        .with_settings(&settings)
         .with_metrics(metrics.clone())
         .build();
     // Budgets follow the configuration file while the service runs.
@@ -436,29 +436,6 @@ fn peer_settings(settings: &mut Settings, bound: SocketAddr) -> anyhow::Result<P
     Ok(peers)
 }
 
-/// The application layer's options, from the configuration.
-fn service_options(settings: &Settings) -> ServiceOptions {
-    ServiceOptions {
-        resync_interval: settings.resync_interval(),
-        resync_pods_per_second: settings.resync_pods_per_second,
-        allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
-        qps: settings.kubernetes.qps,
-        burst: settings.kubernetes.burst,
-        create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
-            .unwrap_or(usize::MAX),
-        request_policy: settings.request_policy(),
-        driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
-        limits: settings.limits.clone(),
-        pod_policy: settings.pod_policy.clone(),
-        registrations: settings.registrations.clone(),
-        tenants: settings.tenants.clone(),
-        ha: settings.ha.clone(),
-        // Checked by `Settings::load`.
-        budgets: settings.budget_policy().unwrap_or_default(),
-        ..ServiceOptions::default()
-    }
-}
-
 async fn simulate(
     settings: Settings,
     listen: Option<String>,
@@ -496,35 +473,6 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("outer: {0}")]
     struct Repeats(#[source] std::io::Error);
-
-    #[test]
-    fn the_default_configuration_gives_the_default_service_options() {
-        let from_config = service_options(&Settings::default());
-        let default = ServiceOptions::default();
-        assert_eq!(from_config.resync_interval, default.resync_interval);
-        assert_eq!(
-            from_config.resync_pods_per_second,
-            default.resync_pods_per_second
-        );
-        assert_eq!(from_config.allowed_namespaces, default.allowed_namespaces);
-        assert_eq!(
-            (
-                from_config.qps,
-                from_config.burst,
-                from_config.create_concurrency
-            ),
-            (default.qps, default.burst, default.create_concurrency)
-        );
-        assert_eq!(from_config.request_policy, default.request_policy);
-        assert_eq!(from_config.driver_end_grace, default.driver_end_grace);
-        assert_eq!(
-            from_config.executor_stream_buffer,
-            default.executor_stream_buffer
-        );
-        assert_eq!(from_config.tenants, default.tenants);
-        assert_eq!(from_config.ha.shards, default.ha.shards);
-        assert_eq!(from_config.limits, default.limits);
-    }
 
     #[test]
     fn describe_says_each_cause_once() {

@@ -11,9 +11,8 @@ use k8s_openapi::api::core::v1::Pod;
 use tonic::transport::{Channel, Endpoint};
 
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
-use spark_pod_allocator::app::{
-    AppId, Applications, ServiceOptions, StartApplication, SystemClock,
-};
+use spark_pod_allocator::app::{AppId, Applications, StartApplication, SystemClock};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::metrics::Metrics;
 use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
 use spark_pod_allocator::runtime::Builder;
@@ -108,15 +107,15 @@ impl SimProcess {
     }
 
     /// The service core (applications, shared watches, rate limit) against this cluster.
-    pub fn service(&self, options: ServiceOptions) -> Applications {
-        self.service_with_metrics(options, Metrics::default())
+    pub fn service(&self, config: &Settings) -> Applications {
+        self.service_with_metrics(config, Metrics::default())
     }
 
     /// [`Self::service`] recording into `metrics`, for a scenario that reads the service's
     /// counters (its refused creates).
-    pub fn service_with_metrics(&self, options: ServiceOptions, metrics: Metrics) -> Applications {
+    pub fn service_with_metrics(&self, config: &Settings, metrics: Metrics) -> Applications {
         Builder::new(self.client.clone(), Arc::new(SystemClock))
-            .with_options(options)
+            .with_settings(config)
             .with_metrics(metrics)
             .build()
             .into_applications()
