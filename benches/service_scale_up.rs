@@ -11,23 +11,22 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
 use spark_pod_allocator::app::limits::RequestLimits;
-use spark_pod_allocator::app::{AppId, ManualClock, ServiceOptions, StartApplication};
+use spark_pod_allocator::app::{AppId, ManualClock, StartApplication};
+use spark_pod_allocator::config::Settings;
 
-async fn scale_up(pods: u32, create_concurrency: usize) -> Duration {
+async fn scale_up(pods: u32, create_concurrency: u32) -> Duration {
     let sim = test_kit::sim::manual_cluster().await;
     let clock = ManualClock::starting_now();
-    let options = ServiceOptions {
-        qps: 1_000_000,
-        burst: 1_000_000,
-        create_concurrency,
-        limits: RequestLimits {
-            max_creates_per_round: pods,
-            ..RequestLimits::default()
-        },
-        ..ServiceOptions::default()
+    let mut config = Settings::default();
+    config.kubernetes.qps = 1_000_000;
+    config.kubernetes.burst = 1_000_000;
+    config.kubernetes.create_concurrency = create_concurrency;
+    config.limits = RequestLimits {
+        max_creates_per_round: pods,
+        ..RequestLimits::default()
     };
     let apps =
-        test_kit::service::applications(sim.try_client().expect("sim client"), &clock, options);
+        test_kit::service::applications(sim.try_client().expect("sim client"), &clock, config);
     let app = AppId::parse("bench").expect("app id");
     apps.start(StartApplication {
         app_id: app.clone(),

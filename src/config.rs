@@ -197,21 +197,15 @@ impl TryFrom<String> for LogFormat {
     }
 }
 
-/// The defaults of the service core are the configuration's.
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Default for Settings {
     fn default() -> Self {
-        let service = crate::app::ServiceOptions::default();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             kubernetes: KubernetesSettings::default(),
             allocation: AllocationSettings::default(),
-            resync_interval_ms: millis(service.resync_interval),
-            resync_pods_per_second: service.resync_pods_per_second,
-            driver_end_grace_ms: millis(service.driver_end_grace),
+            resync_interval_ms: 600_000,
+            resync_pods_per_second: 100,
+            driver_end_grace_ms: 60_000,
             allowed_namespaces: Vec::new(),
             default_executor_pod_template: None,
             simulator: spark_pod_allocator_sim::SimSettings::default(),

@@ -13,20 +13,20 @@
 //! - [`runtime`]: the composition root ([`runtime::Builder`] wires every part once) and
 //!   a running service's lifecycle, with its gRPC server in process.
 //! - [`metrics`]: the Prometheus metrics and their `/metrics` endpoint.
-//! - [`bench`]: the `bench` command's scenarios against the simulated cluster.
+//! - [`jemalloc`]: the allocator's tuning, for the binaries that use jemalloc.
 //! - [`config`]: layered configuration (defaults < file < environment).
 //!
 //! The simulated Kubernetes cluster the tests, `simulate`, `serve --simulate`, `demo` and
-//! `bench` use is the `spark-pod-allocator-sim` crate (`crates/sim`).
+//! the benchmarks (`crates/bench`) use is the `spark-pod-allocator-sim` crate (`crates/sim`).
 #![forbid(unsafe_code)]
 
 pub mod allocator;
 pub mod app;
 pub mod auth;
-pub mod bench;
 pub mod config;
 pub mod grpc;
 pub mod ha;
+pub mod jemalloc;
 pub mod k8s;
 pub mod lifecycle;
 pub mod metrics;

@@ -10,40 +10,22 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::net::TcpListener;
 
-use spark_pod_allocator::app::{ServiceOptions, SystemClock};
+use spark_pod_allocator::app::SystemClock;
 use spark_pod_allocator::auth::Gate;
 use spark_pod_allocator::config::{LogFormat, Settings};
 use spark_pod_allocator::grpc::forward::{Forwarder, PeerSettings};
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::metrics::{self, Metrics};
-use spark_pod_allocator::{bench, config, k8s, runtime};
+use spark_pod_allocator::{config, jemalloc, k8s, runtime};
 use spark_pod_allocator_sim::{self as sim, SimCluster};
 
 mod demo;
 
 /// jemalloc rather than the system's malloc: glibc keeps what a load freed (per-thread
 /// arenas, no trim without unsafe FFI), jemalloc's background thread hands it back to the
-/// kernel after `FREED_MEMORY_DECAY_MS` (docs/security.md, "Memory under load").
+/// kernel after [`jemalloc::FREED_MEMORY_DECAY_MS`] (docs/security.md, "Memory under load").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// How long freed pages stay mapped for reuse before they go back to the kernel.
-const FREED_MEMORY_DECAY_MS: isize = 1_000;
-
-/// Turns on jemalloc's background purging thread and the decay above, for the arena that
-/// exists at start (arena 0, the main thread's) and for those created later.
-fn return_freed_memory_promptly() -> Result<(), tikv_jemalloc_ctl::Error> {
-    use tikv_jemalloc_ctl::{Access, AsName};
-    b"arenas.dirty_decay_ms\0"
-        .name()
-        .write(FREED_MEMORY_DECAY_MS)?;
-    b"arenas.muzzy_decay_ms\0".name().write(0_isize)?;
-    b"arena.0.dirty_decay_ms\0"
-        .name()
-        .write(FREED_MEMORY_DECAY_MS)?;
-    b"arena.0.muzzy_decay_ms\0".name().write(0_isize)?;
-    tikv_jemalloc_ctl::background_thread::write(true)
-}
 
 /// Executor-pod allocation for Spark drivers on Kubernetes, as a gRPC service.
 #[derive(Debug, Parser)]
@@ -99,11 +81,6 @@ enum Command {
     },
     /// The simulated cluster, the service and a scripted driver, in one process.
     Demo,
-    /// Measure a scenario against a simulated cluster in this process (see docs/benchmarks.md).
-    Bench {
-        #[command(subcommand)]
-        scenario: bench::Scenario,
-    },
 }
 
 /// `--listen`, with the expected form in the error.
@@ -131,14 +108,14 @@ fn main() -> ExitCode {
     };
     // The demo's table owns the terminal: only warnings unless RUST_LOG asks for more.
     let default_filter = match cli.command {
-        Command::Demo | Command::Bench { .. } => "warn",
+        Command::Demo => "warn",
         _ => settings.log.filter.as_str(),
     };
     if let Err(err) = init_tracing(format, default_filter) {
         eprintln!("error: {err:#}");
         return ExitCode::from(2);
     }
-    if let Err(err) = return_freed_memory_promptly() {
+    if let Err(err) = jemalloc::return_freed_memory_promptly() {
         tracing::warn!(%err, "freed memory stays with the allocator until it is reused");
     }
     let runtime = match tokio::runtime::Runtime::new() {
@@ -163,7 +140,6 @@ fn main() -> ExitCode {
             }
             Command::ProcessNode { node } => process_node(settings, &node).await,
             Command::Demo => demo::run().await.map(|_| ()),
-            Command::Bench { scenario } => bench::run(scenario).await,
         }
     });
     match result {
@@ -370,7 +346,7 @@ async fn serve(
         "replica: acting on the shards whose Lease it holds"
     );
     let core = runtime::Builder::new(client, Arc::new(SystemClock))
-        .with_options(service_options(&settings))
+        .with_settings(&settings)
         .with_metrics(metrics.clone())
         .build();
     // Budgets follow the configuration file while the service runs.
@@ -460,29 +436,6 @@ fn peer_settings(settings: &mut Settings, bound: SocketAddr) -> anyhow::Result<P
     Ok(peers)
 }
 
-/// The application layer's options, from the configuration.
-fn service_options(settings: &Settings) -> ServiceOptions {
-    ServiceOptions {
-        resync_interval: settings.resync_interval(),
-        resync_pods_per_second: settings.resync_pods_per_second,
-        allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
-        qps: settings.kubernetes.qps,
-        burst: settings.kubernetes.burst,
-        create_concurrency: usize::try_from(settings.kubernetes.create_concurrency)
-            .unwrap_or(usize::MAX),
-        request_policy: settings.request_policy(),
-        driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
-        limits: settings.limits.clone(),
-        pod_policy: settings.pod_policy.clone(),
-        registrations: settings.registrations.clone(),
-        tenants: settings.tenants.clone(),
-        ha: settings.ha.clone(),
-        // Checked by `Settings::load`.
-        budgets: settings.budget_policy().unwrap_or_default(),
-        ..ServiceOptions::default()
-    }
-}
-
 async fn simulate(
     settings: Settings,
     listen: Option<String>,
@@ -520,35 +473,6 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("outer: {0}")]
     struct Repeats(#[source] std::io::Error);
-
-    #[test]
-    fn the_default_configuration_gives_the_default_service_options() {
-        let from_config = service_options(&Settings::default());
-        let default = ServiceOptions::default();
-        assert_eq!(from_config.resync_interval, default.resync_interval);
-        assert_eq!(
-            from_config.resync_pods_per_second,
-            default.resync_pods_per_second
-        );
-        assert_eq!(from_config.allowed_namespaces, default.allowed_namespaces);
-        assert_eq!(
-            (
-                from_config.qps,
-                from_config.burst,
-                from_config.create_concurrency
-            ),
-            (default.qps, default.burst, default.create_concurrency)
-        );
-        assert_eq!(from_config.request_policy, default.request_policy);
-        assert_eq!(from_config.driver_end_grace, default.driver_end_grace);
-        assert_eq!(
-            from_config.executor_stream_buffer,
-            default.executor_stream_buffer
-        );
-        assert_eq!(from_config.tenants, default.tenants);
-        assert_eq!(from_config.ha.shards, default.ha.shards);
-        assert_eq!(from_config.limits, default.limits);
-    }
 
     #[test]
     fn describe_says_each_cause_once() {

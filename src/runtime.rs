@@ -1,15 +1,16 @@
 //! The runtime: the composition root of a service and the lifecycle of a running one.
-//! [`Builder`] wires the parts once, from the clock, the options and the metrics: the
+//! [`Builder`] wires the parts once, from the clock, the configuration and the metrics: the
 //! rate limiter, the Kubernetes request types and the shared watches over one client, and
 //! the applications over them, with the readiness that waits for them ([`Initialize`]: the
 //! API server probe and every namespace watch started before the service is ready hold a
 //! handle). [`Core::serve`] gives that readiness and the drain signal to the gRPC server,
 //! and once the server has drained stops every application actor, leaving executor pods
-//! in place for a restarted service. `main`, the demo, the bench and the test kit all
+//! in place for a restarted service. `main`, the demo, the benchmarks and the test kit all
 //! build a service through [`Builder`].
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -20,10 +21,12 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::app::{Applications, KubernetesParts, ServiceContext, ServiceOptions, ShardKeepers};
+use crate::app::{Applications, KubernetesParts, ServiceContext, ShardKeepers, feed};
+use crate::config::Settings;
 use crate::grpc::{self, ServeError, ServeSettings};
 use crate::k8s::{
-    ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore, ResyncPace, leases,
+    ApiClient, ExecutorPodClient, PodWatches, RateLimiter, RegistrationStore, RequestPolicy,
+    ResyncPace, leases,
 };
 use crate::lifecycle::{self, Drain, Initialize};
 use crate::metrics::Metrics;
@@ -50,25 +53,44 @@ use crate::time::Clock;
 pub struct Builder {
     client: kube::Client,
     clock: Arc<dyn Clock>,
-    options: ServiceOptions,
+    settings: Settings,
     metrics: Metrics,
+    executor_stream_buffer: usize,
+    request_policy: Option<RequestPolicy>,
 }
 
 impl Builder {
-    /// A service over `client` with time from `clock`, the default options and metrics
-    /// of its own.
+    /// A service over `client` with time from `clock`, the default configuration and
+    /// metrics of its own.
     pub fn new(client: kube::Client, clock: Arc<dyn Clock>) -> Self {
         Self {
             client,
             clock,
-            options: ServiceOptions::default(),
+            settings: Settings::default(),
             metrics: Metrics::default(),
+            executor_stream_buffer: feed::STREAM_BUFFER,
+            request_policy: None,
         }
     }
 
-    /// Runs with `options` (from the configuration, in `main`).
-    pub fn with_options(mut self, options: ServiceOptions) -> Self {
-        self.options = options;
+    /// Runs with `settings` (the configuration `main` loaded): each part takes its
+    /// section. The start-up checks are [`Settings::load`]'s.
+    pub fn with_settings(mut self, settings: &Settings) -> Self {
+        self.settings = settings.clone();
+        self
+    }
+
+    /// Changes a WatchExecutors stream may leave unread before it is given a fresh full
+    /// state (not a setting: a test makes a slow reader with a small one).
+    pub fn with_executor_stream_buffer(mut self, changes: usize) -> Self {
+        self.executor_stream_buffer = changes;
+        self
+    }
+
+    /// Every Kubernetes request under `policy` instead of the configuration's deadline and
+    /// attempts (a test pauses less between retries than the default).
+    pub fn with_request_policy(mut self, policy: RequestPolicy) -> Self {
+        self.request_policy = Some(policy);
         self
     }
 
@@ -83,25 +105,32 @@ impl Builder {
         let Self {
             client,
             clock,
-            options,
+            settings,
             metrics,
+            executor_stream_buffer,
+            request_policy,
         } = self;
         let initialize = Initialize::new();
-        let limiter = RateLimiter::new(options.qps, options.burst);
+        let kubernetes = &settings.kubernetes;
+        let limiter = RateLimiter::new(kubernetes.qps, kubernetes.burst);
         let api = ApiClient::new(client.clone(), limiter)
-            .with_policy(options.request_policy)
+            .with_policy(request_policy.unwrap_or_else(|| settings.request_policy()))
             .with_metrics(metrics.clone());
-        let pods = ExecutorPodClient::new(api.clone(), options.create_concurrency);
-        let registrations = RegistrationStore::new(api, &options.registrations);
-        let lease_namespace = (options.ha.lease_namespace.clone())
-            .unwrap_or_else(|| options.registrations.namespace().to_string());
+        let create_concurrency =
+            usize::try_from(kubernetes.create_concurrency).unwrap_or(usize::MAX);
+        let pods = ExecutorPodClient::new(api.clone(), create_concurrency);
+        let registrations = RegistrationStore::new(api, &settings.registrations);
+        let lease_namespace = (settings.ha.lease_namespace.clone())
+            .unwrap_or_else(|| settings.registrations.namespace().to_string());
+        // Checked by `Settings::load`.
+        let budgets = settings.budget_policy().unwrap_or_default();
         let release = CancellationToken::new();
         let (ownerships, keepers) = leases::spawn_keepers(
             &client,
             &lease_namespace,
-            &options.ha,
+            &settings.ha,
             // Read once: membership decides shards for the life of the process.
-            options.budgets.shard_keys(),
+            budgets.shard_keys(),
             &release,
             &initialize,
         );
@@ -109,8 +138,8 @@ impl Builder {
             client,
             Arc::clone(&clock),
             ResyncPace {
-                interval: options.resync_interval,
-                pods_per_second: options.resync_pods_per_second,
+                interval: settings.resync_interval(),
+                pods_per_second: settings.resync_pods_per_second,
             },
             metrics.clone(),
             initialize.joiner(),
@@ -119,8 +148,16 @@ impl Builder {
         drop(watches.spawn_probe());
         let ctx = ServiceContext {
             clock,
-            options,
             metrics,
+            allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
+            qps: kubernetes.qps,
+            driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
+            executor_stream_buffer,
+            limits: settings.limits.clone(),
+            pod_policy: settings.pod_policy.clone(),
+            tenants: settings.tenants.clone(),
+            ha: settings.ha.clone(),
+            budgets,
         };
         let kubernetes = KubernetesParts {
             pods,
@@ -156,7 +193,7 @@ impl Core {
         &self.applications
     }
 
-    /// The registry alone, for a caller without a gRPC server (the bench, the tests of the
+    /// The registry alone, for a caller without a gRPC server (the benchmarks, the tests of the
     /// application layer): no one waits for its readiness.
     pub fn into_applications(self) -> Applications {
         self.applications
@@ -298,8 +335,6 @@ pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use tonic::transport::Endpoint;
 
     use super::*;

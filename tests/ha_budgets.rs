@@ -11,10 +11,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use spark_pod_allocator::allocator::Timestamp;
-use spark_pod_allocator::app::budgets::{
-    BudgetEntry, BudgetPolicy, DEFAULT_MAX_WEIGHT, QueueNamespace,
-};
-use spark_pod_allocator::app::{AppId, ManualClock, ServiceOptions};
+use spark_pod_allocator::app::budgets::{BudgetEntry, QueueNamespace};
+use spark_pod_allocator::app::{AppId, ManualClock};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::ha::HaSettings;
 use spark_pod_allocator::ha::shards::ShardMap;
@@ -46,21 +45,20 @@ async fn replica(
     sim: &SimCluster,
     clock: &ManualClock,
     identity: &str,
-    budgets: &BudgetPolicy,
+    budgets: &[BudgetEntry],
 ) -> Service {
-    let options = ServiceOptions {
-        ha: HaSettings {
-            identity: Some(identity.into()),
-            shards: SHARDS,
-            lease_duration_ms: 2000,
-            renew_deadline_ms: 1000,
-            retry_period_ms: 250,
-            ..HaSettings::default()
-        },
-        budgets: budgets.clone(),
-        ..ServiceOptions::default()
+    let mut config = Settings::default();
+    config.ha = HaSettings {
+        identity: Some(identity.into()),
+        shards: SHARDS,
+        lease_duration_ms: 2000,
+        renew_deadline_ms: 1000,
+        retry_period_ms: 250,
+        ..HaSettings::default()
     };
-    test_kit::grpc::serve(sim, clock, ServeSettings::default(), options, None).await
+    config.budgets = budgets.to_vec();
+    config.budget_policy().expect("budgets");
+    test_kit::grpc::serve(sim, clock, ServeSettings::default(), config, None).await
 }
 
 /// Each shard's holder.
@@ -130,25 +128,20 @@ async fn a_queue_over_namespaces_of_three_replicas_never_exceeds_its_budget() {
         .await
         .expect("simulated cluster");
     let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-    let budgets = BudgetPolicy::check(
-        &[BudgetEntry {
-            name: None,
-            namespace: None,
-            queue: Some("gold".into()),
-            namespaces: namespaces
-                .iter()
-                .cloned()
-                .map(QueueNamespace::Name)
-                .collect(),
-            max_executors: MAX_EXECUTORS as u64,
-            max_pending: None,
-            max_cpu: None,
-            max_memory: None,
-        }],
-        None,
-        DEFAULT_MAX_WEIGHT,
-    )
-    .expect("budget");
+    let budgets = vec![BudgetEntry {
+        name: None,
+        namespace: None,
+        queue: Some("gold".into()),
+        namespaces: namespaces
+            .iter()
+            .cloned()
+            .map(QueueNamespace::Name)
+            .collect(),
+        max_executors: MAX_EXECUTORS as u64,
+        max_pending: None,
+        max_cpu: None,
+        max_memory: None,
+    }];
     let mut replicas = Vec::new();
     for identity in ["replica-a", "replica-b", "replica-c"] {
         replicas.push(replica(&sim, &clock, identity, &budgets).await);

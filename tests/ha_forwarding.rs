@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use spark_pod_allocator::allocator::Timestamp;
-use spark_pod_allocator::app::{ManualClock, ServiceOptions};
+use spark_pod_allocator::app::ManualClock;
 use spark_pod_allocator::auth::{AuthMode, AuthSettings};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::grpc::forward::{ANSWERED_BY_METADATA, FORWARDED_BY_METADATA};
 use spark_pod_allocator::grpc::tls::TlsSettings;
@@ -107,16 +108,14 @@ async fn replica(
         ha.peer_ca_file = Some(tls.peer_ca.clone());
         ha.peer_server_name = Some("localhost".into());
     }
-    let options = ServiceOptions {
-        ha,
-        ..ServiceOptions::default()
-    };
+    let mut config = Settings::default();
+    config.ha = ha;
     let auth = AuthSettings {
         mode: AuthMode::Kubernetes,
         audiences: vec![AUDIENCE.into()],
         ..AuthSettings::default()
     };
-    let service = test_kit::grpc::serve(sim, clock, settings, options, Some(&auth)).await;
+    let service = test_kit::grpc::serve(sim, clock, settings, config, Some(&auth)).await;
     (service, metrics)
 }
 

@@ -6,10 +6,9 @@
 //! configuration file taking effect without a restart, read back from `/metrics`.
 use std::time::Duration;
 
-use spark_pod_allocator::app::budgets::{
-    BudgetEntry, BudgetPolicy, QueueNamespace, WeightedNamespace,
-};
-use spark_pod_allocator::app::{ServiceOptions, budgets};
+use spark_pod_allocator::app::budgets;
+use spark_pod_allocator::app::budgets::{BudgetEntry, QueueNamespace, WeightedNamespace};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use test_kit::grpc::{Harness, TEMPLATE, quiet_cluster, start_request};
@@ -54,28 +53,19 @@ fn gold(max_executors: u64, namespaces: &[(&str, u32)]) -> BudgetEntry {
 
 /// A service under `budgets`, whose driver label `queue` may name a queue.
 async fn harness_with(budgets: &[BudgetEntry]) -> Harness {
-    let policy =
-        BudgetPolicy::check(budgets, Some("queue"), budgets::DEFAULT_MAX_WEIGHT).expect("budgets");
-    let options = ServiceOptions {
-        budgets: policy,
-        ..ServiceOptions::default()
-    };
-    Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await
+    let mut config = Settings::default();
+    config.budgets = budgets.to_vec();
+    config.budgets_queue_label = Some("queue".into());
+    config.budget_policy().expect("budgets");
+    Harness::start_with_config(quiet_cluster(), ServeSettings::default(), config).await
 }
 
 /// A service whose applications in `team-a` share a budget of `max_executors`.
 async fn harness(max_executors: u64) -> Harness {
-    let policy = BudgetPolicy::check(
-        &[namespace_budget(NAMESPACE, max_executors)],
-        None,
-        budgets::DEFAULT_MAX_WEIGHT,
-    )
-    .expect("budget");
-    let options = ServiceOptions {
-        budgets: policy,
-        ..ServiceOptions::default()
-    };
-    Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await
+    let mut config = Settings::default();
+    config.budgets = vec![namespace_budget(NAMESPACE, max_executors)];
+    config.budget_policy().expect("budget");
+    Harness::start_with_config(quiet_cluster(), ServeSettings::default(), config).await
 }
 
 /// Starts `app` in `team-a` with `batch_size` and `weight`.
@@ -442,10 +432,10 @@ async fn a_quota_of_20_pods_is_divided_10_10_with_no_create_refused() {
     use k8s_openapi::api::core::v1::ResourceQuota;
     use kube::api::{Api, PostParams};
     // No budget configured: the namespace's ResourceQuota is the budget.
-    let h = Harness::start_with_options(
+    let h = Harness::start_with_config(
         quiet_cluster(),
         ServeSettings::default(),
-        ServiceOptions::default(),
+        Settings::default(),
     )
     .await;
     let quota: ResourceQuota = serde_json::from_value(serde_json::json!({

@@ -9,9 +9,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId};
-use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceOptions, StartApplication,
-};
+use spark_pod_allocator::app::{AppId, Applications, ManualClock, StartApplication};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::service::{P0, template_pod};
 use test_kit::sim::manual_cluster;
@@ -42,7 +41,7 @@ fn request() -> StartApplication {
 
 fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
     let client = sim.try_client().expect("sim client");
-    test_kit::service::applications(client, clock, ServiceOptions::default())
+    test_kit::service::applications(client, clock, Settings::default())
 }
 
 /// Plays the scheduler: a bound pod's deletion is graceful (it stays, terminating).

@@ -10,7 +10,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use spark_pod_allocator::app::{Clock, ServiceOptions};
+use spark_pod_allocator::app::Clock;
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_ANNOTATION;
 use spark_pod_allocator::k8s::watch::FOLLOWED_DRIVER_LABEL;
@@ -24,11 +25,9 @@ const NS: &str = "default";
 const GRACE: Duration = Duration::from_secs(300);
 
 async fn harness() -> Harness {
-    let options = ServiceOptions {
-        driver_end_grace: GRACE,
-        ..ServiceOptions::default()
-    };
-    Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await
+    let mut config = Settings::default();
+    config.driver_end_grace_ms = u64::try_from(GRACE.as_millis()).expect("grace in ms");
+    Harness::start_with_config(quiet_cluster(), ServeSettings::default(), config).await
 }
 
 fn pods_api(h: &Harness) -> Api<Pod> {

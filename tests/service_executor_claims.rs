@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use spark_pod_allocator::allocator::pod_policy::PodPolicy;
-use spark_pod_allocator::app::ServiceOptions;
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use test_kit::grpc::{Harness, assert_invalid, quiet_cluster, start_request};
@@ -510,14 +510,12 @@ fn claim_template_with(
 
 /// The server's pod policy, but claims may only use class `gp3`.
 async fn gp3_only_harness() -> Harness {
-    let options = ServiceOptions {
-        pod_policy: PodPolicy {
-            allowed_storage_classes: vec!["gp3".into()],
-            ..PodPolicy::default()
-        },
-        ..ServiceOptions::default()
+    let mut config = Settings::default();
+    config.pod_policy = PodPolicy {
+        allowed_storage_classes: vec!["gp3".into()],
+        ..PodPolicy::default()
     };
-    Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await
+    Harness::start_with_config(quiet_cluster(), ServeSettings::default(), config).await
 }
 
 #[tokio::test]

@@ -6,8 +6,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use spark_pod_allocator::app::{AppId, ServiceOptions};
-use spark_pod_allocator::grpc::ServeSettings;
+use spark_pod_allocator::app::AppId;
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator::proto::{ExecutorEventKind as Kind, ExecutorPodState as State};
 use test_kit::grpc::{
@@ -194,11 +194,10 @@ async fn a_stream_resumes_after_a_sequence_or_starts_again_from_the_full_state()
 
 #[tokio::test]
 async fn a_slow_reader_gets_a_fresh_full_state() {
-    let options = ServiceOptions {
-        executor_stream_buffer: 4,
-        ..ServiceOptions::default()
-    };
-    let h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await;
+    let h = Harness::start_tuned(quiet_cluster(), Settings::default(), |builder| {
+        builder.with_executor_stream_buffer(4)
+    })
+    .await;
     started_with(&h, "app-slow", 1).await;
     let mut stream = watch(&h, "app-slow", 0).await;
     full_state(&mut stream).await;

@@ -18,8 +18,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+use spark_pod_allocator::app::AppId;
 use spark_pod_allocator::app::limits::RequestLimits;
-use spark_pod_allocator::app::{AppId, ServiceOptions};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::limits::ServerLimits;
 use spark_pod_allocator::grpc::{ServeSettings, StartDefaults};
 use spark_pod_allocator::proto;
@@ -100,11 +101,9 @@ async fn service() -> Harness {
         },
         ..ServeSettings::default()
     };
-    let options = ServiceOptions {
-        limits: limits(),
-        ..ServiceOptions::default()
-    };
-    Harness::start_with_options(quiet_cluster(), serve, options).await
+    let mut config = Settings::default();
+    config.limits = limits();
+    Harness::start_with_config(quiet_cluster(), serve, config).await
 }
 
 /// Runs `attack` while a health check is made every 20 ms over `channel` (opened before
@@ -762,7 +761,7 @@ async fn a_registration_whose_template_was_changed_is_not_resumed() {
     h.stop_server().await;
     // Someone who may edit ConfigMaps in the service's namespace gives a template host
     // networking (the signature no longer matches).
-    let service_ns = h.options.registrations.namespace();
+    let service_ns = h.settings.registrations.namespace();
     let api: Api<ConfigMap> = Api::namespaced(h.sim.try_client().expect("client"), service_ns);
     let name = RegistrationStore::config_map_name(NS, "tampered");
     let stored = api.get(&name).await.expect("registration ConfigMap");
@@ -777,7 +776,7 @@ async fn a_registration_whose_template_was_changed_is_not_resumed() {
     let restarted = test_kit::service::applications(
         h.sim.try_client().expect("client"),
         &h.clock,
-        h.options.clone(),
+        h.settings.clone(),
     );
     let resumed = restarted.resume_registered().await.expect("resume");
     let resumed: Vec<&str> = resumed.iter().map(|a| a.as_str()).collect();

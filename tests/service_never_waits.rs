@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use spark_pod_allocator::allocator::Timestamp;
-use spark_pod_allocator::app::{AppId, ServiceOptions};
-use spark_pod_allocator::grpc::ServeSettings;
+use spark_pod_allocator::app::AppId;
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::k8s::RequestPolicy;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::FaultSettings;
@@ -26,15 +26,14 @@ const TYPICAL_ANSWER: Duration = Duration::from_millis(50);
 const ANSWER_BOUND: Duration = Duration::from_millis(300);
 
 async fn harness() -> Harness {
-    let options = ServiceOptions {
-        request_policy: RequestPolicy {
+    let h = Harness::start_tuned(quiet_cluster(), Settings::default(), |builder| {
+        builder.with_request_policy(RequestPolicy {
             timeout: REQUEST_TIMEOUT,
             attempts: 2,
             retry_delay: Duration::from_millis(50),
-        },
-        ..ServiceOptions::default()
-    };
-    let h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await;
+        })
+    })
+    .await;
     // Pods' creationTimestamps are the simulator's wall clock: keep the service's clock
     // with it so idle timeouts mean something.
     h.clock

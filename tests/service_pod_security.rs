@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 use spark_pod_allocator::allocator::pod_policy::{PodPolicy, PodSecurityLevel};
-use spark_pod_allocator::app::ServiceOptions;
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use test_kit::grpc::{Harness, TEMPLATE, assert_invalid, quiet_cluster, start_request};
 use test_kit::requests::*;
@@ -194,15 +194,12 @@ fn restricted_spark_pod(app: &str) -> String {
 
 #[tokio::test]
 async fn a_restricted_service_holds_templates_to_restricted() {
-    let options = ServiceOptions {
-        pod_policy: PodPolicy {
-            level: PodSecurityLevel::Restricted,
-            ..PodPolicy::default()
-        },
-        ..ServiceOptions::default()
+    let mut config = Settings::default();
+    config.pod_policy = PodPolicy {
+        level: PodSecurityLevel::Restricted,
+        ..PodPolicy::default()
     };
-    let mut h =
-        Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await;
+    let mut h = Harness::start_with_config(quiet_cluster(), ServeSettings::default(), config).await;
     // The plain template passes baseline, not restricted.
     let mut start = start_request("app-plain", NS);
     start.executor_pod_template = TEMPLATE.into();

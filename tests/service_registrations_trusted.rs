@@ -8,7 +8,7 @@
 //! this version's first start, while one that version left behind is resumed and proven.
 //! A properly written registration beside them still resumes, and the signing key is one
 //! Secret even when replicas race to create it.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use spark_pod_allocator::app::{AppError, Applications, ServiceOptions};
+use spark_pod_allocator::app::{AppError, Applications};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::k8s::registrations::{
     APPLICATION_NAMESPACE_LABEL, KEY_DATA_KEY, KEY_LEN, PROOF_KEY, PROOF_UID_KEY, PROOFS_MARKER,
@@ -49,19 +50,18 @@ fn sim_settings() -> SimSettings {
     settings
 }
 
-fn options() -> ServiceOptions {
-    ServiceOptions {
-        allowed_namespaces: BTreeSet::from([TEAM_A.into(), TEAM_B.into()]),
-        registrations: RegistrationSettings {
-            namespace: Some(SERVICE_NS.into()),
-            ..RegistrationSettings::default()
-        },
-        ..ServiceOptions::default()
-    }
+fn config() -> Settings {
+    let mut config = Settings::default();
+    config.allowed_namespaces = vec![TEAM_A.into(), TEAM_B.into()];
+    config.registrations = RegistrationSettings {
+        namespace: Some(SERVICE_NS.into()),
+        ..RegistrationSettings::default()
+    };
+    config
 }
 
 async fn first_service() -> Harness {
-    Harness::start_with_options(sim_settings(), ServeSettings::default(), options()).await
+    Harness::start_with_config(sim_settings(), ServeSettings::default(), config()).await
 }
 
 /// Starts `app` in `namespace` over gRPC with `n` executors; waits until its pods exist
@@ -117,7 +117,7 @@ async fn restart(h: &mut Harness) -> Restarted {
         h.sim.try_client().expect("client"),
         Arc::new(h.clock.clone()),
     )
-    .with_options(h.options.clone())
+    .with_settings(&h.settings)
     .with_metrics(metrics.clone())
     .build();
     let applications = core.applications().clone();
@@ -428,7 +428,7 @@ async fn a_registration_of_a_namespace_no_longer_allowed_is_refused() {
     start_registered(&h, "in-b", TEAM_B, 2).await;
     h.stop_server().await;
     delete_pods(&h, TEAM_B, "in-b").await;
-    h.options.allowed_namespaces = BTreeSet::from([TEAM_A.into()]);
+    h.settings.allowed_namespaces = vec![TEAM_A.into()];
 
     let r = restart(&mut h).await;
     assert_eq!(r.resumed, ["kept"]);
@@ -605,7 +605,7 @@ async fn an_earlier_versions_record_resumes_only_if_it_predates_the_proofs() {
 
 fn store(sim: &SimCluster) -> RegistrationStore {
     let api = ApiClient::new(sim.try_client().expect("client"), RateLimiter::new(50, 100));
-    RegistrationStore::new(api, &options().registrations)
+    RegistrationStore::new(api, &config().registrations)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -664,7 +664,7 @@ async fn a_weak_key_secret_resumes_nothing_and_names_the_setting() {
         h.sim.try_client().expect("client"),
         Arc::new(h.clock.clone()),
     )
-    .with_options(h.options.clone())
+    .with_settings(&h.settings)
     .build()
     .into_applications()
     .resume_registered()

@@ -12,9 +12,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId};
 use spark_pod_allocator::app::registration::Registration;
-use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceOptions, StartApplication,
-};
+use spark_pod_allocator::app::{AppId, Applications, ManualClock, StartApplication};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::k8s::IdRecord;
 use spark_pod_allocator::k8s::registrations::{
     APPLICATION_NAMESPACE_LABEL, PROOF_KEY, PROOF_UID_KEY,
@@ -46,7 +45,7 @@ fn request(app: &str, driver: Option<&str>) -> StartApplication {
 
 fn applications(sim: &SimCluster, clock: &ManualClock) -> Applications {
     let client = sim.try_client().expect("sim client");
-    let mut options = ServiceOptions::default();
+    let mut options = Settings::default();
     options.registrations.namespace = Some(SERVICE_NS.into());
     test_kit::service::applications(client, clock, options)
 }

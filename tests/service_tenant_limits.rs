@@ -5,8 +5,9 @@
 //! and the API budget shared between namespaces (one tenant's thousand requests do not
 //! delay another's first executor by more than a round).
 
-use spark_pod_allocator::app::{ServiceOptions, TenantLimits};
+use spark_pod_allocator::app::TenantLimits;
 use spark_pod_allocator::auth::{AuthMode, AuthSettings};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::proto;
 use spark_pod_allocator_sim::{SimGrant, SimSettings, SimToken};
@@ -57,11 +58,10 @@ fn auth() -> AuthSettings {
     }
 }
 
-fn with_limits(tenants: TenantLimits) -> ServiceOptions {
-    ServiceOptions {
-        tenants,
-        ..ServiceOptions::default()
-    }
+fn with_limits(tenants: TenantLimits) -> Settings {
+    let mut config = Settings::default();
+    config.tenants = tenants;
+    config
 }
 
 /// `message` sent with `authorization: Bearer <name>-token`.
@@ -101,7 +101,7 @@ async fn applications_are_capped_per_identity_and_per_namespace() {
         max_applications_per_namespace: 3,
         ..TenantLimits::default()
     };
-    let h = Harness::start_with_auth_and_options(cluster(), auth(), with_limits(limits)).await;
+    let h = Harness::start_with_auth_and_config(cluster(), auth(), with_limits(limits)).await;
     start_as(&h, "alice", "a-1", "team-a").await.expect("first");
     start_as(&h, "alice", "a-2", "team-a")
         .await
@@ -154,7 +154,7 @@ async fn without_authentication_only_the_namespace_cap_applies() {
         max_applications_per_namespace: 2,
         ..TenantLimits::default()
     };
-    let h = Harness::start_with_options(
+    let h = Harness::start_with_config(
         quiet_cluster(),
         ServeSettings::default(),
         with_limits(limits),
@@ -193,7 +193,7 @@ async fn a_registration_resumed_over_a_lowered_cap_is_counted_not_dropped() {
     }
     // The registrations are written by the first rounds, in the service's namespace.
     let client = h.sim.try_client().expect("client");
-    let service_ns = h.options.registrations.namespace().to_string();
+    let service_ns = h.settings.registrations.namespace().to_string();
     until("both registrations written", async || {
         let mut written = 0;
         for app in ["r-1", "r-2"] {
@@ -207,7 +207,7 @@ async fn a_registration_resumed_over_a_lowered_cap_is_counted_not_dropped() {
         written == 2
     })
     .await;
-    h.options.tenants.max_applications_per_namespace = 1;
+    h.settings.tenants.max_applications_per_namespace = 1;
     h.restart().await;
     let resumed = h.applications.resume_registered().await.expect("resume");
     assert_eq!(resumed.len(), 2, "{resumed:?}");
@@ -240,7 +240,7 @@ async fn watch_streams_are_capped_per_identity() {
         max_watch_streams_per_identity: 2,
         ..TenantLimits::default()
     };
-    let h = Harness::start_with_auth_and_options(cluster(), auth(), with_limits(limits)).await;
+    let h = Harness::start_with_auth_and_config(cluster(), auth(), with_limits(limits)).await;
     start_as(&h, "alice", "a-1", "team-a").await.expect("alice");
     start_as(&h, "mallory", "m-1", "team-a")
         .await
@@ -278,7 +278,7 @@ async fn watch_streams_are_capped_in_all_without_authentication() {
         max_watch_streams: 2,
         ..TenantLimits::default()
     };
-    let h = Harness::start_with_options(
+    let h = Harness::start_with_config(
         quiet_cluster(),
         ServeSettings::default(),
         with_limits(limits),
@@ -314,12 +314,10 @@ async fn watch_streams_are_capped_in_all_without_authentication() {
 /// B's pod (ordered by the API server's resourceVersion) are a handful, not A's backlog.
 #[tokio::test]
 async fn one_tenants_applications_do_not_delay_anothers_first_executor() {
-    let options = ServiceOptions {
-        qps: 20,
-        burst: 1,
-        ..ServiceOptions::default()
-    };
-    let h = Harness::start_with_options(quiet_cluster(), ServeSettings::default(), options).await;
+    let mut config = Settings::default();
+    config.kubernetes.qps = 20;
+    config.kubernetes.burst = 1;
+    let h = Harness::start_with_config(quiet_cluster(), ServeSettings::default(), config).await;
     let mut client = h.client.clone();
     const A_APPS: usize = 20;
     for i in 0..A_APPS {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Spark driver with Spark's own executor allocator (OwnAllocatorDriver), or with the
-# plugin given a service address, for `spark-pod-allocator bench control-plane` and
-# `bench api-load`.
+# plugin given a service address, for `spark-pod-allocator-bench control-plane` and
+# `api-load`.
 #
 #   clients/spark/own-allocator-driver.sh --prepare
 #       resolves Spark's jars (Maven), compiles the plugin and the driver, once per Spark

@@ -31,7 +31,6 @@ pub use budgets::{BudgetPolicy, Budgets, HeldBy};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
-pub use options::ServiceOptions;
 pub(crate) use options::{KubernetesParts, ServiceContext};
 pub use registry::Applications;
 pub use shards::ShardKeepers;

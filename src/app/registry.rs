@@ -82,9 +82,9 @@ impl Applications {
             watches,
             ownerships,
         } = kubernetes;
-        let tenants = Tenants::new(ctx.options.tenants.clone(), ctx.metrics.clone());
-        let budgets = Budgets::new(ctx.options.budgets.clone(), ctx.metrics.clone());
-        if ctx.options.budgets.follow_quotas {
+        let tenants = Tenants::new(ctx.tenants.clone(), ctx.metrics.clone());
+        let budgets = Budgets::new(ctx.budgets.clone(), ctx.metrics.clone());
+        if ctx.budgets.follow_quotas {
             watches.follow_quotas(Arc::new(budgets.clone()));
         }
         Self {
@@ -113,7 +113,7 @@ impl Applications {
     /// How long a call waits for a shard keeper's first turn (at start-up) before it is
     /// answered UNAVAILABLE.
     pub(super) fn ownership_wait(&self) -> Duration {
-        self.inner.ctx.options.ha.timing().renew_deadline
+        self.inner.ctx.ha.timing().renew_deadline
     }
 
     /// The fence of `namespace`'s applications: UNAVAILABLE, naming the shard and its
@@ -123,7 +123,7 @@ impl Applications {
             .fence(
                 namespace,
                 self.ownership_wait(),
-                self.inner.ctx.options.ha.timing().retry,
+                self.inner.ctx.ha.timing().retry,
             )
             .await
             .map_err(|err| AppError::Unavailable(err.to_string()))
@@ -229,7 +229,7 @@ impl Applications {
 
     /// What a template may ask for, where the application's pods go (`pod_policy`).
     pub fn pod_policy(&self) -> &crate::allocator::pod_policy::PodPolicy {
-        &self.inner.ctx.options.pod_policy
+        &self.inner.ctx.pod_policy
     }
 
     /// True once the API server has answered and every shared watch that runs now has
@@ -299,7 +299,7 @@ impl Applications {
     /// What a call for `app`, which does not run here, answers: NOT_FOUND, unless a shard
     /// is changing hands through this replica (see [`ShardSupervisor::not_here`]).
     pub fn not_here(&self, app: &AppId) -> AppError {
-        let lease = self.inner.ctx.options.ha.timing().lease;
+        let lease = self.inner.ctx.ha.timing().lease;
         self.inner.shards.not_here(app, lease)
     }
 

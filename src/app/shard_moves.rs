@@ -72,7 +72,7 @@ impl Applications {
             .collect();
         resumed_epochs.extend(due.iter().map(|(shard, epoch)| (*shard, *epoch)));
         let mut left_out = BTreeSet::new();
-        let allowed = &self.inner.ctx.options.allowed_namespaces;
+        let allowed = &self.inner.ctx.allowed_namespaces;
         let mut resumed = Vec::new();
         for found in stored {
             let checked = registration::open(&found, key, allowed).and_then(|registration| {
@@ -81,7 +81,7 @@ impl Applications {
                     namespace: req.namespace.clone(),
                     driver_pod_name: req.driver_pod_name.clone(),
                 };
-                let policy = &self.inner.ctx.options.pod_policy;
+                let policy = &self.inner.ctx.pod_policy;
                 if let Some((profile, violation)) =
                     templates::policy_violation(policy, &placement, &req.templates)
                 {
@@ -190,7 +190,7 @@ impl Applications {
     /// one taken again at a new epoch (another replica may have acted in between), is let
     /// go first. Runs until the registry is dropped.
     pub(crate) fn spawn_shard_supervisor(&self) {
-        self.spawn_resume_retries(self.inner.ctx.options.ha.timing().retry);
+        self.spawn_resume_retries(self.inner.ctx.ha.timing().retry);
         for (shard, mut changes) in self.inner.shards.ownerships.receivers() {
             let registry = Arc::downgrade(&self.inner);
             tokio::spawn(async move {

@@ -266,14 +266,14 @@ impl Start<'_> {
         generation: u64,
         fence: &Fence,
     ) -> ActorParts {
-        let options = &self.inner.ctx.options;
+        let ctx = &self.inner.ctx;
         let rules = req.settings.state_rules();
         let last_executor_id = found.last_executor_id();
         let now = self.inner.ctx.clock.now();
         let mut store = SnapshotStore::new(req.settings.batch_delay, now);
         let mut allocator = Allocator::new(req.settings.clone(), last_executor_id)
-            .with_round_cap(options.limits.max_creates_per_round);
-        allocator.set_create_rate(options.qps);
+            .with_round_cap(ctx.limits.max_creates_per_round);
+        allocator.set_create_rate(ctx.qps);
         // Pods being deleted when the service stopped count as deleted again (IsDeleted).
         allocator.restore_deleted(
             found
@@ -294,8 +294,8 @@ impl Start<'_> {
             tracing::info!(app = %req.app_id, namespace = %req.namespace, pods = found.pods.len(), last_executor_id, "resuming application from its executor pods");
         }
         let feed = Feed::new(Feed::base_at(now.0), store, &found.pods, &rules)
-            .with_buffer(options.executor_stream_buffer)
-            .with_buffer_bytes(options.tenants.watch_stream_buffer_bytes);
+            .with_buffer(ctx.executor_stream_buffer)
+            .with_buffer_bytes(ctx.tenants.watch_stream_buffer_bytes);
         // Reuse reads only claims that outlive their executor: the driver pod's. An
         // application without claim templates has none to read (nor to list).
         let claim_rules = if builder.claim_templates().is_empty() {
@@ -326,7 +326,7 @@ impl Start<'_> {
             clock: Arc::clone(&self.inner.ctx.clock),
             driver: driver.as_ref().map(|d| DriverLife {
                 pod_name: d.name.clone(),
-                grace: options.driver_end_grace,
+                grace: ctx.driver_end_grace,
             }),
             forget: self.forget_hook(&req.app_id, generation),
             registration: Registration::of_start(req),
@@ -423,7 +423,7 @@ impl Start<'_> {
     }
 
     fn check_namespace(&self, namespace: &str) -> Result<(), AppError> {
-        let allowed = &self.inner.ctx.options.allowed_namespaces;
+        let allowed = &self.inner.ctx.allowed_namespaces;
         if allowed.is_empty() || allowed.contains(namespace) {
             Ok(())
         } else {
@@ -518,7 +518,7 @@ impl Start<'_> {
     /// ([`templates::builder`]); its pods get their owner once the driver pod is found
     /// ([`ExecutorPodBuilder::with_driver`]).
     fn pod_builder(&self, req: &StartApplication) -> Result<ExecutorPodBuilder, AppError> {
-        templates::builder(req, self.inner.ctx.options.limits.max_resource_profiles)
+        templates::builder(req, self.inner.ctx.limits.max_resource_profiles)
     }
 }
 

@@ -16,7 +16,7 @@ use crate::proto;
 
 /// What the server fills in when a Start request leaves a field unset, and the limits
 /// every request is held to. (What a template may ask for is the application layer's
-/// `ServiceOptions::pod_policy`.)
+/// `pod_policy`, [`crate::app::Applications::pod_policy`].)
 #[derive(Debug, Clone, Default)]
 pub struct StartDefaults {
     /// Allocation settings under the request's `settings`.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use spark_pod_allocator::allocator::{ExecutorId, ExecutorState, ResourceProfileId};
-use spark_pod_allocator::app::{AppError, Applications, ManualClock, ServiceOptions};
+use spark_pod_allocator::app::{AppError, Applications, ManualClock};
 use test_kit::cluster::{
     Cluster, bind, cluster_ids, cluster_ids_in, delete_now, pod_name, set_failed, set_running,
 };
@@ -86,13 +86,11 @@ struct Service {
 /// The service of the scenarios, whose periodic LIST comes every 30 s of the clock: they
 /// count on it (the default is a rarer safety net).
 fn service(c: &impl Cluster, clock: &ManualClock) -> Service {
-    let options = ServiceOptions {
-        resync_interval: Duration::from_secs(30),
-        ..c.service_options()
-    };
+    let mut config = c.service_settings();
+    config.resync_interval_ms = 30_000;
     Service {
         clock: clock.clone(),
-        apps: applications(c.service_client(), clock, options),
+        apps: applications(c.service_client(), clock, config),
     }
 }
 

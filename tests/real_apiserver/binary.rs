@@ -34,7 +34,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
     c.write_service_kubeconfig(&kubeconfig);
 
     let (mut first, mut client) =
-        serve_against(BIN, &kubeconfig, &c.service_options().registrations).await;
+        serve_against(BIN, &kubeconfig, &c.service_settings().registrations).await;
     start_scaled(
         &mut client,
         batched_start_request(APP, c.namespace(), 2, 5000),
@@ -77,7 +77,7 @@ async fn the_service_binary_resumes_with_the_charts_rights_only() {
         "record {recorded}, created {at_kill:?}"
     );
 
-    let (_second, address) = serve_at(BIN, &kubeconfig, &c.service_options().registrations).await;
+    let (_second, address) = serve_at(BIN, &kubeconfig, &c.service_settings().registrations).await;
     until_progress(
         "6 executors",
         async || executor_ids(&c).await,

@@ -7,10 +7,8 @@
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
-use spark_pod_allocator::app::budgets::{
-    BudgetEntry, BudgetPolicy, DEFAULT_MAX_WEIGHT, QueueNamespace,
-};
-use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions};
+use spark_pod_allocator::app::budgets::{BudgetEntry, QueueNamespace};
+use spark_pod_allocator::app::{Applications, ManualClock};
 use test_kit::cluster::{Cluster, RealBackend, cluster_ids_in};
 use test_kit::service::{
     BATCH_DELAY, advance_round, applications, id, set_targets_and_round, start,
@@ -91,7 +89,7 @@ async fn a_quota_of_20_pods_is_divided_10_10_with_no_create_refused() {
     let clock = ManualClock::starting_now();
     // No budget configured: the ResourceQuota is the budget (budgets_follow_quotas, on by
     // default).
-    let apps = applications(c.service_client(), &clock, c.service_options());
+    let apps = applications(c.service_client(), &clock, c.service_settings());
     let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "compute"},
         "spec": {"hard": {"pods": "20"}}
@@ -145,26 +143,20 @@ async fn three_applications_asking_30_under_a_budget_of_30_get_10_each() {
         return;
     };
     let clock = ManualClock::starting_now();
-    let budgets = BudgetPolicy::check(
-        &[BudgetEntry {
-            name: None,
-            namespace: Some(c.namespace().to_string()),
-            queue: None,
-            namespaces: Vec::new(),
-            max_executors: 30,
-            max_pending: None,
-            max_cpu: None,
-            max_memory: None,
-        }],
-        None,
-        DEFAULT_MAX_WEIGHT,
-    )
-    .expect("budget");
-    let options = ServiceOptions {
-        budgets,
-        ..c.service_options()
-    };
-    let apps = applications(c.service_client(), &clock, options);
+    let budgets = vec![BudgetEntry {
+        name: None,
+        namespace: Some(c.namespace().to_string()),
+        queue: None,
+        namespaces: Vec::new(),
+        max_executors: 30,
+        max_pending: None,
+        max_cpu: None,
+        max_memory: None,
+    }];
+    let mut config = c.service_settings();
+    config.budgets = budgets;
+    config.budget_policy().expect("budget");
+    let apps = applications(c.service_client(), &clock, config);
     let names = ["app-a", "app-b", "app-c"];
     for name in names {
         start(&apps, request(name, c.namespace())).await;
@@ -189,29 +181,23 @@ async fn a_queue_gives_five_applications_of_one_namespace_no_more_than_one_of_an
         return;
     };
     let clock = ManualClock::starting_now();
-    let budgets = BudgetPolicy::check(
-        &[BudgetEntry {
-            name: None,
-            namespace: None,
-            queue: Some("gold".into()),
-            namespaces: vec![
-                QueueNamespace::Name(c.namespace().to_string()),
-                QueueNamespace::Name(c.other_namespace().to_string()),
-            ],
-            max_executors: 12,
-            max_pending: None,
-            max_cpu: None,
-            max_memory: None,
-        }],
-        None,
-        DEFAULT_MAX_WEIGHT,
-    )
-    .expect("budget");
-    let options = ServiceOptions {
-        budgets,
-        ..c.service_options()
-    };
-    let apps = applications(c.service_client(), &clock, options);
+    let budgets = vec![BudgetEntry {
+        name: None,
+        namespace: None,
+        queue: Some("gold".into()),
+        namespaces: vec![
+            QueueNamespace::Name(c.namespace().to_string()),
+            QueueNamespace::Name(c.other_namespace().to_string()),
+        ],
+        max_executors: 12,
+        max_pending: None,
+        max_cpu: None,
+        max_memory: None,
+    }];
+    let mut config = c.service_settings();
+    config.budgets = budgets;
+    config.budget_policy().expect("budget");
+    let apps = applications(c.service_client(), &clock, config);
     let many = ["many-0", "many-1", "many-2", "many-3", "many-4"];
     // Batches of one: nothing is taken before the others ask.
     let one_at_a_time = |name: &str, namespace: &str| {

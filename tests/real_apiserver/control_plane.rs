@@ -29,7 +29,7 @@ fn service(c: &RealBackend) -> Applications {
     applications(
         c.service_client(),
         &ManualClock::starting_now(),
-        c.service_options(),
+        c.service_settings(),
     )
 }
 

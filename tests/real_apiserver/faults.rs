@@ -30,7 +30,7 @@ fn request(app: &str, namespace: &str) -> StartApplication {
 }
 
 fn service(c: &RealBackend, clock: &ManualClock) -> Applications {
-    applications(c.service_client(), clock, c.service_options())
+    applications(c.service_client(), clock, c.service_settings())
 }
 
 /// Moves the clock a batch delay at a time until the cluster has `n` executors of `app` and the

@@ -43,7 +43,7 @@ async fn replica_of(
     serve_with(
         BIN,
         kubeconfig,
-        &c.service_options().registrations,
+        &c.service_settings().registrations,
         &[
             ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity),
             ("SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS", "3000"),

@@ -38,7 +38,7 @@ mod a_registration_written_back_after_stop_is_not_resumed {
 /// The service core on `c`, recording into `metrics`.
 fn service(c: &impl Cluster, clock: &ManualClock, metrics: &Metrics) -> Applications {
     Builder::new(c.service_client(), Arc::new(clock.clone()))
-        .with_options(c.service_options())
+        .with_settings(&c.service_settings())
         .with_metrics(metrics.clone())
         .build()
         .into_applications()

@@ -81,11 +81,9 @@ async fn applications_in_one_namespace_share_a_watch_but_not_pods() {
 async fn start_is_idempotent_and_checks_its_inputs() {
     let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
-    let options = ServiceOptions {
-        allowed_namespaces: BTreeSet::from([NS.to_string(), "other".to_string()]),
-        ..ServiceOptions::default()
-    };
-    let apps = applications(&sim, &clock, options);
+    let mut config = Settings::default();
+    config.allowed_namespaces = vec![NS.to_string(), "other".to_string()];
+    let apps = applications(&sim, &clock, config);
     let first = apps.start(request("app-i", NS)).await.unwrap();
     assert!(!first.resumed);
     let again = apps.start(request("app-i", NS)).await.unwrap();

@@ -20,7 +20,7 @@ async fn a_restarted_service_resumes_without_reusing_ids() {
         "shutdown keeps pods"
     );
 
-    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let restarted = applications(&h.sim, &h.clock, Settings::default());
     let started = restarted.start(request("app-r", NS)).await.unwrap();
     assert!(started.resumed);
     assert_eq!(started.last_executor_id, 5);
@@ -68,7 +68,7 @@ async fn a_resumed_application_reports_its_executors_before_any_target() {
     .await;
     h.apps.shutdown().await;
 
-    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let restarted = applications(&h.sim, &h.clock, Settings::default());
     let started = start(&restarted, req).await;
     assert!(started.resumed);
     // Once the resumed pods are in a round's snapshot, GetStatus shows them (profile 0 has
@@ -125,7 +125,7 @@ async fn a_restarted_service_never_reuses_the_ids_of_pods_already_gone() {
     }
     assert_eq!(cluster_ids(&h.sim, NS, "app-gone").await, range(1, 3));
 
-    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let restarted = applications(&h.sim, &h.clock, Settings::default());
     let started = restarted.start(req).await.unwrap();
     assert!(started.resumed);
     assert_eq!(started.last_executor_id, 5, "ids 4 and 5 were handed out");
@@ -232,7 +232,7 @@ async fn without_a_driver_pod_a_restarted_service_never_reuses_the_ids_of_pods_a
     }
     assert_eq!(cluster_ids(&h.sim, NS, app).await, range(1, 3));
 
-    let restarted = applications(&h.sim, &h.clock, ServiceOptions::default());
+    let restarted = applications(&h.sim, &h.clock, Settings::default());
     let started = restarted.start(request(app, NS)).await.unwrap();
     assert!(started.resumed);
     assert_eq!(started.last_executor_id, 5, "ids 4 and 5 were handed out");

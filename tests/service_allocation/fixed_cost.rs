@@ -3,6 +3,7 @@
 //! number of applications.
 use super::*;
 use spark_pod_allocator::allocator::ExecutorState;
+use spark_pod_allocator::config::Settings;
 
 /// Executors per application.
 const EXECUTORS: u32 = 2;
@@ -19,7 +20,7 @@ async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
     settings.namespaces = vec![NS.to_string()];
     let sim = test_kit::sim::start(settings).await;
     let clock = ManualClock::starting_now();
-    let apps = applications(&sim, &clock, ServiceOptions::default());
+    let apps = applications(&sim, &clock, Settings::default());
     let names: Vec<String> = (0..count).map(|k| format!("app-{k}")).collect();
     for app in &names {
         start(&apps, request(app, NS)).await;

@@ -102,12 +102,10 @@ async fn the_actor_answers_while_rate_limited_creates_are_in_flight() {
     let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
     // One create per second: 30 creates would take half a minute.
-    let options = ServiceOptions {
-        qps: 1,
-        burst: 1,
-        ..ServiceOptions::default()
-    };
-    let apps = applications(&sim, &clock, options);
+    let mut config = Settings::default();
+    config.kubernetes.qps = 1;
+    config.kubernetes.burst = 1;
+    let apps = applications(&sim, &clock, config);
     let mut req = request("app-slow", NS);
     req.settings.batch_size = 30;
     start(&apps, req).await;
@@ -280,18 +278,16 @@ async fn a_create_refused_429_ends_its_round_and_the_next_waits_for_retry_after(
     let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
     // No client-side cap: only the API server's answers hold the creates back.
-    let options = ServiceOptions {
-        qps: 1_000_000,
-        burst: 1_000_000,
-        create_concurrency: 8,
-        ..ServiceOptions::default()
-    };
+    let mut settings = Settings::default();
+    settings.kubernetes.qps = 1_000_000;
+    settings.kubernetes.burst = 1_000_000;
+    settings.kubernetes.create_concurrency = 8;
     // Built as the service builds its client: kube's own retry layer off, so a 429 is
     // answered to the service and not retried behind its back.
     let mut config = sim.kube_config();
     config.default_retry = false;
     let client = spark_pod_allocator::k8s::client(config).expect("client");
-    let apps = test_kit::service::applications(client, &clock, options);
+    let apps = test_kit::service::applications(client, &clock, settings);
     let app = "app-shed";
     let mut req = request(app, NS);
     req.settings.batch_size = 200;

@@ -18,7 +18,8 @@ use serde_json::json;
 use spark_pod_allocator::allocator::{
     AllocationPolicy, ExecutorId, ExecutorState, ResourceProfileId,
 };
-use spark_pod_allocator::app::{AppError, Applications, Clock, ManualClock, ServiceOptions};
+use spark_pod_allocator::app::{AppError, Applications, Clock, ManualClock};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::naming::stable_hash;
 use spark_pod_allocator::runtime::Builder;
 use spark_pod_allocator_sim::{FaultSettings, SimCluster};
@@ -44,8 +45,8 @@ async fn manual_cluster() -> SimCluster {
     test_kit::sim::start(settings).await
 }
 
-fn applications(sim: &SimCluster, clock: &ManualClock, options: ServiceOptions) -> Applications {
-    test_kit::service::applications(sim.try_client().expect("sim client"), clock, options)
+fn applications(sim: &SimCluster, clock: &ManualClock, config: Settings) -> Applications {
+    test_kit::service::applications(sim.try_client().expect("sim client"), clock, config)
 }
 
 /// The periodic LIST of the harness's service: the scenarios count on one every 30 s of
@@ -55,11 +56,9 @@ const RESYNC: Duration = Duration::from_secs(30);
 async fn harness() -> Harness {
     let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
-    let options = ServiceOptions {
-        resync_interval: RESYNC,
-        ..ServiceOptions::default()
-    };
-    let apps = applications(&sim, &clock, options);
+    let mut config = Settings::default();
+    config.resync_interval_ms = u64::try_from(RESYNC.as_millis()).expect("resync in ms");
+    let apps = applications(&sim, &clock, config);
     Harness { sim, clock, apps }
 }
 

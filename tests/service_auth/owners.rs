@@ -193,7 +193,7 @@ async fn the_owner_is_kept_in_the_registration_and_survives_a_restart() {
     let app = "spark-kept";
     alice_starts(&mut h, app, 1).await;
     let client = h.sim.try_client().expect("client");
-    let service_ns = h.options.registrations.namespace().to_string();
+    let service_ns = h.settings.registrations.namespace().to_string();
     let clock = h.clock.clone();
     until("the registration is written with its owner", || {
         let (client, service_ns, clock) = (client.clone(), service_ns.clone(), clock.clone());

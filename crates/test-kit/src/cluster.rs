@@ -20,7 +20,7 @@ use spark_pod_allocator_sim::SimCluster;
 use tokio::sync::OnceCell;
 
 use crate::apiserver::{self, RealApiServer};
-use spark_pod_allocator::app::ServiceOptions;
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::k8s::RegistrationSettings;
 
 /// Where a scenario runs: an API server, a client for the service, one for the test (as
@@ -38,17 +38,16 @@ pub trait Cluster {
     fn other_namespace(&self) -> &str;
     /// The service's own namespace, where it keeps registrations and their key.
     fn service_namespace(&self) -> &str;
-    /// The service's options on this backend: defaults, with registrations in
+    /// The service's configuration on this backend: defaults, with registrations in
     /// [`Cluster::service_namespace`] (on the real server, as the chart configures them, where
     /// its rights are).
-    fn service_options(&self) -> ServiceOptions {
-        ServiceOptions {
-            registrations: RegistrationSettings {
-                namespace: Some(self.service_namespace().to_string()),
-                ..RegistrationSettings::default()
-            },
-            ..ServiceOptions::default()
-        }
+    fn service_settings(&self) -> Settings {
+        let mut settings = Settings::default();
+        settings.registrations = RegistrationSettings {
+            namespace: Some(self.service_namespace().to_string()),
+            ..RegistrationSettings::default()
+        };
+        settings
     }
     /// Checks what only the backend can check after a scenario (the real server's audit log).
     fn finish(&self) -> impl std::future::Future<Output = ()>;
@@ -271,11 +270,10 @@ impl Cluster for RealBackend {
     fn service_namespace(&self) -> &str {
         RELEASE_NAMESPACE
     }
-    fn service_options(&self) -> ServiceOptions {
-        ServiceOptions {
-            registrations: self.shared.rbac.registrations.clone(),
-            ..ServiceOptions::default()
-        }
+    fn service_settings(&self) -> Settings {
+        let mut settings = Settings::default();
+        settings.registrations = self.shared.rbac.registrations.clone();
+        settings
     }
     /// Every request the service's account made (in the whole shared server's log) is allowed
     /// by the chart's rules and none was refused; this scenario's own are among them.

@@ -10,8 +10,9 @@ use tokio::net::TcpListener;
 use tonic::transport::{Channel, Endpoint};
 
 use spark_pod_allocator::allocator::Timestamp;
-use spark_pod_allocator::app::{Applications, ManualClock, ServiceOptions};
+use spark_pod_allocator::app::{Applications, ManualClock};
 use spark_pod_allocator::auth::{AuthSettings, Gate};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::grpc::ServeSettings;
 use spark_pod_allocator::grpc::forward::{Forwarder, PeerSettings};
 use spark_pod_allocator::k8s;
@@ -25,8 +26,8 @@ pub const TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  -
 
 /// A running simulator + service + gRPC server and a client of it; dropping it stops them.
 pub struct Harness {
-    /// The options every service of this harness runs with (a restart keeps them).
-    pub options: ServiceOptions,
+    /// The configuration every service of this harness runs with (a restart keeps it).
+    pub settings: Settings,
     pub sim: SimCluster,
     pub applications: Applications,
     pub clock: ManualClock,
@@ -39,6 +40,8 @@ pub struct Harness {
     pub auth: Option<AuthSettings>,
     /// The running service; `None` once it has stopped.
     service: Option<Service>,
+    /// What the service's builder is given beyond the configuration (a restart keeps it).
+    tune: fn(Builder) -> Builder,
 }
 
 /// A cluster whose nodes do nothing on their own (pods stay Pending), as a real API server
@@ -55,16 +58,30 @@ impl Harness {
     }
 
     pub async fn start_with(sim_settings: SimSettings, serve_settings: ServeSettings) -> Self {
-        Self::start_with_options(sim_settings, serve_settings, ServiceOptions::default()).await
+        Self::start_with_config(sim_settings, serve_settings, Settings::default()).await
     }
 
-    /// A harness whose service runs with `options` (request deadline, rate limit, …).
-    pub async fn start_with_options(
+    /// A harness whose service runs with the configuration `settings` (request deadline,
+    /// rate limit, …).
+    pub async fn start_with_config(
         sim_settings: SimSettings,
         serve_settings: ServeSettings,
-        options: ServiceOptions,
+        settings: Settings,
     ) -> Self {
-        Self::start_full(sim_settings, serve_settings, options, None).await
+        Self::start_full(sim_settings, serve_settings, settings, None, |builder| {
+            builder
+        })
+        .await
+    }
+
+    /// [`Self::start_with_config`] with `tune` given the service's builder, for what is not
+    /// a setting (a WatchExecutors stream's buffer, a request's retry pause).
+    pub async fn start_tuned(
+        sim_settings: SimSettings,
+        settings: Settings,
+        tune: fn(Builder) -> Builder,
+    ) -> Self {
+        Self::start_full(sim_settings, ServeSettings::default(), settings, None, tune).await
     }
 
     /// A harness whose service authenticates callers with the simulator's TokenReview and
@@ -73,8 +90,9 @@ impl Harness {
         Self::start_full(
             sim_settings,
             ServeSettings::default(),
-            ServiceOptions::default(),
+            Settings::default(),
             Some(auth),
+            |builder| builder,
         )
         .await
     }
@@ -89,35 +107,53 @@ impl Harness {
         Self::start_full(
             sim_settings,
             serve_settings,
-            ServiceOptions::default(),
+            Settings::default(),
             Some(auth),
+            |builder| builder,
         )
         .await
     }
 
-    /// [`Self::start_with_auth`] with the service's `options` (tenant limits, rate limit, …).
-    pub async fn start_with_auth_and_options(
+    /// [`Self::start_with_auth`] with the service's configuration `settings` (tenant
+    /// limits, rate limit, …).
+    pub async fn start_with_auth_and_config(
         sim_settings: SimSettings,
         auth: AuthSettings,
-        options: ServiceOptions,
+        settings: Settings,
     ) -> Self {
-        Self::start_full(sim_settings, ServeSettings::default(), options, Some(auth)).await
+        Self::start_full(
+            sim_settings,
+            ServeSettings::default(),
+            settings,
+            Some(auth),
+            |builder| builder,
+        )
+        .await
     }
 
     async fn start_full(
         sim_settings: SimSettings,
         serve_settings: ServeSettings,
-        options: ServiceOptions,
+        settings: Settings,
         auth: Option<AuthSettings>,
+        tune: fn(Builder) -> Builder,
     ) -> Self {
         let sim = SimCluster::start(sim_settings)
             .await
             .expect("simulated cluster");
         let clock = ManualClock::new(Timestamp(1_700_000_000_000));
-        let service = serve(&sim, &clock, serve_settings, options.clone(), auth.as_ref()).await;
+        let service = serve_tuned(
+            &sim,
+            &clock,
+            serve_settings,
+            settings.clone(),
+            auth.as_ref(),
+            tune,
+        )
+        .await;
         let (channel, client) = connect(service.address()).await;
         Self {
-            options,
+            settings,
             sim,
             applications: service.applications().clone(),
             clock,
@@ -127,6 +163,7 @@ impl Harness {
             client,
             auth,
             service: Some(service),
+            tune,
         }
     }
 
@@ -134,12 +171,13 @@ impl Harness {
     /// its own, on the same cluster: a restarted service.
     pub async fn restart(&mut self) {
         self.stop_server().await;
-        let service = serve(
+        let service = serve_tuned(
             &self.sim,
             &self.clock,
             ServeSettings::default(),
-            self.options.clone(),
+            self.settings.clone(),
             self.auth.as_ref(),
+            self.tune,
         )
         .await;
         (self.channel, self.client) = connect(service.address()).await;
@@ -256,15 +294,30 @@ pub fn assert_invalid(status: &tonic::Status, field: &str) {
 
 /// Starts a service on `sim`'s cluster with time from `clock` and its gRPC server on
 /// 127.0.0.1:0, built as `main` builds it ([`Builder`]): it advertises the address it is
-/// bound to (unless `options.ha` names one) and forwards calls for applications of shards
-/// other replicas hold (`options.ha`'s peer settings); with `auth`, callers are
+/// bound to (unless `settings.ha` names one) and forwards calls for applications of shards
+/// other replicas hold (`settings.ha`'s peer settings); with `auth`, callers are
 /// authenticated and authorized by the simulator's reviews.
 pub async fn serve(
     sim: &SimCluster,
     clock: &ManualClock,
-    mut serve_settings: ServeSettings,
-    mut options: ServiceOptions,
+    serve_settings: ServeSettings,
+    settings: Settings,
     auth: Option<&AuthSettings>,
+) -> Service {
+    serve_tuned(sim, clock, serve_settings, settings, auth, |builder| {
+        builder
+    })
+    .await
+}
+
+/// [`serve`] with `tune` given the service's builder.
+pub async fn serve_tuned(
+    sim: &SimCluster,
+    clock: &ManualClock,
+    mut serve_settings: ServeSettings,
+    mut settings: Settings,
+    auth: Option<&AuthSettings>,
+    tune: fn(Builder) -> Builder,
 ) -> Service {
     // The service's own client, as `main` builds it (its User-Agent).
     let client = || k8s::client(sim.kube_config()).expect("the service's client");
@@ -273,10 +326,10 @@ pub async fn serve(
     }
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
     let bound = listener.local_addr().expect("bound address");
-    options.ha.resolve_advertise_address(None, bound);
-    let peers = PeerSettings::load(&options.ha).expect("ha.peer_ca_file");
-    let core = Builder::new(client(), Arc::new(clock.clone()))
-        .with_options(options)
+    settings.ha.resolve_advertise_address(None, bound);
+    let peers = PeerSettings::load(&settings.ha).expect("ha.peer_ca_file");
+    let core = tune(Builder::new(client(), Arc::new(clock.clone())))
+        .with_settings(&settings)
         .with_metrics(serve_settings.metrics.clone())
         .build();
     serve_settings.forwarder = Forwarder::new(

@@ -13,9 +13,8 @@ use spark_pod_allocator::allocator::{
     AllocationPolicy, AllocationSettings, ExecutorId, ExecutorPod, ResourceProfileId,
 };
 use spark_pod_allocator::app::registration::Registration;
-use spark_pod_allocator::app::{
-    AppId, Applications, ManualClock, ServiceOptions, StartApplication, Started,
-};
+use spark_pod_allocator::app::{AppId, Applications, ManualClock, StartApplication, Started};
+use spark_pod_allocator::config::Settings;
 use spark_pod_allocator::k8s::RegistrationStore;
 use spark_pod_allocator::k8s::registrations::{PROOF_KEY, REGISTRATION_KEY};
 use spark_pod_allocator::runtime::Builder;
@@ -31,19 +30,15 @@ pub const BATCH_DELAY: Duration = Duration::from_secs(1);
 
 /// The registry of a service whose client is `client` and whose time is `clock`, without
 /// its gRPC server (so no one waits for its readiness).
-pub fn applications(
-    client: kube::Client,
-    clock: &ManualClock,
-    options: ServiceOptions,
-) -> Applications {
+pub fn applications(client: kube::Client, clock: &ManualClock, settings: Settings) -> Applications {
     Builder::new(client, Arc::new(clock.clone()))
-        .with_options(options)
+        .with_settings(&settings)
         .build()
         .into_applications()
 }
 
 /// The ConfigMap holding the registration of `app` (of `app_namespace`), in the
-/// service's namespace `service_namespace` (`default` unless the test's options say
+/// service's namespace `service_namespace` (`default` unless the test's configuration says
 /// otherwise), if there is one.
 pub async fn registration_config_map(
     client: &kube::Client,

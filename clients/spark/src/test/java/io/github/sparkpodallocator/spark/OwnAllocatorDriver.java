@@ -5,7 +5,7 @@ import org.apache.spark.SparkContext;
 
 /**
  * A Spark driver that allocates its executors with Spark's own {@code ExecutorPodsAllocator}
- * (no plugin), for {@code spark-pod-allocator bench control-plane}: client mode, Spark's
+ * (no plugin), for {@code spark-pod-allocator-bench control-plane}: client mode, Spark's
  * allocation defaults, a static number of executors. On kwok nodes its executor pods go
  * Running without a JVM, so what it does to the API server is real while nothing registers.
  * It holds the executors until its stdin closes, then stops (Spark deletes its pods).

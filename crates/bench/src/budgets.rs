@@ -33,11 +33,11 @@ use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 use super::harness::{Latencies, SimProcess, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::allocator::types::{APP_ID_LABEL, EXECUTOR_ID_LABEL};
-use crate::app::ServiceOptions;
-use crate::app::budgets::{BudgetEntry, BudgetPolicy};
-use crate::metrics::Metrics;
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::allocator::types::{APP_ID_LABEL, EXECUTOR_ID_LABEL};
+use spark_pod_allocator::app::budgets::BudgetEntry;
+use spark_pod_allocator::config::Settings;
+use spark_pod_allocator::metrics::Metrics;
 
 /// The namespace the applications share ([`start_app`] starts them there).
 const NAMESPACE: &str = "default";
@@ -242,25 +242,21 @@ async fn run_once(
     let n = demand.len();
     let capacity = bench.max_target * bench.applications + 100;
     let sim = SimProcess::start(capacity).await?;
-    let mut options = ServiceOptions::default();
+    let mut config = Settings::default();
     if with_budget {
-        options.budgets = BudgetPolicy::check(
-            &[BudgetEntry {
-                name: None,
-                namespace: Some(NAMESPACE.into()),
-                queue: None,
-                namespaces: Vec::new(),
-                max_executors: u64::from(bench.max_executors),
-                max_pending: None,
-                max_cpu: None,
-                max_memory: None,
-            }],
-            None,
-            crate::app::budgets::DEFAULT_MAX_WEIGHT,
-        )
-        .map_err(|(key, error)| anyhow::anyhow!("{key}: {error}"))?;
+        config.budgets = vec![BudgetEntry {
+            name: None,
+            namespace: Some(NAMESPACE.into()),
+            queue: None,
+            namespaces: Vec::new(),
+            max_executors: u64::from(bench.max_executors),
+            max_pending: None,
+            max_cpu: None,
+            max_memory: None,
+        }];
+        config.budget_policy()?;
     } else {
-        options.budgets.follow_quotas = false;
+        config.budgets_follow_quotas = false;
         let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "executors"},
             "spec": {"hard": {"pods": bench.max_executors.to_string()}}
@@ -271,7 +267,7 @@ async fn run_once(
             .context("creating the ResourceQuota")?;
     }
     let metrics = Metrics::new();
-    let apps = sim.service_with_metrics(options, metrics.clone());
+    let apps = sim.service_with_metrics(&config, metrics.clone());
     let mut ids = Vec::new();
     for i in 0..n {
         ids.push(start_app(&apps, &format!("app-{i:02}"), AllocationSettings::default()).await?);

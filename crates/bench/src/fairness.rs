@@ -8,8 +8,9 @@
 use std::time::{Duration, Instant};
 
 use super::harness::{Latencies, SimProcess, ms, report, set_target, start_app};
-use crate::allocator::{AllocationSettings, ExecutorId};
-use crate::app::{AppId, Applications, ServiceOptions};
+use spark_pod_allocator::allocator::{AllocationSettings, ExecutorId};
+use spark_pod_allocator::app::{AppId, Applications};
+use spark_pod_allocator::config::Settings;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -32,7 +33,7 @@ pub async fn run(bench: &FairnessBench) -> anyhow::Result<()> {
         bench.applications, bench.executors_each
     );
     let sim = SimProcess::start(total + 100).await?;
-    let apps = sim.service(ServiceOptions::default());
+    let apps = sim.service(&Settings::default());
     let settings = AllocationSettings::default();
     let mut ids = Vec::new();
     for i in 0..bench.applications {
@@ -74,7 +75,7 @@ pub async fn run(bench: &FairnessBench) -> anyhow::Result<()> {
 /// creates queue at the rate limit. Prints the small one's time to its first pod.
 async fn small_behind_big(big: u32) -> anyhow::Result<()> {
     let sim = SimProcess::start(big + 100).await?;
-    let apps = sim.service(ServiceOptions::default());
+    let apps = sim.service(&Settings::default());
     let settings = AllocationSettings {
         batch_size: 1000,
         ..AllocationSettings::default()

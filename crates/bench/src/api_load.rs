@@ -597,7 +597,7 @@ process_cpu_seconds_total_other 3
 
     #[test]
     fn the_service_side_counts_the_service_and_its_drivers() {
-        let service = crate::k8s::replica_user_agent("bench-load-svc-1-0-0");
+        let service = spark_pod_allocator::k8s::replica_user_agent("bench-load-svc-1-0-0");
         let driver = "fabric8-kubernetes-client/7.1.0";
         assert!(SideKind::Service.sent(&service));
         assert!(SideKind::Service.sent(driver));

@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
 use super::harness::{SimProcess, rss_bytes, running, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::app::{ServiceOptions, TenantLimits};
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::app::TenantLimits;
+use spark_pod_allocator::config::Settings;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -35,18 +36,16 @@ pub async fn run(bench: &StreamsBench) -> anyhow::Result<()> {
         bench.streams, bench.churn, bench.buffer_bytes
     );
     let sim = SimProcess::start(n).await?;
-    let options = ServiceOptions {
-        qps: 1_000_000,
-        burst: 1_000_000,
-        create_concurrency: 64,
-        tenants: TenantLimits {
-            max_watch_streams: usize::try_from(bench.streams).unwrap_or(usize::MAX) + 1,
-            watch_stream_buffer_bytes: bench.buffer_bytes,
-            ..TenantLimits::default()
-        },
-        ..ServiceOptions::default()
+    let mut config = Settings::default();
+    config.kubernetes.qps = 1_000_000;
+    config.kubernetes.burst = 1_000_000;
+    config.kubernetes.create_concurrency = 64;
+    config.tenants = TenantLimits {
+        max_watch_streams: usize::try_from(bench.streams).unwrap_or(usize::MAX) + 1,
+        watch_stream_buffer_bytes: bench.buffer_bytes,
+        ..TenantLimits::default()
     };
-    let apps = sim.service(options);
+    let apps = sim.service(&config);
     let settings = AllocationSettings {
         batch_size: 1000,
         batch_delay: Duration::from_millis(200),

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::harness::{Latencies, SimProcess, ms, report, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::app::{AppId, ServiceOptions};
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::app::AppId;
+use spark_pod_allocator::config::Settings;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -22,12 +23,10 @@ pub async fn run(bench: &ManyAppsBench) -> anyhow::Result<()> {
     let n = bench.applications;
     println!("many applications: {n}, rate limit {}/s", bench.qps);
     let sim = SimProcess::start(n + 100).await?;
-    let options = ServiceOptions {
-        qps: bench.qps,
-        burst: bench.qps * 2,
-        ..ServiceOptions::default()
-    };
-    let apps = sim.service(options);
+    let mut config = Settings::default();
+    config.kubernetes.qps = bench.qps;
+    config.kubernetes.burst = bench.qps * 2;
+    let apps = sim.service(&config);
     let started = Instant::now();
     let ids: Vec<AppId> = futures::stream::iter(0..n)
         .map(|i| {

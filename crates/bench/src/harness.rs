@@ -10,13 +10,37 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::allocator::{AllocationSettings, ResourceProfileId};
-use crate::app::{AppId, Applications, ServiceOptions, StartApplication, SystemClock};
-use crate::metrics::Metrics;
-use crate::proto::executor_allocator_client::ExecutorAllocatorClient;
-use crate::runtime::Builder;
+use spark_pod_allocator::allocator::{AllocationSettings, ResourceProfileId};
+use spark_pod_allocator::app::{AppId, Applications, StartApplication, SystemClock};
+use spark_pod_allocator::config::Settings;
+use spark_pod_allocator::metrics::Metrics;
+use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClient;
+use spark_pod_allocator::runtime::Builder;
 
-/// The simulated cluster, run by this binary's `simulate` in a child process (killed
+/// The service's binary, which the scenarios run in child processes: `SPARK_POD_ALLOCATOR_BIN`,
+/// else `spark-pod-allocator` beside this binary (`cargo build --release --workspace --bins`
+/// builds both into `target/release`).
+pub fn service_binary() -> anyhow::Result<PathBuf> {
+    let path = match std::env::var_os("SPARK_POD_ALLOCATOR_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()
+            .context("this binary's path")?
+            .with_file_name(format!(
+                "spark-pod-allocator{}",
+                std::env::consts::EXE_SUFFIX
+            )),
+    };
+    if !path.is_file() {
+        bail!(
+            "the service binary {} is missing: build it beside this one \
+             (`cargo build --release --workspace --bins`) or name it in SPARK_POD_ALLOCATOR_BIN",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The simulated cluster, run by the service binary's `simulate` in a child process (killed
 /// when dropped).
 pub struct SimProcess {
     child: tokio::process::Child,
@@ -36,7 +60,7 @@ impl SimProcess {
             listener.local_addr()?.port()
         };
         let nodes = pods.div_ceil(500).max(1);
-        let child = tokio::process::Command::new(std::env::current_exe()?)
+        let child = tokio::process::Command::new(service_binary()?)
             .args(["simulate", "--listen", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -69,7 +93,7 @@ impl SimProcess {
             else {
                 continue;
             };
-            let client = crate::k8s::client(config)?;
+            let client = spark_pod_allocator::k8s::client(config)?;
             if client.apiserver_version().await.is_ok() {
                 break client;
             }
@@ -83,15 +107,15 @@ impl SimProcess {
     }
 
     /// The service core (applications, shared watches, rate limit) against this cluster.
-    pub fn service(&self, options: ServiceOptions) -> Applications {
-        self.service_with_metrics(options, Metrics::default())
+    pub fn service(&self, config: &Settings) -> Applications {
+        self.service_with_metrics(config, Metrics::default())
     }
 
     /// [`Self::service`] recording into `metrics`, for a scenario that reads the service's
     /// counters (its refused creates).
-    pub fn service_with_metrics(&self, options: ServiceOptions, metrics: Metrics) -> Applications {
+    pub fn service_with_metrics(&self, config: &Settings, metrics: Metrics) -> Applications {
         Builder::new(self.client.clone(), Arc::new(SystemClock))
-            .with_options(options)
+            .with_settings(config)
             .with_metrics(metrics)
             .build()
             .into_applications()
@@ -103,7 +127,7 @@ impl SimProcess {
     }
 }
 
-/// This binary's `serve` in a child process (killed when dropped): loopback, no
+/// The service binary's `serve` in a child process (killed when dropped): loopback, no
 /// authentication, its kubeconfig and any other settings from the environment.
 pub struct ServeProcess {
     pub child: tokio::process::Child,
@@ -140,7 +164,7 @@ impl ServeProcess {
                 None => Stdio::null(),
             })
         };
-        let child = tokio::process::Command::new(std::env::current_exe()?)
+        let child = tokio::process::Command::new(service_binary()?)
             .args(["serve", "--listen", &address.to_string()])
             .env("SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig)
             .env("SPARK_POD_ALLOCATOR__LOG__FILTER", &filter)
@@ -156,7 +180,7 @@ impl ServeProcess {
         wait_for("`serve` to serve", Duration::from_secs(60), || {
             let channel = channel.clone();
             async move {
-                let watch = crate::runtime::wait_until_serving(channel);
+                let watch = spark_pod_allocator::runtime::wait_until_serving(channel);
                 Ok(tokio::time::timeout(Duration::from_secs(5), watch)
                     .await
                     .is_ok_and(|served| served.is_ok()))

@@ -16,10 +16,13 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::plot::{self, Series};
-use crate::allocator::{AllocationPolicy, AllocationSettings, ExecutorState, ResourceProfileId};
-use crate::app::{AppId, Applications, ServiceOptions, StartApplication, SystemClock};
-use crate::metrics::Metrics;
-use crate::runtime::Builder;
+use spark_pod_allocator::allocator::{
+    AllocationPolicy, AllocationSettings, ExecutorState, ResourceProfileId,
+};
+use spark_pod_allocator::app::{AppId, Applications, StartApplication, SystemClock};
+use spark_pod_allocator::config::Settings;
+use spark_pod_allocator::metrics::Metrics;
+use spark_pod_allocator::runtime::Builder;
 use spark_pod_allocator_sim::{KubeletMode, SimCluster, SimSettings};
 
 /// `bench scale-up` options.
@@ -223,17 +226,15 @@ pub async fn scale_up(args: &Args, case: Case) -> anyhow::Result<Outcome> {
         .await
         .context("simulated cluster")?;
     let qps = (f64::from(args.qps) * scale).round() as u32;
-    let options = ServiceOptions {
-        qps,
-        burst: (f64::from(args.burst) * scale).round() as u32,
-        ..ServiceOptions::default()
-    };
+    let mut config = Settings::default();
+    config.kubernetes.qps = qps;
+    config.kubernetes.burst = (f64::from(args.burst) * scale).round() as u32;
     let metrics = Metrics::new();
     let apps = Builder::new(
-        crate::k8s::client(sim.kube_config())?,
+        spark_pod_allocator::k8s::client(sim.kube_config())?,
         Arc::new(SystemClock),
     )
-    .with_options(options)
+    .with_settings(&config)
     .with_metrics(metrics.clone())
     .build()
     .into_applications();

@@ -1,4 +1,4 @@
-//! Failover and forwarding: two replicas of this binary (`serve`, one shard) on the
+//! Failover and forwarding: two replicas of the service binary (`serve`, one shard) on the
 //! simulated cluster (a child process) or, with `--cluster real`, on the test control plane
 //! (kube-apiserver, kube-scheduler, kube-controller-manager, kwok nodes; the replicas act
 //! as its ordinary user, under API Priority and Fairness), one application scaling up
@@ -20,9 +20,9 @@ use kube::api::ListParams;
 
 use super::control_plane::{ClusterArgs, ControlPlane};
 use super::harness::{Latencies, ServeProcess, SimProcess, ms, report, wait_for};
-use crate::k8s::IdRecord;
-use crate::k8s::id_record::LAST_EXECUTOR_ID_KEY;
-use crate::proto;
+use spark_pod_allocator::k8s::IdRecord;
+use spark_pod_allocator::k8s::id_record::LAST_EXECUTOR_ID_KEY;
+use spark_pod_allocator::proto;
 
 /// What to run.
 #[derive(Debug, Clone)]

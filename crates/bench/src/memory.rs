@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use super::harness::{SimProcess, report, rss_bytes, running, set_target, start_app};
-use crate::allocator::AllocationSettings;
-use crate::app::ServiceOptions;
+use spark_pod_allocator::allocator::AllocationSettings;
+use spark_pod_allocator::config::Settings;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -30,15 +30,14 @@ pub async fn run(bench: &MemoryBench) -> anyhow::Result<()> {
     let sim = SimProcess::start(n).await?;
     // LISTs back to back at the interval whatever the pods followed: their memory is the
     // figure.
-    let options = ServiceOptions {
-        resync_interval: bench.resync_interval,
-        resync_pods_per_second: 0,
-        qps: 1_000_000,
-        burst: 1_000_000,
-        create_concurrency: 64,
-        ..ServiceOptions::default()
-    };
-    let apps = sim.service(options);
+    let mut config = Settings::default();
+    config.resync_interval_ms =
+        u64::try_from(bench.resync_interval.as_millis()).unwrap_or(u64::MAX);
+    config.resync_pods_per_second = 0;
+    config.kubernetes.qps = 1_000_000;
+    config.kubernetes.burst = 1_000_000;
+    config.kubernetes.create_concurrency = 64;
+    let apps = sim.service(&config);
     let settings = AllocationSettings {
         batch_size: 1000,
         batch_delay: Duration::from_millis(200),

@@ -40,7 +40,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use super::harness::{ServeProcess, wait_every};
 use super::plot::{self, Series};
 use super::summary::{self, Clock, Ratios, spread, verdict};
-use crate::proto;
+use spark_pod_allocator::proto;
 
 /// The User-Agent of the bench's own requests (namespaces, the watch); not counted.
 const OBSERVER_USER_AGENT: &str = "spark-pod-allocator-bench/observer";
@@ -847,11 +847,6 @@ impl ControlPlane {
         Ok(plane)
     }
 
-    /// Where the API server's and the Spark drivers' logs are.
-    pub fn log_dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     fn cluster_dir(&self) -> PathBuf {
         self.dir.path().join("cluster")
     }
@@ -1043,7 +1038,7 @@ impl ControlPlane {
 async fn client_of(kubeconfig: &Path, user_agent: &str) -> anyhow::Result<kube::Client> {
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    Ok(crate::k8s::client_as(config, user_agent)?)
+    Ok(spark_pod_allocator::k8s::client_as(config, user_agent)?)
 }
 
 /// Resolves Spark's jars and compiles the driver (once per Spark version).
@@ -1167,11 +1162,6 @@ impl RunningWatch {
         *self.count.borrow()
     }
 
-    /// When the first pod was seen.
-    pub fn first_seen(&self) -> Option<Instant> {
-        self.state.lock().ok()?.first_seen
-    }
-
     /// (seconds since `origin`, Running) samples.
     pub fn samples(&self, origin: Instant) -> Vec<(f64, u32)> {
         self.state
@@ -1288,12 +1278,12 @@ mod tests {
 
     #[test]
     fn each_contender_is_told_apart_by_its_user_agent() {
-        let service = crate::k8s::replica_user_agent("bench-uncapped-1-0");
+        let service = spark_pod_allocator::k8s::replica_user_agent("bench-uncapped-1-0");
         let spark = "fabric8-kubernetes-client/7.1.0";
         for (case, mine) in [
             (Case::Bare, BARE_USER_AGENT),
             (Case::ServiceUncapped, service.as_str()),
-            (Case::Adaptive, crate::k8s::USER_AGENT),
+            (Case::Adaptive, spark_pod_allocator::k8s::USER_AGENT),
             (Case::SparkOwn, spark),
         ] {
             assert!(case.sent(mine), "{case:?} sends as {mine}");

@@ -1,23 +1,43 @@
-//! `spark-pod-allocator bench <scenario>`: measurements against the simulated cluster, each
-//! printed with its goal and its ratio to a baseline or limit measured in the same run. One
-//! file per scenario; `harness` holds what they share (the simulator as a child process,
-//! RSS, latency summaries).
+//! `spark-pod-allocator-bench <scenario>`: measurements of the service against the simulated
+//! cluster or the real control plane, each printed with its goal and its ratio to a baseline
+//! or limit measured in the same run (docs/benchmarks.md). One file per scenario; `harness`
+//! holds what they share (the simulator and the service binary as child processes, RSS,
+//! latency summaries). A crate of its own so that the service's binary carries no plotting.
+#![forbid(unsafe_code)]
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Subcommand;
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use spark_pod_allocator::jemalloc;
 
-pub mod api_load;
-pub mod budgets;
-pub mod control_plane;
-pub mod failover;
-pub mod fairness;
-pub mod harness;
-pub mod many_apps;
-pub mod memory;
+mod api_load;
+mod budgets;
+mod control_plane;
+mod failover;
+mod fairness;
+mod harness;
+mod many_apps;
+mod memory;
 mod plot;
-pub mod scale_up;
-pub mod streams;
-pub mod summary;
+mod scale_up;
+mod streams;
+mod summary;
+
+/// The service's allocator, so that what the scenarios in this process measure is what the
+/// service keeps (`spark_pod_allocator::jemalloc`).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Measures one scenario (see docs/benchmarks.md).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
 
 /// The scenarios.
 #[derive(Debug, Subcommand)]
@@ -67,7 +87,7 @@ pub enum Scenario {
         #[arg(long, default_value_t = 5)]
         churn: u32,
         /// `tenants.watch_stream_buffer_bytes`.
-        #[arg(long, default_value_t = crate::app::tenants::STREAM_BUFFER_BYTES)]
+        #[arg(long, default_value_t = spark_pod_allocator::app::tenants::STREAM_BUFFER_BYTES)]
         buffer_bytes: usize,
     },
     /// Two replicas: forwarding's cost (IsDeleted through the non-owner against the owner),
@@ -241,4 +261,44 @@ pub async fn run(scenario: Scenario) -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(err) = init_tracing() {
+        eprintln!("error: {err:#}");
+        return ExitCode::from(2);
+    }
+    if let Err(err) = jemalloc::return_freed_memory_promptly() {
+        tracing::warn!(%err, "freed memory stays with the allocator until it is reused");
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.scenario)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Warnings only, on stderr (the figures go to stdout), unless `RUST_LOG` asks for more.
+fn init_tracing() -> anyhow::Result<()> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(value) if !value.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&value)
+            .with_context(|| format!("RUST_LOG={value:?} is not a valid filter"))?,
+        _ => tracing_subscriber::EnvFilter::new("warn"),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init()
+        .map_err(|err| anyhow::anyhow!("cannot install the logger: {err}"))
 }
