@@ -8,7 +8,8 @@
 //! in, up to the ceiling: what
 //! the service's create rate sends in [`CEILING_BATCH_DELAYS`] batch delays, so the rate
 //! limiter always has work queued but no request waits in it for long. A 429 or 5xx
-//! refusal halves it, and the halved size becomes its threshold: from there it grows by
+//! refusal halves it (once per batch delay: the refusals of one burst come one by one),
+//! and the halved size becomes its threshold: from there it grows by
 //! `batch_size` per window's worth of accepted creates, so it does not run straight back
 //! into the limit it just met (TCP's congestion avoidance). A quota refusal (403 "exceeded quota") resets
 //! it to `batch_size`, to double again up to the threshold.
@@ -85,6 +86,11 @@ pub struct CreateWindow {
     answers: VecDeque<(Timestamp, u64)>,
     /// How far back answers count: [`CEILING_BATCH_DELAYS`] batch delays.
     pace_span_ms: i64,
+    /// When an overload last halved the window: the refusals of one burst (every create
+    /// in flight then) come one by one and halve it once, as TCP halves once per window.
+    halved_at: Option<Timestamp>,
+    /// One batch delay: refusals within it of a halving belong to the same burst.
+    burst_ms: i64,
 }
 
 impl CreateWindow {
@@ -106,6 +112,8 @@ impl CreateWindow {
             accepted_past_threshold: 0,
             answers: VecDeque::new(),
             pace_span_ms: batch_delay_ms.saturating_mul(CEILING_BATCH_DELAYS as i64),
+            halved_at: None,
+            burst_ms: batch_delay_ms,
         }
     }
 
@@ -151,9 +159,14 @@ impl CreateWindow {
             .iter()
             .any(|r| matches!(r, CreateRefusal::Throttled | CreateRefusal::ServerError));
         if overloaded {
-            self.size = (self.size / 2).max(self.floor);
-            self.threshold = self.size;
-            self.accepted_past_threshold = 0;
+            let same_burst =
+                (self.halved_at).is_some_and(|at| now.millis_since(at) < self.burst_ms);
+            if !same_burst {
+                self.size = (self.size / 2).max(self.floor);
+                self.threshold = self.size;
+                self.accepted_past_threshold = 0;
+                self.halved_at = Some(now);
+            }
             return;
         }
         if outcomes.accepted > 0 && outcomes.refused.is_empty() {

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocator::start_blocker::{DELETED_WAITING_REASONS, container_waiting_for};
 use crate::allocator::{
-    ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId, StartBlocker, StuckExecutor,
-    Timestamp,
+    CreateOutcomes, CreateRefusal, ExecutorId, ExecutorPod, ExecutorState, ResourceProfileId,
+    StartBlocker, StuckExecutor, Timestamp,
 };
 use crate::k8s::CreateError;
 
@@ -289,6 +289,23 @@ pub fn create_failure_cause(err: &CreateError) -> Option<(Option<u16>, String, S
             (None, reason.into(), crate::k8s::describe_error(other))
         }
     })
+}
+
+/// What one create's result says of the API server's pace: accepted, or refused and why;
+/// `None` when it was not sent (stopped, shed, its id not recorded, the shard not owned).
+pub fn pace_outcome(result: &Result<(), CreateError>) -> Option<CreateOutcomes> {
+    match result {
+        Ok(()) => Some(CreateOutcomes {
+            accepted: 1,
+            refused: Vec::new(),
+        }),
+        // Not sent for want of an id record: nothing the API server said.
+        Err(CreateError::IdNotRecorded(_)) => None,
+        Err(err) => create_failure_cause(err).map(|(status, _, message)| CreateOutcomes {
+            accepted: 0,
+            refused: vec![CreateRefusal::of_status(status, &message)],
+        }),
+    }
 }
 
 #[cfg(test)]

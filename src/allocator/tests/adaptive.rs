@@ -88,10 +88,31 @@ fn the_window_doubles_to_its_ceiling_and_backs_off() {
     // batch 10, 1 s delay, 50 creates/s: ceiling 2 s of creates = 100.
     let mut window = CreateWindow::new(10, 1000, 50);
     assert_eq!((window.size(), window.ceiling()), (10, 100));
-    for (step, outcome, expected) in steps {
-        window.answered(&outcome, secs(0));
+    // A step a batch delay after the last: each refusal is a burst of its own.
+    for (at, (step, outcome, expected)) in (0..).zip(steps) {
+        window.answered(&outcome, secs(at));
         assert_eq!(window.size(), expected, "{step}");
     }
+}
+
+#[test]
+fn the_refusals_of_one_burst_halve_the_window_once() {
+    // batch 10, 1 s delay, 500 creates/s: ceiling 1,000.
+    let mut window = CreateWindow::new(10, 1000, 500);
+    window.answered(&accepted(150), secs(0));
+    assert_eq!(window.size(), 160);
+    // Every create in flight meets the same overload; their answers come one by one.
+    for _ in 0..20 {
+        window.answered(&refused(0, &[CreateRefusal::Throttled]), secs(1));
+    }
+    assert_eq!(window.size(), 80, "halved once, not 20 times");
+    window.answered(
+        &refused(0, &[CreateRefusal::ServerError]),
+        secs(1).plus(std::time::Duration::from_millis(999)),
+    );
+    assert_eq!(window.size(), 80, "still the same burst");
+    window.answered(&refused(0, &[CreateRefusal::Throttled]), secs(2));
+    assert_eq!(window.size(), 40, "a batch delay later: a new burst");
 }
 
 #[test]

@@ -7,8 +7,8 @@ use super::serve::ApplicationActor;
 use super::work::{CreateResults, UpkeepDone, UpkeepWork, Work, not_recorded};
 use crate::allocator::budget::{self, BudgetClaim, ExecutorCost};
 use crate::allocator::{
-    AllocationUse, CreateOutcomes, CreateRefusal, DeleteRequest, ExecutorId, ExecutorState,
-    ResourceProfileId, RoundPlan, SnapshotBatch, Timestamp, listed,
+    AllocationUse, CreateOutcomes, DeleteRequest, ExecutorId, ExecutorState, ResourceProfileId,
+    RoundPlan, SnapshotBatch, Timestamp, listed,
 };
 use crate::app::failures::create_failure_cause;
 use crate::k8s::{CreateError, ExecutorCreate};
@@ -426,21 +426,4 @@ impl ApplicationActor {
 /// (a 409 says a pod of that name exists; no answer says nothing).
 fn refused(err: &CreateError) -> bool {
     matches!(err, CreateError::Kubernetes(kube::Error::Api(status)) if status.code != 409)
-}
-
-/// What one create's result says of the API server's pace: accepted, or refused and why;
-/// `None` when it was not sent (stopped, shed, its id not recorded, the shard not owned).
-pub(super) fn pace_outcome(result: &Result<(), CreateError>) -> Option<CreateOutcomes> {
-    match result {
-        Ok(()) => Some(CreateOutcomes {
-            accepted: 1,
-            refused: Vec::new(),
-        }),
-        // Not sent for want of an id record: nothing the API server said.
-        Err(CreateError::IdNotRecorded(_)) => None,
-        Err(err) => create_failure_cause(err).map(|(status, _, message)| CreateOutcomes {
-            accepted: 0,
-            refused: vec![CreateRefusal::of_status(status, &message)],
-        }),
-    }
 }

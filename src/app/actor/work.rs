@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::parts::{ApplicationParts, Kubernetes};
-use super::round::pace_outcome;
 use crate::allocator::claims::owned_claim;
 use crate::allocator::{CreateOutcomes, ExecutorId, ListedClaim, listed};
+use crate::app::failures::pace_outcome;
 use crate::app::feed::{FULL_STATE_PAGE_SIZE, ListedPod};
 use crate::app::registration::Registration;
 use crate::k8s::{CreateError, ExecutorCreate, ExecutorPodClient, IdRecord, RegistrationStore};
