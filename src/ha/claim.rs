@@ -33,8 +33,8 @@ impl LeaseTiming {
     /// its renew deadline leaves after one retry period (4 s by default), never less than
     /// the retry period. A renewal that fails is tried again every retry period, so it still
     /// has several tries before the owner must stop. Replicas that do not hold the shard
-    /// read it every retry period: how late they see its last renewal is what a failover
-    /// waits beyond the lease, and that, not the owner's pace, keeps the failover short.
+    /// see its last renewal when their watch delivers it and decide every retry period:
+    /// that, not the owner's pace, bounds what a failover waits beyond the lease.
     pub fn renewal(&self) -> Duration {
         self.retry
             .max(self.renew_deadline.saturating_sub(self.retry) / 2)

@@ -1,8 +1,13 @@
 //! The service's fixed cost: at steady state (every application at its target, its
 //! executors Running) the requests it sends per minute of its clock do not grow with the
-//! number of applications.
+//! number of applications; and the replicas that do not hold a shard follow its Lease by
+//! a watch, so the Lease requests at steady state are the owners' renewals alone.
 use super::*;
 use spark_pod_allocator::allocator::ExecutorState;
+use spark_pod_allocator::ha::HaSettings;
+use spark_pod_allocator::k8s::leases::spawn_keepers;
+use spark_pod_allocator::lifecycle::Initialize;
+use tokio_util::sync::CancellationToken;
 
 /// Executors per application.
 const EXECUTORS: u32 = 2;
@@ -10,38 +15,43 @@ const EXECUTORS: u32 = 2;
 /// Minutes of the service's clock measured at steady state.
 const MINUTES: u64 = 20;
 
-/// The requests the service sent (Lease requests aside: they follow the real clock, one
-/// renewal per retry period whatever the applications) while its clock moved `MINUTES`
-/// at steady state with `count` applications of one namespace, by (verb, resource).
+/// Applications started at once.
+const STARTS_AT_ONCE: usize = 16;
+
+/// Every request the service sent (pods, registrations, quotas, Leases: by every client)
+/// while its clock moved `MINUTES` at steady state with `count` applications of one
+/// namespace, by (verb, resource).
 async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
     let mut settings = test_kit::sim::manual_settings();
     settings.kubelet.mode = spark_pod_allocator_sim::KubeletMode::Auto;
     settings.namespaces = vec![NS.to_string()];
     let sim = test_kit::sim::start(settings).await;
     let clock = ManualClock::starting_now();
-    let apps = applications(&sim, &clock, ServiceOptions::default());
+    // One namespace of them all: its watches and periodic LIST are the same for 1 or 500.
+    let mut options = ServiceOptions::default();
+    options.tenants.max_applications_per_namespace = count;
+    options.tenants.max_applications_per_identity = count;
+    let apps = applications(&sim, &clock, options);
     let names: Vec<String> = (0..count).map(|k| format!("app-{k}")).collect();
-    for app in &names {
-        start(&apps, request(app, NS)).await;
-        test_kit::service::set_targets_and_round(&apps, app, targets(EXECUTORS)).await;
-    }
-    for app in &names {
-        until(&format!("{app}'s executors Running"), async || {
-            let snapshot = apps.snapshot(&id(app)).await.expect("snapshot");
-            let running = (snapshot.executors.values())
-                .filter(|e| e.state == ExecutorState::Running)
-                .count();
-            running == EXECUTORS as usize
+    futures::stream::iter(&names)
+        .for_each_concurrent(STARTS_AT_ONCE, async |app| {
+            start(&apps, request(app, NS)).await;
+            test_kit::service::set_targets_and_round(&apps, app, targets(EXECUTORS)).await;
+            until(&format!("{app}'s executors Running"), async || {
+                let snapshot = apps.snapshot(&id(app)).await.expect("snapshot");
+                let running = (snapshot.executors.values())
+                    .filter(|e| e.state == ExecutorState::Running)
+                    .count();
+                running == EXECUTORS as usize
+            })
+            .await;
         })
         .await;
-    }
     let counted = || -> BTreeMap<(String, String), u64> {
         let mut by_verb = BTreeMap::new();
         // Every client's: the test sends none meanwhile.
         for ((_, verb, resource), n) in sim.requests() {
-            if resource != "leases" {
-                *by_verb.entry((verb, resource)).or_default() += n;
-            }
+            *by_verb.entry((verb, resource)).or_default() += n;
         }
         by_verb
     };
@@ -75,17 +85,115 @@ async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
 #[tokio::test]
 async fn the_steady_state_requests_do_not_grow_with_the_applications() {
     let one = steady_requests(1).await;
-    let fifty = steady_requests(50).await;
+    let many = steady_requests(500).await;
     let total = |counts: &BTreeMap<(String, String), u64>| counts.values().sum::<u64>();
-    eprintln!("steady state, {MINUTES} min: 1 application {one:?}; 50 applications {fifty:?}");
+    eprintln!("steady state, {MINUTES} min: 1 application {one:?}; 500 applications {many:?}");
     // A periodic LIST under way when counting stopped may be missed by either side.
     assert!(
-        total(&fifty) <= total(&one) + 4,
-        "50 applications: {fifty:?}; 1 application: {one:?}"
+        total(&many) <= total(&one) + 4,
+        "500 applications: {many:?}; 1 application: {one:?}"
     );
     // The periodic LIST is a safety net: a few in 20 minutes (each of two selections).
     assert!(
         total(&one) <= 2 * (MINUTES / 5 + 1),
         "1 application: {one:?}"
     );
+}
+
+/// Shards and replicas, as the chart deploys them.
+const SHARDS: u32 = 6;
+const REPLICAS: usize = 3;
+
+/// The Lease requests of the simulator so far, by verb.
+fn lease_requests(sim: &SimCluster) -> BTreeMap<String, u64> {
+    let mut by_verb = BTreeMap::new();
+    for ((_, verb, resource), n) in sim.requests() {
+        if resource == "leases" {
+            *by_verb.entry(verb).or_default() += n;
+        }
+    }
+    by_verb
+}
+
+#[tokio::test]
+async fn the_lease_requests_at_steady_state_are_the_owners_renewals_whatever_the_replicas() {
+    let sim = test_kit::sim::manual_cluster().await;
+    let client = sim.try_client().expect("sim client");
+    let cancel = CancellationToken::new();
+    // Short timings, so that a few seconds hold many turns: an owner renews every 750 ms,
+    // the others decide every 500 ms.
+    let settings = |identity: &str| HaSettings {
+        identity: Some(identity.to_string()),
+        shards: SHARDS,
+        lease_duration_ms: 4000,
+        renew_deadline_ms: 2000,
+        retry_period_ms: 500,
+        rebalance: false,
+        ..HaSettings::default()
+    };
+    let renewal = settings("any").timing().renewal();
+    let mut replicas = Vec::new();
+    for k in 0..REPLICAS {
+        let initialize = Initialize::new();
+        replicas.push(spawn_keepers(
+            &client,
+            NS,
+            &settings(&format!("replica-{k}")),
+            BTreeMap::new(),
+            &cancel,
+            &initialize,
+        ));
+        initialize.initialized().await;
+    }
+    // Each keeper starts its watch once its first listing was taken in: from then on its
+    // watch stands in for reads.
+    let watches = (REPLICAS as u64) * u64::from(SHARDS);
+    until("every keeper follows its Lease by a watch", async || {
+        lease_requests(&sim).get("watch").copied().unwrap_or(0) >= watches
+    })
+    .await;
+    let held = || -> usize {
+        let ownerships = replicas.iter().map(|(ownerships, _)| ownerships);
+        ownerships
+            .flat_map(|o| o.map().shards().map(move |shard| o.owner(shard)))
+            .filter(|owner| *owner == spark_pod_allocator::ha::ShardOwner::Here)
+            .count()
+    };
+    until("every shard held", async || held() == SHARDS as usize).await;
+
+    let before = lease_requests(&sim);
+    let began = std::time::Instant::now();
+    // The window measured: long enough for six turns of every replica.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = lease_requests(&sim);
+    let elapsed = began.elapsed();
+    let sent = |verb: &str| after.get(verb).unwrap_or(&0) - before.get(verb).unwrap_or(&0);
+    let total: u64 = after.values().sum::<u64>() - before.values().sum::<u64>();
+    let per_minute = |n: u64| n as f64 * 60.0 / elapsed.as_secs_f64();
+    eprintln!(
+        "{REPLICAS} replicas, {SHARDS} shards, {elapsed:?}: {total} Lease requests \
+         ({:.0} a minute), {} get, {} update; before {before:?}, after {after:?}",
+        per_minute(total),
+        sent("get"),
+        sent("update"),
+    );
+    // Owners' renewals: one per shard each renewal period (fewer on a slow machine). A
+    // refused write (a renewal answered past its deadline, the shard taken over) is read
+    // again: a few reads at most.
+    let renewals = u64::from(SHARDS) * (elapsed.as_millis() / renewal.as_millis() + 1) as u64;
+    assert!(
+        sent("get") <= u64::from(SHARDS),
+        "the replicas that do not hold a shard read its Lease: {} reads in {elapsed:?}",
+        sent("get")
+    );
+    assert!(
+        total <= renewals + u64::from(SHARDS),
+        "{total} Lease requests in {elapsed:?}, beyond {renewals} renewals: {after:?}"
+    );
+    cancel.cancel();
+    for (_, tasks) in replicas {
+        for task in tasks {
+            task.await.expect("keeper");
+        }
+    }
 }
