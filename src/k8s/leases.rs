@@ -299,9 +299,10 @@ impl ShardLeaseKeeper {
         self.claim.ownership(now)
     }
 
-    /// One turn at `now`: read the Lease unless this replica wrote it last and still owns
-    /// the shard (one that lapsed, a paused process woken up, reads first and so never
-    /// writes over a newer holder), then create, renew or take it over when the claim says.
+    /// One turn at `now`: take in the Lease ([`Self::observe`]) unless this replica wrote
+    /// it last and still owns the shard (one that lapsed, a paused process woken up, reads
+    /// it first and so never writes over a newer holder), then create, renew or take it
+    /// over when the claim says.
     ///
     /// A write refused because the Lease changed since it was read is tried once more in
     /// the same turn, on a fresh read: the change may have been this replica's own, a
@@ -415,10 +416,18 @@ impl ShardLeaseKeeper {
     }
 
     /// Takes in the Lease as it is now: what the watch delivered since the last turn when
-    /// it is healthy and no write was refused since, else a read at `now`. A read is
-    /// linearizable, so the watch's deliveries before it are no newer: they are skipped.
+    /// it is healthy, else a read at `now`. An owner whose renewal lapsed or failed (a
+    /// paused process woken up) reads too, as after a refused write: its watch may not
+    /// have delivered yet what happened meanwhile, and it writes nothing on a stale view.
+    /// A read is linearizable, so the watch's deliveries before it are no newer: they are
+    /// skipped.
     async fn observe(&mut self, now: Instant) -> Result<(), kube::Error> {
+        let held = (self.last_seen.as_ref())
+            .and_then(|lease| lease.spec.as_ref())
+            .and_then(|spec| spec.holder_identity.as_deref())
+            == Some(self.claim.identity());
         if !self.fresh_read
+            && !held
             && let Some(lease_watch) = self.watch.as_mut()
         {
             let watched = lease_watch.rx.borrow_and_update().clone();
