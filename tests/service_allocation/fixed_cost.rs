@@ -1,11 +1,12 @@
 //! The service's fixed cost: at steady state (every application at its target, its
-//! executors Running) the requests it sends per minute of its clock do not grow with the
-//! number of applications; and the replicas that do not hold a shard follow its Lease by
+//! executors Running) the only requests it sends are the namespace's periodic LIST, every
+//! resync interval of its clock whatever the number of applications; and the replicas that do not hold a shard follow its Lease by
 //! a watch, so the Lease requests at steady state are the owners' renewals alone.
 use super::*;
 use spark_pod_allocator::allocator::ExecutorState;
 use spark_pod_allocator::ha::HaSettings;
 use spark_pod_allocator::k8s::leases::spawn_keepers;
+use spark_pod_allocator::k8s::watch::{RESYNC_PAGE_SIZE, RESYNC_PAGE_SIZE_MIN};
 use spark_pod_allocator::lifecycle::Initialize;
 use tokio_util::sync::CancellationToken;
 
@@ -18,9 +19,16 @@ const MINUTES: u64 = 20;
 /// Applications started at once.
 const STARTS_AT_ONCE: usize = 16;
 
+/// The requests of one periodic LIST of `pods` executor pods: its pages (one per 1% of
+/// the pods, at least `RESYNC_PAGE_SIZE_MIN` and at most `RESYNC_PAGE_SIZE` a page).
+fn list_pages(pods: u32) -> u64 {
+    let size = (pods / 100).clamp(RESYNC_PAGE_SIZE_MIN, RESYNC_PAGE_SIZE);
+    u64::from(pods.div_ceil(size).max(1))
+}
+
 /// Every request the service sent (pods, registrations, quotas, Leases: by every client)
 /// while its clock moved `MINUTES` at steady state with `count` applications of one
-/// namespace, by (verb, resource).
+/// namespace, by (verb, resource); each periodic LIST due meanwhile counted whole.
 async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
     let mut settings = test_kit::sim::manual_settings();
     settings.kubelet.mode = spark_pod_allocator_sim::KubeletMode::Auto;
@@ -31,6 +39,7 @@ async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
     let mut options = ServiceOptions::default();
     options.tenants.max_applications_per_namespace = count;
     options.tenants.max_applications_per_identity = count;
+    let resync = options.resync_interval;
     let apps = applications(&sim, &clock, options);
     let names: Vec<String> = (0..count).map(|k| format!("app-{k}")).collect();
     futures::stream::iter(&names)
@@ -62,16 +71,21 @@ async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
             .copied()
             .unwrap_or(0)
     };
-    // In steps of 10 s, as time passes for a service: every timer due fires in turn.
-    for _ in 0..MINUTES * 6 {
-        clock.advance(Duration::from_secs(10));
-        tokio::task::yield_now().await;
+    // The clock has not moved since the namespace's watch began: a periodic LIST is due
+    // each resync interval, the next one an interval after the last one ended.
+    let pages = list_pages(EXECUTORS * count as u32);
+    let steps = resync.as_secs() / 10;
+    for listing in 1..=MINUTES * 60 / resync.as_secs() {
+        // In steps of 10 s, as time passes for a service: every timer due fires in turn.
+        for _ in 0..steps {
+            clock.advance(Duration::from_secs(10));
+            tokio::task::yield_now().await;
+        }
+        until(&format!("periodic LIST {listing}"), async || {
+            lists(&counted()) >= lists(&before) + listing * pages
+        })
+        .await;
     }
-    // At least one periodic LIST came (it is due within the time moved).
-    until("a periodic LIST", async || {
-        lists(&counted()) > lists(&before)
-    })
-    .await;
     let mut after = counted();
     for (key, n) in before {
         if let Some(now) = after.get_mut(&key) {
@@ -83,21 +97,22 @@ async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
 }
 
 #[tokio::test]
-async fn the_steady_state_requests_do_not_grow_with_the_applications() {
+async fn the_steady_state_requests_are_the_periodic_list_alone_whatever_the_applications() {
     let one = steady_requests(1).await;
     let many = steady_requests(500).await;
-    let total = |counts: &BTreeMap<(String, String), u64>| counts.values().sum::<u64>();
     eprintln!("steady state, {MINUTES} min: 1 application {one:?}; 500 applications {many:?}");
-    // A periodic LIST under way when counting stopped may be missed by either side.
-    assert!(
-        total(&many) <= total(&one) + 4,
-        "500 applications: {many:?}; 1 application: {one:?}"
-    );
-    // The periodic LIST is a safety net: a few in 20 minutes (each of two selections).
-    assert!(
-        total(&one) <= 2 * (MINUTES / 5 + 1),
-        "1 application: {one:?}"
-    );
+    let listings = MINUTES / 10;
+    let periodic_list = |pods: u32| {
+        BTreeMap::from([(
+            ("list".to_string(), "pods".to_string()),
+            listings * list_pages(pods),
+        )])
+    };
+    // Nothing but the periodic LIST of the namespace, a safety net every 10 minutes
+    // whatever the applications: no request per application. Its pages follow the
+    // executor pods listed (1,000 here: 10 pages).
+    assert_eq!(one, periodic_list(EXECUTORS), "1 application");
+    assert_eq!(many, periodic_list(EXECUTORS * 500), "500 applications");
 }
 
 /// Shards and replicas, as the chart deploys them.
