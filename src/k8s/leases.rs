@@ -167,6 +167,8 @@ impl LeaseWatch {
             let mut events = std::pin::pin!(watcher(api, config).default_backoff());
             // A relisting under way (Init … InitDone): the Lease listed, if any.
             let mut listing: Option<Lease> = None;
+            // Warned of a failure since the last delivery: the backoff's retries are not.
+            let mut warned = false;
             while let Some(event) = events.next().await {
                 let delivered = match event {
                     Ok(watcher::Event::Init) => {
@@ -181,12 +183,18 @@ impl LeaseWatch {
                     Ok(watcher::Event::Apply(lease)) => Some(Some(lease)),
                     Ok(watcher::Event::Delete(_)) => Some(None),
                     Err(err) => {
-                        tracing::debug!(%shard, error = %err, "the shard's Lease watch failed; it is read until the watch is back");
+                        if warned {
+                            tracing::debug!(%shard, error = %err, "the shard's Lease watch failed again");
+                        } else {
+                            tracing::warn!(%shard, error = %err, "the shard's Lease watch failed; the Lease is read every retry period until the watch is back");
+                            warned = true;
+                        }
                         tx.send_modify(|watched| watched.healthy = false);
                         None
                     }
                 };
                 if let Some(lease) = delivered {
+                    warned = false;
                     tx.send_modify(|watched| {
                         watched.generation += 1;
                         watched.lease = lease;
