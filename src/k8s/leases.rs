@@ -273,6 +273,12 @@ impl ShardLeaseKeeper {
         self
     }
 
+    /// When another's hold of the shard, as last seen, has lasted a whole lease on this
+    /// replica's clock.
+    pub fn expires_at(&self) -> Option<Instant> {
+        self.claim.expires_at()
+    }
+
     /// True while the watch stands in for reads of the Lease.
     pub fn is_following(&self) -> bool {
         (self.watch.as_ref()).is_some_and(|w| w.rx.borrow().healthy)
@@ -696,8 +702,9 @@ fn view(lease: &Lease) -> Option<LeaseView> {
 }
 
 /// Runs `keeper` until `cancel`, a turn every retry period (every
-/// [`LeaseTiming::renewal`] while it holds the shard, and at once when its watch shows
-/// another's hold released), publishing the shard's state
+/// [`LeaseTiming::renewal`] while it holds the shard; when another's hold expires on this
+/// replica's clock; at once when its watch shows another's hold released), publishing the
+/// shard's state
 /// (and [`ShardState::NotOwned`] as soon as an ownership lapses, even while a request
 /// hangs). Writers still check their [`crate::ha::Fence`] right before each write: the
 /// published value may be a moment old. On `cancel` the Lease is released.
@@ -755,12 +762,16 @@ pub fn spawn_keeper(
                 Turn::Holds(_) if !draining => keeper.timing.renewal(),
                 _ => retry,
             };
-            // Another's hold, seen: a release is taken at once, not at the next turn.
-            let freed = matches!(turn, Turn::HeldBy { .. } | Turn::Reserved { .. })
-                .then(|| keeper.freed())
-                .flatten();
+            // Another's hold, seen: a release is taken at once, and its expiry when it
+            // comes, not at the next turn.
+            let held_by_another = matches!(turn, Turn::HeldBy { .. } | Turn::Reserved { .. });
+            let freed = held_by_another.then(|| keeper.freed()).flatten();
+            let next = match keeper.expires_at().filter(|_| held_by_another) {
+                Some(expiry) => (started + wait).min(expiry.into()),
+                None => started + wait,
+            };
             tokio::select! {
-                () = tokio::time::sleep_until(started + wait) => {}
+                () = tokio::time::sleep_until(next) => {}
                 () = lapse(&tx) => {}
                 () = poke.notified() => {}
                 () = released(freed) => {}
