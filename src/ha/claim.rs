@@ -33,8 +33,8 @@ impl LeaseTiming {
     /// its renew deadline leaves after one retry period (4 s by default), never less than
     /// the retry period. A renewal that fails is tried again every retry period, so it still
     /// has several tries before the owner must stop. Replicas that do not hold the shard
-    /// see its last renewal when their watch delivers it and decide every retry period:
-    /// that, not the owner's pace, bounds what a failover waits beyond the lease.
+    /// see its last renewal when their watch delivers it and wake when a lease has passed
+    /// since: a failover waits the lease, whatever the owner's pace.
     pub fn renewal(&self) -> Duration {
         self.retry
             .max(self.renew_deadline.saturating_sub(self.retry) / 2)
