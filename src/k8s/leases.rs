@@ -704,10 +704,9 @@ fn view(lease: &Lease) -> Option<LeaseView> {
 /// Runs `keeper` until `cancel`, a turn every retry period (every
 /// [`LeaseTiming::renewal`] while it holds the shard; when another's hold expires on this
 /// replica's clock; at once when its watch shows another's hold released), publishing the
-/// shard's state
-/// (and [`ShardState::NotOwned`] as soon as an ownership lapses, even while a request
-/// hangs). Writers still check their [`crate::ha::Fence`] right before each write: the
-/// published value may be a moment old. On `cancel` the Lease is released.
+/// shard's state (and [`ShardState::NotOwned`] as soon as an ownership lapses, even while
+/// a request hangs). Writers still check their [`crate::ha::Fence`] right before each
+/// write: the published value may be a moment old. On `cancel` the Lease is released.
 pub fn spawn_keeper(
     mut keeper: ShardLeaseKeeper,
     cancel: CancellationToken,
