@@ -225,3 +225,109 @@ async fn a_release_goes_through_a_requesters_write_but_never_clears_another_hold
         Some("replica-d")
     );
 }
+
+/// The Lease reads served so far.
+fn lease_reads(sim: &spark_pod_allocator_sim::SimCluster) -> u64 {
+    (sim.requests().into_iter())
+        .filter(|((_, verb, resource), _)| verb == "get" && resource == "leases")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_replica_following_the_lease_by_its_watch_never_reads_it_and_still_waits_a_whole_lease() {
+    let sim = test_kit::sim::manual_cluster().await;
+    let client = sim.try_client().expect("client");
+    let mut a = keeper(&client, "replica-a");
+    assert_eq!(holds(&a.turn(Instant::now()).await), Some(0));
+    // b's watch starts after a's create: it arrives no earlier than this.
+    let created = Instant::now();
+    let mut b = keeper(&client, "replica-b").watching();
+    test_kit::wait::until("b follows the Lease by its watch", async || {
+        b.is_following()
+    })
+    .await;
+    let reads = lease_reads(&sim);
+
+    // Expiry is judged from when b's watch delivered a's write, on b's clock.
+    assert_eq!(
+        b.turn(created + Duration::from_secs(14)).await,
+        held_by("replica-a")
+    );
+    assert_eq!(
+        holds(&b.turn(Instant::now() + Duration::from_secs(15)).await),
+        Some(1),
+        "a whole lease after it saw a's last write, b takes the shard over"
+    );
+
+    // A release is taken at once by whoever follows the Lease.
+    let mut c = keeper(&client, "replica-c").watching();
+    test_kit::wait::until("c follows the Lease by its watch", async || {
+        c.is_following()
+    })
+    .await;
+    assert_eq!(c.turn(Instant::now()).await, held_by("replica-b"));
+    b.release().await.expect("release");
+    test_kit::wait::until("c takes the released shard", async || {
+        holds(&c.turn(Instant::now()).await) == Some(2)
+    })
+    .await;
+    assert_eq!(
+        lease_reads(&sim),
+        reads,
+        "a keeper following the Lease by its watch reads it no more"
+    );
+}
+
+/// The LISTs of Leases served so far (a watch's first listing, and each relisting).
+fn lease_lists(sim: &spark_pod_allocator_sim::SimCluster) -> u64 {
+    (sim.requests().into_iter())
+        .filter(|((_, verb, resource), _)| verb == "list" && resource == "leases")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_lease_watch_closed_every_second_and_expired_relists_and_stands_in_for_reads_again() {
+    let sim = test_kit::sim::manual_cluster().await;
+    // Every watch ends after a second: the watcher resumes from the version it saw last.
+    sim.set_faults(spark_pod_allocator_sim::FaultSettings {
+        watch_close_after_seconds: Some(1),
+        ..Default::default()
+    });
+    let client = sim.try_client().expect("client");
+    let mut a = keeper(&client, "replica-a");
+    assert_eq!(holds(&a.turn(Instant::now()).await), Some(0));
+    let mut b = keeper(&client, "replica-b").watching();
+    test_kit::wait::until("b follows the Lease by its watch", async || {
+        b.is_following()
+    })
+    .await;
+    let listed = lease_lists(&sim);
+
+    // A change b's watch does not select moves the cluster's version past b's, then the
+    // history is gone: b's next resume is answered 410, and its watcher lists again.
+    let other: Lease =
+        serde_json::from_value(json!({"metadata": {"name": "someone-elses"}})).expect("a Lease");
+    (Api::<Lease>::namespaced(client.clone(), NAMESPACE))
+        .create(&Default::default(), &other)
+        .await
+        .expect("create another Lease");
+    sim.compact_history();
+    test_kit::wait::until("b's watch listed the Lease again", async || {
+        lease_lists(&sim) > listed && b.is_following()
+    })
+    .await;
+    let reads = lease_reads(&sim);
+    assert_eq!(b.turn(Instant::now()).await, held_by("replica-a"));
+    a.release().await.expect("release");
+    test_kit::wait::until("b takes the released shard", async || {
+        holds(&b.turn(Instant::now()).await) == Some(1)
+    })
+    .await;
+    assert_eq!(
+        lease_reads(&sim),
+        reads,
+        "once relisted, the watch stands in for reads again"
+    );
+}

@@ -33,8 +33,8 @@ impl LeaseTiming {
     /// its renew deadline leaves after one retry period (4 s by default), never less than
     /// the retry period. A renewal that fails is tried again every retry period, so it still
     /// has several tries before the owner must stop. Replicas that do not hold the shard
-    /// read it every retry period: how late they see its last renewal is what a failover
-    /// waits beyond the lease, and that, not the owner's pace, keeps the failover short.
+    /// see its last renewal when their watch delivers it and wake when a lease has passed
+    /// since: a failover waits the lease, whatever the owner's pace.
     pub fn renewal(&self) -> Duration {
         self.retry
             .max(self.renew_deadline.saturating_sub(self.retry) / 2)
@@ -231,6 +231,16 @@ impl ShardClaim {
         }
     }
 
+    /// When the hold last seen (another replica's, or a release reserved for another) has
+    /// lasted a whole lease on this replica's clock: the instant a takeover may be due.
+    pub fn expires_at(&self) -> Option<Instant> {
+        let Some((Some(lease), seen_at)) = &self.observed else {
+            return None;
+        };
+        let holder = lease.holder.as_deref().filter(|h| !h.is_empty());
+        (holder != Some(self.identity.as_str())).then(|| *seen_at + lease.duration)
+    }
+
     /// The write sent at `sent_at` landed; the Lease is now `lease`. This replica owns the
     /// shard until `sent_at + renew_deadline` unless it renews again.
     pub fn written(&mut self, lease: LeaseView, sent_at: Instant, now: Instant) {
@@ -306,6 +316,11 @@ mod tests {
         claim.read(None, t0);
         assert_eq!(claim.step(t0), Step::Write(Write::Create));
         claim.written(lease(Some("a"), 0, "1"), t0, t0 + Duration::from_millis(30));
+        assert_eq!(
+            claim.expires_at(),
+            None,
+            "its own hold does not expire for it"
+        );
         let owned = claim.ownership(t0 + Duration::from_secs(9)).unwrap();
         assert_eq!(owned.epoch, 0);
         assert_eq!(claim.ownership(t0 + Duration::from_secs(10)), None);
@@ -329,8 +344,10 @@ mod tests {
         // `a` renewed at t0 + 10 s: the wait starts again from then.
         claim.read(Some(lease(Some("a"), 3, "8")), t0 + Duration::from_secs(10));
         assert_eq!(claim.step(t0 + Duration::from_secs(24)), held_by_a);
+        assert_eq!(claim.expires_at(), Some(t0 + Duration::from_secs(25)));
         // The same version read again does not restart the wait.
         claim.read(Some(lease(Some("a"), 3, "8")), t0 + Duration::from_secs(20));
+        assert_eq!(claim.expires_at(), Some(t0 + Duration::from_secs(25)));
         assert_eq!(
             claim.step(t0 + Duration::from_secs(25)),
             Step::Write(Write::Replace {

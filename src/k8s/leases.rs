@@ -2,13 +2,20 @@
 //! and renewing them for a [`ShardClaim`], every write under a resourceVersion
 //! precondition (a create is refused with 409 if the Lease exists), so two replicas never
 //! both believe a write of theirs made them the owner.
+//!
+//! A replica follows each shard's Lease by a watch of it (by name), not by reading it every
+//! retry period: what it does not hold costs it no request at steady state. The watch only
+//! stands in for a read; a decision taken on a late event is safe because every write is
+//! under the resourceVersion it was taken on (a stale one is refused with 409, then read).
 use std::sync::Mutex;
 use std::time::Instant;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::{WatchStreamExt, watcher};
 use std::sync::Arc;
 
 use tokio::sync::{Notify, watch};
@@ -107,6 +114,100 @@ pub enum Turn {
     Failed(String),
 }
 
+/// The shard's Lease as this replica's watch of it last delivered it.
+#[derive(Debug, Clone)]
+struct Watched {
+    /// Counts the deliveries (a change, a deletion, a relisting): a keeper takes in only
+    /// what it has not yet.
+    generation: u64,
+    /// The Lease (`None`: there is none), and when it arrived here.
+    lease: Option<Lease>,
+    seen_at: Instant,
+    /// Listed at least once, and no error since the last delivery: the watch stands in
+    /// for a read.
+    healthy: bool,
+}
+
+impl Watched {
+    /// No holder: whoever may take it can do so now.
+    fn is_free(&self) -> bool {
+        let holder = (self.lease.as_ref())
+            .and_then(|lease| lease.spec.as_ref())
+            .and_then(|spec| spec.holder_identity.as_deref());
+        holder.is_none_or(str::is_empty)
+    }
+}
+
+/// The watch of one shard's Lease, kept by a task that ends with it. The kube-runtime
+/// watcher relists after a 410 and watches again with backoff after an error.
+struct LeaseWatch {
+    rx: watch::Receiver<Watched>,
+    /// The generation the claim last took in.
+    taken: u64,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LeaseWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LeaseWatch {
+    fn start(api: Api<Lease>, name: &str, shard: Shard) -> Self {
+        let (tx, rx) = watch::channel(Watched {
+            generation: 0,
+            lease: None,
+            seen_at: Instant::now(),
+            healthy: false,
+        });
+        // By name: the chart grants list and watch of the shards' Leases only.
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+            // A relisting under way (Init … InitDone): the Lease listed, if any.
+            let mut listing: Option<Lease> = None;
+            // Warned of a failure since the last delivery: the backoff's retries are not.
+            let mut warned = false;
+            while let Some(event) = events.next().await {
+                let delivered = match event {
+                    Ok(watcher::Event::Init) => {
+                        listing = None;
+                        None
+                    }
+                    Ok(watcher::Event::InitApply(lease)) => {
+                        listing = Some(lease);
+                        None
+                    }
+                    Ok(watcher::Event::InitDone) => Some(listing.take()),
+                    Ok(watcher::Event::Apply(lease)) => Some(Some(lease)),
+                    Ok(watcher::Event::Delete(_)) => Some(None),
+                    Err(err) => {
+                        if warned {
+                            tracing::debug!(%shard, error = %err, "the shard's Lease watch failed again");
+                        } else {
+                            tracing::warn!(%shard, error = %err, "the shard's Lease watch failed; the Lease is read every retry period until the watch is back");
+                            warned = true;
+                        }
+                        tx.send_modify(|watched| watched.healthy = false);
+                        None
+                    }
+                };
+                if let Some(lease) = delivered {
+                    warned = false;
+                    tx.send_modify(|watched| {
+                        watched.generation += 1;
+                        watched.lease = lease;
+                        watched.seen_at = Instant::now();
+                        watched.healthy = true;
+                    });
+                }
+            }
+        });
+        Self { rx, taken: 0, task }
+    }
+}
+
 /// Keeps one shard's Lease for this replica.
 pub struct ShardLeaseKeeper {
     api: Api<Lease>,
@@ -129,6 +230,10 @@ pub struct ShardLeaseKeeper {
     draining: Option<Drain>,
     /// The next renewal clears the request on the Lease (the move is not due).
     withdraw: bool,
+    /// The watch of the Lease, when it follows it ([`Self::watching`]); none: it reads it.
+    watch: Option<LeaseWatch>,
+    /// The next turn reads the Lease whatever the watch says (a write was refused).
+    fresh_read: bool,
 }
 
 impl ShardLeaseKeeper {
@@ -154,7 +259,29 @@ impl ShardLeaseKeeper {
             drained: None,
             draining: None,
             withdraw: false,
+            watch: None,
+            fresh_read: false,
         }
+    }
+
+    /// Follows the Lease by a watch instead of reading it each turn: a turn takes in what
+    /// the watch delivered (as seen when it arrived) and sends nothing unless it writes.
+    /// The Lease is still read while the watch has not listed it or has failed since its
+    /// last event, and after a refused write.
+    pub fn watching(mut self) -> Self {
+        self.watch = Some(LeaseWatch::start(self.api.clone(), &self.name, self.shard));
+        self
+    }
+
+    /// When another's hold of the shard, as last seen, has lasted a whole lease on this
+    /// replica's clock.
+    pub fn expires_at(&self) -> Option<Instant> {
+        self.claim.expires_at()
+    }
+
+    /// True while the watch stands in for reads of the Lease.
+    pub fn is_following(&self) -> bool {
+        (self.watch.as_ref()).is_some_and(|w| w.rx.borrow().healthy)
     }
 
     /// Takes part in rebalancing: asks for a shard when this replica holds too few of
@@ -186,9 +313,10 @@ impl ShardLeaseKeeper {
         self.claim.ownership(now)
     }
 
-    /// One turn at `now`: read the Lease unless this replica wrote it last and still owns
-    /// the shard (one that lapsed, a paused process woken up, reads first and so never
-    /// writes over a newer holder), then create, renew or take it over when the claim says.
+    /// One turn at `now`: take in the Lease ([`Self::observe`]) unless this replica wrote
+    /// it last and still owns the shard (one that lapsed, a paused process woken up, reads
+    /// it first and so never writes over a newer holder), then create, renew or take it
+    /// over when the claim says.
     ///
     /// A write refused because the Lease changed since it was read is tried once more in
     /// the same turn, on a fresh read: the change may have been this replica's own, a
@@ -205,14 +333,10 @@ impl ShardLeaseKeeper {
     }
 
     async fn turn_once(&mut self, now: Instant) -> Turn {
-        if !(self.just_written && self.claim.ownership(now).is_some()) {
-            match self.read().await {
-                Ok(lease) => {
-                    self.claim.read(lease.as_ref().and_then(view), now);
-                    self.last_seen = lease;
-                }
-                Err(err) => return Turn::Failed(err.to_string()),
-            }
+        if !(self.just_written && self.claim.ownership(now).is_some())
+            && let Err(err) = self.observe(now).await
+        {
+            return Turn::Failed(err.to_string());
         }
         self.just_written = false;
         let step = self.claim.step(now);
@@ -298,10 +422,54 @@ impl ShardLeaseKeeper {
             },
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
                 self.claim.refused();
+                self.fresh_read = true;
                 Turn::Refused
             }
             Err(err) => Turn::Failed(err.to_string()),
         }
+    }
+
+    /// Takes in the Lease as it is now: what the watch delivered since the last turn when
+    /// it is healthy, else a read at `now`. An owner whose renewal lapsed or failed (a
+    /// paused process woken up) reads too, as after a refused write: its watch may not
+    /// have delivered yet what happened meanwhile, and it writes nothing on a stale view.
+    /// A read is linearizable, so the watch's deliveries before it are no newer: they are
+    /// skipped.
+    async fn observe(&mut self, now: Instant) -> Result<(), kube::Error> {
+        let held = (self.last_seen.as_ref())
+            .and_then(|lease| lease.spec.as_ref())
+            .and_then(|spec| spec.holder_identity.as_deref())
+            == Some(self.claim.identity());
+        if !self.fresh_read
+            && !held
+            && let Some(lease_watch) = self.watch.as_mut()
+        {
+            let watched = lease_watch.rx.borrow_and_update().clone();
+            if watched.healthy {
+                if watched.generation != lease_watch.taken {
+                    lease_watch.taken = watched.generation;
+                    self.claim
+                        .read(watched.lease.as_ref().and_then(view), watched.seen_at);
+                    self.last_seen = watched.lease;
+                }
+                return Ok(());
+            }
+        }
+        let delivered = self.watch.as_ref().map(|w| w.rx.borrow().generation);
+        let lease = self.read().await?;
+        self.claim.read(lease.as_ref().and_then(view), now);
+        self.last_seen = lease;
+        self.fresh_read = false;
+        if let (Some(lease_watch), Some(delivered)) = (self.watch.as_mut(), delivered) {
+            lease_watch.taken = delivered;
+        }
+        Ok(())
+    }
+
+    /// What to wait on for a change of the Lease that lets this replica take it now (it
+    /// was released or deleted), when it follows it by a watch.
+    fn freed(&self) -> Option<(watch::Receiver<Watched>, u64)> {
+        (self.watch.as_ref()).map(|w| (w.rx.clone(), w.taken))
     }
 
     /// Who asks for the shard, on the Lease as last seen.
@@ -534,10 +702,11 @@ fn view(lease: &Lease) -> Option<LeaseView> {
 }
 
 /// Runs `keeper` until `cancel`, a turn every retry period (every
-/// [`LeaseTiming::renewal`] while it holds the shard), publishing the shard's state
-/// (and [`ShardState::NotOwned`] as soon as an ownership lapses, even while a request
-/// hangs). Writers still check their [`crate::ha::Fence`] right before each write: the
-/// published value may be a moment old. On `cancel` the Lease is released.
+/// [`LeaseTiming::renewal`] while it holds the shard; when another's hold expires on this
+/// replica's clock; at once when its watch shows another's hold released), publishing the
+/// shard's state (and [`ShardState::NotOwned`] as soon as an ownership lapses, even while
+/// a request hangs). Writers still check their [`crate::ha::Fence`] right before each
+/// write: the published value may be a moment old. On `cancel` the Lease is released.
 pub fn spawn_keeper(
     mut keeper: ShardLeaseKeeper,
     cancel: CancellationToken,
@@ -592,10 +761,19 @@ pub fn spawn_keeper(
                 Turn::Holds(_) if !draining => keeper.timing.renewal(),
                 _ => retry,
             };
+            // Another's hold, seen: a release is taken at once, and its expiry when it
+            // comes, not at the next turn.
+            let held_by_another = matches!(turn, Turn::HeldBy { .. } | Turn::Reserved { .. });
+            let freed = held_by_another.then(|| keeper.freed()).flatten();
+            let next = match keeper.expires_at().filter(|_| held_by_another) {
+                Some(expiry) => (started + wait).min(expiry.into()),
+                None => started + wait,
+            };
             tokio::select! {
-                () = tokio::time::sleep_until(started + wait) => {}
+                () = tokio::time::sleep_until(next) => {}
                 () = lapse(&tx) => {}
                 () = poke.notified() => {}
+                () = released(freed) => {}
                 // The actors stopped: renew once more, then release.
                 () = changed(keeper.drained.as_mut().filter(|_| draining)) => {}
                 () = cancel.cancelled() => break,
@@ -667,6 +845,20 @@ async fn lapse(tx: &watch::Sender<ShardState>) {
     tracing::warn!("a shard's ownership lapsed: no renewal within ha.renew_deadline_ms");
 }
 
+/// Resolves when the watch delivers, after the generation given, a healthy view of the
+/// Lease with no holder; never without a watch.
+async fn released(freed: Option<(watch::Receiver<Watched>, u64)>) {
+    if let Some((mut rx, taken)) = freed
+        && rx
+            .wait_for(|w| w.generation != taken && w.healthy && w.is_free())
+            .await
+            .is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// Resolves when `rx` changes; never without one (or once its sender is gone).
 async fn changed(rx: Option<&mut watch::Receiver<Option<i32>>>) {
     if let Some(rx) = rx
@@ -719,7 +911,8 @@ pub fn spawn_keepers(
         .map(|(shard, (poke, drained))| {
             let mut keeper =
                 ShardLeaseKeeper::new(client.clone(), namespace, shard, identity, timing, policy)
-                    .advertising(settings.advertise_address.clone());
+                    .advertising(settings.advertise_address.clone())
+                    .watching();
             if settings.rebalance {
                 keeper = keeper.rebalancing(layout.clone(), Some(drained.subscribe()));
             }

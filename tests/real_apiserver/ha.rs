@@ -8,7 +8,7 @@
 //! from the API server mid scale-up, then the next owner killed mid scale-up; the third
 //! finishes it, no pod is created twice, and the cut-off owner, healed, wrote nothing after
 //! it lost the shard.
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -146,6 +146,25 @@ fn writes_of(c: &RealBackend, identity: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The Lease requests of `identity` in the audit log: how many by verb and answer code.
+fn lease_requests_of(c: &RealBackend, identity: &str) -> BTreeMap<(String, i64), usize> {
+    let agent = replica_user_agent(identity);
+    let mut seen = BTreeSet::new();
+    let mut counts = BTreeMap::new();
+    for event in c.server().audit_events() {
+        let code = event["responseStatus"]["code"].as_i64();
+        if event["userAgent"] != agent.as_str()
+            || event["objectRef"]["resource"] != "leases"
+            || !seen.insert(event["auditID"].to_string())
+        {
+            continue;
+        }
+        let verb = event["verb"].as_str().unwrap_or_default().to_string();
+        *counts.entry((verb, code.unwrap_or(0))).or_default() += 1;
+    }
+    counts
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log() {
     let Some(c) = RealBackend::start_own("ha-pause", &[]).await else {
@@ -157,6 +176,7 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
     let (a, address_a) = replica(&c, &kubeconfig, "replica-a").await;
     let mut client_a = connect_serving(&address_a).await;
     let (_b, address_b) = replica(&c, &kubeconfig, "replica-b").await;
+    let b_started = std::time::Instant::now();
     let mut client_b = connect_serving(&address_b).await;
     assert_eq!(holder(&c).await.as_deref(), Some("replica-a"));
 
@@ -186,6 +206,22 @@ async fn a_paused_owner_woken_after_a_takeover_writes_nothing_by_the_audit_log()
         |holder| holder.as_deref() == Some("replica-b"),
     )
     .await;
+    // Until it took the shard over, `b` followed the Lease by a watch of it by name, which
+    // the chart's rights allow, and read it only until that watch had listed it, not every
+    // retry period (500 ms) over the lease it waited.
+    let following = b_started.elapsed();
+    let b_leases = lease_requests_of(&c, "replica-b");
+    let count = |verb: &str, code: i64| b_leases.get(&(verb.to_string(), code)).copied();
+    assert!(count("watch", 200).is_some(), "{b_leases:?}");
+    assert!(
+        b_leases.keys().all(|(_, code)| *code < 400),
+        "the chart's rights allow every Lease request: {b_leases:?}"
+    );
+    assert!(
+        count("get", 200).unwrap_or(0) <= 2,
+        "replica-b read the Lease it does not hold over {following:?}: {b_leases:?}"
+    );
+    eprintln!("replica-b's Lease requests over {following:?}: {b_leases:?}");
     // Once the lease has passed, anything `a` had on the wire has been answered.
     let at_takeover = writes_of(&c, "replica-a").len();
     until_progress(

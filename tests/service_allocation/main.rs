@@ -113,6 +113,5 @@ async fn bind(sim: &SimCluster, app: &str, exec: u64) {
 
 mod applications;
 mod executor_ids;
-mod fixed_cost;
 mod kubernetes;
 mod scaling;
