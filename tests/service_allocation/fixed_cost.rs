@@ -1,6 +1,7 @@
-//! The service's fixed cost: at steady state (every application at its target, its
+//! The service's cost in requests: at steady state (every application at its target, its
 //! executors Running) the requests it sends per minute of its clock do not grow with the
-//! number of applications.
+//! number of applications; during a scale-up each application adds its creates and
+//! Start's reads, nothing more.
 use super::*;
 use spark_pod_allocator::allocator::ExecutorState;
 
@@ -87,5 +88,66 @@ async fn the_steady_state_requests_do_not_grow_with_the_applications() {
     assert!(
         total(&one) <= 2 * (MINUTES / 5 + 1),
         "1 application: {one:?}"
+    );
+}
+
+/// The requests (by verb and resource, Leases aside) of a service that starts `count`
+/// applications in one namespace, each with its executor stream open, and scales each up
+/// to `EXECUTORS` Running.
+async fn scale_up_requests(count: usize) -> BTreeMap<(String, String), u64> {
+    let mut settings = test_kit::sim::manual_settings();
+    settings.kubelet.mode = spark_pod_allocator_sim::KubeletMode::Auto;
+    settings.namespaces = vec![NS.to_string()];
+    let sim = test_kit::sim::start(settings).await;
+    let clock = ManualClock::starting_now();
+    let apps = applications(&sim, &clock, ServiceOptions::default());
+    let mut streams = Vec::new();
+    for k in 0..count {
+        let app = format!("app-{k}");
+        start(&apps, request(&app, NS)).await;
+        // As the plugin does: the stream first, then the targets.
+        let mut stream = (apps.watch_executors(&id(&app), 0, None).await).expect("stream");
+        let first = stream.next().await.expect("the stream's full state");
+        assert_eq!(first.kind, spark_pod_allocator::app::EventKind::Synced);
+        streams.push(stream);
+        test_kit::service::set_targets_and_round(&apps, &app, targets(EXECUTORS)).await;
+        until(&format!("{app}'s executors Running"), async || {
+            let snapshot = apps.snapshot(&id(&app)).await.expect("snapshot");
+            let running = (snapshot.executors.values())
+                .filter(|e| e.state == ExecutorState::Running)
+                .count();
+            running == EXECUTORS as usize
+        })
+        .await;
+    }
+    let mut by_verb = BTreeMap::new();
+    for ((_, verb, resource), n) in sim.requests() {
+        if resource != "leases" {
+            *by_verb.entry((verb, resource)).or_default() += n;
+        }
+    }
+    by_verb
+}
+
+/// What each application adds during its Start and scale-up: its executors' creates, and
+/// no more reads than Start's own (one LIST of its executor pods, one read of its id
+/// record). A new application's first executor stream needs no LIST (it has no pods), and
+/// the id record Start found missing is created without being read again.
+#[tokio::test]
+async fn an_application_reads_its_pods_and_id_record_once_while_it_scales_up() {
+    let one = scale_up_requests(1).await;
+    let two = scale_up_requests(2).await;
+    let added = |verb: &str, resource: &str| {
+        let key = (verb.to_string(), resource.to_string());
+        two.get(&key).copied().unwrap_or(0) - one.get(&key).copied().unwrap_or(0)
+    };
+    eprintln!("scale-up: 1 application {one:?}; 2 applications {two:?}");
+    assert_eq!(added("create", "pods"), u64::from(EXECUTORS));
+    assert_eq!(added("list", "pods"), 1, "Start's LIST only: {two:?}");
+    assert_eq!(added("get", "configmaps"), 1, "Start's read only: {two:?}");
+    assert_eq!(
+        added("create", "configmaps"),
+        2,
+        "its id record and registration"
     );
 }
