@@ -2,7 +2,8 @@
 //! executors Running) the only requests it sends are the namespace's periodic LIST, every
 //! resync interval of its clock whatever the number of applications; and the replicas that
 //! do not hold a shard follow its Lease by a watch, so the Lease requests at steady state
-//! are the owners' renewals alone. A test binary of its own: its 500 applications would
+//! are the owners' renewals alone. During a scale-up each application adds its creates and
+//! Start's reads, nothing more. A test binary of its own: its 500 applications would
 //! load the machine under the wall-clock tests of others.
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -231,4 +232,65 @@ async fn the_lease_requests_at_steady_state_are_the_owners_renewals_whatever_the
             task.await.expect("keeper");
         }
     }
+}
+
+/// The requests (by verb and resource, Leases aside) of a service that starts `count`
+/// applications in one namespace, each with its executor stream open, and scales each up
+/// to `EXECUTORS` Running.
+async fn scale_up_requests(count: usize) -> BTreeMap<(String, String), u64> {
+    let mut settings = test_kit::sim::manual_settings();
+    settings.kubelet.mode = spark_pod_allocator_sim::KubeletMode::Auto;
+    settings.namespaces = vec![NS.to_string()];
+    let sim = test_kit::sim::start(settings).await;
+    let clock = ManualClock::starting_now();
+    let apps = applications(&sim, &clock, Settings::default());
+    let mut streams = Vec::new();
+    for k in 0..count {
+        let app = format!("app-{k}");
+        start(&apps, request(&app, NS)).await;
+        // As the plugin does: the stream first, then the targets.
+        let mut stream = (apps.watch_executors(&id(&app), 0, None).await).expect("stream");
+        let first = stream.next().await.expect("the stream's full state");
+        assert_eq!(first.kind, spark_pod_allocator::app::EventKind::Synced);
+        streams.push(stream);
+        test_kit::service::set_targets_and_round(&apps, &app, targets(EXECUTORS)).await;
+        until(&format!("{app}'s executors Running"), async || {
+            let snapshot = apps.snapshot(&id(&app)).await.expect("snapshot");
+            let running = (snapshot.executors.values())
+                .filter(|e| e.state == ExecutorState::Running)
+                .count();
+            running == EXECUTORS as usize
+        })
+        .await;
+    }
+    let mut by_verb = BTreeMap::new();
+    for ((_, verb, resource), n) in sim.requests() {
+        if resource != "leases" {
+            *by_verb.entry((verb, resource)).or_default() += n;
+        }
+    }
+    by_verb
+}
+
+/// What each application adds during its Start and scale-up: its executors' creates, and
+/// no more reads than Start's own (one LIST of its executor pods, one read of its id
+/// record). A new application's first executor stream needs no LIST (it has no pods), and
+/// the id record Start found missing is created without being read again.
+#[tokio::test]
+async fn an_application_reads_its_pods_and_id_record_once_while_it_scales_up() {
+    let one = scale_up_requests(1).await;
+    let two = scale_up_requests(2).await;
+    let added = |verb: &str, resource: &str| {
+        let key = (verb.to_string(), resource.to_string());
+        two.get(&key).copied().unwrap_or(0) - one.get(&key).copied().unwrap_or(0)
+    };
+    eprintln!("scale-up: 1 application {one:?}; 2 applications {two:?}");
+    assert_eq!(added("create", "pods"), u64::from(EXECUTORS));
+    assert_eq!(added("list", "pods"), 1, "Start's LIST only: {two:?}");
+    assert_eq!(added("get", "configmaps"), 1, "Start's read only: {two:?}");
+    assert_eq!(
+        added("create", "configmaps"),
+        2,
+        "its id record and registration"
+    );
 }

@@ -244,14 +244,14 @@ impl Start<'_> {
         // covers them.
         let id_record =
             IdRecord::for_application(req.app_id.as_str(), driver.map(|d| d.name.as_str()));
-        let recorded = id_record
+        let read = id_record
             .read(self.inner.pods.api(), &req.namespace)
-            .await?
-            .unwrap_or(0);
+            .await?;
         Ok(Found {
             pods,
             id_record,
-            recorded,
+            recorded: read.unwrap_or(0),
+            record_absent: read.is_none(),
         })
     }
 
@@ -337,6 +337,7 @@ impl Start<'_> {
                 .for_application(&req.namespace, req.app_id.as_str())
                 .fenced(fence.clone()),
             id_record: found.id_record.clone(),
+            id_record_absent: found.record_absent,
             registrations: (self.inner.registrations)
                 .for_application(&req.namespace, req.app_id.as_str())
                 .fenced(fence.clone()),
@@ -530,6 +531,8 @@ struct Found {
     id_record: IdRecord,
     /// The id recorded there (0: none).
     recorded: u64,
+    /// No id was recorded there (for a ConfigMap record: most likely no ConfigMap).
+    record_absent: bool,
 }
 
 impl Found {

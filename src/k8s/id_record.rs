@@ -77,15 +77,21 @@ impl IdRecord {
     /// status changes its resourceVersion too), and a record a newer owner of the shard
     /// wrote refuses the write ([`Superseded`]), so a deposed owner never hands out ids
     /// the new one may use.
+    ///
+    /// `absent`: the record was found missing (Start read it), so the first attempt
+    /// creates it without reading it again; a 409 (it is there after all) reads it.
     pub async fn write(
         &self,
         api: &ApiClient,
         namespace: &str,
         id: ExecutorId,
+        absent: bool,
     ) -> Result<(), kube::Error> {
         let mut result = Err(conflict_exhausted());
-        for _ in 0..WRITE_ATTEMPTS {
-            result = self.write_once(api, namespace, id).await;
+        for attempt in 0..WRITE_ATTEMPTS {
+            result = self
+                .write_once(api, namespace, id, absent && attempt == 0)
+                .await;
             match &result {
                 Err(err) if is_status(err, 409) => continue,
                 _ => break,
@@ -101,9 +107,14 @@ impl IdRecord {
         api: &ApiClient,
         namespace: &str,
         id: ExecutorId,
+        absent: bool,
     ) -> Result<(), kube::Error> {
         let mine = api.owner_epoch();
-        let current = self.current(api, namespace).await?;
+        // Only a ConfigMap is created: a driver pod's record is always read.
+        let current = match self {
+            Self::ConfigMap { .. } if absent => None,
+            _ => self.current(api, namespace).await?,
+        };
         if let (Some(current), Some(mine)) = (&current, mine)
             && let Some(theirs) = current.epoch
             && theirs.supersedes(&mine)

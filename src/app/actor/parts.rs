@@ -64,6 +64,8 @@ pub(crate) struct Kubernetes {
     pub pods: ExecutorPodClient,
     /// Where the highest executor id handed out is recorded.
     pub id_record: IdRecord,
+    /// Start found no id record: the first write creates it without reading it.
+    pub id_record_absent: bool,
     /// Where the registration is written (the service's namespace).
     pub registrations: RegistrationStore,
 }

@@ -4,6 +4,7 @@
 //! its own, so the actor never waits on the API server.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -176,6 +177,8 @@ impl Outbox {
 pub(super) struct Worker {
     pods: ExecutorPodClient,
     id_record: IdRecord,
+    /// No id record was found and none written since (see [`IdRecord::write`]).
+    id_record_absent: AtomicBool,
     registrations: RegistrationStore,
     namespace: String,
     app_id: String,
@@ -194,11 +197,13 @@ impl Worker {
         let Kubernetes {
             pods,
             id_record,
+            id_record_absent,
             registrations,
         } = kubernetes;
         Self {
             pods,
             id_record,
+            id_record_absent: AtomicBool::new(id_record_absent),
             registrations,
             namespace: app.namespace.clone(),
             app_id: app.app_id.clone(),
@@ -244,6 +249,7 @@ impl Worker {
                 let Self {
                     pods,
                     id_record,
+                    id_record_absent,
                     registrations,
                     namespace,
                     app_id,
@@ -251,8 +257,9 @@ impl Worker {
                     ..
                 } = &*worker;
                 let registration = upkeep.registration.take();
+                let record = (id_record, id_record_absent);
                 let (mut outcome, id_recorded) =
-                    send_upkeep(upkeep, pods, namespace, app_id, id_record).await;
+                    send_upkeep(upkeep, pods, namespace, app_id, record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
                 let _ = recorded.send(id_recorded.is_ok());
                 // The actor outlives the work it waits for (it awaits it before ending).
@@ -372,7 +379,7 @@ async fn send_upkeep(
     pods: &ExecutorPodClient,
     namespace: &str,
     app_id: &str,
-    id_record: &IdRecord,
+    (id_record, absent): (&IdRecord, &AtomicBool),
 ) -> (UpkeepDone, Result<Option<ExecutorId>, String>) {
     let mut failed_deletes = BTreeMap::new();
     for (only_pending, ids) in upkeep.deletes {
@@ -431,7 +438,13 @@ async fn send_upkeep(
     let recorded = match upkeep.record {
         None => Ok(None),
         Some(highest) => id_record
-            .write(pods.api(), namespace, highest)
+            // Only the first write may take Start's word that there is none.
+            .write(
+                pods.api(),
+                namespace,
+                highest,
+                absent.swap(false, Ordering::Relaxed),
+            )
             .await
             .map(|()| {
                 pods.metrics().id_record_written();

@@ -360,8 +360,20 @@ impl Feed {
 
     /// Whether the actor is to list the application's executor pods for a full state now:
     /// the LIST's ticket, to hand back with the pods to [`Self::listed`] (once per LIST).
+    /// None when the feed's own events hold every pod's JSON (a new application has no
+    /// pods): the full state is sent at once, without a LIST.
     pub fn take_listing_request(&mut self) -> Option<u64> {
         let assembly = self.assembly.as_mut().filter(|a| a.wanted)?;
+        if self
+            .pods
+            .keys()
+            .all(|name| assembly.fresh.contains_key(name))
+        {
+            assembly.wanted = false;
+            assembly.answered = true;
+            self.complete_full_state();
+            return None;
+        }
         self.listings += 1;
         assembly.wanted = false;
         assembly.asked = Some(self.listings);

@@ -46,10 +46,12 @@ fn drain(events: &mut ExecutorEvents) -> Vec<(u64, EventKind, Option<u64>)> {
     out
 }
 
-/// Answers the LIST the feed asks for with `pods`.
+/// Answers the LIST the feed asks for with `pods` (none is asked for when the feed's own
+/// events hold every pod: the full state is sent already).
 fn list(feed: &mut Feed, pods: &[Pod]) {
-    let ticket = feed.take_listing_request().expect("a LIST asked for");
-    feed.listed(ticket, pods.iter().filter_map(ListedPod::of).collect());
+    if let Some(ticket) = feed.take_listing_request() {
+        feed.listed(ticket, pods.iter().filter_map(ListedPod::of).collect());
+    }
 }
 
 /// Answers the LIST the feed asks for with the pods as the feed has them.
@@ -63,8 +65,9 @@ fn list_current(feed: &mut Feed) {
             pod_json: Arc::from("{}"),
         })
         .collect();
-    let ticket = feed.take_listing_request().expect("a LIST asked for");
-    feed.listed(ticket, pods);
+    if let Some(ticket) = feed.take_listing_request() {
+        feed.listed(ticket, pods);
+    }
 }
 
 /// The full-state or change events with their pod's resourceVersion.
@@ -105,6 +108,47 @@ fn a_stream_starts_with_the_full_state_then_follows_changes() {
             (101, EventKind::Updated, Some(1)),
             (102, EventKind::Deleted, Some(2))
         ]
+    );
+}
+
+#[test]
+fn a_full_state_the_feeds_own_events_hold_needs_no_list() {
+    // A new application: no pods, so its first stream's full state is sent at once.
+    let mut feed = feed_of(100, &[]);
+    let mut stream = feed.subscribe(0);
+    assert_eq!(
+        feed.take_listing_request(),
+        None,
+        "no LIST for a feed with no pods"
+    );
+    assert_eq!(drain(&mut stream), vec![(100, EventKind::Synced, None)]);
+    feed.applied(&pod(1, "Pending", 1), &rules());
+    assert_eq!(drain(&mut stream), vec![(101, EventKind::Updated, Some(1))]);
+
+    // Every pod changed since the full state was wanted: their events carry their JSON.
+    let mut feed = feed_of(200, &[pod(1, "Pending", 1)]);
+    let mut stream = feed.subscribe(0);
+    feed.applied(&pod(1, "Running", 2), &rules());
+    assert_eq!(
+        feed.take_listing_request(),
+        None,
+        "pod 1's event holds its JSON"
+    );
+    assert_eq!(
+        versions(&mut stream),
+        vec![
+            (EventKind::Snapshot, Some(1), Some("2".to_string())),
+            (EventKind::Synced, None, None),
+        ]
+    );
+
+    // A pod known only from Start: its JSON comes from a LIST.
+    let mut feed = feed_of(300, &[pod(1, "Pending", 1), pod(2, "Pending", 1)]);
+    let _stream = feed.subscribe(0);
+    feed.applied(&pod(1, "Running", 2), &rules());
+    assert!(
+        feed.take_listing_request().is_some(),
+        "pod 2 needs the LIST"
     );
 }
 

@@ -395,6 +395,8 @@ async fn a_watch_asks_the_worker_for_its_listing() {
     let mut actor = Driven::start(None);
     actor.first_round_answered().await;
     actor.event(PodEvent::Applied(executor(1, "Pending")));
+    // Taken in before the stream: the feed holds the pod, and a full state needs its JSON.
+    actor.settle().await;
     let mut stream = actor.handle.watch_executors(0).await.expect("stream");
     let Work::List(ticket) = actor.next_work().await else {
         panic!("not a LIST");
