@@ -9,8 +9,8 @@
 //! - requests, from the audit log by User-Agent (the service's and the drivers' on the
 //!   service's side, the drivers' on the other);
 //! - bytes of pod objects the API server served, from its own metrics: the sum of
-//!   `apiserver_response_sizes` (GET, LIST…) and `apiserver_watch_events_sizes` (watch
-//!   events) for pods;
+//!   `apiserver_response_sizes` (GET, LIST…, not WATCH: a watch's size is recorded whole
+//!   when it ends) and `apiserver_watch_events_sizes` (watch events, as they come) for pods;
 //! - the API server process's CPU seconds (`process_cpu_seconds_total` from its metrics).
 //!
 //! The bytes and CPU are the whole API server's. The bench first measures the fresh control
@@ -173,7 +173,14 @@ impl Counters {
     }
 
     fn parse(text: &str) -> Self {
-        let pods = |labels: &[(&str, &str)]| labels.contains(&("resource", "pods"));
+        // A WATCH's response size is its whole stream, recorded when the watch ends: the
+        // events are counted as they come (below), and a watch of the whole cluster (the
+        // scheduler's, kwok's) would dump its history into whichever window it ends in.
+        let pods = |labels: &[(&str, &str)]| {
+            labels.contains(&("resource", "pods"))
+                && !(labels.iter())
+                    .any(|(k, v)| *k == "verb" && matches!(*v, "WATCH" | "WATCHLIST"))
+        };
         let watched = |labels: &[(&str, &str)]| {
             labels.contains(&("resource", "pods")) || labels.contains(&("kind", "Pod"))
         };
@@ -511,6 +518,8 @@ mod tests {
 apiserver_response_sizes_bucket{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1",le="1000"} 3
 apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 120000
 apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="GET",version="v1"} 5000
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="WATCH",version="v1"} 9999
+apiserver_response_sizes_sum{component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="WATCHLIST",version="v1"} 8888
 apiserver_response_sizes_sum{component="apiserver",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="GET",version="v1"} 777
 apiserver_response_sizes_count{component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 3
 apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 40000
@@ -523,8 +532,8 @@ process_cpu_seconds_total_other 3
     #[test]
     fn pod_bytes_and_cpu_are_read_from_the_api_servers_metrics() {
         let counters = Counters::parse(METRICS);
-        // Pod responses (LIST and GET) and pod watch events; not Leases, not ConfigMaps,
-        // not the histogram's buckets or counts.
+        // Pod responses (LIST and GET, not a watch's whole stream) and pod watch events;
+        // not Leases, not ConfigMaps, not the histogram's buckets or counts.
         assert_eq!(counters.pod_bytes, 120000.0 + 5000.0 + 40000.0 + 1000.0);
         assert_eq!(counters.cpu_seconds, 12.5);
         let later = Counters {
