@@ -4,9 +4,11 @@
 
 mod kubelet;
 mod node;
+mod nodes;
 mod objects;
 mod process;
 mod protobuf;
+mod quantity;
 mod quota;
 pub mod selector;
 mod server;
@@ -24,8 +26,9 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use kubelet::node_name;
 pub use node::{NodeError, PROCESS_NODE_PROVISIONER, run_process_node};
+pub use nodes::node_name;
+pub use server::SimWrite;
 pub use settings::{
     AccessSettings, FaultSettings, ImageEnv, KubeletMode, KubeletRuntime, KubeletSettings,
     ProcessImage, SimGrant, SimSettings, SimToken,
@@ -56,25 +59,6 @@ pub enum SimError {
         /// The underlying error.
         source: std::io::Error,
     },
-}
-
-/// One write request as the API server received it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SimWrite {
-    /// Its User-Agent.
-    pub agent: String,
-    /// As an audit log names it: `create`, `update`, `patch`, `delete`,
-    /// `deletecollection`, `subresource`.
-    pub verb: String,
-    /// The resource's plural (`pods`), with the subresource after a slash (`pods/binding`).
-    pub resource: String,
-    /// Its namespace (empty for a cluster-scoped one).
-    pub namespace: String,
-    /// The object's name (empty for a collection).
-    pub name: String,
-    /// The store's resourceVersion when it arrived: it was sent after every change up to
-    /// this one and before any later one.
-    pub received_at: u64,
 }
 
 /// The store's changes, as [`SimCluster::history`] returns them.
@@ -171,7 +155,7 @@ impl SimCluster {
             // The nodes that run pods, as their kubelets register them (`kubectl get nodes`).
             let now = objects::now_rfc3339();
             for i in 0..shared.settings.kubelet.nodes as usize {
-                let node = kubelet::node_object(i, shared.settings.kubelet.pods_per_node, &now);
+                let node = nodes::node_object(i, shared.settings.kubelet.pods_per_node, &now);
                 // Each name is new in a new store; nothing else can fail here.
                 let _ = server::create_internal(&shared, Kind::Node, node);
             }

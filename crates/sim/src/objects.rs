@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::quantity::quantity;
 use super::selector::{is_dns_label, is_dns_subdomain};
 use super::status::{ApiError, Cause};
 use super::store::{Deletion, Kind};
@@ -234,36 +235,6 @@ fn validate_pod_spec(obj: &Value, causes: &mut Vec<Cause>) {
             message: format!("Unsupported value: \"{policy}\": supported values: \"Always\", \"OnFailure\", \"Never\""),
         });
     }
-}
-
-/// Parses a resource quantity (`500m`, `1Gi`, `2`) to a number, for the QoS class.
-pub(crate) fn quantity(v: &Value) -> Option<f64> {
-    let s = match v {
-        Value::String(s) => s.as_str(),
-        Value::Number(n) => return n.as_f64(),
-        _ => return None,
-    };
-    let suffixes: [(&str, f64); 13] = [
-        ("Ki", 1024.0),
-        ("Mi", 1024f64.powi(2)),
-        ("Gi", 1024f64.powi(3)),
-        ("Ti", 1024f64.powi(4)),
-        ("Pi", 1024f64.powi(5)),
-        ("Ei", 1024f64.powi(6)),
-        ("m", 1e-3),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-        ("P", 1e15),
-        ("E", 1e18),
-    ];
-    for (suffix, mult) in suffixes {
-        if let Some(num) = s.strip_suffix(suffix) {
-            return num.parse::<f64>().ok().map(|n| n * mult);
-        }
-    }
-    s.parse().ok()
 }
 
 /// The pod's QoS class, computed from its containers' requests and limits.

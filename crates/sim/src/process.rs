@@ -661,7 +661,7 @@ fn resource_ref(container: &Value, spec: &Value) -> Option<String> {
     let (section, name) = resource.split_once('.')?;
     let declared = container
         .pointer(&format!("/resources/{section}/{name}"))
-        .and_then(super::objects::quantity);
+        .and_then(super::quantity::quantity);
     let value = match (declared, name) {
         (Some(v), _) => v,
         (None, "cpu") => std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
@@ -669,7 +669,7 @@ fn resource_ref(container: &Value, spec: &Value) -> Option<String> {
     };
     let divisor = spec
         .get("divisor")
-        .and_then(super::objects::quantity)
+        .and_then(super::quantity::quantity)
         .filter(|d| *d > 0.0)
         .unwrap_or(1.0);
     Some(format!("{}", (value / divisor).ceil() as i64))

@@ -11,7 +11,7 @@
 //! requesting 0 (a real API server refuses it: "must specify requests.cpu").
 use serde_json::{Map, Value, json};
 
-use crate::objects::quantity;
+use crate::quantity::quantity;
 use crate::status::ApiError;
 
 /// A resource a quota may track, in whole units (pods, millicores, bytes).

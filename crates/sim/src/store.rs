@@ -33,7 +33,7 @@ pub enum Kind {
     /// creation, `status` kept as the resourcequota controller keeps it (see `quota`).
     ResourceQuota,
     /// core/v1 nodes (cluster-scoped): the simulated nodes, Ready, as their kubelets
-    /// register them (see `kubelet::node_object`).
+    /// register them (see `nodes::node_object`).
     Node,
 }
 

@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn node_rows_show_status_roles_and_version_as_kubectl_does() {
-        let mut node = crate::kubelet::node_object(0, 110, "2020-01-01T00:00:00Z");
+        let mut node = crate::nodes::node_object(0, 110, "2020-01-01T00:00:00Z");
         node["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
         let cells = node_cells(&node);
         assert_eq!(

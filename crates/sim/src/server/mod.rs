@@ -1,106 +1,36 @@
 //! The HTTP side of the simulated API server: authentication, routing of Kubernetes API
 //! paths, injected faults and the admin endpoints. The verbs of each resource are in
-//! [`verbs`], watches in [`watch`], discovery documents in [`discovery`].
+//! [`verbs`], watches in [`watch`], discovery documents in [`discovery`], the state and
+//! helpers every handler shares in [`shared`].
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
-use rand::Rng;
-use rand::rngs::SmallRng;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::protobuf;
-use super::settings::{FaultSettings, SimSettings};
+use super::settings::FaultSettings;
 use super::status::ApiError;
-use super::store::{Kind, Store};
+use super::store::Kind;
 use super::table::{IncludeObject, printed, table as printed_table, wants_table};
 
 mod discovery;
 mod reviews;
+mod shared;
 mod verbs;
 mod watch;
 
+pub use shared::SimWrite;
+pub(crate) use shared::{Hold, Shared};
+use shared::{Query, flag, parse_u64, value_response};
+
 use verbs::{bind, create, delete, delete_collection, get, list, parse_object, patch, replace};
 pub(crate) use verbs::{bind_pod, delete_object, set_condition};
-
-/// State shared by every request, the kubelet and the garbage collector.
-pub(crate) struct Shared {
-    pub store: Store,
-    pub settings: SimSettings,
-    pub faults: RwLock<FaultSettings>,
-    pub rng: Mutex<SmallRng>,
-    pub cancel: CancellationToken,
-    /// `host:port` the server listens on (for discovery's serverAddressByClientCIDRs).
-    pub address: String,
-    /// LIST answers, computed and then held back (see `SimCluster::hold_list_responses`):
-    /// reproduces a slow LIST racing watch events.
-    pub lists: Hold,
-    /// Pod creates, held before they are served (see `SimCluster::hold_pod_creates`):
-    /// shows how many a client has in flight at once.
-    pub pod_creates: Hold,
-    /// The process runtime's base directory (pods' logs), when it runs pods.
-    pub process_dir: Option<std::path::PathBuf>,
-    /// API requests received (before injected faults), by (User-Agent, verb, resource): lets
-    /// a test tell which client listed, watched or created what, and that every request of a
-    /// client names it (`GET /sim/requests`). Reviews count as `create` of their resource,
-    /// discovery and health as `get` of their path.
-    pub requests: Mutex<BTreeMap<(String, String, String), u64>>,
-    /// Writes admitted under `faults.max_writes_per_second`: (tokens left, when counted).
-    pub write_tokens: Mutex<(f64, Option<std::time::Instant>)>,
-    /// Writes answered 429 because they were above `faults.max_writes_per_second`.
-    pub writes_shed: std::sync::atomic::AtomicU64,
-    /// Every write request to a resource received (before injected faults), in order, with
-    /// the store's version at its arrival: which client wrote what, under which state of
-    /// the objects (`SimCluster::writes`).
-    pub writes: Mutex<Vec<crate::SimWrite>>,
-}
-
-impl Shared {
-    pub(crate) fn faults(&self) -> FaultSettings {
-        self.faults
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// A uniform random number in `0..1` from the seeded generator.
-    pub(crate) fn roll(&self) -> f64 {
-        self.rng
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .r#gen::<f64>()
-    }
-
-    fn uid(&self) -> String {
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        let b: [u8; 16] = rng.r#gen();
-        let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-        format!(
-            "{}-{}-4{}-a{}-{}",
-            &h[0..8],
-            &h[8..12],
-            &h[13..16],
-            &h[17..20],
-            &h[20..32]
-        )
-    }
-
-    fn name_suffix(&self) -> String {
-        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        (0..5)
-            .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
-            .collect()
-    }
-}
 
 /// The router serving the whole API (everything goes through one dispatcher).
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -114,21 +44,6 @@ async fn handle(State(sh): State<Arc<Shared>>, req: Request) -> Response {
     }
 }
 
-fn json_response(code: StatusCode, body: impl Into<Body>) -> Response {
-    let mut resp = (code, body.into()).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-fn value_response(code: StatusCode, v: &Value) -> Response {
-    json_response(code, v.to_string())
-}
-
-type Query = HashMap<String, String>;
-
 fn query_of(req: &Request) -> Query {
     req.uri()
         .query()
@@ -138,21 +53,6 @@ fn query_of(req: &Request) -> Query {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn flag(q: &Query, key: &str) -> bool {
-    q.get(key).is_some_and(|v| v == "true" || v == "1")
-}
-
-fn parse_u64(q: &Query, key: &str) -> Result<Option<u64>, ApiError> {
-    match q.get(key).map(String::as_str) {
-        None | Some("") => Ok(None),
-        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
-            ApiError::bad_request(format!(
-                "invalid value {v:?} for {key}: must be a non-negative integer"
-            ))
-        }),
-    }
 }
 
 fn authorized(sh: &Shared, req: &Request) -> bool {
@@ -584,47 +484,6 @@ fn namespace_for_write(kind: Kind, ns: Option<String>) -> Result<String, ApiErro
     }
 }
 
-/// A gate tests close to hold requests of one kind where they are (a LIST's answer,
-/// already computed, shows the state at the time of the request, as a slow response on a
-/// real server does), and count them.
-#[derive(Debug)]
-pub(crate) struct Hold {
-    closed: tokio::sync::watch::Sender<bool>,
-    held: std::sync::atomic::AtomicUsize,
-}
-
-impl Hold {
-    pub fn new() -> Self {
-        Self {
-            closed: tokio::sync::watch::channel(false).0,
-            held: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    /// Holds the requests that come from now on, or lets every held one go.
-    pub fn close(&self, closed: bool) {
-        self.closed.send_replace(closed);
-    }
-
-    /// Requests held right now.
-    pub fn held(&self) -> usize {
-        self.held.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Waits while the gate is closed.
-    async fn pass(&self) {
-        use std::sync::atomic::Ordering;
-        let mut closed = self.closed.subscribe();
-        if !*closed.borrow_and_update() {
-            return;
-        }
-        self.held.fetch_add(1, Ordering::SeqCst);
-        // Ends when the gate opens or the sender (the cluster) is gone.
-        let _ = closed.wait_for(|closed| !*closed).await;
-        self.held.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// The latency and errors of `faults` for a request for `resource` (a plural name).
 async fn inject_request_faults(sh: &Shared, resource: &str) -> Result<(), ApiError> {
     let faults = sh.faults();
@@ -706,7 +565,7 @@ fn count_request(sh: &Shared, req: &Request, method: &Method, target: &Target, w
                 (ns.clone(), name.clone(), format!("{}/{sub}", kind.plural()))
             }
         };
-        let write = crate::SimWrite {
+        let write = SimWrite {
             agent: user_agent(req),
             verb: verb.to_string(),
             resource,

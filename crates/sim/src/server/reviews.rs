@@ -7,7 +7,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewStatus, UserI
 use k8s_openapi::api::authorization::v1::{SubjectAccessReview, SubjectAccessReviewStatus};
 use serde_json::Value;
 
-use super::{Shared, value_response};
+use super::shared::{Shared, value_response};
 use crate::settings::{AccessSettings, SimGrant};
 use crate::status::{ApiError, Cause};
 use axum::response::Response;

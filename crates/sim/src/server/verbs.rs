@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{Query, Shared, json_response, parse_u64, value_response};
+use super::shared::{Query, Shared, json_response, parse_u64, value_response};
 use crate::objects::{self, PatchType, now_rfc3339};
 use crate::selector::{FieldSelector, LabelSelector, Selector};
 use crate::status::ApiError;

@@ -13,8 +13,8 @@ use http::{HeaderValue, header};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
+use super::shared::{Query, Shared, flag, parse_u64};
 use super::verbs::selector_of;
-use super::{Query, Shared, flag, parse_u64};
 use crate::selector::Selector;
 use crate::status::ApiError;
 use crate::store::{Event, EventType, Kind};
