@@ -108,6 +108,11 @@ pub struct Args {
     /// then a lower bound). None by default: every case runs to N Running.
     #[arg(long)]
     pub max_seconds: Option<u64>,
+    /// The heap of Spark's own driver (`spark-own`): it holds every executor pod of its
+    /// snapshots, so 10,000 executors need more than the 512m enough for 1,000 (with
+    /// 512m its pod polling runs out of heap at about 5,000).
+    #[arg(long, default_value = "512m")]
+    pub spark_driver_heap: String,
 }
 
 /// Who creates the pods.
@@ -624,7 +629,7 @@ impl Contender {
                     namespace,
                     n,
                     "bench",
-                    "512m",
+                    &args.spark_driver_heap,
                     None,
                 )?;
                 let stdin = driver.stdin.take();
