@@ -6,6 +6,7 @@
 //! Start's reads, nothing more. A test binary of its own: its 500 applications would
 //! load the machine under the wall-clock tests of others.
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,6 +17,8 @@ use spark_pod_allocator::ha::HaSettings;
 use spark_pod_allocator::k8s::leases::spawn_keepers;
 use spark_pod_allocator::k8s::watch::{RESYNC_PAGE_SIZE, RESYNC_PAGE_SIZE_MIN};
 use spark_pod_allocator::lifecycle::Initialize;
+use spark_pod_allocator::metrics::Metrics;
+use spark_pod_allocator::runtime::Builder;
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::service::{id, start, start_application as request, targets};
 use test_kit::wait::until;
@@ -25,6 +28,15 @@ const NS: &str = "default";
 
 fn applications(sim: &SimCluster, clock: &ManualClock, settings: Settings) -> Applications {
     test_kit::service::applications(sim.try_client().expect("sim client"), clock, settings)
+}
+
+/// Periodic LISTs the service ended, from its metrics: the watch takes the end of one in
+/// (and times the next from its clock) as it records its duration.
+fn periodic_lists_ended(metrics: &Metrics) -> u64 {
+    (metrics.encode().lines())
+        .find_map(|line| line.strip_prefix("spark_pod_allocator_resync_duration_seconds_count "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Executors per application.
@@ -59,7 +71,15 @@ async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
     service.tenants.max_applications_per_namespace = count;
     service.tenants.max_applications_per_identity = count;
     let resync = service.resync_interval();
-    let apps = applications(&sim, &clock, service);
+    let metrics = Metrics::default();
+    let apps = Builder::new(
+        sim.try_client().expect("sim client"),
+        Arc::new(clock.clone()),
+    )
+    .with_settings(&service)
+    .with_metrics(metrics.clone())
+    .build()
+    .into_applications();
     let names: Vec<String> = (0..count).map(|k| format!("app-{k}")).collect();
     futures::stream::iter(&names)
         .for_each_concurrent(STARTS_AT_ONCE, async |app| {
@@ -104,6 +124,12 @@ async fn steady_requests(count: usize) -> BTreeMap<(String, String), u64> {
         }
         until(&format!("periodic LIST {listing}"), async || {
             lists(&counted()) >= lists(&before) + listing * per_listing
+        })
+        .await;
+        // Its last page answered is not yet its end taken in: the clock moves on only once
+        // the watch has timed the next LIST from it.
+        until(&format!("periodic LIST {listing} ended"), async || {
+            periodic_lists_ended(&metrics) >= listing
         })
         .await;
     }
