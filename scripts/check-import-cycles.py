@@ -3,13 +3,15 @@
 
 An import is any path a file names into its own crate: `use crate::...`, `use super::...`,
 `use self::...`, `use child::...` (a module the file declares), and the same paths written
-inline in code (`crate::app::failures::STUCK`). Each path goes to the file of the longest
+inline in code (`crate::app::failures::STUCK`, `child::f()`, or through a module a `use`
+named: `use super::budgets;` then `budgets::policy::check()`). Each path goes to the file of the longest
 module it names (`crate::app::Applications` is src/app/mod.rs, `crate::app::start::Start`
 is src/app/start.rs). Declaring a module (`mod start;`) is not an import, and neither is a
 path into the file itself (an inline `mod tests` taking `super::*`). Comments and string
 literals are skipped.
 
 Usage: check-import-cycles.py [CRATE_ROOT...]   (default: src/lib.rs src/main.rs)
+       check-import-cycles.py --self-test      (small crates with known circles)
 Prints every circle with the names each file takes from the next, and exits 1 if any.
 """
 import os
@@ -198,13 +200,29 @@ class Crate:
             name = segments[-1]
             found.setdefault(target, set()).add(name)
 
+        # Modules a `use` names (`use super::budgets;`): inline paths through them
+        # (`budgets::policy::check(…)`) import what they name.
+        aliases = {}
         for m in re.finditer(r"\buse\s+([^;]+);", text):
             for segments in expand(m.group(1)):
                 if segments:
                     add(m.start(), segments)
+                    if segments[-1] not in ("*", "self", "super", "crate"):
+                        aliases[segments[-1]] = segments
         for m in re.finditer(r"(?<![\w:])((?:crate|super|self)(?:\s*::\s*" + IDENT + r")+)",
                              text):
             add(m.start(), [s.strip() for s in m.group(1).split("::")])
+        # Inline paths from a module this file declares (`watch::events(…)` after
+        # `mod watch;`) or a module it imported by name.
+        for m in re.finditer(r"(?<![\w:])(" + IDENT + r"(?:\s*::\s*" + IDENT + r")+)", text):
+            segments = [s.strip() for s in m.group(1).split("::")]
+            first = segments[0]
+            if first in ("crate", "super", "self"):
+                continue
+            if module + (first,) in self.files:
+                add(m.start(), segments)
+            elif first in aliases:
+                add(m.start(), aliases[first] + segments[1:])
         return found
 
 
@@ -242,7 +260,40 @@ def cycles(graph):
     return out
 
 
+def self_test():
+    """Small crates whose circles are known: each kind of path must be seen."""
+    import tempfile
+    cases = {
+        "use crate": ({"lib.rs": "mod a;\nmod b;\n", "a.rs": "use crate::b::B;\n",
+                       "b.rs": "use crate::a::A;\n"}, 1),
+        "inline child path": ({"lib.rs": "mod watch;\npub struct S;\nfn f() { watch::events(); }\n",
+                               "watch.rs": "use super::S;\npub fn events() {}\n"}, 1),
+        "path through a used module": ({"lib.rs": "mod app;\nmod config;\n",
+                                        "app/mod.rs": "mod options;\n",
+                                        "app/options.rs": "use crate::config;\nfn f() { config::load(); }\n",
+                                        "config.rs": "use crate::app;\nfn g() { app::options::h(); }\n"}, 1),
+        "no circle": ({"lib.rs": "mod a;\nmod b;\nfn f() { a::x(); }\n", "a.rs": "use crate::b;\nfn x() { b::y(); }\n",
+                       "b.rs": "// use crate::a;\nfn y() { let _ = \"crate::a::x\"; }\n"}, 0),
+    }
+    failed = 0
+    for name, (files, expected) in cases.items():
+        with tempfile.TemporaryDirectory() as root:
+            for path, text in files.items():
+                os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+                with open(os.path.join(root, path), "w", encoding="utf-8") as f:
+                    f.write(text)
+            crate = Crate(os.path.join(root, "lib.rs"))
+            found = len(cycles({m: crate.imports(m) for m in crate.files}))
+        if found != expected:
+            failed += 1
+            print(f"self-test {name!r}: {found} circle(s), expected {expected}")
+    print(f"self-test: {len(cases) - failed} of {len(cases)} cases right")
+    return 1 if failed else 0
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     roots = sys.argv[1:] or ["src/lib.rs", "src/main.rs"]
     failed = 0
     for root in roots:

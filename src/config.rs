@@ -59,11 +59,10 @@ pub struct Settings {
     /// `resync_interval × this` executor pods followed is listed less often (0: every
     /// `resync_interval_ms` whatever its size).
     pub resync_pods_per_second: u32,
-    /// How long an application whose driver pod Failed or Succeeded is kept before it is
-    /// forgotten (its executors are deleted at once, per delete-on-termination).
-    pub driver_end_grace_ms: u64,
-    /// Namespaces applications may run in; empty = all.
-    pub allowed_namespaces: Vec<String>,
+    /// The top-level keys the application layer reads (`allowed_namespaces`,
+    /// `driver_end_grace_ms`, …), its section written without a table of its own.
+    #[serde(flatten)]
+    pub app: crate::app::AppSettings,
     /// A Pod (YAML or JSON file) used when Start gives no executor pod template.
     pub default_executor_pod_template: Option<PathBuf>,
     /// The simulated cluster of `serve --simulate`, `simulate` and `demo`.
@@ -205,8 +204,7 @@ impl Default for Settings {
             allocation: AllocationSettings::default(),
             resync_interval_ms: 600_000,
             resync_pods_per_second: 100,
-            driver_end_grace_ms: 60_000,
-            allowed_namespaces: Vec::new(),
+            app: Default::default(),
             default_executor_pod_template: None,
             simulator: spark_pod_allocator_sim::SimSettings::default(),
             log: LogSettings::default(),
@@ -288,13 +286,19 @@ impl Settings {
             .with_list_parse_key("auth.admin_groups")
             .ignore_empty(true)
             .source(env);
-        let mut settings: Settings = builder
-            .add_source(environment)
-            .build()?
-            .try_deserialize()
-            .map_err(|error| locate_unknown_key(error, &env_names, path))?;
+        let loaded = builder.add_source(environment).build()?;
+        let mut settings: Settings = match loaded.clone().try_deserialize() {
+            Ok(settings) => settings,
+            Err(error) => {
+                // Serde reads a flattened section through a buffer that drops its keys'
+                // names from errors; read alone, the section names the key.
+                let error =
+                    (loaded.try_deserialize::<crate::app::AppSettings>().err()).unwrap_or(error);
+                return Err(locate_unknown_key(error, &env_names, path));
+            }
+        };
         // `a, b` in the environment means `a` and `b`.
-        settings.allowed_namespaces = (settings.allowed_namespaces.iter())
+        settings.app.allowed_namespaces = (settings.app.allowed_namespaces.iter())
             .map(|ns| ns.trim().to_string())
             .filter(|ns| !ns.is_empty())
             .collect();
@@ -342,15 +346,8 @@ impl Settings {
                 "must not be empty",
             ));
         }
-        if let Some(bad) = self
-            .allowed_namespaces
-            .iter()
-            .find(|ns| !crate::naming::is_dns_label(ns))
-        {
-            return Err(ConfigError::Invalid {
-                key: "allowed_namespaces".to_string(),
-                reason: format!("{bad:?} is not a namespace name (DNS-1123 label)"),
-            });
+        if let Err((key, reason)) = self.app.validate() {
+            return Err(ConfigError::Invalid { key, reason });
         }
         if let Err(crate::allocator::SettingsError::Invalid { name, reason }) =
             self.allocation.validate()
@@ -628,7 +625,7 @@ mod tests {
         assert_eq!(s.kubernetes.in_cluster, InCluster::Auto);
         assert_eq!(s.resync_interval(), Duration::from_secs(600));
         assert_eq!(s.resync_pods_per_second, 100);
-        assert!(s.allowed_namespaces.is_empty());
+        assert!(s.app.allowed_namespaces.is_empty());
         assert_eq!(s.log.format, LogFormat::Text);
         assert_eq!(
             s.allocation.executor_container_name,
@@ -841,7 +838,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.listen, "0.0.0.0:6000".parse().unwrap());
-        assert_eq!(s.allowed_namespaces, vec!["a", "b"]);
+        assert_eq!(s.app.allowed_namespaces, vec!["a", "b"]);
         assert_eq!(s.kubernetes.qps, 7);
         let a = &s.allocation;
         assert_eq!(a.batch_size, 30);
@@ -860,10 +857,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.log.format, LogFormat::Json);
-        assert_eq!(s.allowed_namespaces, vec!["spark", "batch"]);
+        assert_eq!(s.app.allowed_namespaces, vec!["spark", "batch"]);
         let spaced = env(&[("SPARK_POD_ALLOCATOR__ALLOWED_NAMESPACES", "spark, batch,")]);
         let s2 = Settings::load_with_env(None, spaced).unwrap();
-        assert_eq!(s2.allowed_namespaces, vec!["spark", "batch"]);
+        assert_eq!(s2.app.allowed_namespaces, vec!["spark", "batch"]);
         let a = &s.allocation;
         assert_eq!(a.max_pending_pods, Some(40));
         assert!(!a.delete_on_termination);
@@ -878,6 +875,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("kubernetes.qps"), "{err}");
+        // A key of the application layer's flattened section is named as a top-level key.
+        let err = Settings::load_with_env(
+            None,
+            env(&[("SPARK_POD_ALLOCATOR__DRIVER_END_GRACE_MS", "soon")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("driver_end_grace_ms"), "{err}");
+        let f = file("toml", "driver_end_grace_ms = -5\n");
+        let err = (Settings::load_with_env(Some(f.path()), env(&[])).unwrap_err()).to_string();
+        assert!(err.contains("driver_end_grace_ms"), "{err}");
     }
 
     #[test]

@@ -114,8 +114,8 @@ pub async fn run() -> anyhow::Result<DemoSummary> {
     let cluster = SimCluster::start(sim_settings)
         .await
         .context("starting the simulated cluster")?;
-    let client =
-        crate::k8s::client(cluster.kube_config()).context("a client for the simulated cluster")?;
+    let client = spark_pod_allocator::k8s::client(cluster.kube_config())
+        .context("a client for the simulated cluster")?;
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port for the service")?;

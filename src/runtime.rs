@@ -10,7 +10,6 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -149,9 +148,8 @@ impl Builder {
         let ctx = ServiceContext {
             clock,
             metrics,
-            allowed_namespaces: settings.allowed_namespaces.iter().cloned().collect(),
+            app: settings.app.clone(),
             qps: kubernetes.qps,
-            driver_end_grace: Duration::from_millis(settings.driver_end_grace_ms),
             executor_stream_buffer,
             limits: settings.limits.clone(),
             pod_policy: settings.pod_policy.clone(),
@@ -335,6 +333,8 @@ pub async fn wait_until_serving(channel: Channel) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tonic::transport::Endpoint;
 
     use super::*;

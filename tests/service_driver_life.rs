@@ -26,7 +26,7 @@ const GRACE: Duration = Duration::from_secs(300);
 
 async fn harness() -> Harness {
     let mut config = Settings::default();
-    config.driver_end_grace_ms = u64::try_from(GRACE.as_millis()).expect("grace in ms");
+    config.app.driver_end_grace_ms = u64::try_from(GRACE.as_millis()).expect("grace in ms");
     Harness::start_with_config(quiet_cluster(), ServeSettings::default(), config).await
 }
 

@@ -52,7 +52,7 @@ fn sim_settings() -> SimSettings {
 
 fn config() -> Settings {
     let mut config = Settings::default();
-    config.allowed_namespaces = vec![TEAM_A.into(), TEAM_B.into()];
+    config.app.allowed_namespaces = vec![TEAM_A.into(), TEAM_B.into()];
     config.registrations = RegistrationSettings {
         namespace: Some(SERVICE_NS.into()),
         ..RegistrationSettings::default()
@@ -428,7 +428,7 @@ async fn a_registration_of_a_namespace_no_longer_allowed_is_refused() {
     start_registered(&h, "in-b", TEAM_B, 2).await;
     h.stop_server().await;
     delete_pods(&h, TEAM_B, "in-b").await;
-    h.settings.allowed_namespaces = vec![TEAM_A.into()];
+    h.settings.app.allowed_namespaces = vec![TEAM_A.into()];
 
     let r = restart(&mut h).await;
     assert_eq!(r.resumed, ["kept"]);

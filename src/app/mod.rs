@@ -31,6 +31,7 @@ pub use budgets::{BudgetPolicy, Budgets, HeldBy};
 pub use error::AppError;
 pub use failures::{CreateFailure, ExecutorFailure, ExecutorProblem};
 pub use feed::{EventKind, ExecutorEvent, ExecutorEvents, ExecutorView, Feed};
+pub use options::AppSettings;
 pub(crate) use options::{KubernetesParts, ServiceContext};
 pub use registry::Applications;
 pub use shards::ShardKeepers;

@@ -1,7 +1,8 @@
 //! The shared parts every application uses.
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
+
+use serde::Deserialize;
 
 use super::budgets::BudgetPolicy;
 use super::limits;
@@ -11,6 +12,51 @@ use crate::k8s::{ExecutorPodClient, PodWatches, RegistrationStore};
 use crate::metrics::Metrics;
 use crate::time::Clock;
 
+/// The top-level configuration keys the application layer reads. The configuration holds
+/// them flattened, so a file writes `allowed_namespaces`, not a table of its own; a new
+/// such key is a field here and its user.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(default)]
+pub struct AppSettings {
+    /// How long an application whose driver pod Failed or Succeeded is kept before it is
+    /// forgotten (its executors are deleted at once, per delete-on-termination).
+    pub driver_end_grace_ms: u64,
+    /// Namespaces applications may run in; empty = all.
+    pub allowed_namespaces: Vec<String>,
+}
+
+impl Default for AppSettings {
+    fn default() -> Self {
+        Self {
+            driver_end_grace_ms: 60_000,
+            allowed_namespaces: Vec::new(),
+        }
+    }
+}
+
+impl AppSettings {
+    /// The rules a deserialised value can still break, as (key, reason).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        match (self.allowed_namespaces.iter()).find(|ns| !crate::naming::is_dns_label(ns)) {
+            Some(bad) => Err((
+                "allowed_namespaces".to_string(),
+                format!("{bad:?} is not a namespace name (DNS-1123 label)"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether applications may run in `namespace`.
+    pub fn allows(&self, namespace: &str) -> bool {
+        self.allowed_namespaces.is_empty()
+            || self.allowed_namespaces.iter().any(|ns| ns == namespace)
+    }
+
+    pub fn driver_end_grace(&self) -> Duration {
+        Duration::from_millis(self.driver_end_grace_ms)
+    }
+}
+
 /// What every application shares: the clock, the metrics, and the configuration's sections
 /// the application layer takes, as the composition root ([`crate::runtime::Builder`])
 /// gives them from the configuration.
@@ -19,13 +65,10 @@ pub(crate) struct ServiceContext {
     pub clock: Arc<dyn Clock>,
     /// Where pods created and deleted, create failures and active applications are counted.
     pub metrics: Metrics,
-    /// Namespaces applications may run in (`allowed_namespaces`); empty = all.
-    pub allowed_namespaces: BTreeSet<String>,
+    /// The configuration's top-level keys of the application layer.
+    pub app: AppSettings,
     /// Mutating requests per second, shared by all applications (`kubernetes.qps`).
     pub qps: u32,
-    /// How long an application whose driver pod Failed or Succeeded is kept (calls still
-    /// answer, nothing is created) before it is forgotten (`driver_end_grace_ms`).
-    pub driver_end_grace: Duration,
     /// Changes a WatchExecutors stream may leave unread before it is given a fresh full
     /// state instead (bounds each stream's memory; never blocks the actor).
     pub executor_stream_buffer: usize,

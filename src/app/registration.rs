@@ -205,13 +205,13 @@ impl Refusal {
 /// The registration `stored` holds, if the service may resume it: proven with `key` over
 /// its labels' namespace and application id, its ConfigMap's uid and its JSON (checked
 /// first, before the JSON is parsed), kept under the name of that namespace and
-/// application, naming them itself, in a namespace of `allowed` (empty: all). A record of
+/// application, naming them itself, in a namespace `app` allows. A record of
 /// an earlier version, signed over all but the uid, is trusted only in a ConfigMap created
 /// no later than [`SigningKey::proofs_since`] (then written again with a proof).
 pub fn open(
     stored: &StoredRegistration,
     key: &SigningKey,
-    allowed: &BTreeSet<String>,
+    app: &super::AppSettings,
 ) -> Result<Registration, Refusal> {
     let Some(json) = &stored.json else {
         return Err(Refusal::Unsigned);
@@ -279,7 +279,7 @@ pub fn open(
             registration.namespace, registration.app_id
         )));
     }
-    if !allowed.is_empty() && !allowed.contains(namespace) {
+    if !app.allows(namespace) {
         return Err(Refusal::NamespaceNotAllowed(namespace.clone()));
     }
     Ok(registration)

@@ -72,10 +72,10 @@ impl Applications {
             .collect();
         resumed_epochs.extend(due.iter().map(|(shard, epoch)| (*shard, *epoch)));
         let mut left_out = BTreeSet::new();
-        let allowed = &self.inner.ctx.allowed_namespaces;
+        let app = &self.inner.ctx.app;
         let mut resumed = Vec::new();
         for found in stored {
-            let checked = registration::open(&found, key, allowed).and_then(|registration| {
+            let checked = registration::open(&found, key, app).and_then(|registration| {
                 let req = registration.start_request().map_err(Refusal::Invalid)?;
                 let placement = Placement {
                     namespace: req.namespace.clone(),

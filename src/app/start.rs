@@ -326,7 +326,7 @@ impl Start<'_> {
             clock: Arc::clone(&self.inner.ctx.clock),
             driver: driver.as_ref().map(|d| DriverLife {
                 pod_name: d.name.clone(),
-                grace: ctx.driver_end_grace,
+                grace: ctx.app.driver_end_grace(),
             }),
             forget: self.forget_hook(&req.app_id, generation),
             registration: Registration::of_start(req),
@@ -424,13 +424,13 @@ impl Start<'_> {
     }
 
     fn check_namespace(&self, namespace: &str) -> Result<(), AppError> {
-        let allowed = &self.inner.ctx.allowed_namespaces;
-        if allowed.is_empty() || allowed.contains(namespace) {
+        let app = &self.inner.ctx.app;
+        if app.allows(namespace) {
             Ok(())
         } else {
             Err(AppError::PermissionDenied(format!(
                 "namespace {namespace} is not allowed by this service (allowed: {})",
-                allowed.iter().cloned().collect::<Vec<_>>().join(", ")
+                app.allowed_namespaces.join(", ")
             )))
         }
     }

@@ -82,7 +82,7 @@ async fn start_is_idempotent_and_checks_its_inputs() {
     let sim = manual_cluster().await;
     let clock = ManualClock::starting_now();
     let mut config = Settings::default();
-    config.allowed_namespaces = vec![NS.to_string(), "other".to_string()];
+    config.app.allowed_namespaces = vec![NS.to_string(), "other".to_string()];
     let apps = applications(&sim, &clock, config);
     let first = apps.start(request("app-i", NS)).await.unwrap();
     assert!(!first.resumed);

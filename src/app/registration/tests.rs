@@ -1,3 +1,4 @@
+use crate::app::AppSettings;
 use k8s_openapi::jiff::{Span, Timestamp};
 
 use super::*;
@@ -171,7 +172,7 @@ fn as_earlier_version(stored: &StoredRegistration, key: &SigningKey) -> StoredRe
 
 #[test]
 fn a_copy_in_another_object_is_refused_as_replayed() {
-    let all = BTreeSet::new();
+    let all = AppSettings::default();
     let (registration, stored) = sealed(&key(1));
     assert_eq!(open(&stored, &key(1), &all), Ok(registration));
     // Written back from a copy: the same name, labels and data, another object.
@@ -199,7 +200,7 @@ fn a_copy_in_another_object_is_refused_as_replayed() {
 
 #[test]
 fn an_earlier_versions_record_resumes_only_in_an_object_older_than_the_proofs() {
-    let all = BTreeSet::new();
+    let all = AppSettings::default();
     let (registration, stored) = sealed(&key(1));
     let earlier = as_earlier_version(&stored, &key(1));
     assert_eq!(open(&earlier, &key(1), &all), Ok(registration.clone()));
@@ -226,7 +227,7 @@ fn an_earlier_versions_record_resumes_only_in_an_object_older_than_the_proofs() 
 
 #[test]
 fn a_sealed_registration_opens_with_its_key_only() {
-    let all = BTreeSet::new();
+    let all = AppSettings::default();
     let (registration, stored) = sealed(&key(1));
     assert_eq!(open(&stored, &key(1), &all), Ok(registration));
     assert_eq!(open(&stored, &key(2), &all), Err(Refusal::BadSignature));
@@ -245,7 +246,7 @@ fn a_sealed_registration_opens_with_its_key_only() {
 
 #[test]
 fn an_edited_owner_driver_or_namespace_breaks_the_signature() {
-    let all = BTreeSet::new();
+    let all = AppSettings::default();
     let (_, stored) = sealed(&key(1));
     let json = stored.json.clone().unwrap();
     for (from, to) in [
@@ -271,7 +272,7 @@ fn an_edited_owner_driver_or_namespace_breaks_the_signature() {
 
 #[test]
 fn a_registration_moved_to_another_name_or_labels_is_refused() {
-    let all = BTreeSet::new();
+    let all = AppSettings::default();
     let (_, stored) = sealed(&key(1));
     let relabelled = StoredRegistration {
         name: RegistrationStore::config_map_name("team-b", "app-1"),
@@ -300,7 +301,10 @@ fn a_registration_moved_to_another_name_or_labels_is_refused() {
         open(&unlabelled, &key(1), &all).unwrap_err().reason(),
         "misplaced"
     );
-    let only_b = BTreeSet::from(["team-b".to_string()]);
+    let only_b = AppSettings {
+        allowed_namespaces: vec!["team-b".to_string()],
+        ..AppSettings::default()
+    };
     assert_eq!(
         open(&stored, &key(1), &only_b),
         Err(Refusal::NamespaceNotAllowed("team-a".into()))
