@@ -51,6 +51,11 @@ const UNARY_LANES: usize = 1024;
 /// Deadline of a forwarded unary call, and of connecting to a peer.
 pub const UNARY_DEADLINE: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often a connection to a peer is pinged, and how long an answer may take: a peer
+/// paused (a frozen VM, a stop-the-world pause) keeps its TCP connections open, and a
+/// stream forwarded to it would wait for it for ever instead of following its application
+/// to the new owner.
+const PEER_KEEPALIVE: Duration = Duration::from_secs(5);
 
 /// How long routing waits for shard keepers' first turns (a replica just started).
 pub const FIRST_TURN_WAIT: Duration = Duration::from_secs(10);
@@ -473,6 +478,9 @@ impl Inner {
         let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|err| format!("the peer address {address} is not usable: {err}"))?
             .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(PEER_KEEPALIVE)
+            .keep_alive_timeout(PEER_KEEPALIVE)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let endpoint = match &self.peers.ca_pem {
             Some(ca) => {
