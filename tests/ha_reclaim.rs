@@ -48,9 +48,11 @@ const NAMESPACES: [&str; 2] = ["team-a", "team-b"];
 const BORROWER: &str = "borrower";
 const OWNER: &str = "owner";
 const QUEUE_MAX: usize = 8;
-/// Long enough for the test's steps before the holder is lost (an exit seen and its pod
-/// deleted) on a loaded machine; short enough to wait for the forced deletes.
-const DEADLINE_MS: i64 = 10_000;
+/// Long enough, on a loaded machine, for the test's steps before the holder is lost (an exit
+/// seen and its pod deleted) and, after the takeover, for the stream forwarded to a paused
+/// holder to notice it (pings unanswered: up to 10 s) and see the new asks before their
+/// deadline; short enough to wait for the forced deletes.
+const DEADLINE_MS: i64 = 20_000;
 const LEASE: &str = "spark-pod-allocator-shard-0";
 
 type Client = ExecutorAllocatorClient<Channel>;

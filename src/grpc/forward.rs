@@ -3,8 +3,8 @@
 //!
 //! The owner is the holder of the shard's Lease, reached at the address it writes there
 //! (`ha.advertise_address`). Start names its namespace, so its shard is known; the other
-//! calls name only the application, so they go to the replica that answered for it last,
-//! else to each other owner in turn until one knows it (NOT_FOUND from every owner is the
+//! calls name only the application, so they go to the replica that answered for it last
+//! while it holds a shard, else to each other owner in turn until one knows it (NOT_FOUND from every owner is the
 //! answer; with one shard, there is one). A forward carries the caller's own credentials
 //! (its `authorization` metadata), which the owner verifies again: no replica takes
 //! another's word for who is calling. A forwarded call is never forwarded again.
@@ -215,7 +215,7 @@ impl Forwarder {
         };
         let ownerships = &inner.ownerships;
         ownerships.settled(FIRST_TURN_WAIT).await;
-        let mut peers: Vec<Peer> = lock(&inner.routes).get(app).cloned().into_iter().collect();
+        let mut peers: Vec<Peer> = Vec::new();
         let mut unowned = None;
         for shard in ownerships.map().shards() {
             match ownerships.owner_now(shard, LEASE_RETRY_WAIT).await {
@@ -229,6 +229,13 @@ impl Forwarder {
                     unowned.get_or_insert_with(|| unowned_message(&shard.lease_name(), holder));
                 }
             }
+        }
+        // The replica that answered last goes first while it still holds a shard; one that
+        // holds none (deposed, perhaps paused) is not asked: its answer would never come.
+        if let Some(last) = lock(&inner.routes).get(app)
+            && let Some(at) = peers.iter().position(|peer| peer == last)
+        {
+            peers[..=at].rotate_right(1);
         }
         match (peers.is_empty(), unowned) {
             (true, None) => Route::Here,
