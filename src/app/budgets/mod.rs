@@ -515,6 +515,18 @@ impl BudgetMembership {
         }
     }
 
+    /// The pod of an executor given back is gone (`reclaiming` left): it no longer counts,
+    /// before the application's next round says so, so that the owner's next round may
+    /// create in its place.
+    pub fn given_back_gone(&self, reclaiming: u64) {
+        let mut ledger = self.budgets.ledger();
+        if let Some(member) = ledger.members.get_mut(&self.key) {
+            member.claim.using = member.claim.using.saturating_sub(1);
+            member.claim.seen = member.claim.seen.saturating_sub(1);
+            member.claim.reclaiming = reclaiming;
+        }
+    }
+
     /// The application's weight in the ledger.
     pub fn weight(&self) -> u32 {
         let ledger = self.budgets.ledger();
