@@ -341,3 +341,17 @@ fn while_applications_resume_no_budget_gives_room_and_their_pods_count_at_once()
     let free = budgets.join("b", "free", 1);
     assert_eq!(free.room(claim(3, 0)).room, u64::MAX);
 }
+
+#[test]
+fn an_executor_given_back_frees_its_room_once_its_pod_is_gone() {
+    let budgets = ledger(&[entry("a", 8)]);
+    let borrower = budgets.join("a", "borrower", 1);
+    let owner = budgets.join("a", "owner", 1);
+    // The borrower's round counts an executor deleted and not gone yet.
+    borrower.report(claim(8, 8), 0, None, 0, Timestamp(0));
+    borrower.giving_back(1);
+    assert_eq!(owner.room(claim(4, 0)).room, 0, "its pod is still there");
+    owner.report(claim(4, 0), 4, None, 0, Timestamp(0));
+    borrower.given_back_gone(0);
+    assert_eq!(owner.room(claim(4, 0)).room, 1, "gone: its room is free");
+}
