@@ -49,6 +49,8 @@ impl Applications {
             return Ok(Vec::new());
         }
         let _running = self.inner.shards.resume_running();
+        // Every application of the shards joins its budgets before any is given room.
+        let _joining = self.inner.budgets.resuming();
         let store = &self.inner.registrations;
         // Unreadable: the shards are resumed again later (`spawn_resume_retries`).
         let unreadable = |err: AppError| {

@@ -318,6 +318,10 @@ impl Start<'_> {
                 .or(driver.as_ref().and_then(|d| d.weight))
                 .unwrap_or(1),
         );
+        let live = (found.pods.iter())
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .count();
+        budget.resumed_with(live as u64);
         let app = ApplicationParts {
             app_id: req.app_id.to_string(),
             budget,

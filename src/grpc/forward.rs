@@ -3,8 +3,8 @@
 //!
 //! The owner is the holder of the shard's Lease, reached at the address it writes there
 //! (`ha.advertise_address`). Start names its namespace, so its shard is known; the other
-//! calls name only the application, so they go to the replica that answered for it last,
-//! else to each other owner in turn until one knows it (NOT_FOUND from every owner is the
+//! calls name only the application, so they go to the replica that answered for it last
+//! while it holds a shard, else to each other owner in turn until one knows it (NOT_FOUND from every owner is the
 //! answer; with one shard, there is one). A forward carries the caller's own credentials
 //! (its `authorization` metadata), which the owner verifies again: no replica takes
 //! another's word for who is calling. A forwarded call is never forwarded again.
@@ -51,6 +51,11 @@ const UNARY_LANES: usize = 1024;
 /// Deadline of a forwarded unary call, and of connecting to a peer.
 pub const UNARY_DEADLINE: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often a connection to a peer is pinged, and how long an answer may take: a peer
+/// paused (a frozen VM, a stop-the-world pause) keeps its TCP connections open, and a
+/// stream forwarded to it would wait for it for ever instead of following its application
+/// to the new owner.
+const PEER_KEEPALIVE: Duration = Duration::from_secs(5);
 
 /// How long routing waits for shard keepers' first turns (a replica just started).
 pub const FIRST_TURN_WAIT: Duration = Duration::from_secs(10);
@@ -210,7 +215,7 @@ impl Forwarder {
         };
         let ownerships = &inner.ownerships;
         ownerships.settled(FIRST_TURN_WAIT).await;
-        let mut peers: Vec<Peer> = lock(&inner.routes).get(app).cloned().into_iter().collect();
+        let mut peers: Vec<Peer> = Vec::new();
         let mut unowned = None;
         for shard in ownerships.map().shards() {
             match ownerships.owner_now(shard, LEASE_RETRY_WAIT).await {
@@ -224,6 +229,13 @@ impl Forwarder {
                     unowned.get_or_insert_with(|| unowned_message(&shard.lease_name(), holder));
                 }
             }
+        }
+        // The replica that answered last goes first while it still holds a shard; one that
+        // holds none (deposed, perhaps paused) is not asked: its answer would never come.
+        if let Some(last) = lock(&inner.routes).get(app)
+            && let Some(at) = peers.iter().position(|peer| peer == last)
+        {
+            peers[..=at].rotate_right(1);
         }
         match (peers.is_empty(), unowned) {
             (true, None) => Route::Here,
@@ -473,6 +485,9 @@ impl Inner {
         let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|err| format!("the peer address {address} is not usable: {err}"))?
             .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(PEER_KEEPALIVE)
+            .keep_alive_timeout(PEER_KEEPALIVE)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let endpoint = match &self.peers.ca_pem {
             Some(ca) => {

@@ -27,21 +27,24 @@ impl ApplicationActor {
 
     /// A round's last step, once it reported its use: what the ledger asks back now is
     /// chosen and asked for; the ledger counts what is being given back at once (those
-    /// deleted at once too, until the next round's report leaves them out).
+    /// deleted at once too, until their pods are gone).
     pub(super) fn reclaim_step(&mut self, now: Timestamp) {
         let giving_back = self.reclaims.giving_back();
         if let Some(ask) = self.budget.reclaim(giving_back, now) {
-            let at_once = self.give_back(&ask, now);
-            (self.budget).giving_back(self.reclaims.giving_back().saturating_add(at_once));
+            self.give_back(&ask, now);
+            (self.budget).giving_back(self.reclaims.giving_back());
         }
     }
 
     /// Executor `id`'s pod is gone: its reclaim is over (graceful when it went before it
     /// was deleted: the driver or someone removed it in time).
     pub(super) fn reclaim_pod_gone(&mut self, id: ExecutorId) {
-        if let Some(asked) = self.reclaims.asked.remove(&id)
-            && !asked.deleted
-        {
+        let Some(asked) = self.reclaims.asked.remove(&id) else {
+            return;
+        };
+        if asked.deleted {
+            self.budget.given_back_gone(self.reclaims.giving_back());
+        } else {
             self.requests.metrics.reclaim_completed(&asked.budget, true);
         }
     }
@@ -119,9 +122,8 @@ impl ApplicationActor {
     /// at once: nothing to migrate), the newest first; then registered ones with the
     /// fewest running tasks as the driver last said (those it said nothing of last), the
     /// newest first among equals. A registered one is asked for with a RECLAIM event and
-    /// deleted once it exited or at the deadline; under a deadline of 0, at once. Returns
-    /// how many were deleted at once.
-    fn give_back(&mut self, ask: &ReclaimAsk, now: Timestamp) -> u64 {
+    /// deleted once it exited or at the deadline; under a deadline of 0, at once.
+    fn give_back(&mut self, ask: &ReclaimAsk, now: Timestamp) {
         let allocator = &self.engine.allocator;
         let mut candidates: Vec<Candidate> = (self.feed.store().current().executors.values())
             .filter(|e| matches!(e.state, ExecutorState::Running | ExecutorState::Pending))
@@ -142,7 +144,7 @@ impl ApplicationActor {
             .map(|(registered, _, _, id)| (registered, id.0))
             .collect();
         if chosen.is_empty() {
-            return 0;
+            return;
         }
         let budget: Arc<str> = Arc::from(ask.budget.as_str());
         let metrics = self.requests.metrics.clone();
@@ -198,6 +200,5 @@ impl ApplicationActor {
         if !at_once.is_empty() {
             self.delete_now(&at_once, now);
         }
-        at_once.len() as u64
     }
 }

@@ -32,9 +32,17 @@ impl Reclaims {
         self.running_tasks = tasks;
     }
 
-    /// Asked back and not deleted yet: still counted in the application's use.
+    /// Asked back, their pods still there (deleted or not): counted in the application's
+    /// use until they are gone, so that an owner's creates never come before the pods
+    /// they replace are gone.
     pub fn giving_back(&self) -> u64 {
-        self.asked.values().filter(|a| !a.deleted).count() as u64
+        self.asked.len() as u64
+    }
+
+    /// Asked back and deleted, their pods still there: the engine no longer counts them,
+    /// the budget does.
+    pub fn deleted_not_gone(&self) -> u64 {
+        self.asked.values().filter(|a| a.deleted).count() as u64
     }
 
     /// The earliest deadline of an executor asked back and not deleted yet.

@@ -46,12 +46,15 @@ impl ApplicationActor {
             .filter_map(|profile| engine.builder.template(*profile))
             .map(budget::executor_cost)
             .fold(ExecutorCost::default(), ExecutorCost::max);
+        // Executors given back count until their pods are gone: the owner's creates
+        // never come before the pods they replace went.
+        let not_gone = self.reclaims.deleted_not_gone();
         let claim = |usage: &AllocationUse| BudgetClaim {
             weight: 1,
             wanted: usage.wanted,
-            using: usage.using,
+            using: usage.using.saturating_add(not_gone),
             pending: usage.pending,
-            seen: usage.seen,
+            seen: usage.seen.saturating_add(not_gone),
             cost,
             reclaiming: 0,
         };

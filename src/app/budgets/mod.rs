@@ -82,6 +82,9 @@ struct Ledger {
     quotas: BTreeMap<String, Vec<QuotaState>>,
     members: BTreeMap<MemberKey, Member>,
     joined: u64,
+    /// Resumes under way ([`Budgets::resuming`]): until each ends, no member under a
+    /// budget is given room, as the applications still to join would be left out.
+    resuming: u32,
 }
 
 struct Member {
@@ -335,6 +338,7 @@ impl Budgets {
                     members: BTreeMap::new(),
                     quotas: BTreeMap::new(),
                     joined: 0,
+                    resuming: 0,
                 }),
                 metrics,
             }),
@@ -434,6 +438,16 @@ impl Budgets {
         }
     }
 
+    /// A resume of applications from their registrations is under way until the guard is
+    /// dropped: those resumed first would otherwise be given room the ones still to join
+    /// hold (their pods), and a budget would be exceeded.
+    pub fn resuming(&self) -> ResumeHold {
+        self.ledger().resuming += 1;
+        ResumeHold {
+            budgets: self.clone(),
+        }
+    }
+
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
         match self.inner.ledger.lock() {
             Ok(guard) => guard,
@@ -463,6 +477,18 @@ impl Budgets {
     }
 }
 
+/// Holds every budget's room at none while applications resume ([`Budgets::resuming`]).
+pub struct ResumeHold {
+    budgets: Budgets,
+}
+
+impl Drop for ResumeHold {
+    fn drop(&mut self) {
+        let mut ledger = self.budgets.ledger();
+        ledger.resuming = ledger.resuming.saturating_sub(1);
+    }
+}
+
 /// An application's place in the ledger, held by its actor; dropping it leaves.
 pub struct BudgetMembership {
     budgets: Budgets,
@@ -479,6 +505,28 @@ pub struct Grant {
 }
 
 impl BudgetMembership {
+    /// The application resumes with `pods` executor pods: counted as its use until its
+    /// first round says what it has, so that the others' rounds leave room for them.
+    pub fn resumed_with(&self, pods: u64) {
+        let mut ledger = self.budgets.ledger();
+        if let Some(member) = ledger.members.get_mut(&self.key) {
+            member.claim.using = member.claim.using.max(pods);
+            member.claim.seen = member.claim.seen.max(pods);
+        }
+    }
+
+    /// The pod of an executor given back is gone (`reclaiming` left): it no longer counts,
+    /// before the application's next round says so, so that the owner's next round may
+    /// create in its place.
+    pub fn given_back_gone(&self, reclaiming: u64) {
+        let mut ledger = self.budgets.ledger();
+        if let Some(member) = ledger.members.get_mut(&self.key) {
+            member.claim.using = member.claim.using.saturating_sub(1);
+            member.claim.seen = member.claim.seen.saturating_sub(1);
+            member.claim.reclaiming = reclaiming;
+        }
+    }
+
     /// The application's weight in the ledger.
     pub fn weight(&self) -> u32 {
         let ledger = self.budgets.ledger();
@@ -498,7 +546,10 @@ impl BudgetMembership {
         claim.weight = member.claim.weight;
         claim.reclaiming = member.claim.reclaiming;
         member.claim = claim;
-        let (room, bound) = ledger.room(&self.key);
+        let (mut room, bound) = ledger.room(&self.key);
+        if ledger.resuming > 0 && room != u64::MAX {
+            room = 0;
+        }
         if room != u64::MAX
             && let Some(member) = ledger.members.get_mut(&self.key)
         {

@@ -323,3 +323,35 @@ fn bad_guarantees_and_maximums_are_refused_naming_the_key() {
         "budgets[0].namespaces[0].max_executors"
     );
 }
+
+#[test]
+fn while_applications_resume_no_budget_gives_room_and_their_pods_count_at_once() {
+    let budgets = ledger(&[entry("a", 8)]);
+    let first = budgets.join("a", "first", 1);
+    let resume = budgets.resuming();
+    assert_eq!(first.room(claim(8, 7)).room, 0, "held while others join");
+    let second = budgets.join("a", "second", 1);
+    second.resumed_with(1);
+    drop(resume);
+    // The second's pod counts before its first round says so: 7 + 1 of 8.
+    assert_eq!(first.room(claim(8, 7)).room, 0);
+    assert_eq!(second.room(claim(4, 1)).room, 0);
+    // An application under no budget is never held.
+    let _resume = budgets.resuming();
+    let free = budgets.join("b", "free", 1);
+    assert_eq!(free.room(claim(3, 0)).room, u64::MAX);
+}
+
+#[test]
+fn an_executor_given_back_frees_its_room_once_its_pod_is_gone() {
+    let budgets = ledger(&[entry("a", 8)]);
+    let borrower = budgets.join("a", "borrower", 1);
+    let owner = budgets.join("a", "owner", 1);
+    // The borrower's round counts an executor deleted and not gone yet.
+    borrower.report(claim(8, 8), 0, None, 0, Timestamp(0));
+    borrower.giving_back(1);
+    assert_eq!(owner.room(claim(4, 0)).room, 0, "its pod is still there");
+    owner.report(claim(4, 0), 4, None, 0, Timestamp(0));
+    borrower.given_back_gone(0);
+    assert_eq!(owner.room(claim(4, 0)).room, 1, "gone: its room is free");
+}
