@@ -300,7 +300,7 @@ async fn scale_up_requests(count: usize) -> BTreeMap<(String, String), u64> {
 
 /// What each application adds during its Start and scale-up: its executors' creates, and
 /// no more reads than Start's own (one LIST of its executor pods, one read of its id
-/// record). A new application's first executor stream needs no LIST (it has no pods), and
+/// record; not the namespace's, which an application already there had read). A new application's first executor stream needs no LIST (it has no pods), and
 /// the id record Start found missing is created without being read again.
 #[tokio::test]
 async fn an_application_reads_its_pods_and_id_record_once_while_it_scales_up() {
@@ -318,5 +318,13 @@ async fn an_application_reads_its_pods_and_id_record_once_while_it_scales_up() {
         added("create", "configmaps"),
         2,
         "its id record and registration"
+    );
+    // The namespace is read by the first application's Start only: the second finds its
+    // pod watch running and listed.
+    assert_eq!(added("get", "namespaces"), 0, "{two:?}");
+    assert_eq!(
+        one.get(&("get".into(), "namespaces".into())),
+        Some(&1),
+        "{one:?}"
     );
 }
