@@ -50,10 +50,10 @@ const STARTS_AT_ONCE: usize = 16;
 
 /// The requests of one periodic LIST of `pods` executor pods and no driver pod: the
 /// executors' pages (one per 1% of the pods, at least `RESYNC_PAGE_SIZE_MIN` and at most
-/// `RESYNC_PAGE_SIZE` a page), then the followed drivers' (one, empty).
+/// `RESYNC_PAGE_SIZE` a page), and none of driver pods (no application names one).
 fn periodic_list_requests(pods: u32) -> u64 {
     let size = (pods / 100).clamp(RESYNC_PAGE_SIZE_MIN, RESYNC_PAGE_SIZE);
-    u64::from(pods.div_ceil(size).max(1)) + 1
+    u64::from(pods.div_ceil(size).max(1))
 }
 
 /// Every request the service sent (pods, registrations, quotas: by every client) while its
@@ -300,7 +300,7 @@ async fn scale_up_requests(count: usize) -> BTreeMap<(String, String), u64> {
 
 /// What each application adds during its Start and scale-up: its executors' creates, and
 /// no more reads than Start's own (one LIST of its executor pods, one read of its id
-/// record). A new application's first executor stream needs no LIST (it has no pods), and
+/// record; not the namespace's, which an application already there had read). A new application's first executor stream needs no LIST (it has no pods), and
 /// the id record Start found missing is created without being read again.
 #[tokio::test]
 async fn an_application_reads_its_pods_and_id_record_once_while_it_scales_up() {
@@ -318,5 +318,21 @@ async fn an_application_reads_its_pods_and_id_record_once_while_it_scales_up() {
         added("create", "configmaps"),
         2,
         "its id record and registration"
+    );
+    // The namespace's watches: its executor pods' only, as no application names a driver
+    // pod (each kube watcher's first LIST, then its WATCH).
+    assert_eq!(
+        one.get(&("watch".into(), "pods".into())),
+        Some(&1),
+        "{one:?}"
+    );
+    assert_eq!(added("watch", "pods"), 0, "{two:?}");
+    // The namespace is read by the first application's Start only: the second finds its
+    // pod watch running and listed.
+    assert_eq!(added("get", "namespaces"), 0, "{two:?}");
+    assert_eq!(
+        one.get(&("get".into(), "namespaces".into())),
+        Some(&1),
+        "{one:?}"
     );
 }

@@ -219,8 +219,13 @@ impl Start<'_> {
         }
     }
 
-    /// FailedPrecondition when the cluster says the namespace does not exist.
+    /// FailedPrecondition when the cluster says the namespace does not exist. Not asked
+    /// again while the namespace's pod watch runs and has listed: another application
+    /// there passed this check and is still running, and its watch's listing answered.
     async fn check_namespace_exists(&self, namespace: &str) -> Result<(), AppError> {
+        if self.inner.watches.is_namespace_synced(namespace) {
+            return Ok(());
+        }
         if placement::namespace_exists(self.inner.pods.api(), namespace).await? == Some(false) {
             return Err(AppError::FailedPrecondition(format!(
                 "namespace {namespace} does not exist in the cluster"

@@ -12,7 +12,9 @@
 //! the service puts a label of its own on every driver pod named at Start (the pod it
 //! already patches for the executor id record) and watches that label beside the
 //! executors: two watch connections per namespace, whatever the number of applications,
-//! and no event of a driver pod that no application named. One key for both (the
+//! and no event of a driver pod that no application named. The driver watch starts with
+//! the namespace's first application that names a driver pod: applications without one
+//! (client mode: a notebook, a driver outside the cluster) cost the executors' watch only. One key for both (the
 //! service's label on executor pods too) would need one watch only, but executor pods made
 //! before it (a resume after an upgrade) would be invisible, and replaced.
 use std::collections::{HashMap, HashSet};
@@ -137,6 +139,8 @@ struct NamespaceWatch {
     subscribers: Subscribers,
     /// Set once this namespace's watch completed its initial listing.
     synced: Arc<AtomicBool>,
+    /// Asks the task to watch driver pods too (an application here named one).
+    drivers: Arc<DriversWanted>,
     task: JoinHandle<()>,
     quota_task: Option<JoinHandle<()>>,
 }
@@ -147,6 +151,27 @@ impl Drop for NamespaceWatch {
         if let Some(task) = &self.quota_task {
             task.abort();
         }
+    }
+}
+
+/// Whether a namespace's driver pods are to be watched: set (once) by the first
+/// application there that names a driver pod, which wakes the namespace's task.
+#[derive(Default)]
+struct DriversWanted {
+    wanted: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl DriversWanted {
+    fn want(&self) {
+        if !self.wanted.swap(true, Ordering::Relaxed) {
+            // Kept as a permit when the task is not waiting yet.
+            self.wake.notify_one();
+        }
+    }
+
+    fn is_wanted(&self) -> bool {
+        self.wanted.load(Ordering::Relaxed)
     }
 }
 
@@ -295,6 +320,9 @@ impl PodWatches {
         let watch = namespaces
             .entry(namespace.to_string())
             .or_insert_with(|| self.start_namespace(namespace));
+        if driver.is_some() {
+            watch.drivers.want();
+        }
         let subscriber = Subscriber {
             tx,
             driver: driver.map(str::to_string),
@@ -335,6 +363,7 @@ impl PodWatches {
             readiness: self.inner.readiness.join(),
         };
         let synced = Arc::clone(&first_listing.synced);
+        let drivers_wanted = Arc::new(DriversWanted::default());
         let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), namespace);
         // The first full LIST is due one interval after the watch starts (not after the
         // task first gets to run).
@@ -346,7 +375,8 @@ impl PodWatches {
             namespace: namespace.to_string(),
             first_listing,
             executors: WatchState::Unlisted,
-            drivers: WatchState::Unlisted,
+            drivers: WatchState::Unwatched,
+            drivers_wanted: Arc::clone(&drivers_wanted),
             periodic: Periodic::Due(first_resync),
         };
         let watch_task = tokio::spawn(watch.run());
@@ -359,6 +389,7 @@ impl PodWatches {
         NamespaceWatch {
             subscribers,
             synced,
+            drivers: drivers_wanted,
             task: watch_task,
             quota_task,
         }
@@ -400,11 +431,15 @@ struct PodWatch {
     first_listing: FirstListing,
     executors: WatchState,
     drivers: WatchState,
+    /// Set when an application here names a driver pod: the driver watch then starts.
+    drivers_wanted: Arc<DriversWanted>,
     periodic: Periodic,
 }
 
 /// Where one selection's watcher is.
 enum WatchState {
+    /// Not watched: no application here named a pod of it (the drivers' selection only).
+    Unwatched,
     /// Its first listing has not begun.
     Unlisted,
     /// Listing (Init … InitDone): the pods listed so far; `listed_before`: not its first.
@@ -417,9 +452,10 @@ enum WatchState {
 }
 
 impl WatchState {
-    /// True once a first listing was completed.
+    /// True once a first listing was completed, or when not watched (nothing to list).
     fn has_listed(&self) -> bool {
         match self {
+            Self::Unwatched => true,
             Self::Unlisted => false,
             Self::Listing { listed_before, .. } => *listed_before,
             Self::Listed => true,
@@ -440,26 +476,35 @@ enum Input {
     Pods(Selection, Result<watcher::Event<Pod>, watcher::Error>),
     ListDue,
     ListDone,
+    /// An application here named a driver pod: the driver watch is to start.
+    DriversWanted,
     /// The watchers' stream ended (it does not, while the task runs).
     Ended,
 }
 
-type PodEvents =
-    futures::stream::BoxStream<'static, (Selection, Result<watcher::Event<Pod>, watcher::Error>)>;
+type PodEvents = futures::stream::SelectAll<
+    futures::stream::BoxStream<'static, (Selection, Result<watcher::Event<Pod>, watcher::Error>)>,
+>;
 
 impl PodWatch {
     /// Runs until the task is aborted (the namespace's last application left).
     async fn run(mut self) {
+        let api = self.api.clone();
         let watch = |selection: Selection| {
             let config = watcher::Config::default().labels(&selection.selector());
-            watcher(self.api.clone(), config)
+            watcher(api.clone(), config)
                 .default_backoff()
                 .map(move |event| (selection, event))
         };
-        let mut events: PodEvents =
-            futures::stream::select(watch(Selection::Executors), watch(Selection::Drivers)).boxed();
+        let mut events: PodEvents = futures::stream::SelectAll::new();
+        events.push(watch(Selection::Executors).boxed());
         loop {
             let input = self.next(&mut events).await;
+            if let Input::DriversWanted = input {
+                self.drivers = WatchState::Unlisted;
+                events.push(watch(Selection::Drivers).boxed());
+                continue;
+            }
             if !self.step(input) {
                 break;
             }
@@ -472,14 +517,28 @@ impl PodWatch {
             Some((selection, event)) => Input::Pods(selection, event),
             None => Input::Ended,
         };
+        let unwatched = matches!(self.drivers, WatchState::Unwatched);
+        if unwatched && self.drivers_wanted.is_wanted() {
+            return Input::DriversWanted;
+        }
+        let wanted = Arc::clone(&self.drivers_wanted);
+        let drivers_wanted = async {
+            if unwatched {
+                wanted.wake.notified().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         match &mut self.periodic {
             Periodic::Due(at) => tokio::select! {
                 event = events.next() => pods(event),
                 () = self.inner.clock.sleep_until(*at) => Input::ListDue,
+                () = drivers_wanted => Input::DriversWanted,
             },
             Periodic::Listing(listing) => tokio::select! {
                 event = events.next() => pods(event),
                 () = listing => Input::ListDone,
+                () = drivers_wanted => Input::DriversWanted,
             },
         }
     }
@@ -488,11 +547,14 @@ impl PodWatch {
     fn step(&mut self, input: Input) -> bool {
         match input {
             Input::Ended => return false,
+            // Taken by `run`, which owns the watchers.
+            Input::DriversWanted => {}
             Input::ListDue => {
                 let (api, subscribers) = (self.api.clone(), Arc::clone(&self.subscribers));
                 let (namespace, metrics) = (self.namespace.clone(), self.inner.metrics.clone());
+                let drivers = !matches!(self.drivers, WatchState::Unwatched);
                 self.periodic = Periodic::Listing(Box::pin(async move {
-                    resync(&api, &subscribers, &namespace, &metrics).await;
+                    resync(&api, &subscribers, &namespace, &metrics, drivers).await;
                 }));
             }
             // The next LIST is due an interval after this one ended.
@@ -535,7 +597,7 @@ impl PodWatch {
             Ok(watcher::Event::InitDone) => {
                 let listing = match std::mem::replace(state, WatchState::Listed) {
                     WatchState::Listing { listing, .. } => *listing,
-                    WatchState::Unlisted | WatchState::Listed => {
+                    WatchState::Unwatched | WatchState::Unlisted | WatchState::Listed => {
                         Listing::new(subscribers, selection)
                     }
                 };
@@ -715,7 +777,15 @@ const RESYNC_LIST_RESTARTS: u32 = 3;
 /// One full LIST of the namespace's executor pods, replacing every subscriber's snapshot,
 /// then one of its followed driver pods (a driver not listed is gone). It runs beside the
 /// watch: what the watch sends meanwhile is newer than the listing (see [`resync_all`]).
-async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str, metrics: &Metrics) {
+/// The periodic LIST of a namespace's executor pods, and of its followed driver pods when
+/// `drivers` are watched.
+async fn resync(
+    api: &Api<Pod>,
+    subscribers: &Subscribers,
+    namespace: &str,
+    metrics: &Metrics,
+    drivers: bool,
+) {
     let started = std::time::Instant::now();
     let page_size = resync_page_size(subscribers);
     let executors = list_paginated(
@@ -729,6 +799,10 @@ async fn resync(api: &Api<Pod>, subscribers: &Subscribers, namespace: &str, metr
     match executors {
         Ok(executors) => {
             resync_all(subscribers, executors);
+            if !drivers {
+                metrics.resync_listed(started.elapsed());
+                return;
+            }
             let selection = Selection::Drivers;
             match list_paginated(api, subscribers, selection, page_size, async |_| {}).await {
                 Ok(drivers) => resync_all(subscribers, drivers),
@@ -1135,7 +1209,7 @@ mod tests {
             Metrics::default(),
             &init,
         );
-        let _subscription = watches.subscribe_with_driver("default", "a", None);
+        let _subscription = watches.subscribe_with_driver("default", "a", Some("driver"));
         let ready = init.into_ready();
         // Both selections' first LISTs are held: the namespace cannot have listed.
         tokio::time::timeout(Duration::from_secs(10), async {
@@ -1301,6 +1375,79 @@ mod tests {
         list(Selection::Drivers).await;
         assert!(matches!(a.try_recv(), Ok(PodEvent::DriverDeleted)));
         assert!(a.try_recv().is_err());
+        sim.shutdown().await;
+    }
+
+    /// The pod LISTs and WATCHes `sim` answered so far.
+    fn pod_requests(sim: &SimCluster, verb: &str) -> u64 {
+        (sim.requests().into_iter())
+            .filter(|((_, v, resource), _)| v == verb && resource == "pods")
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    #[tokio::test]
+    async fn driver_pods_are_watched_from_the_first_application_that_names_one() {
+        let (sim, api) = cluster_with(&[("a", 1)]).await;
+        let driver: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "notebook", "labels": {FOLLOWED_DRIVER_LABEL: FOLLOWED_DRIVER_VALUE}},
+            "spec": {"containers": [{"name": "driver", "image": "spark"}]}
+        }))
+        .expect("pod manifest");
+        api.create(&PostParams::default(), &driver)
+            .await
+            .expect("created");
+        let init = Initialize::new();
+        let clock = Arc::new(ManualClock::starting_now());
+        let interval = Duration::from_secs(30);
+        let watches = watches_on(&sim, clock.clone(), interval, Metrics::default(), &init);
+        let (lists, watches_before) = (pod_requests(&sim, "list"), pod_requests(&sim, "watch"));
+        // An application naming no driver pod: the executors' watch alone.
+        let mut a = watches.subscribe_with_driver("default", "a", None);
+        let first = next_event("a's first listing", &mut a.events, |_| false).await;
+        assert_eq!(resynced(Some(first)).0, ["a-exec-1"]);
+        assert!(watches.is_namespace_synced("default"));
+        // Its periodic LIST lists no driver pod either.
+        clock.advance(interval);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while pod_requests(&sim, "list") < lists + 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the periodic LIST");
+        let resync = next_event("a's periodic listing", &mut a.events, |_| false).await;
+        assert_eq!(resynced(Some(resync)).1, ["a-exec-1"]);
+        assert_eq!(
+            pod_requests(&sim, "list"),
+            lists + 2,
+            "no LIST of driver pods"
+        );
+        assert_eq!(
+            pod_requests(&sim, "watch"),
+            watches_before + 1,
+            "no driver watch"
+        );
+        // The first application naming its driver starts the driver watch: its pod's
+        // state and its deletion reach the application.
+        let mut b = watches.subscribe_with_driver("default", "b", Some("notebook"));
+        let listed = next_event("b's driver listed", &mut b.events, |e| {
+            matches!(e, PodEvent::Resync(_))
+        })
+        .await;
+        assert!(
+            matches!(listed, PodEvent::Driver(pod) if pod.metadata.name.as_deref() == Some("notebook"))
+        );
+        api.delete("notebook", &Default::default())
+            .await
+            .expect("deleted");
+        let gone = next_event("b's driver deleted", &mut b.events, |e| {
+            matches!(e, PodEvent::Resync(_) | PodEvent::Driver(_))
+        })
+        .await;
+        assert!(matches!(gone, PodEvent::DriverDeleted));
+        drop((a, b));
         sim.shutdown().await;
     }
 

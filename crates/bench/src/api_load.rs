@@ -13,6 +13,13 @@
 //!   when it ends) and `apiserver_watch_events_sizes` (watch events, as they come) for pods;
 //! - the API server process's CPU seconds (`process_cpu_seconds_total` from its metrics).
 //!
+//! The API server counts no event of a watch served over WebSocket (its WebSocket handler
+//! records no `apiserver_watch_events_sizes`), and Spark's client (fabric8) watches pods so:
+//! on a side whose clients opened pod watches over WebSocket (answered 101 in the audit
+//! log), the bytes of one more watch of every pod of its namespaces are added, as the
+//! bench's own watch of those namespaces received them (each driver's watch selects its own
+//! executors: together, every executor pod once). Printed apart as "WebSocket".
+//!
 //! The bytes and CPU are the whole API server's. The bench first measures the fresh control
 //! plane idle (no contender) over a window as long as the steady state's, and the summary
 //! is printed above that idle rate; the scheduler, kwok and the bench's own watch of each
@@ -152,6 +159,9 @@ struct Load {
     steady: Cost,
     /// Seconds to every executor Running.
     seconds: f64,
+    /// Of the pod bytes: those of the side's WebSocket watches (scale-up; steady, per
+    /// minute), estimated as above.
+    websocket_bytes: (f64, f64),
 }
 
 /// The API server's counters read from its metrics at one moment.
@@ -341,13 +351,14 @@ async fn measure_runs(args: &Args, cluster: &ControlPlane) -> anyhow::Result<Vec
                 .with_context(|| format!("the {}, run {}", kind.label(), run + 1))?;
             println!(
                 "  run {} {:<36}: {:>6.1} s to every executor Running; scale-up {:.0} requests, \
-                 {:.2} MB of pods, {:.2} CPU s; steady, per minute {:.1} requests, {:.3} MB, \
-                 {:.2} CPU s; load average {}",
+                 {:.2} MB of pods ({:.2} MB of it WebSocket watches), {:.2} CPU s; steady, per \
+                 minute {:.1} requests, {:.3} MB, {:.2} CPU s; load average {}",
                 run + 1,
                 kind.label(),
                 load.seconds,
                 load.scale_up.requests,
                 load.scale_up.pod_bytes / 1e6,
+                load.websocket_bytes.0 / 1e6,
                 load.scale_up.cpu_seconds,
                 load.steady.requests,
                 load.steady.pod_bytes / 1e6,
@@ -388,6 +399,9 @@ async fn side(
         .collect();
     let audit = AuditWindow::open(&cluster.audit_log())?;
     let before = Counters::read(cluster).await?;
+    let watched =
+        |watches: &[RunningWatch]| -> f64 { watches.iter().map(|w| w.event_bytes() as f64).sum() };
+    let watched_before = watched(&watches);
     let started = Instant::now();
     let mut service = None;
     let mut drivers = Vec::new();
@@ -440,28 +454,39 @@ async fn side(
         .await?;
         let seconds = started.elapsed().as_secs_f64();
         let up_counters = Counters::read(cluster).await?;
-        let up_requests = audit.count(|ua| kind.sent(ua))?.total;
+        let watched_up = watched(&watches);
+        let up_requests = audit.count(|ua| kind.sent(ua))?;
+        // Its WebSocket watches stay open into the steady state.
+        let websocket = up_requests.websocket_pod_watches > 0;
         let steady_audit = AuditWindow::open(&cluster.audit_log())?;
         let steady_start = Instant::now();
         tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
         let steady_counters = Counters::read(cluster).await?;
+        let watched_steady = watched(&watches);
         let steady_seconds = steady_start.elapsed().as_secs_f64();
         let steady_requests = steady_audit.count(|ua| kind.sent(ua))?.total;
         let (up_bytes, up_cpu) = up_counters.since(before);
         let (steady_bytes, steady_cpu) = steady_counters.since(up_counters);
+        let unmetered = |bytes: f64| if websocket { bytes } else { 0.0 };
+        let up_websocket = unmetered(watched_up - watched_before);
+        let steady_websocket = unmetered(watched_steady - watched_up);
         anyhow::Ok(Load {
             scale_up: Cost {
-                requests: up_requests as f64,
-                pod_bytes: up_bytes,
+                requests: up_requests.total as f64,
+                pod_bytes: up_bytes + up_websocket,
                 cpu_seconds: up_cpu,
             },
             steady: Cost {
                 requests: steady_requests as f64,
-                pod_bytes: steady_bytes,
+                pod_bytes: steady_bytes + steady_websocket,
                 cpu_seconds: steady_cpu,
             }
             .per_minute(steady_seconds),
             seconds,
+            websocket_bytes: (
+                up_websocket,
+                steady_websocket * 60.0 / steady_seconds.max(f64::MIN_POSITIVE),
+            ),
         })
     }
     .await;
@@ -575,6 +600,7 @@ process_cpu_seconds_total_other 3
                 cpu_seconds: 1.5,
             },
             seconds: 30.0,
+            websocket_bytes: (0.0, 0.0),
         };
         let run = Run {
             idle: Cost {

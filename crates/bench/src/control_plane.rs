@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1064,6 +1065,8 @@ pub struct RunningWatch {
     count: tokio::sync::watch::Receiver<u32>,
     /// When the first pod was seen.
     seen: tokio::sync::watch::Receiver<Option<Instant>>,
+    /// Bytes of the watch events received, as the API server frames them in JSON.
+    event_bytes: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -1082,14 +1085,23 @@ impl RunningWatch {
         let (count_tx, count) = tokio::sync::watch::channel(0);
         let (seen_tx, seen) = tokio::sync::watch::channel(None);
         let shared = state.clone();
+        let event_bytes = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::clone(&event_bytes);
         let task = tokio::spawn(async move {
             let mut events = watcher(pods, watcher::Config::default())
                 .default_backoff()
                 .boxed();
             while let Some(event) = events.next().await {
                 let (pod, present) = match event {
-                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => (pod, true),
-                    Ok(watcher::Event::Delete(pod)) => (pod, false),
+                    Ok(watcher::Event::Apply(pod)) => {
+                        bytes.fetch_add(watch_event_bytes("MODIFIED", &pod), Ordering::Relaxed);
+                        (pod, true)
+                    }
+                    Ok(watcher::Event::InitApply(pod)) => (pod, true),
+                    Ok(watcher::Event::Delete(pod)) => {
+                        bytes.fetch_add(watch_event_bytes("DELETED", &pod), Ordering::Relaxed);
+                        (pod, false)
+                    }
                     Ok(_) | Err(_) => continue,
                 };
                 let Some(name) = pod.metadata.name.clone() else {
@@ -1126,8 +1138,15 @@ impl RunningWatch {
             state,
             count,
             seen,
+            event_bytes,
             task,
         }
+    }
+
+    /// Bytes of the watch events this watch received so far (not its listings), as the
+    /// API server sends them in JSON: what one more watch of the same pods costs it.
+    pub fn event_bytes(&self) -> u64 {
+        self.event_bytes.load(Ordering::Relaxed)
     }
 
     /// Waits until `n` pods are Running, for at most `bound` (`None`: no bound): when they
@@ -1188,6 +1207,15 @@ impl Drop for RunningWatch {
     }
 }
 
+/// The bytes of a JSON watch event of `pod` as the API server frames it
+/// (`{"type":…,"object":…}` and a newline); ADDED and MODIFIED differ by three bytes, and
+/// kube's watcher tells them apart no more.
+fn watch_event_bytes(kind: &str, pod: &Pod) -> u64 {
+    let object = serde_json::to_vec(pod).map_or(0, |json| json.len());
+    let framing = r#"{"type":"","object":}"#.len() + kind.len() + 1;
+    u64::try_from(object + framing).unwrap_or(u64::MAX)
+}
+
 /// Requests counted from the audit log.
 #[derive(Debug, Clone, Default)]
 pub struct Requests {
@@ -1195,6 +1223,9 @@ pub struct Requests {
     pub by_verb: BTreeMap<String, u64>,
     /// Answered 429 (API Priority and Fairness, or max-inflight).
     pub throttled: u64,
+    /// Pod watches served over WebSocket (answered 101): the API server counts no event of
+    /// those in `apiserver_watch_events_sizes` (fabric8, Spark's client, watches so).
+    pub websocket_pod_watches: u64,
 }
 
 impl Requests {
@@ -1243,10 +1274,13 @@ impl AuditWindow {
                 continue;
             }
             requests.total += 1;
-            *requests.by_verb.entry(event.verb).or_default() += 1;
             if event.code == Some(429) {
                 requests.throttled += 1;
             }
+            if event.verb == "watch" && event.resource == "pods" && event.code == Some(101) {
+                requests.websocket_pod_watches += 1;
+            }
+            *requests.by_verb.entry(event.verb).or_default() += 1;
         }
         Ok(requests)
     }
@@ -1258,6 +1292,8 @@ struct AuditEvent {
     audit_id: String,
     user_agent: String,
     verb: String,
+    /// The resource named (`objectRef.resource`), empty when none.
+    resource: String,
     code: Option<u64>,
 }
 
@@ -1269,6 +1305,11 @@ impl AuditEvent {
             audit_id: text("auditID")?,
             user_agent: text("userAgent").unwrap_or_default(),
             verb: text("verb").unwrap_or_default(),
+            resource: (event.get("objectRef"))
+                .and_then(|o| o.get("resource"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
             code: event
                 .get("responseStatus")
                 .and_then(|status| status.get("code"))
@@ -1384,6 +1425,9 @@ mod tests {
             r#"{"auditID":"1","stage":"ResponseComplete","userAgent":"a","verb":"watch","responseStatus":{"code":200}}"#,
             r#"{"auditID":"2","stage":"ResponseComplete","userAgent":"a","verb":"create","responseStatus":{"code":429}}"#,
             r#"{"auditID":"3","stage":"ResponseComplete","userAgent":"b","verb":"create","responseStatus":{"code":201}}"#,
+            r#"{"auditID":"4","stage":"ResponseStarted","userAgent":"b","verb":"watch","objectRef":{"resource":"pods"},"responseStatus":{"code":101}}"#,
+            r#"{"auditID":"5","stage":"ResponseStarted","userAgent":"b","verb":"watch","objectRef":{"resource":"configmaps"},"responseStatus":{"code":101}}"#,
+            r#"{"auditID":"6","stage":"ResponseStarted","userAgent":"b","verb":"watch","objectRef":{"resource":"pods"},"responseStatus":{"code":200}}"#,
             "not json",
         ];
         let mut text = std::fs::read_to_string(&path).unwrap();
@@ -1396,6 +1440,10 @@ mod tests {
         assert_eq!(counted.total, 2);
         assert_eq!(counted.throttled, 1);
         assert_eq!(counted.verbs(), "create 1, watch 1");
-        assert_eq!(window.count(|ua| ua == "b").unwrap().total, 1);
+        let b = window.count(|ua| ua == "b").unwrap();
+        assert_eq!(b.total, 4);
+        // Only the pod watch upgraded to a WebSocket escapes the server's event metrics.
+        assert_eq!(b.websocket_pod_watches, 1);
+        assert_eq!(counted.websocket_pod_watches, 0);
     }
 }

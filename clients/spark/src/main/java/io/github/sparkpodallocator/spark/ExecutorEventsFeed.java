@@ -13,6 +13,8 @@ import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import org.apache.spark.scheduler.cluster.k8s.ExecutorPodsSnapshotsStore;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -39,6 +41,8 @@ final class ExecutorEventsFeed implements AutoCloseable {
   private final Thread thread;
   private volatile boolean closed;
   private volatile Context.CancellableContext current;
+  /** Released by the stream's first full state applied, or by close. */
+  private final CountDownLatch firstState = new CountDownLatch(1);
 
   /** The pods as the driver's snapshot store has them, by name (owned by the thread). */
   private final Map<String, Pod> pods = new LinkedHashMap<>();
@@ -58,9 +62,24 @@ final class ExecutorEventsFeed implements AutoCloseable {
     thread.start();
   }
 
+  /**
+   * Waits until the stream's first full state is applied, for at most {@code bound}: true
+   * when it was. A stream opened before the application's first pod is asked for gets its full
+   * state from the service's own events, without a LIST of the application's pods.
+   */
+  boolean awaitFirstState(Duration bound) {
+    try {
+      return firstState.await(bound.toMillis(), TimeUnit.MILLISECONDS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      return false;
+    }
+  }
+
   @Override
   public void close() {
     closed = true;
+    firstState.countDown();
     Context.CancellableContext context = current;
     if (context != null) {
       context.cancel(null);
@@ -141,6 +160,7 @@ final class ExecutorEventsFeed implements AutoCloseable {
         replace(fullState == null ? List.of() : fullState);
         fullState = null;
         appliedUpTo = event.getSequence();
+        firstState.countDown();
         break;
       case EXECUTOR_EVENT_KIND_UPDATED:
         Pod updated = pod(event);

@@ -6,6 +6,7 @@ import io.fabric8.kubernetes.client.readiness.Readiness;
 import java.io.IOException;
 import java.lang.reflect.Field;
 import java.lang.reflect.Modifier;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -56,6 +57,13 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
   static final String LISTENER_QUEUE = "sparkPodAllocator";
   /** How often the driver pod is read while waiting for it to be Ready. */
   private static final long READY_CHECK_MS = 250;
+  /**
+   * How long start waits for the executor event stream's first full state, so that Spark's
+   * first SetTotalExpected (right after start) comes after the stream is open: a stream opened
+   * once pods are being created needs a LIST of them for its full state, one opened before
+   * needs none. Bounded: a slow stream only costs that LIST.
+   */
+  private static final Duration FIRST_STATE_WAIT = Duration.ofSeconds(10);
 
   private final SparkConf conf;
   private final ExecutorPodTemplates templates;
@@ -220,6 +228,10 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
         eventsFeed = feed;
       }
       feed.start();
+      if (!feed.awaitFirstState(FIRST_STATE_WAIT)) {
+        LOG.info("The spark-pod-allocator executor event stream sent no full state within {} s;"
+            + " asking for executors without it", FIRST_STATE_WAIT.toSeconds());
+      }
     }
 
     ScheduledExecutorService check = Executors.newSingleThreadScheduledExecutor(r -> {

@@ -1,11 +1,14 @@
 package io.github.sparkpodallocator.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.fabric8.kubernetes.api.model.Pod;
 import io.fabric8.kubernetes.api.model.PodBuilder;
 import io.fabric8.kubernetes.client.utils.Serialization;
+import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.List;
@@ -163,5 +166,25 @@ class ExecutorEventsFeedTest {
     }
     ExecutorPodsSnapshot last = store.snapshots.get(store.snapshots.size() - 1);
     assertEquals(1, last.executorPods().size());
+  }
+
+  @Test
+  void startWaitsForTheFirstFullStateOnly() {
+    RecordingStore store = new RecordingStore();
+    ExecutorEventsFeed feed = new ExecutorEventsFeed(null, store);
+    assertFalse(feed.awaitFirstState(Duration.ZERO));
+    // A full state's pods alone do not release it: its SYNCED does.
+    feed.apply(event(ExecutorEventKind.EXECUTOR_EVENT_KIND_SNAPSHOT, 0,
+        executorPod(1, "Running", null)));
+    assertFalse(feed.awaitFirstState(Duration.ZERO));
+    feed.apply(event(ExecutorEventKind.EXECUTOR_EVENT_KIND_SYNCED, 10, null));
+    assertTrue(feed.awaitFirstState(Duration.ZERO));
+  }
+
+  @Test
+  void aClosedFeedReleasesTheWait() {
+    ExecutorEventsFeed feed = new ExecutorEventsFeed(null, new RecordingStore());
+    feed.close();
+    assertTrue(feed.awaitFirstState(Duration.ZERO));
   }
 }
