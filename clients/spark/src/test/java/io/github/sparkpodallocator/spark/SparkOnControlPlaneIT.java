@@ -202,6 +202,7 @@ class SparkOnControlPlaneIT extends SparkScenarios {
         .set(ServiceSettings.TOKEN_FILE, ""), Path.of("/nonexistent"));
     Map<Long, Long> byLastDigits;
     long total;
+    long jobsMs;
     try (AllocatorClient owner = new AllocatorClient(settings)) {
       long ownerStarted = System.nanoTime();
       owner.start(StartRequest.newBuilder()
@@ -218,12 +219,13 @@ class SparkOnControlPlaneIT extends SparkScenarios {
 
       byLastDigits = jobB.get(5, TimeUnit.MINUTES);
       total = ReclaimScenario.total(sums);
+      jobsMs = (System.nanoTime() - jobsStarted) / 1_000_000;
+      sc.sc().listenerBus().waitUntilEmpty();
+      // The borrower first: with the owner gone first, it would get its 4 executors back.
+      sc.stop();
+      this.sc = null;
       owner.stop();
     }
-    long jobsMs = (System.nanoTime() - jobsStarted) / 1_000_000;
-    sc.sc().listenerBus().waitUntilEmpty();
-    sc.stop();
-    this.sc = null;
     await("the borrower's and the owner's pods gone", Duration.ofSeconds(120),
         () -> k8s.pods().inNamespace(borrowerNs).withLabel("spark-app-selector", borrowerApp)
             .list().getItems().isEmpty()
