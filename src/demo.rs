@@ -458,6 +458,7 @@ impl ScriptedDriver {
             .update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
                 application_id: DEMO_APP_ID.into(),
                 executor_ids: self.registered.iter().map(u64::to_string).collect(),
+                running_tasks: Default::default(),
             })
             .await
             .context("UpdateRegisteredExecutors")?;

@@ -29,6 +29,8 @@ pub enum DeleteReason {
     Finished,
     /// Every pod of an application, on Stop or after its driver ended.
     Stop,
+    /// Executors given back to a budget's owner (reclaim).
+    Reclaim,
 }
 
 impl DeleteReason {
@@ -38,6 +40,7 @@ impl DeleteReason {
             Self::Timeout => "timeout",
             Self::Finished => "finished",
             Self::Stop => "stop",
+            Self::Reclaim => "reclaim",
         }
     }
 }
@@ -93,6 +96,12 @@ struct LimitLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BudgetLabels {
     budget: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReclaimLabels {
+    budget: String,
+    outcome: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -188,6 +197,9 @@ struct Inner {
     forwards: Family<ForwardLabels, Counter>,
     budget_executors: Family<BudgetLabels, Gauge>,
     executors_held: Family<BudgetLabels, Gauge>,
+    reclaims_requested: Family<BudgetLabels, Counter>,
+    reclaims_completed: Family<ReclaimLabels, Counter>,
+    reclaim_admit: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -416,6 +428,25 @@ impl Metrics {
             "Executors the applications' targets lack that a budget holds back (beyond their fair share or what it has free), by budget",
             executors_held.clone(),
         );
+        let reclaims_requested = Family::<BudgetLabels, Counter>::default();
+        registry.register(
+            "reclaims_requested",
+            "Executors a budget asked back from borrowers for an owner below its guaranteed part, by budget",
+            reclaims_requested.clone(),
+        );
+        let reclaims_completed = Family::<ReclaimLabels, Counter>::default();
+        registry.register(
+            "reclaims_completed",
+            "Executors asked back whose pods were deleted, by budget and outcome (graceful: the executor exited before the deadline, or was not registered yet; forced: deleted at the deadline, or at once under a deadline of 0)",
+            reclaims_completed.clone(),
+        );
+        // 10 ms .. ~11 min.
+        let reclaim_admit = Histogram::new(exponential_buckets(0.01, 2.0, 17));
+        registry.register(
+            "reclaim_admit_seconds",
+            "Time from an application held below its guaranteed part having executors asked back for it to its next executors asked for",
+            reclaim_admit.clone(),
+        );
         registry.register(
             "build",
             "The service's version",
@@ -453,6 +484,9 @@ impl Metrics {
                 forwards,
                 budget_executors,
                 executors_held,
+                reclaims_requested,
+                reclaims_completed,
+                reclaim_admit,
             }),
         }
     }
@@ -521,6 +555,36 @@ impl Metrics {
         };
         self.inner.budget_executors.remove(&labels);
         self.inner.executors_held.remove(&labels);
+    }
+
+    /// `count` executors asked back under `budget`.
+    pub fn reclaims_requested(&self, budget: &str, count: u64) {
+        let labels = BudgetLabels {
+            budget: budget.to_string(),
+        };
+        self.inner
+            .reclaims_requested
+            .get_or_create(&labels)
+            .inc_by(count);
+    }
+
+    /// An executor asked back under `budget` deleted: `graceful` (it exited first, or was
+    /// not registered) or forced.
+    pub fn reclaim_completed(&self, budget: &str, graceful: bool) {
+        let outcome = if graceful { "graceful" } else { "forced" };
+        self.inner
+            .reclaims_completed
+            .get_or_create(&ReclaimLabels {
+                budget: budget.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// An application below its guaranteed part asked for executors `waited` after
+    /// executors were first asked back for it.
+    pub fn reclaim_admitted(&self, waited: Duration) {
+        self.inner.reclaim_admit.observe(waited.as_secs_f64());
     }
 
     /// This replica took a shard.

@@ -162,6 +162,7 @@ async fn every_rpc_refuses_an_invalid_application_id() {
             c.update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
                 application_id: bad.into(),
                 executor_ids: vec![],
+                running_tasks: Default::default(),
             })
             .await
             .expect_err("UpdateRegisteredExecutors"),
@@ -192,6 +193,7 @@ async fn every_rpc_on_an_unknown_application_is_not_found() {
         c.update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
             application_id: app.clone(),
             executor_ids: vec!["1".into()],
+            running_tasks: Default::default(),
         })
         .await
         .expect_err("UpdateRegisteredExecutors"),
@@ -230,6 +232,7 @@ async fn executor_ids_and_profiles_are_checked_on_a_running_application() {
         .update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
             application_id: app.into(),
             executor_ids: vec!["1".into(), "x2".into()],
+            running_tasks: Default::default(),
         })
         .await
         .expect_err("x2");

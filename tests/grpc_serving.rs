@@ -118,6 +118,7 @@ async fn a_driver_starts_scales_asks_and_stops() {
         .update_registered_executors(proto::UpdateRegisteredExecutorsRequest {
             application_id: app.into(),
             executor_ids: vec!["1".into(), "2".into()],
+            running_tasks: Default::default(),
         })
         .await
         .expect("registered");

@@ -141,6 +141,7 @@ async fn a_queue_over_namespaces_of_three_replicas_never_exceeds_its_budget() {
         max_pending: None,
         max_cpu: None,
         max_memory: None,
+        reclaim_deadline_ms: None,
     }];
     let mut replicas = Vec::new();
     for identity in ["replica-a", "replica-b", "replica-c"] {

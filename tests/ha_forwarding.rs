@@ -204,6 +204,7 @@ async fn every_call_through_the_replica_without_the_shard_is_answered_by_its_hol
             proto::UpdateRegisteredExecutorsRequest {
                 application_id: APP.into(),
                 executor_ids: vec!["1".into()],
+                running_tasks: Default::default(),
             },
         ))
         .await

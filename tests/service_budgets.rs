@@ -31,6 +31,7 @@ fn namespace_budget(namespace: &str, max_executors: u64) -> BudgetEntry {
         max_pending: None,
         max_cpu: None,
         max_memory: None,
+        reclaim_deadline_ms: None,
     }
 }
 
@@ -44,6 +45,8 @@ fn gold(max_executors: u64, namespaces: &[(&str, u32)]) -> BudgetEntry {
                 QueueNamespace::Weighted(WeightedNamespace {
                     namespace: namespace.to_string(),
                     weight: *weight,
+                    guaranteed_executors: None,
+                    max_executors: None,
                 })
             })
             .collect(),

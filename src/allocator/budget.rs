@@ -175,11 +175,165 @@ pub fn fair_shares(capacity: u64, claims: &[(u32, u64)]) -> Vec<u64> {
 }
 
 /// Who the applications of a budget belong to: claim `i` is tenant `of[i]`'s, and tenant
-/// `t` weighs `weights[t]` (≥ 1) against the others.
+/// `t` weighs `weights[t]` (≥ 1) against the others and, when `bounds` are given, has
+/// `bounds[t]` of the budget's executors.
 #[derive(Debug, Clone, Copy)]
 pub struct Tenancy<'a> {
     pub weights: &'a [u32],
     pub of: &'a [usize],
+    pub bounds: Option<&'a [TenantBounds]>,
+}
+
+/// A tenant's guaranteed part of a budget's executors and its maximum (borrowing
+/// included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantBounds {
+    pub guaranteed: u64,
+    pub max: u64,
+}
+
+/// The tenants' parts of `capacity` when each has `bounds`: each first gets
+/// `min(demand, guaranteed)`; what is left is divided by weight ([`fair_shares`]) among
+/// those asking more, each up to its maximum. Guarantees adding up to more than the
+/// capacity (never so once configured, see the budgets' check) are divided as demands.
+pub fn guaranteed_shares(
+    capacity: u64,
+    demands: &[(u32, u64)],
+    bounds: &[TenantBounds],
+) -> Vec<u64> {
+    let bound = |t: usize| {
+        bounds.get(t).copied().unwrap_or(TenantBounds {
+            guaranteed: 0,
+            max: u64::MAX,
+        })
+    };
+    let mut parts: Vec<u64> = (demands.iter().enumerate())
+        .map(|(t, (_, demand))| (*demand).min(bound(t).guaranteed).min(bound(t).max))
+        .collect();
+    let given = parts.iter().fold(0u64, |a, p| a.saturating_add(*p));
+    if given > capacity {
+        let asked: Vec<(u32, u64)> = (demands.iter().zip(&parts))
+            .map(|((w, _), p)| (*w, *p))
+            .collect();
+        return fair_shares(capacity, &asked);
+    }
+    let more: Vec<(u32, u64)> = (demands.iter().enumerate())
+        .map(|(t, (w, demand))| (*w, (*demand).min(bound(t).max).saturating_sub(parts[t])))
+        .collect();
+    for (part, extra) in parts.iter_mut().zip(fair_shares(capacity - given, &more)) {
+        *part += extra;
+    }
+    parts
+}
+
+/// Each application's guaranteed part of its tenant's guarantee: the tenant's guarantee
+/// divided among its applications as [`fair_shares`] divides (by weight, none beyond its
+/// demand). 0 for every application without `tenancy.bounds`.
+pub fn guaranteed_parts(claims: &[(u32, u64)], tenancy: Tenancy<'_>) -> Vec<u64> {
+    let mut parts = vec![0u64; claims.len()];
+    let Some(bounds) = tenancy.bounds else {
+        return parts;
+    };
+    let tenant = |i: usize| tenancy.of.get(i).copied().unwrap_or(usize::MAX);
+    for (t, bound) in bounds.iter().enumerate() {
+        let members: Vec<usize> = (0..claims.len()).filter(|i| tenant(*i) == t).collect();
+        let theirs: Vec<(u32, u64)> = members.iter().map(|i| claims[*i]).collect();
+        for (i, part) in members
+            .into_iter()
+            .zip(fair_shares(bound.guaranteed, &theirs))
+        {
+            parts[i] = part;
+        }
+    }
+    parts
+}
+
+/// What a budget's applications hold beyond their guaranteed parts
+/// ([`guaranteed_parts`]): executors borrowed, which an owner below its own part may ask
+/// back.
+pub fn borrowed(claims: &[BudgetClaim], tenancy: Tenancy<'_>) -> Vec<u64> {
+    let demands: Vec<(u32, u64)> = claims.iter().map(|c| (c.weight, c.demand())).collect();
+    (guaranteed_parts(&demands, tenancy).into_iter().zip(claims))
+        .map(|(part, c)| c.using.saturating_sub(part))
+        .collect()
+}
+
+/// What each application of a budget of `capacity` executors is to give back now, and
+/// whose wait it is for. An application below its guaranteed part with its demand unmet
+/// (an owner) lacks `min(demand, part) − use`; what the budget has free and what is
+/// being given back already (`reclaiming`) count toward that; the rest is asked of the
+/// applications holding more than their parts (borrowers), never beyond what each
+/// borrows and not yet gives back, the largest borrowings first (levelled: each gives
+/// until it borrows no more than the next; ties to the earlier in the order given).
+pub fn reclaims(capacity: u64, claims: &[BudgetClaim], tenancy: Tenancy<'_>) -> Reclaims {
+    let demands: Vec<(u32, u64)> = claims.iter().map(|c| (c.weight, c.demand())).collect();
+    let parts = guaranteed_parts(&demands, tenancy);
+    let lacking: Vec<u64> = (claims.iter().zip(&parts))
+        .map(|(c, part)| c.demand().min(*part).saturating_sub(c.using))
+        .collect();
+    let sum = |it: &mut dyn Iterator<Item = u64>| it.fold(0u64, u64::saturating_add);
+    let lack = sum(&mut lacking.iter().copied());
+    let used = sum(&mut claims.iter().map(|c| c.using));
+    let given_back = sum(&mut claims.iter().map(|c| c.reclaiming));
+    let needed = lack
+        .saturating_sub(capacity.saturating_sub(used))
+        .saturating_sub(given_back);
+    let lendable: Vec<u64> = (claims.iter().zip(&parts))
+        .map(|(c, part)| c.using.saturating_sub(c.reclaiming).saturating_sub(*part))
+        .collect();
+    let asked = level_down(&lendable, needed);
+    let owners = if asked.iter().any(|a| *a > 0) {
+        lacking.iter().map(|l| *l > 0).collect()
+    } else {
+        vec![false; claims.len()]
+    };
+    Reclaims { asked, owners }
+}
+
+/// What [`reclaims`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaims {
+    /// Executors each application is to give back now (beyond those it gives back).
+    pub asked: Vec<u64>,
+    /// The applications whose guaranteed part is being asked back for.
+    pub owners: Vec<bool>,
+}
+
+/// Takes `needed` units (at most their sum) from `amounts`, the largest first: the
+/// largest are brought down to a common level; the units that level leaves go one each to
+/// the earlier of those at it.
+fn level_down(amounts: &[u64], needed: u64) -> Vec<u64> {
+    let total = amounts.iter().fold(0u64, |a, b| a.saturating_add(*b));
+    let needed = needed.min(total);
+    let mut taken = vec![0u64; amounts.len()];
+    if needed == 0 {
+        return taken;
+    }
+    let above = |level: u64| -> u64 {
+        (amounts.iter())
+            .map(|a| a.saturating_sub(level))
+            .fold(0u64, u64::saturating_add)
+    };
+    // The lowest level taking no more than `needed`.
+    let (mut low, mut high) = (0u64, amounts.iter().copied().max().unwrap_or(0));
+    while low < high {
+        let mid = low + (high - low) / 2;
+        if above(mid) <= needed {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    let level = low;
+    let mut left = needed - above(level);
+    for (take, amount) in taken.iter_mut().zip(amounts) {
+        *take = amount.saturating_sub(level);
+        if left > 0 && level > 0 && *amount >= level {
+            *take += 1;
+            left -= 1;
+        }
+    }
+    taken
 }
 
 /// Two-level weighted max-min fair division of `capacity` over `claims` (`(weight,
@@ -198,7 +352,10 @@ pub fn tenant_shares(capacity: u64, claims: &[(u32, u64)], tenancy: Tenancy<'_>)
             t.1 = t.1.saturating_add(*demand);
         }
     }
-    let parts = fair_shares(capacity, &demands);
+    let parts = match tenancy.bounds {
+        Some(bounds) => guaranteed_shares(capacity, &demands, bounds),
+        None => fair_shares(capacity, &demands),
+    };
     let mut shares = vec![0u64; claims.len()];
     for (t, part) in parts.into_iter().enumerate() {
         let members: Vec<usize> = (0..claims.len()).filter(|i| tenant(*i) == t).collect();
@@ -302,9 +459,16 @@ pub struct BudgetClaim {
     pub seen: u64,
     /// What one of its executors costs.
     pub cost: ExecutorCost,
+    /// Of `using`, executors asked back (reclaim) whose pods are still there.
+    pub reclaiming: u64,
 }
 
 impl BudgetClaim {
+    /// Its demand on the budget: what it wants, or has if more.
+    pub fn demand(&self) -> u64 {
+        self.wanted.max(self.using)
+    }
+
     /// What its targets still lack.
     pub fn lacking(&self) -> u64 {
         self.wanted.saturating_sub(self.using)
@@ -364,6 +528,7 @@ pub fn room(limits: &BudgetLimits, claims: &[BudgetClaim], who: usize) -> Room {
         Tenancy {
             weights: &weights,
             of: &of,
+            bounds: None,
         },
         who,
     )
@@ -381,8 +546,18 @@ pub fn room_in(
     who: usize,
 ) -> Room {
     let mut best: Option<Room> = None;
+    // Guarantees and maximums are in executors: they bound that resource only.
+    let plain = Tenancy {
+        bounds: None,
+        ..tenancy
+    };
     let mut consider =
         |resource: BudgetResource, limit: u64, per: fn(&BudgetClaim) -> (u64, u64), unit: u64| {
+            let tenancy = if resource == BudgetResource::Executors {
+                tenancy
+            } else {
+                plain
+            };
             // (demand, use) of each claim in the resource's unit.
             let amounts: Vec<(u64, u64)> = claims.iter().map(per).collect();
             let demands: Vec<(u32, u64)> = claims
@@ -517,7 +692,11 @@ mod tests {
     }
 
     fn tenancy<'a>(weights: &'a [u32], of: &'a [usize]) -> Tenancy<'a> {
-        Tenancy { weights, of }
+        Tenancy {
+            weights,
+            of,
+            bounds: None,
+        }
     }
 
     #[test]
@@ -605,6 +784,7 @@ mod tests {
             pending: 0,
             seen: using,
             cost: ExecutorCost::default(),
+            reclaiming: 0,
         }
     }
 
@@ -720,5 +900,142 @@ mod tests {
         assert_eq!(parse_cpu_millis("2"), Some(2000));
         assert_eq!(parse_cpu_millis("100m"), Some(100));
         assert_eq!(parse_cpu_millis("x"), None);
+    }
+
+    fn bounded<'a>(weights: &'a [u32], of: &'a [usize], bounds: &'a [TenantBounds]) -> Tenancy<'a> {
+        Tenancy {
+            weights,
+            of,
+            bounds: Some(bounds),
+        }
+    }
+
+    fn bounds(guaranteed: u64, max: u64) -> TenantBounds {
+        TenantBounds { guaranteed, max }
+    }
+
+    #[test]
+    fn guarantees_come_first_then_the_rest_by_weight_up_to_each_maximum() {
+        let b = [bounds(4, 8), bounds(4, 8)];
+        // Guarantees first: an owner asking 4 gets them whoever asked first.
+        assert_eq!(guaranteed_shares(8, &[(1, 8), (1, 4)], &b), [4, 4]);
+        // What an owner does not ask for is lent, up to the borrower's maximum.
+        assert_eq!(guaranteed_shares(8, &[(1, 8), (1, 0)], &b), [8, 0]);
+        assert_eq!(guaranteed_shares(8, &[(1, 8), (1, 1)], &b), [7, 1]);
+        let capped = [bounds(2, 5), bounds(2, 8)];
+        assert_eq!(guaranteed_shares(8, &[(1, 8), (1, 0)], &capped), [5, 0]);
+        // Unequal guarantees, the rest by weight 3:1: 2 + 3 and 6 + 1 of 12.
+        let unequal = [bounds(2, 12), bounds(6, 12)];
+        assert_eq!(guaranteed_shares(12, &[(3, 12), (1, 12)], &unequal), [5, 7]);
+        // Through the two levels: the tenant part is divided among its applications.
+        let claims = [(1, 8), (1, 8), (1, 8)];
+        let shares = tenant_shares(8, &claims, bounded(&[1, 1], &[0, 0, 1], &b));
+        assert_eq!(shares, [2, 2, 4]);
+    }
+
+    #[test]
+    fn an_application_borrows_what_it_holds_beyond_its_part_of_its_tenant_guarantee() {
+        let b = [bounds(4, 8), bounds(4, 8)];
+        let claims = [claim(8, 8), claim(4, 0)];
+        let tenants = bounded(&[1, 1], &[0, 1], &b);
+        assert_eq!(borrowed(&claims, tenants), [4, 0]);
+        // Two applications of one tenant divide its guarantee: 2 each.
+        let claims = [claim(4, 3), claim(4, 1), claim(0, 0)];
+        let tenants = bounded(&[1, 1], &[0, 0, 1], &b);
+        assert_eq!(borrowed(&claims, tenants), [1, 0, 0]);
+        // Without bounds nothing is guaranteed (and nothing is reclaimed).
+        let plain = tenancy(&[1, 1], &[0, 1]);
+        assert_eq!(borrowed(&[claim(8, 8), claim(4, 0)], plain), [8, 0]);
+    }
+
+    #[test]
+    fn an_owner_held_below_its_guarantee_asks_back_only_what_is_borrowed_and_lacking() {
+        let b = [bounds(4, 8), bounds(4, 8)];
+        let tenants = bounded(&[1, 1], &[0, 1], &b);
+        // The borrower fills the budget; the owner wants its 4.
+        let r = reclaims(8, &[claim(8, 8), claim(4, 0)], tenants);
+        assert_eq!(r.asked, [4, 0]);
+        assert_eq!(r.owners, [false, true]);
+        // Wanting 3 asks back 3; 2 free leave 1 to ask back.
+        assert_eq!(
+            reclaims(8, &[claim(8, 8), claim(3, 0)], tenants).asked,
+            [3, 0]
+        );
+        assert_eq!(
+            reclaims(8, &[claim(8, 6), claim(3, 0)], tenants).asked,
+            [1, 0]
+        );
+        // Wanting more than the guarantee asks back no more than the guarantee.
+        assert_eq!(
+            reclaims(8, &[claim(8, 8), claim(8, 0)], tenants).asked,
+            [4, 0]
+        );
+        // Those given back already count: asked once, not again.
+        let mut giving = claim(8, 8);
+        giving.reclaiming = 4;
+        assert_eq!(reclaims(8, &[giving, claim(4, 0)], tenants).asked, [0, 0]);
+        giving.reclaiming = 3;
+        assert_eq!(reclaims(8, &[giving, claim(4, 0)], tenants).asked, [1, 0]);
+        // Room free for the owner: nothing is asked back.
+        assert_eq!(
+            reclaims(12, &[claim(8, 8), claim(4, 0)], tenants).asked,
+            [0, 0]
+        );
+        // Nobody below its guarantee: nothing.
+        let r = reclaims(8, &[claim(8, 4), claim(4, 4)], tenants);
+        assert_eq!((r.asked, r.owners), (vec![0, 0], vec![false, false]));
+    }
+
+    #[test]
+    fn never_from_an_application_at_or_below_its_guarantee_the_largest_borrowing_first() {
+        let b = [bounds(4, 12), bounds(4, 12), bounds(4, 12)];
+        let tenants = bounded(&[1, 1, 1], &[0, 1, 2], &b);
+        // Borrowing 5 and 3; the owner lacks 4: 3 from the first (down to 2), 1 from the
+        // second (down to 2).
+        let r = reclaims(12, &[claim(12, 9), claim(12, 7), claim(4, 0)], tenants);
+        assert_eq!(r.asked, [3, 1, 0]);
+        // An application within its part (4 of 4) gives nothing.
+        let r = reclaims(12, &[claim(12, 8), claim(4, 4), claim(4, 0)], tenants);
+        assert_eq!(r.asked, [4, 0, 0]);
+        // Within one tenant: an application above its part of the tenant's guarantee
+        // gives back to its sibling below its own.
+        let one = [bounds(8, 8)];
+        let r = reclaims(8, &[claim(8, 8), claim(8, 0)], bounded(&[1], &[0, 0], &one));
+        assert_eq!(r.asked, [4, 0]);
+    }
+
+    #[test]
+    fn levelling_takes_the_largest_first_and_no_more_than_there_is() {
+        assert_eq!(level_down(&[5, 3], 3), [3, 0]);
+        assert_eq!(level_down(&[5, 3], 4), [3, 1]);
+        assert_eq!(level_down(&[4, 4], 3), [2, 1]);
+        assert_eq!(level_down(&[1, 2], 10), [1, 2]);
+        assert_eq!(level_down(&[], 3), Vec::<u64>::new());
+    }
+
+    proptest::proptest! {
+        /// Whatever the claims, nobody gives back beyond what it borrows, and no more is
+        /// asked back than the owners lack.
+        #[test]
+        fn reclaims_stay_within_borrowing_and_lack(
+            capacity in 1u64..40,
+            claims in proptest::collection::vec((0usize..3, 0u64..20, 0u64..20), 1..8),
+        ) {
+            let b = [bounds(capacity / 3, capacity); 3];
+            let of: Vec<usize> = claims.iter().map(|c| c.0).collect();
+            let claims: Vec<BudgetClaim> = claims.iter().map(|c| claim(c.1, c.2)).collect();
+            let tenants = bounded(&[1, 1, 1], &of, &b);
+            let r = reclaims(capacity, &claims, tenants);
+            let lent = borrowed(&claims, tenants);
+            for (asked, lent) in r.asked.iter().zip(&lent) {
+                proptest::prop_assert!(asked <= lent);
+            }
+            let demands: Vec<(u32, u64)> = claims.iter().map(|c| (1, c.demand())).collect();
+            let parts = guaranteed_parts(&demands, tenants);
+            let lack: u64 = (claims.iter().zip(&parts))
+                .map(|(c, p)| c.demand().min(*p).saturating_sub(c.using))
+                .sum();
+            proptest::prop_assert!(r.asked.iter().sum::<u64>() <= lack);
+        }
     }
 }

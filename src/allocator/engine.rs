@@ -75,6 +75,10 @@ pub struct ProfileCounts {
     pub newly_created: u32,
     /// Executors the target lacks that a budget holds back (as of the last round).
     pub held: u32,
+    /// Executors held beyond the application's guaranteed part of a budget.
+    pub borrowed: u32,
+    /// Executors asked back (reclaim) whose pods are not gone yet.
+    pub reclaiming: u32,
 }
 
 /// A report of an application's allocation state.
@@ -874,6 +878,17 @@ impl Allocator {
     /// application resumed: deleted as if this allocator had asked at `now`.
     pub fn restore_deleted(&mut self, ids: impl IntoIterator<Item = ExecutorId>, now: Timestamp) {
         self.deleted.extend(ids.into_iter().map(|id| (id, now)));
+    }
+
+    /// Executors given back to a budget (reclaim), deleted at `now` as this allocator's
+    /// own: they no longer count, and IsDeleted says so (their loss is no failure).
+    pub fn reclaimed(&mut self, ids: impl IntoIterator<Item = ExecutorId>, now: Timestamp) {
+        self.deleted.extend(ids.into_iter().map(|id| (id, now)));
+    }
+
+    /// Whether the driver has `id` registered (as it last said).
+    pub fn is_registered(&self, id: ExecutorId) -> bool {
+        self.registered.contains(&id)
     }
 
     /// True iff the allocator deleted `id` and its pod is still there.

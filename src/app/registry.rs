@@ -166,6 +166,19 @@ impl Applications {
         self.actor(app)?.update_registered(ids).await
     }
 
+    /// [`Self::update_registered`] with the tasks running on each registered executor
+    /// (a budget's reclaim asks back those with the fewest first).
+    pub async fn update_registered_with_tasks(
+        &self,
+        app: &AppId,
+        ids: BTreeSet<ExecutorId>,
+        running_tasks: BTreeMap<ExecutorId, u32>,
+    ) -> Result<(), AppError> {
+        (self.actor(app)?)
+            .update_registered_with_tasks(ids, running_tasks)
+            .await
+    }
+
     /// The application's allocation state.
     pub async fn status(&self, app: &AppId) -> Result<AllocatorStatus, AppError> {
         Ok(self.report(app).await?.status)

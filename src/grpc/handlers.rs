@@ -349,11 +349,12 @@ impl ExecutorAllocator for AllocatorService {
             Method::unary("UpdateRegisteredExecutors"),
             Access::Change,
             request,
-            |req| validate::update_registered(req.clone()).map(|(_, ids)| ids),
+            |req| validate::update_registered(req.clone()).map(|(_, registered)| registered),
             |mut owner, r| async move { owner.update_registered_executors(r).await },
             |call| async move {
+                let (ids, running_tasks) = call.checked;
                 (self.applications)
-                    .update_registered(&call.app, call.checked)
+                    .update_registered_with_tasks(&call.app, ids, running_tasks)
                     .await?;
                 Ok(Response::new(proto::UpdateRegisteredExecutorsResponse {}))
             },

@@ -64,6 +64,8 @@ pub(super) fn status_message(app: ApplicationStatus) -> proto::ApplicationStatus
                 newly_created: c.newly_created,
                 held: c.held,
                 held_by: held_by.clone().filter(|_| c.held > 0),
+                borrowed: c.borrowed,
+                reclaiming: c.reclaiming,
                 backoff_until_ms: create_failures
                     .get(&profile)
                     .filter(|f| f.consecutive > 0)
@@ -101,11 +103,16 @@ pub(super) fn executor_event(event: ExecutorEvent) -> proto::ExecutorEvent {
         EventKind::Synced => proto::ExecutorEventKind::Synced,
         EventKind::Updated => proto::ExecutorEventKind::Updated,
         EventKind::Deleted => proto::ExecutorEventKind::Deleted,
+        EventKind::Reclaim => proto::ExecutorEventKind::Reclaim,
     };
     proto::ExecutorEvent {
         sequence: event.sequence,
         kind: kind.into(),
         executor: event.executor.map(|view| executor_pod(&view)),
+        reclaim: event.reclaim.map(|r| proto::ExecutorReclaim {
+            deadline_ms: r.deadline_ms,
+            budget: r.budget.to_string(),
+        }),
     }
 }
 

@@ -294,10 +294,11 @@ pub fn is_deleted(req: proto::IsDeletedRequest) -> Result<(AppId, ExecutorId), A
     Ok((app_id, id))
 }
 
-/// UpdateRegisteredExecutors: the application and the full set of registered executors.
+/// UpdateRegisteredExecutors: the application, the full set of registered executors and
+/// the tasks running on them.
 pub fn update_registered(
     req: proto::UpdateRegisteredExecutorsRequest,
-) -> Result<(AppId, BTreeSet<ExecutorId>), AppError> {
+) -> Result<(AppId, Registered), AppError> {
     let app_id = application_id(&req.application_id)?;
     let ids = req
         .executor_ids
@@ -307,8 +308,20 @@ pub fn update_registered(
             executor_id(raw).map_err(|reason| invalid(format!("executor_ids[{i}]"), reason))
         })
         .collect::<Result<BTreeSet<_>, _>>()?;
-    Ok((app_id, ids))
+    let running_tasks = req
+        .running_tasks
+        .iter()
+        .map(|(raw, tasks)| {
+            let id = executor_id(raw)
+                .map_err(|reason| invalid(format!("running_tasks[{raw:?}]"), reason))?;
+            Ok((id, *tasks))
+        })
+        .collect::<Result<BTreeMap<_, _>, AppError>>()?;
+    Ok((app_id, (ids, running_tasks)))
 }
+
+/// The registered executors and the tasks running on them (by executor id).
+pub type Registered = (BTreeSet<ExecutorId>, BTreeMap<ExecutorId, u32>);
 
 /// An executor id as the driver sends it: a positive decimal number, nothing around it.
 pub fn executor_id(raw: &str) -> Result<ExecutorId, String> {
@@ -741,16 +754,28 @@ mod tests {
             update_registered(proto::UpdateRegisteredExecutorsRequest {
                 application_id: "a".into(),
                 executor_ids: vec!["1".into(), "2".into(), "two".into()],
+                running_tasks: Default::default(),
             })
             .unwrap_err(),
         );
         assert_eq!(field, "executor_ids[2]");
-        let (_, ids) = update_registered(proto::UpdateRegisteredExecutorsRequest {
+        let (_, (ids, tasks)) = update_registered(proto::UpdateRegisteredExecutorsRequest {
             application_id: "a".into(),
             executor_ids: vec!["3".into(), "1".into()],
+            running_tasks: [("3".to_string(), 2)].into(),
         })
         .unwrap();
         assert_eq!(ids, BTreeSet::from([ExecutorId(1), ExecutorId(3)]));
+        assert_eq!(tasks, BTreeMap::from([(ExecutorId(3), 2)]));
+        let (field, _) = field_of(
+            update_registered(proto::UpdateRegisteredExecutorsRequest {
+                application_id: "a".into(),
+                executor_ids: vec!["1".into()],
+                running_tasks: [("x1".to_string(), 2)].into(),
+            })
+            .unwrap_err(),
+        );
+        assert_eq!(field, "running_tasks[\"x1\"]");
     }
 
     #[test]

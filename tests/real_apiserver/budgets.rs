@@ -152,6 +152,7 @@ async fn three_applications_asking_30_under_a_budget_of_30_get_10_each() {
         max_pending: None,
         max_cpu: None,
         max_memory: None,
+        reclaim_deadline_ms: None,
     }];
     let mut config = c.service_settings();
     config.budgets = budgets;
@@ -193,6 +194,7 @@ async fn a_queue_gives_five_applications_of_one_namespace_no_more_than_one_of_an
         max_pending: None,
         max_cpu: None,
         max_memory: None,
+        reclaim_deadline_ms: None,
     }];
     let mut config = c.service_settings();
     config.budgets = budgets;

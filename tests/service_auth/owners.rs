@@ -106,6 +106,7 @@ async fn only_the_owner_or_an_admin_may_call_an_application() {
                 proto::UpdateRegisteredExecutorsRequest {
                     application_id: app.into(),
                     executor_ids: vec![],
+                    running_tasks: Default::default(),
                 },
             ))
             .await

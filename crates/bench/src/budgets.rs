@@ -253,6 +253,7 @@ async fn run_once(
             max_pending: None,
             max_cpu: None,
             max_memory: None,
+            reclaim_deadline_ms: None,
         }];
         config.budget_policy()?;
     } else {

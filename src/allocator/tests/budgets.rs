@@ -76,6 +76,7 @@ impl Tenancy {
             pending: u.pending,
             seen: u.seen,
             cost: Default::default(),
+            reclaiming: 0,
         };
         let batch = snapshot(&app.pods);
         let plan = {

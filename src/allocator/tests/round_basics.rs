@@ -189,7 +189,7 @@ fn status_reports_each_profile() {
             running: 1,
             pending: 1,
             newly_created: 1,
-            held: 0,
+            ..ProfileCounts::default()
         }
     );
     assert_eq!(
@@ -199,7 +199,7 @@ fn status_reports_each_profile() {
             running: 0,
             pending: 0,
             newly_created: 1,
-            held: 0,
+            ..ProfileCounts::default()
         }
     );
     assert_eq!(status.last_executor_id, 4);

@@ -20,7 +20,12 @@ pub(super) enum Command {
         reply: oneshot::Sender<Result<(), AppError>>,
     },
     IsDeleted(ExecutorId, oneshot::Sender<bool>),
-    UpdateRegistered(BTreeSet<ExecutorId>, oneshot::Sender<()>),
+    /// The registered executors, and the tasks running on them (as the driver said).
+    UpdateRegistered(
+        BTreeSet<ExecutorId>,
+        BTreeMap<ExecutorId, u32>,
+        oneshot::Sender<()>,
+    ),
     Report(oneshot::Sender<ActorReport>),
     Snapshot(oneshot::Sender<ExecutorPodsSnapshot>),
     /// Opens an executor event stream resuming after a sequence (0: full state).

@@ -31,6 +31,7 @@ impl ApplicationActor {
     /// An executor pod gone from the cluster.
     fn pod_deleted(&mut self, pod: &Pod) {
         if let Some(id) = self.feed.deleted(pod, &self.engine.rules) {
+            self.reclaim_pod_gone(id);
             self.failures.pod_gone(id);
             self.requests.forget(id);
             self.engine.allocator.pod_gone(id);
@@ -83,6 +84,7 @@ impl ApplicationActor {
         }
         let gone = self.feed.relisted(&pods, rules, now);
         for id in gone {
+            self.reclaim_pod_gone(id);
             self.failures.pod_gone(id);
             self.engine.allocator.pod_gone(id);
         }

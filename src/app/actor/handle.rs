@@ -93,7 +93,17 @@ impl ActorHandle {
 
     /// Replaces the executors registered with the driver.
     pub async fn update_registered(&self, ids: BTreeSet<ExecutorId>) -> Result<(), AppError> {
-        self.call(|reply| Command::UpdateRegistered(ids, reply))
+        self.update_registered_with_tasks(ids, BTreeMap::new())
+            .await
+    }
+
+    /// The registered executors with the tasks running on each (by executor id).
+    pub async fn update_registered_with_tasks(
+        &self,
+        ids: BTreeSet<ExecutorId>,
+        running_tasks: BTreeMap<ExecutorId, u32>,
+    ) -> Result<(), AppError> {
+        self.call(|reply| Command::UpdateRegistered(ids, running_tasks, reply))
             .await
     }
 

@@ -15,6 +15,7 @@
 //! - `schedule`: when the actor wakes next;
 //! - `serve`: the actor's loop, its commands and reports;
 //! - `events`: pod events into the engine state and the feed; `requests`: their timing;
+//! - `reclaim`: executors given back to a budget's owner (RECLAIM events, deadlines);
 //! - `round`: a round's plan into work, and the results of that work;
 //! - `work`: the worker and the messages between it and the actor.
 mod command;
@@ -22,6 +23,7 @@ mod events;
 mod handle;
 mod parts;
 mod phase;
+mod reclaim;
 mod requests;
 mod round;
 mod schedule;

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use super::phase::Phase;
 use super::serve::ApplicationActor;
-use super::work::{CreateResults, UpkeepDone, UpkeepWork, Work, not_recorded};
+use super::work::{CreateResults, DeleteKind, UpkeepDone, UpkeepWork, Work, not_recorded};
 use crate::allocator::budget::{self, BudgetClaim, ExecutorCost};
 use crate::allocator::{
     AllocationUse, CreateOutcomes, DeleteRequest, ExecutorId, ExecutorState, ResourceProfileId,
@@ -21,7 +21,9 @@ impl ApplicationActor {
         let Some(batch) = self.feed.store_mut().poll(now) else {
             return;
         };
+        self.settle_step(now);
         let plan = self.round_within_budgets(batch, now);
+        self.reclaim_step(now);
         self.export_counts();
         self.note_plan(&plan);
         if plan.window_bound {
@@ -51,6 +53,7 @@ impl ApplicationActor {
             pending: usage.pending,
             seen: usage.seen,
             cost,
+            reclaiming: 0,
         };
         let membership = &self.budget;
         let mut bound = None;
@@ -60,7 +63,8 @@ impl ApplicationActor {
             grant.room
         });
         let held: u64 = plan.held.values().map(|h| u64::from(*h)).sum();
-        membership.report(claim(&plan.usage), held, bound.as_ref());
+        let created = plan.creates.len() as u64;
+        membership.report(claim(&plan.usage), held, bound.as_ref(), created, now);
         if held > 0
             && self.held_by.is_none()
             && let Some(by) = &bound
@@ -110,7 +114,7 @@ impl ApplicationActor {
         for request in deletes {
             self.backlog
                 .retry_deletes
-                .entry(request.only_pending)
+                .entry(DeleteKind::of(request.only_pending))
                 .or_default()
                 .extend(request.ids);
         }
@@ -233,10 +237,10 @@ impl ApplicationActor {
     /// A round's upkeep answered: failed deletes and clean-ups wait for the next round.
     pub(super) fn upkeep_done(&mut self, upkeep: UpkeepDone) {
         self.outbox.upkeep = false;
-        for (only_pending, ids) in upkeep.failed_deletes {
+        for (kind, ids) in upkeep.failed_deletes {
             self.backlog
                 .retry_deletes
-                .entry(only_pending)
+                .entry(kind)
                 .or_default()
                 .extend(ids);
         }
@@ -281,7 +285,8 @@ impl ApplicationActor {
                 tracing::info!(deleted, "executor pods deleted after the driver ended");
                 // Its executors are gone: the others under its budgets need not wait for
                 // the application to be forgotten.
-                self.budget.report(BudgetClaim::default(), 0, None);
+                let now = self.clock.now();
+                self.budget.report(BudgetClaim::default(), 0, None, 0, now);
                 self.held_by = None;
             }
             Err(_) => {

@@ -8,9 +8,10 @@ use tokio::sync::mpsc;
 use super::command::{ActorReport, Command};
 use super::parts::{ApplicationParts, Engine};
 use super::phase::{Life, Phase};
+use super::reclaim::Reclaims;
 use super::requests::RequestTimes;
 use super::schedule::Scheduler;
-use super::work::{Outbox, UpkeepWork, Work, WorkDone};
+use super::work::{DeleteKind, Outbox, UpkeepWork, Work, WorkDone};
 use crate::allocator::{ExecutorId, ResourceProfileId};
 use crate::app::budgets::{BudgetMembership, HeldBy};
 use crate::app::error::AppError;
@@ -49,13 +50,16 @@ pub(crate) struct ApplicationActor {
     pub(super) requests: RequestTimes,
     /// Rounds carried out completely (their requests answered).
     pub(super) rounds: u64,
+    /// Executors being given back to a budget's owner.
+    pub(super) reclaims: Reclaims,
 }
 
 /// What earlier rounds left for the next one to send again.
 #[derive(Debug, Default)]
 pub(super) struct Backlog {
-    /// Deletes that failed, retried by the next round (merged per `only_pending`).
-    pub retry_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Deletes the next round sends: those that failed, and the reclaims' (merged per
+    /// kind).
+    pub retry_deletes: BTreeMap<DeleteKind, BTreeSet<ExecutorId>>,
     /// Finished executors whose pod was deleted (or labelled inactive), or is being.
     pub finished_handled: BTreeSet<ExecutorId>,
 }
@@ -103,6 +107,7 @@ impl ApplicationActor {
             failures: Failures::default(),
             requests: RequestTimes::new(metrics),
             rounds: 0,
+            reclaims: Reclaims::default(),
         }
     }
 
@@ -143,12 +148,16 @@ impl ApplicationActor {
                 continue;
             }
             self.list_for_feed();
-            let wake = self.schedule.next_wake(
+            let mut wake = self.schedule.next_wake(
                 self.feed.store(),
                 &self.life.phase,
                 self.outbox.upkeep,
                 self.outbox.in_flight(),
             );
+            // A reclaim's deadline wakes a running actor too (its round deletes the pod).
+            if let (Phase::Running { .. }, Some(at)) = (&self.life.phase, wake) {
+                wake = Some(self.reclaims.next_deadline().map_or(at, |d| d.min(at)));
+            }
             let due = wake.unwrap_or_default();
             tokio::select! {
                 biased;
@@ -214,6 +223,9 @@ impl ApplicationActor {
     fn wake(&mut self) {
         let now = self.clock.now();
         let Phase::Ended(ended) = &mut self.life.phase else {
+            if self.reclaims.next_deadline().is_some_and(|d| d <= now) {
+                self.feed.store_mut().notify_now();
+            }
             self.round();
             return;
         };
@@ -249,8 +261,9 @@ impl ApplicationActor {
             Command::IsDeleted(id, reply) => {
                 let _ = reply.send(self.engine.allocator.is_deleted(id));
             }
-            Command::UpdateRegistered(ids, reply) => {
+            Command::UpdateRegistered(ids, running_tasks, reply) => {
                 self.update_registered(ids);
+                self.reclaims.set_running_tasks(running_tasks);
                 let _ = reply.send(());
             }
             Command::Report(reply) => {
@@ -311,6 +324,18 @@ impl ApplicationActor {
         // until it has one) even before it has executors.
         for profile in self.engine.builder.profiles() {
             status.profiles.entry(profile).or_default();
+        }
+        for (profile, reclaiming) in self.reclaims.per_profile() {
+            status.profiles.entry(profile).or_default().reclaiming = reclaiming;
+        }
+        // What the application borrows, on its highest profiles first (the room goes to
+        // the lowest first, so theirs are the executors beyond its part).
+        let mut borrowed = self.budget.borrowed();
+        for counts in status.profiles.values_mut().rev() {
+            let has = u64::from(counts.running) + u64::from(counts.pending);
+            let here = borrowed.min(has);
+            counts.borrowed = u32::try_from(here).unwrap_or(u32::MAX);
+            borrowed -= here;
         }
         let now = self.clock.now();
         ActorReport {

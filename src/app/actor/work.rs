@@ -61,8 +61,8 @@ pub(super) type CreateResults = Vec<(ExecutorId, Result<(), CreateError>)>;
 /// The Kubernetes requests of one round other than its creates, sent in this order.
 #[derive(Debug, Default)]
 pub(super) struct UpkeepWork {
-    /// Collection deletes, per `only_pending`.
-    pub deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    /// Collection deletes, per kind.
+    pub deletes: BTreeMap<DeleteKind, BTreeSet<ExecutorId>>,
     /// Finished executors (id, pod name) to delete or label inactive.
     pub finished: Vec<(ExecutorId, String)>,
     /// Delete finished executors (else label them inactive).
@@ -89,11 +89,45 @@ impl UpkeepWork {
     }
 }
 
+/// Why executor pods are deleted by a round, which decides how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum DeleteKind {
+    /// Beyond the target, or stuck: only while Pending, so a pod that just started stays.
+    Downscale,
+    /// Not seen within the executor timeout.
+    Timeout,
+    /// Given back to a budget (reclaim): whatever its phase.
+    Reclaim,
+}
+
+impl DeleteKind {
+    /// The kind of an engine's delete request.
+    pub fn of(only_pending: bool) -> Self {
+        if only_pending {
+            Self::Downscale
+        } else {
+            Self::Timeout
+        }
+    }
+
+    fn only_pending(self) -> bool {
+        self == Self::Downscale
+    }
+
+    fn reason(self) -> DeleteReason {
+        match self {
+            Self::Downscale => DeleteReason::Downscale,
+            Self::Timeout => DeleteReason::Timeout,
+            Self::Reclaim => DeleteReason::Reclaim,
+        }
+    }
+}
+
 /// The outcome of [`UpkeepWork`].
 #[derive(Debug, Default)]
 pub(super) struct UpkeepDone {
     /// Deletes that failed (retried by the next round).
-    pub failed_deletes: BTreeMap<bool, BTreeSet<ExecutorId>>,
+    pub failed_deletes: BTreeMap<DeleteKind, BTreeSet<ExecutorId>>,
     /// Finished executors whose clean-up failed (retried by the next round).
     pub finished_failed: Vec<ExecutorId>,
     /// Copied from [`UpkeepWork::with_creates`].
@@ -382,24 +416,21 @@ async fn send_upkeep(
     (id_record, absent): (&IdRecord, &AtomicBool),
 ) -> (UpkeepDone, Result<Option<ExecutorId>, String>) {
     let mut failed_deletes = BTreeMap::new();
-    for (only_pending, ids) in upkeep.deletes {
+    for (kind, ids) in upkeep.deletes {
         let list: Vec<ExecutorId> = ids.iter().copied().collect();
+        let only_pending = kind.only_pending();
         match pods
             .delete_executors(namespace, app_id, &list, only_pending)
             .await
         {
             Ok(deleted) => {
-                let reason = if only_pending {
-                    DeleteReason::Downscale
-                } else {
-                    DeleteReason::Timeout
-                };
-                pods.metrics().pods_deleted(reason, u64::from(deleted));
+                pods.metrics()
+                    .pods_deleted(kind.reason(), u64::from(deleted));
                 tracing::info!(executors = %listed(&list), only_pending, deleted, "executor pods deleted")
             }
             // Already logged with the API server's reason; the next round retries.
             Err(_) => {
-                failed_deletes.insert(only_pending, ids);
+                failed_deletes.insert(kind, ids);
             }
         }
     }

@@ -24,7 +24,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::budget::{self, BudgetClaim, BudgetResource, QuotaState, Tenancy};
+use crate::allocator::Timestamp;
+use crate::allocator::budget::{
+    self, BudgetClaim, BudgetResource, QuotaState, Tenancy, TenantBounds,
+};
 use crate::metrics::Metrics;
 
 mod policy;
@@ -87,6 +90,45 @@ struct Member {
     /// Executors held back in its last round, and by what.
     held: u64,
     held_by: Option<String>,
+    /// Executors it holds beyond its guaranteed part (the most over its budgets), as of
+    /// its last round.
+    borrowed: u64,
+    /// Since when it waits for executors asked back for it (below its guaranteed part),
+    /// until its next creates.
+    owed_since: Option<Timestamp>,
+}
+
+/// The claims of one budget's members, grouped by tenant (namespace) in the members'
+/// order, as the pure arithmetic takes them.
+struct Division<'l> {
+    keys: Vec<&'l MemberKey>,
+    claims: Vec<BudgetClaim>,
+    weights: Vec<u32>,
+    of: Vec<usize>,
+    bounds: Vec<TenantBounds>,
+}
+
+impl Division<'_> {
+    fn tenancy(&self, guaranteed: bool) -> Tenancy<'_> {
+        Tenancy {
+            weights: &self.weights,
+            of: &self.of,
+            bounds: guaranteed.then_some(self.bounds.as_slice()),
+        }
+    }
+
+    fn position(&self, key: &MemberKey) -> Option<usize> {
+        self.keys.iter().position(|k| *k == key)
+    }
+}
+
+/// Executors a borrower is asked to give back now, and for which budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimAsk {
+    pub count: u64,
+    pub budget: String,
+    /// `reclaim_deadline_ms` of the budget (0: delete at once).
+    pub deadline_ms: u64,
 }
 
 impl Ledger {
@@ -95,6 +137,32 @@ impl Ledger {
             BudgetScope::Namespace(ns) => *ns == member.namespace,
             BudgetScope::Queue(_) => budget.tenants.contains_key(&member.namespace),
         }
+    }
+
+    /// The members of `budget`, its namespaces as its tenants, in the members' order (by
+    /// namespace).
+    fn division(&self, budget: &Budget) -> Division<'_> {
+        let mut division = Division {
+            keys: Vec::new(),
+            claims: Vec::new(),
+            weights: Vec::new(),
+            of: Vec::new(),
+            bounds: Vec::new(),
+        };
+        let mut last: Option<&str> = None;
+        for (k, m) in &self.members {
+            if self.matches(budget, m) {
+                if last != Some(m.namespace.as_str()) {
+                    last = Some(m.namespace.as_str());
+                    (division.weights).push(budget.tenants.get(&m.namespace).copied().unwrap_or(1));
+                    division.bounds.push(budget.bounds_of(&m.namespace));
+                }
+                division.of.push(division.weights.len() - 1);
+                division.claims.push(m.claim);
+                division.keys.push(k);
+            }
+        }
+        division
     }
 
     /// The room of `key` (`u64::MAX` under no budget) and the bound that set it.
@@ -107,29 +175,10 @@ impl Ledger {
             if !self.matches(budget, member) {
                 continue;
             }
-            let mut claims = Vec::new();
-            // The namespaces are its tenants, in the members' order (by namespace).
-            let (mut weights, mut of) = (Vec::new(), Vec::new());
-            let mut last: Option<&str> = None;
-            let mut who = 0;
-            for (k, m) in &self.members {
-                if self.matches(budget, m) {
-                    if k == key {
-                        who = claims.len();
-                    }
-                    if last != Some(m.namespace.as_str()) {
-                        last = Some(m.namespace.as_str());
-                        weights.push(budget.tenants.get(&m.namespace).copied().unwrap_or(1));
-                    }
-                    of.push(weights.len() - 1);
-                    claims.push(m.claim);
-                }
-            }
-            let tenancy = Tenancy {
-                weights: &weights,
-                of: &of,
-            };
-            let room = budget::room_in(&budget.limits, &claims, tenancy, who);
+            let division = self.division(budget);
+            let who = division.position(key).unwrap_or(0);
+            let tenancy = division.tenancy(budget.guaranteed);
+            let room = budget::room_in(&budget.limits, &division.claims, tenancy, who);
             if best.1.is_none() || room.executors < best.0 {
                 best = (room.executors, Some(held_by(&budget.name, &room)));
             }
@@ -152,11 +201,76 @@ impl Ledger {
             let tenancy = Tenancy {
                 weights: &[1],
                 of: &of,
+                bounds: None,
             };
             let room = budget::room_in(&limits, &claims, tenancy, who);
             if best.1.is_none() || room.executors < best.0 {
                 let name = format!("quota/{}/{}", member.namespace, quota.name);
                 best = (room.executors, Some(held_by(&name, &room)));
+            }
+        }
+        best
+    }
+
+    /// What `key` holds beyond its guaranteed part: the most over its budgets.
+    fn borrowed(&self, key: &MemberKey) -> u64 {
+        let Some(member) = self.members.get(key) else {
+            return 0;
+        };
+        let mut most = 0;
+        for budget in &self.policy.budgets {
+            if self.matches(budget, member) {
+                let division = self.division(budget);
+                let lent = budget::borrowed(&division.claims, division.tenancy(true));
+                if let Some(at) = division.position(key) {
+                    most = most.max(lent[at]);
+                }
+            }
+        }
+        most
+    }
+
+    /// What `key` is asked to give back now (the largest ask over the budgets it falls
+    /// under that reclaim), and the owners waiting for it, from `now`.
+    fn reclaim(&mut self, key: &MemberKey, now: Timestamp) -> Option<ReclaimAsk> {
+        let member = self.members.get(key)?;
+        let mut best: Option<ReclaimAsk> = None;
+        let mut owed: Vec<MemberKey> = Vec::new();
+        for budget in &self.policy.budgets {
+            let Some(deadline_ms) = budget.reclaim_deadline_ms else {
+                continue;
+            };
+            if !self.matches(budget, member) {
+                continue;
+            }
+            let division = self.division(budget);
+            let reclaims = budget::reclaims(
+                budget.limits.max_executors,
+                &division.claims,
+                division.tenancy(true),
+            );
+            let Some(at) = division.position(key) else {
+                continue;
+            };
+            let count = reclaims.asked[at];
+            if count > 0 {
+                owed.extend(
+                    (division.keys.iter().zip(&reclaims.owners))
+                        .filter(|(_, owner)| **owner)
+                        .map(|(k, _)| (*k).clone()),
+                );
+                if best.as_ref().is_none_or(|b| count > b.count) {
+                    best = Some(ReclaimAsk {
+                        count,
+                        budget: budget.name.clone(),
+                        deadline_ms,
+                    });
+                }
+            }
+        }
+        for owner in owed {
+            if let Some(m) = self.members.get_mut(&owner) {
+                m.owed_since.get_or_insert(now);
             }
         }
         best
@@ -310,6 +424,8 @@ impl Budgets {
                 },
                 held: 0,
                 held_by: None,
+                borrowed: 0,
+                owed_since: None,
             },
         );
         BudgetMembership {
@@ -380,6 +496,7 @@ impl BudgetMembership {
             };
         };
         claim.weight = member.claim.weight;
+        claim.reclaiming = member.claim.reclaiming;
         member.claim = claim;
         let (room, bound) = ledger.room(&self.key);
         if room != u64::MAX
@@ -392,20 +509,69 @@ impl BudgetMembership {
         Grant { room, bound }
     }
 
-    /// What the round asked for (its `claim` after its creates) and how many executors it
-    /// held back, by what.
-    pub fn report(&self, mut claim: BudgetClaim, held: u64, held_by: Option<&HeldBy>) {
+    /// What the round asked for (its `claim` after its `created` creates, at `now`) and
+    /// how many executors it held back, by what. An application waiting for executors
+    /// asked back for it is waiting no more once it creates (the wait is measured) or is
+    /// held no more.
+    pub fn report(
+        &self,
+        mut claim: BudgetClaim,
+        held: u64,
+        held_by: Option<&HeldBy>,
+        created: u64,
+        now: Timestamp,
+    ) {
         let mut ledger = self.budgets.ledger();
         let Some(member) = ledger.members.get_mut(&self.key) else {
             return;
         };
         claim.weight = member.claim.weight;
+        claim.reclaiming = member.claim.reclaiming;
         member.claim = claim;
         member.held = held;
         member.held_by = held_by.filter(|_| held > 0).map(|h| h.budget.clone());
+        if let Some(since) = member.owed_since {
+            if created > 0 {
+                let waited = now.millis_since(since).max(0);
+                (self.budgets.inner.metrics)
+                    .reclaim_admitted(std::time::Duration::from_millis(waited.unsigned_abs()));
+            }
+            if created > 0 || held == 0 {
+                member.owed_since = None;
+            }
+        }
+        let borrowed = ledger.borrowed(&self.key);
+        if let Some(member) = ledger.members.get_mut(&self.key) {
+            member.borrowed = borrowed;
+        }
         if let Some(member) = ledger.members.get(&self.key) {
             self.budgets.export_of(&ledger, member);
         }
+    }
+
+    /// What the application is asked to give back now for an owner below its guaranteed
+    /// part, given the executors it is giving back already (`reclaiming`, still counted in
+    /// its use); `None` when nothing.
+    pub fn reclaim(&self, reclaiming: u64, now: Timestamp) -> Option<ReclaimAsk> {
+        let mut ledger = self.budgets.ledger();
+        let member = ledger.members.get_mut(&self.key)?;
+        member.claim.reclaiming = reclaiming;
+        ledger.reclaim(&self.key, now)
+    }
+
+    /// The application is giving back `count` executors it still counts in its use: the
+    /// others' reclaims leave them to it.
+    pub fn giving_back(&self, count: u64) {
+        let mut ledger = self.budgets.ledger();
+        if let Some(member) = ledger.members.get_mut(&self.key) {
+            member.claim.reclaiming = count;
+        }
+    }
+
+    /// Executors the application holds beyond its guaranteed part, as of its last round.
+    pub fn borrowed(&self) -> u64 {
+        let ledger = self.budgets.ledger();
+        ledger.members.get(&self.key).map_or(0, |m| m.borrowed)
     }
 
     /// New targets adding up to `wanted` executors: the ledger counts them at once, so the

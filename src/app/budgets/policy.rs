@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::allocator::budget::{self, BudgetLimits};
+use crate::allocator::budget::{self, BudgetLimits, TenantBounds};
 
 /// The driver-pod annotation giving an application's weight when its Start settings give
 /// none (`budget_weight`).
@@ -38,6 +38,11 @@ pub struct BudgetEntry {
     /// Memory requests of its executors at once, a Kubernetes quantity (`256Gi`).
     #[serde(default)]
     pub max_memory: Option<Quantity>,
+    /// Take borrowed executors back for a tenant held below its guaranteed part: how long a
+    /// driver has to give one back (RECLAIM event) before its pod is deleted; 0 deletes at
+    /// once (as a scheduler's preemption). Absent: never reclaim (admission only).
+    #[serde(default)]
+    pub reclaim_deadline_ms: Option<u64>,
 }
 
 /// A namespace of a queue: its name, or its name and weight.
@@ -55,6 +60,15 @@ pub struct WeightedNamespace {
     pub namespace: String,
     #[serde(default = "one")]
     pub weight: u32,
+    /// Executors of the budget kept for this namespace's applications whenever they ask
+    /// (default: its weighted part, floor, of the budget's `max_executors` less the
+    /// guarantees set for the others); lent to the others meanwhile.
+    #[serde(default)]
+    pub guaranteed_executors: Option<u64>,
+    /// Executors its applications may have at once, borrowing included (default: the
+    /// budget's `max_executors`).
+    #[serde(default)]
+    pub max_executors: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -66,6 +80,14 @@ impl QueueNamespace {
         match self {
             Self::Name(name) => (name, 1),
             Self::Weighted(w) => (&w.namespace, w.weight),
+        }
+    }
+
+    /// Its `guaranteed_executors` and `max_executors`, as set.
+    fn bounds(&self) -> (Option<u64>, Option<u64>) {
+        match self {
+            Self::Name(_) => (None, None),
+            Self::Weighted(w) => (w.guaranteed_executors, w.max_executors),
         }
     }
 }
@@ -108,8 +130,27 @@ pub struct Budget {
     pub limits: BudgetLimits,
     /// A queue's namespaces and their weights (none for a namespace budget).
     pub tenants: BTreeMap<String, u32>,
+    /// Each tenant's guaranteed part and maximum: a queue's namespaces', or a namespace
+    /// budget's one namespace's (the whole budget).
+    pub bounds: BTreeMap<String, TenantBounds>,
+    /// Divide by guarantees first (some are set, or the budget reclaims); else by weight
+    /// alone, which comes to the same up to rounding.
+    pub guaranteed: bool,
+    /// How long a borrower has to give an executor back (`reclaim_deadline_ms`); `None`:
+    /// never reclaim.
+    pub reclaim_deadline_ms: Option<u64>,
     /// Where its `namespaces` are in the configuration (`budgets[i].namespaces`).
     pub key: String,
+}
+
+impl Budget {
+    /// The bounds of tenant `namespace` (the whole budget for one not listed).
+    pub fn bounds_of(&self, namespace: &str) -> TenantBounds {
+        self.bounds.get(namespace).copied().unwrap_or(TenantBounds {
+            guaranteed: self.limits.max_executors,
+            max: self.limits.max_executors,
+        })
+    }
 }
 
 /// The budgets in force, checked: what the configuration (and each reload of its file)
@@ -264,6 +305,7 @@ impl BudgetPolicy {
             if entry.max_executors == 0 {
                 return Err((key("max_executors"), "must be greater than 0".into()));
             }
+            let bounds = tenant_bounds(entry, &scope, &key)?;
             if entry.max_pending == Some(0) {
                 return Err((key("max_pending"), "must be greater than 0 when set".into()));
             }
@@ -303,6 +345,10 @@ impl BudgetPolicy {
                     max_memory_bytes,
                 },
                 tenants,
+                guaranteed: entry.reclaim_deadline_ms.is_some()
+                    || (entry.namespaces.iter()).any(|n| n.bounds() != (None, None)),
+                bounds,
+                reclaim_deadline_ms: entry.reclaim_deadline_ms,
                 key: key("namespaces"),
             });
         }
@@ -313,6 +359,76 @@ impl BudgetPolicy {
             follow_quotas: true,
         })
     }
+}
+
+/// The guaranteed part and maximum of each tenant of `entry` (checked: a maximum is 1 to
+/// the budget's, a guarantee at most its maximum, the guarantees at most the budget's);
+/// an error names the key.
+fn tenant_bounds(
+    entry: &BudgetEntry,
+    scope: &BudgetScope,
+    key: &dyn Fn(&str) -> String,
+) -> Result<BTreeMap<String, TenantBounds>, (String, String)> {
+    let max = entry.max_executors;
+    let mut bounds = BTreeMap::new();
+    if let BudgetScope::Namespace(namespace) = scope {
+        let whole = TenantBounds {
+            guaranteed: max,
+            max,
+        };
+        bounds.insert(namespace.clone(), whole);
+        return Ok(bounds);
+    }
+    let mut set = 0u64;
+    let mut unset_weights = 0u64;
+    for (at, member) in entry.namespaces.iter().enumerate() {
+        let at = key(&format!("namespaces[{at}]"));
+        let (guaranteed, most) = member.bounds();
+        let most = most.unwrap_or(max);
+        if most == 0 || most > max {
+            return Err((
+                format!("{at}.max_executors"),
+                format!("must be between 1 and the budget's max_executors ({max}), got {most}"),
+            ));
+        }
+        match guaranteed {
+            Some(g) if g > most => {
+                return Err((
+                    format!("{at}.guaranteed_executors"),
+                    format!("{g} is more than the namespace's max_executors ({most})"),
+                ));
+            }
+            Some(g) => set = set.saturating_add(g),
+            None => unset_weights += u64::from(member.parts().1),
+        }
+    }
+    if set > max {
+        return Err((
+            key("namespaces"),
+            format!(
+                "the namespaces' guaranteed_executors add up to {set}, more than the budget's \
+                 max_executors ({max})"
+            ),
+        ));
+    }
+    let left = max - set;
+    for member in &entry.namespaces {
+        let (namespace, weight) = member.parts();
+        let (guaranteed, most) = member.bounds();
+        let most = most.unwrap_or(max);
+        let guaranteed = guaranteed.unwrap_or_else(|| {
+            let part = u128::from(left) * u128::from(weight) / u128::from(unset_weights.max(1));
+            u64::try_from(part).unwrap_or(u64::MAX).min(most)
+        });
+        bounds.insert(
+            namespace.to_string(),
+            TenantBounds {
+                guaranteed,
+                max: most,
+            },
+        );
+    }
+    Ok(bounds)
 }
 
 impl BudgetPolicy {

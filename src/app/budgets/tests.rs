@@ -1,4 +1,5 @@
 use super::*;
+use crate::allocator::Timestamp;
 
 fn entry(namespace: &str, max: u64) -> BudgetEntry {
     BudgetEntry {
@@ -10,6 +11,7 @@ fn entry(namespace: &str, max: u64) -> BudgetEntry {
         max_pending: None,
         max_cpu: None,
         max_memory: None,
+        reclaim_deadline_ms: None,
     }
 }
 
@@ -68,6 +70,8 @@ fn bad_budgets_are_refused_naming_the_key() {
     silver.namespaces = vec![QueueNamespace::Weighted(WeightedNamespace {
         namespace: "b".into(),
         weight: 11,
+        guaranteed_executors: None,
+        max_executors: None,
     })];
     assert_eq!(
         check(&[queue.clone(), silver], None),
@@ -93,6 +97,8 @@ fn queue(name: &str, max: u64, namespaces: &[(&str, u32)]) -> BudgetEntry {
                 QueueNamespace::Weighted(WeightedNamespace {
                     namespace: namespace.to_string(),
                     weight: *weight,
+                    guaranteed_executors: None,
+                    max_executors: None,
                 })
             })
             .collect(),
@@ -158,12 +164,12 @@ fn a_queue_is_divided_by_namespace_then_by_application() {
         .collect();
     let one = budgets.join("one", "app", 1);
     for app in five.iter().chain([&one]) {
-        app.report(claim(12, 0), 0, None);
+        app.report(claim(12, 0), 0, None, 0, Timestamp(0));
     }
     let grants: Vec<u64> = (five.iter())
         .map(|app| {
             let room = app.room(claim(12, 0)).room;
-            app.report(claim(12, room), 0, None);
+            app.report(claim(12, room), 0, None, 0, Timestamp(0));
             room
         })
         .collect();
@@ -180,22 +186,22 @@ fn three_applications_share_a_namespace_budget_and_one_ending_frees_its_share() 
         .collect();
     // Each reports what it wants before anyone asks (as after SetTotalExpected).
     for app in &apps {
-        app.report(claim(30, 0), 0, None);
+        app.report(claim(30, 0), 0, None, 0, Timestamp(0));
     }
     for app in &apps {
         let grant = app.room(claim(30, 0));
         assert_eq!(grant.room, 10);
-        app.report(claim(30, 10), 20, grant.bound.as_ref());
+        app.report(claim(30, 10), 20, grant.bound.as_ref(), 0, Timestamp(0));
     }
     assert_eq!(apps[0].room(claim(30, 10)).room, 0);
-    apps[0].report(claim(30, 10), 20, None);
+    apps[0].report(claim(30, 10), 20, None, 0, Timestamp(0));
     let usage = &budgets.usage()[0];
     assert_eq!((usage.executors, usage.applications), (30, 3));
     let mut apps = apps;
     drop(apps.pop());
     // 15/15 now, and 10 are free: each may ask for 5 more.
     assert_eq!(apps[0].room(claim(30, 10)).room, 5);
-    apps[0].report(claim(30, 15), 15, None);
+    apps[0].report(claim(30, 15), 15, None, 0, Timestamp(0));
     assert_eq!(apps[1].room(claim(30, 10)).room, 5);
     assert_eq!(budgets.usage()[0].applications, 2);
 }
@@ -233,11 +239,11 @@ fn weights_are_bounded_and_a_reload_takes_effect_at_the_next_ask() {
     let heavy = budgets.join("team", "a", 1000);
     assert_eq!(heavy.weight(), 10);
     let light = budgets.join("team", "b", 1);
-    light.report(claim(30, 0), 0, None);
-    heavy.report(claim(30, 0), 0, None);
+    light.report(claim(30, 0), 0, None, 0, Timestamp(0));
+    heavy.report(claim(30, 0), 0, None, 0, Timestamp(0));
     // 30 × 10/11 = 27.3, 30 × 1/11 = 2.7: the extra unit goes to the larger fraction.
     assert_eq!(light.room(claim(30, 0)).room, 3);
-    light.report(claim(30, 0), 0, None);
+    light.report(claim(30, 0), 0, None, 0, Timestamp(0));
     (budgets.replace(BudgetPolicy::check(&[entry("team", 44)], None, 10).unwrap()))
         .expect("no queue moves");
     // 44 × 10/11 = 40 ≥ 30: the heavy one gets its 30, the light one the 14 left.

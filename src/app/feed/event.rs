@@ -14,6 +14,19 @@ pub enum EventKind {
     Updated,
     /// An executor pod is gone.
     Deleted,
+    /// The service asks the driver to give the executor back by a deadline (a budget's
+    /// owner wants its guaranteed part): a change, and again after the `Synced` of a full
+    /// state while the reclaim lasts.
+    Reclaim,
+}
+
+/// Why and by when an executor is asked back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimRequest {
+    /// When its pod is deleted if its executor has not exited (ms since the Unix epoch).
+    pub deadline_ms: i64,
+    /// The budget asking.
+    pub budget: Arc<str>,
 }
 
 /// An executor pod as the feed shows it.
@@ -38,6 +51,8 @@ pub struct ExecutorEvent {
     pub kind: EventKind,
     /// The executor (none for `Synced`).
     pub executor: Option<Arc<ExecutorView>>,
+    /// Set for `Reclaim`.
+    pub reclaim: Option<ReclaimRequest>,
 }
 
 /// What one queued change costs besides its pod's JSON: the event, its view (shared with

@@ -29,7 +29,7 @@ use crate::allocator::{
 use crate::k8s::Listed;
 use assembly::Assembly;
 use event::change_bytes;
-pub use event::{EventKind, ExecutorEvent, ExecutorView};
+pub use event::{EventKind, ExecutorEvent, ExecutorView, ReclaimRequest};
 pub use pod::ListedPod;
 use pod::{Phase, pod_json};
 pub use stream::ExecutorEvents;
@@ -95,6 +95,9 @@ pub struct Feed {
     assembly: Option<Assembly>,
     /// LISTs asked for so far (the last one's ticket).
     listings: u64,
+    /// The executors asked back, by pod name, while their pods are there: repeated after
+    /// each full state.
+    reclaims: BTreeMap<Box<str>, ReclaimRequest>,
 }
 
 impl Feed {
@@ -113,6 +116,7 @@ impl Feed {
             buffer_bytes: super::tenants::STREAM_BUFFER_BYTES,
             assembly: None,
             listings: 0,
+            reclaims: BTreeMap::new(),
         };
         for pod in pods {
             if let Some(executor) = executor_pod_from(pod, rules) {
@@ -417,8 +421,34 @@ impl Feed {
             .count()
     }
 
+    /// Asks the driver, on every stream, to give executor `id` back by `request`'s
+    /// deadline (a RECLAIM event, repeated in full states while its pod is there). The
+    /// event shows the pod as the feed last knew it: its name, executor labels and phase.
+    pub fn reclaim(&mut self, id: ExecutorId, request: ReclaimRequest) {
+        let Some((name, facts)) = self.pods.iter().find(|(_, facts)| facts.id == id) else {
+            return;
+        };
+        let name = name.clone();
+        let view = self.reclaim_view(&name, facts);
+        self.reclaims.insert(name, request.clone());
+        self.publish_event(EventKind::Reclaim, view, Some(request));
+    }
+
+    /// The executor's pod is deleted: its RECLAIM is no longer repeated.
+    pub fn reclaim_over(&mut self, id: ExecutorId) {
+        let pods = &self.pods;
+        self.reclaims
+            .retain(|name, _| pods.get(name).is_none_or(|facts| facts.id != id));
+    }
+
+    fn reclaim_view(&self, name: &str, facts: &PodFacts) -> Arc<ExecutorView> {
+        let profile = self.executor(name, facts).profile;
+        Arc::new(self.view(name, facts, last_seen_json(name, facts, profile)))
+    }
+
     /// The pod `name` is gone from the streams (before the store forgets its executor).
     fn gone(&mut self, name: &str, pod: Option<&Pod>) {
+        self.reclaims.remove(name);
         let Some((name, old)) = self.pods.remove_entry(name) else {
             return;
         };
@@ -443,14 +473,26 @@ impl Feed {
     }
 
     fn publish(&mut self, kind: EventKind, view: Arc<ExecutorView>) {
+        self.publish_event(kind, view, None);
+    }
+
+    fn publish_event(
+        &mut self,
+        kind: EventKind,
+        view: Arc<ExecutorView>,
+        reclaim: Option<ReclaimRequest>,
+    ) {
         self.sequence += 1;
-        if let Some(assembly) = &mut self.assembly {
+        if let Some(assembly) = &mut self.assembly
+            && kind != EventKind::Reclaim
+        {
             assembly.changed(kind, &view);
         }
         let event = ExecutorEvent {
             sequence: self.sequence,
             kind,
             executor: Some(view),
+            reclaim,
         };
         while self.history.len() >= self.buffer.min(KEPT_CHANGES) {
             self.history.pop_front();
@@ -518,21 +560,39 @@ impl Feed {
                 sequence: self.sequence,
                 kind: EventKind::Snapshot,
                 executor: Some(view),
+                reclaim: None,
             })
             .collect();
         full.push_back(ExecutorEvent {
             sequence: self.sequence,
             kind: EventKind::Synced,
             executor: None,
+            reclaim: None,
         });
+        // The reclaims under way follow the state, counted as changes (read as such).
+        let mut reclaim_bytes = 0;
+        let mut reclaims = 0;
+        for (name, request) in &self.reclaims {
+            if let Some(facts) = self.pods.get(name) {
+                let event = ExecutorEvent {
+                    sequence: self.sequence,
+                    kind: EventKind::Reclaim,
+                    executor: Some(self.reclaim_view(name, facts)),
+                    reclaim: Some(request.clone()),
+                };
+                reclaim_bytes += change_bytes(&event);
+                reclaims += 1;
+                full.push_back(event);
+            }
+        }
         self.streams.retain(|q| Arc::strong_count(q) > 1);
         for queue in &self.streams {
             let mut state = queue.lock();
             if state.awaiting {
                 state.awaiting = false;
                 state.events = full.clone();
-                state.unread_changes = 0;
-                state.unread_bytes = 0;
+                state.unread_changes = reclaims;
+                state.unread_bytes = reclaim_bytes;
                 drop(state);
                 queue.ready.notify_one();
             }

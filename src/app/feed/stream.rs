@@ -56,7 +56,10 @@ impl ExecutorEvents {
             {
                 let mut state = self.queue.lock();
                 if let Some(event) = state.events.pop_front() {
-                    if matches!(event.kind, EventKind::Updated | EventKind::Deleted) {
+                    if matches!(
+                        event.kind,
+                        EventKind::Updated | EventKind::Deleted | EventKind::Reclaim
+                    ) {
                         state.unread_changes = state.unread_changes.saturating_sub(1);
                         state.unread_bytes =
                             state.unread_bytes.saturating_sub(change_bytes(&event));
