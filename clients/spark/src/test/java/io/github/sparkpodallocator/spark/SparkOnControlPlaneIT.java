@@ -157,7 +157,7 @@ class SparkOnControlPlaneIT extends SparkScenarios {
         assertTrue(f.ownerRunningMs() < f.deadlineMs() + POD_START.toMillis(), f.line());
         assertEquals(0, f.tasksFailed(), f.line());
         assertEquals(0, f.stageAttemptsRerun(), f.line());
-        assertEquals(2, f.decommissioned().size(), f.line());
+        assertEquals(2, f.exitedOnTheirOwn().size(), f.line());
       }
     }
   }
@@ -177,6 +177,8 @@ class SparkOnControlPlaneIT extends SparkScenarios {
     String ownerNs = "reclaim-" + mode + "-owner";
     SparkConf borrowerConf = conf("rc-" + mode + "-" + run)
         .set("spark.kubernetes.namespace", borrowerNs)
+        // Each executor a host of its own, as on a cluster (see the image).
+        .set("spark.kubernetes.container.image", SimulatorProcessRuntime.IMAGE_HOST_PER_EXECUTOR)
         .set("spark.executor.instances", "4")
         .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
         .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "180s");
@@ -234,7 +236,7 @@ class SparkOnControlPlaneIT extends SparkScenarios {
         && total == ReclaimScenario.EXPECTED_TOTAL;
     ReclaimScenario.Figures figures = new ReclaimScenario.Figures(mode, deadlineMs,
         ownerRunningMs, observed.tasksFailed.get(), observed.stageAttemptsRerun.get(),
-        observed.decommissioned(), new TreeSet<>(observed.failures), right, jobsMs);
+        observed.exitedOnTheirOwn(), new TreeSet<>(observed.failures), right, jobsMs);
     System.out.println(figures.line());
     return figures;
   }
