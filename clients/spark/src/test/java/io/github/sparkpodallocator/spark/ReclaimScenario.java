@@ -146,13 +146,14 @@ final class ReclaimScenario {
   /** One run's figures, as printed and recorded in docs/benchmarks.md. */
   record Figures(String mode, long deadlineMs, long ownerRunningMs, int tasksFailed,
       int stageAttemptsRerun, Set<String> exitedOnTheirOwn, Set<String> failures,
-      boolean resultRight, long jobsMs) {
+      boolean resultRight, long jobsMs, long reclaimsGraceful, long reclaimsForced) {
     String line() {
       return String.format("reclaim %-8s (reclaim_deadline_ms %5d): owner's 2 executors Running"
           + " %6.1f s after its Start; borrower: %d tasks failed %s, %d stage attempts re-run,"
-          + " executors exited on their own %s, result %s, jobs B+C %.1f s", mode, deadlineMs,
+          + " executors exited on their own %s, result %s, jobs B+C %.1f s; service:"
+          + " reclaims_completed graceful %d, forced %d", mode, deadlineMs,
           ownerRunningMs / 1000.0, tasksFailed, failures, stageAttemptsRerun, exitedOnTheirOwn,
-          resultRight ? "right" : "WRONG", jobsMs / 1000.0);
+          resultRight ? "right" : "WRONG", jobsMs / 1000.0, reclaimsGraceful, reclaimsForced);
     }
   }
 }

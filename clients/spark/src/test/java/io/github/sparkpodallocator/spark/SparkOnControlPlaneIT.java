@@ -11,6 +11,10 @@ import io.fabric8.kubernetes.api.model.storage.StorageClassBuilder;
 import io.fabric8.kubernetes.client.ConfigBuilder;
 import io.fabric8.kubernetes.client.KubernetesClient;
 import io.fabric8.kubernetes.client.KubernetesClientBuilder;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -53,6 +57,8 @@ class SparkOnControlPlaneIT extends SparkScenarios {
 
   private TestApiServer api;
   private ServiceProcess node;
+  /** The class's service's Prometheus endpoint. */
+  private int metricsPort;
 
   @BeforeAll
   void startControlPlane() throws Exception {
@@ -90,8 +96,10 @@ class SparkOnControlPlaneIT extends SparkScenarios {
     });
 
     grpcPort = ServiceProcess.freePort();
+    metricsPort = ServiceProcess.freePort();
     Path serviceConfig = work.resolve("service.yaml");
-    Files.writeString(serviceConfig, RECLAIM_BUDGETS, StandardCharsets.UTF_8);
+    Files.writeString(serviceConfig, "metrics:\n  listen: \"127.0.0.1:" + metricsPort + "\"\n"
+        + RECLAIM_BUDGETS, StandardCharsets.UTF_8);
     service = ServiceProcess.start(work, serveEnv(grpcPort), grpcPort,
         "--config", serviceConfig.toString(), "serve");
   }
@@ -158,6 +166,8 @@ class SparkOnControlPlaneIT extends SparkScenarios {
         assertEquals(0, f.tasksFailed(), f.line());
         assertEquals(0, f.stageAttemptsRerun(), f.line());
         assertEquals(2, f.exitedOnTheirOwn().size(), f.line());
+        assertEquals(2, f.reclaimsGraceful(), f.line());
+        assertEquals(0, f.reclaimsForced(), f.line());
       }
     }
   }
@@ -197,6 +207,9 @@ class SparkOnControlPlaneIT extends SparkScenarios {
         CompletableFuture.supplyAsync(() -> ReclaimScenario.sumsByLastDigits(sums));
     assertTrue(observed.jobBRunning.await(60, TimeUnit.SECONDS), "job B's tasks started");
 
+    String queue = "reclaim-" + mode;
+    long gracefulBefore = reclaimsCompleted(queue, "graceful");
+    long forcedBefore = reclaimsCompleted(queue, "forced");
     String ownerApp = "reclaim-owner-" + mode + "-" + run;
     long ownerRunningMs;
     ServiceSettings settings = ServiceSettings.fromConf(new SparkConf(false)
@@ -236,9 +249,29 @@ class SparkOnControlPlaneIT extends SparkScenarios {
         && total == ReclaimScenario.EXPECTED_TOTAL;
     ReclaimScenario.Figures figures = new ReclaimScenario.Figures(mode, deadlineMs,
         ownerRunningMs, observed.tasksFailed.get(), observed.stageAttemptsRerun.get(),
-        observed.exitedOnTheirOwn(), new TreeSet<>(observed.failures), right, jobsMs);
+        observed.exitedOnTheirOwn(), new TreeSet<>(observed.failures), right, jobsMs,
+        reclaimsCompleted(queue, "graceful") - gracefulBefore,
+        reclaimsCompleted(queue, "forced") - forcedBefore);
     System.out.println(figures.line());
     return figures;
+  }
+
+  /**
+   * The service's {@code reclaims_completed} counter of budget {@code queue/<queue>} with
+   * this outcome ({@code graceful}, {@code forced}); 0 before its first reclaim.
+   */
+  private long reclaimsCompleted(String queue, String outcome) throws Exception {
+    String labels = "{budget=\"queue/" + queue + "\",outcome=\"" + outcome + "\"}";
+    HttpResponse<String> metrics = HttpClient.newHttpClient().send(
+        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + metricsPort + "/metrics"))
+            .timeout(Duration.ofSeconds(10)).build(),
+        HttpResponse.BodyHandlers.ofString());
+    for (String line : metrics.body().split("\n")) {
+      if (line.startsWith("spark_pod_allocator_reclaims_completed_total" + labels + " ")) {
+        return Long.parseLong(line.substring(line.lastIndexOf(' ') + 1).trim());
+      }
+    }
+    return 0;
   }
 
   private long runningPods(String namespace, String appId) {
