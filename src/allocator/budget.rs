@@ -8,8 +8,11 @@
 //! So a tenant's applications divide the tenant's share: more applications, or heavier
 //! ones, never get a tenant more. [`room_in`] says how many more executors one
 //! application may ask for now: up to its share, and never beyond what the budget has
-//! free. Nothing is ever taken back (admission, not preemption): an application above its
-//! share keeps its executors and creates no more until it is below it.
+//! free. A tenant may have a guaranteed part and a maximum ([`TenantBounds`]): guarantees
+//! are met first ([`guaranteed_shares`]), and what an application holds beyond its part of
+//! its tenant's guarantee is borrowed ([`borrowed`]). Admission never takes back; a
+//! budget that reclaims asks borrowers to give back what an owner below its part lacks
+//! ([`reclaims`]), which the application's actor carries out.
 //!
 //! Everything here is a function of the numbers given: the owner of a budget's
 //! accounting (`app::budgets`) keeps each application's last claim and asks this module.

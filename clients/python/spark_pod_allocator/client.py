@@ -140,7 +140,11 @@ class AllocatorClient(ClientBase[grpc.Channel]):
         (the ``sequence`` of an event received earlier) is still resumable: then only the
         changes after it come. Changes are ``EXECUTOR_EVENT_KIND_UPDATED`` (a pod added or
         changed; ``executor.state`` FAILED carries ``exit_code`` and ``reason``) and
-        ``EXECUTOR_EVENT_KIND_DELETED``. A reader too slow for the service's per-stream
+        ``EXECUTOR_EVENT_KIND_DELETED``. ``EXECUTOR_EVENT_KIND_RECLAIM`` asks the driver to
+        give the executor back by ``reclaim.deadline_ms`` (a budget's owner wants its
+        guaranteed part, ``reclaim.budget``); the pod is deleted once the executor exited,
+        or at the deadline. It comes again after the SYNCED of a full state while the
+        reclaim lasts. A reader too slow for the service's per-stream
         buffer gets a fresh full state (SNAPSHOT events then SYNCED) in the middle of the
         stream: whatever it knew is replaced by it. ``executor.pod_json`` is the whole Pod.
 

@@ -467,3 +467,23 @@ def test_both_clients_retry_the_same_calls_the_same_number_of_times(recorder_ser
     result = calls(recorder_server(stopping), retry=FAST, retry_stop=True).run("stop", "app")
     assert isinstance(result, Unavailable)
     assert [c[0] for c in stopping.calls] == ["Stop"] * FAST.max_attempts
+
+
+class _Reclaiming(pb_grpc.ExecutorAllocatorServicer):
+    """Streams one RECLAIM event, as a budget's reclaim sends it."""
+
+    def WatchExecutors(self, request, context):
+        yield pb.ExecutorEvent(
+            sequence=7,
+            kind=pb.EXECUTOR_EVENT_KIND_RECLAIM,
+            executor=pb.ExecutorPod(executor_id=5, pod_name="app-exec-5"),
+            reclaim=pb.ExecutorReclaim(deadline_ms=1_700_000_060_000, budget="queue/gold"),
+        )
+
+
+def test_a_reclaim_event_carries_its_deadline_and_budget(recorder_server):
+    with AllocatorClient(recorder_server(_Reclaiming()), retry=FAST) as client:
+        (event,) = list(client.watch_executors("app"))
+    assert event.kind == pb.EXECUTOR_EVENT_KIND_RECLAIM
+    assert event.executor.executor_id == 5
+    assert (event.reclaim.deadline_ms, event.reclaim.budget) == (1_700_000_060_000, "queue/gold")

@@ -15,7 +15,8 @@
 //! - `schedule`: when the actor wakes next;
 //! - `serve`: the actor's loop, its commands and reports;
 //! - `events`: pod events into the engine state and the feed; `requests`: their timing;
-//! - `reclaim`: executors given back to a budget's owner (RECLAIM events, deadlines);
+//! - `reclaims`: the executors being given back to a budget's owner; `reclaim`: choosing
+//!   them, their RECLAIM events and deletes (at exit or deadline);
 //! - `round`: a round's plan into work, and the results of that work;
 //! - `work`: the worker and the messages between it and the actor.
 mod command;
@@ -24,6 +25,7 @@ mod handle;
 mod parts;
 mod phase;
 mod reclaim;
+mod reclaims;
 mod requests;
 mod round;
 mod schedule;

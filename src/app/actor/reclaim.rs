@@ -3,65 +3,16 @@
 //! passed. How many to give back is the ledger's word ([`BudgetMembership::reclaim`]).
 //!
 //! [`BudgetMembership::reclaim`]: crate::app::budgets::BudgetMembership::reclaim
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::reclaims::Asked;
 use super::serve::ApplicationActor;
 use super::work::DeleteKind;
-use crate::allocator::{ExecutorId, ExecutorState, ResourceProfileId, Timestamp, listed};
+use crate::allocator::{ExecutorId, ExecutorState, Timestamp, listed};
 use crate::app::budgets::ReclaimAsk;
 use crate::app::feed::ReclaimRequest;
-
-/// The executors the application is giving back, and what the driver says of its tasks.
-#[derive(Debug, Default)]
-pub(super) struct Reclaims {
-    /// Asked back, until their pods are gone.
-    asked: BTreeMap<ExecutorId, Asked>,
-    /// Tasks running per registered executor, as the driver last said.
-    running_tasks: BTreeMap<ExecutorId, u32>,
-}
-
-#[derive(Debug)]
-struct Asked {
-    profile: ResourceProfileId,
-    budget: Arc<str>,
-    deadline: Timestamp,
-    /// Its pod was deleted (it exited, its deadline passed, or it was deleted at once).
-    deleted: bool,
-    /// The driver was asked (a RECLAIM event): a registered executor, under a deadline.
-    asked_driver: bool,
-}
-
-impl Reclaims {
-    /// The driver's running tasks per executor (replacing what it said before).
-    pub fn set_running_tasks(&mut self, tasks: BTreeMap<ExecutorId, u32>) {
-        self.running_tasks = tasks;
-    }
-
-    /// Asked back and not deleted yet: still counted in the application's use.
-    pub fn giving_back(&self) -> u64 {
-        self.asked.values().filter(|a| !a.deleted).count() as u64
-    }
-
-    /// The earliest deadline of an executor asked back and not deleted yet.
-    pub fn next_deadline(&self) -> Option<Timestamp> {
-        (self.asked.values())
-            .filter(|a| !a.deleted)
-            .map(|a| a.deadline)
-            .min()
-    }
-
-    /// Executors the driver was asked to give back whose pods are not gone yet, per
-    /// profile (GetStatus).
-    pub fn per_profile(&self) -> BTreeMap<ResourceProfileId, u32> {
-        let mut counts = BTreeMap::new();
-        for asked in self.asked.values().filter(|a| a.asked_driver) {
-            *counts.entry(asked.profile).or_insert(0u32) += 1;
-        }
-        counts
-    }
-}
 
 /// An executor that may be given back, ordered as chosen: not registered first, Pending
 /// first, the fewest running tasks said first (none said: after), the newest first.

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use super::command::{ActorReport, Command};
 use super::parts::{ApplicationParts, Engine};
 use super::phase::{Life, Phase};
-use super::reclaim::Reclaims;
+use super::reclaims::Reclaims;
 use super::requests::RequestTimes;
 use super::schedule::Scheduler;
 use super::work::{DeleteKind, Outbox, UpkeepWork, Work, WorkDone};

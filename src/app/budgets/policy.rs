@@ -23,8 +23,11 @@ pub struct BudgetEntry {
     /// The queue whose applications it holds: those of its `namespaces`.
     #[serde(default)]
     pub queue: Option<String>,
-    /// A queue's namespaces (tenants), each with its weight in the queue (default 1).
-    /// Read at start-up only: the namespaces of a queue share its shard.
+    /// A queue's namespaces (tenants): each a name, or a table with `namespace`, `weight`
+    /// in the queue (default 1), `guaranteed_executors` (default its weighted part, floor,
+    /// of `max_executors` less the guarantees set) and `max_executors` (its most, borrowing
+    /// included; default the budget's). Which namespaces is read at start-up only (the
+    /// namespaces of a queue share its shard); weights, guarantees and maximums reload.
     #[serde(default)]
     pub namespaces: Vec<QueueNamespace>,
     /// Executors (running, pending, requested) its applications may have at once.

@@ -251,3 +251,75 @@ fn weights_are_bounded_and_a_reload_takes_effect_at_the_next_ask() {
     budgets.replace(BudgetPolicy::default()).expect("no queue");
     assert_eq!(light.room(claim(30, 0)).room, u64::MAX);
 }
+
+fn bounded(
+    namespace: &str,
+    weight: u32,
+    guaranteed: Option<u64>,
+    max: Option<u64>,
+) -> QueueNamespace {
+    QueueNamespace::Weighted(WeightedNamespace {
+        namespace: namespace.into(),
+        weight,
+        guaranteed_executors: guaranteed,
+        max_executors: max,
+    })
+}
+
+#[test]
+fn guarantees_default_to_weighted_parts_of_what_the_set_ones_leave() {
+    let mut gold = queue("gold", 10, &[]);
+    gold.namespaces = vec![
+        bounded("a", 1, None, None),
+        bounded("b", 3, None, Some(7)),
+        bounded("c", 1, Some(2), None),
+    ];
+    let policy = BudgetPolicy::check(&[gold.clone()], None, 10).unwrap();
+    let budget = &policy.budgets[0];
+    let of = |ns: &str| budget.bounds_of(ns);
+    assert_eq!((of("a").guaranteed, of("a").max), (2, 10));
+    assert_eq!((of("b").guaranteed, of("b").max), (6, 7));
+    assert_eq!((of("c").guaranteed, of("c").max), (2, 10));
+    assert!(budget.guaranteed && budget.reclaim_deadline_ms.is_none());
+    // Neither guarantees nor reclaim: divided by weight alone, as before.
+    let plain = BudgetPolicy::check(&[queue("gold", 10, &[("a", 1)])], None, 10).unwrap();
+    assert!(!plain.budgets[0].guaranteed);
+    assert_eq!(plain.budgets[0].bounds_of("a").guaranteed, 10);
+    // A namespace budget's one tenant is guaranteed the whole budget.
+    let mut reclaiming = entry("a", 6);
+    reclaiming.reclaim_deadline_ms = Some(0);
+    let policy = BudgetPolicy::check(&[reclaiming], None, 10).unwrap();
+    assert_eq!(policy.budgets[0].bounds_of("a").guaranteed, 6);
+    assert!(policy.budgets[0].guaranteed);
+}
+
+#[test]
+fn bad_guarantees_and_maximums_are_refused_naming_the_key() {
+    let check = |members: Vec<QueueNamespace>| {
+        let mut gold = queue("gold", 8, &[]);
+        gold.namespaces = members;
+        BudgetPolicy::check(&[gold], None, 10).unwrap_err().0
+    };
+    assert_eq!(
+        check(vec![
+            bounded("a", 1, Some(5), None),
+            bounded("b", 1, Some(4), None)
+        ]),
+        "budgets[0].namespaces"
+    );
+    assert_eq!(
+        check(vec![
+            bounded("a", 1, None, None),
+            bounded("b", 1, Some(4), Some(3))
+        ]),
+        "budgets[0].namespaces[1].guaranteed_executors"
+    );
+    assert_eq!(
+        check(vec![bounded("a", 1, None, Some(9))]),
+        "budgets[0].namespaces[0].max_executors"
+    );
+    assert_eq!(
+        check(vec![bounded("a", 1, None, Some(0))]),
+        "budgets[0].namespaces[0].max_executors"
+    );
+}

@@ -20,6 +20,7 @@ class ExecutorEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXECUTOR_EVENT_KIND_SYNCED: _ClassVar[ExecutorEventKind]
     EXECUTOR_EVENT_KIND_UPDATED: _ClassVar[ExecutorEventKind]
     EXECUTOR_EVENT_KIND_DELETED: _ClassVar[ExecutorEventKind]
+    EXECUTOR_EVENT_KIND_RECLAIM: _ClassVar[ExecutorEventKind]
 
 class ExecutorPodState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +40,7 @@ EXECUTOR_EVENT_KIND_SNAPSHOT: ExecutorEventKind
 EXECUTOR_EVENT_KIND_SYNCED: ExecutorEventKind
 EXECUTOR_EVENT_KIND_UPDATED: ExecutorEventKind
 EXECUTOR_EVENT_KIND_DELETED: ExecutorEventKind
+EXECUTOR_EVENT_KIND_RECLAIM: ExecutorEventKind
 EXECUTOR_POD_STATE_UNSPECIFIED: ExecutorPodState
 EXECUTOR_POD_STATE_PENDING: ExecutorPodState
 EXECUTOR_POD_STATE_RUNNING: ExecutorPodState
@@ -166,12 +168,21 @@ class IsDeletedResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class UpdateRegisteredExecutorsRequest(_message.Message):
-    __slots__ = ("application_id", "executor_ids")
+    __slots__ = ("application_id", "executor_ids", "running_tasks")
+    class RunningTasksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     APPLICATION_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TASKS_FIELD_NUMBER: _ClassVar[int]
     application_id: str
     executor_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, application_id: _Optional[str] = ..., executor_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    running_tasks: _containers.ScalarMap[str, int]
+    def __init__(self, application_id: _Optional[str] = ..., executor_ids: _Optional[_Iterable[str]] = ..., running_tasks: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class UpdateRegisteredExecutorsResponse(_message.Message):
     __slots__ = ()
@@ -196,7 +207,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, application_id: _Optional[str] = ...) -> None: ...
 
 class ProfileStatus(_message.Message):
-    __slots__ = ("resource_profile_id", "target", "running", "pending", "newly_created", "last_create_failure", "backoff_until_ms", "held", "held_by")
+    __slots__ = ("resource_profile_id", "target", "running", "pending", "newly_created", "last_create_failure", "backoff_until_ms", "held", "held_by", "borrowed", "reclaiming")
     RESOURCE_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +217,8 @@ class ProfileStatus(_message.Message):
     BACKOFF_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     HELD_BY_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMING_FIELD_NUMBER: _ClassVar[int]
     resource_profile_id: int
     target: int
     running: int
@@ -215,7 +228,9 @@ class ProfileStatus(_message.Message):
     backoff_until_ms: int
     held: int
     held_by: BudgetHold
-    def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ..., last_create_failure: _Optional[_Union[CreateFailure, _Mapping]] = ..., backoff_until_ms: _Optional[int] = ..., held: _Optional[int] = ..., held_by: _Optional[_Union[BudgetHold, _Mapping]] = ...) -> None: ...
+    borrowed: int
+    reclaiming: int
+    def __init__(self, resource_profile_id: _Optional[int] = ..., target: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., newly_created: _Optional[int] = ..., last_create_failure: _Optional[_Union[CreateFailure, _Mapping]] = ..., backoff_until_ms: _Optional[int] = ..., held: _Optional[int] = ..., held_by: _Optional[_Union[BudgetHold, _Mapping]] = ..., borrowed: _Optional[int] = ..., reclaiming: _Optional[int] = ...) -> None: ...
 
 class BudgetHold(_message.Message):
     __slots__ = ("budget", "resource", "used", "limit", "share")
@@ -330,11 +345,21 @@ class ExecutorPod(_message.Message):
     def __init__(self, executor_id: _Optional[int] = ..., resource_profile_id: _Optional[int] = ..., pod_name: _Optional[str] = ..., phase: _Optional[str] = ..., state: _Optional[_Union[ExecutorPodState, str]] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pod_json: _Optional[str] = ...) -> None: ...
 
 class ExecutorEvent(_message.Message):
-    __slots__ = ("sequence", "kind", "executor")
+    __slots__ = ("sequence", "kind", "executor", "reclaim")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: ExecutorEventKind
     executor: ExecutorPod
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ExecutorEventKind, str]] = ..., executor: _Optional[_Union[ExecutorPod, _Mapping]] = ...) -> None: ...
+    reclaim: ExecutorReclaim
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[ExecutorEventKind, str]] = ..., executor: _Optional[_Union[ExecutorPod, _Mapping]] = ..., reclaim: _Optional[_Union[ExecutorReclaim, _Mapping]] = ...) -> None: ...
+
+class ExecutorReclaim(_message.Message):
+    __slots__ = ("deadline_ms", "budget")
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    deadline_ms: int
+    budget: str
+    def __init__(self, deadline_ms: _Optional[int] = ..., budget: _Optional[str] = ...) -> None: ...
