@@ -118,6 +118,10 @@ final class ExecutorReclaimer {
               + " give executors back gracefully set %s=true and %s=true (%s and %s are true"
               + " unless set; logged once)", id, by, reclaim.getBudget(), DECOMMISSION_ENABLED,
               DECOMMISSION_ENABLED, STORAGE_DECOMMISSION_ENABLED, SHUFFLE_BLOCKS, RDD_BLOCKS));
+        } else {
+          LOG.info("The spark-pod-allocator service asks executor {} back by {} (budget {});"
+              + " {} is false: left to the deadline", id, by, reclaim.getBudget(),
+              DECOMMISSION_ENABLED);
         }
         handled.add(id);
         return;
