@@ -12,6 +12,12 @@
 #   JAVA_HOME             optional: its bin/java, else `java` on PATH
 #   SPARK_CONF_DIR, SPARK_CLASSPATH   optional: put first on the classpath, as Spark's image does
 #   SPARK_JAVA_OPT_0..N   JVM options, passed in numeric order
+#   SPARK_SIM_HOST_PER_EXECUTOR   optional, "true": the executor binds and advertises a
+#                         loopback address of its own, 127.0.X.Y from its id (2 <= Y <= 251),
+#                         instead of the pod IP, as pods on a cluster each have their own
+#                         (Spark tells executors apart by host, e.g. whether the shuffle
+#                         output a decommissioned executor migrated outlives it); Linux routes
+#                         all of 127.0.0.0/8 to the loopback interface
 #   SPARK_EXECUTOR_MEMORY, SPARK_DRIVER_URL, SPARK_EXECUTOR_ID, SPARK_EXECUTOR_CORES,
 #   SPARK_APPLICATION_ID, SPARK_EXECUTOR_POD_IP, SPARK_RESOURCE_PROFILE_ID,
 #   SPARK_EXECUTOR_POD_NAME   required, from Spark's executor pod
@@ -52,6 +58,15 @@ if [ -n "${JAVA_HOME:-}" ]; then
   java="$JAVA_HOME/bin/java"
 fi
 
+host="$SPARK_EXECUTOR_POD_IP"
+if [ "${SPARK_SIM_HOST_PER_EXECUTOR:-}" = "true" ]; then
+  if ! [[ "$SPARK_EXECUTOR_ID" =~ ^[0-9]+$ ]]; then
+    echo "sim-spark-executor: SPARK_EXECUTOR_ID=$SPARK_EXECUTOR_ID is not a number" >&2
+    exit 64
+  fi
+  host="127.0.$(( (SPARK_EXECUTOR_ID / 250) % 256 )).$(( SPARK_EXECUTOR_ID % 250 + 2 ))"
+fi
+
 # exec: the JVM is the container's process, so SIGTERM from a pod deletion reaches it.
 exec "$java" "${java_opts[@]}" \
   -Xms"$SPARK_EXECUTOR_MEMORY" -Xmx"$SPARK_EXECUTOR_MEMORY" \
@@ -61,6 +76,6 @@ exec "$java" "${java_opts[@]}" \
   --executor-id "$SPARK_EXECUTOR_ID" \
   --cores "$SPARK_EXECUTOR_CORES" \
   --app-id "$SPARK_APPLICATION_ID" \
-  --hostname "$SPARK_EXECUTOR_POD_IP" \
+  --hostname "$host" \
   --resourceProfileId "$SPARK_RESOURCE_PROFILE_ID" \
   --podName "$SPARK_EXECUTOR_POD_NAME"

@@ -79,6 +79,9 @@ public final class AllocatorClient implements AutoCloseable {
   private final NavigableMap<Integer, String> templates = new TreeMap<>();
   private final Map<Integer, Integer> targets = new TreeMap<>();
   private List<String> registered;
+  /** The running tasks last sent with {@link #registered}, and when (System.nanoTime). */
+  private Map<String, Integer> runningTasks = Map.of();
+  private long runningTasksSentAt;
   /** Set by {@link #endAllocation}: every target stays 0. */
   private boolean allocationEnded;
 
@@ -213,24 +216,38 @@ public final class AllocatorClient implements AutoCloseable {
   }
 
   /**
-   * Replaces the set of executors registered with the driver; the set the service was last
-   * sent is not sent again.
+   * Replaces the set of executors registered with the driver, with the tasks running on each
+   * (by executor id). A new set is sent at once; when only the running tasks changed they are
+   * sent no more often than once per {@code runningTasksEvery} (they only order the service's
+   * choice of executors to ask back, and change with every task); nothing is sent when
+   * neither changed.
    */
-  public void updateRegisteredExecutors(List<String> executorIds) {
+  public void updateRegisteredExecutors(List<String> executorIds,
+      Map<String, Integer> runningTasks, Duration runningTasksEvery) {
+    long now = System.nanoTime();
     synchronized (this) {
-      if (executorIds.equals(registered)) {
+      if (executorIds.equals(registered) && (runningTasks.equals(this.runningTasks)
+          || now - runningTasksSentAt < runningTasksEvery.toNanos())) {
         return;
       }
     }
     UpdateRegisteredExecutorsRequest request = UpdateRegisteredExecutorsRequest.newBuilder()
         .setApplicationId(applicationId())
         .addAllExecutorIds(executorIds)
+        .putAllRunningTasks(runningTasks)
         .build();
     call("UpdateRegisteredExecutors", s -> s.updateRegisteredExecutors(request), true,
         settings.retryTimeout());
     synchronized (this) {
       registered = List.copyOf(executorIds);
+      this.runningTasks = Map.copyOf(runningTasks);
+      runningTasksSentAt = now;
     }
+  }
+
+  /** Replaces the set of executors registered with the driver, without running tasks. */
+  public void updateRegisteredExecutors(List<String> executorIds) {
+    updateRegisteredExecutors(executorIds, Map.of(), Duration.ZERO);
   }
 
   /** Deletes the application's executor pods; the number the service deleted. */
@@ -331,6 +348,7 @@ public final class AllocatorClient implements AutoCloseable {
     StartRequest request;
     Map<Integer, Integer> lastTargets;
     List<String> lastRegistered;
+    Map<String, Integer> lastRunningTasks;
     synchronized (this) {
       request = start.toBuilder()
           .clearResourceProfileTemplates()
@@ -338,6 +356,7 @@ public final class AllocatorClient implements AutoCloseable {
           .build();
       lastTargets = new TreeMap<>(targets);
       lastRegistered = registered == null ? null : new ArrayList<>(registered);
+      lastRunningTasks = runningTasks;
     }
     StartResponse response = call("Start", s -> s.start(request), false, settings.retryTimeout());
     LOG.info("spark-pod-allocator started application {} again (resumed: {}, last executor id:"
@@ -354,6 +373,7 @@ public final class AllocatorClient implements AutoCloseable {
           UpdateRegisteredExecutorsRequest.newBuilder()
               .setApplicationId(request.getApplicationId())
               .addAllExecutorIds(lastRegistered)
+              .putAllRunningTasks(lastRunningTasks)
               .build();
       call("UpdateRegisteredExecutors", s -> s.updateRegisteredExecutors(registeredRequest), false,
           settings.retryTimeout());

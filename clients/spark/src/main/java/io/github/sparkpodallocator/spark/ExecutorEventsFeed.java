@@ -20,6 +20,7 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 import scala.jdk.javaapi.CollectionConverters;
 import spark.allocator.v1.Allocator.ExecutorEvent;
+import spark.allocator.v1.Allocator.ExecutorReclaim;
 
 /**
  * Feeds the service's executor event stream (WatchExecutors) into the driver's snapshot store,
@@ -27,6 +28,9 @@ import spark.allocator.v1.Allocator.ExecutorEvent;
  * updates it, a pod gone is shown deleted and then leaves it. So the driver, whose own watch
  * and polling {@link SparkPodSources} turns off, still learns of every executor failure
  * without a pod watch or LIST of its own.
+ *
+ * <p>A RECLAIM event (the service asks an executor back for a budget's owner) goes to the
+ * reclaim handler, which decommissions the executor through Spark ({@link ExecutorReclaimer}).
  *
  * <p>A broken stream is opened again (backoff 100 ms … 5 s) resuming after the last change
  * applied; NOT_FOUND (a service that lost the application) has the client start it again first.
@@ -38,6 +42,7 @@ final class ExecutorEventsFeed implements AutoCloseable {
 
   private final AllocatorClient client;
   private final ExecutorPodsSnapshotsStore store;
+  private final Reclaims reclaims;
   private final Thread thread;
   private volatile boolean closed;
   private volatile Context.CancellableContext current;
@@ -51,9 +56,20 @@ final class ExecutorEventsFeed implements AutoCloseable {
   /** The full state being received (SNAPSHOT events before their SYNCED); null = none. */
   private List<Pod> fullState;
 
+  /** What is done with a RECLAIM event; it must not throw (the deadline takes the executor). */
+  interface Reclaims {
+    void reclaim(long executorId, ExecutorReclaim reclaim);
+  }
+
   ExecutorEventsFeed(AllocatorClient client, ExecutorPodsSnapshotsStore store) {
+    this(client, store, (id, reclaim) -> LOG.debug("Ignoring the reclaim of executor {}", id));
+  }
+
+  ExecutorEventsFeed(AllocatorClient client, ExecutorPodsSnapshotsStore store,
+      Reclaims reclaims) {
     this.client = client;
     this.store = store;
+    this.reclaims = reclaims;
     this.thread = new Thread(this::run, "spark-pod-allocator-executor-events");
     this.thread.setDaemon(true);
   }
@@ -179,6 +195,14 @@ final class ExecutorEventsFeed implements AutoCloseable {
         store.replaceSnapshot(
             CollectionConverters.asScala(new ArrayList<>(pods.values())).toSeq());
         appliedUpTo = event.getSequence();
+        break;
+      case EXECUTOR_EVENT_KIND_RECLAIM:
+        // Acted on at once, also within a full state: a decommission is not undone, and the
+        // handler takes each executor once however often the reclaim is repeated.
+        reclaims.reclaim(event.getExecutor().getExecutorId(), event.getReclaim());
+        if (fullState == null) {
+          appliedUpTo = Math.max(appliedUpTo, event.getSequence());
+        }
         break;
       default:
         LOG.debug("Ignoring an executor event of an unknown kind: {}", event);

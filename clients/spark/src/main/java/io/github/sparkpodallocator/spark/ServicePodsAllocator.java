@@ -22,6 +22,7 @@ import org.apache.spark.resource.ResourceProfile;
 import org.apache.spark.resource.ResourceProfile$;
 import org.apache.spark.scheduler.SparkListener;
 import org.apache.spark.scheduler.SparkListenerApplicationEnd;
+import org.apache.spark.scheduler.TaskSchedulerImpl;
 import org.apache.spark.scheduler.cluster.k8s.AbstractPodsAllocator;
 import org.apache.spark.scheduler.cluster.k8s.ExecutorPodsSnapshotsStore;
 import org.apache.spark.scheduler.cluster.k8s.KubernetesClusterSchedulerBackend;
@@ -223,7 +224,9 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     client.start(request.build());
     watchForTheDriversStop(backend);
     if (executorEvents) {
-      ExecutorEventsFeed feed = new ExecutorEventsFeed(client, snapshotsStore);
+      ExecutorReclaimer reclaimer = new ExecutorReclaimer(conf, ExecutorReclaimer.of(backend));
+      ExecutorEventsFeed feed =
+          new ExecutorEventsFeed(client, snapshotsStore, reclaimer::reclaim);
       synchronized (this) {
         eventsFeed = feed;
       }
@@ -443,7 +446,11 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     }
   }
 
-  /** Sends the driver's registered executors when they changed since the last report. */
+  /**
+   * Sends the driver's registered executors when they changed since the last report, with the
+   * tasks running on each (what Spark's task scheduler holds, read under its lock: no RPC);
+   * running tasks that alone changed are sent at most once per {@code checkInterval}.
+   */
   private void reportRegisteredExecutors(KubernetesClusterSchedulerBackend backend) {
     if (driverIsStopping()) {
       // In case the application-end event is late: the flag is set before it is posted.
@@ -453,10 +460,37 @@ public class ServicePodsAllocator extends AbstractPodsAllocator {
     try {
       List<String> ids = new ArrayList<>(CollectionConverters.asJava(backend.getExecutorIds()));
       ids.sort((a, b) -> a.length() != b.length() ? a.length() - b.length() : a.compareTo(b));
-      client.updateRegisteredExecutors(ids);
+      client.updateRegisteredExecutors(ids, runningTasks(ids),
+          Duration.ofMillis(serviceCheckMillis));
     } catch (RuntimeException e) {
       LOG.warn("Could not report the registered executors to the spark-pod-allocator service;"
           + " trying again in {} ms", registeredCheckMillis, e);
     }
+  }
+
+  /**
+   * The tasks running on each of {@code executorIds} (0 for one with none), as Spark's task
+   * scheduler counts them; empty when the driver has no such scheduler.
+   */
+  private Map<String, Integer> runningTasks(List<String> executorIds) {
+    SparkContext sc;
+    synchronized (this) {
+      sc = sparkContext;
+    }
+    if (sc == null || !(sc.taskScheduler() instanceof TaskSchedulerImpl scheduler)) {
+      return Map.of();
+    }
+    return runningTasks(executorIds,
+        CollectionConverters.asJava(scheduler.runningTasksByExecutors()));
+  }
+
+  /** {@code running} (Spark's counts, boxed) for {@code executorIds} alone, 0 where absent. */
+  static Map<String, Integer> runningTasks(List<String> executorIds, Map<String, Object> running) {
+    Map<String, Integer> counts = new TreeMap<>();
+    for (String id : executorIds) {
+      Object count = running.get(id);
+      counts.put(id, count instanceof Integer n ? n : 0);
+    }
+    return counts;
   }
 }

@@ -12,6 +12,10 @@ import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Set;
+import java.util.TreeSet;
+import org.apache.spark.SparkConf;
+import org.apache.spark.scheduler.ExecutorDecommissionInfo;
 import org.apache.spark.scheduler.cluster.k8s.ExecutorPodState;
 import org.apache.spark.scheduler.cluster.k8s.ExecutorPodsSnapshot;
 import org.apache.spark.scheduler.cluster.k8s.ExecutorPodsSnapshot$;
@@ -25,6 +29,7 @@ import scala.runtime.BoxedUnit;
 import spark.allocator.v1.Allocator.ExecutorEvent;
 import spark.allocator.v1.Allocator.ExecutorEventKind;
 import spark.allocator.v1.Allocator.ExecutorPod;
+import spark.allocator.v1.Allocator.ExecutorReclaim;
 
 /** How Spark's own snapshot (of the version under test) reads the pods the feed gives it. */
 class ExecutorEventsFeedTest {
@@ -186,5 +191,153 @@ class ExecutorEventsFeedTest {
     ExecutorEventsFeed feed = new ExecutorEventsFeed(null, new RecordingStore());
     feed.close();
     assertTrue(feed.awaitFirstState(Duration.ZERO));
+  }
+
+  /** Spark's scheduler backend as the reclaimer sees it: registered executors, decommissions. */
+  private static final class FakeDriver implements ExecutorReclaimer.Driver {
+    final Set<String> registered = new TreeSet<>();
+    final List<String> decommissioned = new ArrayList<>();
+    final List<ExecutorDecommissionInfo> infos = new ArrayList<>();
+
+    @Override
+    public boolean isRegistered(String executorId) {
+      return registered.contains(executorId);
+    }
+
+    @Override
+    public List<String> decommission(String executorId, ExecutorDecommissionInfo info) {
+      decommissioned.add(executorId);
+      infos.add(info);
+      return List.of(executorId);
+    }
+  }
+
+  private static ExecutorEvent reclaim(long sequence, Pod pod, String budget) {
+    return event(ExecutorEventKind.EXECUTOR_EVENT_KIND_RECLAIM, sequence, pod).toBuilder()
+        .setReclaim(ExecutorReclaim.newBuilder().setBudget(budget)
+            .setDeadlineMs(1_767_323_045_000L))
+        .build();
+  }
+
+  private static ExecutorEvent withId(ExecutorEvent event, long id) {
+    return event.toBuilder()
+        .setExecutor(event.getExecutor().toBuilder().setExecutorId(id)).build();
+  }
+
+  private static SparkConf decommissionOn() {
+    return new SparkConf(false)
+        .set("spark.decommission.enabled", "true")
+        .set("spark.storage.decommission.enabled", "true");
+  }
+
+  @Test
+  void aReclaimDecommissionsThatExecutorOnceThroughSpark() {
+    FakeDriver driver = new FakeDriver();
+    driver.registered.addAll(List.of("1", "2", "3"));
+    List<String> warnings = new ArrayList<>();
+    ExecutorReclaimer reclaimer = new ExecutorReclaimer(decommissionOn(), driver, warnings::add);
+    RecordingStore store = new RecordingStore();
+    ExecutorEventsFeed feed = new ExecutorEventsFeed(null, store, reclaimer::reclaim);
+    for (int id = 1; id <= 3; id++) {
+      feed.apply(withId(event(ExecutorEventKind.EXECUTOR_EVENT_KIND_SNAPSHOT, 0,
+          executorPod(id, "Running", null)), id));
+    }
+    feed.apply(event(ExecutorEventKind.EXECUTOR_EVENT_KIND_SYNCED, 10, null));
+    Pod two = executorPod(2, "Running", null);
+    feed.apply(withId(reclaim(11, two, "queue/gold"), 2));
+    assertEquals(List.of("2"), driver.decommissioned);
+    String message = driver.infos.get(0).message();
+    assertTrue(message.contains("queue/gold"), message);
+    // The host stays: only the executor goes (its shuffle files migrate, not lost with a host).
+    assertTrue(driver.infos.get(0).workerHost().isEmpty());
+
+    // A stream opened again repeats the reclaim in its full state, and the service may repeat
+    // it: the executor is decommissioned once.
+    for (int id = 1; id <= 3; id++) {
+      feed.apply(withId(event(ExecutorEventKind.EXECUTOR_EVENT_KIND_SNAPSHOT, 0,
+          executorPod(id, "Running", null)), id));
+    }
+    feed.apply(withId(reclaim(11, two, "queue/gold"), 2));
+    feed.apply(event(ExecutorEventKind.EXECUTOR_EVENT_KIND_SYNCED, 12, null));
+    feed.apply(withId(reclaim(13, two, "queue/gold"), 2));
+    assertEquals(List.of("2"), driver.decommissioned);
+    assertEquals(List.of(), warnings);
+    // The pods themselves are untouched by a reclaim: Spark learns of the exit from them.
+    for (ExecutorPodState state : store.states(2)) {
+      assertInstanceOf(PodRunning.class, state);
+    }
+  }
+
+  @Test
+  void anExecutorNotRegisteredYetIsLeftToTheService() {
+    FakeDriver driver = new FakeDriver();
+    driver.registered.add("1");
+    ExecutorReclaimer reclaimer = new ExecutorReclaimer(decommissionOn(), driver, w -> {});
+    ExecutorEventsFeed feed = new ExecutorEventsFeed(null, new RecordingStore(),
+        reclaimer::reclaim);
+    feed.apply(withId(reclaim(5, executorPod(4, "Pending", null), "namespace/team-a"), 4));
+    assertEquals(List.of(), driver.decommissioned);
+
+    // Registered by the time a full state repeats the reclaim: decommissioned then.
+    driver.registered.add("4");
+    feed.apply(withId(reclaim(5, executorPod(4, "Running", null), "namespace/team-a"), 4));
+    assertEquals(List.of("4"), driver.decommissioned);
+  }
+
+  @Test
+  void withDecommissionOffTheDriverWarnsOnceAndLeavesTheExecutorToTheDeadline() {
+    FakeDriver driver = new FakeDriver();
+    driver.registered.addAll(List.of("1", "2"));
+    List<String> warnings = new ArrayList<>();
+    ExecutorReclaimer reclaimer =
+        new ExecutorReclaimer(new SparkConf(false), driver, warnings::add);
+    ExecutorEventsFeed feed = new ExecutorEventsFeed(null, new RecordingStore(),
+        reclaimer::reclaim);
+    feed.apply(withId(reclaim(5, executorPod(1, "Running", null), "queue/gold"), 1));
+    feed.apply(withId(reclaim(6, executorPod(2, "Running", null), "queue/gold"), 2));
+    feed.apply(withId(reclaim(6, executorPod(2, "Running", null), "queue/gold"), 2));
+
+    assertEquals(List.of(), driver.decommissioned);
+    assertEquals(1, warnings.size(), warnings.toString());
+    assertTrue(warnings.get(0).contains("spark.decommission.enabled=true")
+        && warnings.get(0).contains("spark.storage.decommission.enabled=true")
+        && warnings.get(0).contains("queue/gold"), warnings.get(0));
+  }
+
+  @Test
+  void withoutBlockMigrationTheExecutorIsDecommissionedAndTheLossWarnedAbout() {
+    FakeDriver driver = new FakeDriver();
+    driver.registered.addAll(List.of("1", "2"));
+    List<String> warnings = new ArrayList<>();
+    ExecutorReclaimer reclaimer = new ExecutorReclaimer(
+        new SparkConf(false).set("spark.decommission.enabled", "true"), driver, warnings::add);
+    reclaimer.reclaim(1, ExecutorReclaim.newBuilder().setBudget("b").build());
+    reclaimer.reclaim(2, ExecutorReclaim.newBuilder().setBudget("b").build());
+    assertEquals(List.of("1", "2"), driver.decommissioned);
+    assertEquals(1, warnings.size(), warnings.toString());
+    assertTrue(warnings.get(0).contains("spark.storage.decommission.enabled=true"),
+        warnings.get(0));
+  }
+
+  @Test
+  void aFailingDecommissionDoesNotBreakTheFeed() {
+    ExecutorReclaimer.Driver broken = new ExecutorReclaimer.Driver() {
+      @Override
+      public boolean isRegistered(String executorId) {
+        return true;
+      }
+
+      @Override
+      public List<String> decommission(String executorId, ExecutorDecommissionInfo info) {
+        throw new IllegalStateException("the backend is stopping");
+      }
+    };
+    ExecutorReclaimer reclaimer = new ExecutorReclaimer(decommissionOn(), broken, w -> {});
+    RecordingStore store = new RecordingStore();
+    ExecutorEventsFeed feed = new ExecutorEventsFeed(null, store, reclaimer::reclaim);
+    feed.apply(withId(reclaim(5, executorPod(1, "Running", null), "b"), 1));
+    feed.apply(event(ExecutorEventKind.EXECUTOR_EVENT_KIND_UPDATED, 6,
+        executorPod(1, "Running", null)));
+    assertInstanceOf(PodRunning.class, store.states(1).get(0));
   }
 }

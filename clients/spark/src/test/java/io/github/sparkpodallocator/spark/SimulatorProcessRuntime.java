@@ -24,6 +24,14 @@ final class SimulatorProcessRuntime {
    */
   static final String DRIVER_PLACEHOLDER_IMAGE = "spark-pod-allocator/driver-placeholder:it";
 
+  /**
+   * The executor image whose executors each bind and advertise a loopback address of their
+   * own (127.0.X.Y from the executor id), as pods on a cluster have their own IPs: Spark
+   * keeps a decommissioned executor's migrated shuffle output only when it went to another
+   * host (scripts/sim-spark-executor.sh, {@code SPARK_SIM_HOST_PER_EXECUTOR}).
+   */
+  static final String IMAGE_HOST_PER_EXECUTOR = "spark-pod-allocator/spark-executor-own-host:it";
+
   static String config(int grpcPort, int apiPort, String image, Path work) {
     return "listen = " + toml("127.0.0.1:" + grpcPort) + "\n\n"
         + simulatorConfig(apiPort, image, work);
@@ -49,6 +57,16 @@ final class SimulatorProcessRuntime {
         "  { name = \"SPARK_SIM_CLASSPATH\", value = "
             + toml(System.getProperty("java.class.path")) + " },",
         "  { name = \"JAVA_HOME\", value = " + toml(System.getProperty("java.home")) + " },",
+        "]",
+        "",
+        "[[simulator.kubelet.process_images]]",
+        "image = " + toml(IMAGE_HOST_PER_EXECUTOR),
+        "command = [\"bash\", " + toml(entrypoint.toString()) + "]",
+        "env = [",
+        "  { name = \"SPARK_SIM_CLASSPATH\", value = "
+            + toml(System.getProperty("java.class.path")) + " },",
+        "  { name = \"JAVA_HOME\", value = " + toml(System.getProperty("java.home")) + " },",
+        "  { name = \"SPARK_SIM_HOST_PER_EXECUTOR\", value = \"true\" },",
         "]",
         "",
         "[[simulator.kubelet.process_images]]",

@@ -1,6 +1,7 @@
 package io.github.sparkpodallocator.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.fabric8.kubernetes.api.model.NamespaceBuilder;
 import io.fabric8.kubernetes.api.model.Node;
@@ -10,19 +11,33 @@ import io.fabric8.kubernetes.api.model.storage.StorageClassBuilder;
 import io.fabric8.kubernetes.client.ConfigBuilder;
 import io.fabric8.kubernetes.client.KubernetesClient;
 import io.fabric8.kubernetes.client.KubernetesClientBuilder;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 import org.apache.spark.SparkConf;
+import org.apache.spark.api.java.JavaPairRDD;
+import org.apache.spark.api.java.JavaSparkContext;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+import spark.allocator.v1.Allocator.AllocationSettings;
+import spark.allocator.v1.Allocator.StartRequest;
 
 /**
  * The Spark job ({@link SparkScenarios}) on the real control plane: the test API server
@@ -42,6 +57,8 @@ class SparkOnControlPlaneIT extends SparkScenarios {
 
   private TestApiServer api;
   private ServiceProcess node;
+  /** The class's service's Prometheus endpoint. */
+  private int metricsPort;
 
   @BeforeAll
   void startControlPlane() throws Exception {
@@ -79,8 +96,197 @@ class SparkOnControlPlaneIT extends SparkScenarios {
     });
 
     grpcPort = ServiceProcess.freePort();
-    service = ServiceProcess.start(work, serveEnv(grpcPort), grpcPort, "serve");
+    metricsPort = ServiceProcess.freePort();
+    Path serviceConfig = work.resolve("service.yaml");
+    Files.writeString(serviceConfig, "metrics:\n  listen: \"127.0.0.1:" + metricsPort + "\"\n"
+        + RECLAIM_BUDGETS, StandardCharsets.UTF_8);
+    service = ServiceProcess.start(work, serveEnv(grpcPort), grpcPort,
+        "--config", serviceConfig.toString(), "serve");
   }
+
+  /**
+   * The budgets of the reclaim scenario, one queue per way of reclaiming: 4 executors, 2
+   * guaranteed to each of its two namespaces (a borrower's and an owner's). The other
+   * scenarios run in {@code default}, under no budget.
+   */
+  static final String RECLAIM_BUDGETS = String.join("\n",
+      "budgets:",
+      "- queue: reclaim-graceful",
+      "  max_executors: 4",
+      "  reclaim_deadline_ms: " + ReclaimScenario.GRACEFUL_DEADLINE_MS,
+      "  namespaces:",
+      "  - namespace: reclaim-graceful-borrower",
+      "    guaranteed_executors: 2",
+      "  - namespace: reclaim-graceful-owner",
+      "    guaranteed_executors: 2",
+      "- queue: reclaim-kill",
+      "  max_executors: 4",
+      "  reclaim_deadline_ms: 0",
+      "  namespaces:",
+      "  - namespace: reclaim-kill-borrower",
+      "    guaranteed_executors: 2",
+      "  - namespace: reclaim-kill-owner",
+      "    guaranteed_executors: 2",
+      "");
+
+  /**
+   * Issue 41's proof: a borrower holds a whole budget with a shuffle-heavy job when the
+   * budget's owner arrives wanting its guaranteed part. Run twice, graceful (the service
+   * asks the borrower's driver, which decommissions the executors through Spark: their
+   * blocks migrate) and kill-style (the pods deleted at once, as a scheduler's preemption).
+   * Goals, asserted for the graceful run: the owner's executors run within the deadline plus
+   * pod start, the borrower's job fails no task, runs no stage again, and its result is
+   * right. Both runs' figures are printed ({@code -Dreclaim.runs=N} repeats the pair).
+   */
+  @Test
+  @Timeout(value = 15, unit = TimeUnit.MINUTES)
+  void aBorrowerGivesExecutorsBackGracefullyWhereAKillMakesItComputeAgain() throws Exception {
+    for (String mode : List.of("graceful", "kill")) {
+      for (String role : List.of("borrower", "owner")) {
+        String ns = "reclaim-" + mode + "-" + role;
+        k8s.namespaces().resource(new NamespaceBuilder().withNewMetadata().withName(ns)
+            .endMetadata().build()).create();
+        await("the service account of " + ns, Duration.ofSeconds(60),
+            () -> k8s.serviceAccounts().inNamespace(ns).withName("default").get() != null);
+      }
+    }
+    int runs = Integer.getInteger("reclaim.runs", 1);
+    List<ReclaimScenario.Figures> figures = new ArrayList<>();
+    for (int run = 1; run <= runs; run++) {
+      figures.add(reclaimRun("graceful", ReclaimScenario.GRACEFUL_DEADLINE_MS, run));
+      figures.add(reclaimRun("kill", 0, run));
+    }
+    System.out.println("\n--- reclaim on the control plane (Spark "
+        + org.apache.spark.package$.MODULE$.SPARK_VERSION() + ") ---");
+    figures.forEach(f -> System.out.println(f.line()));
+    for (ReclaimScenario.Figures f : figures) {
+      assertTrue(f.resultRight(), f.line());
+      if (f.mode().equals("graceful")) {
+        assertTrue(f.ownerRunningMs() < f.deadlineMs() + POD_START.toMillis(), f.line());
+        assertEquals(0, f.tasksFailed(), f.line());
+        assertEquals(0, f.stageAttemptsRerun(), f.line());
+        assertEquals(2, f.exitedOnTheirOwn().size(), f.line());
+        assertEquals(2, f.reclaimsGraceful(), f.line());
+        assertEquals(0, f.reclaimsForced(), f.line());
+      }
+    }
+  }
+
+  /** What a pod's start may take here, beyond the reclaim (scheduling, the node's start). */
+  static final Duration POD_START = Duration.ofSeconds(30);
+
+  /**
+   * One borrower and one owner under the {@code mode} queue: the borrower's Spark driver
+   * takes the 4 executors and runs jobs A, B and C ({@link ReclaimScenario}); as job B's
+   * tasks run, the owner (a client of the service, as a driver would be; its pods run on
+   * the kwok node) asks for its 2.
+   */
+  private ReclaimScenario.Figures reclaimRun(String mode, long deadlineMs, int run)
+      throws Exception {
+    String borrowerNs = "reclaim-" + mode + "-borrower";
+    String ownerNs = "reclaim-" + mode + "-owner";
+    SparkConf borrowerConf = conf("rc-" + mode + "-" + run)
+        .set("spark.kubernetes.namespace", borrowerNs)
+        // Each executor a host of its own, as on a cluster (see the image).
+        .set("spark.kubernetes.container.image", SimulatorProcessRuntime.IMAGE_HOST_PER_EXECUTOR)
+        .set("spark.executor.instances", "4")
+        .set("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .set("spark.scheduler.maxRegisteredResourcesWaitingTime", "180s");
+    ReclaimScenario.GRACEFUL_CONFS.forEach(borrowerConf::set);
+    JavaSparkContext sc = start(borrowerConf);
+    String borrowerApp = sc.sc().applicationId();
+    ReclaimScenario.Observed observed = new ReclaimScenario.Observed();
+    sc.sc().addSparkListener(observed);
+    await("4 registered executors", Duration.ofSeconds(180),
+        () -> registeredExecutors(sc).size() == 4);
+
+    JavaPairRDD<Long, Long> sums = ReclaimScenario.sumsByKey(sc);
+    observed.armed = true;
+    long jobsStarted = System.nanoTime();
+    CompletableFuture<Map<Long, Long>> jobB =
+        CompletableFuture.supplyAsync(() -> ReclaimScenario.sumsByLastDigits(sums));
+    assertTrue(observed.jobBRunning.await(60, TimeUnit.SECONDS), "job B's tasks started");
+
+    String queue = "reclaim-" + mode;
+    long gracefulBefore = reclaimsCompleted(queue, "graceful");
+    long forcedBefore = reclaimsCompleted(queue, "forced");
+    String ownerApp = "reclaim-owner-" + mode + "-" + run;
+    long ownerRunningMs;
+    ServiceSettings settings = ServiceSettings.fromConf(new SparkConf(false)
+        .set(ServiceSettings.ADDRESS, "127.0.0.1:" + grpcPort)
+        .set(ServiceSettings.TOKEN_FILE, ""), Path.of("/nonexistent"));
+    Map<Long, Long> byLastDigits;
+    long total;
+    long jobsMs;
+    try (AllocatorClient owner = new AllocatorClient(settings)) {
+      long ownerStarted = System.nanoTime();
+      owner.start(StartRequest.newBuilder()
+          .setApplicationId(ownerApp)
+          .setNamespace(ownerNs)
+          .setExecutorPodTemplate(OWNER_EXECUTOR_POD)
+          .setPodNamePrefix("owner-" + mode + "-" + run)
+          .setSettings(AllocationSettings.newBuilder().setBatchDelayMs(200))
+          .build());
+      owner.setTotalExpected(Map.of(0, 2), Map.of());
+      await("the owner's 2 executors Running", Duration.ofMillis(deadlineMs).plus(POD_START)
+          .plus(Duration.ofSeconds(60)), () -> runningPods(ownerNs, ownerApp) == 2);
+      ownerRunningMs = (System.nanoTime() - ownerStarted) / 1_000_000;
+
+      byLastDigits = jobB.get(5, TimeUnit.MINUTES);
+      total = ReclaimScenario.total(sums);
+      jobsMs = (System.nanoTime() - jobsStarted) / 1_000_000;
+      sc.sc().listenerBus().waitUntilEmpty();
+      // The borrower first: with the owner gone first, it would get its 4 executors back.
+      sc.stop();
+      this.sc = null;
+      owner.stop();
+    }
+    await("the borrower's and the owner's pods gone", Duration.ofSeconds(120),
+        () -> k8s.pods().inNamespace(borrowerNs).withLabel("spark-app-selector", borrowerApp)
+            .list().getItems().isEmpty()
+            && k8s.pods().inNamespace(ownerNs).list().getItems().isEmpty());
+    boolean right = byLastDigits.equals(ReclaimScenario.expectedByLastDigits())
+        && total == ReclaimScenario.EXPECTED_TOTAL;
+    ReclaimScenario.Figures figures = new ReclaimScenario.Figures(mode, deadlineMs,
+        ownerRunningMs, observed.tasksFailed.get(), observed.stageAttemptsRerun.get(),
+        observed.exitedOnTheirOwn(), new TreeSet<>(observed.failures), right, jobsMs,
+        reclaimsCompleted(queue, "graceful") - gracefulBefore,
+        reclaimsCompleted(queue, "forced") - forcedBefore);
+    System.out.println(figures.line());
+    return figures;
+  }
+
+  /**
+   * The service's {@code reclaims_completed} counter of budget {@code queue/<queue>} with
+   * this outcome ({@code graceful}, {@code forced}); 0 before its first reclaim.
+   */
+  private long reclaimsCompleted(String queue, String outcome) throws Exception {
+    String labels = "{budget=\"queue/" + queue + "\",outcome=\"" + outcome + "\"}";
+    HttpResponse<String> metrics = HttpClient.newHttpClient().send(
+        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + metricsPort + "/metrics"))
+            .timeout(Duration.ofSeconds(10)).build(),
+        HttpResponse.BodyHandlers.ofString());
+    for (String line : metrics.body().split("\n")) {
+      if (line.startsWith("spark_pod_allocator_reclaims_completed_total" + labels + " ")) {
+        return Long.parseLong(line.substring(line.lastIndexOf(' ') + 1).trim());
+      }
+    }
+    return 0;
+  }
+
+  private long runningPods(String namespace, String appId) {
+    return k8s.pods().inNamespace(namespace).withLabel("spark-app-selector", appId).list()
+        .getItems().stream()
+        .filter(p -> p.getMetadata().getDeletionTimestamp() == null
+            && p.getStatus() != null && "Running".equals(p.getStatus().getPhase()))
+        .count();
+  }
+
+  /** The owner's executor pod: on the kwok node, which keeps it Running (nothing runs). */
+  static final String OWNER_EXECUTOR_POD = "{\"apiVersion\":\"v1\",\"kind\":\"Pod\","
+      + "\"metadata\":{},\"spec\":{\"nodeSelector\":{\"type\":\"kwok\"},"
+      + "\"containers\":[{\"name\":\"spark-kubernetes-executor\","
+      + "\"image\":\"spark-pod-allocator/owner:it\"}]}}";
 
   /** {@code serve} on the API server with the admin's kubeconfig. */
   private Map<String, String> serveEnv(int grpcPort) {
