@@ -33,9 +33,7 @@ use spark_pod_allocator::proto::executor_allocator_client::ExecutorAllocatorClie
 use spark_pod_allocator::proto::{self, ExecutorEventKind};
 use spark_pod_allocator_sim::SimCluster;
 use test_kit::grpc::{batched_start_request, quiet_cluster};
-use test_kit::process::{
-    connect_serving, pause, service_command, spawn_logged, until_logged, wake,
-};
+use test_kit::process::{connect_serving, pause, service_command, spawn_serving, wake};
 use test_kit::requests::*;
 use test_kit::service::stored_registration;
 use test_kit::wait::{BOUND, until, until_progress};
@@ -107,14 +105,7 @@ async fn replica(kubeconfig: &Path, config: &str, identity: &str) -> (Child, Cli
         .env("SPARK_POD_ALLOCATOR__HA__LEASE_DURATION_MS", "2000")
         .env("SPARK_POD_ALLOCATOR__HA__RENEW_DEADLINE_MS", "1000")
         .env("SPARK_POD_ALLOCATOR__HA__RETRY_PERIOD_MS", "250");
-    let (child, mut lines) = spawn_logged(command);
-    let serving = until_logged(&mut lines, "serving gRPC").await;
-    let address = serving["address"].as_str().expect("address").to_string();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            eprintln!("service: {line}");
-        }
-    });
+    let (child, address) = spawn_serving(command).await;
     (child, connect_serving(&address).await)
 }
 

@@ -209,6 +209,12 @@ pub async fn serve_with(
         HaSettings::default().identity(),
     );
     command.envs(env.iter().copied());
+    spawn_serving(command).await
+}
+
+/// Spawns `command` (a `serve` with JSON logs) and returns it with its gRPC address once
+/// it logs that it serves.
+pub async fn spawn_serving(command: Command) -> (Child, String) {
     let (child, mut lines) = spawn_logged(command);
     let serving = until_logged(&mut lines, "serving gRPC").await;
     let address = serving["address"].as_str().expect("address").to_string();
