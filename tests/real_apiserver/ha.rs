@@ -415,6 +415,7 @@ fn pods_created(c: &RealBackend) -> std::collections::BTreeMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_killed_one() {
+    const TARGET: u32 = 30;
     let Some(c) = RealBackend::start_own("ha-three", &[]).await else {
         return;
     };
@@ -436,12 +437,29 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
         .start(batched_start_request(APP, c.namespace(), 2, 1000))
         .await
         .expect("Start through a non-owner");
-    scale(&c, &others[1].2, APP, 12).await;
+    // At 2 executors a second (batches of 2, 1 s apart) the new owner needs about 14 s for
+    // the rest of TARGET: far more than the test's own steps between its takeover and the
+    // kill take on a loaded machine, so the kill lands mid scale-up.
+    scale(&c, &others[1].2, APP, TARGET).await;
     until_progress(
         "the first batch",
         async || executor_ids(&c).await,
         |ids| ids.len() >= 2,
     )
+    .await;
+    // The next owner resumes with the target the registration holds: written as soon as it
+    // is set, though answered before it lands (a call answers without waiting on the API
+    // server), so the cut waits for it.
+    until("the registration holds the target", async || {
+        test_kit::service::stored_registration(
+            &c.admin_client(),
+            c.service_namespace(),
+            c.namespace(),
+            APP,
+        )
+        .await
+        .is_some_and(|r| r.targets == BTreeMap::from([(0, TARGET)]))
+    })
     .await;
 
     link.cut();
@@ -481,8 +499,8 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
     let (killed, mut child, _) = others.swap_remove(owner);
     let at_kill = executor_ids(&c).await.len();
     assert!(
-        at_kill < 12,
-        "the kill lands mid scale-up ({at_kill} of 12)"
+        at_kill < TARGET as usize,
+        "the kill lands mid scale-up ({at_kill} of {TARGET})"
     );
     child.start_kill().expect("SIGKILL");
     child.wait().await.expect("reaped");
@@ -494,16 +512,16 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
     )
     .await;
     until_progress(
-        "12 executors, the scale-up finished",
+        "the scale-up finished",
         async || executor_ids(&c).await,
-        |ids| ids.len() == 12,
+        |ids| ids.len() == TARGET as usize,
     )
     .await;
-    scale(&c, address, APP, 14).await;
+    scale(&c, address, APP, TARGET + 2).await;
     until_progress(
-        "14 executors",
+        "two executors more",
         async || executor_ids(&c).await,
-        |ids| ids.len() == 14,
+        |ids| ids.len() == TARGET as usize + 2,
     )
     .await;
 
@@ -526,7 +544,7 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
     assert!(twice.is_empty(), "pods created twice: {twice:?}");
     assert_eq!(
         executor_ids(&c).await.len(),
-        14,
+        TARGET as usize + 2,
         "no pod beyond the target ({killed} killed at {at_kill})"
     );
     let stopped = client_a
@@ -534,6 +552,6 @@ async fn three_replicas_finish_a_scale_up_through_a_partitioned_owner_and_a_kill
         .await
         .expect("Stop through the old owner")
         .into_inner();
-    assert_eq!(stopped.deleted_pods, 14);
+    assert_eq!(stopped.deleted_pods, TARGET + 2);
     c.finish().await;
 }

@@ -35,6 +35,8 @@ impl ApplicationActor {
         // Answered later by the worker: no downscale deletes one before its pod exists.
         (self.engine.allocator).creates_sent(pods.iter().map(|create| create.id));
         self.send_round(upkeep, pods);
+        // Registered executors the driver sent since the last round.
+        self.write_registration();
     }
 
     /// The engine's round within the room the application's budgets leave it: asked of
@@ -107,7 +109,7 @@ impl ApplicationActor {
 
     /// The round's requests other than its creates: the plan's deletes with those to
     /// retry, the clean-up of finished executors, the id record covering `creates` (and
-    /// a block ahead for the `still_wanted`), the registration when it changed.
+    /// a block ahead for the `still_wanted`).
     fn upkeep(
         &mut self,
         deletes: Vec<DeleteRequest>,
@@ -140,8 +142,6 @@ impl ApplicationActor {
             delete_on_termination,
             record,
             with_creates: false,
-            registration: std::mem::take(&mut self.registration.dirty)
-                .then(|| self.registration.current.clone()),
             list_claims: (self.engine.claims.listing_due(self.clock.now()))
                 .then(|| self.engine.builder.claims_owner().map(str::to_string))
                 .flatten(),
@@ -249,9 +249,6 @@ impl ApplicationActor {
         }
         for id in upkeep.finished_failed {
             self.backlog.finished_handled.remove(&id);
-        }
-        if upkeep.registration_failed {
-            self.registration.dirty = true;
         }
         if let Some(claims) = upkeep.claims {
             self.engine.claims.listed(claims);

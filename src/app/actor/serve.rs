@@ -11,7 +11,7 @@ use super::phase::{Life, Phase};
 use super::reclaims::Reclaims;
 use super::requests::RequestTimes;
 use super::schedule::Scheduler;
-use super::work::{DeleteKind, Outbox, UpkeepWork, Work, WorkDone};
+use super::work::{DeleteKind, Outbox, Work, WorkDone};
 use crate::allocator::{ExecutorId, ResourceProfileId};
 use crate::app::budgets::{BudgetMembership, HeldBy};
 use crate::app::error::AppError;
@@ -67,11 +67,14 @@ pub(super) struct Backlog {
 /// The application's registration as the actor keeps it up to date.
 pub(super) struct RegistrationState {
     pub current: Registration,
-    /// It changed since it was last written (the next round writes it).
+    /// It changed since it was last written.
     pub dirty: bool,
     /// The actor is ending and has sent its last write of it (see
     /// [`ApplicationActor::write_last_registration`]).
     pub last_sent: bool,
+    /// Targets or templates changed since the last write was sent: written as soon as no
+    /// write is in flight, not with the next round.
+    pub targets_unwritten: bool,
 }
 
 impl ApplicationActor {
@@ -102,6 +105,7 @@ impl ApplicationActor {
                 last_sent: false,
                 current: registration,
                 dirty: true,
+                targets_unwritten: false,
             },
             feed,
             failures: Failures::default(),
@@ -192,9 +196,8 @@ impl ApplicationActor {
     }
 
     /// An actor stopped (not forgotten: its driver did not end) writes what its
-    /// registration lacks (a target or registered
-    /// executors the driver sent since the last round) once, as soon as no upkeep is in
-    /// flight: whoever resumes the application next (this service restarted, or the
+    /// registration lacks (registered executors the driver sent since the last round, a
+    /// target whose write failed) once, as soon as no write of it is in flight: whoever resumes the application next (this service restarted, or the
     /// replica taking its shard) starts from what the driver last said. A write its fence
     /// refuses (the shard already gone) is not tried again.
     fn write_last_registration(&mut self) {
@@ -202,19 +205,43 @@ impl ApplicationActor {
         if !left_for_later
             || self.registration.last_sent
             || !self.registration.dirty
-            || self.outbox.upkeep
+            || self.outbox.registering
         {
             return;
         }
         self.registration.last_sent = true;
-        self.registration.dirty = false;
-        self.outbox.send(Work::Round {
-            upkeep: Some(Box::new(UpkeepWork {
-                registration: Some(self.registration.current.clone()),
-                ..UpkeepWork::default()
-            })),
-            creates: Vec::new(),
-        });
+        self.send_registration();
+    }
+
+    /// Writes the registration when it changed and no write of it is in flight. A running
+    /// actor writes new targets at once and the executors the driver registered with its
+    /// next round.
+    pub(super) fn write_registration(&mut self) {
+        if matches!(self.life.phase, Phase::Running { .. })
+            && self.registration.dirty
+            && !self.outbox.registering
+        {
+            self.send_registration();
+        }
+    }
+
+    fn send_registration(&mut self) {
+        let registration = &mut self.registration;
+        registration.dirty = false;
+        registration.targets_unwritten = false;
+        let current = Box::new(registration.current.clone());
+        self.outbox.send(Work::Register(current));
+    }
+
+    /// The registration's write was answered. Targets set while it was in flight are
+    /// written at once; a failed write is sent again with the next change or round.
+    fn registration_written(&mut self, written: bool) {
+        self.outbox.registering = false;
+        if !written {
+            self.registration.dirty = true;
+        } else if self.registration.targets_unwritten {
+            self.write_registration();
+        }
     }
 
     /// A wake-up the scheduler asked for: a round while running; after the driver ended,
@@ -257,6 +284,9 @@ impl ApplicationActor {
                 reply,
             } => {
                 let _ = reply.send(self.set_targets(templates, &targets));
+                // At once: the replica that takes the application over (its owner lost,
+                // paused or cut off) resumes from the registration.
+                self.write_registration();
             }
             Command::IsDeleted(id, reply) => {
                 let _ = reply.send(self.engine.allocator.is_deleted(id));
@@ -291,6 +321,7 @@ impl ApplicationActor {
             }
             WorkDone::Listed(ticket, pods) => self.feed.listed(ticket, pods),
             WorkDone::CleanedUp(result) => self.cleanup_done(result),
+            WorkDone::Registered(written) => self.registration_written(written),
         }
     }
 
@@ -435,6 +466,7 @@ impl ApplicationActor {
             registration.templates = templates;
             registration.targets = targets;
             self.registration.dirty = true;
+            self.registration.targets_unwritten = true;
         }
     }
 }

@@ -33,12 +33,14 @@ pub(super) enum Work {
     CleanUp,
     /// List the executor pods for a WatchExecutors full state (with its ticket).
     List(u64),
+    /// Write the application's registration (one write in flight at a time).
+    Register(Box<Registration>),
 }
 
 /// What the worker reports back to the actor.
 #[derive(Debug)]
 pub(super) enum WorkDone {
-    /// The round's deletes, clean-up of finished executors and registration were answered.
+    /// The round's deletes and clean-up of finished executors were answered.
     Upkeep(UpkeepDone),
     /// The round's id record was answered (before the rest of its upkeep, and by the same
     /// task, so always before [`WorkDone::Upkeep`], hence before the next round): the id
@@ -53,6 +55,8 @@ pub(super) enum WorkDone {
     CleanedUp(Result<u32, String>),
     /// The LIST of the executor pods for a WatchExecutors full state (with its ticket).
     Listed(u64, Vec<ListedPod>),
+    /// The registration's write was answered: `false` when it failed (logged).
+    Registered(bool),
 }
 
 /// The outcome of one round's creates.
@@ -71,8 +75,6 @@ pub(super) struct UpkeepWork {
     pub record: Option<ExecutorId>,
     /// Whether the round has creates waiting for this (the round is counted with them).
     pub with_creates: bool,
-    /// The application's registration to write, when it changed.
-    pub registration: Option<Registration>,
     /// List the application's executor claims (for reuse by the next round's creates):
     /// those owned by this uid (the driver pod's) only.
     pub list_claims: Option<String>,
@@ -84,7 +86,6 @@ impl UpkeepWork {
         self.deletes.is_empty()
             && self.finished.is_empty()
             && self.record.is_none()
-            && self.registration.is_none()
             && self.list_claims.is_none()
     }
 }
@@ -132,8 +133,6 @@ pub(super) struct UpkeepDone {
     pub finished_failed: Vec<ExecutorId>,
     /// Copied from [`UpkeepWork::with_creates`].
     pub with_creates: bool,
-    /// Writing the registration failed (the next round writes it again).
-    pub registration_failed: bool,
     /// The application's executor claims, when listed (none: not asked, or it failed).
     pub claims: Option<Vec<ListedClaim>>,
 }
@@ -162,6 +161,8 @@ pub(super) struct Outbox {
     pub awaiting_record: Vec<ExecutorId>,
     /// The delete of every executor pod after the driver ended is unanswered.
     pub cleanup: bool,
+    /// A write of the registration is unanswered.
+    pub registering: bool,
 }
 
 impl Outbox {
@@ -173,6 +174,7 @@ impl Outbox {
             creates: 0,
             awaiting_record: Vec::new(),
             cleanup: false,
+            registering: false,
         }
     }
 
@@ -188,6 +190,7 @@ impl Outbox {
                 }
             }
             Work::CleanUp => self.cleanup = true,
+            Work::Register(_) => self.registering = true,
             Work::List(_) => {}
         }
         if self.requests.send(work).is_err() {
@@ -198,7 +201,7 @@ impl Outbox {
 
     /// Whether any work of the actor is unanswered (a LIST for the feed is not waited for).
     pub fn in_flight(&self) -> bool {
-        self.upkeep || self.creates > 0 || self.cleanup
+        self.upkeep || self.creates > 0 || self.cleanup || self.registering
     }
 
     /// Creates not sent yet are skipped from now on.
@@ -257,6 +260,7 @@ impl Worker {
                 Work::Round { upkeep, creates } => Self::round(this, upkeep, creates),
                 Work::CleanUp => Self::clean_up(this),
                 Work::List(ticket) => Self::list(this, ticket),
+                Work::Register(registration) => Self::register(this, *registration),
             }
         }
     }
@@ -276,7 +280,7 @@ impl Worker {
 
     /// Sends `upkeep`; its id record's outcome goes to `recorded` (the creates waiting for
     /// it) and to the actor at once, the rest to the actor once answered.
-    fn upkeep(this: &Arc<Self>, mut upkeep: UpkeepWork, recorded: oneshot::Sender<bool>) {
+    fn upkeep(this: &Arc<Self>, upkeep: UpkeepWork, recorded: oneshot::Sender<bool>) {
         let worker = Arc::clone(this);
         tokio::spawn(
             async move {
@@ -284,25 +288,18 @@ impl Worker {
                     pods,
                     id_record,
                     id_record_absent,
-                    registrations,
                     namespace,
                     app_id,
                     done,
                     ..
                 } = &*worker;
-                let registration = upkeep.registration.take();
                 let record = (id_record, id_record_absent);
-                let (mut outcome, id_recorded) =
+                let (outcome, id_recorded) =
                     send_upkeep(upkeep, pods, namespace, app_id, record).await;
                 // The creates wait for the record: none is sent with an id it does not cover.
                 let _ = recorded.send(id_recorded.is_ok());
                 // The actor outlives the work it waits for (it awaits it before ending).
                 let _ = done.send(WorkDone::Recorded(id_recorded));
-                // The registration is written beside the creates, not before them.
-                if let Some(registration) = registration {
-                    outcome.registration_failed =
-                        registration.write_to(registrations).await.is_err();
-                }
                 let _ = done.send(WorkDone::Upkeep(outcome));
             }
             .in_current_span(),
@@ -403,6 +400,19 @@ impl Worker {
             .in_current_span(),
         );
     }
+
+    /// Writes the registration (a failure is logged by the write).
+    fn register(this: &Arc<Self>, registration: Registration) {
+        let worker = Arc::clone(this);
+        tokio::spawn(
+            async move {
+                let written = registration.write_to(&worker.registrations).await.is_ok();
+                // The actor outlives the work it waits for (it awaits it before ending).
+                let _ = worker.done.send(WorkDone::Registered(written));
+            }
+            .in_current_span(),
+        );
+    }
 }
 
 /// Sends an upkeep's requests, in order: deletes, clean-up, id record. Each failure is
@@ -487,7 +497,6 @@ async fn send_upkeep(
         failed_deletes,
         finished_failed,
         with_creates: upkeep.with_creates,
-        registration_failed: false,
         claims,
     };
     (outcome, recorded)

@@ -38,6 +38,9 @@ struct Driven {
     clock: ManualClock,
     cancel: CancellationToken,
     forgotten: Arc<AtomicBool>,
+    /// Work taken off the channel by [`Driven::set_target`] while it looked for the
+    /// registration's write, in order.
+    queued: std::collections::VecDeque<Work>,
 }
 
 fn template() -> Pod {
@@ -144,6 +147,7 @@ impl Driven {
             clock,
             cancel,
             forgotten,
+            queued: Default::default(),
         }
     }
 
@@ -156,6 +160,9 @@ impl Driven {
 
     /// The next work the actor asks for.
     async fn next_work(&mut self) -> Work {
+        if let Some(work) = self.queued.pop_front() {
+            return work;
+        }
         tokio::time::timeout(Duration::from_secs(5), self.work.recv())
             .await
             .expect("work within 5 s")
@@ -165,6 +172,9 @@ impl Driven {
     /// Asserts the actor asks for nothing now.
     async fn no_work(&mut self) {
         self.settle().await;
+        if let Some(work) = self.queued.pop_front() {
+            panic!("unexpected work: {work:?}");
+        }
         if let Ok(work) = self.work.try_recv() {
             panic!("unexpected work: {work:?}");
         }
@@ -183,10 +193,26 @@ impl Driven {
         self.handle.report().await.expect("report")
     }
 
-    async fn set_target(&self, n: u32) {
-        self.handle
-            .set_targets(BTreeMap::new(), BTreeMap::from([(ResourceProfileId(0), n)]))
+    /// Sets the default profile's target and answers the registration's write it sends
+    /// (when it changed the registration); the other work the actor asked for meanwhile
+    /// stays next.
+    async fn set_target(&mut self, n: u32) {
+        let handle = self.handle.clone();
+        let targets = BTreeMap::from([(ResourceProfileId(0), n)]);
+        let mut set =
+            tokio::spawn(async move { handle.set_targets(BTreeMap::new(), targets).await });
+        self.settle().await;
+        while let Ok(work) = self.work.try_recv() {
+            self.queued.push_back(work);
+        }
+        if let Some(at) = (self.queued.iter()).position(|w| matches!(w, Work::Register(_))) {
+            self.queued.remove(at);
+            self.answer(WorkDone::Registered(true));
+        }
+        tokio::time::timeout(Duration::from_secs(5), &mut set)
             .await
+            .expect("answered within 5 s")
+            .expect("the call")
             .expect("targets set");
     }
 
@@ -194,20 +220,14 @@ impl Driven {
         self.clock.advance(by);
     }
 
-    /// The first round (at once, with no target) writes the registration; answered.
+    /// The first round (at once, with no target: nothing to send) writes the registration;
+    /// answered.
     async fn first_round_answered(&mut self) {
         match self.next_work().await {
-            Work::Round {
-                upkeep: Some(upkeep),
-                creates,
-            } => {
-                assert!(creates.is_empty());
-                assert!(upkeep.registration.is_some(), "{upkeep:?}");
-                assert_eq!(upkeep.record, None);
-            }
-            other => panic!("not the first round: {other:?}"),
+            Work::Register(registration) => assert!(registration.targets.is_empty()),
+            other => panic!("not the first round's registration: {other:?}"),
         }
-        self.answer(WorkDone::Upkeep(UpkeepDone::default()));
+        self.answer(WorkDone::Registered(true));
         assert_eq!(self.report().await.rounds, 1);
     }
 
@@ -366,23 +386,14 @@ async fn a_stopped_actor_writes_what_the_driver_said_since_its_last_round() {
     let handle = actor.handle.clone();
     let stopped = tokio::spawn(async move { handle.stop().await });
     match actor.next_work().await {
-        Work::Round {
-            upkeep: Some(upkeep),
-            creates,
-        } => {
-            assert!(creates.is_empty());
-            let registration = upkeep.registration.expect("the last registration");
+        Work::Register(registration) => {
             assert_eq!(registration.registered, BTreeSet::from([7]));
-            assert!(upkeep.deletes.is_empty() && upkeep.record.is_none());
         }
         other => panic!("expected the registration's write, got {other:?}"),
     }
     actor.settle().await;
     assert!(!stopped.is_finished(), "the write is awaited");
-    actor.answer(WorkDone::Upkeep(UpkeepDone {
-        registration_failed: true,
-        ..UpkeepDone::default()
-    }));
+    actor.answer(WorkDone::Registered(false));
     tokio::time::timeout(Duration::from_secs(5), stopped)
         .await
         .expect("a refused last write is not tried again: stopped within 5 s")
@@ -453,4 +464,63 @@ async fn a_call_finding_the_actor_stopped_for_another_owner_is_unavailable_not_n
         matches!(moved.handle.report().await, Err(AppError::Unavailable(_))),
         "a driver must not take a move for its application's end"
     );
+}
+
+/// The next work the actor asks for, which must be a write of its registration: its targets.
+async fn registration_write(actor: &mut Driven) -> BTreeMap<i32, u32> {
+    match actor.next_work().await {
+        Work::Register(registration) => registration.targets,
+        other => panic!("expected the registration's write, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_new_target_is_written_at_once_not_with_the_next_round() {
+    let mut actor = Driven::start(None);
+    actor.first_round_answered().await;
+
+    // Before the round it calls: a replica taking the application over resumes from the
+    // registration, and a driver sends a target only when it changes.
+    let handle = actor.handle.clone();
+    let three = BTreeMap::from([(ResourceProfileId(0), 3)]);
+    handle
+        .set_targets(BTreeMap::new(), three)
+        .await
+        .expect("answered at once, the write in flight");
+    assert_eq!(
+        registration_write(&mut actor).await,
+        BTreeMap::from([(0, 3)])
+    );
+    let (ids, _) = actor.round_with_creates().await;
+    assert_eq!(ids.len(), 3);
+    // One write at a time: a target set while one is in flight is written once it is
+    // answered.
+    let five = BTreeMap::from([(ResourceProfileId(0), 5)]);
+    handle
+        .set_targets(BTreeMap::new(), five)
+        .await
+        .expect("set");
+    actor.no_work().await;
+    actor.answer(WorkDone::Registered(true));
+    assert_eq!(
+        registration_write(&mut actor).await,
+        BTreeMap::from([(0, 5)])
+    );
+
+    // A failed write is sent again by the next round, not at once.
+    actor.answer(WorkDone::Registered(false));
+    actor.no_work().await;
+    actor.answer(WorkDone::Recorded(Ok(Some(ExecutorId(2)))));
+    actor.created(&ids);
+    actor.upkeep_answered();
+    actor.advance(Duration::from_secs(1));
+    let mut rewritten = None;
+    while rewritten.is_none() {
+        match actor.next_work().await {
+            Work::Register(registration) => rewritten = Some(registration.targets),
+            Work::Round { .. } => {}
+            other => panic!("unexpected work: {other:?}"),
+        }
+    }
+    assert_eq!(rewritten, Some(BTreeMap::from([(0, 5)])));
 }
