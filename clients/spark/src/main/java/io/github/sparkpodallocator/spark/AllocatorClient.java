@@ -169,6 +169,31 @@ public final class AllocatorClient implements AutoCloseable {
   }
 
   /**
+   * Sends the last targets the service answered again, and has the next
+   * {@link #updateRegisteredExecutors} send the registered executors even if unchanged. The
+   * service answers before its registration holds what a call said, so a replica that took
+   * the application over (its owner lost or cut off in between) or a restarted service may
+   * resume it with older targets, and Spark sends targets only when they change. Changes
+   * nothing otherwise.
+   */
+  public void sendTargetsAgain() {
+    synchronized (targetsOrder) {
+      SetTotalExpectedRequest request;
+      synchronized (this) {
+        registered = null;
+        if (start == null || targets.isEmpty()) {
+          return;
+        }
+        request = SetTotalExpectedRequest.newBuilder()
+            .setApplicationId(applicationId())
+            .putAllExecutorsPerProfile(targets)
+            .build();
+      }
+      call("SetTotalExpected", s -> s.setTotalExpected(request), true, settings.retryTimeout());
+    }
+  }
+
+  /**
    * Sets every profile's target to 0 and keeps it there: later {@link #setTotalExpected} calls
    * are dropped, and a service that lost the application gets the zeros. For a driver that is
    * stopping. Tried for one {@link ServiceSettings#deadline()} only, not the retry timeout:

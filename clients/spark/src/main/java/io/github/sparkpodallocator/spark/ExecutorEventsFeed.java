@@ -110,6 +110,9 @@ final class ExecutorEventsFeed implements AutoCloseable {
 
   private void run() {
     Duration backoff = FIRST_BACKOFF;
+    // The stream broke since the targets were last sent again: the application may have
+    // moved to another replica, or the service restarted.
+    boolean broken = false;
     while (!closed) {
       Context.CancellableContext context = Context.current().withCancellation();
       current = context;
@@ -120,16 +123,21 @@ final class ExecutorEventsFeed implements AutoCloseable {
         while (events.hasNext()) {
           ExecutorEvent event = events.next();
           backoff = FIRST_BACKOFF;
+          if (broken) {
+            broken = !sendTargetsAgain();
+          }
           apply(event);
         }
         // Ended cleanly: the application was stopped or forgotten, or the service shut down.
         if (!closed) {
           LOG.info("The spark-pod-allocator executor event stream ended; opening it again");
         }
+        broken = true;
       } catch (StatusRuntimeException e) {
         if (closed) {
           break;
         }
+        broken = true;
         Status.Code code = e.getStatus().getCode();
         LOG.warn("The spark-pod-allocator executor event stream failed ({}); opening it again"
             + " in {} ms", code, backoff.toMillis());
@@ -163,7 +171,19 @@ final class ExecutorEventsFeed implements AutoCloseable {
     }
   }
 
-  /** Applies one event of the stream to the snapshot store (on the feed's thread). */
+  /** The service that answers the stream again gets the last targets again: true if sent. */
+  private boolean sendTargetsAgain() {
+    try {
+      client.sendTargetsAgain();
+      return true;
+    } catch (RuntimeException e) {
+      LOG.warn("Could not send the application's targets to spark-pod-allocator again; trying"
+          + " with the next event", e);
+      return false;
+    }
+  }
+
+    /** Applies one event of the stream to the snapshot store (on the feed's thread). */
   void apply(ExecutorEvent event) {
     switch (event.getKind()) {
       case EXECUTOR_EVENT_KIND_SNAPSHOT:

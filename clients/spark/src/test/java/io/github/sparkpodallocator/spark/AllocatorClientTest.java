@@ -224,6 +224,50 @@ class AllocatorClientTest {
   }
 
   @Test
+  void whenItsEventStreamBrokeTheDriverSendsItsLastTargetsAgain() throws Exception {
+    int grpc = ServiceProcess.freePort();
+    int api = ServiceProcess.freePort();
+    Path kubeconfig = dir.resolve("kubeconfig");
+    Map<String, String> serveEnv = Map.of(
+        "SPARK_POD_ALLOCATOR__LISTEN", "127.0.0.1:" + grpc,
+        "SPARK_POD_ALLOCATOR__KUBERNETES__KUBECONFIG", kubeconfig.toString());
+    String app = APP + "-again";
+    StartRequest start = startRequest(app);
+    try (ServiceProcess cluster = ServiceProcess.start(dir, Map.of(), api,
+            "simulate", "--listen", "127.0.0.1:" + api, "--kubeconfig", kubeconfig.toString());
+        AllocatorClient client = new AllocatorClient(settings(grpc));
+        KubernetesClient k8s = kubernetes(api);
+        ExecutorEventsFeed feed =
+            new ExecutorEventsFeed(client, new ExecutorEventsFeedTest.RecordingStore())) {
+      ServiceProcess service = ServiceProcess.start(dir, serveEnv, grpc, "serve");
+      try {
+        client.start(start);
+        feed.start();
+        assertTrue(feed.awaitFirstState(Duration.ofSeconds(30)), service.log());
+        client.setTotalExpected(Map.of(0, 2), Map.of());
+        await("2 running executors", client::status, s -> profile(s, 0).getRunning() == 2);
+        // A registration that lacks the last target answered (its owner lost before it was
+        // written): here another client of the application lowered it behind the driver.
+        try (AllocatorClient other = new AllocatorClient(settings(grpc))) {
+          other.start(start);
+          other.setTotalExpected(Map.of(0, 1), Map.of());
+        }
+        assertEquals(1, profile(client.status(), 0).getTarget());
+      } finally {
+        service.close();
+      }
+      try (ServiceProcess restarted = ServiceProcess.start(dir, serveEnv, grpc, "serve")) {
+        // Resumed from the registration (1), then the driver's stream, opened again, sent 2.
+        await("the driver's target again", client::status, s -> profile(s, 0).getTarget() == 2);
+        assertTrue(restarted.log().contains("application resumed from its registration"),
+            restarted.log());
+        assertEquals(2, executorPods(k8s, app).size(), cluster.log());
+        assertEquals(2, client.stop());
+      }
+    }
+  }
+
+  @Test
   void aServiceThatLostTheApplicationGetsEveryTemplateTargetAndRegisteredExecutorAgain()
       throws Exception {
     int grpc = ServiceProcess.freePort();

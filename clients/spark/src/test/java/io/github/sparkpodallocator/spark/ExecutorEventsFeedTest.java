@@ -81,7 +81,7 @@ class ExecutorEventsFeedTest {
    * The snapshots Spark's own store would publish from the feed's calls: an update applied to
    * the current snapshot, a full snapshot replacing it.
    */
-  private static final class RecordingStore implements ExecutorPodsSnapshotsStore {
+  static final class RecordingStore implements ExecutorPodsSnapshotsStore {
     final List<ExecutorPodsSnapshot> snapshots = new ArrayList<>();
     private ExecutorPodsSnapshot current = ExecutorPodsSnapshot$.MODULE$.apply();
 
