@@ -329,11 +329,17 @@ async fn get_status_right_after_the_stream_shows_executors_running_counts_them_r
     let mut stream = watch(&h, "app-status", 0).await;
     full_state(&mut stream).await;
     h.set_total("app-status", N).await;
-    for exec in 1..=N {
-        until_event(&mut stream, "the executor pod created", |e| {
-            is(e, Kind::Updated, i64::from(exec), State::Pending)
+    // The creates go out concurrently: their pods come in any order.
+    let mut seen_pending = std::collections::BTreeSet::new();
+    while seen_pending.len() < N as usize {
+        let event = until_event(&mut stream, "an executor pod created", |e| {
+            e.kind() == Kind::Updated
+                && e.executor
+                    .as_ref()
+                    .is_some_and(|x| x.state() == State::Pending)
         })
         .await;
+        seen_pending.extend(event.executor.map(|x| x.executor_id));
     }
     for exec in 1..=N {
         set_pod_status(&h, "app-status", u64::from(exec), running()).await;
