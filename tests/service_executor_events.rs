@@ -317,6 +317,22 @@ async fn the_stream_ends_when_the_application_is_forgotten_after_its_driver_pod_
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
 }
 
+/// Reads the stream until `n` distinct executors were updated into `state`, in any order.
+async fn updated_in_state(
+    stream: &mut tonic::Streaming<proto::ExecutorEvent>,
+    n: u32,
+    state: State,
+) {
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < n as usize {
+        let event = until_event(stream, &format!("an executor {state:?}"), |e| {
+            e.kind() == Kind::Updated && e.executor.as_ref().is_some_and(|x| x.state() == state)
+        })
+        .await;
+        seen.extend(event.executor.map(|x| x.executor_id));
+    }
+}
+
 #[tokio::test]
 async fn get_status_right_after_the_stream_shows_executors_running_counts_them_running() {
     const N: u32 = 3;
@@ -330,31 +346,11 @@ async fn get_status_right_after_the_stream_shows_executors_running_counts_them_r
     full_state(&mut stream).await;
     h.set_total("app-status", N).await;
     // The creates go out concurrently: their pods come in any order.
-    let mut seen_pending = std::collections::BTreeSet::new();
-    while seen_pending.len() < N as usize {
-        let event = until_event(&mut stream, "an executor pod created", |e| {
-            e.kind() == Kind::Updated
-                && e.executor
-                    .as_ref()
-                    .is_some_and(|x| x.state() == State::Pending)
-        })
-        .await;
-        seen_pending.extend(event.executor.map(|x| x.executor_id));
-    }
+    updated_in_state(&mut stream, N, State::Pending).await;
     for exec in 1..=N {
         set_pod_status(&h, "app-status", u64::from(exec), running()).await;
     }
-    let mut seen_running = std::collections::BTreeSet::new();
-    while seen_running.len() < N as usize {
-        let event = until_event(&mut stream, "an executor running", |e| {
-            e.kind() == Kind::Updated
-                && e.executor
-                    .as_ref()
-                    .is_some_and(|x| x.state() == State::Running)
-        })
-        .await;
-        seen_running.extend(event.executor.map(|x| x.executor_id));
-    }
+    updated_in_state(&mut stream, N, State::Running).await;
     // The harness's clock stands still: no round has run since the pods were created, so
     // this reads the state the stream shows, not the last round's.
     let status = h.status("app-status").await.expect("GetStatus");
