@@ -485,10 +485,10 @@ step "the service starts with the configuration each rendering gives it"
 # The binary reads the rendered ConfigMap (its pod template at a local path) and serves a
 # simulated cluster: a key the service does not know, or a value it refuses, fails here.
 # Where the rendering turns metrics on, the service must serve them (on a free loopback
-# port here, instead of 0.0.0.0:metrics.port). Where it generates the certificate, the
+# port the service picks and logs, instead of 0.0.0.0:metrics.port). Where it generates the certificate, the
 # service serves that certificate, and a TLS client holding only the CA ConfigMap's ca.crt
 # verifies it for the Service's name (ALPN h2), as a driver does; the health listener
-# (health.listen, on a free loopback port) answers HTTP/2 in plaintext, as the kubelet's
+# (health.listen, on a loopback port the service picks and logs) answers HTTP/2 in plaintext, as the kubelet's
 # gRPC probe needs. The metric names of the alerts and the
 # dashboard are checked by tests/metrics_endpoint.rs, against a scrape after a scale-up
 # with failed creates and a 410 (a family appears in a scrape only once it has a sample).
@@ -500,18 +500,11 @@ fi
 .venv-validate/bin/python - "$out" <<'PY'
 import base64
 import os
-import socket
 import subprocess
 import sys
 import yaml
 
 out = sys.argv[1]
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 for name in os.listdir(out):
@@ -567,14 +560,14 @@ for name in os.listdir(out):
                 config["default_executor_pod_template"] = template
     if config is None:
         continue
+    # Port 0: the service binds what the kernel gives and logs it, so no port chosen here
+    # can be taken by another listener before the service binds it.
     if config.get("metrics", {}).get("listen"):
-        port = free_port()
-        config["metrics"]["listen"] = f"127.0.0.1:{port}"
-        open(os.path.join(directory, "metrics-url"), "w").write(f"http://127.0.0.1:{port}/metrics")
+        config["metrics"]["listen"] = "127.0.0.1:0"
+        open(os.path.join(directory, "metrics-wanted"), "w").write("")
     if config.get("health", {}).get("listen"):
-        port = free_port()
-        config["health"]["listen"] = f"127.0.0.1:{port}"
-        open(os.path.join(directory, "health-port"), "w").write(str(port))
+        config["health"]["listen"] = "127.0.0.1:0"
+        open(os.path.join(directory, "health-wanted"), "w").write("")
     yaml.safe_dump(config, open(os.path.join(directory, "config.yaml"), "w"))
 PY
 for config in "$out"/config-*/config.yaml; do
@@ -583,8 +576,11 @@ for config in "$out"/config-*/config.yaml; do
     serve --simulate --listen 127.0.0.1:0 2>"$log" &
   pid=$!
   started=0
+  # Started: the gRPC address logged, and the health listener's too where one is wanted
+  # (it is bound after the gRPC listener). The log is text or JSON, as the rendering says.
   for _ in $(seq 300); do
-    if grep -q "serving gRPC" "$log"; then
+    if grep -Eq 'serving gRPC( address=|",)' "$log" && { [ ! -f "${config%/*}/health-wanted" ] ||
+      grep -q "serving gRPC health for probes" "$log"; }; then
       started=1
       break
     fi
@@ -594,13 +590,16 @@ for config in "$out"/config-*/config.yaml; do
     sleep 0.2
   done
   scraped=0
-  if [ "$started" -eq 1 ] && [ -f "${config%/*}/metrics-url" ]; then
-    .venv-validate/bin/python - "${config%/*}" <<'PY' && scraped=1
+  if [ "$started" -eq 1 ] && [ -f "${config%/*}/metrics-wanted" ]; then
+    .venv-validate/bin/python - "$log" <<'PY' && scraped=1
+import re
 import sys
 import time
 import urllib.request
 
-url = open(f"{sys.argv[1]}/metrics-url").read()
+line = next(l for l in open(sys.argv[1]) if "serving metrics at /metrics" in l)
+address = re.search(r'address(?:=|":")([0-9.]+:[0-9]+)', line).group(1)
+url = f"http://{address}/metrics"
 for _ in range(50):
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -625,8 +624,15 @@ import ssl
 import sys
 
 directory, log = sys.argv[1], sys.argv[2]
-line = next(l for l in open(log) if "serving gRPC" in l)
-grpc_port = int(re.search(r"127\.0\.0\.1:([0-9]+)", line).group(1))
+
+
+def logged_port(message):
+    """The port of the address logged with `message` (a text or a JSON log line)."""
+    line = next(l for l in open(log) if re.search(message, l))
+    return int(re.search(r'address(?:=|":")127\.0\.0\.1:([0-9]+)', line).group(1))
+
+
+grpc_port = logged_port(r'serving gRPC(?: address=|",)')
 if os.path.exists(f"{directory}/tls-host"):
     host = open(f"{directory}/tls-host").read()
     context = ssl.create_default_context(cafile=f"{directory}/ca.crt")
@@ -636,8 +642,8 @@ if os.path.exists(f"{directory}/tls-host"):
             if tls.selected_alpn_protocol() != "h2":
                 sys.exit(f"ALPN {tls.selected_alpn_protocol()!r}, not h2")
     print(f"TLS on :{grpc_port}: the generated certificate verifies against the CA ConfigMap for {host}")
-if os.path.exists(f"{directory}/health-port"):
-    port = int(open(f"{directory}/health-port").read())
+if os.path.exists(f"{directory}/health-wanted"):
+    port = logged_port("serving gRPC health for probes")
     with socket.create_connection(("127.0.0.1", port), timeout=5) as health:
         # The HTTP/2 preface and an empty SETTINGS frame; the server's first frame is its SETTINGS.
         health.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
@@ -663,7 +669,7 @@ PY
     echo "the service started with $config does not serve TLS or health as the chart expects" >&2
     exit 1
   fi
-  if [ -f "${config%/*}/metrics-url" ] && [ "$scraped" -ne 1 ]; then
+  if [ -f "${config%/*}/metrics-wanted" ] && [ "$scraped" -ne 1 ]; then
     echo "the metrics of the service started with $config are not what the chart expects" >&2
     exit 1
   fi

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import tempfile
@@ -46,6 +47,7 @@ spec:
 
 
 def free_port() -> int:
+    """A port free right now, for a test that must know it before the service binds it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -63,11 +65,15 @@ def wait_until(condition, what: str, deadline_s: float = 60.0):
     pytest.fail(f"timed out waiting for {what} (last value: {last!r})")
 
 
+_SERVING_GRPC = re.compile(r'serving gRPC(?: address=|",.*"address":")127\.0\.0\.1:([0-9]+)')
+
+
 @contextlib.contextmanager
-def running_service(port: int, config: "pathlib.Path | None" = None) -> Iterator[str]:
+def running_service(port: int = 0, config: "pathlib.Path | None" = None) -> Iterator[str]:
     """A `serve --simulate` process listening on 127.0.0.1:`port` (with the configuration
     file `config`, if given), SERVING when yielded; stopped with SIGTERM (and required to
-    exit 0) afterwards."""
+    exit 0) afterwards. Port 0 (the default) takes the port the service binds and logs, so
+    no other listener can take it between a choice made here and the service's bind."""
     if not BINARY.exists():
         pytest.fail(f"{BINARY} does not exist: run `cargo build` first or set SPARK_POD_ALLOCATOR_BIN")
     env = dict(os.environ, SPARK_POD_ALLOCATOR__LISTEN=f"127.0.0.1:{port}")
@@ -85,6 +91,14 @@ def running_service(port: int, config: "pathlib.Path | None" = None) -> Iterator
         log.seek(0)
         return log.read().decode(errors="replace")
 
+    def bound_port() -> int:
+        if proc.poll() is not None:
+            pytest.fail(f"service exited with {proc.returncode}: {service_log()}")
+        found = _SERVING_GRPC.search(service_log())
+        return int(found.group(1)) if found else 0
+
+    if port == 0:
+        port = wait_until(bound_port, "the service to log the address it serves gRPC on")
     target = f"127.0.0.1:{port}"
     channel = grpc.insecure_channel(target)
     health = health_pb2_grpc.HealthStub(channel)
@@ -115,5 +129,5 @@ def running_service(port: int, config: "pathlib.Path | None" = None) -> Iterator
 
 @pytest.fixture(scope="module")
 def service():
-    with running_service(free_port()) as target:
+    with running_service() as target:
         yield target

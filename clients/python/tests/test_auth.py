@@ -10,7 +10,7 @@ import pytest
 
 from spark_pod_allocator import AllocatorClient, PermissionDenied, Unauthenticated
 
-from conftest import TEMPLATE, free_port, running_service
+from conftest import TEMPLATE, running_service
 
 DRIVER = "system:serviceaccount:spark:driver"
 OTHER = "system:serviceaccount:spark:other"
@@ -46,7 +46,7 @@ resources = ["pods"]
 def authenticated_service(tmp_path_factory):
     config = tmp_path_factory.mktemp("auth") / "config.toml"
     config.write_text(CONFIG)
-    with running_service(free_port(), config) as target:
+    with running_service(config=config) as target:
         yield target
 
 
