@@ -666,11 +666,13 @@ PY
     exit 1
   fi
   if [ "$connected" -ne 1 ]; then
-    echo "the service started with $config does not serve TLS or health as the chart expects" >&2
+    echo "the service started with $config does not serve TLS or health as the chart expects:" >&2
+    cat "$log" >&2
     exit 1
   fi
   if [ -f "${config%/*}/metrics-wanted" ] && [ "$scraped" -ne 1 ]; then
-    echo "the metrics of the service started with $config are not what the chart expects" >&2
+    echo "the metrics of the service started with $config are not what the chart expects:" >&2
+    cat "$log" >&2
     exit 1
   fi
   echo "$config: accepted"
