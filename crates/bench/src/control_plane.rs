@@ -4,8 +4,11 @@
 //!
 //! - the bare client, once per concurrency of a sweep (`--bare-concurrency`, by default 25,
 //!   50, 100, 200 and 400 creates in flight): a client that creates N pods with no
-//!   client-side cap, retrying what the API server refuses (429, 5xx) after a second. The
-//!   fastest of the sweep in a run is that run's **bare limit**;
+//!   client-side cap, retrying what the API server refuses (429, 5xx) after a second. Its
+//!   pods are the service's, byte for byte (built by the service's own pod builder from the
+//!   same template for an application of the same id), so both cases ask the API server to
+//!   store and send the same objects. The fastest of the sweep in a run is that run's
+//!   **bare limit**;
 //! - the service (`serve` in a child process, as deployed) at its defaults: no setting of
 //!   the service overridden, and the application started as the Spark plugin starts it at
 //!   Spark 4.2's defaults (batch 20, batch delay 1 s, no policy: the service's default);
@@ -32,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -41,6 +45,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use super::harness::{ServeProcess, wait_every};
 use super::plot::{self, Series};
 use super::summary::{self, Clock, Ratios, spread, verdict};
+use spark_pod_allocator::allocator::{ExecutorId, ExecutorPodBuilder, ResourceProfileId};
+use spark_pod_allocator::ha::HaSettings;
 use spark_pod_allocator::proto;
 
 /// The User-Agent of the bench's own requests (namespaces, the watch); not counted.
@@ -621,7 +627,7 @@ impl Contender {
             Case::Service | Case::Adaptive | Case::ServiceUncapped | Case::Spark => {
                 let uncapped = (entry.case == Case::ServiceUncapped).then_some(entry.concurrency);
                 let service = cluster.serve(namespace, uncapped).await?;
-                start_application(&service, namespace, "bench", n, entry.case.settings()).await?;
+                start_application(&service, namespace, BENCH_APP, n, entry.case.settings()).await?;
                 Contender::Service(service)
             }
             Case::SparkOwn => {
@@ -722,6 +728,9 @@ pub async fn start_application(
     Ok(())
 }
 
+/// The application id of the service's case, whose pods the bare client creates too.
+const BENCH_APP: &str = "bench";
+
 /// The executors' pod: the requests of the Spark driver's executors (100m CPU; 512m heap
 /// and Spark's 384 MiB overhead).
 pub const EXECUTOR_TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  \
@@ -729,7 +738,8 @@ pub const EXECUTOR_TEMPLATE: &str = "apiVersion: v1\nkind: Pod\nspec:\n  contain
 cpu: 100m\n        memory: 896Mi\n      limits:\n        memory: 896Mi\n";
 
 /// Creates `n` executor pods, `concurrency` at a time, each retried after a second while the
-/// API server refuses it for now (429, 5xx, a broken connection).
+/// API server refuses it for now (429, 5xx, a broken connection). The pods are those the
+/// service builds for application [`BENCH_APP`] from [`EXECUTOR_TEMPLATE`].
 async fn bare_create(
     client: kube::Client,
     namespace: &str,
@@ -737,17 +747,22 @@ async fn bare_create(
     concurrency: usize,
 ) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(client, namespace);
-    let template: Pod = serde_yaml::from_str(EXECUTOR_TEMPLATE)?;
+    let builder = ExecutorPodBuilder::for_application(
+        BENCH_APP,
+        None,
+        BTreeMap::from([(
+            ResourceProfileId(0),
+            serde_yaml::from_str(EXECUTOR_TEMPLATE)?,
+        )]),
+        None,
+        "",
+    )?;
     futures::stream::iter(1..=n)
         .map(|id| {
             let pods = pods.clone();
-            let mut pod = template.clone();
+            let pod = builder.build(ExecutorId(u64::from(id)), ResourceProfileId(0));
             async move {
-                pod.metadata.name = Some(format!("bare-exec-{id}"));
-                pod.metadata.labels = Some(BTreeMap::from([
-                    ("spark-role".to_string(), "executor".to_string()),
-                    ("spark-exec-id".to_string(), id.to_string()),
-                ]));
+                let pod = pod?;
                 loop {
                     match pods.create(&PostParams::default(), &pod).await {
                         Ok(_) => return Ok(()),
@@ -755,7 +770,7 @@ async fn bare_create(
                         Err(kube::Error::Api(status))
                             if status.code != 429 && status.code < 500 =>
                         {
-                            bail!("create bare-exec-{id}: {status:?}")
+                            bail!("create executor {id}: {status:?}")
                         }
                         Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
                     }
@@ -914,17 +929,17 @@ impl ControlPlane {
     }
 
     /// The service (`serve`) as the contenders' user, its shard Leases in `namespace`, at
-    /// its defaults; `uncapped`: its QPS cap lifted, that many creates in flight.
+    /// its defaults; `uncapped`: its QPS cap lifted, that many creates in flight. Returned
+    /// serving and holding every shard's Lease (as a deployed replica is before drivers
+    /// come), so its start is over before a case or window begins.
     pub async fn serve(
         &self,
         namespace: &str,
         uncapped: Option<u32>,
     ) -> anyhow::Result<ServeProcess> {
+        let identity = format!("{namespace}-0");
         let mut env = vec![
-            (
-                "SPARK_POD_ALLOCATOR__HA__IDENTITY",
-                format!("{namespace}-0"),
-            ),
+            ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity.clone()),
             ("SPARK_POD_ALLOCATOR__HA__LEASE_NAMESPACE", namespace.into()),
         ];
         if let Some(concurrency) = uncapped {
@@ -943,7 +958,38 @@ impl ControlPlane {
                 ),
             ]);
         }
-        ServeProcess::start(&self.contender_kubeconfig(), &env).await
+        let service = ServeProcess::start(&self.contender_kubeconfig(), &env).await?;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
+        let shards = HaSettings::default().shards;
+        wait_every(
+            "`serve` to hold its shard Leases",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || {
+                let leases = leases.clone();
+                let identity = identity.clone();
+                async move {
+                    let held = leases
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .iter()
+                        .filter(|lease| {
+                            lease.metadata.name.as_deref().is_some_and(|name| {
+                                name.starts_with(spark_pod_allocator::ha::shards::LEASE_NAME_PREFIX)
+                            }) && lease
+                                .spec
+                                .as_ref()
+                                .and_then(|spec| spec.holder_identity.as_deref())
+                                == Some(identity.as_str())
+                        })
+                        .count();
+                    Ok(held >= shards as usize)
+                }
+            },
+        )
+        .await?;
+        Ok(service)
     }
 
     /// A Spark driver as the contenders' user, asking for `n` executors of application
