@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import types
-from typing import ClassVar, Generic, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, ClassVar, Dict, Generic, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 import grpc.aio
@@ -99,6 +99,14 @@ class ClientBase(Generic[ChannelT]):
             if token is not None or token_file is not None
             else None
         )
+        # The last SetTotalExpected the service answered, per application: sent again on the
+        # first event of an executor stream opened after a break (see ``watch_executors``).
+        self._answered_targets: Dict[str, Any] = {}
+
+    def _targets_to_send_again(self, application_id: str, after_break: bool):
+        """The application's last answered SetTotalExpected, if the stream being read was
+        opened after a break (a resumed or retried stream), else None."""
+        return self._answered_targets.get(application_id) if after_break else None
 
     def _metadata(self) -> Optional[Metadata]:
         return self._token.metadata() if self._token is not None else None

@@ -77,12 +77,11 @@ class AsyncAllocatorClient(ClientBase[grpc.aio.Channel]):
         resource_profile_templates: Optional[Mapping[int, str]] = None,
     ) -> None:
         """See :meth:`spark_pod_allocator.AllocatorClient.set_total_expected`."""
-        await self._call(
-            "SetTotalExpected",
-            _requests.set_total_expected(
-                application_id, executors_per_profile, resource_profile_templates
-            ),
+        request = _requests.set_total_expected(
+            application_id, executors_per_profile, resource_profile_templates
         )
+        await self._call("SetTotalExpected", request)
+        self._answered_targets[application_id] = request
 
     async def is_deleted(self, application_id: str, executor_id: object) -> bool:
         """True when the service deleted this executor: refuse its registration."""
@@ -109,6 +108,7 @@ class AsyncAllocatorClient(ClientBase[grpc.aio.Channel]):
         """
         request = pb.StopRequest(application_id=application_id)
         response = await self._call("Stop", request, self._stop_retry)
+        self._answered_targets.pop(application_id, None)
         return response.deleted_pods
 
     async def watch_executors(
@@ -122,16 +122,22 @@ class AsyncAllocatorClient(ClientBase[grpc.aio.Channel]):
         (or leaving ``async for`` early) cancels the stream."""
         request = pb.WatchExecutorsRequest(application_id=application_id, since=since)
         attempts = Attempts(self._retry)
+        after_break = since != 0
         while True:
             received = False
             call = self._stub.WatchExecutors(request, timeout=timeout, metadata=self._metadata())
             try:
                 async for event in call:
+                    if not received:
+                        targets = self._targets_to_send_again(application_id, after_break)
+                        if targets is not None:
+                            await self._call("SetTotalExpected", targets)
                     received = True
                     yield event
                 return
             except grpc.RpcError as err:
                 delay = attempts.delay_or_raise("WatchExecutors", err, retryable=not received)
                 await asyncio.sleep(delay)
+                after_break = True
             finally:
                 call.cancel()

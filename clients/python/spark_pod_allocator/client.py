@@ -96,12 +96,11 @@ class AllocatorClient(ClientBase[grpc.Channel]):
         profiles created after Start, before the targets apply (all or nothing); a known
         profile's template may be given again only unchanged.
         """
-        self._call(
-            "SetTotalExpected",
-            _requests.set_total_expected(
-                application_id, executors_per_profile, resource_profile_templates
-            ),
+        request = _requests.set_total_expected(
+            application_id, executors_per_profile, resource_profile_templates
         )
+        self._call("SetTotalExpected", request)
+        self._answered_targets[application_id] = request
 
     def is_deleted(self, application_id: str, executor_id: object) -> bool:
         """True when the service deleted this executor: refuse its registration."""
@@ -124,7 +123,9 @@ class AllocatorClient(ClientBase[grpc.Channel]):
         Not retried on UNAVAILABLE unless the client was made with ``retry_stop=True``.
         """
         request = pb.StopRequest(application_id=application_id)
-        return self._call("Stop", request, self._stop_retry).deleted_pods
+        deleted = self._call("Stop", request, self._stop_retry).deleted_pods
+        self._answered_targets.pop(application_id, None)
+        return deleted
 
     def watch_executors(
         self,
@@ -148,6 +149,12 @@ class AllocatorClient(ClientBase[grpc.Channel]):
         buffer gets a fresh full state (SNAPSHOT events then SYNCED) in the middle of the
         stream: whatever it knew is replaced by it. ``executor.pod_json`` is the whole Pod.
 
+        A stream opened after a break (``since`` given, or retried here) may be answered by
+        another replica, or a restarted one, whose copy of the application lacks the last
+        target this client set (the service answers SetTotalExpected before its
+        registration holds it). So on such a stream's first event, this client sends the
+        application's last answered SetTotalExpected again, as the Spark plugin does.
+
         The iteration ends when the application is stopped or forgotten. ``timeout`` (no
         limit by default, unlike the other calls) bounds the whole stream. UNAVAILABLE
         before the first event is retried like the other calls; once events have come, a
@@ -159,16 +166,22 @@ class AllocatorClient(ClientBase[grpc.Channel]):
         """
         request = pb.WatchExecutorsRequest(application_id=application_id, since=since)
         attempts = Attempts(self._retry)
+        after_break = since != 0
         while True:
             received = False
             call = self._stub.WatchExecutors(request, timeout=timeout, metadata=self._metadata())
             try:
                 for event in call:
+                    if not received:
+                        targets = self._targets_to_send_again(application_id, after_break)
+                        if targets is not None:
+                            self._call("SetTotalExpected", targets)
                     received = True
                     yield event
                 return
             except grpc.RpcError as err:
                 # Once events came, a new stream would repeat them: the caller resumes instead.
                 time.sleep(attempts.delay_or_raise("WatchExecutors", err, retryable=not received))
+                after_break = True
             finally:
                 call.cancel()

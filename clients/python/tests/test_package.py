@@ -154,6 +154,7 @@ class _Recorder(pb_grpc.ExecutorAllocatorServicer):
         self.unavailable = unavailable
         self.code = code
         self.calls = []
+        self.targets = []
         self.lock = threading.Lock()
 
     def _record(self, method, context):
@@ -181,6 +182,12 @@ class _Recorder(pb_grpc.ExecutorAllocatorServicer):
     def Stop(self, request, context):
         self._record("Stop", context)
         context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
+
+    def SetTotalExpected(self, request, context):
+        self._record("SetTotalExpected", context)
+        with self.lock:
+            self.targets.append(dict(request.executors_per_profile))
+        return pb.SetTotalExpectedResponse()
 
 
 @pytest.fixture
@@ -467,6 +474,47 @@ def test_both_clients_retry_the_same_calls_the_same_number_of_times(recorder_ser
     result = calls(recorder_server(stopping), retry=FAST, retry_stop=True).run("stop", "app")
     assert isinstance(result, Unavailable)
     assert [c[0] for c in stopping.calls] == ["Stop"] * FAST.max_attempts
+
+
+def test_a_stream_opened_after_a_break_sends_the_last_targets_again(recorder_server):
+    # A replica that took the application over after a break may hold an older target (the
+    # service answers SetTotalExpected before its registration holds it), and a caller
+    # sends a target only when it changes: the resumed stream's first event sends it again.
+    recorder = _Recorder()
+    target = recorder_server(recorder)
+    with AllocatorClient(target, retry=FAST) as client:
+        client.set_total_expected("app", {0: 7})
+        seen = []
+        with pytest.raises(Unavailable):
+            for event in client.watch_executors("app"):
+                seen.append(event.sequence)
+        assert recorder.targets == [{0: 7}], "a first stream sends nothing again"
+        with pytest.raises(Unavailable):
+            for event in client.watch_executors("app", since=seen[-1]):
+                assert recorder.targets == [{0: 7}, {0: 7}], "sent before the first event"
+                seen.append(event.sequence)
+        assert recorder.targets == [{0: 7}, {0: 7}], "once per stream"
+        # Another application's stream sends nothing of this one's.
+        with pytest.raises(Unavailable):
+            list(client.watch_executors("other", since=2))
+        assert recorder.targets == [{0: 7}, {0: 7}]
+
+    async def scenario():
+        async with AsyncAllocatorClient(target, retry=FAST) as client:
+            await client.set_total_expected("app", {0: 9})
+            with pytest.raises(Unavailable):
+                async for _ in client.watch_executors("app", since=2):
+                    assert recorder.targets[-1] == {0: 9}
+                    assert len(recorder.targets) == 4
+
+    asyncio.run(scenario())
+    # A stream retried before its first event was opened after a break too.
+    flaky = _Recorder(unavailable=1)
+    with AllocatorClient(recorder_server(flaky), retry=FAST) as client:
+        client.set_total_expected("app", {0: 3})
+        with pytest.raises(Unavailable):
+            list(client.watch_executors("app"))
+    assert flaky.targets == [{0: 3}, {0: 3}]
 
 
 class _Reclaiming(pb_grpc.ExecutorAllocatorServicer):
