@@ -103,7 +103,7 @@ class ClientBase(Generic[ChannelT]):
         # first event of an executor stream opened after a break (see ``watch_executors``).
         self._answered_targets: Dict[str, Any] = {}
 
-    def _targets_to_send_again(self, application_id: str, after_break: bool):
+    def _targets_to_send_again(self, application_id: str, after_break: bool) -> Optional[Any]:
         """The application's last answered SetTotalExpected, if the stream being read was
         opened after a break (a resumed or retried stream), else None."""
         return self._answered_targets.get(application_id) if after_break else None
