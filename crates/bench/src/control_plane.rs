@@ -928,10 +928,12 @@ impl ControlPlane {
         client_of(&self.contender_kubeconfig(), user_agent).await
     }
 
-    /// The service (`serve`) as the contenders' user, its shard Leases in `namespace`, at
-    /// its defaults; `uncapped`: its QPS cap lifted, that many creates in flight. Returned
-    /// serving and holding every shard's Lease (as a deployed replica is before drivers
-    /// come), so its start is over before a case or window begins.
+    /// The service (`serve`) as the contenders' user, its shard Leases and its
+    /// applications' registrations in `namespace` (so a later case's service resumes none
+    /// of an earlier case's applications), at its defaults; `uncapped`: its QPS cap lifted,
+    /// that many creates in flight. Returned serving and holding every shard's Lease (as a
+    /// deployed replica is before drivers come), so its start is over before a case or
+    /// window begins.
     pub async fn serve(
         &self,
         namespace: &str,
@@ -941,6 +943,10 @@ impl ControlPlane {
         let mut env = vec![
             ("SPARK_POD_ALLOCATOR__HA__IDENTITY", identity.clone()),
             ("SPARK_POD_ALLOCATOR__HA__LEASE_NAMESPACE", namespace.into()),
+            (
+                "SPARK_POD_ALLOCATOR__REGISTRATIONS__NAMESPACE",
+                namespace.into(),
+            ),
         ];
         if let Some(concurrency) = uncapped {
             env.extend([
