@@ -484,14 +484,15 @@ PY
 step "the service starts with the configuration each rendering gives it"
 # The binary reads the rendered ConfigMap (its pod template at a local path) and serves a
 # simulated cluster: a key the service does not know, or a value it refuses, fails here.
-# Where the rendering turns metrics on, the service must serve them (on a free loopback
-# port the service picks and logs, instead of 0.0.0.0:metrics.port). Where it generates the certificate, the
-# service serves that certificate, and a TLS client holding only the CA ConfigMap's ca.crt
-# verifies it for the Service's name (ALPN h2), as a driver does; the health listener
-# (health.listen, on a loopback port the service picks and logs) answers HTTP/2 in plaintext, as the kubelet's
-# gRPC probe needs. The metric names of the alerts and the
-# dashboard are checked by tests/metrics_endpoint.rs, against a scrape after a scale-up
-# with failed creates and a 410 (a family appears in a scrape only once it has a sample).
+# Where the rendering turns metrics on, the service must serve them (on a loopback port
+# the service picks and logs, instead of 0.0.0.0:metrics.port). Where it generates the
+# certificate, the service serves that certificate, and a TLS client holding only the CA
+# ConfigMap's ca.crt verifies it for the Service's name (ALPN h2), as a driver does; the
+# health listener (health.listen, on a loopback port the service picks and logs) answers
+# HTTP/2 in plaintext, as the kubelet's gRPC probe needs. The metric names of the alerts
+# and the dashboard are checked by tests/metrics_endpoint.rs, against a scrape after a
+# scale-up with failed creates and a 410 (a family appears in a scrape only once it has a
+# sample).
 bin=${SPARK_POD_ALLOCATOR_BIN:-}
 if [ -z "$bin" ]; then
   cargo build --quiet --bin spark-pod-allocator
